@@ -1,0 +1,55 @@
+# Ductor: two commands set everything up on a fresh machine with Python >= 3.11.
+#   make demo   bring the platform up on embedded PostgreSQL + Redis and run the demo workload
+#   make test   ruff, mypy, then the whole test suite against real PostgreSQL and Redis
+
+PYTHON ?= $(shell command -v python3.13 || command -v python3.12 || command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_DATA_DIR := .ductor/test
+# Type checking imports the settings; these URLs keep it from starting servers.
+NO_SERVICES := DATABASE_URL=postgresql://localhost/ductor REDIS_URL=redis://localhost:6379/0
+# Tests use their own embedded servers unless TEST_DATABASE_URL / TEST_REDIS_URL name others.
+TEST_ENV := env -u DATABASE_URL -u REDIS_URL DUCTOR_DATA_DIR=$(TEST_DATA_DIR) \
+	$(if $(TEST_DATABASE_URL),DATABASE_URL=$(TEST_DATABASE_URL)) \
+	$(if $(TEST_REDIS_URL),REDIS_URL=$(TEST_REDIS_URL))
+
+.PHONY: install test lint typecheck pytest demo up down bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Ductor needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	@echo "==> creating $(VENV) and installing Ductor with its dev tools"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --progress-bar on -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	@echo "==> ruff"
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	@echo "==> mypy"
+	$(NO_SERVICES) $(BIN)/mypy .
+
+# pytest exits 5 when it collects nothing; that is not a failure of the suite.
+pytest: $(STAMP)
+	@echo "==> pytest (real PostgreSQL and Redis under $(TEST_DATA_DIR))"
+	@$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	$(TEST_ENV) $(BIN)/python -m ductor_project.embedded stop >/dev/null; \
+	if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	@$(BIN)/python -m ductor_project.embedded status | grep -q '"running": true' && keep=1 || keep=0; \
+	$(BIN)/python manage.py migrate --noinput -v 0 && $(BIN)/python manage.py demo; rc=$$?; \
+	if [ $$keep = 0 ]; then $(BIN)/python -m ductor_project.embedded stop >/dev/null; fi; exit $$rc
+
+down: $(STAMP)
+	$(BIN)/python -m ductor_project.embedded stop
+
+clean: down
+	rm -rf .ductor $(VENV)

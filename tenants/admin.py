@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from tenants import services
+from tenants.admin_scoping import TenantScopedAdmin, admin_tenant
+from tenants.context import tenant_context
+from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership, generate_key
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin[Tenant]):
+    list_display = ["slug", "name", "status", "created_at"]
+    list_filter = ["status"]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["id", "created_at", "updated_at"]
+    actions = ["suspend", "activate"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        tenant = admin_tenant(request)
+        return qs.filter(pk=tenant.pk) if tenant is not None else qs.none()
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if request.user.is_superuser:
+            return self.readonly_fields
+        return ["id", "slug", "status", "created_at", "updated_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Suspend selected tenants")
+    def suspend(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        for tenant in queryset.exclude(slug="system"):
+            services.tenant_set_status(tenant=tenant, status=Tenant.Status.SUSPENDED)
+
+    @admin.action(description="Re-activate selected tenants")
+    def activate(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        for tenant in queryset.exclude(slug="system"):
+            services.tenant_set_status(tenant=tenant, status=Tenant.Status.ACTIVE)
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        if not request.user.is_superuser:
+            actions.pop("suspend", None)
+            actions.pop("activate", None)
+        return actions
+
+
+@admin.register(TenantMembership)
+class TenantMembershipAdmin(TenantScopedAdmin):
+    list_display = ["user", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__username", "user__email"]
+    raw_id_fields = ["user"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(TenantScopedAdmin):
+    list_display = ["name", "display", "scopes", "state", "last_used_at", "expires_at", "created_at"]
+    search_fields = ["name", "prefix"]
+    readonly_fields = ["display", "last_used_at", "revoked_at", "created_at", "created_by"]
+    fields = ["tenant", "name", "scopes", "expires_at", *readonly_fields]
+    actions = ["revoke"]
+
+    @admin.display(description="key")
+    def display(self, obj: ApiKey) -> str:
+        return f"{ApiKey.PREFIX}_{obj.prefix}_…" if obj.prefix else "(generated on save)"
+
+    @admin.display(description="state")
+    def state(self, obj: ApiKey) -> str:
+        return obj.state_at()
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        raw = None
+        if not change:
+            raw, obj.prefix, obj.secret_hash = generate_key(ApiKey.PREFIX)
+            obj.created_by_id = request.user.pk
+        super().save_model(request, obj, form, change)
+        if raw is not None:
+            messages.warning(request, f"New API key (shown once, store it now): {raw}")
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for key in queryset.select_related("tenant"):
+            with tenant_context(key.tenant):
+                services.api_key_revoke(key=key)
+
+
+@admin.register(PlatformKey)
+class PlatformKeyAdmin(admin.ModelAdmin[PlatformKey]):
+    list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at"]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def save_model(self, request: HttpRequest, obj: PlatformKey, form: Any, change: bool) -> None:
+        raw = None
+        if not change:
+            raw, obj.prefix, obj.secret_hash = generate_key(PlatformKey.PREFIX)
+        super().save_model(request, obj, form, change)
+        if raw is not None:
+            messages.warning(request, f"New platform key (shown once, store it now): {raw}")

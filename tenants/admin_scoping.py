@@ -1,0 +1,144 @@
+"""Tenant scoping for the Django admin.
+
+- A staff user with a membership sees and edits only their tenant's rows (the
+  middleware puts their tenant in context for the whole request).
+- A superuser sees every tenant's rows, with a tenant filter and column; each
+  row is saved and deleted inside its own tenant's context.
+- Nobody can move a row to another tenant: the tenant is read-only once set,
+  and foreign-key choices only offer rows of the row's tenant.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from tenants.context import tenant_context
+from tenants.scoping import TenantScopedModel
+
+
+def admin_tenant(request: HttpRequest) -> Any:
+    return getattr(request, "admin_tenant", None)
+
+
+def _row_tenant(request: HttpRequest) -> Any:
+    return getattr(request, "_admin_row_tenant", None) or admin_tenant(request)
+
+
+def scoped_choices(db_field: Any, request: HttpRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Foreign-key choices limited to the tenant of the row being edited."""
+    related = db_field.related_model
+    if isinstance(related, type) and issubclass(related, TenantScopedModel):
+        tenant = _row_tenant(request)
+        qs = related.all_tenants.all()
+        if tenant is not None:
+            qs = qs.filter(tenant=tenant)
+        elif not request.user.is_superuser:
+            qs = qs.none()
+        kwargs["queryset"] = qs
+    return kwargs
+
+
+class TenantScopedAdmin(admin.ModelAdmin[Any]):
+    """Base admin of every tenant-scoped model."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = self.model.all_tenants.all()
+        if request.user.is_superuser:
+            return qs.select_related("tenant")
+        tenant = admin_tenant(request)
+        return qs.filter(tenant=tenant) if tenant is not None else qs.none()
+
+    def _allowed(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser or admin_tenant(request) is not None)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self._allowed(request) and super().has_module_permission(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request) and super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self._allowed(request) and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request) and super().has_delete_permission(request, obj)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if request.user.is_superuser and "tenant" not in columns:
+            columns.append("tenant")
+        return columns
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        filters = list(super().get_list_filter(request))
+        if request.user.is_superuser and "tenant" not in filters:
+            filters.insert(0, "tenant")
+        return filters
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
+        excluded = list(super().get_exclude(request, obj) or [])
+        if not request.user.is_superuser:
+            excluded.append("tenant")
+        return excluded
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        readonly = list(super().get_readonly_fields(request, obj))
+        if obj is not None and request.user.is_superuser:
+            readonly.append("tenant")
+        return readonly
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        request._admin_row_tenant = obj.tenant if obj is not None else admin_tenant(request)  # type: ignore[attr-defined]
+        return super().get_form(request, obj, change, **kwargs)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        kwargs = scoped_choices(db_field, request, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if obj.tenant_id is None:
+            obj.tenant = admin_tenant(request)
+        with tenant_context(obj.tenant):
+            super().save_model(request, obj, form, change)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        with tenant_context(form.instance.tenant):
+            super().save_related(request, form, formsets, change)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        with tenant_context(obj.tenant):
+            super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        by_tenant: dict[Any, list[Any]] = defaultdict(list)
+        for obj in queryset.select_related("tenant"):
+            by_tenant[obj.tenant].append(obj.pk)
+        for tenant, pks in by_tenant.items():
+            with tenant_context(tenant):
+                self.model.objects.filter(pk__in=pks).delete()
+
+
+class TenantScopedInline(admin.TabularInline[Any, Any]):
+    """Inline of a scoped model: its rows come from the parent row's tenant only."""
+
+    extra = 0
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = self.model.all_tenants.all()
+        tenant = _row_tenant(request)
+        if tenant is not None:
+            return qs.filter(tenant=tenant)
+        return qs if request.user.is_superuser else qs.none()
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        kwargs = scoped_choices(db_field, request, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+

@@ -1,0 +1,69 @@
+"""Base classes of every Ductor API view.
+
+``TenantAPIView`` authenticates, enters the request's tenant context for the
+whole request (permissions, throttles, the view body, serialization) and
+resets it afterwards. ``StrictSerializer`` refuses unknown fields, naming them.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from rest_framework import serializers, viewsets
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from ductor_project.errors import UnknownFields
+from tenants.context import tenant_context
+from tenants.permissions import IsPlatformAdmin, request_tenant
+
+
+class TenantScopeMixin:
+    """Enter the tenant context as soon as the request is authenticated."""
+
+    _tenant_scope: ExitStack
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        with ExitStack() as scope:
+            self._tenant_scope = scope
+            return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+
+    def perform_authentication(self, request: Request) -> None:
+        super().perform_authentication(request)  # type: ignore[misc]
+        tenant = request_tenant(request)
+        if tenant is not None and tenant.is_active:
+            self._tenant_scope.enter_context(tenant_context(tenant))
+
+
+class TenantAPIView(TenantScopeMixin, APIView):
+    pass
+
+
+class TenantViewSet(TenantScopeMixin, viewsets.GenericViewSet):
+    lookup_value_regex = "[^/]+"
+
+
+class PlatformViewSet(viewsets.GenericViewSet):
+    """Platform-admin endpoints: superusers and platform keys only; 404 for anyone else."""
+
+    permission_classes = [IsPlatformAdmin]
+    lookup_value_regex = "[^/]+"
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not declare (``400 unknown_field``), naming them."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            writable = {name for name, field in self.fields.items() if not field.read_only}
+            unknown = [str(key) for key in data if key not in writable]
+            if unknown:
+                raise UnknownFields(unknown)
+        return super().to_internal_value(data)
+
+
+class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
+    pass

@@ -1,0 +1,69 @@
+"""The tenant context: which tenant the current code acts for.
+
+A ``ContextVar`` rather than a thread-local, so that it is isolated per thread,
+per asyncio task, and is reset after every request and every Celery task.
+Reading scoped data with no tenant set raises ``TenantScopeError``: the context
+fails closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tenants.models import Tenant
+
+SYSTEM_TENANT_SLUG = "system"
+
+_current: ContextVar[Tenant | None] = ContextVar("ductor_tenant", default=None)
+
+
+class TenantScopeError(RuntimeError):
+    """Scoped data was touched with no tenant in context, or across tenants."""
+
+
+def current_tenant() -> Tenant:
+    """The tenant in context. Raises ``TenantScopeError`` when none is set."""
+    tenant = _current.get()
+    if tenant is None:
+        raise TenantScopeError("no tenant in context: wrap the code in tenant_context(tenant)")
+    return tenant
+
+
+def peek_tenant() -> Tenant | None:
+    """The tenant in context, or None. For logging and diagnostics only, never for scoping."""
+    return _current.get()
+
+
+@contextmanager
+def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
+    """Act as ``tenant`` inside the block. The previous context is restored on exit, always."""
+    if tenant is None or getattr(tenant, "pk", None) is None:
+        raise TenantScopeError("tenant_context() needs a saved tenant")
+    token = _current.set(tenant)
+    try:
+        yield tenant
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def system_context() -> Iterator[Tenant]:
+    """Act as the reserved system tenant (engine-internal work only)."""
+    from tenants.models import Tenant
+
+    with tenant_context(Tenant.system()) as tenant:
+        yield tenant
+
+
+@contextmanager
+def no_tenant() -> Iterator[None]:
+    """Run the block with no tenant in context (used by workers between tasks)."""
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        _current.reset(token)

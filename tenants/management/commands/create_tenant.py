@@ -1,0 +1,37 @@
+"""``python manage.py create_tenant SLUG [--name N] [--json]``: a tenant and its first write key."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ductor_project.errors import ApiError
+from tenants import services
+from tenants.context import tenant_context
+from tenants.models import ApiKey
+
+
+class Command(BaseCommand):
+    help = "Create a tenant and its first read+write API key."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug")
+        parser.add_argument("--name", default="")
+        parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            tenant = services.tenant_create(slug=options["slug"], name=options["name"])
+            with tenant_context(tenant):
+                _, raw = services.api_key_create(
+                    name="initial", scopes=[ApiKey.Scope.READ, ApiKey.Scope.WRITE]
+                )
+        except ApiError as exc:
+            raise CommandError(str(exc.detail)) from exc
+        if options["json"]:
+            payload = {"tenant": tenant.slug, "tenant_id": str(tenant.pk), "api_key": raw}
+            self.stdout.write(json.dumps(payload))
+        else:
+            self.stdout.write(f"Tenant {tenant.slug} ({tenant.pk})\nAPI key (shown once): {raw}")

@@ -1,0 +1,163 @@
+"""Tenants, memberships and API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import datetime
+from typing import ClassVar
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.utils import timezone
+
+from tenants.context import SYSTEM_TENANT_SLUG
+from tenants.scoping import TenantScopedModel
+
+_KEY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        SUSPENDED = "suspended"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    _system: ClassVar[Tenant | None] = None
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_system(self) -> bool:
+        return self.slug == SYSTEM_TENANT_SLUG
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+    @classmethod
+    def system(cls) -> Tenant:
+        """The reserved system tenant (created by a data migration; cached per process)."""
+        if cls._system is None:
+            cls._system = cls.objects.get(slug=SYSTEM_TENANT_SLUG)
+        return cls._system
+
+
+class TenantMembership(TenantScopedModel):
+    """A user's role in a tenant. Staff users act for their tenant in the admin."""
+
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        MEMBER = "member"
+        VIEWER = "viewer"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant_id} as {self.role}"
+
+
+def _random_token(length: int) -> str:
+    return "".join(secrets.choice(_KEY_ALPHABET) for _ in range(length))
+
+
+def hash_secret(raw: str) -> str:
+    """SHA-256 of a whole key. Keys carry 238 bits of entropy, so a fast hash is enough."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+KEY_PREFIX_LENGTH = 10
+KEY_SECRET_LENGTH = 40
+
+
+def generate_key(kind: str) -> tuple[str, str, str]:
+    """A new ``(raw_key, prefix, secret_hash)`` of the form ``<kind>_<prefix>_<secret>``.
+
+    The raw key is shown once and never stored.
+    """
+    prefix = _random_token(KEY_PREFIX_LENGTH)
+    raw = f"{kind}_{prefix}_{_random_token(KEY_SECRET_LENGTH)}"
+    return raw, prefix, hash_secret(raw)
+
+
+class ApiKey(TenantScopedModel):
+    """A tenant's API key, shown once as ``dct_<prefix>_<secret>`` and stored hashed."""
+
+    PREFIX = "dct"
+
+    class Scope(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="apikey_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.PREFIX}_{self.prefix}_…)"
+
+    def state_at(self, now: datetime | None = None) -> str:
+        """``active``, ``revoked`` or ``expired``."""
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+class PlatformKey(models.Model):
+    """A platform operator's key (``dctp_<prefix>_<secret>``): platform-admin endpoints only."""
+
+    PREFIX = "dctp"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.PREFIX}_{self.prefix}_…)"

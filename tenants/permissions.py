@@ -1,0 +1,86 @@
+"""Who may call what: tenant members by scope, platform admins for platform endpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.request import Request
+
+from ductor_project.errors import ErrorCode, Forbidden, NotFound
+from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership
+from tenants.selectors import membership_for_user
+
+READ_ONLY_ROLES = {TenantMembership.Role.VIEWER}
+
+
+def request_tenant(request: Request) -> Tenant | None:
+    """The tenant a request acts for: its API key's, or the session user's membership."""
+    if hasattr(request, "_ductor_tenant"):
+        return request._ductor_tenant
+    tenant: Tenant | None = None
+    if isinstance(request.auth, ApiKey):
+        tenant = request.auth.tenant
+    elif request.user is not None and getattr(request.user, "is_authenticated", False):
+        membership = _membership(request)
+        tenant = membership.tenant if membership else None
+    request._ductor_tenant = tenant  # type: ignore[attr-defined]
+    return tenant
+
+
+def _membership(request: Request) -> TenantMembership | None:
+    """The session user's membership, looked up once per request."""
+    if not hasattr(request, "_ductor_membership"):
+        request._ductor_membership = membership_for_user(request.user)  # type: ignore[attr-defined]
+    return request._ductor_membership  # type: ignore[attr-defined]
+
+
+def can_write(request: Request) -> bool:
+    if isinstance(request.auth, ApiKey):
+        return request.auth.has_scope(ApiKey.Scope.WRITE)
+    membership = _membership(request)
+    return membership is not None and membership.role not in READ_ONLY_ROLES
+
+
+def can_read(request: Request) -> bool:
+    if isinstance(request.auth, ApiKey):
+        return request.auth.has_scope(ApiKey.Scope.READ) or can_write(request)
+    return _membership(request) is not None
+
+
+class IsTenantMember(BasePermission):
+    """A tenant key or a member session; ``read`` scope for safe methods, ``write`` otherwise."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        tenant = request_tenant(request)
+        if tenant is None:
+            if is_platform_admin(request):
+                raise Forbidden("This endpoint acts for a tenant; use a tenant API key.")
+            return False
+        if not tenant.is_active:
+            raise Forbidden(f"Tenant '{tenant.slug}' is suspended.", code=ErrorCode.TENANT_SUSPENDED)
+        allowed = can_read(request) if request.method in SAFE_METHODS else can_write(request)
+        if not allowed:
+            needed = "read" if request.method in SAFE_METHODS else "write"
+            raise Forbidden(
+                f"This request needs the '{needed}' scope.", code=ErrorCode.INSUFFICIENT_SCOPE
+            )
+        return True
+
+
+def is_platform_admin(request: Request) -> bool:
+    if isinstance(request.auth, PlatformKey):
+        return True
+    user = request.user
+    return bool(user is not None and getattr(user, "is_superuser", False))
+
+
+class IsPlatformAdmin(BasePermission):
+    """Superusers and platform keys. Anyone else is told the endpoint does not exist (404)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.user is None or not getattr(request.user, "is_authenticated", False):
+            return False
+        if not is_platform_admin(request):
+            raise NotFound()
+        return True

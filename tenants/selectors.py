@@ -1,0 +1,67 @@
+"""Reads of the tenancy core. Lookups by id answer ``NotFound`` for other tenants' rows."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db.models import QuerySet
+
+from ductor_project.errors import NotFound
+from tenants.context import SYSTEM_TENANT_SLUG
+from tenants.models import ApiKey, Tenant, TenantMembership
+
+
+def parse_uuid(value: Any) -> uuid.UUID:
+    """A UUID from a path segment; anything else is simply not found."""
+    try:
+        return uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise NotFound() from exc
+
+
+def api_key_list() -> QuerySet[ApiKey]:
+    """The keys of the tenant in context, newest first."""
+    return ApiKey.objects.order_by("-created_at")
+
+
+def get_api_key_for_tenant(key_id: Any) -> ApiKey:
+    """A key of the tenant in context, or ``NotFound`` (also for another tenant's key)."""
+    key = ApiKey.objects.filter(pk=parse_uuid(key_id)).first()
+    if key is None:
+        raise NotFound()
+    return key
+
+
+def tenant_list() -> QuerySet[Tenant]:
+    """Every customer tenant (platform admins only). The system tenant is not listed."""
+    return Tenant.objects.exclude(slug=SYSTEM_TENANT_SLUG).order_by("slug")
+
+
+def get_tenant(slug_or_id: str) -> Tenant:
+    """A customer tenant by slug or id (platform admins only), or ``NotFound``."""
+    qs = tenant_list()
+    try:
+        tenant = qs.filter(pk=uuid.UUID(slug_or_id)).first()
+    except ValueError:
+        tenant = qs.filter(slug=slug_or_id).first()
+    if tenant is None:
+        raise NotFound()
+    return tenant
+
+
+def membership_for_user(user: Any) -> TenantMembership | None:
+    """A user's membership in a customer tenant (their earliest), or None.
+
+    Used before any tenant is in context (to find it), hence ``all_tenants``,
+    restricted to the user's own rows.
+    """
+    if not getattr(user, "is_authenticated", False) or not hasattr(user, "tenant_memberships"):
+        return None
+    return (
+        TenantMembership.all_tenants.select_related("tenant")
+        .filter(user_id=user.pk)
+        .exclude(tenant__slug=SYSTEM_TENANT_SLUG)
+        .order_by("created_at")
+        .first()
+    )

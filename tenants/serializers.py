@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from tenants.api import StrictModelSerializer, StrictSerializer
+from tenants.models import ApiKey, Tenant
+
+
+class TenantSerializer(StrictModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "slug", "name", "status", "created_at"]
+        read_only_fields = fields
+
+
+class ApiKeySerializer(StrictModelSerializer):
+    state = serializers.SerializerMethodField()
+    display = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id", "name", "display", "scopes", "state",
+            "created_at", "last_used_at", "expires_at", "revoked_at",
+        ]
+        read_only_fields = fields
+
+    def get_state(self, obj: ApiKey) -> str:
+        return obj.state_at()
+
+    def get_display(self, obj: ApiKey) -> str:
+        return f"{ApiKey.PREFIX}_{obj.prefix}_…"
+
+
+class ApiKeyCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiKey.Scope.choices),
+        allow_empty=False,
+        default=lambda: [ApiKey.Scope.READ, ApiKey.Scope.WRITE],
+    )
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    def validate_expires_at(self, value: Any) -> Any:
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("Must be in the future.")
+        return value
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    """The one response that carries the raw key."""
+
+    api_key = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "api_key"]
+        read_only_fields = fields
+
+
+class TenantCreateSerializer(StrictSerializer):
+    slug = serializers.SlugField(max_length=63)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    create_api_key = serializers.BooleanField(default=False)
+
+
+class TenantCreatedSerializer(TenantSerializer):
+    api_key = serializers.CharField(read_only=True, required=False)
+
+    class Meta(TenantSerializer.Meta):
+        fields = [*TenantSerializer.Meta.fields, "api_key"]
+        read_only_fields = fields

@@ -1,0 +1,88 @@
+"""The one base of every Celery task: it carries the tenant.
+
+``@tenant_task(...)`` declares a task. Sending it stamps ``tenant_id`` both as a
+keyword argument and as a message header (taken from the tenant context when
+not given). The worker refuses a message that carries no tenant, or two that
+disagree: it logs the refusal and rejects the message without running the
+body. Otherwise the body runs inside ``tenant_context(tenant)``, which is reset
+afterwards even on error, so two tasks run back to back on one worker process
+never share a tenant. Work of the system tenant goes to ``ductor.system``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from celery import Task
+from celery.exceptions import Reject
+
+from ductor_project.celery import app
+from tenants.context import SYSTEM_TENANT_SLUG, no_tenant, peek_tenant, tenant_context
+
+log = structlog.get_logger(__name__)
+
+TENANT_HEADER = "ductor_tenant_id"
+SYSTEM_QUEUE = "ductor.system"
+
+
+class TenantTaskRefused(Reject):
+    """A task message without a usable tenant. It is rejected, never run."""
+
+
+class TenantTask(Task):
+    abstract = True
+    acks_late = True
+    reject_on_worker_lost = True
+
+    def apply_async(  # type: ignore[override]
+        self, args: Any = None, kwargs: dict[str, Any] | None = None, **options: Any
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        tenant_id = kwargs.get("tenant_id")
+        if tenant_id is None:
+            tenant = peek_tenant()
+            if tenant is None:
+                from tenants.context import TenantScopeError
+
+                raise TenantScopeError(f"task {self.name} sent with no tenant in context")
+            tenant_id = tenant.pk
+            if tenant.slug == SYSTEM_TENANT_SLUG:
+                options.setdefault("queue", SYSTEM_QUEUE)
+        kwargs["tenant_id"] = str(tenant_id)
+        headers = dict(options.pop("headers", None) or {})
+        headers[TENANT_HEADER] = str(tenant_id)
+        return super().apply_async(args, kwargs, headers=headers, **options)
+
+    def _header_tenant(self) -> str | None:
+        request = self.request
+        value = getattr(request, TENANT_HEADER, None)
+        headers = getattr(request, "headers", None)
+        if value is None and isinstance(headers, dict):
+            value = headers.get(TENANT_HEADER)
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from tenants.models import Tenant
+
+        tenant_id = kwargs.pop("tenant_id", None)
+        header = self._header_tenant()
+        if tenant_id is None or (header is not None and str(header) != str(tenant_id)):
+            log.error("task_refused_without_tenant", task=self.name, task_id=self.request.id,
+                      header_tenant=header, arg_tenant=tenant_id)
+            raise TenantTaskRefused("task carries no tenant", requeue=False)
+        tenant = Tenant.objects.filter(pk=tenant_id).first()
+        if tenant is None:
+            log.error("task_refused_unknown_tenant", task=self.name, tenant_id=tenant_id)
+            raise TenantTaskRefused("unknown tenant", requeue=False)
+        with no_tenant(), tenant_context(tenant), structlog.contextvars.bound_contextvars(
+            task=self.name, task_id=self.request.id
+        ):
+            return super().__call__(*args, **kwargs)
+
+
+def tenant_task(*args: Any, **options: Any) -> Callable[..., Any]:
+    """Declare a Celery task that carries its tenant (see module docs)."""
+    options.setdefault("base", TenantTask)
+    return app.task(*args, **options)

@@ -1,0 +1,14 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from tenants import views
+
+router = SimpleRouter()
+router.trailing_slash = "/?"  # accept both /api/v1/api-keys and /api/v1/api-keys/
+router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
+router.register("tenants", views.PlatformTenantViewSet, basename="platform-tenant")
+
+urlpatterns = [
+    path("tenant", views.CurrentTenantView.as_view(), name="tenant-current"),
+    *router.urls,
+]

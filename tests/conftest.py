@@ -1,0 +1,164 @@
+"""Shared fixtures. Every test runs against the real embedded PostgreSQL and Redis
+(or the servers named by DATABASE_URL / REDIS_URL): no SQLite, no fake Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from rest_framework.test import APIClient
+
+from tenants import services
+from tenants.context import tenant_context
+from tenants.models import ApiKey, Tenant
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def redis_client() -> Any:
+    """The raw Redis client, flushed before the test (the test data dir has its own Redis)."""
+    from ductor_project.redis import get_redis
+
+    client = get_redis()
+    client.flushdb()
+    return client
+
+
+@pytest.fixture
+def make_tenant(db: None) -> Callable[..., tuple[Tenant, str]]:
+    """Create a tenant and a read+write key; returns ``(tenant, raw_key)``."""
+    counter = iter(range(10_000))
+
+    def make(slug: str | None = None, scopes: list[str] | None = None) -> tuple[Tenant, str]:
+        tenant = services.tenant_create(slug=slug or f"tenant-{next(counter)}")
+        with tenant_context(tenant):
+            _, raw = services.api_key_create(
+                name="test", scopes=scopes or [ApiKey.Scope.READ, ApiKey.Scope.WRITE]
+            )
+        return tenant, raw
+
+    return make
+
+
+@pytest.fixture
+def tenant_a(make_tenant: Callable[..., tuple[Tenant, str]]) -> tuple[Tenant, str]:
+    return make_tenant("tenant-a")
+
+
+@pytest.fixture
+def tenant_b(make_tenant: Callable[..., tuple[Tenant, str]]) -> tuple[Tenant, str]:
+    return make_tenant("tenant-b")
+
+
+def api_client(raw_key: str | None = None) -> APIClient:
+    client = APIClient()
+    if raw_key:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return client
+
+
+@pytest.fixture
+def client_a(tenant_a: tuple[Tenant, str]) -> APIClient:
+    return api_client(tenant_a[1])
+
+
+@pytest.fixture
+def client_b(tenant_b: tuple[Tenant, str]) -> APIClient:
+    return api_client(tenant_b[1])
+
+
+def service_env() -> dict[str, str]:
+    """Environment for a child process that must use this test run's database and Redis."""
+    db = settings.DATABASES["default"]
+    host = db.get("HOST") or ""
+    port = db.get("PORT") or 5432
+    user = db.get("USER") or "postgres"
+    password = db.get("PASSWORD") or ""
+    name = connection.settings_dict["NAME"]
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    if host.startswith("/"):
+        url = f"postgresql://{auth}/{name}?host={host}&port={port}"
+    else:
+        url = f"postgresql://{auth}{host}:{port}/{name}"
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=url,
+        REDIS_URL=settings.REDIS_URL,
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DUCTOR_DATA_DIR=str(settings.DUCTOR_DATA_DIR),
+        SECRET_KEY=settings.SECRET_KEY,
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+class CeleryWorker:
+    """A real ``celery -A ductor_project worker`` process, for end-to-end tests."""
+
+    def __init__(self, *extra: str, concurrency: int = 1) -> None:
+        self.log = Path(settings.DUCTOR_DATA_DIR) / f"worker-{os.getpid()}-{time.monotonic_ns()}.log"
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "ductor_project", "worker",
+            "--loglevel", "INFO", "--concurrency", str(concurrency), "--pool", "prefork",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--hostname", f"test-{time.monotonic_ns()}@localhost", *extra,
+        ]
+        self._log_handle = open(self.log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=service_env(), stdout=self._log_handle, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log.read_text()[-4000:]}")
+            if "ready." in self.log.read_text():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"worker not ready:\n{self.log.read_text()[-4000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log_handle.close()
+
+
+@pytest.fixture
+def celery_worker(transactional_db: None, redis_client: Any) -> Iterator[Callable[..., CeleryWorker]]:
+    """Start real worker processes against this run's services; all are stopped afterwards."""
+    started: list[CeleryWorker] = []
+
+    def start(*extra: str, concurrency: int = 1) -> CeleryWorker:
+        worker = CeleryWorker(*extra, concurrency=concurrency)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def error_code(response: Any) -> str:
+    return str(json.loads(response.content)["error"]["code"])
