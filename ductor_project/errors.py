@@ -10,6 +10,7 @@ and answered with ``500 internal_error``.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -170,7 +171,7 @@ def _drf_to_body(exc: exceptions.APIException) -> tuple[int, dict[str, Any], dic
     if isinstance(exc, exceptions.NotAcceptable):
         return 406, error_body(ErrorCode.NOT_ACCEPTABLE, str(exc.detail)), headers
     if isinstance(exc, exceptions.Throttled):
-        wait = int(getattr(exc, "wait", None) or 1)
+        wait = max(1, math.ceil(getattr(exc, "wait", None) or 1))
         body = error_body(ErrorCode.RATE_LIMITED, f"Rate limited; retry in {wait}s.", {"retry_after": wait})
         return 429, body, {"Retry-After": str(max(wait, 1))}
     return exc.status_code, error_body(ErrorCode.BAD_REQUEST, str(exc.detail)), headers

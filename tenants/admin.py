@@ -9,13 +9,41 @@ from django.http import HttpRequest
 from tenants import services
 from tenants.admin_scoping import TenantScopedAdmin, admin_tenant
 from tenants.context import tenant_context
-from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership, generate_key
+from tenants.models import (
+    ApiKey,
+    MonthlyUsage,
+    Plan,
+    PlatformKey,
+    Tenant,
+    TenantEntitlementOverride,
+    TenantMembership,
+    generate_key,
+)
+
+
+class SuperuserOnlyMixin:
+    """Platform-managed data: superusers only."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin[Tenant]):
-    list_display = ["slug", "name", "status", "created_at"]
-    list_filter = ["status"]
+    list_display = ["slug", "name", "status", "plan", "created_at"]
+    list_filter = ["status", "plan"]
     search_fields = ["slug", "name"]
     readonly_fields = ["id", "created_at", "updated_at"]
     actions = ["suspend", "activate"]
@@ -30,7 +58,7 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if request.user.is_superuser:
             return self.readonly_fields
-        return ["id", "slug", "status", "created_at", "updated_at"]
+        return ["id", "slug", "status", "plan", "created_at", "updated_at"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_superuser)
@@ -97,21 +125,9 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
 
 @admin.register(PlatformKey)
-class PlatformKeyAdmin(admin.ModelAdmin[PlatformKey]):
+class PlatformKeyAdmin(SuperuserOnlyMixin, admin.ModelAdmin[PlatformKey]):
     list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
     readonly_fields = ["prefix", "created_at", "last_used_at"]
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_superuser)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_superuser)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_superuser)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_superuser)
 
     def save_model(self, request: HttpRequest, obj: PlatformKey, form: Any, change: bool) -> None:
         raw = None
@@ -120,3 +136,31 @@ class PlatformKeyAdmin(admin.ModelAdmin[PlatformKey]):
         super().save_model(request, obj, form, change)
         if raw is not None:
             messages.warning(request, f"New platform key (shown once, store it now): {raw}")
+
+
+@admin.register(Plan)
+class PlanAdmin(SuperuserOnlyMixin, admin.ModelAdmin[Plan]):
+    list_display = [
+        "slug", "name", "max_concurrency", "step_rate_per_s", "monthly_run_quota",
+        "max_workflows", "max_pools", "max_rules", "weight", "allowed_tiers",
+    ]
+    readonly_fields = ["updated_at"]
+
+
+@admin.register(TenantEntitlementOverride)
+class TenantEntitlementOverrideAdmin(SuperuserOnlyMixin, TenantScopedAdmin):
+    list_display = ["field", "value", "reason", "updated_at"]
+    search_fields = ["field", "tenant__slug"]
+
+
+@admin.register(MonthlyUsage)
+class MonthlyUsageAdmin(TenantScopedAdmin):
+    list_display = ["month", "runs_started"]
+    readonly_fields = ["month", "runs_started"]
+    date_hierarchy = "month"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

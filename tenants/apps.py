@@ -6,4 +6,4 @@ class TenantsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tenants import schema  # noqa: F401 - registers the OpenAPI auth extension
+        from tenants import entitlements, schema  # noqa: F401 - signal receivers, OpenAPI auth extension

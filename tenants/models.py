@@ -19,6 +19,51 @@ from tenants.scoping import TenantScopedModel
 _KEY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
+class Tier(models.TextChoices):
+    """Customer queue tiers, strict priority from first to last. Tier 0 is the system tenant's."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
+def default_tiers() -> list[str]:
+    return [Tier.STANDARD, Tier.BATCH]
+
+
+class Plan(models.Model):
+    """A plan's ceilings. Managed by the platform; seeded with free, pro and enterprise.
+
+    The effective limits of a tenant come from ``tenants.entitlements`` only.
+    """
+
+    slug = models.SlugField(primary_key=True, max_length=32)
+    name = models.CharField(max_length=100)
+    max_concurrency = models.PositiveIntegerField(help_text="Steps in flight at once.")
+    step_rate_per_s = models.FloatField(help_text="Steps started per second (GCRA).")
+    step_burst = models.PositiveIntegerField(help_text="Steps that may start at once from idle.")
+    monthly_run_quota = models.PositiveBigIntegerField(help_text="Runs started per calendar month (UTC).")
+    max_workflows = models.PositiveIntegerField()
+    max_pools = models.PositiveIntegerField()
+    max_connections = models.PositiveIntegerField()
+    max_rules = models.PositiveIntegerField()
+    max_nesting_depth = models.PositiveIntegerField(help_text="Sub-workflow levels below a root run.")
+    max_payload_bytes = models.PositiveIntegerField(help_text="Largest run input or workflow spec.")
+    api_rate_per_s = models.FloatField(help_text="API requests per second (GCRA).")
+    api_burst = models.PositiveIntegerField()
+    weight = models.PositiveIntegerField(default=1, help_text="Fair-share weight in the fair queue.")
+    allowed_tiers = ArrayField(
+        models.CharField(max_length=16, choices=Tier.choices), default=default_tiers
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["weight", "slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Tenant(models.Model):
     class Status(models.TextChoices):
         ACTIVE = "active"
@@ -28,6 +73,7 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, default="free", related_name="tenants")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -161,3 +207,35 @@ class PlatformKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.PREFIX}_{self.prefix}_…)"
+
+
+class TenantEntitlementOverride(TenantScopedModel):
+    """One plan field changed for one tenant. Managed by platform admins."""
+
+    field = models.CharField(max_length=32)
+    value = models.JSONField()
+    reason = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "field"], name="override_unique_field")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value}"
+
+
+class MonthlyUsage(TenantScopedModel):
+    """Runs started by a tenant in one calendar month (UTC). The truth for the run quota."""
+
+    month = models.DateField(help_text="First day of the month, UTC.")
+    runs_started = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "month"], name="usage_unique_month")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.month:%Y-%m}: {self.runs_started} runs"

@@ -64,6 +64,10 @@ class TenantScopedManager(models.Manager[Any]):
         tenant = current_tenant()
         return TenantScopedQuerySet(self.model, using=self._db).filter(tenant_id=tenant.pk)
 
+    def none(self) -> TenantScopedQuerySet:
+        """An empty queryset reveals nothing, so it needs no tenant (schema tools ask for one)."""
+        return TenantScopedQuerySet(self.model, using=self._db).none()
+
     def raw(self, *args: Any, **kwargs: Any) -> Any:
         raise TenantScopeError("raw() is not scoped; use Model.all_tenants.raw() and filter by tenant")
 

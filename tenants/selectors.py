@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 
 from ductor_project.errors import NotFound
 from tenants.context import SYSTEM_TENANT_SLUG
-from tenants.models import ApiKey, Tenant, TenantMembership
+from tenants.models import ApiKey, Plan, Tenant, TenantEntitlementOverride, TenantMembership
 
 
 def parse_uuid(value: Any) -> uuid.UUID:
@@ -65,3 +65,39 @@ def membership_for_user(user: Any) -> TenantMembership | None:
         .order_by("created_at")
         .first()
     )
+
+
+def entitlements_report(tenant: Tenant) -> dict[str, Any]:
+    """Effective limits, current usage and reset times of ``tenant`` (must be in context)."""
+    from scheduling.capacity import tenant_in_flight
+
+    from tenants.entitlements import effective_entitlements
+    from tenants.usage import next_reset, object_counts, runs_this_month
+
+    limits = effective_entitlements(tenant)
+    return {
+        "tenant": tenant.slug,
+        "limits": limits.as_dict(),
+        "usage": {
+            "runs_this_month": runs_this_month(),
+            "steps_in_flight": tenant_in_flight(),
+            "objects": object_counts(),
+        },
+        "resets": {"monthly_run_quota": next_reset()},
+    }
+
+
+def plan_list() -> QuerySet[Plan]:
+    return Plan.objects.order_by("weight", "slug")
+
+
+def get_plan(slug: str) -> Plan:
+    plan = Plan.objects.filter(pk=slug).first()
+    if plan is None:
+        raise NotFound()
+    return plan
+
+
+def override_list(tenant: Tenant) -> QuerySet[TenantEntitlementOverride]:
+    """Overrides of ``tenant`` (platform admins; crosses tenants by design)."""
+    return TenantEntitlementOverride.all_tenants.filter(tenant=tenant).order_by("field")

@@ -6,13 +6,13 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from tenants.api import StrictModelSerializer, StrictSerializer
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Plan, Tenant, TenantEntitlementOverride
 
 
 class TenantSerializer(StrictModelSerializer):
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "status", "created_at"]
+        fields = ["id", "slug", "name", "status", "plan", "created_at"]
         read_only_fields = fields
 
 
@@ -63,6 +63,7 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 class TenantCreateSerializer(StrictSerializer):
     slug = serializers.SlugField(max_length=63)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    plan = serializers.SlugField(required=False, default="free")
     create_api_key = serializers.BooleanField(default=False)
 
 
@@ -72,3 +73,60 @@ class TenantCreatedSerializer(TenantSerializer):
     class Meta(TenantSerializer.Meta):
         fields = [*TenantSerializer.Meta.fields, "api_key"]
         read_only_fields = fields
+
+
+class PlanSerializer(StrictModelSerializer):
+    class Meta:
+        model = Plan
+        exclude = ["updated_at"]
+        read_only_fields = [f.name for f in Plan._meta.fields]
+
+
+class EntitlementLimitsSerializer(serializers.Serializer):
+    """The effective limits (plan + overrides)."""
+
+    plan = serializers.CharField()
+    max_concurrency = serializers.IntegerField()
+    step_rate_per_s = serializers.FloatField()
+    step_burst = serializers.IntegerField()
+    monthly_run_quota = serializers.IntegerField()
+    max_workflows = serializers.IntegerField()
+    max_pools = serializers.IntegerField()
+    max_connections = serializers.IntegerField()
+    max_rules = serializers.IntegerField()
+    max_nesting_depth = serializers.IntegerField()
+    max_payload_bytes = serializers.IntegerField()
+    api_rate_per_s = serializers.FloatField()
+    api_burst = serializers.IntegerField()
+    weight = serializers.IntegerField()
+    allowed_tiers = serializers.ListField(child=serializers.CharField())
+    overridden = serializers.ListField(child=serializers.CharField())
+
+
+class UsageSerializer(serializers.Serializer):
+    runs_this_month = serializers.IntegerField()
+    steps_in_flight = serializers.IntegerField()
+    objects = serializers.DictField(child=serializers.IntegerField())
+
+
+class EntitlementsSerializer(serializers.Serializer):
+    tenant = serializers.CharField()
+    limits = EntitlementLimitsSerializer()
+    usage = UsageSerializer()
+    resets = serializers.DictField(child=serializers.DateTimeField())
+
+
+class TenantPlanSerializer(StrictSerializer):
+    plan = serializers.SlugField()
+
+
+class OverrideSerializer(StrictModelSerializer):
+    class Meta:
+        model = TenantEntitlementOverride
+        fields = ["field", "value", "reason", "updated_at"]
+        read_only_fields = fields
+
+
+class OverrideSetSerializer(StrictSerializer):
+    value = serializers.JSONField()
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")

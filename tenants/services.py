@@ -3,27 +3,37 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import structlog
 from django.db import transaction
 from django.utils import timezone
 
-from ductor_project.errors import Conflict, conflict_on_duplicate
-from tenants.context import SYSTEM_TENANT_SLUG, current_tenant
-from tenants.models import ApiKey, PlatformKey, Tenant, generate_key
+from ductor_project.errors import ApiError, Conflict, ErrorCode, conflict_on_duplicate
+from tenants.context import SYSTEM_TENANT_SLUG, current_tenant, tenant_context
+from tenants.entitlements import LIMIT_FIELDS, coerce_limit
+from tenants.models import ApiKey, Plan, PlatformKey, Tenant, TenantEntitlementOverride, generate_key
 
 log = structlog.get_logger(__name__)
 
 RESERVED_SLUGS = {SYSTEM_TENANT_SLUG, "admin", "api", "platform"}
 
 
+def _plan_or_invalid(slug: str) -> Plan:
+    plan = Plan.objects.filter(pk=slug).first()
+    if plan is None:
+        raise ApiError(f"Unknown plan '{slug}'.", code=ErrorCode.INVALID, details={"plan": ["Unknown plan."]})
+    return plan
+
+
 @transaction.atomic
-def tenant_create(*, slug: str, name: str = "") -> Tenant:
-    """Create an active tenant. Raises ``Conflict`` if the slug is taken or reserved."""
+def tenant_create(*, slug: str, name: str = "", plan: str = "free") -> Tenant:
+    """Create an active tenant on ``plan``. Raises ``Conflict`` if the slug is taken or reserved."""
     if slug in RESERVED_SLUGS:
         raise Conflict(f"Tenant slug '{slug}' is reserved.", details={"slug": ["Reserved."]})
+    _plan_or_invalid(plan)
     with conflict_on_duplicate("slug", f"Tenant slug '{slug}' is already taken."):
-        tenant = Tenant.objects.create(slug=slug, name=name or slug)
+        tenant = Tenant.objects.create(slug=slug, name=name or slug, plan_id=plan)
     log.info("tenant_created", tenant_id=str(tenant.pk), slug=slug)
     return tenant
 
@@ -77,3 +87,36 @@ def platform_key_create(*, name: str) -> tuple[PlatformKey, str]:
     raw, prefix, secret_hash = generate_key(PlatformKey.PREFIX)
     key = PlatformKey.objects.create(name=name, prefix=prefix, secret_hash=secret_hash)
     return key, raw
+
+
+def tenant_set_plan(*, tenant: Tenant, plan_slug: str) -> Tenant:
+    """Move a tenant to another plan. Its cached limits are invalidated (signal)."""
+    plan = _plan_or_invalid(plan_slug)
+    if tenant.plan_id != plan.pk:
+        tenant.plan = plan
+        tenant.save(update_fields=["plan", "updated_at"])
+        log.info("tenant_plan_changed", tenant_id=str(tenant.pk), plan=plan.pk)
+    return tenant
+
+
+@transaction.atomic
+def override_set(*, tenant: Tenant, field: str, value: Any, reason: str = "") -> TenantEntitlementOverride:
+    """Set one limit for one tenant, on top of its plan. Validates the value for the field."""
+    try:
+        value = coerce_limit(field, value)
+    except ValueError as exc:
+        target = "field" if field not in LIMIT_FIELDS else "value"
+        raise ApiError(f"{target}: {exc}.", code=ErrorCode.INVALID, details={target: [str(exc)]}) from exc
+    with tenant_context(tenant):
+        override, _ = TenantEntitlementOverride.objects.update_or_create(
+            field=field, defaults={"value": value, "reason": reason}
+        )
+    log.info("entitlement_override_set", tenant_id=str(tenant.pk), field=field, value=value)
+    return override
+
+
+def override_clear(*, tenant: Tenant, field: str) -> bool:
+    """Remove one override; idempotent. Returns whether one existed."""
+    with tenant_context(tenant):
+        deleted, _ = TenantEntitlementOverride.objects.filter(field=field).delete()
+    return deleted > 0

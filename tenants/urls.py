@@ -7,8 +7,10 @@ router = SimpleRouter()
 router.trailing_slash = "/?"  # accept both /api/v1/api-keys and /api/v1/api-keys/
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("tenants", views.PlatformTenantViewSet, basename="platform-tenant")
+router.register("plans", views.PlatformPlanViewSet, basename="platform-plan")
 
 urlpatterns = [
     path("tenant", views.CurrentTenantView.as_view(), name="tenant-current"),
+    path("entitlements", views.EntitlementsView.as_view(), name="entitlements"),
     *router.urls,
 ]

@@ -13,13 +13,18 @@ from rest_framework.response import Response
 from tenants import selectors, services
 from tenants.api import PlatformViewSet, TenantAPIView, TenantViewSet
 from tenants.context import current_tenant, tenant_context
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Plan, Tenant
 from tenants.serializers import (
     ApiKeyCreatedSerializer,
     ApiKeyCreateSerializer,
     ApiKeySerializer,
+    EntitlementsSerializer,
+    OverrideSerializer,
+    OverrideSetSerializer,
+    PlanSerializer,
     TenantCreatedSerializer,
     TenantCreateSerializer,
+    TenantPlanSerializer,
     TenantSerializer,
 )
 
@@ -30,6 +35,14 @@ class CurrentTenantView(TenantAPIView):
     @extend_schema(responses=TenantSerializer, operation_id="tenant_current")
     def get(self, request: Request) -> Response:
         return Response(TenantSerializer(current_tenant()).data)
+
+
+class EntitlementsView(TenantAPIView):
+    """Effective limits (plan + overrides), current usage and reset times."""
+
+    @extend_schema(responses=EntitlementsSerializer, operation_id="entitlements_current")
+    def get(self, request: Request) -> Response:
+        return Response(EntitlementsSerializer(selectors.entitlements_report(current_tenant())).data)
 
 
 class ApiKeyViewSet(TenantViewSet):
@@ -91,7 +104,7 @@ class PlatformTenantViewSet(PlatformViewSet):
         params = TenantCreateSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         data = params.validated_data
-        tenant = services.tenant_create(slug=data["slug"], name=data.get("name", ""))
+        tenant = services.tenant_create(slug=data["slug"], name=data.get("name", ""), plan=data["plan"])
         body = dict(TenantSerializer(tenant).data)
         if data["create_api_key"]:
             with tenant_context(tenant):
@@ -116,3 +129,51 @@ class PlatformTenantViewSet(PlatformViewSet):
             tenant=selectors.get_tenant(slug), status=Tenant.Status.ACTIVE
         )
         return Response(TenantSerializer(tenant).data)
+
+    @extend_schema(request=TenantPlanSerializer, responses={200: TenantSerializer})
+    @action(detail=True, methods=["post"])
+    def plan(self, request: Request, slug: str) -> Response:
+        params = TenantPlanSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        tenant = selectors.get_tenant(slug)
+        tenant = services.tenant_set_plan(tenant=tenant, plan_slug=params.validated_data["plan"])
+        return Response(TenantSerializer(tenant).data)
+
+    @extend_schema(responses={200: EntitlementsSerializer})
+    @action(detail=True, methods=["get"])
+    def entitlements(self, request: Request, slug: str) -> Response:
+        tenant = selectors.get_tenant(slug)
+        with tenant_context(tenant):
+            return Response(EntitlementsSerializer(selectors.entitlements_report(tenant)).data)
+
+    @extend_schema(responses={200: OverrideSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def overrides(self, request: Request, slug: str) -> Response:
+        rows = selectors.override_list(selectors.get_tenant(slug))
+        return Response(OverrideSerializer(rows, many=True).data)
+
+    @extend_schema(request=OverrideSetSerializer, responses={200: OverrideSerializer, 204: None})
+    @action(detail=True, methods=["put", "delete"], url_path=r"overrides/(?P<field>[a-z_]+)")
+    def override(self, request: Request, slug: str, field: str) -> Response:
+        tenant = selectors.get_tenant(slug)
+        if request.method == "DELETE":
+            services.override_clear(tenant=tenant, field=field)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        params = OverrideSetSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        row = services.override_set(tenant=tenant, field=field, **params.validated_data)
+        return Response(OverrideSerializer(row).data)
+
+
+class PlatformPlanViewSet(PlatformViewSet):
+    """Platform admin: the plans and their ceilings."""
+
+    serializer_class = PlanSerializer
+    queryset = Plan.objects.none()
+    lookup_field = "slug"
+
+    def list(self, request: Request) -> Response:
+        return Response(PlanSerializer(selectors.plan_list(), many=True).data)
+
+    def retrieve(self, request: Request, slug: str) -> Response:
+        return Response(PlanSerializer(selectors.get_plan(slug)).data)

@@ -40,8 +40,11 @@ def make_tenant(db: None) -> Callable[..., tuple[Tenant, str]]:
     """Create a tenant and a read+write key; returns ``(tenant, raw_key)``."""
     counter = iter(range(10_000))
 
-    def make(slug: str | None = None, scopes: list[str] | None = None) -> tuple[Tenant, str]:
-        tenant = services.tenant_create(slug=slug or f"tenant-{next(counter)}")
+    def make(
+        slug: str | None = None, scopes: list[str] | None = None, plan: str = "enterprise"
+    ) -> tuple[Tenant, str]:
+        # Enterprise by default: its API rate keeps functional tests clear of the throttle.
+        tenant = services.tenant_create(slug=slug or f"tenant-{next(counter)}", plan=plan)
         with tenant_context(tenant):
             _, raw = services.api_key_create(
                 name="test", scopes=scopes or [ApiKey.Scope.READ, ApiKey.Scope.WRITE]

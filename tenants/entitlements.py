@@ -1,0 +1,159 @@
+"""What a tenant may do: the one resolver of effective limits.
+
+``effective_entitlements(tenant)`` = the tenant's plan, with the tenant's
+overrides applied field by field. It is the only place limits come from. The
+result is cached under the tenant's cache key and invalidated when the plan,
+the tenant's plan choice, or one of its overrides changes (signals below, so
+admin edits invalidate too). A plan edit bumps a global plan version, which is
+part of every tenant's cache key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from tenants.keys import global_key, tenant_key
+from tenants.models import Plan, Tenant, TenantEntitlementOverride
+
+CACHE_TTL_S = 300
+_PLAN_VERSION_KEY = global_key("plans", "version")
+
+
+@dataclass(frozen=True)
+class Entitlements:
+    plan: str
+    max_concurrency: int
+    step_rate_per_s: float
+    step_burst: int
+    monthly_run_quota: int
+    max_workflows: int
+    max_pools: int
+    max_connections: int
+    max_rules: int
+    max_nesting_depth: int
+    max_payload_bytes: int
+    api_rate_per_s: float
+    api_burst: int
+    weight: int
+    allowed_tiers: tuple[str, ...]
+    overridden: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["allowed_tiers"] = list(self.allowed_tiers)
+        data["overridden"] = list(self.overridden)
+        return data
+
+
+LIMIT_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(Entitlements) if f.name not in ("plan", "overridden")
+)
+CEILING_FIELDS = {
+    "workflows": "max_workflows",
+    "pools": "max_pools",
+    "connections": "max_connections",
+    "rules": "max_rules",
+}
+
+
+def coerce_limit(field: str, value: Any) -> Any:
+    """Validate an override value for ``field``; raises ValueError naming what is wrong."""
+    if field not in LIMIT_FIELDS:
+        raise ValueError(f"unknown limit '{field}'")
+    if field == "allowed_tiers":
+        from tenants.models import Tier
+
+        if not isinstance(value, list) or not value or any(v not in Tier.values for v in value):
+            raise ValueError(f"must be a non-empty list of tiers from {list(Tier.values)}")
+        return [t for t in Tier.values if t in value]
+    if field.endswith("_per_s"):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError("must be a positive number")
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be a non-negative integer")
+    if field in ("weight", "max_concurrency", "step_burst", "api_burst") and value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _plan_version() -> int:
+    return int(cache.get(_PLAN_VERSION_KEY) or 0)
+
+
+def _cache_key(tenant: Tenant) -> str:
+    return tenant_key("entitlements", _plan_version(), tenant=tenant)
+
+
+def resolve(tenant: Tenant) -> Entitlements:
+    """Compute the effective limits from PostgreSQL (no cache)."""
+    plan = Plan.objects.get(pk=tenant.plan_id)
+    values = {name: getattr(plan, name) for name in LIMIT_FIELDS}
+    overrides = TenantEntitlementOverride.all_tenants.filter(tenant_id=tenant.pk)
+    applied = []
+    for override in overrides:
+        if override.field in values:
+            values[override.field] = coerce_limit(override.field, override.value)
+            applied.append(override.field)
+    values["allowed_tiers"] = tuple(values["allowed_tiers"])
+    return Entitlements(plan=plan.slug, overridden=tuple(sorted(applied)), **values)
+
+
+def effective_entitlements(tenant: Tenant) -> Entitlements:
+    """The tenant's effective limits. Cached per tenant; at most two cache round trips."""
+    key = _cache_key(tenant)
+    found = cache.get(key)
+    if isinstance(found, Entitlements):
+        return found
+    resolved = resolve(tenant)
+    cache.set(key, resolved, CACHE_TTL_S)
+    return resolved
+
+
+def invalidate_tenant(tenant: Tenant) -> None:
+    """Drop a tenant's cached limits now and again after the surrounding commit."""
+
+    def drop() -> None:
+        cache.delete(_cache_key(tenant))
+        from tenants.usage import clear_quota_flag
+
+        clear_quota_flag(tenant)
+
+    drop()
+    transaction.on_commit(drop)
+
+
+def invalidate_all_plans() -> None:
+    """A plan changed: every tenant's cached limits become stale (global version bump)."""
+
+    def bump() -> None:
+        try:
+            cache.incr(_PLAN_VERSION_KEY)
+        except ValueError:
+            cache.set(_PLAN_VERSION_KEY, 1, None)
+
+    bump()
+    transaction.on_commit(bump)
+
+
+@receiver([post_save, post_delete], sender=Plan)
+def _plan_changed(sender: Any, **kwargs: Any) -> None:
+    invalidate_all_plans()
+
+
+@receiver([post_save, post_delete], sender=TenantEntitlementOverride)
+def _override_changed(sender: Any, instance: TenantEntitlementOverride, **kwargs: Any) -> None:
+    invalidate_tenant(Tenant.objects.get(pk=instance.tenant_id))
+
+
+@receiver(post_save, sender=Tenant)
+def _tenant_changed(sender: Any, instance: Tenant, created: bool, **kwargs: Any) -> None:
+    if not created:
+        invalidate_tenant(instance)
