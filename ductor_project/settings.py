@@ -178,6 +178,15 @@ DUCTOR_SYSTEM_QUEUE = "ductor.system"
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.
 DUCTOR_QUEUE_SHARDS = env.int("DUCTOR_QUEUE_SHARDS", default=1)
 
+# Fernet keys for connection secrets (comma-separated; first encrypts, all decrypt).
+# Empty: one key is generated once into the data dir.
+DUCTOR_SECRET_KEYS = env.list("DUCTOR_SECRET_KEYS", default=[])
+# Outbound http.request to loopback, private and link-local addresses is refused unless this is on.
+DUCTOR_HTTP_ALLOW_PRIVATE = env.bool("DUCTOR_HTTP_ALLOW_PRIVATE", default=False)
+# Consecutive failures that open a connection's circuit breaker, and its cooldown.
+DUCTOR_BREAKER_FAILURES = env.int("DUCTOR_BREAKER_FAILURES", default=5)
+DUCTOR_BREAKER_COOLDOWN_S = env.float("DUCTOR_BREAKER_COOLDOWN_S", default=30.0)
+
 DUCTOR_LOG_FORMAT = env.str("DUCTOR_LOG_FORMAT", default="json")
 DUCTOR_LOG_LEVEL = env.str("DUCTOR_LOG_LEVEL", default="INFO")
 LOGGING_CONFIG = None

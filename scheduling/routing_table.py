@@ -1,0 +1,156 @@
+"""A tenant's routing table (enabled rules, pools with members), cached per tenant.
+
+``route()`` runs on the hot path, so a warm lookup never touches PostgreSQL:
+it reads the tenant's routing version from Redis (one GET) and, when this
+process already holds the table of that version, uses it. Otherwise the table
+is read from the Django cache, and only when that misses is it built from
+PostgreSQL. Every create, update or delete of a connection, pool, member or
+rule sets a new random version (now and again on commit), so the very next
+``route()`` anywhere sees the change; a random version never repeats, so a
+stale table can never be mistaken for a fresh one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from scheduling.models import Connection, Pool, PoolMember, Rule
+from tenants.context import current_tenant, tenant_context
+from tenants.keys import tenant_key
+from tenants.models import Tenant
+
+TABLE_TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    connection_id: str
+    name: str
+    kind: str
+    weight: int
+    priority: int
+    max_concurrency: int | None
+    rate_per_s: float | None
+    burst: int | None
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    id: str
+    name: str
+    strategy: str
+    max_concurrency: int | None
+    rate_per_s: float | None
+    burst: int | None
+    members: tuple[MemberInfo, ...]
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    id: str
+    name: str
+    priority: int
+    match: dict[str, Any]
+    action: dict[str, Any]
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "priority": self.priority}
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    version: str
+    rules: tuple[RuleInfo, ...]
+    pools: dict[str, PoolInfo] = field(default_factory=dict)
+    default_pool: str | None = None
+
+
+# Process-local copies: tenant id -> table (checked against the version in Redis).
+_local: dict[str, RoutingTable] = {}
+
+
+def _version_key() -> str:
+    return tenant_key("routing", "version")
+
+
+def current_version() -> str:
+    """The tenant's routing version; created on first use. One Redis round trip."""
+    version = cache.get(_version_key())
+    if version is None:
+        cache.add(_version_key(), uuid.uuid4().hex, None)
+        version = cache.get(_version_key())
+    return str(version)
+
+
+def bump_version(tenant: Tenant) -> None:
+    """Invalidate the tenant's routing table everywhere: now and after the surrounding commit."""
+
+    def bump() -> None:
+        with tenant_context(tenant):
+            cache.set(_version_key(), uuid.uuid4().hex, None)
+
+    bump()
+    transaction.on_commit(bump)
+
+
+def build(version: str) -> RoutingTable:
+    """Read the tenant's routing table from PostgreSQL."""
+    rules = tuple(
+        RuleInfo(id=str(r.id), name=r.name, priority=r.priority, match=r.match, action=r.action)
+        for r in Rule.objects.filter(enabled=True).order_by("priority")
+    )
+    members: dict[Any, list[MemberInfo]] = {}
+    for m in PoolMember.objects.select_related("connection").order_by("priority", "id"):
+        c = m.connection
+        members.setdefault(m.pool_id, []).append(
+            MemberInfo(
+                connection_id=str(c.id), name=c.name, kind=c.kind, weight=m.weight, priority=m.priority,
+                max_concurrency=c.max_concurrency, rate_per_s=c.rate_per_s, burst=c.burst,
+            )
+        )
+    pools: dict[str, PoolInfo] = {}
+    default_pool = None
+    for p in Pool.objects.all():
+        pools[p.name] = PoolInfo(
+            id=str(p.id), name=p.name, strategy=p.strategy, max_concurrency=p.max_concurrency,
+            rate_per_s=p.rate_per_s, burst=p.burst, members=tuple(members.get(p.id, ())),
+        )
+        if p.is_default:
+            default_pool = p.name
+    return RoutingTable(version=version, rules=rules, pools=pools, default_pool=default_pool)
+
+
+def routing_table() -> RoutingTable:
+    """The routing table of the tenant in context. Warm: one Redis GET, no PostgreSQL."""
+    tenant_id = str(current_tenant().pk)
+    version = current_version()
+    local = _local.get(tenant_id)
+    if local is not None and local.version == version:
+        return local
+    key = tenant_key("routing", "table", version)
+    table = cache.get(key)
+    if not isinstance(table, RoutingTable):
+        table = build(version)
+        cache.set(key, table, TABLE_TTL_S)
+    _local[tenant_id] = table
+    return table
+
+
+def forget_local() -> None:
+    """Drop this process's copies (the next lookup reads the cache or PostgreSQL)."""
+    _local.clear()
+
+
+@receiver([post_save, post_delete], sender=Connection)
+@receiver([post_save, post_delete], sender=Pool)
+@receiver([post_save, post_delete], sender=PoolMember)
+@receiver([post_save, post_delete], sender=Rule)
+def _routing_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    bump_version(instance.tenant)

@@ -1,0 +1,33 @@
+"""Loading the Lua scripts of ``scheduling/lua``: one ``EVALSHA`` per call.
+
+A script may be prefixed by shared libraries (``capacity_lib.lua`` …) so that
+one atomic script can use the functions of several modules.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ductor_project.redis import get_redis
+
+LUA_DIR = Path(__file__).resolve().parent / "lua"
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``scheduling/lua/<name>.lua``."""
+    return (LUA_DIR / f"{name}.lua").read_text()
+
+
+@cache
+def script(name: str, *libraries: str) -> Any:
+    """A registered script: the libraries' text, then the script's. Cached per process."""
+    body = "\n".join([*(source(lib) for lib in libraries), source(name)])
+    return get_redis().register_script(body)
+
+
+def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ...] = ()) -> Any:
+    """Run a script in one round trip (redis-py reloads it if the server lost it)."""
+    return script(name, *libraries)(keys=keys, args=args, client=get_redis())

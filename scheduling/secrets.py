@@ -1,0 +1,45 @@
+"""Connection secrets, encrypted at rest with Fernet.
+
+Keys come from ``DUCTOR_SECRET_KEYS`` (comma-separated Fernet keys; the first
+encrypts, all decrypt, so keys can be rotated). Without it, one key is
+generated once into ``<data dir>/fernet.key`` (mode 0600).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+
+
+class SecretError(RuntimeError):
+    """A stored secret could not be decrypted with any configured key."""
+
+
+@functools.cache
+def _fernet() -> MultiFernet:
+    configured = [k.strip() for k in settings.DUCTOR_SECRET_KEYS if k.strip()]
+    if not configured:
+        path = settings.DUCTOR_DATA_DIR / "fernet.key"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(Fernet.generate_key().decode())
+        configured = [path.read_text().strip()]
+    return MultiFernet([Fernet(key.encode()) for key in configured])
+
+
+def encrypt(plaintext: str) -> str:
+    """A Fernet token of ``plaintext`` (authenticated encryption; a new token every call)."""
+    return _fernet().encrypt(plaintext.encode()).decode()
+
+
+def decrypt(token: str) -> str:
+    """The plaintext of a token. Raises ``SecretError`` if no configured key opens it."""
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except InvalidToken as exc:
+        raise SecretError("secret cannot be decrypted with the configured keys") from exc
