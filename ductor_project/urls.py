@@ -9,6 +9,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("tenants.urls")),
+    path("api/v1/", include("scheduling.urls")),
 ]
 
 handler400 = errors.json_400

@@ -216,6 +216,12 @@ def admit(decision: RoutingDecision, holder_id: str, lease_s: float) -> tuple[bo
     if decision.connection is not None and decision.connection.rate_per_s:
         member = decision.connection
         rates.append((f"connection:{member.connection_id}", member.rate_per_s or 0, member.burst or 1))
+    # Peek every limiter before charging any, so a refusal normally charges nothing.
+    for limiter, rate, burst in rates:
+        verdict = capacity.rate_peek(limiter, rate_per_s=rate, burst=burst)
+        if not verdict.allowed:
+            capacity.release(holder_id)
+            return False, verdict.retry_after_s
     for limiter, rate, burst in rates:
         verdict = capacity.rate_check(limiter, rate_per_s=rate, burst=burst)
         if not verdict.allowed:

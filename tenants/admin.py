@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -9,6 +10,7 @@ from django.http import HttpRequest
 from tenants import services
 from tenants.admin_scoping import TenantScopedAdmin, admin_tenant
 from tenants.context import tenant_context
+from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
     ApiKey,
     MonthlyUsage,
@@ -40,8 +42,21 @@ class SuperuserOnlyMixin:
         return bool(request.user.is_superuser)
 
 
+class TenantForm(forms.ModelForm[Tenant]):
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "status", "plan"]
+
+    def clean_slug(self) -> str:
+        slug = str(self.cleaned_data["slug"])
+        if slug in services.RESERVED_SLUGS and (self.instance.pk is None or self.instance.slug != slug):
+            raise forms.ValidationError("This slug is reserved.")
+        return slug
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin[Tenant]):
+    form = TenantForm
     list_display = ["slug", "name", "status", "plan", "created_at"]
     list_filter = ["status", "plan"]
     search_fields = ["slug", "name"]
@@ -65,6 +80,18 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.is_system:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        if not change:
+            created = services.tenant_create(slug=obj.slug, name=obj.name, plan=obj.plan_id or "free")
+            obj.pk, obj.created_at = created.pk, created.created_at
+            return
+        super().save_model(request, obj, form, change)
 
     @admin.action(description="Suspend selected tenants")
     def suspend(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
@@ -138,8 +165,29 @@ class PlatformKeyAdmin(SuperuserOnlyMixin, admin.ModelAdmin[PlatformKey]):
             messages.warning(request, f"New platform key (shown once, store it now): {raw}")
 
 
+class PlanAdminForm(forms.ModelForm[Plan]):
+    """Every limit is checked like an override, so a plan edit cannot break the limiters."""
+
+    class Meta:
+        model = Plan
+        fields = ["slug", "name", *LIMIT_FIELDS]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name in LIMIT_FIELDS:
+            if data.get(name) is None:
+                continue
+            value = list(data[name]) if name == "allowed_tiers" else data[name]
+            try:
+                data[name] = coerce_limit(name, value)
+            except ValueError as exc:
+                self.add_error(name, str(exc))
+        return data
+
+
 @admin.register(Plan)
 class PlanAdmin(SuperuserOnlyMixin, admin.ModelAdmin[Plan]):
+    form = PlanAdminForm
     list_display = [
         "slug", "name", "max_concurrency", "step_rate_per_s", "monthly_run_quota",
         "max_workflows", "max_pools", "max_rules", "weight", "allowed_tiers",
@@ -147,8 +195,29 @@ class PlanAdmin(SuperuserOnlyMixin, admin.ModelAdmin[Plan]):
     readonly_fields = ["updated_at"]
 
 
+class OverrideAdminForm(forms.ModelForm[TenantEntitlementOverride]):
+    """The field is one of the limits and the value is checked for it, as in the API."""
+
+    field = forms.ChoiceField(choices=[(name, name) for name in LIMIT_FIELDS])
+
+    class Meta:
+        model = TenantEntitlementOverride
+        fields = ["tenant", "field", "value", "reason"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        field = data.get("field")
+        if field and data.get("value") is not None:
+            try:
+                data["value"] = coerce_limit(field, data["value"])
+            except ValueError as exc:
+                self.add_error("value", f"'{field}' {exc}.")
+        return data
+
+
 @admin.register(TenantEntitlementOverride)
 class TenantEntitlementOverrideAdmin(SuperuserOnlyMixin, TenantScopedAdmin):
+    form = OverrideAdminForm
     list_display = ["field", "value", "reason", "updated_at"]
     search_fields = ["field", "tenant__slug"]
 

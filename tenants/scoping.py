@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import models
 
 from tenants.context import TenantScopeError, current_tenant, peek_tenant, tenant_context
@@ -31,7 +31,30 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
     def update(self, **kwargs: Any) -> int:
         if "tenant" in kwargs or "tenant_id" in kwargs:
             raise TenantScopeError("the tenant of a row cannot be changed")
+        self._check_foreign_values(kwargs)
         return super().update(**kwargs)
+
+    def _check_foreign_values(self, values: dict[str, Any]) -> None:
+        """Refuse an update that would point a foreign key at a scoped row of another tenant."""
+        row_tenants: set[Any] | None = None
+        for name, value in values.items():
+            try:
+                field = self.model._meta.get_field(name.removesuffix("_id"))
+            except FieldDoesNotExist:
+                continue  # Django's own update() reports the unknown name
+            target = getattr(field, "related_model", None)
+            if value is None or not (
+                isinstance(field, models.ForeignKey)
+                and isinstance(target, type)
+                and issubclass(target, TenantScopedModel)
+            ):
+                continue
+            pk = value.pk if isinstance(value, models.Model) else value
+            target_tenant = target.all_tenants.filter(pk=pk).values_list("tenant_id", flat=True).first()
+            if row_tenants is None:
+                row_tenants = set(self.values_list("tenant_id", flat=True).distinct())
+            if target_tenant is None or row_tenants - {target_tenant}:
+                raise TenantScopeError(f"cross-tenant reference refused: {name}={pk}")
 
     def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
         tenant = current_tenant()

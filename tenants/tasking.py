@@ -11,6 +11,7 @@ never share a tenant. Work of the system tenant goes to ``ductor.system``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +19,13 @@ import structlog
 from celery import Task
 from celery.exceptions import Reject
 
-from ductor_project.celery import app
-from tenants.context import SYSTEM_TENANT_SLUG, no_tenant, peek_tenant, tenant_context
+from ductor_project.celery import SYSTEM_QUEUE, app
+from tenants.context import TenantScopeError, no_tenant, peek_tenant, tenant_context
+from tenants.models import Tenant
 
 log = structlog.get_logger(__name__)
 
 TENANT_HEADER = "ductor_tenant_id"
-SYSTEM_QUEUE = "ductor.system"
 
 
 class TenantTaskRefused(Reject):
@@ -35,21 +36,23 @@ class TenantTask(Task):
     abstract = True
     acks_late = True
     reject_on_worker_lost = True
+    # Celery's own argument check would refuse the tenant_id it does not declare;
+    # apply_async checks the caller's arguments itself, before adding it.
+    typing = False
 
     def apply_async(  # type: ignore[override]
         self, args: Any = None, kwargs: dict[str, Any] | None = None, **options: Any
     ) -> Any:
         kwargs = dict(kwargs or {})
-        tenant_id = kwargs.get("tenant_id")
+        tenant_id = kwargs.pop("tenant_id", None)
+        self.__header__(*(args or ()), **kwargs)  # type: ignore[attr-defined]  # TypeError on bad arguments
         if tenant_id is None:
             tenant = peek_tenant()
             if tenant is None:
-                from tenants.context import TenantScopeError
-
                 raise TenantScopeError(f"task {self.name} sent with no tenant in context")
             tenant_id = tenant.pk
-            if tenant.slug == SYSTEM_TENANT_SLUG:
-                options.setdefault("queue", SYSTEM_QUEUE)
+        if str(tenant_id) == str(Tenant.system().pk):
+            options.setdefault("queue", SYSTEM_QUEUE)
         kwargs["tenant_id"] = str(tenant_id)
         headers = dict(options.pop("headers", None) or {})
         headers[TENANT_HEADER] = str(tenant_id)
@@ -64,15 +67,16 @@ class TenantTask(Task):
         return value
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from tenants.models import Tenant
-
         tenant_id = kwargs.pop("tenant_id", None)
         header = self._header_tenant()
         if tenant_id is None or (header is not None and str(header) != str(tenant_id)):
             log.error("task_refused_without_tenant", task=self.name, task_id=self.request.id,
                       header_tenant=header, arg_tenant=tenant_id)
             raise TenantTaskRefused("task carries no tenant", requeue=False)
-        tenant = Tenant.objects.filter(pk=tenant_id).first()
+        try:
+            tenant = Tenant.objects.filter(pk=uuid.UUID(str(tenant_id))).first()
+        except ValueError:
+            tenant = None
         if tenant is None:
             log.error("task_refused_unknown_tenant", task=self.name, tenant_id=tenant_id)
             raise TenantTaskRefused("unknown tenant", requeue=False)

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import re_path
 from rest_framework.routers import SimpleRouter
 
 from tenants import views
@@ -10,7 +10,7 @@ router.register("tenants", views.PlatformTenantViewSet, basename="platform-tenan
 router.register("plans", views.PlatformPlanViewSet, basename="platform-plan")
 
 urlpatterns = [
-    path("tenant", views.CurrentTenantView.as_view(), name="tenant-current"),
-    path("entitlements", views.EntitlementsView.as_view(), name="entitlements"),
+    re_path(r"^tenant/?$", views.CurrentTenantView.as_view(), name="tenant-current"),
+    re_path(r"^entitlements/?$", views.EntitlementsView.as_view(), name="entitlements"),
     *router.urls,
 ]

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -83,17 +84,8 @@ def client_b(tenant_b: tuple[Tenant, str]) -> APIClient:
 
 def service_env() -> dict[str, str]:
     """Environment for a child process that must use this test run's database and Redis."""
-    db = settings.DATABASES["default"]
-    host = db.get("HOST") or ""
-    port = db.get("PORT") or 5432
-    user = db.get("USER") or "postgres"
-    password = db.get("PASSWORD") or ""
-    name = connection.settings_dict["NAME"]
-    auth = f"{user}:{password}@" if password else f"{user}@"
-    if host.startswith("/"):
-        url = f"postgresql://{auth}/{name}?host={host}&port={port}"
-    else:
-        url = f"postgresql://{auth}{host}:{port}/{name}"
+    # The same server as this run, but the test database pytest-django created.
+    url = urlsplit(settings.DATABASE_URL)._replace(path="/" + connection.settings_dict["NAME"]).geturl()
     env = dict(os.environ)
     env.update(
         DATABASE_URL=url,

@@ -7,11 +7,13 @@ check prints what was asked, what came back, and whether it matched.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 from rich.console import Console
 from rich.table import Table
 
@@ -42,7 +44,7 @@ class Command(BaseCommand):
 
 def _run_checks(console: Console, base: str) -> int:
     run = Tenant.objects.filter(slug__startswith="acme-").count() + 1
-    _, platform_key = services.platform_key_create(name=f"demo-{run}-{httpx.__version__}-{id(console)}")
+    key_row, platform_key = services.platform_key_create(name=f"demo-{uuid.uuid4().hex[:12]}")
     table = Table(title="API walkthrough", show_lines=False)
     for column in ("step", "request", "expected", "got", "ok"):
         table.add_column(column)
@@ -85,6 +87,8 @@ def _run_checks(console: Console, base: str) -> int:
     call("platform suspends globex", "POST", f"/api/v1/tenants/globex-{run}/suspend", platform_key, 200)
     call("suspended tenant is refused", "GET", "/api/v1/tenant", g_key, 403)
     call("no key is refused", "GET", "/api/v1/tenant", None, 401)
+    key_row.revoked_at = timezone.now()
+    key_row.save(update_fields=["revoked_at"])
     console.print(table)
     limits = ent.get("limits", {})
     console.print(
