@@ -11,10 +11,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.db import models
 from django.db.models import QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
 from tenants.context import tenant_context
@@ -41,6 +45,38 @@ def scoped_choices(db_field: Any, request: HttpRequest, kwargs: dict[str, Any]) 
             qs = qs.none()
         kwargs["queryset"] = qs
     return kwargs
+
+
+def scoped_foreignkey_formfield(db_field: Any, kwargs: dict[str, Any]) -> Any:
+    """The form field of a foreign key to a scoped model, with the queryset of ``scoped_choices``.
+
+    ``ForeignKey.formfield()`` first builds a default queryset from the related
+    model's default (scoped) manager, which raises with no tenant in context (a
+    superuser's admin request), and only then applies ours. Build the field
+    without that default; ours is always given.
+    """
+    return super(models.ForeignKey, db_field).formfield(
+        **{
+            "form_class": forms.ModelChoiceField,
+            "to_field_name": db_field.remote_field.field_name,
+            **kwargs,
+            "blank": db_field.blank,
+        }
+    )
+
+
+def _plain_scoped_select(
+    model_admin: Any, db_field: Any, request: HttpRequest, kwargs: dict[str, Any]
+) -> bool:
+    """A foreign key to a scoped model shown as a plain select (no admin widget of its own)."""
+    related = db_field.related_model
+    special = {
+        *model_admin.raw_id_fields, *model_admin.get_autocomplete_fields(request), *model_admin.radio_fields
+    }
+    return (
+        isinstance(related, type) and issubclass(related, TenantScopedModel)
+        and "widget" not in kwargs and db_field.name not in special
+    )
 
 
 class TenantScopedAdmin(admin.ModelAdmin[Any]):
@@ -101,6 +137,8 @@ class TenantScopedAdmin(admin.ModelAdmin[Any]):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         kwargs = scoped_choices(db_field, request, kwargs)
+        if _plain_scoped_select(self, db_field, request, kwargs):
+            return scoped_foreignkey_formfield(db_field, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
@@ -108,6 +146,13 @@ class TenantScopedAdmin(admin.ModelAdmin[Any]):
             obj.tenant = admin_tenant(request)
         with tenant_context(obj.tenant):
             super().save_model(request, obj, form, change)
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        # A superuser adding a row has no tenant yet, so inline rows could not be
+        # scoped: inlines appear once the row exists (or for a staff user's tenant).
+        if obj is None and admin_tenant(request) is None:
+            return []
+        return super().get_inline_instances(request, obj)
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         with tenant_context(form.instance.tenant):
@@ -126,10 +171,27 @@ class TenantScopedAdmin(admin.ModelAdmin[Any]):
                 self.model.objects.filter(pk__in=pks).delete()
 
 
+class TenantScopedInlineFormSet(BaseInlineFormSet):
+    """Builds each form in the parent row's tenant, and gives new rows that tenant.
+
+    Django builds an inline form's hidden id field from the model's default
+    (scoped) manager, which raises with no tenant in context (a superuser); a
+    new row bound to its tenant is validated in that tenant (``_own_tenant``).
+    """
+
+    def add_fields(self, form: Any, index: Any) -> None:
+        tenant = self.instance.tenant if getattr(self.instance, "tenant_id", None) else None
+        if tenant is not None and form.instance.tenant_id is None:
+            form.instance.tenant = tenant
+        with tenant_context(tenant) if tenant is not None else nullcontext():
+            super().add_fields(form, index)
+
+
 class TenantScopedInline(admin.TabularInline[Any, Any]):
     """Inline of a scoped model: its rows come from the parent row's tenant only."""
 
     extra = 0
+    formset = TenantScopedInlineFormSet
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         qs = self.model.all_tenants.all()
@@ -140,5 +202,7 @@ class TenantScopedInline(admin.TabularInline[Any, Any]):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         kwargs = scoped_choices(db_field, request, kwargs)
+        if _plain_scoped_select(self, db_field, request, kwargs):
+            return scoped_foreignkey_formfield(db_field, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 

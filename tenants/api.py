@@ -46,6 +46,12 @@ class TenantViewSet(TenantScopeMixin, viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
 
+class PlatformAPIView(APIView):
+    """A platform-admin endpoint: superusers and platform keys only; 404 for anyone else."""
+
+    permission_classes = [IsPlatformAdmin]
+
+
 class PlatformViewSet(viewsets.GenericViewSet):
     """Platform-admin endpoints: superusers and platform keys only; 404 for anyone else."""
 

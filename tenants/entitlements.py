@@ -11,6 +11,7 @@ part of every tenant's cache key.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +64,16 @@ CEILING_FIELDS = {
 }
 
 
+# Largest value of each integer limit: what its Plan column can hold.
+_INT_MAX = {"monthly_run_quota": 2**63 - 1}
+_INT_MAX_DEFAULT = 2**31 - 1
+
+
 def coerce_limit(field: str, value: Any) -> Any:
-    """Validate an override value for ``field``; raises ValueError naming what is wrong."""
+    """Validate a value for the limit ``field`` (an override or a plan edit).
+
+    Returns the normalized value; raises ValueError saying what is wrong.
+    """
     if field not in LIMIT_FIELDS:
         raise ValueError(f"unknown limit '{field}'")
     if field == "allowed_tiers":
@@ -74,13 +83,20 @@ def coerce_limit(field: str, value: Any) -> Any:
             raise ValueError(f"must be a non-empty list of tiers from {list(Tier.values)}")
         return [t for t in Tier.values if t in value]
     if field.endswith("_per_s"):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ValueError("must be a positive number")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError("must be a finite number above 0")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("must be a non-negative integer")
     if field in ("weight", "max_concurrency", "step_burst", "api_burst") and value < 1:
         raise ValueError("must be at least 1")
+    if value > _INT_MAX.get(field, _INT_MAX_DEFAULT):
+        raise ValueError(f"must be at most {_INT_MAX.get(field, _INT_MAX_DEFAULT)}")
     return value
 
 
@@ -94,7 +110,9 @@ def _cache_key(tenant: Tenant) -> str:
 
 def resolve(tenant: Tenant) -> Entitlements:
     """Compute the effective limits from PostgreSQL (no cache)."""
-    plan = Plan.objects.get(pk=tenant.plan_id)
+    # Through the tenant row, not ``tenant.plan_id``: a tenant object loaded
+    # before a plan change must not put the old plan back into the cache.
+    plan = Plan.objects.get(tenants=tenant.pk)
     values = {name: getattr(plan, name) for name in LIMIT_FIELDS}
     overrides = TenantEntitlementOverride.all_tenants.filter(tenant_id=tenant.pk)
     applied = []

@@ -61,10 +61,20 @@ def tenant_key(*parts: Any, tenant: Tenant | None = None) -> str:
     return f"t:{_tenant_id(tenant)}:{_join(parts)}"
 
 
+def tenant_redis_prefix(shard: int) -> str:
+    """The start of the Redis key of every tenant of ``shard``: ``{s<shard>}:t:``.
+
+    A tenant's key is this prefix, the tenant id, ``:`` and the parts. Lua scripts
+    that read tenant ids from a shard's global indexes (the fair queue's dequeue and
+    reaper) build those tenants' keys from it, so the format stays in this module.
+    """
+    return f"{shard_tag(shard)}:t:"
+
+
 def redis_key(*parts: Any, tenant: Tenant | None = None) -> str:
     """A raw Redis key of a tenant: ``{s<shard>}:t:<tenant_id>:<parts>``. Raises without a tenant."""
     tenant_id = _tenant_id(tenant)
-    return f"{shard_tag(shard_of(tenant_id))}:t:{tenant_id}:{_join(parts)}"
+    return f"{tenant_redis_prefix(shard_of(tenant_id))}{tenant_id}:{_join(parts)}"
 
 
 def global_key(*parts: Any) -> str:

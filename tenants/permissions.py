@@ -49,7 +49,10 @@ def can_read(request: Request) -> bool:
 
 
 class IsTenantMember(BasePermission):
-    """A tenant key or a member session; ``read`` scope for safe methods, ``write`` otherwise."""
+    """A tenant key or a member session; ``read`` scope for safe methods, ``write`` otherwise.
+
+    A view with ``changes_nothing = True`` (a dry run) needs only ``read`` for every method.
+    """
 
     def has_permission(self, request: Request, view: Any) -> bool:
         tenant = request_tenant(request)
@@ -59,9 +62,11 @@ class IsTenantMember(BasePermission):
             return False
         if not tenant.is_active:
             raise Forbidden(f"Tenant '{tenant.slug}' is suspended.", code=ErrorCode.TENANT_SUSPENDED)
-        allowed = can_read(request) if request.method in SAFE_METHODS else can_write(request)
+        # A view may declare that even its POST only reads (a dry run): the read scope is enough.
+        reads = request.method in SAFE_METHODS or getattr(view, "changes_nothing", False)
+        allowed = can_read(request) if reads else can_write(request)
         if not allowed:
-            needed = "read" if request.method in SAFE_METHODS else "write"
+            needed = "read" if reads else "write"
             raise Forbidden(
                 f"This request needs the '{needed}' scope.", code=ErrorCode.INSUFFICIENT_SCOPE
             )

@@ -99,14 +99,25 @@ def tenant_set_plan(*, tenant: Tenant, plan_slug: str) -> Tenant:
     return tenant
 
 
+def _known_limit_or_invalid(field: str) -> None:
+    if field not in LIMIT_FIELDS:
+        raise ApiError(
+            f"Invalid field(s): field. Unknown limit '{field}'.", code=ErrorCode.INVALID,
+            details={"field": [f"Unknown limit '{field}'; expected one of {list(LIMIT_FIELDS)}."]},
+        )
+
+
 @transaction.atomic
 def override_set(*, tenant: Tenant, field: str, value: Any, reason: str = "") -> TenantEntitlementOverride:
     """Set one limit for one tenant, on top of its plan. Validates the value for the field."""
+    _known_limit_or_invalid(field)
     try:
         value = coerce_limit(field, value)
     except ValueError as exc:
-        target = "field" if field not in LIMIT_FIELDS else "value"
-        raise ApiError(f"{target}: {exc}.", code=ErrorCode.INVALID, details={target: [str(exc)]}) from exc
+        raise ApiError(
+            f"Invalid field(s): value. '{field}' {exc}.", code=ErrorCode.INVALID,
+            details={"value": [f"'{field}' {exc}."]},
+        ) from exc
     with tenant_context(tenant):
         override, _ = TenantEntitlementOverride.objects.update_or_create(
             field=field, defaults={"value": value, "reason": reason}
@@ -116,7 +127,8 @@ def override_set(*, tenant: Tenant, field: str, value: Any, reason: str = "") ->
 
 
 def override_clear(*, tenant: Tenant, field: str) -> bool:
-    """Remove one override; idempotent. Returns whether one existed."""
+    """Remove one override; idempotent. Returns whether one existed. Unknown limits are a 400."""
+    _known_limit_or_invalid(field)
     with tenant_context(tenant):
         deleted, _ = TenantEntitlementOverride.objects.filter(field=field).delete()
     return deleted > 0

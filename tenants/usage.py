@@ -2,8 +2,11 @@
 
 PostgreSQL is the truth for the run quota: one atomic upsert per run start,
 which only increments while under the quota. Redis holds a fast-path flag once
-a month is used up, so refused starts do not touch PostgreSQL; the flag expires
-at the month's reset and is cleared whenever the tenant's limits change.
+a month is used up, so refused starts do not touch PostgreSQL. The flag records
+the quota it was set for and is honoured only while that is still the tenant's
+quota, so any change of the limit (override, plan change, plan edit) lifts it at
+once; it also expires at the month's reset and is cleared when the tenant's
+limits are invalidated.
 """
 
 from __future__ import annotations
@@ -70,16 +73,20 @@ def _quota_error(tenant: Tenant, quota: int) -> QuotaExceeded:
 def quota_consume(*, runs: int = 1) -> int:
     """Charge ``runs`` run starts to the tenant in context; returns the month's new total.
 
-    Raises ``QuotaExceeded`` (429) when the quota would be passed, changing nothing.
+    Raises ``QuotaExceeded`` (429) when the quota would be passed, changing nothing,
+    and ``ValueError`` when ``runs < 1``.
     Atomic under concurrency (one conditional upsert). Call it inside the
     transaction that creates the run, so a failed start rolls the charge back.
     """
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, not {runs!r}")
     tenant = current_tenant()
     quota = effective_entitlements(tenant).monthly_run_quota
     month = month_start()
     redis = get_redis()
     flag = _flag_key(tenant, month)
-    if redis.exists(flag):
+    flagged = redis.get(flag)
+    if flagged is not None and int(flagged) == quota:
         raise _quota_error(tenant, quota)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
@@ -95,8 +102,9 @@ def quota_consume(*, runs: int = 1) -> int:
         )
         row = cursor.fetchone()
     if row is None:
-        ttl = max(1, int((next_reset() - timezone.now()).total_seconds()))
-        redis.set(flag, 1, ex=ttl)
+        if runs == 1:  # only a refused single run proves the month is used up
+            ttl = max(1, int((next_reset() - timezone.now()).total_seconds()))
+            redis.set(flag, quota, ex=ttl)
         raise _quota_error(tenant, quota)
     return int(row[0])
 
@@ -131,9 +139,13 @@ def enforce_ceiling(kind: str, existing: QuerySet[Any]) -> None:
     """
     if not connection.in_atomic_block:
         raise RuntimeError("enforce_ceiling() must run inside the creating transaction")
+    if kind not in CEILING_FIELDS:
+        raise ValueError(f"unknown ceiling kind '{kind}'")
     tenant = current_tenant()
     field = CEILING_FIELDS[kind]
-    list(Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk"))
+    # FOR NO KEY UPDATE: serializes the tenant's ceiling checks without blocking
+    # (or waiting for) inserts of its rows, whose foreign keys take FOR KEY SHARE.
+    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk"))
     limit = getattr(effective_entitlements(tenant), field)
     current = existing.count()
     if current >= limit:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +25,37 @@ from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def seed_reference_data() -> None:
+    """Put back what the data migrations create (plans, the system tenant). Idempotent."""
+    from tenants.context import SYSTEM_TENANT_SLUG
+    from tenants.models import Plan
+
+    for plan in import_module("tenants.migrations.0003_plans").PLANS:
+        Plan.objects.update_or_create(slug=plan["slug"], defaults=plan)
+    Tenant.objects.get_or_create(
+        slug=SYSTEM_TENANT_SLUG,
+        defaults={"id": import_module("tenants.migrations.0002_system_tenant").SYSTEM_TENANT_ID,
+                  "name": "System (engine-internal)"},
+    )
+
+
+def _flushes_database(request: pytest.FixtureRequest) -> bool:
+    marker = request.node.get_closest_marker("django_db")
+    return bool(
+        {"transactional_db", "live_server"} & set(request.fixturenames)
+        or (marker is not None and marker.kwargs.get("transaction"))
+    )
+
+
+@pytest.fixture(autouse=True)
+def _restore_reference_data(request: pytest.FixtureRequest, django_db_blocker: Any) -> Iterator[None]:
+    """A transactional test ends by flushing every table; re-seed so later tests find the plans."""
+    yield
+    if _flushes_database(request):
+        with django_db_blocker.unblock():
+            seed_reference_data()
 
 
 @pytest.fixture

@@ -1,0 +1,99 @@
+"""Run every benchmark in bench/ against fresh embedded services and combine their results.
+
+Each benchmark prints one JSON object as its last stdout line. This prints one
+combined JSON object (last line) and writes a markdown table of each figure
+next to its same-run baseline and goal to ``<data dir>/bench-results.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("DUCTOR_BENCH_DATA_DIR", ROOT / ".ductor" / "bench"))
+
+Check = Callable[[dict[str, Any]], bool] | None
+
+# benchmark -> [(figure, same-run baseline figure or None, goal text, check)]
+GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
+    "capacity": [
+        ("acquire_release_per_s", "baseline_incr_decr_per_s", "ratio >= 0.5", lambda r: r["ratio"] >= 0.5),
+        ("gcra_checks_per_s", "baseline_incr_decr_per_s", "", None),
+    ],
+    "routing": [
+        ("warm_decisions_per_s", "cold_decisions_per_s", "", None),
+        ("warm_db_queries_per_decision", None, "== 0", lambda r: r["warm_db_queries_per_decision"] == 0),
+    ],
+    "dispatch_core": [
+        ("cycles_per_s", "baseline_lpush_rpop_per_s", "", None),
+        ("dequeue_cost_ratio_100k_vs_10", None, "<= 1.5",
+         lambda r: r["dequeue_cost_ratio_100k_vs_10"] <= 1.5),
+    ],
+}
+
+
+def _run(script: Path, env: dict[str, str]) -> dict[str, Any]:
+    print(f"==> {script.name}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=False
+    )
+    lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit {proc.returncode}"}
+    result = json.loads(lines[-1])
+    print(f"    done in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    return dict(result)
+
+
+def _table(results: dict[str, dict[str, Any]]) -> str:
+    rows = ["| benchmark | figure | value | same-run baseline | goal | met |", "|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        for figure, baseline, goal, check in GOALS.get(name, []):
+            value = result.get(figure, "n/a")
+            base = f"{baseline} = {result.get(baseline, 'n/a')}" if baseline else ""
+            met = ""
+            if check is not None:
+                try:
+                    met = "yes" if check(result) else "no"
+                except (KeyError, TypeError):
+                    met = "n/a"
+            rows.append(f"| {name} | {figure} | {value} | {base} | {goal} | {met} |")
+    return "\n".join(rows) + "\n"
+
+
+def main() -> int:
+    from ductor_project import embedded
+
+    embedded.destroy(DATA_DIR)
+    env = dict(os.environ, DUCTOR_DATA_DIR=str(DATA_DIR))
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for script in sorted((ROOT / "bench").glob("*.py")):
+            if script.name in ("run_all.py", "__init__.py") or script.name.startswith("_"):
+                continue
+            results[script.stem] = _run(script, env)
+    finally:
+        embedded.stop(DATA_DIR)
+    table = _table(results)
+    (DATA_DIR / "bench-results.md").write_text(table)
+    print(table, file=sys.stderr)
+    print(f"table written to {DATA_DIR / 'bench-results.md'}", file=sys.stderr)
+    print(json.dumps(results))
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,488 @@
+"""The fair broker layer: from the fair queue into Celery, without undoing the fairness.
+
+Celery's own consumption is not fair (queue rotation, prefetch, redelivery
+after the visibility timeout), so the fair order must hold when execution
+starts. Work therefore waits in the fair queue, not in Celery:
+
+- **Dispatchers** (``manage.py run_dispatcher``; any number) dequeue items
+  tenant-first and publish one Celery message per item. Dequeue is atomic, so
+  dispatchers never hand out the same item twice.
+- **Credits.** A message is published only with a credit, and credits are
+  reserved atomically (``lua/broker_reserve.lua``) for all dispatchers at
+  once: per Celery queue, the messages published but not finished never exceed
+  the live worker slots plus ``DUCTOR_DISPATCH_BUFFER``, so at most the buffer
+  (plus the idle slots) waits unstarted in Celery. Workers register their slots
+  per queue with a heartbeat; credits and registrations are Redis ZSET members
+  scored by expiry, so a crashed worker's or a lost message's entries age out
+  instead of leaking. A finished task signals its freed credit; a dispatcher
+  without credits sleeps on that signal instead of polling.
+- **Workers** run with prefetch disabled, ``acks_late`` and
+  ``reject_on_worker_lost``. ``execute_item`` runs inside the item's tenant
+  context (``@tenant_task``), checks that its delivery is still the live one (a
+  fencing token), has the process's lease keeper renew the lease while the
+  handler runs, then acks the item (releasing its capacity slot and partition)
+  or nacks it with a delay. Its Celery result is not stored: the fair queue is
+  the record of what ran.
+- System-tenant work goes to the reserved ``ductor.system`` Celery queue.
+
+Handlers are registered per item kind with ``register_handler``. Round trips
+per item: the dispatcher's dequeue and publish (credits are reserved for many
+items in one call); on the worker, four (credit running, lease check, ack,
+credit freed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from celery import signals
+from django.conf import settings
+
+from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
+from ductor_project.redis import get_redis
+from scheduling import fair_queue, scripts
+from tenants.context import current_tenant
+from tenants.keys import global_redis_key
+from tenants.models import Tenant
+from tenants.tasking import tenant_task
+
+log = structlog.get_logger(__name__)
+
+SYSTEM_TIER = fair_queue.SYSTEM_TIER
+CUSTOMER_TIERS = [tier for tier in fair_queue.TIERS if tier != SYSTEM_TIER]
+QUEUES = (SYSTEM_QUEUE, WORK_QUEUE)
+HEARTBEAT_S = 5.0
+WORKER_TTL_S = 20.0
+# How long a credit of a published message lives if no worker ever starts it (a lost message).
+OUTSTANDING_TTL_S = 60.0
+# Credits a dispatcher reserves per call, at most (it gives back what it does not use).
+RESERVE_BATCH = 1000
+# A dispatcher without credits sleeps until a credit frees, or this long at most.
+CREDIT_WAIT_S = 0.1
+# A dispatcher with nothing due sleeps until new work is signalled, or this long at most.
+IDLE_WAIT_S = 0.5
+# Shortest blocking wait: Redis 6.2 truncates a timeout to whole ms, and 0 ms means "forever".
+MIN_WAIT_S = 0.01
+ERROR_BACKOFF_S = 1.0
+MAX_SLEEP_MS = 60_000
+
+
+class RetryLater(Exception):
+    """Raised by a handler to put its item back in the queue after ``delay_s``."""
+
+    def __init__(self, delay_s: float, reason: str = "") -> None:
+        super().__init__(reason or f"retry in {delay_s}s")
+        self.delay_s = delay_s
+
+
+@dataclass(frozen=True)
+class ItemContext:
+    """What a handler is told about the item it runs."""
+
+    tenant_id: str
+    item_id: str
+    tier: str
+    partition: str
+    delivery: int
+    waited_ms: int
+
+
+Handler = Callable[[ItemContext, dict[str, Any]], None]
+_handlers: dict[str, Handler] = {}
+
+
+def register_handler(kind: str, handler: Handler) -> None:
+    """Route fair-queue items whose payload has ``kind`` to ``handler``."""
+    _handlers[kind] = handler
+
+
+def _noop(ctx: ItemContext, body: dict[str, Any]) -> None:
+    """The built-in no-op handler (benchmarks and smoke tests)."""
+
+
+def _sleep_ms(ctx: ItemContext, body: dict[str, Any]) -> None:
+    """The built-in ``sleep_ms`` handler: sleeps ``body["ms"]`` (at most ``MAX_SLEEP_MS``); benchmarks."""
+    time.sleep(min(max(int(body.get("ms", 0)), 0), MAX_SLEEP_MS) / 1000)
+
+
+register_handler("noop", _noop)
+register_handler("sleep_ms", _sleep_ms)
+
+
+def queue_for(tier: str) -> str:
+    """The Celery queue of a tier's items: ``ductor.system`` for the system tier, else the work queue."""
+    return SYSTEM_QUEUE if tier == SYSTEM_TIER else WORK_QUEUE
+
+
+# -- worker slots and credits -------------------------------------------------------------
+#
+# Global keys (they cross tenants; all in shard 0's hash slot, with the fair queue's wake key):
+#   broker:workers:<queue>      ZSET "<host>|<slots>" -> registration expiry (s, Redis TIME)
+#   broker:outstanding:<queue>  ZSET credit -> expiry: published, not started
+#   broker:running:<queue>      ZSET credit -> expiry (the item's lease): started, not finished
+#   broker:freed:<queue>        LIST at most one token: a credit freed
+#   broker:credit-seq           STRING the last credit id
+
+def _key(*parts: str) -> str:
+    return global_redis_key("broker", *parts)
+
+
+def _queue_keys(queue: str) -> list[str]:
+    return [_key("workers", queue), _key("outstanding", queue), _key("running", queue)]
+
+
+def _now() -> float:
+    seconds, micros = get_redis().time()
+    return float(seconds) + micros / 1_000_000
+
+
+def register_worker(hostname: str, queues: list[str], slots: int) -> None:
+    """Announce (or refresh) a worker's slots per queue; they expire unless refreshed."""
+    redis = get_redis()
+    now = _now()
+    with redis.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.zadd(_key("workers", queue), {f"{hostname}|{slots}": now + WORKER_TTL_S})
+            pipe.zremrangebyscore(_key("workers", queue), "-inf", now)
+        pipe.execute()
+
+
+def unregister_worker(hostname: str, queues: list[str], slots: int) -> None:
+    """Withdraw a worker's slots at once (a warm shutdown), instead of letting them expire."""
+    redis = get_redis()
+    for queue in queues:
+        redis.zrem(_key("workers", queue), f"{hostname}|{slots}")
+
+
+def worker_slots(queue: str) -> int:
+    """Live worker slots consuming ``queue``."""
+    members = get_redis().zrangebyscore(_key("workers", queue), _now(), "+inf")
+    return sum(int(m.decode().rsplit("|", 1)[1]) for m in members)
+
+
+def busy(queue: str) -> int:
+    """Credits in use on ``queue``: messages published and not finished (outstanding + running)."""
+    redis = get_redis()
+    now = _now()
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.zcount(_key("outstanding", queue), now, "+inf")
+        pipe.zcount(_key("running", queue), now, "+inf")
+        outstanding, running = pipe.execute()
+    return int(outstanding) + int(running)
+
+
+def outstanding(queue: str) -> int:
+    """Messages published on ``queue`` and not started yet."""
+    return int(get_redis().zcount(_key("outstanding", queue), _now(), "+inf"))
+
+
+def credits(queue: str) -> int:
+    """How many more messages may be published to ``queue`` now (read only; may be negative)."""
+    return worker_slots(queue) + settings.DUCTOR_DISPATCH_BUFFER - busy(queue)
+
+
+def reserve_credits(wanted: Mapping[str, int]) -> dict[str, list[str]]:
+    """Take up to ``wanted[queue]`` credits per queue, atomically for all dispatchers.
+
+    One round trip. Each credit is a new outstanding entry (it expires after
+    ``OUTSTANDING_TTL_S``); pass it in the message, or give it back with
+    ``free_credits(..., signal=False)``.
+    """
+    queues = list(wanted)
+    keys = [key for queue in queues for key in _queue_keys(queue)] + [_key("credit-seq")]
+    args = [settings.DUCTOR_DISPATCH_BUFFER, OUTSTANDING_TTL_S, *(wanted[q] for q in queues)]
+    taken = scripts.run("broker_reserve", keys, args)
+    return {queue: [c.decode() if isinstance(c, bytes) else str(c) for c in got]
+            for queue, got in zip(queues, taken, strict=True)}
+
+
+def mark_running(queue: str, credits: list[str], lease_s: float) -> None:
+    """The credits' tasks started (or still run): they count as running for ``lease_s``. One round trip."""
+    if credits:
+        keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
+        scripts.run("broker_mark", keys, ["run", lease_s, *credits])
+
+
+def free_credits(queue: str, credits: list[str], *, signal: bool = True) -> None:
+    """Give credits back (task finished, or credit unused). One round trip, idempotent.
+
+    ``signal`` wakes a dispatcher waiting for credits; a dispatcher giving back
+    what it did not use passes False (it would only wake itself).
+    """
+    if credits:
+        keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
+        scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits])
+
+
+def wait_for_credit(*, timeout_s: float, also: Sequence[str] = ()) -> bool:
+    """Block until a credit is freed on any queue (or a key of ``also`` is pushed), or the timeout."""
+    keys = [_key("freed", queue) for queue in QUEUES] + list(also)
+    return get_redis().blpop(keys, timeout=_wait_s(timeout_s)) is not None
+
+
+def _wait_s(seconds: float) -> float:
+    # Round up to whole ms (plus a margin) so that Redis never truncates the wait to 0 = forever.
+    return (int(max(seconds, MIN_WAIT_S) * 1000) + 1.5) / 1000
+
+
+# -- the worker side ------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Lease:
+    tenant: Tenant
+    item_id: str
+    delivery: int
+    lease_ms: int
+    queue: str
+    credit: str
+    renew_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+
+
+class _LeaseKeeper:
+    """One thread per worker process renews the leases of the items the process runs.
+
+    Each lease (and its running credit) is renewed every third of its length. A
+    renewal never overlaps or follows the end of its item (``release`` waits for
+    it), so a finished item's lease and credit are never taken back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[int, _Lease] = {}
+        self._ids = itertools.count()
+        self._changed = threading.Event()
+        self._pid = 0
+
+    def hold(self, lease: _Lease) -> int:
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this process: a fork copies no threads
+                self._pid = os.getpid()
+                self._leases.clear()
+                threading.Thread(target=self._run, daemon=True, name="ductor-lease-keeper").start()
+            key = next(self._ids)
+            self._leases[key] = lease
+        self._changed.set()
+        return key
+
+    def release(self, key: int) -> None:
+        with self._lock:
+            lease = self._leases.pop(key, None)
+        if lease is not None:
+            with lease.lock:
+                lease.done = True
+
+    def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                leases = list(self._leases.values())
+            for lease in leases:
+                if lease.renew_at <= now:
+                    self._renew(lease)
+            with self._lock:
+                upcoming = [lease.renew_at for lease in self._leases.values()]
+            wait = min(upcoming, default=now + 1.0) - time.monotonic()
+            self._changed.wait(max(wait, 0.001))
+            self._changed.clear()
+
+    def _renew(self, lease: _Lease) -> None:
+        with lease.lock:
+            if lease.done:
+                return
+            lease.renew_at = time.monotonic() + lease.lease_ms / 3000
+            try:
+                renewed = fair_queue.extend_lease(
+                    lease.item_id, lease_ms=lease.lease_ms, delivery=lease.delivery, tenant=lease.tenant
+                )
+                if not renewed:
+                    log.warning("lease_lost", item_id=lease.item_id, tenant_id=str(lease.tenant.pk))
+                    lease.done = True
+                    return
+                mark_running(lease.queue, [lease.credit] if lease.credit else [], lease.lease_ms / 1000)
+            except Exception:
+                log.exception("lease_renewal_failed", item_id=lease.item_id)
+
+
+_keeper = _LeaseKeeper()
+
+
+@tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
+                 waited_ms: int = 0, credit: str = "") -> str:
+    """Run one fair-queue item on a worker, inside its tenant context.
+
+    At-least-once: a delivery whose lease was lost (the item was re-delivered
+    elsewhere, or already finished) does nothing. The dispatch credit is freed
+    whatever happens. Returns the outcome.
+    """
+    queue = queue_for(tier)
+    lease_ms = settings.DUCTOR_LEASE_MS
+    tenant = current_tenant()
+    credits = [credit] if credit else []
+    mark_running(queue, credits, lease_ms / 1000)
+    try:
+        if not fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery):
+            log.info("stale_delivery_dropped", item_id=item_id, delivery=delivery)
+            return "stale"
+        handler = _handlers.get(kind)
+        if handler is None:
+            log.error("no_handler_for_item", item_id=item_id, kind=kind)
+            fair_queue.ack(item_id, delivery=delivery)
+            return "dropped"
+        ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item_id, tier=tier, partition=partition,
+                          delivery=delivery, waited_ms=waited_ms)
+        hold = _keeper.hold(_Lease(tenant, item_id, delivery, lease_ms, queue, credit,
+                                   renew_at=time.monotonic() + lease_ms / 3000))
+        try:
+            with structlog.contextvars.bound_contextvars(item_id=item_id, kind=kind):
+                handler(ctx, body)
+        except RetryLater as retry:
+            _keeper.release(hold)
+            fair_queue.nack(item_id, delay_ms=int(retry.delay_s * 1000), delivery=delivery)
+            return "retry"
+        except Exception:
+            _keeper.release(hold)
+            log.exception("item_handler_failed", item_id=item_id, kind=kind)
+            fair_queue.nack(item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=delivery)
+            return "failed"
+        _keeper.release(hold)
+        fair_queue.ack(item_id, delivery=delivery)
+        return "ok"
+    finally:
+        free_credits(queue, credits)
+
+
+_registration: dict[str, Any] = {}
+_stopping = threading.Event()
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
+    consumer = sender
+    hostname = getattr(consumer, "hostname", None) or socket.gethostname()
+    queues = [q.name for q in consumer.task_consumer.queues] if consumer is not None else [WORK_QUEUE]
+    slots = int(getattr(getattr(consumer, "pool", None), "num_processes", None) or os.cpu_count() or 1)
+    _registration.update(hostname=hostname, queues=queues, slots=slots)
+
+    def heartbeat() -> None:
+        while not _stopping.is_set():
+            try:
+                register_worker(hostname, queues, slots)
+            except Exception:
+                log.warning("worker_heartbeat_failed", hostname=hostname)
+            _stopping.wait(HEARTBEAT_S)
+
+    threading.Thread(target=heartbeat, daemon=True, name="ductor-heartbeat").start()
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**kwargs: Any) -> None:
+    """A stopping worker's slots stop counting at once, not after ``WORKER_TTL_S``."""
+    _stopping.set()
+    if _registration:
+        try:
+            unregister_worker(**_registration)
+        except Exception:
+            log.warning("worker_unregister_failed", hostname=_registration.get("hostname"))
+
+
+# -- the dispatcher -------------------------------------------------------------------------
+
+class Dispatcher:
+    """Moves due items tenant-first from the fair queue into Celery, within the credits."""
+
+    def __init__(self, *, shards: list[int] | None = None, reap_every_s: float = 1.0) -> None:
+        self.shards = shards if shards is not None else list(range(settings.DUCTOR_QUEUE_SHARDS))
+        self.reap_every_s = reap_every_s
+        self._last_reap = 0.0
+        self._starved = False
+        self.dispatched = 0
+
+    def _publish(self, item: fair_queue.Dequeued, credit: str) -> None:
+        body = item.payload if isinstance(item.payload, dict) else {"value": item.payload}
+        execute_item.apply_async(
+            kwargs={
+                "tenant_id": item.tenant_id, "item_id": item.item_id, "delivery": item.delivery,
+                "kind": str(body.get("kind", "noop")), "body": body, "tier": item.tier,
+                "partition": item.partition, "waited_ms": item.waited_ms, "credit": credit,
+            },
+            queue=queue_for(item.tier),
+        )
+        log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
+                 partition=item.partition, waited_ms=item.waited_ms)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reap >= self.reap_every_s:
+            for shard in self.shards:
+                fair_queue.reap(shard=shard)
+            self._last_reap = now
+
+    def run_once(self) -> int:
+        """Dispatch as many due items as the credits allow. Returns how many.
+
+        Credits for both queues are reserved in one call; the system tier is
+        dequeued only with a system credit, the customer tiers only with a work
+        credit, and unused credits are given back.
+        """
+        self._reap()
+        held = reserve_credits({queue: RESERVE_BATCH for queue in QUEUES})
+        self._starved = not all(held.values())
+        dispatched = 0
+        try:
+            for shard in self.shards:
+                while True:
+                    tiers = ([SYSTEM_TIER] if held[SYSTEM_QUEUE] else []) + (
+                        CUSTOMER_TIERS if held[WORK_QUEUE] else [])
+                    if not tiers:
+                        break
+                    item = fair_queue.dequeue(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers)
+                    if item is None:
+                        break
+                    credit = held[queue_for(item.tier)].pop()
+                    try:
+                        self._publish(item, credit)
+                    except Exception:
+                        # The item stays leased and comes back after its lease; the credit now.
+                        free_credits(queue_for(item.tier), [credit], signal=False)
+                        raise
+                    dispatched += 1
+        finally:
+            for queue, unused in held.items():
+                free_credits(queue, unused, signal=False)
+        self.dispatched += dispatched
+        return dispatched
+
+    def _idle(self) -> None:
+        """Sleep until something may be dispatchable: a freed credit, new work, or a due timer."""
+        if self._starved:
+            # New system work may need a system credit we have: wake on the shard's work signal too.
+            also = [fair_queue.global_key("wake", shard=0)] if 0 in self.shards else []
+            wait_for_credit(timeout_s=CREDIT_WAIT_S, also=also)
+            return
+        wait_s = IDLE_WAIT_S
+        for shard in self.shards:
+            due = fair_queue.next_due_ms(shard=shard)
+            if due is not None:
+                wait_s = min(wait_s, due / 1000)
+        fair_queue.wait_for_work(shard=self.shards[0] if self.shards else 0, timeout_s=_wait_s(wait_s))
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried."""
+        while not stop.is_set():
+            try:
+                if not self.run_once():
+                    self._idle()
+            except Exception:
+                log.exception("dispatcher_round_failed")
+                stop.wait(ERROR_BACKOFF_S)

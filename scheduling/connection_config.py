@@ -1,0 +1,101 @@
+"""What a connection's ``config`` may hold, per kind, and its defaults.
+
+- ``http``: ``base_url`` (an http or https URL, required), ``headers`` (a dict
+  of header name to string value), ``timeout_s`` (0 < x <= 300, default 10)
+  and ``max_response_bytes`` (1 .. 50 MiB, default 1 MiB).
+- ``python``: a free-form object of at most 64 KiB as JSON.
+
+The API, the admin and the ``http.request`` action read the same rules from
+here. ``validate_config`` returns a normalized copy with the defaults filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+
+HTTP_DEFAULT_TIMEOUT_S = 10.0
+HTTP_MAX_TIMEOUT_S = 300.0
+HTTP_DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+HTTP_MAX_RESPONSE_BYTES = 50 * 1024 * 1024
+HTTP_MAX_HEADERS = 50
+PYTHON_MAX_CONFIG_BYTES = 64 * 1024
+HTTP_KEYS = ("base_url", "headers", "timeout_s", "max_response_bytes")
+
+# RFC 9110 field-name token; values may not carry CR/LF (no header injection).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
+_url = URLValidator(schemes=["http", "https"])
+
+
+class ConfigError(ValueError):
+    """An invalid connection config. ``field`` is dotted from the request root (``config.base_url``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _http(config: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(config) - set(HTTP_KEYS))
+    if unknown:
+        raise ConfigError(f"config.{unknown[0]}", f"unknown field; use {', '.join(HTTP_KEYS)}")
+    base_url = config.get("base_url")
+    if not isinstance(base_url, str) or not base_url:
+        raise ConfigError("config.base_url", "is required: an http or https URL")
+    try:
+        _url(base_url)
+    except ValidationError as exc:
+        raise ConfigError("config.base_url", "must be an http or https URL") from exc
+    headers = config.get("headers", {})
+    if not isinstance(headers, Mapping) or len(headers) > HTTP_MAX_HEADERS:
+        raise ConfigError("config.headers", f"must be an object of at most {HTTP_MAX_HEADERS} headers")
+    for name, value in headers.items():
+        if not _HEADER_NAME.match(name):
+            raise ConfigError("config.headers", "header names must be HTTP tokens")
+        if not isinstance(value, str) or "\r" in value or "\n" in value or len(value) > 8192:
+            raise ConfigError(f"config.headers.{name}", "must be a string without line breaks")
+    timeout = config.get("timeout_s", HTTP_DEFAULT_TIMEOUT_S)
+    if not _is_number(timeout) or not 0 < timeout <= HTTP_MAX_TIMEOUT_S:
+        raise ConfigError("config.timeout_s", f"must be a number above 0 and at most {HTTP_MAX_TIMEOUT_S:g}")
+    limit = config.get("max_response_bytes", HTTP_DEFAULT_MAX_RESPONSE_BYTES)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HTTP_MAX_RESPONSE_BYTES:
+        message = f"must be an integer from 1 to {HTTP_MAX_RESPONSE_BYTES}"
+        raise ConfigError("config.max_response_bytes", message)
+    return {
+        "base_url": base_url,
+        "headers": dict(headers),
+        "timeout_s": float(timeout),
+        "max_response_bytes": limit,
+    }
+
+
+def _python(config: Mapping[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(config, separators=(",", ":")).encode())
+    if size > PYTHON_MAX_CONFIG_BYTES:
+        raise ConfigError("config", f"must be at most {PYTHON_MAX_CONFIG_BYTES} bytes as JSON ({size} given)")
+    return dict(config)
+
+
+def validate_config(kind: str, config: Any) -> dict[str, Any]:
+    """A normalized copy of ``config`` for a connection of ``kind``.
+
+    Raises ``ConfigError`` naming the offending field. Pure; no I/O.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError("config", "must be an object")
+    if kind == "http":
+        return _http(config)
+    if kind == "python":
+        return _python(config)
+    raise ConfigError("kind", "must be http or python")

@@ -1,0 +1,649 @@
+"""The tiered fair queue: tenant-first, weighted, capacity-aware dispatch in Redis.
+
+Every operation is one Lua script (``scheduling/lua/fq_*.lua``, sharing
+``fq_lib.lua`` and the capacity counters' ``capacity_lib.lua``), sent as one
+``EVALSHA``: one Redis round trip, atomic, timed by Redis ``TIME``.
+
+**Items.** An item has an id (unique per tenant), a tenant, a tier, a partition,
+a due time, a cost (default 1) and a JSON payload.
+
+**Order.** Tiers are strict priority classes: ``system`` (the system tenant's,
+never a customer's), then ``interactive``, ``standard`` and ``batch``. Inside a
+tier, tenants are served by start-time fair queueing (SFQ): a tenant that
+becomes backlogged starts at ``S = max(V, F_last)``; dequeue serves the
+smallest ``S``; the tenant's finish tag is ``F = S + cost / weight`` and
+``V = S``; a tenant still backlogged re-enters with ``S = F``. Inside the
+tenant, the partition whose head is due first goes out.
+
+**Guarantees** (docs/fair-queue.md has the bounds):
+
+- Backlogged tenants of a tier get dispatches in proportion to their weights,
+  whatever their number of partitions or size of backlog: over any interval in
+  which tenants ``i`` and ``j`` both stay backlogged, the costs ``W`` served to
+  them satisfy ``|W_i / w_i - W_j / w_j| <= cost_max / w_i + cost_max / w_j``.
+- A tenant that becomes backlogged starts at ``max(V, F_last)`` and every ready
+  tenant is at ``V`` or later: it is served after at most one item of each
+  tenant already active (about one round), usually next.
+- Nothing is dispatched before it is due. A tenant whose earliest head is not
+  due yet waits on a timer, promoted by the next dequeue once due: no polling
+  of items, and bounded promotion work per call.
+- At most one item of a partition (of a tenant, across tiers) is in flight, and
+  a partition's items of one tier go out in due order (ties in id order).
+- Capacity-aware: in the same atomic step, a tenant at its concurrency ceiling
+  is parked (``blocked``) until one of its items leaves flight, and a tenant
+  held back by its GCRA step rate is parked on a timer until the rate admits
+  it. A dispatch takes the tenant's step slot (holder ``fq:<item>``, leased
+  like the item) and charges one step to its step-rate limiter.
+- Leases: an item in flight is delivered again only after its lease ended and
+  the reaper returned it. Each delivery has a token, unique per tenant:
+  ``ack``/``nack``/``extend_lease`` with a stale token change nothing.
+- Idempotent: ``ack`` of an item that is not in flight changes nothing;
+  ``enqueue`` of an id that is waiting keeps the item (coalescing); ``enqueue``
+  of an id in flight makes it run once more after its ack (no lost wake-up).
+
+**Redis layout.** Tenant keys come from ``tenants.keys.redis_key`` and hold one
+tenant's data: ``fq:conf``, ``fq:items``, ``fq:parts:<tier>``,
+``fq:p:<tier>:<partition>``, ``fq:wait:<tier>``, ``fq:locks``, ``fq:flight``,
+``fq:seq``.
+The only cross-tenant keys are the shard's indexes, from
+``tenants.keys.global_redis_key("fq", ..., shard=n)``: ``ready:<tier>``
+(tenant → start tag), ``timers`` (``"<tier>|<tenant>"`` → when to look again),
+``blocked:<tier>``, ``finish:<tier>`` (tenant → last finish tag),
+``vtime:<tier>``, ``inflight`` (``"<tenant>|<item>"`` → lease end) and
+``wake``. ``fq_lib.lua`` documents each. All keys of a shard carry its
+``{s<n>}`` hash tag, so each script touches one Redis Cluster slot; the
+dispatcher-side scripts read tenant ids from the indexes and build those
+tenants' keys from prefixes that Python derives from ``tenants.keys``.
+
+**Changes from the suggested design** (DESIGN.md §5), and why:
+
+- A partition is one serialization domain of the tenant across tiers (its lock
+  is the tenant's ``fq:locks`` entry): the promise "at most one item of a
+  partition in flight" must not depend on callers keeping a partition in one
+  tier. Item sets stay per tier, so strict tier priority is kept.
+- A tenant parked at its ceiling also gets a timer at its earliest lease end: a
+  slot can free without passing through the fair queue (another holder of the
+  step scope, a lease that lapsed before the reaper ran), and a blocked set
+  alone would then park the tenant forever.
+- Enqueueing an id that is already waiting keeps the item but takes the earlier
+  of the two due times, so coalescing never postpones a wake-up.
+- Delivery tokens (not only the item id) name a delivery: with leases that can
+  end and items that are delivered again, a late worker must not ack the next
+  delivery.
+- The system tenant is not capacity-limited here (its plan's limits are for
+  customers); its work is engine-internal and has its own tier.
+- A dispatch charges one step to the step-rate limiter whatever the item's
+  cost: the rate counts steps started, the cost is a fair-share notion.
+
+**Tenancy.** The tenant-side operations (enqueue, ack, nack, extend_lease,
+remove, stats) act on the tenant in context, or the tenant passed explicitly,
+which must be the one in context when there is one: another tenant's items are
+out of reach (an id of another tenant is simply not found). The dispatcher side
+(dequeue, reap, next_due_ms, wait_for_work, global_stats, bulk_enqueue) crosses
+tenants by nature and refuses to run inside a customer tenant's context.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+
+from ductor_project.redis import get_redis
+from scheduling import capacity, scripts
+from tenants.context import TenantScopeError, current_tenant, no_tenant, peek_tenant
+from tenants.entitlements import effective_entitlements
+from tenants.keys import global_redis_key, redis_key, shard_of, tenant_redis_prefix
+from tenants.models import Tenant, Tier
+
+SYSTEM_TIER = "system"
+# Highest priority first.
+TIERS: tuple[str, ...] = (SYSTEM_TIER, *Tier.values)
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_NAME_LENGTH = 256
+# Work bounds of one dequeue: due timers promoted, and tenants looked at. When a call
+# reaches one, it says so and the Python side calls again (each call made progress).
+PROMOTE_PER_CALL = 64
+TENANTS_PER_CALL = 64
+_MAX_CALLS = 100
+# Items per script call of an enqueue (keeps each call short; more items = more calls).
+ITEMS_PER_CALL = 500
+# Longest single wait in wait_for_work: well below the Redis client's socket timeout.
+MAX_WAIT_S = 2.0
+_LIBRARIES = ("capacity_lib", "fq_lib")
+
+
+class TierNotAllowed(ValueError):
+    """The tenant may not use this tier (its plan's ``allowed_tiers``; ``system`` is the system tenant's)."""
+
+
+class EnqueueResult(StrEnum):
+    QUEUED = "queued"  # a new item
+    EXISTS = "exists"  # already waiting, unchanged
+    ADVANCED = "advanced"  # already waiting, now due earlier
+    RERUN = "rerun"  # in flight: it runs again after its ack
+
+
+_ENQUEUE_CODES = {
+    1: EnqueueResult.QUEUED,
+    2: EnqueueResult.EXISTS,
+    3: EnqueueResult.ADVANCED,
+    4: EnqueueResult.RERUN,
+}
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """An item to enqueue. ``payload`` is any JSON-serializable value (keep it small: references)."""
+
+    item_id: str
+    tier: str
+    partition: str
+    payload: Any = None
+    delay_ms: int = 0
+    cost: int = 1
+
+
+@dataclass(frozen=True)
+class TenantConf:
+    """What the fair queue needs of a tenant's entitlements. ``None`` limits mean none."""
+
+    weight: int
+    max_concurrency: int | None
+    rate_per_s: float | None
+    burst: int
+    tiers: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _at_least("weight", self.weight, 1)
+        _at_least("burst", self.burst, 1)
+        if self.max_concurrency is not None:
+            _at_least("max_concurrency", self.max_concurrency, 0)
+        if self.rate_per_s is not None and not 0 < self.rate_per_s < math.inf:
+            raise ValueError(f"rate_per_s is a finite number > 0 or None, not {self.rate_per_s!r}")
+        if not set(self.tiers) <= set(TIERS):
+            raise ValueError(f"tiers are a subset of {list(TIERS)}, not {list(self.tiers)!r}")
+
+    @classmethod
+    def for_tenant(cls, tenant: Tenant) -> TenantConf:
+        """From the tenant's effective entitlements; the system tenant has its tier and no limits."""
+        if tenant.is_system:
+            return cls(weight=1, max_concurrency=None, rate_per_s=None, burst=1, tiers=(SYSTEM_TIER,))
+        ent = effective_entitlements(tenant)
+        return cls(
+            weight=ent.weight,
+            max_concurrency=ent.max_concurrency,
+            rate_per_s=ent.step_rate_per_s,
+            burst=ent.step_burst,
+            tiers=tuple(ent.allowed_tiers),
+        )
+
+
+@dataclass(frozen=True)
+class TenantBatch:
+    """One tenant's items for ``bulk_enqueue``; ``conf`` defaults to ``TenantConf.for_tenant``."""
+
+    tenant: Tenant
+    items: Sequence[NewItem]
+    conf: TenantConf | None = None
+
+
+@dataclass(frozen=True)
+class Dequeued:
+    """A dispatched item.
+
+    ``waited_ms`` is how long it was due before this dispatch; ``attempt`` counts
+    its deliveries (1 the first time). ``delivery`` is this delivery's token,
+    unique per tenant: pass it to ack/nack/extend_lease so that a worker whose
+    lease ended cannot touch a later delivery of the same item.
+    """
+
+    tenant_id: str
+    item_id: str
+    tier: str
+    partition: str
+    payload: Any
+    waited_ms: int
+    attempt: int
+    delivery: int
+
+
+@dataclass(frozen=True)
+class TierStats:
+    backlog: int  # items waiting (due or not)
+    due: int  # items waiting and due now
+    in_flight: int
+    oldest_waiting_ms: int  # age of the oldest due item, 0 when none is due
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    tiers: dict[str, TierStats]
+    backlog: int
+    due: int
+    in_flight: int
+    oldest_waiting_ms: int
+
+
+@dataclass(frozen=True)
+class GlobalTierStats:
+    ready_tenants: int
+    blocked_tenants: int
+    virtual_time: float
+
+
+@dataclass(frozen=True)
+class GlobalStats:
+    shard: int
+    tiers: dict[str, GlobalTierStats] = field(default_factory=dict)
+    timers: int = 0
+    in_flight: int = 0
+    expired_leases: int = 0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _tenant(tenant: Tenant | None) -> Tenant:
+    """The explicit tenant, else the one in context; inside a context no other tenant can be named."""
+    in_context = peek_tenant()
+    if tenant is None:
+        return current_tenant()
+    if in_context is not None and in_context.pk != tenant.pk:
+        raise TenantScopeError("fair-queue items of another tenant used inside a tenant context")
+    return tenant
+
+
+def _dispatcher_side() -> None:
+    """The cross-tenant operations run outside tenant contexts (or as the system tenant)."""
+    tenant = peek_tenant()
+    if tenant is not None and not tenant.is_system:
+        raise TenantScopeError("the fair queue's dispatcher side crosses tenants: not in a tenant context")
+
+
+def _check_shard(shard: int) -> int:
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < settings.DUCTOR_QUEUE_SHARDS:
+        raise ValueError(f"shard must be in [0, {settings.DUCTOR_QUEUE_SHARDS}), not {shard!r}")
+    return shard
+
+
+def _at_least(name: str, value: int, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} is an int >= {low}, not {value!r}")
+    return value
+
+
+@cache
+def _suffixes() -> tuple[str, str, str, str]:
+    """The tenant-relative key suffixes the scripts append to ``<prefix><tenant id>``.
+
+    Derived from the real key builders with a probe tenant (no row: only its id is
+    read), so the formats stay in ``tenants.keys`` and ``scheduling.capacity``.
+    """
+    probe = Tenant(id=uuid.UUID(int=0))
+    tenant_id = str(probe.pk)
+    head = tenant_redis_prefix(shard_of(tenant_id)) + tenant_id
+    mark = "\x00"
+    with no_tenant():
+        keys = [
+            redis_key("fq", "", tenant=probe),
+            capacity.tenant_scope(0).key(probe),
+            capacity.holder_key(mark, tenant=probe),
+            capacity.rate_key(capacity.STEP_RATE_LIMITER, tenant=probe),
+        ]
+    if not all(key.startswith(head) for key in keys) or not keys[2].endswith(mark):
+        raise RuntimeError("tenant keys do not have the layout the fair-queue scripts expect")
+    namespace, scope, holder, rate = (key[len(head) :] for key in keys)
+    return namespace, scope, holder[: -len(mark)], rate
+
+
+@cache
+def _header(shard: int) -> tuple[str, ...]:
+    """The seven ARGV every fair-queue script starts with (fq_init in fq_lib.lua)."""
+    return (
+        tenant_redis_prefix(shard), *_suffixes(), global_redis_key("fq", "", shard=shard), ",".join(TIERS)
+    )
+
+
+def global_key(name: str, *, shard: int = 0) -> str:
+    """A cross-tenant index key of the shard (``ready:<tier>``, ``timers``, ``inflight`` …)."""
+    return global_redis_key("fq", name, shard=shard)
+
+
+def _run(name: str, keys: list[str], args: Sequence[Any]) -> Any:
+    return scripts.run(name, keys, list(args), libraries=_LIBRARIES)
+
+
+def _tenant_call(name: str, tenant: Tenant, *args: Any) -> Any:
+    tenant_id = str(tenant.pk)
+    return _run(
+        name,
+        [redis_key("fq", "items", tenant=tenant)],
+        [*_header(shard_of(tenant_id)), tenant_id, *args],
+    )
+
+
+def _delivery(delivery: int | None) -> str:
+    if delivery is None:
+        return ""
+    return str(_at_least("delivery", delivery, 1))
+
+
+def _name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"{kind} is a non-empty str of at most {MAX_NAME_LENGTH} characters, not {value!r}")
+    return value
+
+
+def _item_args(item: NewItem, conf: TenantConf) -> list[Any]:
+    if item.tier not in conf.tiers:
+        raise TierNotAllowed(f"tier {item.tier!r} is not allowed; allowed: {list(conf.tiers)}")
+    if isinstance(item.cost, bool) or not isinstance(item.cost, int) or item.cost < 1:
+        raise ValueError(f"cost is an int >= 1, not {item.cost!r}")
+    payload = json.dumps(item.payload, separators=(",", ":"))
+    if len(payload.encode()) > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
+    return [
+        _name("item_id", item.item_id),
+        item.tier,
+        _name("partition", item.partition),
+        _at_least("delay_ms", item.delay_ms, 0),
+        item.cost,
+        payload,
+    ]
+
+
+def _conf_args(conf: TenantConf) -> list[Any]:
+    return [
+        conf.weight,
+        -1 if conf.max_concurrency is None else conf.max_concurrency,
+        0 if conf.rate_per_s is None else repr(float(conf.rate_per_s)),
+        conf.burst,
+    ]
+
+
+def _segments(tenant: Tenant, items: Sequence[NewItem], conf: TenantConf) -> list[tuple[int, list[Any]]]:
+    """The tenant's items as script ARGV segments of at most ``ITEMS_PER_CALL`` items each:
+    (item count, args). Every item is validated before any is written."""
+    flat = [_item_args(item, conf) for item in items]
+    head = [str(tenant.pk), *_conf_args(conf)]
+    return [
+        (len(chunk), [*head, len(chunk), *(arg for args in chunk for arg in args)])
+        for chunk in (flat[i : i + ITEMS_PER_CALL] for i in range(0, len(flat), ITEMS_PER_CALL))
+    ]
+
+
+def enqueue(
+    item_id: str,
+    *,
+    tier: str,
+    partition: str,
+    payload: Any = None,
+    delay_ms: int = 0,
+    cost: int = 1,
+    tenant: Tenant | None = None,
+) -> EnqueueResult:
+    """Enqueue one item of the tenant, due ``delay_ms`` after now (Redis TIME).
+
+    One Redis round trip for the queue (the tenant's entitlements come from their
+    cache), atomic, O(log n). Idempotent and coalescing: an id already waiting
+    keeps its item and takes the earlier due time (``EXISTS``/``ADVANCED``); an id
+    in flight runs again after its ack, with this payload (``RERUN``). Also
+    records the tenant's weight and limits for dequeue. Raises ``TierNotAllowed``
+    for a tier outside the tenant's plan, ``ValueError`` for a bad argument and
+    ``TenantScopeError`` without a tenant.
+    """
+    item = NewItem(item_id, tier, partition, payload, delay_ms, cost)
+    return enqueue_many([item], tenant=tenant)[0]
+
+
+def enqueue_many(items: Sequence[NewItem], *, tenant: Tenant | None = None) -> list[EnqueueResult]:
+    """Enqueue several items of one tenant, like ``enqueue`` for each, in order.
+
+    One round trip per ``ITEMS_PER_CALL`` items, each atomic; every item is
+    validated before any is written. Raises like ``enqueue``.
+    """
+    tenant = _tenant(tenant)
+    tenant_id = str(tenant.pk)
+    keys = [redis_key("fq", "items", tenant=tenant)]
+    results: list[EnqueueResult] = []
+    for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant)):
+        codes = _run("fq_enqueue", keys, [*_header(shard_of(tenant_id)), *args])
+        results.extend(_ENQUEUE_CODES[int(code)] for code in codes)
+    return results
+
+
+def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> int:
+    """Enqueue the items of many tenants, like ``enqueue_many`` for each: rebuilds and bulk loads.
+
+    The tenants of a shard share script calls (up to ``ITEMS_PER_CALL`` items
+    each, every call atomic), sent ``pipeline_size`` calls per round trip. A
+    batch's ``conf`` (default: the tenant's entitlements) lets a loader that has
+    no tenant rows (a benchmark) name the limits. Dispatcher side: refused inside
+    a customer tenant's context. Returns how many new items were queued.
+    """
+    _dispatcher_side()
+    queued = 0
+    calls: list[tuple[list[str], list[Any]]] = []
+    # Per shard: the call being filled (its first tenant's items key routes it), and its size.
+    filling: dict[int, tuple[list[str], list[Any]]] = {}
+    sizes: dict[int, int] = {}
+
+    def send() -> None:
+        nonlocal queued
+        if len(calls) == 1:  # no pipeline: it would first ask whether the server has the script
+            replies = [_run("fq_enqueue", *calls[0])]
+        else:
+            pipe = get_redis().pipeline(transaction=False)
+            script = scripts.script("fq_enqueue", *_LIBRARIES)
+            for keys, args in calls:
+                script(keys=keys, args=args, client=pipe)
+            replies = pipe.execute()
+        queued += sum(1 for codes in replies for code in codes if int(code) == 1)
+        calls.clear()
+
+    def close(shard: int) -> None:
+        calls.append(filling.pop(shard))
+        sizes.pop(shard)
+        if len(calls) >= pipeline_size:
+            send()
+
+    for batch in batches:
+        tenant_id = str(batch.tenant.pk)
+        shard = shard_of(tenant_id)
+        conf = batch.conf or TenantConf.for_tenant(batch.tenant)
+        for count, args in _segments(batch.tenant, batch.items, conf):
+            if shard in filling and sizes[shard] + count > ITEMS_PER_CALL:
+                close(shard)
+            if shard not in filling:
+                filling[shard] = ([redis_key("fq", "items", tenant=batch.tenant)], list(_header(shard)))
+                sizes[shard] = 0
+            filling[shard][1].extend(args)
+            sizes[shard] += count
+    for shard in list(filling):
+        close(shard)
+    if calls:
+        send()
+    return queued
+
+
+def dequeue(*, shard: int = 0, lease_ms: int, tiers: Sequence[str] | None = None) -> Dequeued | None:
+    """Dispatch the next item of the shard, leased for ``lease_ms``; None when nothing is eligible.
+
+    Strict tier priority (only ``tiers`` when given), SFQ by weight among the
+    tier's tenants, then the tenant's earliest-due partition head; never an item
+    before it is due, of a locked partition, or of a tenant at its concurrency
+    ceiling or held back by its step rate (those are parked, in the same atomic
+    step). Takes the tenant's step slot and charges its step rate. One round trip,
+    atomic, O(log n) in tenants and partitions; after a mass wake-up (more than
+    ``PROMOTE_PER_CALL`` timers due, or ``TENANTS_PER_CALL`` tenants parked) a
+    few more calls. Dispatcher side: raises ``TenantScopeError`` inside a
+    customer tenant's context.
+    """
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    _at_least("lease_ms", lease_ms, 1)
+    if tiers is None:
+        wanted = list(TIERS)
+    else:
+        unknown = set(tiers) - set(TIERS)
+        if unknown or not tiers:
+            raise ValueError(f"tiers are a non-empty subset of {list(TIERS)}, not {list(tiers)!r}")
+        wanted = [tier for tier in TIERS if tier in tiers]
+    args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, *wanted]
+    for _ in range(_MAX_CALLS):
+        result = _run("fq_dequeue", [global_key("timers", shard=shard)], args)
+        if result is None:
+            return None
+        if len(result) == 1:
+            continue
+        tenant_id, item_id, tier, partition, payload, waited, attempt, delivery = result
+        return Dequeued(
+            tenant_id=_text(tenant_id),
+            item_id=_text(item_id),
+            tier=_text(tier),
+            partition=_text(partition),
+            payload=json.loads(payload),
+            waited_ms=int(waited),
+            attempt=int(attempt),
+            delivery=int(delivery),
+        )
+    return None
+
+
+def ack(item_id: str, *, delivery: int | None = None, tenant: Tenant | None = None) -> bool:
+    """The item's work is done: end its lease, give its slot back, unlock its partition.
+
+    The item is deleted, unless it was enqueued again while in flight: then it
+    waits again. Returns False, changing nothing, when the item (in that
+    ``delivery``, when given) is not in flight: idempotent. One round trip,
+    atomic. Raises ``TenantScopeError`` without a tenant.
+    """
+    return bool(_tenant_call("fq_ack", _tenant(tenant), item_id, _delivery(delivery)) == 1)
+
+
+def nack(
+    item_id: str, *, delay_ms: int = 0, delivery: int | None = None, tenant: Tenant | None = None
+) -> bool:
+    """Put an item in flight back in its partition, due ``delay_ms`` from now; its slot is freed.
+
+    Returns False, changing nothing, when the item (in that ``delivery``) is not
+    in flight. One round trip, atomic. Raises ``TenantScopeError`` without a tenant.
+    """
+    _at_least("delay_ms", delay_ms, 0)
+    return bool(_tenant_call("fq_nack", _tenant(tenant), item_id, _delivery(delivery), delay_ms) == 1)
+
+
+def extend_lease(
+    item_id: str, *, lease_ms: int, delivery: int | None = None, tenant: Tenant | None = None
+) -> bool:
+    """Renew an item's lease, and its capacity slot's, to end ``lease_ms`` from now.
+
+    Returns False, changing nothing, when the item is not in flight (in that
+    ``delivery``) or its lease has already ended: the reaper owns it then, and a
+    worker that gets False should stop. One round trip, atomic. Raises
+    ``TenantScopeError`` without a tenant.
+    """
+    _at_least("lease_ms", lease_ms, 1)
+    return bool(_tenant_call("fq_extend", _tenant(tenant), item_id, _delivery(delivery), lease_ms) == 1)
+
+
+def remove(item_id: str, *, tenant: Tenant | None = None) -> bool:
+    """Withdraw a waiting item (or cancel the re-run asked for an item in flight).
+
+    An item in flight keeps its lease; ack or nack it. Returns whether anything
+    was withdrawn. One round trip, atomic, idempotent. Raises
+    ``TenantScopeError`` without a tenant.
+    """
+    return bool(_tenant_call("fq_remove", _tenant(tenant), item_id) == 1)
+
+
+def reap(*, shard: int = 0, limit: int = 100) -> int:
+    """Return up to ``limit`` items whose lease ended to their partitions; returns how many.
+
+    A reaped item keeps its due time (its partition's order holds) and is
+    delivered again by a later dequeue; its slot was freed by the lease's end.
+    One round trip, atomic. Dispatcher side.
+    """
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    _at_least("limit", limit, 1)
+    return int(_run("fq_reap", [global_key("inflight", shard=shard)], [*_header(shard), limit]))
+
+
+def next_due_ms(shard: int = 0) -> int | None:
+    """How long a dispatcher of the shard may sleep: 0 when work is ready, None when the shard is empty.
+
+    Otherwise the ms until the earliest timer (a due head, a rate, a ceiling's
+    lease) or lease end. One round trip, read only. Dispatcher side.
+    """
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    result = int(_run("fq_next_due", [global_key("timers", shard=shard)], list(_header(shard))))
+    return None if result < 0 else result
+
+
+def wait_for_work(*, shard: int = 0, timeout_s: float) -> bool:
+    """Block until new ready work is signalled on the shard, or the timeout; True if signalled.
+
+    A dispatcher sleeps here for ``next_due_ms`` at most; an enqueue that makes
+    a tenant ready, or sets an earlier timer, wakes one sleeper. The wait is cut
+    to ``MAX_WAIT_S`` (below the client's socket timeout); ``timeout_s <= 0``
+    only takes a pending signal. Dispatcher side.
+    """
+    _dispatcher_side()
+    key = global_key("wake", shard=_check_shard(shard))
+    if timeout_s <= 0:
+        return get_redis().lpop(key) is not None
+    return get_redis().blpop([key], timeout=min(timeout_s, MAX_WAIT_S)) is not None
+
+
+def stats(tenant: Tenant | None = None) -> QueueStats:
+    """The tenant's queue: backlog, due, in flight and oldest due age, per tier and in total.
+
+    Only the tenant's own keys are read. One round trip, read only. Raises
+    ``TenantScopeError`` without a tenant.
+    """
+    rows = _tenant_call("fq_stats", _tenant(tenant))
+    tiers = {
+        _text(tier): TierStats(int(backlog), int(due), int(flight), int(age))
+        for tier, backlog, due, flight, age in rows
+    }
+    return QueueStats(
+        tiers=tiers,
+        backlog=sum(s.backlog for s in tiers.values()),
+        due=sum(s.due for s in tiers.values()),
+        in_flight=sum(s.in_flight for s in tiers.values()),
+        oldest_waiting_ms=max(s.oldest_waiting_ms for s in tiers.values()),
+    )
+
+
+def global_stats(shard: int = 0) -> GlobalStats:
+    """The shard's cross-tenant indexes: ready and blocked tenants per tier, timers, leases.
+
+    For platform admins: counts only, no tenant's items. One round trip, read
+    only. Dispatcher side.
+    """
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    tiers, timers, in_flight, expired = _run(
+        "fq_global_stats", [global_key("timers", shard=shard)], list(_header(shard))
+    )
+    return GlobalStats(
+        shard=shard,
+        tiers={
+            _text(tier): GlobalTierStats(int(ready), int(blocked), float(_text(vtime)))
+            for tier, ready, blocked, vtime in tiers
+        },
+        timers=int(timers),
+        in_flight=int(in_flight),
+        expired_leases=int(expired),
+    )

@@ -1,0 +1,468 @@
+"""The ``http.request`` action: one HTTP call through a tenant's ``http`` connection.
+
+A step gives the method, a ``path`` relative to the connection's ``base_url``,
+headers, a JSON body and query parameters; the connection gives the base URL,
+default headers, the secret, the timeout and the response size limit.
+
+Tenants must not reach the platform's internals, so before any socket is
+opened the host is resolved and every address it resolves to is checked:
+loopback, private, link-local, multicast, reserved, unspecified and other
+non-global addresses (IPv4 and IPv6, including IPv4-mapped, 6to4, Teredo and
+NAT64 forms of them) are refused unless ``settings.DUCTOR_HTTP_ALLOW_PRIVATE``
+is on. The request then goes to the very address that was checked (the URL
+carries the IP; the ``Host`` header, and for https the TLS SNI name and the
+certificate check, carry the original host name), so a DNS answer that changes
+between the check and the connection (DNS rebinding) cannot redirect it.
+Redirects are not followed and proxy settings from the environment are
+ignored, for the same reason.
+
+Errors are ``RetryableActionError`` (timeouts, connection errors, 429, 5xx)
+or ``PermanentActionError`` (bad parameters or connection config, refused
+addresses, other 4xx, responses over the size limit); see
+``scheduling.action_errors``. The connection's circuit breaker records a
+failure for transport errors, 429 and 5xx, and a success for any other complete
+response; refused calls and oversized responses record nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import ipaddress
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import structlog
+from django.conf import settings
+
+from scheduling import circuit
+from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
+from scheduling.connection_config import ConfigError, validate_config
+from scheduling.secrets import SecretError
+from tenants.context import TenantScopeError, peek_tenant
+
+if TYPE_CHECKING:
+    from scheduling.models import Connection
+    from tenants.models import Tenant
+
+log = structlog.get_logger(__name__)
+
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+PARAM_KEYS = ("method", "path", "headers", "json", "query")
+# In a connection's default header values, replaced by the connection's secret.
+SECRET_PLACEHOLDER = "{secret}"  # noqa: S105 - a placeholder, not a secret
+MAX_URL_CHARS = 2000
+MAX_HEADERS = 50
+# Headers that steps and connections may not set: they belong to the transport
+# (and ``Host`` must stay the checked host).
+RESERVED_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
+    "upgrade", "proxy-authorization", "proxy-connection",
+})
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_ABSOLUTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(//|\\)")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class _Config:
+    base_url: httpx.URL
+    headers: dict[str, str]
+    timeout_s: float
+    max_response_bytes: int
+
+
+def _config(connection: Connection) -> _Config:
+    """The connection's config (``scheduling.connection_config``) plus the call-time checks."""
+
+    def bad(field: str, message: str) -> PermanentActionError:
+        return PermanentActionError(
+            f"connection '{connection.name}': {field}: {message}", code=ActionErrorCode.INVALID_CONNECTION,
+            details={"field": field},
+        )
+
+    if connection.kind != "http":
+        raise bad("kind", f"is '{connection.kind}'; http.request needs an http connection")
+    try:
+        config = validate_config("http", connection.config)
+    except ConfigError as exc:
+        raise bad(exc.field, exc.message) from None
+    base_url = httpx.URL(config["base_url"])
+    if base_url.userinfo:
+        raise bad("config.base_url", "must not carry credentials; use the connection secret")
+    for name in config["headers"]:
+        if name.lower() in RESERVED_HEADERS:
+            raise bad(f"config.headers.{name}", "is set by the platform and cannot be given")
+    return _Config(
+        base_url=base_url.copy_with(fragment=None), headers=config["headers"],
+        timeout_s=config["timeout_s"], max_response_bytes=config["max_response_bytes"],
+    )
+
+
+def _invalid(message: str, **details: Any) -> PermanentActionError:
+    return PermanentActionError(message, code=ActionErrorCode.INVALID_PARAMS, details=details)
+
+
+def _join_path(base: httpx.URL, path: Any) -> str:
+    """``path`` under the base URL's path; refuses anything that could leave it."""
+    if not isinstance(path, str) or len(path) > MAX_URL_CHARS:
+        raise _invalid(f"params.path must be a string of at most {MAX_URL_CHARS} characters", field="path")
+    if _ABSOLUTE.match(path) or path.startswith(("//", "\\\\", "/\\", "\\/")):
+        raise _invalid("params.path must be relative to the connection's base_url, not a URL", field="path")
+    if "\\" in path or _BAD_VALUE.search(path) or "\t" in path:
+        raise _invalid("params.path must not contain backslashes or control characters", field="path")
+    if "?" in path or "#" in path:
+        raise _invalid(
+            "params.path must not contain '?' or '#'; put parameters in params.query", field="path"
+        )
+    for segment in path.split("/"):
+        decoded = segment.replace("%2e", ".").replace("%2E", ".")
+        if decoded in (".", ".."):
+            raise _invalid("params.path must not contain '.' or '..' segments", field="path")
+        if "%2f" in segment.lower() or "%5c" in segment.lower():
+            raise _invalid("params.path must not contain encoded slashes", field="path")
+    base_path = base.path.rstrip("/")
+    relative = path.lstrip("/")
+    return f"{base_path}/{relative}" if relative else (base.path or "/")
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise _invalid("params.query values must be strings, numbers, booleans or lists of them", field="query")
+
+
+def _query(query: Any) -> list[tuple[str, str]]:
+    if not isinstance(query, Mapping):
+        raise _invalid("params.query must be an object", field="query")
+    items: list[tuple[str, str]] = []
+    for key, value in query.items():
+        if not isinstance(key, str) or not key:
+            raise _invalid("params.query keys must be non-empty strings", field="query")
+        for one in value if isinstance(value, list) else [value]:
+            items.append((key, _scalar(one)))
+    return items
+
+
+def _put(headers: dict[str, str], name: str, value: str) -> None:
+    """Set a header, replacing any of the same name in another case."""
+    for existing in [k for k in headers if k.lower() == name.lower()]:
+        del headers[existing]
+    headers[name] = value
+
+
+def _step_headers(headers: Any) -> dict[str, str]:
+    if not isinstance(headers, Mapping) or len(headers) > MAX_HEADERS:
+        raise _invalid(f"params.headers must be an object of at most {MAX_HEADERS} headers", field="headers")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _TOKEN.match(name):
+            raise _invalid(f"params.headers: invalid header name {str(name)[:100]!r}", field="headers")
+        if name.lower() in RESERVED_HEADERS:
+            raise _invalid(f"params.headers.{name} is set by the platform", field="headers")
+        if not isinstance(value, str) or len(value) > 8192 or _BAD_VALUE.search(value):
+            raise _invalid(f"params.headers.{name} must be a string without line breaks", field="headers")
+    return dict(headers)
+
+
+def refusal_reason(ip: IPAddress) -> str | None:
+    """Why ``ip`` may not be called (``None`` when it is a public unicast address).
+
+    Addresses embedded in IPv6 forms (IPv4-mapped, 6to4, Teredo, NAT64) are
+    checked as well, so ``::ffff:127.0.0.1`` is loopback.
+    """
+    candidates: list[IPAddress] = []
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            candidates.append(ip.ipv4_mapped)
+        if ip.sixtofour is not None:
+            candidates.append(ip.sixtofour)
+        if ip.teredo is not None:
+            candidates.extend(ip.teredo)
+        if ip in _NAT64:
+            candidates.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    candidates.append(ip)
+    for one in candidates:
+        for reason in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
+            if getattr(one, f"is_{reason}"):
+                return reason.replace("_", "-")
+        if not one.is_global:
+            return "not globally routable"
+    return None
+
+
+def resolve_allowed(host: str, port: int) -> list[IPAddress]:
+    """The addresses ``host`` resolves to, in the resolver's order, each allowed by the policy.
+
+    Raises ``PermanentActionError`` (``address_refused``) if any of them is refused
+    and ``RetryableActionError`` (``dns_error``) if the name does not resolve.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise RetryableActionError(
+            f"cannot resolve host '{host}': {exc}", code=ActionErrorCode.DNS_ERROR
+        ) from None
+    found: list[IPAddress] = []
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if ip not in found:
+            found.append(ip)
+    if not found:
+        raise RetryableActionError(f"host '{host}' resolves to no address", code=ActionErrorCode.DNS_ERROR)
+    if not settings.DUCTOR_HTTP_ALLOW_PRIVATE:
+        for ip in found:
+            reason = refusal_reason(ip)
+            if reason is not None:
+                # The address itself is not quoted: it would map the platform's network for a tenant.
+                raise PermanentActionError(
+                    f"host '{host}' resolves to a {reason} address; only public addresses may be called",
+                    code=ActionErrorCode.ADDRESS_REFUSED, details={"host": host, "reason": reason},
+                )
+    return found
+
+
+def _breaker_tenant(connection: Connection) -> Tenant | None:
+    """The tenant to record the breaker under: the context's (None) or, outside any, the connection's."""
+    in_context = peek_tenant()
+    if in_context is None:
+        return connection.tenant
+    if in_context.pk != connection.tenant_id:
+        raise TenantScopeError("a connection of another tenant used inside a tenant context")
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError, IndexError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def _read_limited(response: httpx.Response, limit: int, deadline: float) -> bytes:
+    """The decoded body, aborting past ``limit`` bytes or the call's deadline."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PermanentActionError(
+            f"response of {declared} bytes is over the connection's limit of {limit}",
+            code=ActionErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
+        )
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise PermanentActionError(
+                f"response is over the connection's limit of {limit} bytes",
+                code=ActionErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
+            )
+        if time.monotonic() > deadline:
+            raise RetryableActionError("response took longer than the timeout", code=ActionErrorCode.TIMEOUT)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_body(response: httpx.Response, raw: bytes) -> Any:
+    if not raw:
+        return None
+    content_type = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type == "application/json" or content_type.endswith("+json"):
+        with contextlib.suppress(ValueError):
+            return json.loads(raw)
+    encoding = response.charset_encoding or "utf-8"
+    try:
+        return raw.decode(encoding, errors="replace")
+    except LookupError:
+        return raw.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    url: httpx.URL
+    host: str
+    netloc: str
+    headers: dict[str, str]
+    query: tuple[tuple[str, str], ...]
+    body: bytes | None
+
+
+def _auth_headers(connection: Connection, config: _Config) -> dict[str, str]:
+    """The headers that carry the secret: connection headers with ``{secret}``, else a bearer token."""
+    templated = {k: v for k, v in config.headers.items() if SECRET_PLACEHOLDER in v}
+    try:
+        secret = connection.secret()
+    except SecretError as exc:
+        raise PermanentActionError(
+            f"connection '{connection.name}': {exc}", code=ActionErrorCode.INVALID_CONNECTION
+        ) from None
+    if templated and not secret:
+        raise PermanentActionError(
+            f"connection '{connection.name}': config.headers use {SECRET_PLACEHOLDER} but no secret is set",
+            code=ActionErrorCode.INVALID_CONNECTION, details={"field": "config.headers"},
+        )
+    if templated:
+        return {k: v.replace(SECRET_PLACEHOLDER, secret) for k, v in templated.items()}
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+def _prepare(params: Any, connection: Connection, idempotency_key: str | None) -> tuple[_Call, _Config]:
+    if not isinstance(params, Mapping):
+        raise _invalid("params must be an object")
+    unknown = set(params) - set(PARAM_KEYS)
+    if unknown:
+        field = sorted(unknown)[0]
+        raise _invalid(f"params.{field}: unknown field; use {', '.join(PARAM_KEYS)}", field=field)
+    config = _config(connection)
+    method = params.get("method", "GET")
+    if not isinstance(method, str) or method.upper() not in METHODS:
+        raise _invalid(f"params.method must be one of {', '.join(METHODS)}", field="method")
+    method = method.upper()
+    base = config.base_url
+    url = base.copy_with(path=_join_path(base, params.get("path", "")))
+    if url.scheme != base.scheme or url.raw_host != base.raw_host or url.port != base.port:
+        raise _invalid("params.path must stay on the connection's host", field="path")
+    headers = {k: v for k, v in config.headers.items() if SECRET_PLACEHOLDER not in v}
+    for name, value in _step_headers(params.get("headers", {})).items():
+        _put(headers, name, value)
+    if not any(name.lower() == "accept-encoding" for name in headers):
+        # A compressed body is inflated a chunk at a time before the size check sees it.
+        headers["Accept-Encoding"] = "identity"
+    body: bytes | None = None
+    if "json" in params:
+        try:
+            body = json.dumps(params["json"], separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise _invalid(f"params.json is not JSON-serializable: {exc}", field="json") from None
+        _put(headers, "Content-Type", "application/json")
+    for name, value in _auth_headers(connection, config).items():
+        _put(headers, name, value)
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not idempotency_key or _BAD_VALUE.search(idempotency_key):
+            raise _invalid("idempotency_key must be a non-empty string without control characters")
+        _put(headers, "Idempotency-Key", idempotency_key)
+    call = _Call(
+        method=method, url=url, host=base.raw_host.decode("ascii"), netloc=base.netloc.decode("ascii"),
+        headers=headers, query=tuple(_query(params.get("query", {}))), body=body,
+    )
+    return call, config
+
+
+def _transport_error(exc: httpx.TransportError, host: str, config: _Config) -> RetryableActionError:
+    if isinstance(exc, httpx.TimeoutException):
+        message = f"timed out after {config.timeout_s:g} s calling '{host}' ({type(exc).__name__})"
+        return RetryableActionError(message, code=ActionErrorCode.TIMEOUT)
+    if isinstance(exc, httpx.ConnectError):
+        return RetryableActionError(f"cannot connect to '{host}': {exc}", code=ActionErrorCode.CONNECT_ERROR)
+    message = f"transport error calling '{host}': {type(exc).__name__}: {exc}"
+    return RetryableActionError(message, code=ActionErrorCode.TRANSPORT_ERROR)
+
+
+@contextlib.contextmanager
+def _pinned_response(
+    client: httpx.Client, call: _Call, addresses: list[IPAddress]
+) -> Iterator[httpx.Response]:
+    """Send ``call`` to the first of ``addresses`` that accepts a connection, never to any other.
+
+    The URL names the checked IP; ``Host`` (and the TLS SNI name, which the
+    certificate is verified against) name the original host.
+    """
+    extensions = {"sni_hostname": call.host} if call.url.scheme == "https" else {}
+    last: httpx.ConnectError | None = None
+    for ip in addresses:
+        request = client.build_request(
+            call.method, call.url.copy_with(host=str(ip)), params=call.query,
+            headers={**call.headers, "Host": call.netloc}, content=call.body, extensions=extensions,
+        )
+        try:
+            response = client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            last = exc
+            continue
+        try:
+            yield response
+        finally:
+            response.close()
+        return
+    raise last or httpx.ConnectError("no address to connect to")
+
+
+def http_request(
+    params: dict[str, Any],
+    connection: Connection | None,
+    *,
+    attempt: int = 1,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Make one HTTP call through ``connection``; returns ``{"status", "headers", "body"}``.
+
+    ``params``: ``method`` (default GET), ``path`` (relative to ``base_url``),
+    ``headers``, ``json`` (the body) and ``query``. The body is parsed JSON for
+    a JSON content type, else text (``None`` when empty). Guarantees: no
+    socket is opened to a refused address, and the connection goes to the
+    address that was checked; each network phase takes at most ``timeout_s``
+    and the body is cut off once the call has run longer than that (name
+    resolution aside); the body is at most ``max_response_bytes``; redirects
+    are returned, not followed. Raises ``RetryableActionError`` or
+    ``PermanentActionError`` (see the module docstring), and ``TenantScopeError``
+    for a connection of another tenant than the one in context.
+    """
+    if connection is None:
+        raise PermanentActionError("http.request needs a connection: route the step to a pool",
+                                   code=ActionErrorCode.NO_CONNECTION)
+    breaker_tenant = _breaker_tenant(connection)
+    call, config = _prepare(params, connection, idempotency_key)
+    started = time.monotonic()
+    deadline = started + config.timeout_s
+    outcome = "refused"
+    status: int | None = None
+    try:
+        addresses = resolve_allowed(call.host, call.url.port or (443 if call.url.scheme == "https" else 80))
+        with (
+            httpx.Client(timeout=config.timeout_s, follow_redirects=False, trust_env=False) as client,
+            _pinned_response(client, call, addresses) as response,
+        ):
+            status = response.status_code
+            if status == 429 or status >= 500:
+                code = ActionErrorCode.RATE_LIMITED if status == 429 else ActionErrorCode.SERVER_ERROR
+                raise RetryableActionError(
+                    f"HTTP {status} from '{call.host}'", code=code, status=status,
+                    retry_after_s=_retry_after(response.headers.get("retry-after")),
+                )
+            outcome = "too_large"
+            raw = _read_limited(response, config.max_response_bytes, deadline)
+            outcome = "ok" if status < 400 else "client_error"
+            circuit.record_success(connection.id, tenant=breaker_tenant)
+            body = _parse_body(response, raw)
+            if status >= 400:
+                shown = body if isinstance(body, dict | list) else str(body or "")[:2000]
+                raise PermanentActionError(
+                    f"HTTP {status} from '{call.host}'", code=ActionErrorCode.CLIENT_ERROR, status=status,
+                    details={"body": shown},
+                )
+            return {"status": status, "headers": dict(response.headers.items()), "body": body}
+    except (httpx.TransportError, RetryableActionError) as exc:
+        error = exc if isinstance(exc, RetryableActionError) else _transport_error(exc, call.host, config)
+        outcome = str(error.code)
+        circuit.record_failure(connection.id, tenant=breaker_tenant)
+        raise error from None
+    finally:
+        log.info(
+            "http_request", connection_id=str(connection.id), method=call.method, host=call.host,
+            status=status, outcome=outcome, attempt=attempt,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+        )

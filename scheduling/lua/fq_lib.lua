@@ -1,0 +1,258 @@
+-- The tiered fair queue: the Lua shared by every fq_*.lua script. scheduling/fair_queue.py
+-- prepends capacity_lib.lua and then this file to each script body (scheduling/scripts.py).
+--
+-- Every script gets the same seven ARGV first (fq_init): the shard's tenant-key prefix
+-- ("{s<n>}:t:"), the tenant-relative suffixes of the fair-queue namespace (":fq:"), of the
+-- tenant's step scope, of a capacity holder record and of the step-rate limiter, the
+-- shard's global fair-queue prefix ("{s<n>}:g:fq:"), and the tiers, highest first, comma
+-- separated. Python derives all of them from tenants.keys, scheduling.capacity and
+-- tenants.models.Tier, so key formats and tiers live there; a script reads tenant ids from
+-- the shard's global indexes and builds those tenants' keys as prefix .. id .. suffix.
+-- All of them carry the shard's hash tag: a script stays in one Redis Cluster slot.
+--
+-- Tenant keys (<prefix><tenant>:fq:...):
+--   conf               HASH  weight, max_concurrency (-1: none), rate_per_s (0: none), burst
+--   items              HASH  item -> JSON {tier, partition, cost, payload, state, due, n
+--                            (deliveries so far), lease, token (of the delivery in flight),
+--                            again, again_payload}; state is "waiting" or "inflight"
+--   seq                STRING the last delivery token (tokens are unique per tenant)
+--   parts:<tier>       ZSET  unlocked partition -> due time of its head in that tier
+--   p:<tier>:<part>    ZSET  waiting item -> due time
+--   wait:<tier>        ZSET  waiting item -> due time (the tenant's backlog, for stats)
+--   locks              HASH  partition -> the item of it that is in flight
+--   flight             HASH  tier -> items in flight
+-- Global keys of the shard (<gprefix>...), the only ones that cross tenants:
+--   ready:<tier>       ZSET  tenant -> start tag (backlogged, due and, last we looked, admitted)
+--   timers             ZSET  "<tier>|<tenant>" -> when to look at that tenant's tier again
+--   blocked:<tier>     SET   tenants parked at their concurrency ceiling
+--   finish:<tier>      HASH  tenant -> finish tag of its last service (while not ready)
+--   vtime:<tier>       STRING virtual time: the start tag of the last dispatch
+--   inflight           ZSET  "<tenant>|<item>" -> lease expiry
+--   wake               LIST  one token while there is new ready work (dispatchers BLPOP it)
+--
+-- Times are ms of Redis TIME. Tags and times always reach Redis through fq_num: Lua's own
+-- number-to-string conversion keeps 14 digits only.
+
+-- The capacity holder of a dispatched item is "fq:" .. item id (one namespace per subsystem).
+local FQ_HOLDER = 'fq:'
+-- A tenant parked at its ceiling is looked at again when its earliest lease ends (a slot
+-- may free without passing through the fair queue), or after this long if it holds none
+-- (a ceiling of 0; a changed ceiling also wakes it, through the next enqueue).
+local FQ_BLOCKED_RECHECK_MS = 5000
+
+local fq = {}
+
+local function fq_init(argv)
+  fq.tprefix, fq.ns, fq.scope, fq.holder, fq.rate, fq.gprefix =
+    argv[1], argv[2], argv[3], argv[4], argv[5], argv[6]
+  fq.tiers = {}
+  for tier in string.gmatch(argv[7], '[^,]+') do fq.tiers[#fq.tiers + 1] = tier end
+  fq.now_us = cap_now_us()
+  fq.now = math.floor(fq.now_us / 1000)
+end
+
+local function fq_num(x)
+  return string.format('%.17g', x)
+end
+
+local function fq_tkey(tid, name)
+  return fq.tprefix .. tid .. fq.ns .. name
+end
+
+local function fq_gkey(name)
+  return fq.gprefix .. name
+end
+
+local function fq_pkey(tid, tier, part)
+  return fq_tkey(tid, 'p:' .. tier .. ':' .. part)
+end
+
+local function fq_split(member)
+  local sep = string.find(member, '|', 1, true)
+  return string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
+end
+
+local function fq_item(tid, id)
+  local raw = redis.call('HGET', fq_tkey(tid, 'items'), id)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+local function fq_save(tid, id, it)
+  redis.call('HSET', fq_tkey(tid, 'items'), id, cjson.encode(it))
+end
+
+local function fq_conf(tid)
+  local c = redis.call('HMGET', fq_tkey(tid, 'conf'), 'weight', 'max_concurrency', 'rate_per_s', 'burst')
+  return {
+    weight = tonumber(c[1]) or 1,
+    limit = tonumber(c[2]) or -1,
+    rate = tonumber(c[3]) or 0,
+    burst = tonumber(c[4]) or 1,
+  }
+end
+
+local function fq_rate_key(tid)
+  return fq.tprefix .. tid .. fq.rate
+end
+
+local function fq_interval_us(conf)
+  return 1000000 / conf.rate
+end
+
+-- ms until the tenant's step rate admits one more start (0: now).
+local function fq_rate_wait_ms(tid, conf)
+  if conf.rate <= 0 then return 0 end
+  local r = cap_gcra(fq_rate_key(tid), fq_interval_us(conf), conf.burst, 1, false, fq.now_us)
+  if r[1] == 1 then return 0 end
+  return math.max(1, math.ceil(r[2] / 1000))
+end
+
+-- One token at most: a dispatcher that wakes drains everything ready anyway.
+local function fq_wake()
+  local key = fq_gkey('wake')
+  if redis.call('LLEN', key) == 0 then redis.call('LPUSH', key, '1') end
+end
+
+local function fq_timer_member(tier, tid)
+  return tier .. '|' .. tid
+end
+
+-- Look at the tenant's tier again at `at` (or earlier if a timer already says so). A timer
+-- that becomes the shard's earliest wakes the dispatchers, which may be sleeping longer.
+local function fq_set_timer(tier, tid, at)
+  local key, member = fq_gkey('timers'), fq_timer_member(tier, tid)
+  redis.call('ZADD', key, 'LT', fq_num(at), member)
+  if redis.call('ZRANGE', key, 0, 0)[1] == member then fq_wake() end
+end
+
+-- The tenant's earliest unlocked partition in the tier and its head's due time, or nil.
+local function fq_head(tid, tier)
+  local h = redis.call('ZRANGE', fq_tkey(tid, 'parts:' .. tier), 0, 0, 'WITHSCORES')
+  if h[1] == nil then return nil, nil end
+  return h[1], tonumber(h[2])
+end
+
+local function fq_vtime(tier)
+  return tonumber(redis.call('GET', fq_gkey('vtime:' .. tier))) or 0
+end
+
+-- Start tag of a tenant that becomes backlogged: max(V, its last finish tag). Never below V,
+-- so time spent idle, parked or blocked earns no credit.
+local function fq_start_tag(tier, tid)
+  local key = fq_gkey('finish:' .. tier)
+  local v = fq_vtime(tier)
+  local f = tonumber(redis.call('HGET', key, tid))
+  if f == nil then return v end
+  redis.call('HDEL', key, tid)
+  return math.max(v, f)
+end
+
+-- Take the tenant out of the ready set, remembering its tag for when it comes back. A tag
+-- at or below V would be replaced by V anyway, so it is not kept.
+local function fq_leave(tier, tid, tag)
+  redis.call('ZREM', fq_gkey('ready:' .. tier), tid)
+  if tag > fq_vtime(tier) then
+    redis.call('HSET', fq_gkey('finish:' .. tier), tid, fq_num(tag))
+  else
+    redis.call('HDEL', fq_gkey('finish:' .. tier), tid)
+  end
+end
+
+-- Put a tenant's tier where it belongs now: ready when its earliest head is due and its
+-- rate admits a start, else a timer for when that will be. A tenant that is already ready,
+-- or parked at its ceiling, stays where it is. O(log n).
+local function fq_activate(tier, tid)
+  local ready = fq_gkey('ready:' .. tier)
+  if redis.call('ZSCORE', ready, tid) then return end
+  if redis.call('SISMEMBER', fq_gkey('blocked:' .. tier), tid) == 1 then return end
+  local part, due = fq_head(tid, tier)
+  if part == nil then
+    redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
+    return
+  end
+  local at = math.max(due, fq.now + fq_rate_wait_ms(tid, fq_conf(tid)))
+  if at <= fq.now then
+    redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
+    redis.call('ZADD', ready, fq_num(fq_start_tag(tier, tid)), tid)
+    fq_wake()
+  else
+    fq_set_timer(tier, tid, at)
+  end
+end
+
+-- The tenant has no unlocked partition left in the tier: drop it from the tier's indexes.
+local function fq_forget(tier, tid)
+  local tag = redis.call('ZSCORE', fq_gkey('ready:' .. tier), tid)
+  if tag then fq_leave(tier, tid, tonumber(tag)) end
+  redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
+  redis.call('SREM', fq_gkey('blocked:' .. tier), tid)
+end
+
+-- A slot of the tenant freed (ack, nack, reap) or its limits changed: every tier parked
+-- at the ceiling is looked at again.
+local function fq_unblock(tid)
+  for _, tier in ipairs(fq.tiers) do
+    if redis.call('SREM', fq_gkey('blocked:' .. tier), tid) == 1 then
+      redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
+      fq_activate(tier, tid)
+    end
+  end
+end
+
+-- Park a tenant's tier at its concurrency ceiling until a slot frees. The timer is a safety
+-- net for slots freed outside the fair queue (another holder of the scope, a lapsed lease).
+local function fq_block(tier, tid, tag)
+  fq_leave(tier, tid, tag)
+  redis.call('SADD', fq_gkey('blocked:' .. tier), tid)
+  local first = redis.call('ZRANGE', fq.tprefix .. tid .. fq.scope, 0, 0, 'WITHSCORES')
+  local at = fq.now + FQ_BLOCKED_RECHECK_MS
+  if first[2] ~= nil then at = math.max(fq.now + 1, tonumber(first[2])) end
+  fq_set_timer(tier, tid, at)
+end
+
+-- The partition's item went out of flight: its heads in every tier are eligible again.
+-- (A partition is one serialization domain of the tenant, whatever the tiers of its items.)
+local function fq_unlock(tid, part)
+  redis.call('HDEL', fq_tkey(tid, 'locks'), part)
+  for _, tier in ipairs(fq.tiers) do
+    local h = redis.call('ZRANGE', fq_pkey(tid, tier, part), 0, 0, 'WITHSCORES')
+    if h[1] ~= nil then
+      redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), h[2], part)
+      fq_activate(tier, tid)
+    end
+  end
+end
+
+local function fq_holder_record(tid, id)
+  return fq.tprefix .. tid .. fq.holder .. FQ_HOLDER .. id
+end
+
+-- End an item's lease: out of the in-flight index, and its capacity slot given back.
+local function fq_end_lease(tid, id, it)
+  redis.call('ZREM', fq_gkey('inflight'), tid .. '|' .. id)
+  redis.call('HINCRBY', fq_tkey(tid, 'flight'), it.tier, -1)
+  cap_release(fq_holder_record(tid, id), FQ_HOLDER .. id, fq.now)
+end
+
+-- Put an item that was in flight back in its partition, due at `due` (or earlier when a
+-- run again was asked for while it was in flight; that request's payload then wins).
+-- The partition stays locked: the caller unlocks it.
+local function fq_requeue(tid, id, it, due)
+  if it.again ~= nil then
+    due = math.min(due, it.again)
+    if it.again_payload ~= nil then it.payload = it.again_payload end
+  end
+  it.state, it.due, it.lease, it.token, it.again, it.again_payload = 'waiting', due, nil, nil, nil, nil
+  fq_save(tid, id, it)
+  redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), fq_num(due), id)
+  redis.call('ZADD', fq_tkey(tid, 'wait:' .. it.tier), fq_num(due), id)
+end
+
+-- The item if it is in flight, and (when the caller names one) in that delivery.
+local function fq_in_flight(tid, id, delivery)
+  local it = fq_item(tid, id)
+  if it == nil or it.state ~= 'inflight' then return nil end
+  if delivery ~= '' and tonumber(delivery) ~= it.token then return nil end
+  return it
+end

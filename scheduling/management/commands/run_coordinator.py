@@ -1,0 +1,26 @@
+"""``python manage.py run_coordinator``: reap expired leases and reconcile Redis with PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from django.core.management.base import BaseCommand, CommandParser
+
+from scheduling.coordinator import Coordinator
+from scheduling.management.commands._loop import run_until_signalled
+
+log = structlog.get_logger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Run the coordinator (lease reaping, reconciliation)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--interval", type=float, default=1.0)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        coordinator = Coordinator(interval_s=options["interval"])
+        log.info("coordinator_started")
+        run_until_signalled(coordinator.run_forever)
+        log.info("coordinator_stopped")

@@ -1,0 +1,309 @@
+"""Shapes of the routing API: what it reads and what it accepts.
+
+Write serializers check types and ranges and refuse unknown fields; what needs
+the tenant's data (a member's connection, a rule's pool, the plan's tiers,
+uniqueness) or the stored row (a connection's config under a changed kind) is
+checked by ``scheduling.services``. Errors name fields by their dotted path
+from the request root: ``members[1].weight``, ``config.base_url``.
+
+A connection's secret is write-only: reads show ``has_secret`` and never the
+secret or its encrypted token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.settings import api_settings
+
+from ductor_project.errors import UnknownFields
+from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.services import MemberSpec
+from tenants.api import StrictModelSerializer, StrictSerializer
+from tenants.models import Tier
+
+INT_MAX = 2**31 - 1
+MAX_RATE_PER_S = 1_000_000.0
+MAX_SECRET_CHARS = 8192
+MAX_MEMBERS = 200
+# Names of connections and pools are identifiers: members and rules refer to them.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$"
+NAME_HELP = "Letters, digits and '_.:-' (starting with a letter or digit), at most 100; unique per tenant."
+
+
+def flat_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail as ``{"members[1].weight": ["..."]}``."""
+    if isinstance(detail, dict):
+        out: dict[str, list[str]] = {}
+        for key, value in detail.items():
+            if isinstance(key, int):
+                path = f"{prefix}[{key}]"
+            elif key == api_settings.NON_FIELD_ERRORS_KEY and prefix:
+                path = prefix
+            else:
+                path = f"{prefix}.{key}" if prefix else str(key)
+            for name, messages in flat_errors(value, path).items():
+                out.setdefault(name, []).extend(messages)
+        return out
+    if isinstance(detail, list) and any(isinstance(item, dict | list) for item in detail):
+        out = {}
+        for index, item in enumerate(detail):
+            if item:
+                for name, messages in flat_errors(item, f"{prefix}[{index}]").items():
+                    out.setdefault(name, []).extend(messages)
+        return out
+    items = detail if isinstance(detail, list) else [detail]
+    return {prefix or api_settings.NON_FIELD_ERRORS_KEY: [str(item) for item in items]}
+
+
+def parse(
+    serializer_class: type[serializers.Serializer], data: Any, *, partial: bool = False
+) -> dict[str, Any]:
+    """Validated data of a request body, or ``400`` naming every bad field by its dotted path.
+
+    With ``partial`` (PATCH) only the fields given are returned; otherwise
+    (POST, PUT) absent optional fields come back with their defaults.
+    """
+    serializer = serializer_class(data=data, partial=partial)
+    if not serializer.is_valid():
+        raise serializers.ValidationError(flat_errors(serializer.errors))
+    return dict(serializer.validated_data)
+
+
+class LimitsWriteMixin(serializers.Serializer):
+    """Optional concurrency and rate limits. A rate gets a burst (default 1); no rate means no burst."""
+
+    max_concurrency = serializers.IntegerField(min_value=1, max_value=INT_MAX, allow_null=True, default=None)
+    rate_per_s = serializers.FloatField(
+        allow_null=True, default=None, help_text="Starts per second (GCRA); above 0."
+    )
+    burst = serializers.IntegerField(
+        min_value=1, max_value=INT_MAX, allow_null=True, default=None,
+        help_text="Starts allowed at once from idle; needs rate_per_s (default 1 when a rate is set).",
+    )
+
+    def validate_rate_per_s(self, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or not 0 < value <= MAX_RATE_PER_S):
+            raise serializers.ValidationError(f"Must be above 0 and at most {MAX_RATE_PER_S:g}.")
+        return value
+
+
+# --- connections -----------------------------------------------------------------------------
+
+
+class ConnectionSerializer(StrictModelSerializer):
+    has_secret = serializers.BooleanField(read_only=True, help_text="Whether a secret is set (never shown).")
+
+    class Meta:
+        model = Connection
+        fields = [
+            "id", "name", "kind", "config", "has_secret", "max_concurrency", "rate_per_s", "burst",
+            "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class ConnectionWriteSerializer(LimitsWriteMixin, StrictSerializer):
+    name = serializers.RegexField(NAME_PATTERN, max_length=100, help_text=NAME_HELP)
+    kind = serializers.ChoiceField(choices=Connection.Kind.choices)
+    config = serializers.JSONField(
+        default=dict,
+        help_text=(
+            "http: {base_url (required), headers, timeout_s (default 10, at most 300), "
+            "max_response_bytes (default 1 MiB, at most 50 MiB)}; python: any object up to 64 KiB."
+        ),
+    )
+    secret = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_SECRET_CHARS,
+        help_text="Stored encrypted, never returned. Omitted: unchanged; empty string: removed.",
+    )
+
+
+class SecretSerializer(StrictSerializer):
+    secret = serializers.CharField(write_only=True, trim_whitespace=False, max_length=MAX_SECRET_CHARS)
+
+
+# --- pools -----------------------------------------------------------------------------------
+
+
+class PoolMemberSerializer(StrictModelSerializer):
+    connection = serializers.UUIDField(source="connection_id", read_only=True)
+    connection_name = serializers.CharField(source="connection.name", read_only=True)
+
+    class Meta:
+        model = PoolMember
+        fields = ["connection", "connection_name", "weight", "priority"]
+        read_only_fields = fields
+
+
+class PoolSerializer(StrictModelSerializer):
+    members = PoolMemberSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Pool
+        fields = [
+            "id", "name", "strategy", "is_default", "max_concurrency", "rate_per_s", "burst", "members",
+            "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class PoolMemberWriteSerializer(StrictSerializer):
+    connection = serializers.CharField(max_length=100, help_text="Id or name of one of your connections.")
+    weight = serializers.IntegerField(min_value=0, max_value=1_000_000, default=1)
+    priority = serializers.IntegerField(
+        min_value=0, max_value=INT_MAX, default=0, help_text="Failover order: lower goes first."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> Any:
+        return MemberSpec(**attrs)
+
+
+MEMBER_FIELDS = frozenset(PoolMemberWriteSerializer().fields)
+
+
+class PoolWriteSerializer(LimitsWriteMixin, StrictSerializer):
+    name = serializers.RegexField(NAME_PATTERN, max_length=100, help_text=NAME_HELP)
+    strategy = serializers.ChoiceField(choices=Pool.Strategy.choices, default=Pool.Strategy.ROUND_ROBIN)
+    is_default = serializers.BooleanField(
+        default=False, help_text="Route here when no rule matches; setting it unsets the previous default."
+    )
+    members = PoolMemberWriteSerializer(
+        many=True, default=list, help_text=f"At most {MAX_MEMBERS}. Given: replaces the pool's members."
+    )
+
+    def validate_members(self, value: list[MemberSpec]) -> list[MemberSpec]:
+        if len(value) > MAX_MEMBERS:
+            raise serializers.ValidationError(f"At most {MAX_MEMBERS} members.")
+        return value
+
+    def to_internal_value(self, data: Any) -> Any:
+        members = data.get("members") if isinstance(data, dict) else None
+        if isinstance(members, list):
+            unknown = [
+                f"members[{index}].{key}"
+                for index, member in enumerate(members) if isinstance(member, dict)
+                for key in member if key not in MEMBER_FIELDS
+            ]
+            if unknown:
+                raise UnknownFields(unknown)
+        return super().to_internal_value(data)
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+class RuleSerializer(StrictModelSerializer):
+    class Meta:
+        model = Rule
+        fields = ["id", "name", "priority", "enabled", "match", "action", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class RuleWriteSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+    priority = serializers.IntegerField(
+        min_value=-INT_MAX, max_value=INT_MAX, help_text="Lower is evaluated first; unique per tenant."
+    )
+    enabled = serializers.BooleanField(default=True)
+    match = serializers.JSONField(
+        default=dict,
+        help_text=(
+            'Any of {"workflow": glob, "action": glob, "tags": [...], "conditions": '
+            '[{"path": "a.b", "op": "eq|ne|in|exists|prefix|gt|lt", "value": ...}]}; {} matches every step.'
+        ),
+    )
+    action = serializers.JSONField(
+        help_text='Any of {"pool": name, "tier": tier, "partition_key": template}, or {"deny": reason} alone.'
+    )
+
+
+# --- routing dry run -------------------------------------------------------------------------
+
+
+class ExplainSerializer(StrictSerializer):
+    """A hypothetical step."""
+
+    workflow = serializers.CharField(max_length=200)
+    action = serializers.CharField(max_length=200)
+    tags = serializers.ListField(
+        child=serializers.CharField(max_length=100), max_length=50, default=list
+    )
+    input = serializers.JSONField(default=dict)
+    # A string checked against the tiers rather than a ChoiceField: the schema already names
+    # that choice set after Plan.allowed_tiers, and a second name for it is a schema warning.
+    tier = serializers.CharField(
+        allow_null=True, default=None, help_text=f"One of {', '.join(Tier.values)}; the plan must allow it."
+    )
+    pool = serializers.CharField(
+        max_length=100, allow_null=True, default=None, help_text="The step's pool hint (rules come first)."
+    )
+
+    def validate_tier(self, value: str | None) -> str | None:
+        if value is not None and value not in Tier.values:
+            raise serializers.ValidationError(f"Must be one of {', '.join(Tier.values)}.")
+        return value
+
+
+class CandidateSerializer(serializers.Serializer):
+    connection_id = serializers.CharField()
+    name = serializers.CharField()
+    weight = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    breaker = serializers.ChoiceField(choices=["closed", "open", "half_open"])
+    in_flight = serializers.IntegerField()
+    limit = serializers.IntegerField(allow_null=True)
+    eligible = serializers.BooleanField()
+    why = serializers.CharField()
+
+
+class DecisionTraceSerializer(serializers.Serializer):
+    """The routing decision and its trace (documentation of ``RoutingDecision.trace()``)."""
+
+    allowed = serializers.BooleanField()
+    reason = serializers.CharField()
+    rule = serializers.JSONField(
+        help_text='{"id", "name", "priority"} of the rule that matched, or "default".'
+    )
+    tier = serializers.CharField()
+    partition_key = serializers.CharField(allow_null=True)
+    pool = serializers.JSONField(allow_null=True, help_text='{"id", "name", "strategy"} or null.')
+    candidates = CandidateSerializer(many=True)
+    connection = serializers.JSONField(
+        allow_null=True, help_text='{"id", "name"} of the chosen one, or null.'
+    )
+
+
+class TierQueueSerializer(serializers.Serializer):
+    backlog = serializers.IntegerField(help_text="Items waiting, due or not.")
+    due = serializers.IntegerField(help_text="Items waiting and due now.")
+    in_flight = serializers.IntegerField()
+    oldest_waiting_ms = serializers.IntegerField(help_text="Age of the oldest due item.")
+
+
+class QueueStatsSerializer(serializers.Serializer):
+    """The tenant's own queue; nothing of other tenants."""
+
+    tiers = serializers.DictField(child=TierQueueSerializer())
+    backlog = serializers.IntegerField()
+    due = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    oldest_waiting_ms = serializers.IntegerField()
+
+
+class GlobalTierQueueSerializer(serializers.Serializer):
+    ready_tenants = serializers.IntegerField()
+    blocked_tenants = serializers.IntegerField()
+    virtual_time = serializers.FloatField()
+
+
+class GlobalQueueStatsSerializer(serializers.Serializer):
+    shard = serializers.IntegerField()
+    tiers = serializers.DictField(child=GlobalTierQueueSerializer())
+    timers = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    expired_leases = serializers.IntegerField()
+    worker_slots = serializers.DictField(child=serializers.IntegerField())
+    busy = serializers.DictField(child=serializers.IntegerField())

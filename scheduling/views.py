@@ -1,0 +1,206 @@
+"""Routing endpoints: connections, pools, rules, and the routing dry run.
+
+Views parse, call one service and serialize. Lookups go through
+``scheduling.selectors``, so another tenant's id is a 404 on every verb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
+from ductor_project.pagination import CursorPagination
+from scheduling import broker, fair_queue, selectors, services
+from scheduling.models import Connection, Pool, Rule
+from scheduling.serializers import (
+    ConnectionSerializer,
+    ConnectionWriteSerializer,
+    DecisionTraceSerializer,
+    ExplainSerializer,
+    GlobalQueueStatsSerializer,
+    PoolSerializer,
+    PoolWriteSerializer,
+    QueueStatsSerializer,
+    RuleSerializer,
+    RuleWriteSerializer,
+    SecretSerializer,
+    parse,
+)
+from tenants.api import PlatformAPIView, TenantAPIView, TenantViewSet
+
+
+class ByNamePagination(CursorPagination):
+    ordering = ("name", "id")
+
+
+class ByPriorityPagination(CursorPagination):
+    ordering = ("priority", "id")
+
+
+class ConnectionViewSet(TenantViewSet):
+    """The tenant's connections. The secret is write-only: reads show ``has_secret``."""
+
+    serializer_class = ConnectionSerializer
+    queryset = Connection.all_tenants.none()  # schema introspection only; reads go through selectors
+    pagination_class = ByNamePagination
+
+    def get_queryset(self) -> QuerySet[Connection]:
+        return selectors.connection_list()
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(ConnectionSerializer(page, many=True).data)
+
+    @extend_schema(request=ConnectionWriteSerializer, responses={201: ConnectionSerializer})
+    def create(self, request: Request) -> Response:
+        connection = services.connection_create(**parse(ConnectionWriteSerializer, request.data))
+        return Response(ConnectionSerializer(connection).data, status=status.HTTP_201_CREATED)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(ConnectionSerializer(selectors.get_connection_for_tenant(pk)).data)
+
+    @extend_schema(request=ConnectionWriteSerializer, responses={200: ConnectionSerializer})
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        connection = selectors.get_connection_for_tenant(pk)
+        changes = parse(ConnectionWriteSerializer, request.data, partial=partial)
+        connection = services.connection_update(connection=connection, **changes)
+        return Response(ConnectionSerializer(connection).data)
+
+    @extend_schema(request=ConnectionWriteSerializer, responses={200: ConnectionSerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.connection_delete(connection=selectors.get_connection_for_tenant(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=SecretSerializer,
+        responses={200: ConnectionSerializer},
+        operation_id="v1_connections_rotate_secret",
+    )
+    @action(detail=True, methods=["post"], url_path="rotate-secret")
+    def rotate_secret(self, request: Request, pk: str) -> Response:
+        connection = selectors.get_connection_for_tenant(pk)
+        params = parse(SecretSerializer, request.data)
+        connection = services.connection_rotate_secret(connection=connection, secret=params["secret"])
+        return Response(ConnectionSerializer(connection).data)
+
+
+class PoolViewSet(TenantViewSet):
+    """The tenant's pools with their members. Members are given by connection id or name."""
+
+    serializer_class = PoolSerializer
+    queryset = Pool.all_tenants.none()  # schema introspection only; reads go through selectors
+    pagination_class = ByNamePagination
+
+    def get_queryset(self) -> QuerySet[Pool]:
+        return selectors.pool_list()
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(PoolSerializer(page, many=True).data)
+
+    @extend_schema(request=PoolWriteSerializer, responses={201: PoolSerializer})
+    def create(self, request: Request) -> Response:
+        pool = services.pool_create(**parse(PoolWriteSerializer, request.data))
+        body = PoolSerializer(selectors.get_pool_for_tenant(pool.pk)).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(PoolSerializer(selectors.get_pool_for_tenant(pk)).data)
+
+    @extend_schema(request=PoolWriteSerializer, responses={200: PoolSerializer})
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        pool = selectors.get_pool_for_tenant(pk)
+        pool = services.pool_update(pool=pool, **parse(PoolWriteSerializer, request.data, partial=partial))
+        return Response(PoolSerializer(selectors.get_pool_for_tenant(pool.pk)).data)
+
+    @extend_schema(request=PoolWriteSerializer, responses={200: PoolSerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.pool_delete(pool=selectors.get_pool_for_tenant(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RuleViewSet(TenantViewSet):
+    """The tenant's routing rules, in evaluation order (lowest priority first)."""
+
+    serializer_class = RuleSerializer
+    queryset = Rule.all_tenants.none()  # schema introspection only; reads go through selectors
+    pagination_class = ByPriorityPagination
+
+    def get_queryset(self) -> QuerySet[Rule]:
+        return selectors.rule_list()
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(RuleSerializer(page, many=True).data)
+
+    @extend_schema(request=RuleWriteSerializer, responses={201: RuleSerializer})
+    def create(self, request: Request) -> Response:
+        rule = services.rule_create(**parse(RuleWriteSerializer, request.data))
+        return Response(RuleSerializer(rule).data, status=status.HTTP_201_CREATED)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(RuleSerializer(selectors.get_rule_for_tenant(pk)).data)
+
+    @extend_schema(request=RuleWriteSerializer, responses={200: RuleSerializer})
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        rule = selectors.get_rule_for_tenant(pk)
+        rule = services.rule_update(rule=rule, **parse(RuleWriteSerializer, request.data, partial=partial))
+        return Response(RuleSerializer(rule).data)
+
+    @extend_schema(request=RuleWriteSerializer, responses={200: RuleSerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.rule_delete(rule=selectors.get_rule_for_tenant(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RoutingExplainView(TenantAPIView):
+    """Dry run: how a hypothetical step would be routed now, with the trace. Takes no capacity."""
+
+    changes_nothing = True  # a POST that only reads: the ``read`` scope is enough (IsTenantMember)
+
+    @extend_schema(
+        request=ExplainSerializer, responses={200: DecisionTraceSerializer}, operation_id="routing_explain"
+    )
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        decision = services.routing_explain(**parse(ExplainSerializer, request.data))
+        return Response(decision.trace())
+
+
+class QueueView(TenantAPIView):
+    """The tenant's fair-queue backlog, items in flight, due counts per tier and oldest waiting age."""
+
+    @extend_schema(responses=QueueStatsSerializer, operation_id="queue_current")
+    def get(self, request: Request) -> Response:
+        return Response(QueueStatsSerializer(dataclasses.asdict(fair_queue.stats())).data)
+
+
+class PlatformQueueView(PlatformAPIView):
+    """Platform admin: the global view of every shard (tenants ready, parked, leases, worker slots)."""
+
+    @extend_schema(responses=GlobalQueueStatsSerializer(many=True), operation_id="platform_queue")
+    def get(self, request: Request) -> Response:
+        shards = []
+        for shard in range(settings.DUCTOR_QUEUE_SHARDS):
+            row = dataclasses.asdict(fair_queue.global_stats(shard))
+            row["worker_slots"] = {q: broker.worker_slots(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
+            row["busy"] = {q: broker.busy(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
+            shards.append(row)
+        return Response(GlobalQueueStatsSerializer(shards, many=True).data)

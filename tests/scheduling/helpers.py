@@ -1,0 +1,32 @@
+"""Helpers of the scheduling tests: Redis TIME, and child processes on this run's services."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT, service_env
+
+
+def redis_now_ms(redis: Any) -> float:
+    """Redis TIME in ms (with µs as the fraction): the clock the capacity scripts use."""
+    seconds, micros = redis.time()
+    return seconds * 1000 + micros / 1000
+
+
+def sleep_until(redis: Any, target_ms: float) -> None:
+    """Sleep until Redis TIME reaches ``target_ms``, and no longer than that."""
+    while (left := target_ms - redis_now_ms(redis)) > 0:
+        time.sleep(left / 1000)
+
+
+def spawn_worker(log: Path, *args: str) -> subprocess.Popen[str]:
+    """Start ``tests.scheduling.capacity_worker`` against this run's Redis and database."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.scheduling.capacity_worker", *args],
+        cwd=ROOT, env=service_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=log.open("w"), text=True,
+    )

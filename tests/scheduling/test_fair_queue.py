@@ -1,0 +1,514 @@
+"""The tiered fair queue against the real Redis: fairness, due times, partitions, tiers,
+capacity-aware dispatch, leases and tenant isolation."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from scheduling import capacity
+from scheduling import fair_queue as fq
+from tenants import services
+from tenants.context import TenantScopeError, system_context, tenant_context
+from tenants.keys import redis_key, shard_of, shard_tag
+from tenants.models import Tenant
+from tests.scheduling.helpers import redis_now_ms, sleep_until
+
+LEASE_MS = 30_000
+
+
+class Queue:
+    """The dispatcher's view in the tests: dequeue, and ack as the item's tenant."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, Tenant] = {}
+
+    def add(self, tenant: Tenant) -> Tenant:
+        self.tenants[str(tenant.pk)] = tenant
+        return tenant
+
+    def ack(self, item: fq.Dequeued) -> None:
+        assert fq.ack(item.item_id, delivery=item.delivery, tenant=self.tenants[item.tenant_id])
+
+    def serve(self, count: int, *, ack: bool = True, lease_ms: int = LEASE_MS) -> list[fq.Dequeued]:
+        """Dequeue up to ``count`` items (stopping at the first None), acking each at once."""
+        served = []
+        for _ in range(count):
+            item = fq.dequeue(lease_ms=lease_ms)
+            if item is None:
+                break
+            served.append(item)
+            if ack:
+                self.ack(item)
+        return served
+
+
+def take(lease_ms: int = LEASE_MS) -> fq.Dequeued:
+    """Dequeue an item that must be there."""
+    item = fq.dequeue(lease_ms=lease_ms)
+    assert item is not None, "nothing was eligible"
+    return item
+
+
+@pytest.fixture
+def queue(redis_client: Any) -> Queue:
+    return Queue()
+
+
+@pytest.fixture
+def tenant_with(
+    make_tenant: Callable[..., tuple[Tenant, str]], queue: Queue
+) -> Callable[..., Tenant]:
+    """A tenant on ``plan`` (enterprise by default) with per-tenant overrides of its limits."""
+
+    def make(slug: str, plan: str = "enterprise", **limits: Any) -> Tenant:
+        tenant, _ = make_tenant(slug, plan=plan)
+        for name, value in limits.items():
+            services.override_set(tenant=tenant, field=name, value=value)
+        return queue.add(tenant)
+
+    return make
+
+
+def fill(tenant: Tenant, partitions: int, per_partition: int, *, prefix: str = "") -> None:
+    items = [
+        fq.NewItem(f"{prefix}{p}-{i}", "standard", f"{prefix}p{p}", {"p": p, "i": i})
+        for i in range(per_partition)
+        for p in range(partitions)
+    ]
+    fq.enqueue_many(items, tenant=tenant)
+
+
+def shares(served: list[fq.Dequeued]) -> Counter[str]:
+    return Counter(item.tenant_id for item in served)
+
+
+def test_backlogged_tenants_share_dispatches_in_proportion_to_their_weights(tenant_with, queue):
+    tenants = {w: tenant_with(f"w{w}", weight=w) for w in (1, 2, 4)}
+    for w, tenant in tenants.items():
+        fill(tenant, partitions=4, per_partition=150, prefix=f"w{w}-")
+
+    served = queue.serve(700)
+
+    assert len(served) == 700
+    counts = shares(served)
+    for w, tenant in tenants.items():
+        share = counts[str(tenant.pk)] / len(served)
+        assert share == pytest.approx(w / 7, abs=0.01), counts
+
+
+def test_partition_count_attack_5000_partitions_buy_no_more_than_3(tenant_with, queue):
+    attacker, modest = tenant_with("attacker"), tenant_with("modest")
+    started = time.monotonic()
+    fill(attacker, partitions=5_000, per_partition=10)
+    fill(modest, partitions=3, per_partition=10)
+    assert fq.stats(tenant=attacker).backlog == 50_000
+
+    served = queue.serve(200)
+
+    # While both are backlogged (until the modest tenant's 30th item), each gets half.
+    last_modest = max(i for i, item in enumerate(served) if item.tenant_id == str(modest.pk))
+    while_both = shares(served[: last_modest + 1])
+    assert while_both[str(modest.pk)] == 30
+    assert while_both[str(modest.pk)] / (last_modest + 1) == pytest.approx(0.5, abs=0.02)
+    # The attacker's items came from many partitions: partitions buy it nothing.
+    assert len({item.partition for item in served if item.tenant_id == str(attacker.pk)}) > 100
+    assert time.monotonic() - started < 20
+
+
+def test_nothing_is_dispatched_before_it_is_due(tenant_with, queue, redis_client):
+    tenant = tenant_with("late")
+    before = redis_now_ms(redis_client)
+    with tenant_context(tenant):
+        fq.enqueue("later", tier="standard", partition="p", delay_ms=200)
+
+    while True:
+        item = fq.dequeue(lease_ms=LEASE_MS)
+        after = redis_now_ms(redis_client)
+        if item is not None:
+            break
+        assert after < before + 200 + 50, "not dispatched once due"
+        time.sleep(0.01)
+    assert after >= before + 200
+    assert item.item_id == "later"
+    assert item.waited_ms >= 0
+
+
+def test_a_future_item_waits_on_a_timer_and_next_due_says_when(tenant_with, redis_client):
+    tenant = tenant_with("timer")
+    assert fq.next_due_ms() is None
+    with tenant_context(tenant):
+        fq.enqueue("a", tier="standard", partition="p", delay_ms=500)
+    assert 400 <= (fq.next_due_ms() or 0) <= 500
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+    assert redis_client.zscore(fq.global_key("timers"), f"standard|{tenant.pk}") is not None
+    with tenant_context(tenant):
+        fq.enqueue("b", tier="standard", partition="q")
+    assert fq.next_due_ms() == 0
+    assert fq.wait_for_work(timeout_s=0.05) is True
+    assert fq.wait_for_work(timeout_s=0) is False  # one token, taken
+
+
+def test_one_item_in_flight_per_partition_and_partition_items_go_out_in_due_order(
+    tenant_with, queue, redis_client
+):
+    tenant = tenant_with("ordered")
+    with tenant_context(tenant):
+        fq.enqueue("late", tier="standard", partition="p", delay_ms=150)
+        fq.enqueue("early", tier="standard", partition="p")
+        fq.enqueue("middle", tier="standard", partition="p", delay_ms=50)
+        fq.enqueue("other", tier="standard", partition="q")
+    start = redis_now_ms(redis_client)
+
+    first, second = take(), take()
+    assert [first.item_id, second.item_id] == ["early", "other"]
+    sleep_until(redis_client, start + 200)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # p's next items are due, but "early" is in flight
+
+    queue.ack(first)
+    order = [item.item_id for item in queue.serve(10)]
+    assert order == ["middle", "late"]
+
+
+def test_a_partition_is_locked_across_tiers(tenant_with, queue):
+    tenant = tenant_with("mixed")
+    with tenant_context(tenant):
+        fq.enqueue("s", tier="standard", partition="run-1")
+        fq.enqueue("b", tier="batch", partition="run-1")
+    first = take()
+    assert first.item_id == "s"
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+    queue.ack(first)
+    assert [item.item_id for item in queue.serve(5)] == ["b"]
+
+
+def test_tiers_are_strict_priorities_with_the_system_tier_first(tenant_with, queue):
+    tenant = tenant_with("tiered")
+    with tenant_context(tenant):
+        for tier in ("batch", "standard", "interactive"):
+            fq.enqueue(f"{tier}-1", tier=tier, partition=tier)
+            fq.enqueue(f"{tier}-2", tier=tier, partition=tier, delay_ms=0)
+    with system_context() as system:
+        queue.add(system)
+        fq.enqueue("wakeup", tier=fq.SYSTEM_TIER, partition="coordinator")
+
+    order = [item.item_id for item in queue.serve(20)]
+
+    assert order == [
+        "wakeup", "interactive-1", "interactive-2", "standard-1", "standard-2", "batch-1", "batch-2"
+    ]
+
+
+def test_tiers_outside_the_plan_and_the_system_tier_are_refused_to_customers(tenant_with):
+    free = tenant_with("free-tier", plan="free")
+    with tenant_context(free):
+        with pytest.raises(fq.TierNotAllowed):
+            fq.enqueue("x", tier="interactive", partition="p")
+        with pytest.raises(fq.TierNotAllowed):
+            fq.enqueue("x", tier=fq.SYSTEM_TIER, partition="p")
+        assert fq.stats().backlog == 0
+    with system_context(), pytest.raises(fq.TierNotAllowed):
+        fq.enqueue("x", tier="standard", partition="p")
+
+
+def test_a_tenant_at_its_ceiling_is_skipped_and_resumes_after_a_release(tenant_with, queue, redis_client):
+    capped, other = tenant_with("capped", max_concurrency=2), tenant_with("other")
+    fill(capped, partitions=5, per_partition=1)
+    fill(other, partitions=5, per_partition=1)
+
+    held = queue.serve(20, ack=False)
+
+    by_tenant = shares(held)
+    assert by_tenant[str(capped.pk)] == 2
+    assert by_tenant[str(other.pk)] == 5
+    assert capacity.tenant_in_flight(tenant=capped) == 2
+    assert redis_client.sismember(fq.global_key("blocked:standard"), str(capped.pk))
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # other is drained, capped is parked
+
+    queue.ack(next(item for item in held if item.tenant_id == str(capped.pk)))
+    resumed = take()
+    assert resumed.tenant_id == str(capped.pk)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # at the ceiling again
+    assert capacity.tenant_in_flight(tenant=capped) == 2
+
+
+def test_a_raised_ceiling_unparks_the_tenant_at_its_next_enqueue(tenant_with, queue):
+    capped = tenant_with("raised", max_concurrency=1)
+    fill(capped, partitions=3, per_partition=1)
+    assert len(queue.serve(3, ack=False)) == 1
+
+    services.override_set(tenant=capped, field="max_concurrency", value=3)
+    with tenant_context(capped):
+        fq.enqueue("extra", tier="standard", partition="extra")
+
+    assert len(queue.serve(5, ack=False)) == 2  # 3 in flight: the new ceiling
+    assert capacity.tenant_in_flight(tenant=capped) == 3
+
+
+def test_a_parked_tenant_comes_back_when_a_lease_lapses_without_a_release(tenant_with, queue, redis_client):
+    capped = tenant_with("lapsed", max_concurrency=1)
+    fill(capped, partitions=2, per_partition=1)
+    first = take(150)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # parked at the ceiling
+
+    sleep_until(redis_client, redis_now_ms(redis_client) + 160)
+    second = take()  # the slot lapsed with the lease: the parked tenant's timer fired
+    assert second.item_id != first.item_id
+
+
+def test_a_rate_limited_tenant_is_skipped_and_resumes_when_its_rate_allows(tenant_with, queue, redis_client):
+    slow = tenant_with("slow", step_rate_per_s=5.0, step_burst=2)
+    fast = tenant_with("fast")
+    fill(slow, partitions=4, per_partition=1)
+    fill(fast, partitions=10, per_partition=1)
+
+    start = redis_now_ms(redis_client)
+    burst = queue.serve(50)
+    after_burst = redis_now_ms(redis_client)
+
+    assert shares(burst)[str(slow.pk)] == 2  # the burst, then parked on a timer
+    assert shares(burst)[str(fast.pk)] == 10
+    when = redis_client.zscore(fq.global_key("timers"), f"standard|{slow.pk}")
+    assert when is not None
+    assert when > after_burst
+    sleep_until(redis_client, when)
+    resumed = take()
+    assert resumed.tenant_id == str(slow.pk)
+    # One step every 200 ms after the burst of 2.
+    assert redis_now_ms(redis_client) >= start + 200
+    queue.ack(resumed)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+
+
+def test_an_expired_lease_is_delivered_again_after_reap_and_an_ack_stops_that(tenant_with, redis_client):
+    tenant = tenant_with("leases")
+    with tenant_context(tenant):
+        fq.enqueue("job", tier="standard", partition="p", payload={"n": 1})
+    first = take(100)
+    assert first.attempt == 1
+    assert fq.reap() == 0  # the lease lives
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+
+    sleep_until(redis_client, redis_now_ms(redis_client) + 110)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # expired but not reaped: not delivered again
+    assert fq.reap() == 1
+    again = take(100)
+    assert (again.item_id, again.attempt, again.payload) == ("job", 2, {"n": 1})
+    assert again.delivery != first.delivery
+
+    with tenant_context(tenant):
+        assert fq.ack("job", delivery=first.delivery) is False  # the first worker is too late
+        assert fq.extend_lease("job", lease_ms=LEASE_MS, delivery=first.delivery) is False
+        assert fq.ack("job", delivery=again.delivery) is True
+        assert fq.ack("job") is False
+    sleep_until(redis_client, redis_now_ms(redis_client) + 110)
+    assert fq.reap() == 0
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+    assert capacity.tenant_in_flight(tenant=tenant) == 0
+
+
+def test_extend_lease_keeps_the_item_and_its_slot(tenant_with, redis_client):
+    tenant = tenant_with("extended")
+    with tenant_context(tenant):
+        fq.enqueue("job", tier="standard", partition="p")
+    item = take(100)
+    with tenant_context(tenant):
+        assert fq.extend_lease("job", lease_ms=LEASE_MS, delivery=item.delivery) is True
+        assert fq.extend_lease("job", lease_ms=LEASE_MS, delivery=item.delivery + 1) is False
+    sleep_until(redis_client, redis_now_ms(redis_client) + 150)
+    assert fq.reap() == 0
+    assert capacity.tenant_in_flight(tenant=tenant) == 1
+    with tenant_context(tenant):
+        assert fq.ack("job") is True
+    assert capacity.tenant_in_flight(tenant=tenant) == 0
+
+
+def test_a_lapsed_lease_cannot_be_extended(tenant_with, redis_client):
+    tenant = tenant_with("lapsed-lease")
+    with tenant_context(tenant):
+        fq.enqueue("job", tier="standard", partition="p")
+    assert fq.dequeue(lease_ms=50) is not None
+    sleep_until(redis_client, redis_now_ms(redis_client) + 60)
+    with tenant_context(tenant):
+        assert fq.extend_lease("job", lease_ms=LEASE_MS) is False
+    assert fq.reap() == 1
+
+
+def test_a_newly_active_tenant_is_served_within_about_one_round(tenant_with, queue):
+    active = [tenant_with(f"active-{i}") for i in range(10)]
+    for tenant in active:
+        fill(tenant, partitions=2, per_partition=30)
+    queue.serve(150)
+
+    newcomer = tenant_with("newcomer")
+    with tenant_context(newcomer):
+        fq.enqueue("first", tier="standard", partition="p")
+    served = queue.serve(30)
+
+    position = next(i for i, item in enumerate(served) if item.tenant_id == str(newcomer.pk))
+    assert position <= len(active)
+
+
+def test_nack_puts_the_item_back_after_its_delay_and_frees_its_slot(tenant_with, queue, redis_client):
+    tenant = tenant_with("nacked")
+    with tenant_context(tenant):
+        fq.enqueue("job", tier="standard", partition="p")
+    item = take()
+    with tenant_context(tenant):
+        assert fq.nack("job", delay_ms=150, delivery=item.delivery) is True
+        assert fq.nack("job") is False
+    assert capacity.tenant_in_flight(tenant=tenant) == 0
+    nacked_at = redis_now_ms(redis_client)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+    sleep_until(redis_client, nacked_at + 150)
+    again = take()
+    assert again.attempt == 2
+
+
+def test_enqueue_is_idempotent_and_coalesces_wakeups(tenant_with, queue):
+    tenant = tenant_with("coalesce")
+    with tenant_context(tenant):
+        assert fq.enqueue("tick", tier="standard", partition="run", payload=1, delay_ms=60_000) == "queued"
+        assert fq.enqueue("tick", tier="standard", partition="run", payload=2, delay_ms=60_000) == "exists"
+        assert fq.enqueue("tick", tier="standard", partition="run", payload=3) == "advanced"
+        assert fq.stats().backlog == 1
+    item = take()
+    assert item.payload == 1  # the waiting item kept its payload
+    with tenant_context(tenant):
+        assert fq.enqueue("tick", tier="standard", partition="run", payload=4) == "rerun"
+        assert fq.enqueue("tick", tier="standard", partition="run", payload=5) == "rerun"
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # the partition is locked
+    queue.ack(item)
+    rerun = take()
+    assert (rerun.item_id, rerun.payload, rerun.attempt) == ("tick", 5, 2)
+    queue.ack(rerun)
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+    assert fq.stats(tenant=tenant).backlog == 0
+
+
+def test_a_nack_with_a_pending_rerun_is_due_when_the_rerun_is(tenant_with, queue):
+    tenant = tenant_with("nack-rerun")
+    with tenant_context(tenant):
+        fq.enqueue("tick", tier="standard", partition="run")
+    item = take()
+    with tenant_context(tenant):
+        assert fq.enqueue("tick", tier="standard", partition="run", payload="wake") == "rerun"
+        assert fq.nack("tick", delay_ms=60_000, delivery=item.delivery) is True
+        assert fq.stats().due == 1  # the wake-up is not postponed by the nack's delay
+    again = take()
+    assert (again.payload, again.attempt) == ("wake", 2)
+    queue.ack(again)
+    assert fq.next_due_ms() is None
+
+
+def test_remove_withdraws_a_waiting_item_or_a_pending_rerun(tenant_with):
+    tenant = tenant_with("removal")
+    with tenant_context(tenant):
+        fq.enqueue("a", tier="standard", partition="p")
+        fq.enqueue("b", tier="standard", partition="q", delay_ms=60_000)
+        assert fq.remove("b") is True
+        assert fq.remove("b") is False
+    item = take()
+    assert item.item_id == "a"
+    with tenant_context(tenant):
+        assert fq.remove("a") is False  # in flight, nothing pending
+        fq.enqueue("a", tier="standard", partition="p")
+        assert fq.remove("a") is True  # the re-run is cancelled
+        assert fq.ack("a") is True
+    assert fq.dequeue(lease_ms=LEASE_MS) is None
+    assert fq.next_due_ms() is None  # nothing left anywhere, not even a timer
+
+
+def test_idor_fair_queue_items_of_another_tenant_are_out_of_reach(tenant_with):
+    a, b = tenant_with("owner-a"), tenant_with("other-b")
+    with tenant_context(a):
+        fq.enqueue("secret", tier="standard", partition="p")
+        fq.enqueue("waiting", tier="standard", partition="q", delay_ms=60_000)
+    item = take()
+    assert item.item_id == "secret"
+
+    with tenant_context(b):
+        assert fq.ack("secret") is False
+        assert fq.nack("secret") is False
+        assert fq.extend_lease("secret", lease_ms=LEASE_MS) is False
+        assert fq.remove("waiting") is False
+        assert (fq.stats().backlog, fq.stats().in_flight) == (0, 0)
+        for call in (
+            lambda: fq.ack("secret", tenant=a),
+            lambda: fq.remove("waiting", tenant=a),
+            lambda: fq.extend_lease("secret", lease_ms=LEASE_MS, tenant=a),
+            lambda: fq.stats(tenant=a),
+            lambda: fq.enqueue("x", tier="standard", partition="p", tenant=a),
+            lambda: fq.dequeue(lease_ms=LEASE_MS),
+            lambda: fq.reap(),
+            lambda: fq.global_stats(),
+        ):
+            with pytest.raises(TenantScopeError):
+                call()
+        # The same id in another tenant is another item.
+        assert fq.enqueue("secret", tier="standard", partition="p") == "queued"
+    a_stats = fq.stats(tenant=a)
+    assert (a_stats.backlog, a_stats.in_flight) == (1, 1)
+
+
+def test_tenant_side_operations_need_a_tenant():
+    with pytest.raises(TenantScopeError):
+        fq.enqueue("x", tier="standard", partition="p")
+    with pytest.raises(TenantScopeError):
+        fq.ack("x")
+
+
+def test_scripts_use_the_keys_of_tenants_keys_and_capacity_in_one_slot(tenant_with, redis_client):
+    tenant = tenant_with("layout", step_rate_per_s=1.0, step_burst=10)
+    with tenant_context(tenant):
+        fq.enqueue("job", tier="standard", partition="p")
+    take()
+    with tenant_context(tenant):
+        assert redis_client.hexists(redis_key("fq", "items"), "job")
+        assert redis_client.hget(redis_key("fq", "locks"), "p") == b"job"
+        assert redis_client.zscore(capacity.tenant_scope(1).key(), "fq:job") is not None
+        assert redis_client.exists(capacity.holder_key("fq:job")) == 1
+        assert capacity.rate_peek(capacity.STEP_RATE_LIMITER, 1.0, 10).remaining == 9
+    assert redis_client.zscore(fq.global_key("inflight"), f"{tenant.pk}|job") is not None
+    tag = shard_tag(shard_of(str(tenant.pk)))
+    queue_keys = [k.decode() for k in redis_client.keys("{*")]
+    assert queue_keys
+    assert all(k.startswith(tag + ":") for k in queue_keys)
+
+
+def test_stats_report_backlog_due_in_flight_and_the_oldest_wait(tenant_with, redis_client):
+    tenant = tenant_with("observed")
+    with tenant_context(tenant):
+        fq.enqueue("a", tier="standard", partition="p")
+        fq.enqueue("b", tier="standard", partition="q")
+        fq.enqueue("c", tier="batch", partition="r", delay_ms=60_000)
+    sleep_until(redis_client, redis_now_ms(redis_client) + 30)
+    assert fq.dequeue(lease_ms=LEASE_MS) is not None
+
+    report = fq.stats(tenant=tenant)
+    assert report.tiers["standard"].backlog == 1
+    assert report.tiers["standard"].due == 1
+    assert report.tiers["standard"].in_flight == 1
+    assert report.tiers["standard"].oldest_waiting_ms >= 30
+    assert (report.tiers["batch"].backlog, report.tiers["batch"].due) == (1, 0)
+    assert (report.backlog, report.due, report.in_flight) == (2, 1, 1)
+
+    overall = fq.global_stats()
+    assert overall.in_flight == 1
+    assert overall.tiers["standard"].ready_tenants == 1
+    assert overall.timers == 1  # the batch tier's future item
+    assert overall.tiers["standard"].virtual_time >= 0
+
+
+def test_dequeue_validates_its_arguments(redis_client):
+    with pytest.raises(ValueError, match="lease_ms"):
+        fq.dequeue(lease_ms=0)
+    with pytest.raises(ValueError, match="tiers"):
+        fq.dequeue(lease_ms=LEASE_MS, tiers=["gold"])
+    with pytest.raises(ValueError, match="shard"):
+        fq.dequeue(shard=99, lease_ms=LEASE_MS)
+    assert fq.dequeue(lease_ms=LEASE_MS, tiers=[fq.SYSTEM_TIER]) is None

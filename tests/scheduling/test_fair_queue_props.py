@@ -1,0 +1,265 @@
+"""The fair queue against a model, under random operation sequences on the real Redis:
+no item is lost or duplicated, whatever mix of enqueue, dequeue, ack, nack, remove, lease
+expiry and reaping happens."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from ductor_project.redis import get_redis
+from scheduling import capacity
+from scheduling import fair_queue as fq
+from tenants.models import Tenant
+from tests.scheduling.helpers import redis_now_ms, sleep_until
+
+# "Far" items never fall due during an example; short leases expire within one.
+FAR_MS = 600_000
+SHORT_LEASE_MS = 25
+LONG_LEASE_MS = 600_000
+CUSTOMER_TIERS = ("interactive", "standard", "batch")
+RANK = {tier: i for i, tier in enumerate(fq.TIERS)}
+
+ids = st.sampled_from(["i0", "i1", "i2"])
+partitions = st.sampled_from(["p0", "p1"])
+tiers = st.sampled_from(CUSTOMER_TIERS)
+tenant_index = st.sampled_from([0, 1])
+
+
+@dataclass
+class Item:
+    """The model of one item: what the queue must hold for it."""
+
+    tier: str
+    partition: str
+    far: bool
+    in_flight: bool = False
+    delivery: int = 0
+    short_lease: bool = False
+    rerun: bool = False
+    rerun_far: bool = False
+
+
+Key = tuple[int, str]
+
+
+def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
+    by_id = {str(t.pk): i for i, t in enumerate(tenants)}
+
+    class FairQueueMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.redis = get_redis()
+            self.redis.flushdb()
+            self.items: dict[Key, Item] = {}
+            # Obligations: each enqueue that the queue must honour with exactly one successful
+            # ack (a new item or a re-run); coalesced and withdrawn ones are taken off.
+            self.owed: Counter[Key] = Counter()
+            self.stale: list[tuple[Key, int]] = []
+            self.short_expiry = 0.0
+
+        def in_flight(self, short: bool | None = None) -> list[Key]:
+            return sorted(
+                k for k, m in self.items.items() if m.in_flight and (short is None or m.short_lease == short)
+            )
+
+        def eligible(self) -> list[Key]:
+            locked = {(k[0], m.partition) for k, m in self.items.items() if m.in_flight}
+            return [
+                k for k, m in self.items.items()
+                if not m.in_flight and not m.far and (k[0], m.partition) not in locked
+            ]
+
+        def back_to_waiting(self, key: Key, far: bool) -> None:
+            """A delivery that did not finish goes back; a pending re-run merges into it."""
+            m = self.items[key]
+            m.in_flight = False
+            if m.rerun:
+                far = far and m.rerun_far
+                m.rerun = False
+                self.owed[key] -= 1
+            m.far = far
+
+        @rule(t=tenant_index, item_id=ids, tier=tiers, part=partitions, far=st.booleans())
+        def enqueue(self, t: int, item_id: str, tier: str, part: str, far: bool) -> None:
+            result = fq.enqueue(
+                item_id, tier=tier, partition=part, payload={"t": t}, delay_ms=FAR_MS if far else 0,
+                tenant=tenants[t],
+            )
+            key = (t, item_id)
+            m = self.items.get(key)
+            if m is None:
+                assert result == fq.EnqueueResult.QUEUED
+                self.items[key] = Item(tier, part, far)
+                self.owed[key] += 1
+            elif not m.in_flight:
+                if m.far and not far:
+                    assert result == fq.EnqueueResult.ADVANCED
+                    m.far = False
+                else:
+                    assert result == fq.EnqueueResult.EXISTS
+            else:
+                assert result == fq.EnqueueResult.RERUN
+                if m.rerun:
+                    m.rerun_far = m.rerun_far and far
+                else:
+                    m.rerun, m.rerun_far = True, far
+                    self.owed[key] += 1
+
+        @rule(short=st.booleans())
+        def dequeue(self, short: bool) -> None:
+            eligible = self.eligible()
+            got = fq.dequeue(lease_ms=SHORT_LEASE_MS if short else LONG_LEASE_MS)
+            if got is None:
+                assert eligible == []
+                return
+            key = (by_id[got.tenant_id], got.item_id)
+            assert key in eligible, "dispatched an item that was not eligible"
+            m = self.items[key]
+            assert (got.tier, got.partition) == (m.tier, m.partition)
+            assert all(RANK[self.items[k].tier] >= RANK[got.tier] for k in eligible), "tier priority"
+            m.in_flight, m.delivery, m.short_lease = True, got.delivery, short
+            if short:
+                self.short_expiry = max(self.short_expiry, redis_now_ms(self.redis) + SHORT_LEASE_MS)
+
+        @precondition(lambda self: self.in_flight())
+        @rule(data=st.data())
+        def ack(self, data: st.DataObject) -> None:
+            key = data.draw(st.sampled_from(self.in_flight()))
+            m = self.items[key]
+            assert fq.ack(key[1], delivery=m.delivery, tenant=tenants[key[0]]) is True
+            self.owed[key] -= 1
+            self.stale.append((key, m.delivery))
+            if m.rerun:
+                m.in_flight, m.far, m.rerun = False, m.rerun_far, False
+            else:
+                del self.items[key]
+
+        @precondition(lambda self: self.in_flight())
+        @rule(data=st.data(), far=st.booleans())
+        def nack(self, data: st.DataObject, far: bool) -> None:
+            key = data.draw(st.sampled_from(self.in_flight()))
+            m = self.items[key]
+            assert fq.nack(key[1], delay_ms=FAR_MS if far else 0, delivery=m.delivery, tenant=tenants[key[0]])
+            self.stale.append((key, m.delivery))
+            self.back_to_waiting(key, far)
+
+        @precondition(lambda self: self.stale)
+        @rule(data=st.data())
+        def a_stale_delivery_changes_nothing(self, data: st.DataObject) -> None:
+            (t, item_id), delivery = data.draw(st.sampled_from(self.stale))
+            assert fq.ack(item_id, delivery=delivery, tenant=tenants[t]) is False
+            assert fq.nack(item_id, delivery=delivery, tenant=tenants[t]) is False
+            extended = fq.extend_lease(item_id, lease_ms=LONG_LEASE_MS, delivery=delivery, tenant=tenants[t])
+            assert extended is False
+
+        @rule(t=tenant_index, item_id=ids)
+        def ack_of_an_item_not_in_flight_changes_nothing(self, t: int, item_id: str) -> None:
+            m = self.items.get((t, item_id))
+            if m is None or not m.in_flight:
+                assert fq.ack(item_id, tenant=tenants[t]) is False
+
+        @precondition(lambda self: self.in_flight(short=False))
+        @rule(data=st.data())
+        def extend_lease(self, data: st.DataObject) -> None:
+            key = data.draw(st.sampled_from(self.in_flight(short=False)))
+            m = self.items[key]
+            tenant = tenants[key[0]]
+            assert fq.extend_lease(key[1], lease_ms=LONG_LEASE_MS, delivery=m.delivery, tenant=tenant)
+
+        @rule(t=tenant_index, item_id=ids)
+        def remove(self, t: int, item_id: str) -> None:
+            key = (t, item_id)
+            m = self.items.get(key)
+            removed = fq.remove(item_id, tenant=tenants[t])
+            if m is None:
+                assert removed is False
+            elif not m.in_flight:
+                assert removed is True
+                del self.items[key]
+                self.owed[key] -= 1
+            elif m.rerun:
+                assert removed is True
+                m.rerun = False
+                self.owed[key] -= 1
+            else:
+                assert removed is False
+
+        @precondition(lambda self: self.in_flight(short=True))
+        @rule()
+        def short_leases_expire_and_are_reaped(self) -> None:
+            sleep_until(self.redis, self.short_expiry + 1)
+            expired = self.in_flight(short=True)
+            assert fq.reap(limit=1_000) == len(expired)
+            for key in expired:
+                self.stale.append((key, self.items[key].delivery))
+                self.back_to_waiting(key, far=False)
+
+        @invariant()
+        def the_queue_holds_what_the_model_holds(self) -> None:
+            for t, tenant in enumerate(tenants):
+                mine = [m for k, m in self.items.items() if k[0] == t]
+                report = fq.stats(tenant=tenant)
+                assert report.backlog == sum(1 for m in mine if not m.in_flight)
+                assert report.due == sum(1 for m in mine if not m.in_flight and not m.far)
+                assert report.in_flight == sum(1 for m in mine if m.in_flight)
+            assert fq.global_stats().in_flight == len(self.in_flight())
+
+        def teardown(self) -> None:
+            """Drain: every obligation is acked exactly once, then nothing is left anywhere."""
+            for key in self.in_flight():
+                assert fq.ack(key[1], tenant=tenants[key[0]]) is True
+                self.owed[key] -= 1
+                m = self.items[key]
+                if m.rerun:
+                    m.in_flight, m.far, m.rerun = False, m.rerun_far, False
+                else:
+                    del self.items[key]
+            while (got := fq.dequeue(lease_ms=LONG_LEASE_MS)) is not None:
+                key = (by_id[got.tenant_id], got.item_id)
+                assert not self.items[key].far
+                assert fq.ack(got.item_id, delivery=got.delivery, tenant=tenants[key[0]]) is True
+                self.owed[key] -= 1
+                del self.items[key]
+            for key, m in list(self.items.items()):
+                assert m.far
+                assert not m.in_flight
+                assert fq.remove(key[1], tenant=tenants[key[0]]) is True
+                self.owed[key] -= 1
+                del self.items[key]
+            assert all(n == 0 for n in self.owed.values()), self.owed
+            for tenant in tenants:
+                assert fq.stats(tenant=tenant).backlog == 0
+                assert capacity.tenant_in_flight(tenant=tenant) == 0
+            assert fq.global_stats().in_flight == 0
+            assert fq.next_due_ms() is None  # no ready tenant, timer or lease is left behind
+
+    return FairQueueMachine
+
+
+def test_no_item_is_lost_or_duplicated_under_random_operations(
+    redis_client: Any, make_tenant: Callable[..., tuple[Tenant, str]]
+) -> None:
+    tenants = [make_tenant("prop-a")[0], make_tenant("prop-b")[0]]
+    run_state_machine_as_test(
+        machine(tenants),
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=50,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )

@@ -1,0 +1,99 @@
+"""GCRA rate limits against the real Redis, timed by Redis TIME."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduling.capacity import rate_check, rate_key, rate_peek
+from tenants.context import tenant_context
+from tests.scheduling.helpers import redis_now_ms, sleep_until
+
+TOLERANCE_S = 0.015
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: Any) -> Any:
+    with tenant_context(tenant_a[0]) as tenant:
+        yield tenant
+
+
+def test_from_idle_exactly_burst_pass_then_one_every_interval(tenant, redis_client):
+    rate, burst = 20.0, 4
+    interval = 1 / rate
+
+    start = redis_now_ms(redis_client)
+    assert [rate_check("steps", rate, burst).allowed for _ in range(burst)] == [True] * burst
+    before = redis_now_ms(redis_client)
+    refused = rate_check("steps", rate, burst)
+    after = redis_now_ms(redis_client)
+    assert refused.allowed is False
+    # The first call set the pace: the next slot opens one interval after it.
+    assert interval - (after - start) / 1000 - 1e-6 <= refused.retry_after_s <= interval + 1e-6
+    assert refused.retry_after_s == pytest.approx(interval, abs=TOLERANCE_S)
+
+    # Just before the slot opens the call is still refused, and told the short wait left.
+    sleep_until(redis_client, before + (refused.retry_after_s - TOLERANCE_S) * 1000)
+    early = rate_check("steps", rate, burst)
+    assert early.allowed is False
+    assert 0 < early.retry_after_s <= 2 * TOLERANCE_S
+
+    wait_until = after + refused.retry_after_s * 1000
+    for _ in range(3):
+        sleep_until(redis_client, wait_until)
+        assert rate_check("steps", rate, burst).allowed is True
+        again = rate_check("steps", rate, burst)
+        wait_until = redis_now_ms(redis_client) + again.retry_after_s * 1000
+        assert again.allowed is False
+        assert again.retry_after_s == pytest.approx(interval, abs=TOLERANCE_S)
+
+
+def test_remaining_counts_down_and_reset_is_the_time_to_a_full_burst(tenant):
+    decisions = [rate_check("api", 1, 3) for _ in range(4)]
+    assert [d.remaining for d in decisions] == [2, 1, 0, 0]
+    assert [d.allowed for d in decisions] == [True, True, True, False]
+    assert decisions[0].reset_after_s == pytest.approx(1, abs=TOLERANCE_S)
+    assert decisions[2].reset_after_s == pytest.approx(3, abs=TOLERANCE_S)
+    assert decisions[0].retry_after_s == 0
+
+
+def test_a_cost_charges_several_calls(tenant):
+    assert rate_check("api", 1, 5, cost=3).allowed is True
+    assert rate_check("api", 1, 5, cost=3).allowed is False
+    assert rate_check("api", 1, 5, cost=2).allowed is True
+    assert rate_check("api", 1, 5).allowed is False
+
+
+def test_a_refused_call_and_a_peek_change_nothing(tenant, redis_client):
+    key = rate_key("api")
+    assert rate_peek("api", 1, 2).allowed is True
+    assert redis_client.exists(key) == 0
+    assert rate_check("api", 1, 2).allowed is True
+    assert rate_check("api", 1, 2).allowed is True
+    state = redis_client.get(key)
+    assert rate_peek("api", 1, 2).allowed is False
+    assert rate_check("api", 1, 2).allowed is False
+    assert redis_client.get(key) == state
+
+
+def test_an_idle_limiter_key_expires(tenant, redis_client):
+    rate_check("api", 10, 5)
+    # Idle again 0.1 s after the call; the key lives that long plus a second of grace.
+    assert 0 < redis_client.pttl(rate_key("api")) <= 1100
+
+
+def test_limiters_are_separate_keys(tenant):
+    assert rate_check("api", 1, 1).allowed is True
+    assert rate_check("api", 1, 1).allowed is False
+    assert rate_check("steps", 1, 1).allowed is True
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "cost"),
+    [(0, 1, 1), (-1, 1, 1), (float("inf"), 1, 1), (1, 0, 1), (1, 2, 0), (1, 2, 3)],
+)
+def test_impossible_limits_are_refused(tenant, redis_client, rate, burst, cost):
+    with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
+        rate_check("api", rate, burst, cost)
+    assert redis_client.dbsize() == 0

@@ -1,0 +1,691 @@
+"""The routing pipeline against real PostgreSQL and Redis: rules, cache isolation, strategies, admission."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection as db_connection
+from django.db import transaction
+from django.test.utils import CaptureQueriesContext
+
+from scheduling import capacity, routing_table
+from scheduling.circuit import BreakerState, record_failure, record_success
+from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.routing import admit, choose, release, route
+from scheduling.rules import RuleError, Step, matches, validate_action, validate_match
+from tenants.context import current_tenant, tenant_context
+from tenants.entitlements import effective_entitlements
+from tests.scheduling.helpers import redis_now_ms, sleep_until
+
+STEP = Step(workflow="billing.invoice", action="http.request")
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: Any) -> Iterator[Any]:
+    with tenant_context(tenant_a[0]) as tenant:
+        yield tenant
+
+
+def conn(name: str, **fields: Any) -> Connection:
+    return Connection.objects.create(
+        name=name, kind="http", config={"base_url": f"https://{name}.example.com"}, **fields
+    )
+
+
+def pool(
+    name: str, members: list[Connection] | list[tuple[Connection, int, int]], *,
+    strategy: str = Pool.Strategy.ROUND_ROBIN, is_default: bool = False, **fields: Any,
+) -> Pool:
+    """A pool; members are connections or (connection, weight, priority)."""
+    created = Pool.objects.create(name=name, strategy=strategy, is_default=is_default, **fields)
+    for index, member in enumerate(members):
+        connection, weight, priority = member if isinstance(member, tuple) else (member, 1, index)
+        PoolMember.objects.create(pool=created, connection=connection, weight=weight, priority=priority)
+    return created
+
+
+def rule(priority: int, match: dict[str, Any], action: dict[str, Any], *, enabled: bool = True) -> Rule:
+    """A rule, validated the way the API validates it."""
+    tiers = effective_entitlements(current_tenant()).allowed_tiers
+    return Rule.objects.create(
+        name=f"rule-{priority}", priority=priority, enabled=enabled,
+        match=validate_match(match), action=validate_action(action, allowed_tiers=tiers),
+    )
+
+
+def routed_rule(step: Step) -> str:
+    decision = route(step)
+    return decision.rule.name if decision.rule else "default"
+
+
+# --- rules ----------------------------------------------------------------------------------
+
+
+def test_the_lowest_priority_matching_rule_wins_whatever_the_creation_order(tenant):
+    for name in ("p10", "p20", "p30"):
+        pool(name, [])
+    rule(30, {}, {"pool": "p30"})
+    rule(10, {"workflow": "billing.*"}, {"pool": "p10"})
+    rule(20, {}, {"pool": "p20"})
+    rule(-5, {"workflow": "other.*"}, {"pool": "p30"})  # first in order, but does not match
+    decision = route(STEP)
+    assert decision.rule.name == "rule-10"
+    assert decision.pool.name == "p10"
+    assert decision.trace()["rule"] == {"id": decision.rule.id, "name": "rule-10", "priority": 10}
+
+
+@pytest.mark.parametrize(
+    ("condition", "data", "hit"),
+    [
+        ({"path": "customer.tier", "op": "eq", "value": "gold"}, {"customer": {"tier": "gold"}}, True),
+        ({"path": "customer.tier", "op": "eq", "value": "gold"}, {"customer": {"tier": "silver"}}, False),
+        ({"path": "count", "op": "eq", "value": 3}, {"count": 3}, True),
+        ({"path": "customer.tier", "op": "ne", "value": "gold"}, {"customer": {"tier": "silver"}}, True),
+        ({"path": "customer.tier", "op": "ne", "value": "gold"}, {"customer": {"tier": "gold"}}, False),
+        ({"path": "customer.tier", "op": "ne", "value": "gold"}, {}, True),  # missing is "not equal"
+        ({"path": "region", "op": "in", "value": ["eu", "uk"]}, {"region": "uk"}, True),
+        ({"path": "region", "op": "in", "value": ["eu", "uk"]}, {"region": "us"}, False),
+        ({"path": "region", "op": "in", "value": ["eu", "uk"]}, {}, False),
+        ({"path": "trace.id", "op": "exists", "value": True}, {"trace": {"id": None}}, True),
+        ({"path": "trace.id", "op": "exists", "value": True}, {"trace": {}}, False),
+        ({"path": "trace.id", "op": "exists"}, {"trace": {"id": 1}}, True),  # value defaults to true
+        ({"path": "trace.id", "op": "exists", "value": False}, {"trace": {}}, True),
+        ({"path": "trace.id", "op": "exists", "value": False}, {"trace": {"id": 0}}, False),
+        ({"path": "sku", "op": "prefix", "value": "EU-"}, {"sku": "EU-123"}, True),
+        ({"path": "sku", "op": "prefix", "value": "EU-"}, {"sku": "US-123"}, False),
+        ({"path": "sku", "op": "prefix", "value": "1"}, {"sku": 123}, False),  # not a string
+        ({"path": "amount", "op": "gt", "value": 100}, {"amount": 100.5}, True),
+        ({"path": "amount", "op": "gt", "value": 100}, {"amount": 100}, False),
+        ({"path": "amount", "op": "gt", "value": 0}, {"amount": "5"}, False),  # not a number
+        ({"path": "amount", "op": "gt", "value": 0}, {"amount": True}, False),  # a bool is not a number
+        ({"path": "amount", "op": "lt", "value": 10}, {"amount": 9}, True),
+        ({"path": "amount", "op": "lt", "value": 10}, {"amount": 10}, False),
+        ({"path": "amount", "op": "lt", "value": 10}, {}, False),
+        ({"path": "items.1.sku", "op": "eq", "value": "b"}, {"items": [{"sku": "a"}, {"sku": "b"}]}, True),
+    ],
+)
+def test_every_condition_operator(tenant, condition, data, hit):
+    pool("matched", [])
+    rule(1, {"conditions": [condition]}, {"pool": "matched"})
+    decision = route(Step(workflow="w", action="a", input=data))
+    assert (decision.rule is not None) is hit
+    assert (decision.pool.name if decision.pool else None) == ("matched" if hit else None)
+
+
+def test_all_conditions_of_a_rule_must_hold(tenant):
+    rule(1, {"conditions": [{"path": "a", "op": "eq", "value": 1}, {"path": "b", "op": "eq", "value": 2}]},
+         {"tier": "batch"})
+    assert routed_rule(Step(workflow="w", action="a", input={"a": 1, "b": 2})) == "rule-1"
+    assert routed_rule(Step(workflow="w", action="a", input={"a": 1, "b": 3})) == "default"
+
+
+@pytest.mark.parametrize(
+    ("glob", "workflow", "hit"),
+    [
+        ("billing.*", "billing.invoice", True),
+        ("billing.*", "billing", False),
+        ("billing.*", "shipping.label", False),
+        ("*.invoice", "billing.invoice", True),
+        ("billing.invoice", "billing.invoice", True),
+        ("billing.invoic?", "billing.invoice", True),
+        ("billing.[ij]nvoice", "billing.invoice", True),
+        ("billing.[!i]nvoice", "billing.invoice", False),
+        ("Billing.*", "billing.invoice", False),  # case-sensitive
+    ],
+)
+def test_workflow_glob(tenant, glob, workflow, hit):
+    rule(1, {"workflow": glob}, {"tier": "batch"})
+    assert (routed_rule(Step(workflow=workflow, action="a")) == "rule-1") is hit
+
+
+@pytest.mark.parametrize(
+    ("glob", "action", "hit"),
+    [("http.*", "http.request", True), ("http.*", "python.call", False), ("*", "anything", True),
+     ("http.request", "http.requests", False)],
+)
+def test_action_glob(tenant, glob, action, hit):
+    rule(1, {"action": glob}, {"tier": "batch"})
+    assert (routed_rule(Step(workflow="w", action=action)) == "rule-1") is hit
+
+
+@pytest.mark.parametrize(
+    ("tags", "hit"),
+    [(("pii", "eu", "extra"), True), (("eu", "pii"), True), (("pii",), False), ((), False)],
+)
+def test_every_tag_of_the_rule_must_be_on_the_step(tenant, tags, hit):
+    rule(1, {"tags": ["pii", "eu"]}, {"tier": "batch"})
+    assert (routed_rule(Step(workflow="w", action="a", tags=tags)) == "rule-1") is hit
+
+
+def test_workflow_action_tags_and_conditions_combine(tenant):
+    rule(1, {"workflow": "billing.*", "action": "http.*", "tags": ["eu"],
+             "conditions": [{"path": "amount", "op": "gt", "value": 10}]}, {"tier": "batch"})
+    full = Step(workflow="billing.x", action="http.request", tags=("eu",), input={"amount": 11})
+    assert routed_rule(full) == "rule-1"
+    for partial in (
+        Step(workflow="shop.x", action="http.request", tags=("eu",), input={"amount": 11}),
+        Step(workflow="billing.x", action="python.call", tags=("eu",), input={"amount": 11}),
+        Step(workflow="billing.x", action="http.request", tags=(), input={"amount": 11}),
+        Step(workflow="billing.x", action="http.request", tags=("eu",), input={"amount": 1}),
+    ):
+        assert routed_rule(partial) == "default"
+
+
+def test_an_empty_match_matches_every_step(tenant):
+    rule(1, {}, {"tier": "batch"})
+    assert routed_rule(Step(workflow="anything", action="at.all")) == "rule-1"
+
+
+def test_a_deny_rule_refuses_the_step_with_its_reason(tenant):
+    pool("main", [conn("c1")], is_default=True)
+    rule(1, {"workflow": "billing.*", "tags": ["blocked"]}, {"deny": "billing is frozen"})
+    denied = route(Step(workflow="billing.invoice", action="http.request", tags=("blocked",)))
+    assert denied.allowed is False
+    assert "billing is frozen" in denied.reason
+    assert denied.pool is None
+    assert denied.connection is None
+    assert denied.trace()["allowed"] is False
+    assert route(STEP).allowed is True  # not tagged: falls through to the default pool
+
+
+def test_the_default_pool_takes_steps_no_rule_matches(tenant):
+    c1 = conn("c1")
+    pool("main", [c1], is_default=True)
+    pool("other", [conn("c2")])
+    rule(1, {"workflow": "shipping.*"}, {"pool": "other"})
+    decision = route(STEP)
+    assert decision.allowed is True
+    assert decision.rule is None
+    assert decision.pool.name == "main"
+    assert decision.connection_id == str(c1.id)
+    assert "tenant default" in decision.reason
+    assert decision.trace()["rule"] == "default"
+
+
+def test_without_a_default_pool_a_step_routes_to_no_pool(tenant):
+    pool("other", [conn("c1")])
+    decision = route(STEP)
+    assert decision.allowed is True
+    assert decision.pool is None
+    assert decision.connection is None
+    assert "no pool" in decision.reason
+
+
+def test_a_rule_without_a_pool_still_uses_the_default_pool(tenant):
+    pool("main", [conn("c1")], is_default=True)
+    rule(1, {}, {"tier": "batch"})
+    decision = route(STEP)
+    assert decision.rule.name == "rule-1"
+    assert decision.tier == "batch"
+    assert decision.pool.name == "main"
+
+
+def test_the_steps_pool_hint_is_used_when_no_rule_names_a_pool(tenant):
+    pool("main", [conn("c1")], is_default=True)
+    pool("hinted", [conn("c2")])
+    assert route(Step(workflow="w", action="a", pool="hinted")).pool.name == "hinted"
+    rule(1, {}, {"pool": "main"})
+    assert route(Step(workflow="w", action="a", pool="hinted")).pool.name == "main"  # the rule wins
+
+
+def test_a_rule_naming_a_deleted_pool_refuses_the_step(tenant):
+    gone = pool("gone", [])
+    rule(1, {}, {"pool": "gone"})
+    gone.delete()
+    decision = route(STEP)
+    assert decision.allowed is False
+    assert "'gone'" in decision.reason
+
+
+def test_disabled_rules_are_skipped(tenant):
+    pool("p1", [])
+    pool("p2", [])
+    first = rule(1, {}, {"pool": "p1"}, enabled=False)
+    rule(2, {}, {"pool": "p2"})
+    assert route(STEP).pool.name == "p2"
+    first.enabled = True
+    first.save()
+    assert route(STEP).pool.name == "p1"
+
+
+def test_a_disabled_deny_rule_denies_nothing(tenant):
+    rule(1, {}, {"deny": "closed"}, enabled=False)
+    assert route(STEP).allowed is True
+
+
+def test_the_tier_comes_from_the_rule_then_the_step_then_standard(tenant):
+    rule(1, {"workflow": "batchy.*"}, {"tier": "batch"})
+    assert route(Step(workflow="batchy.x", action="a", tier="interactive")).tier == "batch"
+    assert route(Step(workflow="w", action="a", tier="interactive")).tier == "interactive"
+    assert route(Step(workflow="w", action="a")).tier == "standard"
+
+
+def test_the_free_plan_refuses_the_interactive_tier(make_tenant, redis_client):
+    free, _ = make_tenant("free-tenant", plan="free")
+    with tenant_context(free):
+        decision = route(Step(workflow="w", action="a", tier="interactive"))
+        assert decision.allowed is False
+        assert "interactive" in decision.reason
+        assert "free" in decision.reason
+        assert route(Step(workflow="w", action="a", tier="batch")).allowed is True
+        with pytest.raises(RuleError) as caught:
+            rule(1, {}, {"tier": "interactive"})
+        assert caught.value.field == "action.tier"
+        # A rule stored while the plan allowed the tier does not outlive a downgrade.
+        Rule.objects.create(name="old", priority=1, match={}, action={"tier": "interactive"})
+        decision = route(Step(workflow="w", action="a"))
+        assert decision.allowed is False
+        assert decision.rule.name == "old"
+
+
+def test_the_enterprise_plan_allows_the_interactive_tier(tenant):
+    rule(1, {}, {"tier": "interactive"})
+    decision = route(STEP)
+    assert (decision.allowed, decision.tier) == (True, "interactive")
+
+
+def test_the_partition_key_template_is_rendered_from_the_step(tenant):
+    rule(1, {"workflow": "billing.*"}, {"partition_key": "{workflow}/{action}/cust-{input.customer.id}"})
+    rule(2, {}, {"partition_key": "region-{input.region}-{input.missing}"})
+    step = Step(workflow="billing.invoice", action="http.request", input={"customer": {"id": 42}})
+    assert route(step).partition_key == "billing.invoice/http.request/cust-42"
+    assert route(Step(workflow="w", action="a", input={"region": "eu"})).partition_key == "region-eu-"
+    assert route(Step(workflow="w", action="a", input={"region": "eu"})).trace()["partition_key"] == (
+        "region-eu-"
+    )
+
+
+def test_no_partition_key_without_a_template(tenant):
+    assert route(STEP).partition_key is None
+
+
+@pytest.mark.parametrize(
+    ("match", "field"),
+    [
+        ("not an object", "match"),
+        ({"labels": ["x"]}, "match.labels"),
+        ({"workflow": "bad glob with spaces"}, "match.workflow"),
+        ({"workflow": "a[b"}, "match.workflow"),
+        ({"action": ""}, "match.action"),
+        ({"action": 5}, "match.action"),
+        ({"tags": "pii"}, "match.tags"),
+        ({"tags": [""]}, "match.tags"),
+        ({"conditions": {}}, "match.conditions"),
+        ({"conditions": [{"path": "a", "op": "eq", "value": 1}] * 21}, "match.conditions"),
+        ({"conditions": ["x"]}, "match.conditions[0]"),
+        ({"conditions": [{"path": "a", "op": "regex", "value": ".*"}]}, "match.conditions[0].op"),
+        ({"conditions": [{"path": "a", "op": "eq", "value": 1}, {"path": "__import__('os')", "op": "eq",
+                                                                  "value": 1}]}, "match.conditions[1].path"),
+        ({"conditions": [{"path": "a..b", "op": "eq", "value": 1}]}, "match.conditions[0].path"),
+        ({"conditions": [{"path": "a", "op": "eq"}]}, "match.conditions[0].value"),
+        ({"conditions": [{"path": "a", "op": "in", "value": "x"}]}, "match.conditions[0].value"),
+        ({"conditions": [{"path": "a", "op": "gt", "value": "10"}]}, "match.conditions[0].value"),
+        ({"conditions": [{"path": "a", "op": "lt", "value": True}]}, "match.conditions[0].value"),
+        ({"conditions": [{"path": "a", "op": "prefix", "value": 1}]}, "match.conditions[0].value"),
+        ({"conditions": [{"path": "a", "op": "exists", "value": "yes"}]}, "match.conditions[0].value"),
+        ({"conditions": [{"path": "a", "op": "eq", "value": 1, "extra": 1}]}, "match.conditions[0].extra"),
+    ],
+)
+def test_invalid_matches_name_the_field(match, field):
+    with pytest.raises(RuleError) as caught:
+        validate_match(match)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(
+    ("action", "field"),
+    [
+        ({}, "action"),
+        ([], "action"),
+        ({"queue": "x"}, "action.queue"),
+        ({"deny": "no", "pool": "p"}, "action.deny"),
+        ({"deny": "  "}, "action.deny"),
+        ({"pool": ""}, "action.pool"),
+        ({"tier": "platinum"}, "action.tier"),
+        ({"partition_key": ""}, "action.partition_key"),
+        ({"partition_key": "x" * 201}, "action.partition_key"),
+        ({"partition_key": "{tenant}"}, "action.partition_key"),
+        ({"partition_key": "{input.a-b}"}, "action.partition_key"),
+        ({"partition_key": "{input.}"}, "action.partition_key"),
+    ],
+)
+def test_invalid_actions_name_the_field(action, field):
+    with pytest.raises(RuleError) as caught:
+        validate_action(action, allowed_tiers=("standard", "batch"))
+    assert caught.value.field == field
+
+
+def test_validation_normalizes_what_it_accepts():
+    match = validate_match({"tags": ["b", "a", "b"], "conditions": [{"path": "x", "op": "exists"}]})
+    assert match == {"tags": ["a", "b"], "conditions": [{"path": "x", "op": "exists", "value": True}]}
+    assert validate_action({"deny": "  closed  "}, allowed_tiers=()) == {"deny": "closed"}
+    assert matches(match, Step(workflow="w", action="a", tags=("a", "b"), input={"x": 1}))
+
+
+# --- cache isolation and invalidation ---------------------------------------------------------
+
+
+def test_tenants_with_a_pool_of_the_same_name_each_route_only_to_their_own(tenant_a, tenant_b, redis_client):
+    own: dict[str, set[str]] = {}
+    for label, (t, _) in (("a", tenant_a), ("b", tenant_b)):
+        with tenant_context(t):
+            members = [conn(f"{label}-1"), conn(f"{label}-2")]
+            pool("main", members, is_default=True)
+            rule(1, {"workflow": "billing.*"}, {"pool": "main"})
+            own[label] = {str(c.id) for c in members}
+    assert not own["a"] & own["b"]
+    seen: dict[str, set[str]] = {"a": set(), "b": set()}
+    for _ in range(20):  # interleaved, so both tenants' tables are warm in this process at once
+        for label, (t, _) in (("a", tenant_a), ("b", tenant_b)):
+            with tenant_context(t):
+                decision = route(STEP)
+                seen[label].add(decision.connection_id)
+                assert {c.connection_id for c in decision.candidates} == own[label]
+    assert seen == own
+
+
+def test_an_edited_rule_takes_effect_on_the_very_next_route(tenant):
+    pool("p1", [conn("c1")])
+    pool("p2", [conn("c2")])
+    edited = rule(1, {}, {"pool": "p1"})
+    assert route(STEP).pool.name == "p1"
+    assert route(STEP).pool.name == "p1"  # warm
+    edited.action = {"pool": "p2"}
+    edited.save()
+    assert route(STEP).pool.name == "p2"
+
+
+def test_another_process_sees_the_edit_too(tenant):
+    """``forget_local`` drops this process's copy: the next route reads the shared cache (or PG)."""
+    pool("p1", [conn("c1")])
+    pool("p2", [conn("c2")])
+    edited = rule(1, {}, {"pool": "p1"})
+    assert route(STEP).pool.name == "p1"
+    routing_table.forget_local()
+    assert route(STEP).pool.name == "p1"
+    edited.action = {"pool": "p2"}
+    edited.save()
+    routing_table.forget_local()
+    assert route(STEP).pool.name == "p2"  # built from PostgreSQL for the new version
+    routing_table.forget_local()
+    with CaptureQueriesContext(db_connection) as queries:
+        assert route(STEP).pool.name == "p2"  # a fresh process: from the shared cache, not PostgreSQL
+    assert len(queries) == 0
+
+
+def test_created_and_deleted_routing_rows_take_effect_at_once(tenant):
+    c1, c2 = conn("c1"), conn("c2")
+    main = pool("main", [c1], is_default=True)
+    assert [c.name for c in route(STEP).candidates] == ["c1"]
+    PoolMember.objects.create(pool=main, connection=c2, priority=5)
+    assert [c.name for c in route(STEP).candidates] == ["c1", "c2"]
+    c1.delete()
+    assert [c.name for c in route(STEP).candidates] == ["c2"]
+    rule(1, {}, {"deny": "maintenance"})
+    assert route(STEP).allowed is False
+    Rule.objects.get(priority=1).delete()
+    assert route(STEP).allowed is True
+
+
+def test_a_warm_route_does_not_query_postgresql(tenant, django_assert_num_queries):
+    pool("main", [conn("c1"), conn("c2")], strategy=Pool.Strategy.ROUND_ROBIN, is_default=True)
+    for priority in range(1, 51):
+        rule(priority, {"workflow": f"other{priority}.*"}, {"tier": "batch"})
+    route(STEP)
+    with django_assert_num_queries(0):
+        for _ in range(20):
+            decision = route(STEP)
+    assert decision.connection is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_table_read_by_another_process_during_the_edit_is_not_served_after_commit(make_tenant):
+    """The version is bumped at save and again at commit: a table built from the pre-commit rows
+    under the first bump is never used once the edit is committed."""
+    from ductor_project.redis import get_redis
+
+    get_redis().flushdb()
+    tenant, _ = make_tenant("mid-edit")
+    with tenant_context(tenant):
+        pool("p1", [conn("c1")])
+        pool("p2", [conn("c2")])
+        edited = rule(1, {}, {"pool": "p1"})
+        assert route(STEP).pool.name == "p1"
+        seen_by_other: list[str] = []
+
+        def other_process() -> None:
+            try:
+                with tenant_context(tenant):
+                    seen_by_other.append(route(STEP).pool.name)  # own DB connection: sees committed rows
+            finally:
+                db_connection.close()
+
+        with transaction.atomic():
+            edited.action = {"pool": "p2"}
+            edited.save()
+            worker = threading.Thread(target=other_process)
+            worker.start()
+            worker.join(30)
+        assert seen_by_other == ["p1"]  # it read the old committed rule, under the new version
+        assert route(STEP).pool.name == "p2"
+
+
+# --- strategies -----------------------------------------------------------------------------
+
+
+def test_weighted_matches_the_weights_over_10000_picks(tenant):
+    members = [(conn("w1"), 1, 0), (conn("w3"), 3, 1), (conn("w6"), 6, 2)]
+    pool("main", members, strategy=Pool.Strategy.WEIGHTED, is_default=True)
+    random.seed(20240601)
+    decision = route(STEP)
+    # The picks themselves: route() makes exactly this call on the candidates it read from Redis.
+    picks = Counter(choose(decision.pool, decision.candidates)[0].name for _ in range(10_000))
+    for name, share in (("w1", 0.1), ("w3", 0.3), ("w6", 0.6)):
+        assert abs(picks[name] / 10_000 - share) < 0.02, picks
+    routed = Counter(route(STEP).connection.name for _ in range(300))
+    assert set(routed) == {"w1", "w3", "w6"}
+    assert routed["w6"] > routed["w1"]
+
+
+def test_weighted_never_picks_a_zero_weight_member(tenant):
+    pool("main", [(conn("never"), 0, 0), (conn("always"), 1, 1)], strategy=Pool.Strategy.WEIGHTED,
+         is_default=True)
+    assert {route(STEP).connection.name for _ in range(200)} == {"always"}
+
+
+def test_round_robin_cycles_through_every_connection(tenant):
+    pool("main", [conn("r1"), conn("r2"), conn("r3")], strategy=Pool.Strategy.ROUND_ROBIN, is_default=True)
+    picks = [route(STEP).connection.name for _ in range(9)]
+    assert sorted(picks[:3]) == ["r1", "r2", "r3"]
+    assert picks[3:6] == picks[:3]
+    assert picks[6:9] == picks[:3]
+
+
+def test_least_inflight_picks_the_connection_with_fewest_live_leases(tenant):
+    a, b, c = conn("a"), conn("b"), conn("c")
+    pool("main", [a, b, c], strategy=Pool.Strategy.LEAST_INFLIGHT, is_default=True)
+    for connection, count in ((a, 2), (b, 1)):
+        for i in range(count):
+            scope = capacity.connection_scope(connection.id, 10)
+            assert capacity.acquire([scope], f"{connection.name}{i}", 30)
+    decision = route(STEP)
+    assert decision.connection.name == "c"
+    assert {x.name: x.in_flight for x in decision.candidates} == {"a": 2, "b": 1, "c": 0}
+    for i in range(3):
+        capacity.acquire([capacity.connection_scope(c.id, 10)], f"c{i}", 30)
+    assert route(STEP).connection.name == "b"
+    capacity.release("a0")
+    capacity.release("a1")
+    assert route(STEP).connection.name == "a"
+
+
+def test_failover_uses_the_next_connection_only_while_the_first_ones_breaker_is_open(
+    tenant, settings, redis_client
+):
+    settings.DUCTOR_BREAKER_FAILURES = 3
+    settings.DUCTOR_BREAKER_COOLDOWN_S = 0.3
+    primary, backup = conn("primary"), conn("backup")
+    pool("main", [(backup, 1, 2), (primary, 1, 1)], strategy=Pool.Strategy.FAILOVER, is_default=True)
+    assert route(STEP).connection.name == "primary"
+
+    assert record_failure(primary.id) == BreakerState.CLOSED
+    assert record_failure(primary.id) == BreakerState.CLOSED
+    assert route(STEP).connection.name == "primary"  # below the threshold
+    opened_at = redis_now_ms(redis_client)
+    assert record_failure(primary.id) == BreakerState.OPEN
+    decision = route(STEP)
+    assert decision.connection.name == "backup"
+    assert {c.name: (c.state, c.eligible) for c in decision.candidates} == {
+        "primary": ("open", False), "backup": ("closed", True),
+    }
+
+    sleep_until(redis_client, opened_at + 350)
+    decision = route(STEP)
+    assert decision.connection.name == "primary"  # cooldown over: half-open, a trial call
+    assert decision.candidates[0].state == "half_open"
+    assert record_failure(primary.id) == BreakerState.OPEN  # the trial failed: open again
+    assert route(STEP).connection.name == "backup"
+
+    sleep_until(redis_client, redis_now_ms(redis_client) + 350)
+    assert route(STEP).connection.name == "primary"
+    assert record_success(primary.id) == BreakerState.CLOSED
+    decision = route(STEP)
+    assert (decision.connection.name, decision.candidates[0].state) == ("primary", "closed")
+
+
+def test_a_breaker_counts_consecutive_failures_only(tenant, settings):
+    settings.DUCTOR_BREAKER_FAILURES = 2
+    c = conn("c")
+    pool("main", [c], is_default=True)
+    record_failure(c.id)
+    record_success(c.id)
+    assert record_failure(c.id) == BreakerState.CLOSED
+    assert route(STEP).connection.name == "c"
+
+
+def test_connections_at_their_concurrency_limit_are_skipped(tenant):
+    full, free = conn("full", max_concurrency=1), conn("free", max_concurrency=5)
+    pool("main", [full, free], strategy=Pool.Strategy.FAILOVER, is_default=True)
+    assert route(STEP).connection.name == "full"
+    assert capacity.acquire([capacity.connection_scope(full.id, 1)], "holder", 30)
+    decision = route(STEP)
+    assert decision.connection.name == "free"
+    skipped = decision.candidates[0]
+    assert (skipped.name, skipped.eligible, skipped.in_flight, skipped.limit) == ("full", False, 1, 1)
+    assert "concurrency limit" in skipped.why
+
+
+def test_a_pool_with_no_eligible_connection_refuses_the_step(tenant, settings):
+    settings.DUCTOR_BREAKER_FAILURES = 1
+    a, b = conn("a", max_concurrency=1), conn("b")
+    pool("main", [a, b], is_default=True)
+    capacity.acquire([capacity.connection_scope(a.id, 1)], "holder", 30)
+    record_failure(b.id)
+    decision = route(STEP)
+    assert decision.allowed is False
+    assert decision.connection is None
+    assert "no eligible connection" in decision.reason
+    assert [c.eligible for c in decision.candidates] == [False, False]
+
+
+def test_breakers_are_per_tenant(tenant_a, tenant_b, redis_client, settings):
+    settings.DUCTOR_BREAKER_FAILURES = 1
+    with tenant_context(tenant_a[0]):
+        a = conn("same")
+        pool("main", [a], is_default=True)
+    with tenant_context(tenant_b[0]):
+        b = conn("same")
+        pool("main", [b], is_default=True)
+        record_failure(a.id)  # the same id in B's keys is not A's breaker
+        assert route(STEP).candidates[0].state == "closed"
+    with tenant_context(tenant_a[0]):
+        assert route(STEP).candidates[0].state == "closed"
+
+
+# --- the trace ------------------------------------------------------------------------------
+
+
+def test_the_trace_lists_every_candidate_with_its_state(tenant, settings):
+    settings.DUCTOR_BREAKER_FAILURES = 1
+    broken, full, ok = conn("broken"), conn("full", max_concurrency=1), conn("ok")
+    pool("main", [broken, full, ok], strategy=Pool.Strategy.ROUND_ROBIN)
+    routing = rule(1, {"workflow": "billing.*"}, {"pool": "main", "partition_key": "p-{workflow}"})
+    record_failure(broken.id)
+    capacity.acquire([capacity.connection_scope(full.id, 1)], "holder", 30)
+    trace = route(STEP).trace()
+    assert json.loads(json.dumps(trace)) == trace  # stored and returned as JSON
+    assert trace["allowed"] is True
+    assert trace["rule"] == {"id": str(routing.id), "name": "rule-1", "priority": 1}
+    assert trace["pool"]["name"] == "main"
+    assert trace["pool"]["strategy"] == "round_robin"
+    assert trace["tier"] == "standard"
+    assert trace["partition_key"] == "p-billing.invoice"
+    keys = ("name", "breaker", "eligible", "in_flight", "limit")
+    states = [tuple(c[k] for k in keys) for c in trace["candidates"]]
+    assert states == [
+        ("broken", "open", False, 0, None), ("full", "closed", False, 1, 1), ("ok", "closed", True, 0, None),
+    ]
+    assert trace["candidates"][0]["why"] == "circuit breaker open"
+    assert trace["connection"] == {"id": str(ok.id), "name": "ok"}
+    assert "ok" in trace["reason"]
+
+
+# --- admission ------------------------------------------------------------------------------
+
+
+def test_admit_takes_tenant_pool_and_connection_scopes_all_or_none(tenant):
+    c = conn("c", max_concurrency=2)
+    main = pool("main", [c], is_default=True, max_concurrency=1)
+    limits = effective_entitlements(tenant)
+    scopes = [capacity.tenant_scope(limits.max_concurrency), capacity.pool_scope(main.id, 1),
+              capacity.connection_scope(c.id, 2)]
+    decision = route(STEP)
+
+    assert admit(decision, "step-1", lease_s=30) == (True, 0.0)
+    assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]
+
+    admitted, _ = admit(decision, "step-2", lease_s=30)  # the pool is full
+    assert admitted is False
+    assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]  # step-2 holds nothing anywhere
+
+    release("step-1")
+    assert [capacity.in_flight(s) for s in scopes] == [0, 0, 0]
+    release("step-1")  # idempotent
+    assert admit(decision, "step-2", lease_s=30) == (True, 0.0)
+    assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]
+
+
+def test_admit_refused_by_a_rate_holds_nothing(tenant):
+    c = conn("c", max_concurrency=5, rate_per_s=0.01, burst=1)
+    pool("main", [c], is_default=True)
+    decision = route(STEP)
+    assert admit(decision, "first", lease_s=30) == (True, 0.0)
+    admitted, retry_after = admit(decision, "second", lease_s=30)
+    assert admitted is False
+    assert retry_after > 0
+    assert capacity.in_flight(capacity.connection_scope(c.id, 5)) == 1
+    assert capacity.tenant_in_flight() == 1
+
+
+def test_admit_refused_by_one_rate_charges_no_other_rate(make_tenant, redis_client):
+    """A step held back by its connection's rate must not burn the tenant's step rate meanwhile."""
+    free, _ = make_tenant("slow-steps", plan="free")  # 5 steps/s, burst 10
+    with tenant_context(free):
+        limits = effective_entitlements(free)
+        c = conn("c", rate_per_s=0.01, burst=1)
+        pool("main", [c], is_default=True)
+        decision = route(STEP)
+        assert admit(decision, "first", lease_s=30)[0] is True
+        release("first")
+        before = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
+        for i in range(5):
+            assert admit(decision, f"held-back-{i}", lease_s=30)[0] is False
+        after = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
+        assert after.remaining >= before.remaining
