@@ -189,10 +189,13 @@ def route(step: Step) -> RoutingDecision:
     return decision
 
 
-def scopes_for(decision: RoutingDecision) -> list[capacity.Scope]:
-    """The capacity scopes a step takes: the tenant's, its pool's and its connection's (when limited)."""
+def scopes_for(decision: RoutingDecision, *, tenant_admitted: bool = False) -> list[capacity.Scope]:
+    """The capacity scopes a step takes: the tenant's, its pool's and its connection's (when limited).
+
+    ``tenant_admitted``: the fair queue already took the tenant's slot at dequeue.
+    """
     limits = effective_entitlements(current_tenant())
-    scopes = [capacity.tenant_scope(limits.max_concurrency)]
+    scopes = [] if tenant_admitted else [capacity.tenant_scope(limits.max_concurrency)]
     if decision.pool is not None and decision.pool.max_concurrency is not None:
         scopes.append(capacity.pool_scope(decision.pool.id, decision.pool.max_concurrency))
     if decision.connection is not None and decision.connection.max_concurrency is not None:
@@ -202,15 +205,22 @@ def scopes_for(decision: RoutingDecision) -> list[capacity.Scope]:
     return scopes
 
 
-def admit(decision: RoutingDecision, holder_id: str, lease_s: float) -> tuple[bool, float]:
+def admit(
+    decision: RoutingDecision, holder_id: str, lease_s: float, *, tenant_admitted: bool = False
+) -> tuple[bool, float]:
     """Take the decision's capacity for ``holder_id``: every scope or none, then the rates.
 
-    Returns ``(admitted, retry_after_s)``. A refusal holds nothing.
+    Returns ``(admitted, retry_after_s)``. A refusal holds nothing. With
+    ``tenant_admitted`` (a step the fair queue dispatched, which already took the
+    tenant's slot and step rate), only the pool and connection limits are taken.
     """
     limits = effective_entitlements(current_tenant())
-    if not capacity.acquire(scopes_for(decision), holder_id, lease_s):
+    scopes = scopes_for(decision, tenant_admitted=tenant_admitted)
+    if scopes and not capacity.acquire(scopes, holder_id, lease_s):
         return False, 0.0
-    rates: list[tuple[str, float, int]] = [("steps", limits.step_rate_per_s, limits.step_burst)]
+    rates: list[tuple[str, float, int]] = (
+        [] if tenant_admitted else [("steps", limits.step_rate_per_s, limits.step_burst)]
+    )
     if decision.pool is not None and decision.pool.rate_per_s:
         rates.append((f"pool:{decision.pool.id}", decision.pool.rate_per_s, decision.pool.burst or 1))
     if decision.connection is not None and decision.connection.rate_per_s:

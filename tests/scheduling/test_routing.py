@@ -662,6 +662,25 @@ def test_admit_takes_tenant_pool_and_connection_scopes_all_or_none(tenant):
     assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]
 
 
+def test_admit_after_fair_queue_dispatch_takes_only_pool_and_connection_scopes(tenant):
+    """The fair queue took the tenant's slot and step rate at dequeue; admit must not charge them again."""
+    c = conn("c", max_concurrency=2)
+    main = pool("main", [c], is_default=True, max_concurrency=1)
+    limits = effective_entitlements(tenant)
+    decision = route(STEP)
+    before = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
+
+    assert admit(decision, "step-1", lease_s=30, tenant_admitted=True) == (True, 0.0)
+    assert capacity.tenant_in_flight() == 0
+    assert capacity.in_flight(capacity.pool_scope(main.id, 1)) == 1
+    assert capacity.in_flight(capacity.connection_scope(c.id, 2)) == 1
+    after = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
+    assert after.remaining == before.remaining
+    assert admit(decision, "step-2", lease_s=30, tenant_admitted=True)[0] is False  # the pool is full
+    release("step-1")
+    assert capacity.in_flight(capacity.pool_scope(main.id, 1)) == 0
+
+
 def test_admit_refused_by_a_rate_holds_nothing(tenant):
     c = conn("c", max_concurrency=5, rate_per_s=0.01, burst=1)
     pool("main", [c], is_default=True)
