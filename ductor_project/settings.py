@@ -188,6 +188,12 @@ DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_0
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.
 DUCTOR_QUEUE_SHARDS = env.int("DUCTOR_QUEUE_SHARDS", default=1)
 
+# Modules whose @action functions workflows may call (the built-ins are always there).
+DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.actions"])
+# Largest number of nodes in one workflow spec, and deepest JSON nesting.
+DUCTOR_MAX_SPEC_NODES = env.int("DUCTOR_MAX_SPEC_NODES", default=500)
+DUCTOR_MAX_SPEC_DEPTH = env.int("DUCTOR_MAX_SPEC_DEPTH", default=32)
+
 # Fernet keys for connection secrets (comma-separated; first encrypts, all decrypt).
 # Empty: one key is generated once into the data dir.
 DUCTOR_SECRET_KEYS = env.list("DUCTOR_SECRET_KEYS", default=[])

@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("tenants.urls")),
     path("api/v1/", include("scheduling.urls")),
+    path("api/v1/", include("workflows.urls")),
 ]
 
 handler400 = errors.json_400

@@ -30,6 +30,7 @@ class ActionErrorCode(enum.StrEnum):
     SERVER_ERROR = "server_error"
     CLIENT_ERROR = "client_error"
     RESPONSE_TOO_LARGE = "response_too_large"
+    ACTION_FAILED = "action_failed"
 
 
 class ActionError(Exception):

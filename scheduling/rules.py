@@ -57,7 +57,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_condition(name: str, cond: Any) -> dict[str, Any]:
+def validate_condition(name: str, cond: Any) -> dict[str, Any]:
     if not isinstance(cond, Mapping):
         raise RuleError(name, "must be an object with path, op and value")
     unknown = set(cond) - {"path", "op", "value"}
@@ -105,7 +105,7 @@ def validate_match(match: Any) -> dict[str, Any]:
         if not isinstance(conditions, list) or len(conditions) > MAX_CONDITIONS:
             raise RuleError("match.conditions", f"must be a list of at most {MAX_CONDITIONS} conditions")
         clean["conditions"] = [
-            _check_condition(f"match.conditions[{i}]", c) for i, c in enumerate(conditions)
+            validate_condition(f"match.conditions[{i}]", c) for i, c in enumerate(conditions)
         ]
     return clean
 
@@ -163,7 +163,7 @@ def lookup(data: Any, path: str) -> Any:
     return node
 
 
-def _holds(cond: Mapping[str, Any], data: Any) -> bool:
+def condition_holds(cond: Mapping[str, Any], data: Any) -> bool:
     value = lookup(data, cond["path"])
     op, expected = cond["op"], cond["value"]
     if op == "exists":
@@ -203,7 +203,7 @@ def matches(match: Mapping[str, Any], step: Step) -> bool:
         return False
     if "tags" in match and not set(match["tags"]).issubset(step.tags):
         return False
-    return all(_holds(cond, step.input) for cond in match.get("conditions", ()))
+    return all(condition_holds(cond, step.input) for cond in match.get("conditions", ()))
 
 
 def render_partition_key(template: str, step: Step) -> str:

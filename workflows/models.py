@@ -1,0 +1,176 @@
+"""Workflow definitions (immutable numbered versions), runs, step attempts and run events."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models
+
+from tenants.scoping import TenantScopedModel
+
+
+class WorkflowDefinition(TenantScopedModel):
+    """A named workflow of a tenant. Its specs live in numbered, immutable versions."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100)
+    description = models.CharField(max_length=500, blank=True, default="")
+    latest_version = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="workflow_unique_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkflowVersion(TenantScopedModel):
+    """One immutable version of a definition's spec. Runs keep the version they started on."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    definition = models.ForeignKey(WorkflowDefinition, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    spec = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["definition", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["definition", "number"], name="workflowversion_unique_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.definition_id} v{self.number}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ValueError("workflow versions are immutable; create a new version")
+        super().save(*args, **kwargs)
+
+
+class WorkflowRun(TenantScopedModel):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        WAITING = "waiting"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        CONTINUED = "continued"
+
+    TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.CONTINUED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.ForeignKey(WorkflowVersion, on_delete=models.PROTECT, related_name="runs")
+    workflow_name = models.CharField(max_length=100)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    input = models.JSONField(default=dict, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    # NULL, not "", when absent: the per-tenant unique constraint only covers real keys.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    tier = models.CharField(max_length=16, default="standard")
+    tags = models.JSONField(default=list, blank=True)
+    parent_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    parent_node_id = models.CharField(max_length=63, blank=True, default="")
+    root_run_id = models.UUIDField(db_index=True)
+    nesting_depth = models.PositiveIntegerField(default=0)
+    continued_from = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="successor"
+    )
+    cancel_requested = models.BooleanField(default=False)
+    lock_version = models.PositiveIntegerField(default=0, help_text="Optimistic lock, bumped by each tick.")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="run_unique_idempotency_key",
+            )
+        ]
+        indexes = [models.Index(fields=["tenant", "status", "-created_at"], name="run_tenant_status")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class StepRun(TenantScopedModel):
+    """One attempt of one node of a run."""
+
+    class Status(models.TextChoices):
+        SCHEDULED = "scheduled"  # waiting for a timer (sleep, retry backoff)
+        QUEUED = "queued"  # in the fair queue
+        RUNNING = "running"
+        WAITING = "waiting"  # waiting for a child run
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        SKIPPED = "skipped"
+        CANCELLED = "cancelled"
+
+    TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.SKIPPED, Status.CANCELLED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    node_id = models.CharField(max_length=63)
+    node_type = models.CharField(max_length=24)
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    routing = models.JSONField(null=True, blank=True, help_text="The routing decision trace.")
+    child_run = models.ForeignKey(
+        WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="parent_steps"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "node_id", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "node_id", "attempt"], name="steprun_unique_attempt")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}#{self.attempt} ({self.status})"
+
+
+class RunEvent(TenantScopedModel):
+    """The ordered, append-only history of a run."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=40)
+    node_id = models.CharField(max_length=63, blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="runevent_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ValueError("run events are append-only")
+        super().save(*args, **kwargs)

@@ -1,0 +1,78 @@
+"""Reads of the workflow engine. Lookups answer ``NotFound`` for other tenants' rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from ductor_project.errors import NotFound
+from tenants.selectors import parse_uuid
+from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+
+
+def workflow_list() -> QuerySet[WorkflowDefinition]:
+    return WorkflowDefinition.objects.order_by("name")
+
+
+def get_workflow_for_tenant(name: str) -> WorkflowDefinition:
+    definition = WorkflowDefinition.objects.filter(name=name).first()
+    if definition is None:
+        raise NotFound()
+    return definition
+
+
+def version_list(definition: WorkflowDefinition) -> QuerySet[WorkflowVersion]:
+    return WorkflowVersion.objects.filter(definition=definition).order_by("-number")
+
+
+def run_list(filters: dict[str, Any]) -> QuerySet[WorkflowRun]:
+    qs = WorkflowRun.objects.all()
+    if filters.get("status"):
+        qs = qs.filter(status=filters["status"])
+    if filters.get("workflow"):
+        qs = qs.filter(workflow_name=filters["workflow"])
+    if filters.get("created_after"):
+        qs = qs.filter(created_at__gte=filters["created_after"])
+    if filters.get("created_before"):
+        qs = qs.filter(created_at__lt=filters["created_before"])
+    if filters.get("root_run_id"):
+        qs = qs.filter(root_run_id=filters["root_run_id"])
+    return qs
+
+
+def get_run_for_tenant(run_id: Any) -> WorkflowRun:
+    """A run of the tenant in context, or ``NotFound`` (also for another tenant's run)."""
+    run = WorkflowRun.objects.select_related("workflow").filter(pk=parse_uuid(run_id)).first()
+    if run is None:
+        raise NotFound()
+    return run
+
+
+def run_steps(run: WorkflowRun) -> QuerySet[StepRun]:
+    return StepRun.objects.filter(run=run).order_by("created_at", "node_id", "attempt")
+
+
+def run_events(run: WorkflowRun) -> QuerySet[RunEvent]:
+    return RunEvent.objects.filter(run=run).order_by("seq")
+
+
+def lineage(run: WorkflowRun) -> dict[str, Any]:
+    """The whole tree of the run's root: children and ContinueAsNew successors, one tenant only."""
+    rows = list(
+        WorkflowRun.objects.filter(root_run_id=run.root_run_id)
+        .order_by("created_at")
+        .values("id", "workflow_name", "status", "parent_run_id", "continued_from_id", "nesting_depth",
+                "created_at")
+    )
+    nodes = {row["id"]: {**row, "children": [], "successor": None} for row in rows}
+    roots = []
+    for row in rows:
+        node = nodes[row["id"]]
+        if row["continued_from_id"] in nodes:
+            nodes[row["continued_from_id"]]["successor"] = node
+        elif row["parent_run_id"] in nodes:
+            nodes[row["parent_run_id"]]["children"].append(node)
+        else:
+            roots.append(node)
+    return {"root_run_id": str(run.root_run_id), "runs": len(rows), "tree": roots}

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from tenants.api import StrictModelSerializer, StrictSerializer
+from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+
+
+class WorkflowVersionSerializer(StrictModelSerializer):
+    class Meta:
+        model = WorkflowVersion
+        fields = ["number", "spec", "created_at"]
+        read_only_fields = fields
+
+
+class WorkflowSerializer(StrictModelSerializer):
+    spec = serializers.SerializerMethodField()
+
+    class Meta:
+        model = WorkflowDefinition
+        fields = ["id", "name", "description", "latest_version", "spec", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_spec(self, obj: WorkflowDefinition) -> Any:
+        latest = obj.versions.order_by("-number").first()
+        return latest.spec if latest else None
+
+
+class WorkflowCreateSerializer(StrictSerializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9_.\-]{1,100}$", help_text="Letters, digits, '_', '.', '-'.")
+    description = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    spec = serializers.JSONField()
+
+
+class WorkflowUpdateSerializer(StrictSerializer):
+    description = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    spec = serializers.JSONField()
+
+
+class RunStartSerializer(StrictSerializer):
+    workflow = serializers.CharField(max_length=100)
+    version = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    input = serializers.JSONField(required=False, default=dict)
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
+    tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], required=False, default=None,
+                                   allow_null=True)
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list,
+                                 max_length=50)
+
+
+class RunFilterSerializer(StrictSerializer):
+    status = serializers.ChoiceField(choices=WorkflowRun.Status.choices, required=False)
+    workflow = serializers.CharField(required=False)
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
+    root_run_id = serializers.UUIDField(required=False)
+    cursor = serializers.CharField(required=False)
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=500)
+
+
+class StepRunSerializer(StrictModelSerializer):
+    class Meta:
+        model = StepRun
+        fields = ["id", "node_id", "node_type", "attempt", "status", "input", "output", "error", "routing",
+                  "child_run", "created_at", "scheduled_for", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class RunSerializer(StrictModelSerializer):
+    version = serializers.IntegerField(source="workflow.number", read_only=True)
+
+    class Meta:
+        model = WorkflowRun
+        fields = ["id", "workflow_name", "version", "status", "input", "output", "error", "idempotency_key",
+                  "tier", "tags", "parent_run", "parent_node_id", "root_run_id", "nesting_depth",
+                  "continued_from", "cancel_requested", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class RunDetailSerializer(RunSerializer):
+    steps = StepRunSerializer(many=True, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "steps"]
+        read_only_fields = fields
+
+
+class RunEventSerializer(StrictModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["seq", "type", "node_id", "data", "created_at"]
+        read_only_fields = fields

@@ -1,0 +1,643 @@
+"""Workflow specs: the JSON format, its validation, and the parsed DAG the engine walks.
+
+A spec is a JSON object::
+
+    {
+      "nodes": [
+        {"id": "fetch", "type": "action", "action": "http.request",
+         "input": {"path": "/users/{{ $input.user_id }}", "method": "GET"},
+         "depends_on": [], "when": {"path": "input.enabled", "op": "eq", "value": true},
+         "retry": {"max_attempts": 3, "backoff_s": 1.0, "max_backoff_s": 60, "jitter": true},
+         "timeout_s": 30, "tags": ["crm"], "pool": "main"},
+        {"id": "pause", "type": "sleep", "depends_on": ["fetch"], "duration_s": 10},
+        {"id": "until", "type": "sleep", "until": "2027-01-01T00:00:00Z"},
+        {"id": "child", "type": "subworkflow", "depends_on": ["fetch"], "workflow": "enrich",
+         "version": 2, "input": {"user": "$nodes.fetch.output.body"}, "wait": true},
+        {"id": "again", "type": "continue_as_new", "depends_on": ["child"],
+         "input": {"cursor": "$nodes.child.output.next"}}
+      ],
+      "output": {"user": "$nodes.fetch.output.body", "done": true}
+    }
+
+Top level: ``nodes`` (required, 1 to ``DUCTOR_MAX_SPEC_NODES``) and ``output``
+(optional template; the run's output, null when absent).
+
+Every node:
+
+- ``id``: unique, ``^[a-z][a-z0-9_]{0,62}$``; ``type``: ``action``, ``sleep``,
+  ``subworkflow`` or ``continue_as_new``;
+- ``depends_on``: ids of other nodes (default ``[]``; no self, no repeats, no cycle);
+- ``when``: optional condition (see ``workflows.templates``); false skips the node;
+- ``retry``: ``max_attempts`` 1..100 (default 1), ``backoff_s`` > 0 (default 1),
+  ``max_backoff_s`` ≥ ``backoff_s`` (default 300, or ``backoff_s`` if larger),
+  ``jitter`` (default true); delays up to 86400 s;
+- ``timeout_s``: optional, 0 < x ≤ 86400; ``tags``: list of strings; ``pool``: a pool name.
+
+By type:
+
+- ``action``: ``action`` (a name registered in ``workflows.actions``) and
+  ``input`` (template, default ``{}``);
+- ``sleep``: exactly one of ``duration_s`` (0 < x ≤ 366 days) or ``until``
+  (ISO 8601 with a timezone); no ``input``;
+- ``subworkflow``: ``workflow`` (a definition name), ``version`` (optional int ≥ 1,
+  default the latest), ``input`` (template, default ``{}``), ``wait`` (default true);
+- ``continue_as_new``: ``input`` (template for the successor's input, default
+  ``{}``). At most one per spec, and it must be a sink: no node depends on it.
+
+Unknown fields anywhere are rejected. A spec may be at most ``max_bytes`` long
+(compact UTF-8 JSON) and nested at most ``DUCTOR_MAX_SPEC_DEPTH`` deep.
+
+Execution semantics the engine follows (``Spec.ready_nodes``): a node is ready
+when all its dependencies finished as ``succeeded`` or ``skipped``. A ready
+node with a skipped dependency is skipped too (``Spec.skip_cause``): skips
+propagate downstream. A failed node (after its retries) fails the run, so
+nothing downstream of it starts.
+
+Errors are collected into ``SpecError.errors``: field path → messages, e.g.
+``{"nodes[1].depends_on": ["node 'b': depends_on: unknown node 'x'"]}``. All
+per-node field errors are reported together; graph errors (cycles) and
+template references follow when the ids are sound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from workflows import actions
+from workflows.templates import NODE_ID, template_errors, when_errors
+
+NODE_TYPES = ("action", "sleep", "subworkflow", "continue_as_new")
+COMMON_FIELDS = ("id", "type", "depends_on", "when", "retry", "timeout_s", "tags", "pool")
+TYPE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "action": ("action", "input"),
+    "sleep": ("duration_s", "until"),
+    "subworkflow": ("workflow", "version", "input", "wait"),
+    "continue_as_new": ("input",),
+})
+RETRY_FIELDS = ("max_attempts", "backoff_s", "max_backoff_s", "jitter")
+TOP_FIELDS = ("nodes", "output")
+MAX_ATTEMPTS = 100
+MAX_DELAY_S = 86_400.0
+MAX_TIMEOUT_S = 86_400.0
+MAX_SLEEP_S = 366 * 86_400.0
+MAX_NAME_LENGTH = 200
+
+PENDING, SUCCEEDED, SKIPPED, FAILED = "pending", "succeeded", "skipped", "failed"
+FINISHED_OK = frozenset({SUCCEEDED, SKIPPED})
+
+
+class SpecError(ValueError):
+    """An invalid spec. ``errors`` maps field paths (``nodes[2].depends_on``, ``output``, ``spec``) to messages."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+        messages = [message for group in errors.values() for message in group]
+        more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
+        super().__init__(f"{messages[0]}{more}" if messages else "invalid spec")
+
+
+class CycleError(ValueError):
+    """The graph has a cycle; ``cycle`` lists it in execution order, first node repeated at the end."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        self.cycle = cycle
+        super().__init__("cycle: " + " → ".join(cycle))
+
+
+@dataclass(frozen=True)
+class Retry:
+    max_attempts: int = 1
+    backoff_s: float = 1.0
+    max_backoff_s: float = 300.0
+    jitter: bool = True
+
+
+@dataclass(frozen=True)
+class Node:
+    """A validated node with defaults filled. Templates (``input``) are plain JSON: treat them as read-only."""
+
+    id: str
+    type: str
+    index: int  # position in the submitted ``nodes`` list, for error messages
+    depends_on: tuple[str, ...] = ()
+    input: Any = None  # a template; None only for sleep
+    when: Mapping[str, Any] | None = None
+    retry: Retry = field(default_factory=Retry)
+    timeout_s: float | None = None
+    tags: tuple[str, ...] = ()
+    pool: str | None = None
+    action: str | None = None
+    duration_s: float | None = None
+    until: datetime | None = None
+    workflow: str | None = None
+    version: int | None = None
+    wait: bool = True
+    upstream: frozenset[str] = frozenset()  # transitive dependencies
+    dependents: tuple[str, ...] = ()  # direct dependents, in topological order
+
+    def to_dict(self) -> dict[str, Any]:
+        """The normalized JSON form of this node (defaults filled)."""
+        data: dict[str, Any] = {"id": self.id, "type": self.type, "depends_on": list(self.depends_on)}
+        if self.when is not None:
+            data["when"] = self.when
+        data["retry"] = {
+            "max_attempts": self.retry.max_attempts,
+            "backoff_s": self.retry.backoff_s,
+            "max_backoff_s": self.retry.max_backoff_s,
+            "jitter": self.retry.jitter,
+        }
+        if self.timeout_s is not None:
+            data["timeout_s"] = self.timeout_s
+        data["tags"] = list(self.tags)
+        if self.pool is not None:
+            data["pool"] = self.pool
+        if self.type == "action":
+            data["action"] = self.action
+        if self.type == "sleep":
+            if self.duration_s is not None:
+                data["duration_s"] = self.duration_s
+            if self.until is not None:
+                data["until"] = self.until.isoformat()
+        if self.type == "subworkflow":
+            data["workflow"] = self.workflow
+            if self.version is not None:
+                data["version"] = self.version
+            data["wait"] = self.wait
+        if self.type != "sleep":
+            data["input"] = self.input
+        return data
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated spec: nodes in topological order (ties keep the submitted order)."""
+
+    nodes: tuple[Node, ...]
+    output: Any = None  # a template; None when the spec has none
+    sinks: tuple[str, ...] = ()  # nodes nothing depends on, in topological order
+    continue_as_new: str | None = None  # the id of the continue_as_new node, if any
+    size_bytes: int = field(default=0, compare=False)  # compact JSON size of the submitted spec
+    by_id: Mapping[str, Node] = field(default_factory=dict, repr=False, compare=False)
+
+    def node(self, node_id: str) -> Node:
+        """The node ``node_id``; ``KeyError`` if there is none."""
+        return self.by_id[node_id]
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(node.id for node in self.nodes)
+
+    def ready_nodes(self, statuses: Mapping[str, str]) -> list[str]:
+        """Nodes not started yet (absent from ``statuses`` or ``pending``) whose dependencies all
+        ``succeeded`` or were ``skipped``, in topological order. Pure.
+
+        The caller then skips a ready node with a skipped dependency (``skip_cause``) or a
+        false ``when``, and starts the others.
+        """
+        return [
+            node.id
+            for node in self.nodes
+            if statuses.get(node.id, PENDING) == PENDING
+            and all(statuses.get(dep) in FINISHED_OK for dep in node.depends_on)
+        ]
+
+    def skip_cause(self, node_id: str, statuses: Mapping[str, str]) -> str | None:
+        """The first dependency of ``node_id`` that was skipped or failed (so it must be skipped), or None."""
+        for dep in self.by_id[node_id].depends_on:
+            if statuses.get(dep) in (SKIPPED, FAILED):
+                return dep
+        return None
+
+    def downstream(self, node_id: str) -> tuple[str, ...]:
+        """Every node that depends on ``node_id``, directly or transitively, in topological order."""
+        self.by_id[node_id]
+        return tuple(node.id for node in self.nodes if node_id in node.upstream)
+
+    def is_finished(self, statuses: Mapping[str, str]) -> bool:
+        """Whether every node succeeded or was skipped."""
+        return all(statuses.get(node.id) in FINISHED_OK for node in self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The normalized JSON form (nodes in topological order, defaults filled); it validates to an equal Spec."""
+        data: dict[str, Any] = {"nodes": [node.to_dict() for node in self.nodes]}
+        if self.output is not None:
+            data["output"] = self.output
+        return data
+
+
+class _Uniform(Protocol):
+    def uniform(self, a: float, b: float, /) -> float: ...
+
+
+def backoff_delay(retry: Retry | Mapping[str, Any], attempt: int, *, rng: _Uniform = random) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one.
+
+    Exponential: ``backoff_s * 2**(attempt - 1)`` capped at ``max_backoff_s``. With
+    ``jitter`` the delay is drawn uniformly from ``[delay / 2, delay]`` ("equal
+    jitter"): it spreads retries of many runs apart like full jitter does, but keeps a
+    floor of half the delay so a retry never fires at once. Never exceeds ``max_backoff_s``.
+    """
+    if isinstance(retry, Mapping):
+        retry = Retry(**{key: retry[key] for key in RETRY_FIELDS if key in retry})
+    exponent = min(max(attempt, 1) - 1, 64)
+    delay = min(float(retry.backoff_s) * 2.0**exponent, float(retry.max_backoff_s))
+    if not retry.jitter:
+        return delay
+    return min(max(rng.uniform(delay / 2, delay), delay / 2), delay)
+
+
+# -- graph --------------------------------------------------------------------------------------
+
+
+def topological_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:
+    """The ids of ``dependencies`` (id → ids it depends on) so each comes after its dependencies.
+
+    Stable: among ready nodes the mapping's order wins. Dependencies that are not keys are
+    ignored. Raises ``CycleError`` naming one real cycle. O(nodes + edges).
+    """
+    order_of = {node_id: index for index, node_id in enumerate(dependencies)}
+    deps = {node_id: [d for d in dict.fromkeys(ds) if d in order_of] for node_id, ds in dependencies.items()}
+    dependents: dict[str, list[str]] = {node_id: [] for node_id in deps}
+    missing = {node_id: len(ds) for node_id, ds in deps.items()}
+    for node_id, ds in deps.items():
+        for dep in ds:
+            dependents[dep].append(node_id)
+    heap = [order_of[node_id] for node_id, count in missing.items() if count == 0]
+    heapq.heapify(heap)
+    ids = list(order_of)
+    order: list[str] = []
+    while heap:
+        node_id = ids[heapq.heappop(heap)]
+        order.append(node_id)
+        for child in dependents[node_id]:
+            missing[child] -= 1
+            if missing[child] == 0:
+                heapq.heappush(heap, order_of[child])
+    if len(order) < len(ids):
+        raise CycleError(_find_cycle({n for n, count in missing.items() if count > 0}, deps, order_of))
+    return order
+
+
+def _find_cycle(stuck: set[str], deps: Mapping[str, list[str]], order_of: Mapping[str, int]) -> list[str]:
+    # Every stuck node has a stuck dependency, so walking dependencies backwards must loop.
+    current = min(stuck, key=order_of.__getitem__)
+    seen: dict[str, int] = {}
+    walk: list[str] = []
+    while current not in seen:
+        seen[current] = len(walk)
+        walk.append(current)
+        current = next(dep for dep in deps[current] if dep in stuck)
+    loop = walk[seen[current]:]
+    loop.reverse()  # execution order: dependency → dependent
+    start = min(range(len(loop)), key=lambda i: order_of[loop[i]])
+    loop = loop[start:] + loop[:start]
+    return [*loop, loop[0]]
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: dict[str, list[str]] = {}
+
+    def add(self, key: str, message: str) -> None:
+        self.items.setdefault(key, []).append(message)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise SpecError(self.items)
+
+
+def _json_depth(value: Any) -> int:
+    """Nesting depth of containers (a flat object is 1). Iterative: safe on hostile input."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _NodeParser:
+    """Checks one node's own fields; the graph and templates are checked afterwards."""
+
+    def __init__(self, raw: Mapping[str, Any], index: int, errors: _Errors) -> None:
+        self.raw, self.index, self.errors = raw, index, errors
+        node_id = raw.get("id")
+        self.id = node_id if isinstance(node_id, str) and NODE_ID.match(node_id) else None
+        self.label = f"node '{self.id}'" if self.id else f"nodes[{index}]"
+        self.ok = True
+
+    def error(self, name: str, message: str) -> None:
+        key = f"nodes[{self.index}].{name}" if name else f"nodes[{self.index}]"
+        self.errors.add(key, f"{self.label}: {name}: {message}" if name else f"{self.label}: {message}")
+        self.ok = False
+
+    def parse(self) -> dict[str, Any]:
+        raw = self.raw
+        fields: dict[str, Any] = {"index": self.index}
+        if self.id is None:
+            self.error("id", "is required: a slug of a-z, 0-9 and _ starting with a letter, at most 63 long")
+        fields["id"] = self.id
+        node_type = raw.get("type")
+        if node_type not in NODE_TYPES:
+            shown = f"'{node_type}'" if isinstance(node_type, str) else "missing"
+            self.error("type", f"unknown type {shown}; use one of {', '.join(NODE_TYPES)}")
+            allowed: tuple[str, ...] = COMMON_FIELDS + tuple(f for fs in TYPE_FIELDS.values() for f in fs)
+        else:
+            allowed = COMMON_FIELDS + TYPE_FIELDS[node_type]
+        fields["type"] = node_type
+        for name in raw:
+            if name not in allowed:
+                if isinstance(node_type, str) and any(name in fs for fs in TYPE_FIELDS.values()):
+                    self.error(str(name), f"is not allowed on a '{node_type}' node")
+                else:
+                    self.error(str(name), "unknown field")
+        fields["depends_on"] = self._depends_on()
+        if "when" in raw:
+            fields["when"] = raw["when"]  # checked with the templates, once upstream sets are known
+        fields["retry"] = self._retry()
+        if "timeout_s" in raw:
+            fields["timeout_s"] = self._seconds("timeout_s", MAX_TIMEOUT_S)
+        fields["tags"] = self._tags()
+        if "pool" in raw:
+            fields["pool"] = self._name("pool")
+        if node_type == "action":
+            fields["action"] = self._action()
+        elif node_type == "sleep":
+            fields.update(self._sleep())
+        elif node_type == "subworkflow":
+            fields["workflow"] = self._name("workflow")
+            if "version" in raw:
+                version = raw["version"]
+                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                    self.error("version", "must be an integer ≥ 1")
+                fields["version"] = version
+            wait = raw.get("wait", True)
+            if not isinstance(wait, bool):
+                self.error("wait", "must be true or false")
+            fields["wait"] = wait
+        if node_type in ("action", "subworkflow", "continue_as_new"):
+            fields["input"] = raw.get("input", {})
+        return fields
+
+    def _depends_on(self) -> tuple[str, ...]:
+        deps = self.raw.get("depends_on", [])
+        if not isinstance(deps, list) or not all(isinstance(dep, str) for dep in deps):
+            self.error("depends_on", "must be a list of node ids")
+            return ()
+        for dep in {dep for dep in deps if deps.count(dep) > 1}:
+            self.error("depends_on", f"lists '{dep}' more than once")
+        return tuple(dict.fromkeys(deps))
+
+    def _retry(self) -> Retry:
+        raw = self.raw.get("retry", {})
+        if not isinstance(raw, Mapping):
+            self.error("retry", "must be an object with max_attempts, backoff_s, max_backoff_s, jitter")
+            return Retry()
+        for name in raw:
+            if name not in RETRY_FIELDS:
+                self.error(f"retry.{name}", "unknown field")
+        attempts = raw.get("max_attempts", 1)
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_ATTEMPTS:
+            self.error("retry.max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS}")
+            attempts = 1
+        backoff = raw.get("backoff_s", 1.0)
+        if not _is_number(backoff) or not 0 < backoff <= MAX_DELAY_S:
+            self.error("retry.backoff_s", f"must be a number of seconds, 0 < x ≤ {MAX_DELAY_S:g}")
+            backoff = 1.0
+        cap = raw.get("max_backoff_s", max(300.0, float(backoff)))
+        if not _is_number(cap) or not backoff <= cap <= MAX_DELAY_S:
+            self.error("retry.max_backoff_s", f"must be a number of seconds, backoff_s ≤ x ≤ {MAX_DELAY_S:g}")
+            cap = max(300.0, float(backoff))
+        jitter = raw.get("jitter", True)
+        if not isinstance(jitter, bool):
+            self.error("retry.jitter", "must be true or false")
+            jitter = True
+        return Retry(max_attempts=attempts, backoff_s=float(backoff), max_backoff_s=float(cap), jitter=jitter)
+
+    def _seconds(self, name: str, limit: float) -> float | None:
+        value = self.raw[name]
+        if not _is_number(value) or not 0 < value <= limit:
+            self.error(name, f"must be a number of seconds, 0 < x ≤ {limit:g}")
+            return None
+        return float(value)
+
+    def _tags(self) -> tuple[str, ...]:
+        tags = self.raw.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= MAX_NAME_LENGTH for t in tags):
+            self.error("tags", f"must be a list of non-empty strings of at most {MAX_NAME_LENGTH} characters")
+            return ()
+        return tuple(dict.fromkeys(tags))
+
+    def _name(self, name: str) -> str | None:
+        value = self.raw.get(name)
+        if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_LENGTH:
+            self.error(name, f"must be a non-empty name of at most {MAX_NAME_LENGTH} characters")
+            return None
+        return value
+
+    def _action(self) -> str | None:
+        name = self.raw.get("action")
+        if not isinstance(name, str) or not name:
+            self.error("action", "is required: the name of a registered action")
+            return None
+        if not actions.is_registered(name):
+            known = actions.registered_names()
+            listed = ", ".join(known[:20]) + (", …" if len(known) > 20 else "")
+            self.error("action", f"unknown action '{name[:100]}'; registered: {listed}")
+            return None
+        return name
+
+    def _sleep(self) -> dict[str, Any]:
+        has_duration, has_until = "duration_s" in self.raw, "until" in self.raw
+        if has_duration and has_until:
+            self.error("until", "give either duration_s or until, not both")
+            return {}
+        if not has_duration and not has_until:
+            self.error("duration_s", "a sleep node needs duration_s (seconds) or until (an ISO 8601 time)")
+            return {}
+        if has_duration:
+            return {"duration_s": self._seconds("duration_s", MAX_SLEEP_S)}
+        until = self.raw["until"]
+        try:
+            moment = datetime.fromisoformat(until) if isinstance(until, str) else None
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            self.error("until", "must be an ISO 8601 time with a timezone, such as 2027-01-01T00:00:00Z")
+        return {"until": moment}
+
+
+def validate_spec(spec: Any, *, max_bytes: int) -> Spec:
+    """Validate ``spec`` (parsed JSON) and return it parsed, normalized and frozen.
+
+    ``max_bytes`` is the plan's payload limit, compared with the compact UTF-8 JSON size.
+    Raises ``SpecError`` with every error found (see the module docstring). Pure apart
+    from reading settings and the actions registry.
+    """
+    errors = _Errors()
+    if not isinstance(spec, Mapping):
+        raise SpecError({"spec": ["spec: must be a JSON object with 'nodes'"]})
+    max_depth = settings.DUCTOR_MAX_SPEC_DEPTH
+    depth = _json_depth(spec)
+    if depth > max_depth:
+        raise SpecError({"spec": [f"spec: is nested {depth} levels deep; the limit is {max_depth}"]})
+    try:
+        size = len(json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+    except (TypeError, ValueError) as exc:
+        raise SpecError({"spec": [f"spec: is not valid JSON: {exc}"]}) from exc
+    if size > max_bytes:
+        raise SpecError({"spec": [f"spec: is {size} bytes; the limit is {max_bytes}"]})
+    for name in spec:
+        if name not in TOP_FIELDS:
+            errors.add(str(name), f"{name}: unknown field; use nodes and output")
+    raw_nodes = spec.get("nodes")
+    max_nodes = settings.DUCTOR_MAX_SPEC_NODES
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        errors.add("nodes", "nodes: is required: a non-empty list of nodes")
+        errors.raise_if_any()
+    assert isinstance(raw_nodes, list)
+    if len(raw_nodes) > max_nodes:
+        errors.add("nodes", f"nodes: has {len(raw_nodes)} nodes; the limit is {max_nodes}")
+        errors.raise_if_any()
+
+    parsed: list[dict[str, Any]] = []
+    first_index: dict[str, int] = {}
+    for index, raw in enumerate(raw_nodes):
+        if not isinstance(raw, Mapping):
+            errors.add(f"nodes[{index}]", f"nodes[{index}]: must be an object")
+            continue
+        fields = _NodeParser(raw, index, errors).parse()
+        node_id = fields["id"]
+        if node_id is not None:
+            if node_id in first_index:
+                errors.add(
+                    f"nodes[{index}].id",
+                    f"node '{node_id}': id: duplicate id (also nodes[{first_index[node_id]}])",
+                )
+            else:
+                first_index[node_id] = index
+        parsed.append(fields)
+
+    ids_sound = all(f["id"] is not None for f in parsed) and len(parsed) == len(raw_nodes) and not any(
+        key.endswith("].id") for key in errors.items
+    )
+    by_id = {f["id"]: f for f in parsed if f["id"] is not None}
+    for fields in parsed:
+        label = f"node '{fields['id']}'" if fields["id"] else f"nodes[{fields['index']}]"
+        key = f"nodes[{fields['index']}].depends_on"
+        for dep in fields["depends_on"]:
+            if dep == fields["id"]:
+                errors.add(key, f"{label}: depends_on: a node cannot depend on itself")
+            elif dep not in by_id:
+                errors.add(key, f"{label}: depends_on: unknown node '{dep}'")
+            elif by_id[dep]["type"] == "continue_as_new":
+                errors.add(key, f"{label}: depends_on: '{dep}' is a continue_as_new node, which must be a sink")
+    continuations = [f for f in parsed if f["type"] == "continue_as_new"]
+    for extra in continuations[1:]:
+        errors.add(
+            f"nodes[{extra['index']}].type",
+            f"node '{extra['id']}': type: a spec has at most one continue_as_new node "
+            f"(also '{continuations[0]['id']}')",
+        )
+
+    upstream: dict[str, frozenset[str]] | None = None
+    order: list[str] = []
+    if ids_sound:
+        graph = {f["id"]: [d for d in f["depends_on"] if d != f["id"]] for f in parsed}
+        try:
+            order = topological_order(graph)
+        except CycleError as exc:
+            start = by_id[exc.cycle[0]]
+            errors.add(f"nodes[{start['index']}].depends_on", f"node '{start['id']}': depends_on: {exc}")
+        else:
+            upstream = {}
+            for node_id in order:
+                ups: set[str] = set()
+                for dep in graph[node_id]:
+                    if dep in by_id:
+                        ups.add(dep)
+                        ups |= upstream[dep]
+                upstream[node_id] = frozenset(ups)
+
+    known = set(by_id)
+    for fields in parsed:
+        prefix = f"nodes[{fields['index']}]"
+        label = f"node '{fields['id']}'" if fields["id"] else prefix
+        allowed = upstream.get(fields["id"]) if upstream is not None and fields["id"] else None
+        if "when" in fields:
+            when, problems = when_errors(fields["when"], field="when", upstream=allowed, known=known)
+            fields["when"] = when
+            for path, message in problems:
+                errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
+        if "input" in fields:
+            for path, message in template_errors(fields["input"], field="input", upstream=allowed, known=known):
+                errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
+    output = spec.get("output")
+    for path, message in template_errors(output, field="output", upstream=None, known=known):
+        errors.add(path, f"{path}: {message}")
+
+    errors.raise_if_any()
+    assert upstream is not None
+    return _build(parsed, order, upstream, output, size)
+
+
+def _build(
+    parsed: list[dict[str, Any]],
+    order: list[str],
+    upstream: Mapping[str, frozenset[str]],
+    output: Any,
+    size: int,
+) -> Spec:
+    by_id = {fields["id"]: fields for fields in parsed}
+    position = {node_id: i for i, node_id in enumerate(order)}
+    dependents: dict[str, list[str]] = {node_id: [] for node_id in order}
+    for fields in parsed:
+        for dep in fields["depends_on"]:
+            dependents[dep].append(fields["id"])
+    nodes = tuple(
+        Node(
+            **{
+                **by_id[node_id],
+                "depends_on": tuple(by_id[node_id]["depends_on"]),
+                "upstream": upstream[node_id],
+                "dependents": tuple(sorted(dependents[node_id], key=position.__getitem__)),
+            }
+        )
+        for node_id in order
+    )
+    continuation = next((node.id for node in nodes if node.type == "continue_as_new"), None)
+    return Spec(
+        nodes=nodes,
+        output=output,
+        sinks=tuple(node.id for node in nodes if not node.dependents),
+        continue_as_new=continuation,
+        size_bytes=size,
+        by_id=MappingProxyType({node.id: node for node in nodes}),
+    )

@@ -1,0 +1,115 @@
+"""Workflow and run endpoints. Views parse, call one service or selector, and serialize."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ductor_project.pagination import CursorPagination
+from tenants.api import TenantViewSet
+from workflows import selectors, services
+from workflows.models import WorkflowDefinition, WorkflowRun
+from workflows.serializers import (
+    RunDetailSerializer,
+    RunEventSerializer,
+    RunFilterSerializer,
+    RunSerializer,
+    RunStartSerializer,
+    WorkflowCreateSerializer,
+    WorkflowSerializer,
+    WorkflowUpdateSerializer,
+    WorkflowVersionSerializer,
+)
+
+
+class ByNamePagination(CursorPagination):
+    ordering = ("name", "id")
+
+
+class WorkflowViewSet(TenantViewSet):
+    """Workflow definitions. Every update adds an immutable version."""
+
+    serializer_class = WorkflowSerializer
+    queryset = WorkflowDefinition.all_tenants.none()
+    pagination_class = ByNamePagination
+    lookup_field = "name"
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(selectors.workflow_list())
+        return self.get_paginated_response(WorkflowSerializer(page, many=True).data)
+
+    @extend_schema(request=WorkflowCreateSerializer, responses={201: WorkflowSerializer})
+    def create(self, request: Request) -> Response:
+        params = WorkflowCreateSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        version, created = services.workflow_put(**params.validated_data)
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(WorkflowSerializer(version.definition).data, status=code)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
+
+    @extend_schema(request=WorkflowUpdateSerializer, responses={200: WorkflowSerializer})
+    def update(self, request: Request, name: str) -> Response:
+        definition = selectors.get_workflow_for_tenant(name)
+        params = WorkflowUpdateSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        services.workflow_put(name=definition.name, **params.validated_data)
+        return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
+
+    @extend_schema(responses={200: WorkflowVersionSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def versions(self, request: Request, name: str) -> Response:
+        rows = selectors.version_list(selectors.get_workflow_for_tenant(name))
+        return Response(WorkflowVersionSerializer(rows, many=True).data)
+
+
+class RunViewSet(TenantViewSet):
+    """Runs: start (idempotent with a key), list with filters, detail, cancel, steps, events, lineage."""
+
+    serializer_class = RunSerializer
+    queryset = WorkflowRun.all_tenants.none()
+
+    @extend_schema(parameters=[
+        OpenApiParameter("status", str), OpenApiParameter("workflow", str),
+        OpenApiParameter("created_after", str), OpenApiParameter("created_before", str),
+        OpenApiParameter("root_run_id", str),
+    ])
+    def list(self, request: Request) -> Response:
+        filters = RunFilterSerializer(data=request.query_params.dict())
+        filters.is_valid(raise_exception=True)
+        page = self.paginate_queryset(selectors.run_list(filters.validated_data))
+        return self.get_paginated_response(RunSerializer(page, many=True).data)
+
+    @extend_schema(request=RunStartSerializer, responses={201: RunSerializer, 200: RunSerializer})
+    def create(self, request: Request) -> Response:
+        params = RunStartSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        run, created = services.run_start(**params.validated_data)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses=RunDetailSerializer)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(RunDetailSerializer(selectors.get_run_for_tenant(pk)).data)
+
+    @extend_schema(request=None, responses=RunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        run = services.run_cancel(run=selectors.get_run_for_tenant(pk))
+        return Response(RunSerializer(run).data)
+
+    @extend_schema(responses=RunEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        run = selectors.get_run_for_tenant(pk)
+        return Response(RunEventSerializer(selectors.run_events(run), many=True).data)
+
+    @extend_schema(responses=inline_serializer("Lineage", {"root_run_id": serializers.UUIDField(),
+                                                           "runs": serializers.IntegerField(),
+                                                           "tree": serializers.ListField()}))
+    @action(detail=True, methods=["get"])
+    def lineage(self, request: Request, pk: str) -> Response:
+        return Response(selectors.lineage(selectors.get_run_for_tenant(pk)))
