@@ -14,7 +14,7 @@ TEST_ENV := env -u DATABASE_URL -u REDIS_URL DUCTOR_DATA_DIR=$(TEST_DATA_DIR) \
 	$(if $(TEST_DATABASE_URL),DATABASE_URL=$(TEST_DATABASE_URL)) \
 	$(if $(TEST_REDIS_URL),REDIS_URL=$(TEST_REDIS_URL))
 
-.PHONY: install test lint typecheck pytest demo down bench clean
+.PHONY: install test lint typecheck pytest demo up down bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Ductor needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -47,6 +47,10 @@ demo: $(STAMP)
 	@$(BIN)/python -m ductor_project.embedded status | grep -q '"running": true' && keep=1 || keep=0; \
 	$(BIN)/python manage.py migrate --noinput -v 0 && $(BIN)/python manage.py demo; rc=$$?; \
 	if [ $$keep = 0 ]; then $(BIN)/python -m ductor_project.embedded stop >/dev/null; fi; exit $$rc
+
+# The whole stack (web, workers, dispatcher, coordinator) until Ctrl-C. ARGS="--dev" for runserver.
+up: $(STAMP)
+	$(BIN)/python manage.py up $(ARGS)
 
 # Every benchmark against fresh embedded services; one combined JSON, plus a markdown table.
 bench: $(STAMP)

@@ -15,6 +15,19 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def wait_for_http(url: str, *, timeout_s: float = 30) -> None:
+    """Wait until ``url`` answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer in {timeout_s}s")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -42,17 +55,9 @@ class WebServer:
         )
 
     def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"web server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/api/schema/", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("web server did not become ready")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"web server exited with {self.proc.returncode}")
+        wait_for_http(f"{self.url}/api/schema/", timeout_s=timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,0 +1,86 @@
+"""``python manage.py up``: the whole stack on this machine, until Ctrl-C.
+
+Starts (or attaches to) PostgreSQL and Redis, migrates, then runs the web
+server (gunicorn; ``--dev`` for runserver), Celery workers, dispatchers and the
+coordinator as supervised children. A child that dies is reported and
+restarted. Ctrl-C stops every child cleanly; ``make down`` stops the servers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from ductor_project.stack import Stack
+from ductor_project.webserver import free_port, wait_for_http
+
+
+class Command(BaseCommand):
+    help = "Run the whole Ductor stack (web, workers, dispatchers, coordinator) until Ctrl-C."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--workers", type=int, default=1)
+        parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument("--dispatchers", type=int, default=1)
+        parser.add_argument("--dev", action="store_true", help="runserver instead of gunicorn")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        password = _admin_password()
+        port = options["port"] if _port_free(options["port"]) else free_port()
+        stack = Stack(data_dir=settings.DUCTOR_DATA_DIR, port=port, workers=options["workers"],
+                      worker_concurrency=options["concurrency"], dispatchers=options["dispatchers"],
+                      dev=options["dev"], say=self.stdout.write)
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        stack.start()
+        try:
+            wait_for_http(f"http://127.0.0.1:{port}/api/schema/", timeout_s=60)
+            base = f"http://127.0.0.1:{port}"
+            self.stdout.write(self.style.SUCCESS("Ductor is up."))
+            self.stdout.write(f"  API       {base}/api/v1/")
+            self.stdout.write(f"  API docs  {base}/api/docs/")
+            self.stdout.write(f"  Admin     {base}/admin/   (login: admin / {password})")
+            self.stdout.write(f"  Logs      {settings.DUCTOR_DATA_DIR / 'logs'}")
+            self.stdout.write("  Create a tenant: python manage.py create_tenant acme --json")
+            self.stdout.write("Press Ctrl-C to stop.")
+            while not stop.wait(1.0):
+                stack.check()
+        finally:
+            self.stdout.write("Stopping every child...")
+            stack.stop()
+            self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _admin_password() -> str:
+    """The local admin's password: created once and kept in the data dir (mode 0600)."""
+    path = settings.DUCTOR_DATA_DIR / "admin_password"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(12))
+        path.chmod(0o600)
+    password = path.read_text().strip()
+    user_model = get_user_model()
+    user = user_model.objects.filter(username="admin").first()
+    if user is None:
+        user_model.objects.create_superuser("admin", "admin@localhost", password)
+    return password
