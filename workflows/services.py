@@ -28,13 +28,14 @@ def _payload_too_large(field: str, size: int, limit: int) -> ApiError:
 
 
 def _validated(spec: Any) -> dict[str, Any]:
+    """The spec validated and normalized (defaults filled, nodes in topological order)."""
     limit = effective_entitlements(current_tenant()).max_payload_bytes
     try:
-        validate_spec(spec, max_bytes=limit)
+        parsed = validate_spec(spec, max_bytes=limit)
     except SpecError as exc:
-        raise ApiError(str(exc), code=ErrorCode.INVALID, details={f"spec.{k}" if k != "spec" else k: v
-                                                                   for k, v in exc.errors.items()}) from exc
-    return dict(spec)
+        details = {f"spec.{k}" if k != "spec" else k: v for k, v in exc.errors.items()}
+        raise ApiError(str(exc), code=ErrorCode.INVALID, details=details) from exc
+    return parsed.to_dict()
 
 
 @transaction.atomic

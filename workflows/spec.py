@@ -351,12 +351,10 @@ class _NodeParser:
         node_id = raw.get("id")
         self.id = node_id if isinstance(node_id, str) and NODE_ID.match(node_id) else None
         self.label = f"node '{self.id}'" if self.id else f"nodes[{index}]"
-        self.ok = True
 
     def error(self, name: str, message: str) -> None:
         key = f"nodes[{self.index}].{name}" if name else f"nodes[{self.index}]"
         self.errors.add(key, f"{self.label}: {name}: {message}" if name else f"{self.label}: {message}")
-        self.ok = False
 
     def parse(self) -> dict[str, Any]:
         raw = self.raw
@@ -521,11 +519,10 @@ def validate_spec(spec: Any, *, max_bytes: int) -> Spec:
     max_nodes = settings.DUCTOR_MAX_SPEC_NODES
     if not isinstance(raw_nodes, list) or not raw_nodes:
         errors.add("nodes", "nodes: is required: a non-empty list of nodes")
-        errors.raise_if_any()
-    assert isinstance(raw_nodes, list)
+        raise SpecError(errors.items)
     if len(raw_nodes) > max_nodes:
         errors.add("nodes", f"nodes: has {len(raw_nodes)} nodes; the limit is {max_nodes}")
-        errors.raise_if_any()
+        raise SpecError(errors.items)
 
     parsed: list[dict[str, Any]] = []
     first_index: dict[str, int] = {}

@@ -255,12 +255,21 @@ def _one_condition(
     return clean, []
 
 
+def _holds(cond: Mapping[str, Any], context: Mapping[str, Any]) -> bool:
+    # Normalizing again fills defaults (``exists`` without ``value``), so a ``when``
+    # taken from the submitted spec works as well as one from ``Spec``/``to_dict()``.
+    return condition_holds(validate_condition("when", cond), context)
+
+
 def evaluate_when(when: Mapping[str, Any] | None, context: Mapping[str, Any]) -> bool:
-    """Whether a validated ``when`` holds on ``context`` (None always holds). Pure; never evaluates code."""
+    """Whether a validated ``when`` holds on ``context`` (None always holds). Pure; never evaluates code.
+
+    Accepts the normalized or the submitted form; an invalid condition raises ``RuleError``.
+    """
     if when is None:
         return True
     if "all" in when:
-        return all(condition_holds(cond, context) for cond in when["all"])
+        return all(_holds(cond, context) for cond in when["all"])
     if "any" in when:
-        return any(condition_holds(cond, context) for cond in when["any"])
-    return condition_holds(when, context)
+        return any(_holds(cond, context) for cond in when["any"])
+    return _holds(when, context)

@@ -1,0 +1,290 @@
+"""Templates and ``when``: the reference grammar, rendering of every reference kind, and validation.
+
+Pure tests: no database, no Redis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workflows.templates import (
+    evaluate_when,
+    parse_reference,
+    render,
+    template_errors,
+    validate_template,
+    when_errors,
+)
+
+CONTEXT: dict[str, Any] = {
+    "input": {"user_id": 42, "a": {"b": [10, {"c": "deep"}]}, "flag": True, "none": None, "name": "Ada"},
+    "nodes": {
+        "fetch": {"output": {"body": {"id": 7, "tags": ["x", "y"]}, "code": 200}, "status": "succeeded"},
+        "maybe": {"output": None, "status": "skipped"},
+    },
+    "run": {"id": "run-1", "root_id": "run-0"},
+}
+
+
+# -- whole-value references ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("$input", CONTEXT["input"]),
+        ("$input.user_id", 42),
+        ("$input.a.b", [10, {"c": "deep"}]),
+        ("$input.a.b.1.c", "deep"),
+        ("$input.flag", True),
+        ("$input.none", None),
+        ("$nodes.fetch.output", CONTEXT["nodes"]["fetch"]["output"]),
+        ("$nodes.fetch.output.body.tags.0", "x"),
+        ("$nodes.fetch.status", "succeeded"),
+        ("$nodes.maybe.status", "skipped"),
+        ("$run.id", "run-1"),
+        ("$run.root_id", "run-0"),
+    ],
+)
+def test_whole_value_reference_renders_the_json_value(template: str, expected: Any) -> None:
+    assert render(template, CONTEXT) == expected
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["$input.missing", "$input.a.b.5", "$input.a.b.x", "$input.user_id.deeper", "$nodes.ghost.output",
+     "$nodes.maybe.output.body"],
+)
+def test_missing_path_renders_null_as_whole_value(template: str) -> None:
+    assert render(template, CONTEXT) is None
+
+
+def test_render_walks_nested_objects_and_lists_and_keeps_other_values() -> None:
+    template = {"user": "$nodes.fetch.output.body", "list": [1, "$input.user_id", {"k": "$run.id"}],
+                "n": 3.5, "b": False, "z": None, "$input": "keys are not templates"}
+    assert render(template, CONTEXT) == {
+        "user": {"id": 7, "tags": ["x", "y"]}, "list": [1, 42, {"k": "run-1"}],
+        "n": 3.5, "b": False, "z": None, "$input": "keys are not templates",
+    }
+
+
+def test_render_does_not_modify_the_template() -> None:
+    template = {"a": ["$input.user_id"]}
+    render(template, CONTEXT)
+    assert template == {"a": ["$input.user_id"]}
+
+
+# -- interpolation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("/users/{{ $input.user_id }}", "/users/42"),
+        ("/users/{{$input.user_id}}/x", "/users/42/x"),
+        ("hi {{ $input.name }}!", "hi Ada!"),
+        ("{{ $input.a.b.1.c }}-{{ $run.id }}-{{ $run.root_id }}", "deep-run-1-run-0"),
+        ("body={{ $nodes.fetch.output.body }}", 'body={"id":7,"tags":["x","y"]}'),
+        ("tags={{ $nodes.fetch.output.body.tags }}", 'tags=["x","y"]'),
+        ("flag={{ $input.flag }} none={{ $input.none }}", "flag=true none=null"),
+        ("status: {{ $nodes.fetch.status }}", "status: succeeded"),
+        ("float {{ $nodes.fetch.output.code }}", "float 200"),
+        ("[{{ $input.missing }}]", "[]"),
+        ("[{{ $nodes.ghost.output.x }}]", "[]"),
+        ("no references at all", "no references at all"),
+        ("a lone {{ brace", "a lone {{ brace"),
+        ("", ""),
+    ],
+)
+def test_interpolation_renders_text(template: str, expected: str) -> None:
+    assert render(template, CONTEXT) == expected
+
+
+def test_interpolated_string_values_are_not_rendered_again() -> None:
+    context = {"input": {"evil": "{{ $run.id }}", "dollar": "$run.id"}, "nodes": {}, "run": {"id": "r"}}
+    assert render("x {{ $input.evil }}", context) == "x {{ $run.id }}"
+    assert render("$input.dollar", context) == "$run.id"
+
+
+# -- escapes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("$$5.00", "$5.00"),
+        ("$$input", "$input"),
+        ("$$", "$"),
+        ("$$$", "$$"),
+        ("$$ {{ $input.name }}", "$ Ada"),
+        ("price: $5", "price: $5"),
+    ],
+)
+def test_double_dollar_escapes_a_literal_dollar(template: str, expected: str) -> None:
+    assert render(template, CONTEXT) == expected
+    assert validate_template(template, field="input", upstream=set()) == []
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["$input", "$input.a.0.b-c", "$nodes.up.output", "$nodes.up.output.a.0.b", "$nodes.up.status", "$run.id",
+     "$run.root_id", "x {{ $nodes.up.output.y }} {{ $input }}", {"k": ["$input.z", 1, None, True]}, 5, None],
+)
+def test_valid_templates_have_no_errors(template: Any) -> None:
+    assert validate_template(template, field="input", upstream={"up"}) == []
+
+
+@pytest.mark.parametrize(
+    ("template", "needle"),
+    [
+        ("$foo", "unknown reference root '$foo'"),
+        ("$env.HOME", "unknown reference root '$env'"),
+        ("$input.", "malformed reference"),
+        ("$input..a", "malformed reference"),
+        ("$input a", "malformed reference"),
+        ("$", "malformed reference"),
+        ("$5.00", "malformed reference"),
+        ("$nodes", "$nodes.<id>.output"),
+        ("$nodes.up", "$nodes.<id>.output"),
+        ("$nodes.up.input", "$nodes.<id>.output"),
+        ("$nodes.up.status.x", "$nodes.<id>.output"),
+        ("$nodes.Up.output", "$nodes.<id>.output"),
+        ("$run", "$run.id or $run.root_id"),
+        ("$run.attempt", "$run.id or $run.root_id"),
+        ("$run.id.x", "$run.id or $run.root_id"),
+        ("a {{ input.x }} b", "malformed reference"),
+        ("a {{ $bogus }} b", "unknown reference root"),
+        ("a {{ }} b", "malformed reference"),
+        ("a {{ __import__('os') }} b", "malformed reference"),
+    ],
+)
+def test_bad_references_are_rejected(template: str, needle: str) -> None:
+    errors = validate_template(template, field="input", upstream={"up"})
+    assert len(errors) == 1
+    assert errors[0].startswith("input: ")
+    assert needle in errors[0]
+
+
+def test_errors_name_the_nested_field_path() -> None:
+    template = {"path": "/u/{{ $nope }}", "items": [1, {"x": "$nodes.far.output"}], "ok": "$input"}
+    assert [path for path, _ in template_errors(template, field="input", upstream={"up"})] == [
+        "input.path", "input.items[1].x",
+    ]
+
+
+def test_node_reference_must_be_upstream_or_known() -> None:
+    assert validate_template("$nodes.b.output", field="input", upstream={"a"}) == [
+        "input: '$nodes.b.output' names node 'b', which is not upstream (add it to depends_on)"
+    ]
+    assert template_errors("{{ $nodes.zz.status }}", field="output", upstream=None, known={"a"}) == [
+        ("output", "'$nodes.zz.status' names unknown node 'zz'")
+    ]
+    assert validate_template("$nodes.anything.output", field="output", upstream=None) == []
+
+
+# -- when ---------------------------------------------------------------------------------------
+
+
+def test_when_single_all_and_any() -> None:
+    ctx = CONTEXT
+    eq = {"path": "input.user_id", "op": "eq", "value": 42}
+    ne = {"path": "input.user_id", "op": "eq", "value": 1}
+    assert evaluate_when(None, ctx) is True
+    assert evaluate_when(eq, ctx) is True
+    assert evaluate_when(ne, ctx) is False
+    assert evaluate_when({"all": [eq, eq]}, ctx) is True
+    assert evaluate_when({"all": [eq, ne]}, ctx) is False
+    assert evaluate_when({"any": [ne, eq]}, ctx) is True
+    assert evaluate_when({"any": [ne, ne]}, ctx) is False
+
+
+@pytest.mark.parametrize(
+    ("cond", "expected"),
+    [
+        ({"path": "nodes.fetch.output.code", "op": "gt", "value": 199}, True),
+        ({"path": "nodes.fetch.output.code", "op": "lt", "value": 200}, False),
+        ({"path": "nodes.fetch.status", "op": "eq", "value": "succeeded"}, True),
+        ({"path": "nodes.fetch.output.body.tags", "op": "exists"}, True),
+        ({"path": "nodes.fetch.output.body.nope", "op": "exists", "value": False}, True),
+        ({"path": "input.name", "op": "prefix", "value": "A"}, True),
+        ({"path": "input.name", "op": "in", "value": ["Bob", "Ada"]}, True),
+        ({"path": "input.missing", "op": "ne", "value": 1}, True),
+        ({"path": "input.missing", "op": "eq", "value": None}, False),
+    ],
+)
+def test_when_paths_reach_input_and_node_outputs(cond: dict[str, Any], expected: bool) -> None:
+    clean, errors = when_errors(cond, field="when", upstream={"fetch"})
+    assert errors == []
+    assert evaluate_when(clean, CONTEXT) is expected
+
+
+@pytest.mark.parametrize(
+    ("when", "key", "needle"),
+    [
+        ("yes", "when", "must be an object"),
+        ({"path": "input.x", "op": "eq"}, "when.value", "is required"),
+        ({"path": "input.x", "op": "like", "value": 1}, "when.op", "unknown operator"),
+        ({"path": "input.x", "op": "eq", "value": 1, "extra": 1}, "when.extra", "unknown field"),
+        ({"path": "run.id", "op": "eq", "value": 1}, "when.path", "must start with 'input.' or 'nodes.<id>.'"),
+        ({"path": "nodes.up", "op": "exists"}, "when.path", "nodes.<id>.output"),
+        ({"path": "nodes.up.input", "op": "exists"}, "when.path", "nodes.<id>.output"),
+        ({"path": "nodes.far.output", "op": "exists"}, "when.path", "not upstream"),
+        ({"path": "nodes.ghost.status", "op": "exists"}, "when.path", "unknown node 'ghost'"),
+        ({"all": []}, "when.all", "must be a list of 1 to 20 conditions"),
+        ({"any": "x"}, "when.any", "must be a list"),
+        ({"any": [{"path": "input.x", "op": "exists"}, {"path": "bad path", "op": "exists"}]},
+         "when.any[1].path", "dotted path"),
+        ({"all": [{"all": [{"path": "input.x", "op": "exists"}]}]}, "when.all[0].all", "unknown field"),
+    ],
+)
+def test_bad_when_is_rejected_naming_the_field(when: Any, key: str, needle: str) -> None:
+    clean, errors = when_errors(when, field="when", upstream={"up"}, known={"up", "far"})
+    assert clean is None
+    assert len(errors) == 1
+    assert errors[0][0] == key
+    assert needle in errors[0][1]
+
+
+def test_when_exists_defaults_to_true() -> None:
+    clean, errors = when_errors({"path": "input.x", "op": "exists"}, field="when", upstream=set())
+    assert errors == []
+    assert clean == {"path": "input.x", "op": "exists", "value": True}
+
+
+def test_evaluate_when_accepts_the_submitted_form() -> None:
+    assert evaluate_when({"path": "input.name", "op": "exists"}, CONTEXT) is True
+    assert evaluate_when({"any": [{"path": "input.nope", "op": "exists"}]}, CONTEXT) is False
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet="abc {}$._", max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text("ab", max_size=3), children, max_size=3),
+    max_leaves=15,
+)
+
+
+@given(_json)
+def test_a_template_with_no_errors_always_renders(template: Any) -> None:
+    if not validate_template(template, field="t", upstream=set()):
+        render(template, CONTEXT)
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="$"), max_size=30).filter(lambda s: "{{" not in s))
+def test_strings_without_dollar_or_braces_render_unchanged(text: str) -> None:
+    assert validate_template(text, field="t", upstream=set()) == []
+    assert render(text, CONTEXT) == text
+
+
+@given(st.lists(st.from_regex(r"[a-z0-9_]{1,5}", fullmatch=True), min_size=0, max_size=5))
+def test_parse_reference_round_trips_input_paths(parts: list[str]) -> None:
+    text = "$" + ".".join(["input", *parts])
+    assert parse_reference(text) == ("input", *parts)
