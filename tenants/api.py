@@ -3,6 +3,9 @@
 ``TenantAPIView`` authenticates, enters the request's tenant context for the
 whole request (permissions, throttles, the view body, serialization) and
 resets it afterwards. ``StrictSerializer`` refuses unknown fields, naming them.
+
+OPTIONS answers ``405``: DRF's metadata would describe a detail endpoint even
+for an id of another tenant, and every verb on such an id must answer 404 or 405.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from rest_framework import serializers, viewsets
+from rest_framework.metadata import BaseMetadata
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -24,6 +28,7 @@ from tenants.permissions import IsPlatformAdmin, request_tenant
 class TenantScopeMixin:
     """Enter the tenant context as soon as the request is authenticated."""
 
+    metadata_class: str | type[BaseMetadata] | None = None
     _tenant_scope: ExitStack
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -50,6 +55,7 @@ class PlatformAPIView(APIView):
     """A platform-admin endpoint: superusers and platform keys only; 404 for anyone else."""
 
     permission_classes = [IsPlatformAdmin]
+    metadata_class = None
 
 
 class PlatformViewSet(viewsets.GenericViewSet):
@@ -57,6 +63,7 @@ class PlatformViewSet(viewsets.GenericViewSet):
 
     permission_classes = [IsPlatformAdmin]
     lookup_value_regex = "[^/]+"
+    metadata_class = None
 
 
 class StrictSerializer(serializers.Serializer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
@@ -66,11 +67,32 @@ class IsTenantMember(BasePermission):
         reads = request.method in SAFE_METHODS or getattr(view, "changes_nothing", False)
         allowed = can_read(request) if reads else can_write(request)
         if not allowed:
+            refuse_unseen_object(view)
             needed = "read" if reads else "write"
             raise Forbidden(
                 f"This request needs the '{needed}' scope.", code=ErrorCode.INSUFFICIENT_SCOPE
             )
         return True
+
+
+def refuse_unseen_object(view: Any) -> None:
+    """On a detail route, raise ``NotFound`` unless the object is in the view's (scoped) queryset.
+
+    Runs before a scope refusal, so that another tenant's id is a 404 whatever
+    the caller's scopes, exactly like an id that does not exist.
+    """
+    lookup_field: str | None = getattr(view, "lookup_field", None)
+    if not lookup_field or not hasattr(view, "get_queryset"):
+        return
+    value = getattr(view, "kwargs", {}).get(getattr(view, "lookup_url_kwarg", None) or lookup_field)
+    if value is None:
+        return
+    try:
+        found = view.get_queryset().filter(**{lookup_field: value}).exists()
+    except (DjangoValidationError, ValueError, TypeError):
+        found = False
+    if not found:
+        raise NotFound()
 
 
 def is_platform_admin(request: Request) -> bool:

@@ -8,30 +8,83 @@ migrations and maintenance, and its name is meant to be grepped for.
 Guarantees, each covered by a test in ``tests/tenants/test_scoping.py``:
 - reverse related managers and ``prefetch_related`` are built on the default
   (scoped) manager, so they are filtered and fail closed too;
-- ``update()`` cannot change the tenant column, ``bulk_create`` stamps and
-  checks the tenant of each row, ``raw()`` is refused on the scoped manager;
+- forward relations (``note.folder``) are read through Django's unfiltered
+  base manager, so their descriptor checks the tenant: assigning a row of
+  another tenant to a stored row raises (this guards ``folder.notes.add()``),
+  and a link to another tenant's row (only possible through raw SQL) raises on
+  access, reads as missing through ``prefetch_related``, and raises when
+  ``select_related`` joins it;
+- ``update()`` cannot change the tenant column nor point a foreign key at a
+  scoped row of another tenant; ``raw()`` is refused on the scoped manager;
+- ``bulk_create`` stamps and checks the tenant of each row, and an upsert must
+  conflict on the tenant column (so it never overwrites another tenant's row);
+  ``bulk_update`` only takes rows of the tenant in context;
 - saving takes the tenant from the context; saving or deleting a row of
-  another tenant raises; a foreign key to a scoped row of another tenant is
-  refused at save time (so ``select_related`` joins stay inside one tenant).
+  another tenant raises, also when the row's tenant was reassigned in memory or
+  its primary key was forged; a foreign key to a scoped row of another tenant is
+  refused at save time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, ClassVar
+from contextvars import ContextVar
+from typing import Any, ClassVar, TypeGuard
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import models
+from django.db.models.fields.related_descriptors import (
+    ForwardManyToOneDescriptor,
+    ForwardOneToOneDescriptor,
+)
+from django.db.models.query import ModelIterable
+from django.db.models.signals import class_prepared
 
 from tenants.context import TenantScopeError, current_tenant, peek_tenant, tenant_context
 
+_TENANT_FIELDS = {"tenant", "tenant_id"}
+# Set while bulk_update() runs: it checked every row's links itself, and the
+# update() it issues assigns them as per-row CASE expressions.
+_links_checked: ContextVar[bool] = ContextVar("ductor_tenant_links_checked", default=False)
+
+
+def _is_scoped(model: Any) -> TypeGuard[type[TenantScopedModel]]:
+    return isinstance(model, type) and issubclass(model, TenantScopedModel)
+
+
+class TenantCheckedIterable(ModelIterable):
+    """Model rows; a row that ``select_related`` joined to a row of another tenant raises."""
+
+    def __iter__(self) -> Iterator[Any]:
+        joined = bool(self.queryset.query.select_related)
+        for obj in super().__iter__():
+            if joined:
+                _refuse_cross_tenant_joins(obj)
+            yield obj
+
+
+def _refuse_cross_tenant_joins(obj: Any) -> None:
+    for related in obj._state.fields_cache.values():
+        if isinstance(related, TenantScopedModel):
+            if related.tenant_id != obj.tenant_id:
+                raise TenantScopeError(
+                    f"{type(obj).__name__} {obj.pk} is linked to a {type(related).__name__} "
+                    "of another tenant"
+                )
+            _refuse_cross_tenant_joins(related)
+
 
 class TenantScopedQuerySet(models.QuerySet[Any]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._iterable_class = TenantCheckedIterable
+
     def update(self, **kwargs: Any) -> int:
-        if "tenant" in kwargs or "tenant_id" in kwargs:
+        if _TENANT_FIELDS & kwargs.keys():
             raise TenantScopeError("the tenant of a row cannot be changed")
-        self._check_foreign_values(kwargs)
+        if not _links_checked.get():
+            self._check_foreign_values(kwargs)
         return super().update(**kwargs)
 
     def _check_foreign_values(self, values: dict[str, Any]) -> None:
@@ -49,6 +102,8 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
                 and issubclass(target, TenantScopedModel)
             ):
                 continue
+            if hasattr(value, "resolve_expression"):
+                raise TenantScopeError(f"cannot check the tenant of an expression assigned to {name}")
             pk = value.pk if isinstance(value, models.Model) else value
             target_tenant = target.all_tenants.filter(pk=pk).values_list("tenant_id", flat=True).first()
             if row_tenants is None:
@@ -56,26 +111,51 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
             if target_tenant is None or row_tenants - {target_tenant}:
                 raise TenantScopeError(f"cross-tenant reference refused: {name}={pk}")
 
-    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+    def bulk_create(  # type: ignore[override]
+        self,
+        objs: Iterable[Any],
+        batch_size: int | None = None,
+        ignore_conflicts: bool = False,
+        update_conflicts: bool = False,
+        update_fields: Sequence[str] | None = None,
+        unique_fields: Sequence[str] | None = None,
+    ) -> list[Any]:
+        if update_conflicts and not _TENANT_FIELDS & set(unique_fields or ()):
+            raise TenantScopeError(
+                "an upsert must conflict on the tenant column, or it could overwrite a row of another tenant"
+            )
+        if _TENANT_FIELDS & set(update_fields or ()):
+            raise TenantScopeError("the tenant of a row cannot be changed")
         tenant = current_tenant()
         objs = list(objs)
         for obj in objs:
             obj.bind_tenant(tenant)
             obj.check_tenant_links()
-        return super().bulk_create(objs, *args, **kwargs)
+        return super().bulk_create(
+            objs,
+            batch_size=batch_size,
+            ignore_conflicts=ignore_conflicts,
+            update_conflicts=update_conflicts,
+            update_fields=update_fields,
+            unique_fields=unique_fields,
+        )
 
     def bulk_update(  # type: ignore[override]
         self, objs: Iterable[Any], fields: Sequence[str], *args: Any, **kwargs: Any
     ) -> int:
-        if "tenant" in fields or "tenant_id" in fields:
+        if _TENANT_FIELDS & set(fields):
             raise TenantScopeError("the tenant of a row cannot be changed")
         tenant = current_tenant()
         objs = list(objs)
         for obj in objs:
-            if obj.tenant_id != tenant.pk:
+            if obj.tenant_id != tenant.pk or obj.stored_tenant_id() != tenant.pk:
                 raise TenantScopeError("bulk_update of a row of another tenant")
             obj.check_tenant_links()
-        return super().bulk_update(objs, fields, *args, **kwargs)
+        token = _links_checked.set(True)
+        try:
+            return super().bulk_update(objs, fields, *args, **kwargs)
+        finally:
+            _links_checked.reset(token)
 
 
 class TenantScopedManager(models.Manager[Any]):
@@ -112,19 +192,47 @@ class TenantScopedModel(models.Model):
     objects: ClassVar[TenantScopedManager] = TenantScopedManager()
     all_tenants: ClassVar[AllTenantsManager] = AllTenantsManager()
 
+    _loaded_tenant_id: Any = None
+
     class Meta:
         abstract = True
         default_manager_name = "objects"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        self.bind_tenant(current_tenant())
+        tenant = current_tenant()
+        self.bind_tenant(tenant)
+        self._refuse_overwrite(tenant, force_insert=bool(kwargs.get("force_insert")))
         self.check_tenant_links()
         super().save(*args, **kwargs)
+        self._loaded_tenant_id = self.tenant_id
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
-        if self.tenant_id != current_tenant().pk:
+        tenant = current_tenant()
+        if self.tenant_id != tenant.pk or self.stored_tenant_id() != tenant.pk:
             raise TenantScopeError(f"delete of a {type(self).__name__} of another tenant")
         return super().delete(*args, **kwargs)
+
+    @classmethod
+    def from_db(cls, db: Any, field_names: Any, values: Any, **kwargs: Any) -> Any:
+        row = super().from_db(db, field_names, values, **kwargs)
+        row._loaded_tenant_id = row.__dict__.get("tenant_id")
+        return row
+
+    def stored_tenant_id(self) -> Any:
+        """The row's tenant in the database, as far as this instance knows (its tenant if unsaved)."""
+        return self._loaded_tenant_id if self._loaded_tenant_id is not None else self.tenant_id
+
+    def _refuse_overwrite(self, tenant: Any, *, force_insert: bool) -> None:
+        """Refuse a save that would write over a row of another tenant."""
+        if self.stored_tenant_id() != tenant.pk:
+            raise TenantScopeError(f"save of a {type(self).__name__} of another tenant")
+        # A new instance with a hand-set primary key (and no generated default)
+        # makes Django try an UPDATE by primary key first.
+        forged = self._state.adding and not force_insert and self.pk is not None
+        if forged and not self._meta.pk.has_default():
+            others = type(self).all_tenants.filter(pk=self.pk).exclude(tenant_id=tenant.pk)
+            if others.exists():
+                raise TenantScopeError(f"save of a {type(self).__name__} of another tenant")
 
     def bind_tenant(self, tenant: Any) -> None:
         """Stamp ``tenant`` on an unsaved row; raise if the row belongs to another tenant."""
@@ -142,7 +250,7 @@ class TenantScopedModel(models.Model):
             if not isinstance(field, models.ForeignKey) or field.name == "tenant":
                 continue
             target = field.related_model
-            if not (isinstance(target, type) and issubclass(target, TenantScopedModel)):
+            if not _is_scoped(target):
                 continue
             value = getattr(self, field.attname)
             if value is None:
@@ -183,3 +291,78 @@ class TenantScopedModel(models.Model):
     def validate_constraints(self, exclude: Any = None) -> None:
         with self._own_tenant():
             super().validate_constraints(exclude)
+
+
+class _TenantForwardMixin:
+    """Forward relations of a scoped row reach only rows of that row's tenant.
+
+    Django reads them through the target's base manager, which is unfiltered.
+    """
+
+    field: Any
+
+    def _scoped_target(self) -> bool:
+        return _is_scoped(self.field.related_model)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        # Only stored rows: a new row's links are checked by clean() and save(), so
+        # that a form reports them as a validation error.
+        if (
+            isinstance(value, TenantScopedModel)
+            and not instance._state.adding
+            and value.tenant_id != instance.tenant_id
+        ):
+            raise TenantScopeError(
+                f"{type(instance).__name__}.{self.field.name} cannot point at a row of another tenant"
+            )
+        super().__set__(instance, value)  # type: ignore[misc]
+
+    def get_object(self, instance: Any) -> Any:
+        obj = super().get_object(instance)  # type: ignore[misc]
+        if self._scoped_target() and obj.tenant_id != instance.tenant_id:
+            raise TenantScopeError(
+                f"{type(instance).__name__}.{self.field.name} points at a row of another tenant"
+            )
+        return obj
+
+    def get_prefetch_querysets(self, instances: Any, querysets: Any = None) -> Any:
+        queryset, rel_obj_attr, instance_attr, single, cache_name, is_descriptor = (
+            super().get_prefetch_querysets(instances, querysets)  # type: ignore[misc]
+        )
+        if self._scoped_target():
+            # Match on (key, tenant): a row of another tenant is attached to nothing.
+            rel_obj_attr = _with_tenant(rel_obj_attr)
+            instance_attr = _with_tenant(instance_attr)
+        return queryset, rel_obj_attr, instance_attr, single, cache_name, is_descriptor
+
+
+def _with_tenant(key: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda obj: (key(obj), obj.tenant_id)
+
+
+class TenantForwardManyToOneDescriptor(_TenantForwardMixin, ForwardManyToOneDescriptor):
+    pass
+
+
+class TenantForwardOneToOneDescriptor(_TenantForwardMixin, ForwardOneToOneDescriptor):
+    pass
+
+
+_GUARDED_DESCRIPTORS: dict[type, type] = {
+    ForwardManyToOneDescriptor: TenantForwardManyToOneDescriptor,
+    ForwardOneToOneDescriptor: TenantForwardOneToOneDescriptor,
+}
+
+
+def _guard_forward_relations(sender: type, **kwargs: Any) -> None:
+    """Give every foreign key of a concrete scoped model the tenant-checking descriptor."""
+    if not _is_scoped(sender) or sender._meta.abstract:
+        return
+    for field in sender._meta.local_fields:
+        if isinstance(field, models.ForeignKey) and field.name != "tenant":
+            guarded = _GUARDED_DESCRIPTORS.get(type(sender.__dict__.get(field.name)))
+            if guarded is not None:
+                setattr(sender, field.name, guarded(field))
+
+
+class_prepared.connect(_guard_forward_relations, dispatch_uid="tenants.scoping.guard_forward_relations")

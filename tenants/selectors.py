@@ -70,7 +70,6 @@ def membership_for_user(user: Any) -> TenantMembership | None:
 def entitlements_report(tenant: Tenant) -> dict[str, Any]:
     """Effective limits, current usage and reset times of ``tenant`` (must be in context)."""
     from scheduling.capacity import tenant_in_flight
-
     from tenants.entitlements import effective_entitlements
     from tenants.usage import next_reset, object_counts, runs_this_month
 

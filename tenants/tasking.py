@@ -78,7 +78,8 @@ class TenantTask(Task):
         except ValueError:
             tenant = None
         if tenant is None:
-            log.error("task_refused_unknown_tenant", task=self.name, tenant_id=tenant_id)
+            log.error("task_refused_unknown_tenant", task=self.name, task_id=self.request.id,
+                      tenant_id=tenant_id)
             raise TenantTaskRefused("unknown tenant", requeue=False)
         with no_tenant(), tenant_context(tenant), structlog.contextvars.bound_contextvars(
             task=self.name, task_id=self.request.id

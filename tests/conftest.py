@@ -50,12 +50,16 @@ def _flushes_database(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _restore_reference_data(request: pytest.FixtureRequest, django_db_blocker: Any) -> Iterator[None]:
-    """A transactional test ends by flushing every table; re-seed so later tests find the plans."""
-    yield
+def _restore_reference_data(request: pytest.FixtureRequest) -> None:
+    """A transactional test starts from whatever the previous one flushed: re-seed it first.
+
+    Re-seeding at teardown is too early for tests marked ``django_db(transaction=True)``:
+    their database is set up by pytest-django's own autouse fixture, before this one,
+    so it is flushed after this one's teardown.
+    """
     if _flushes_database(request):
-        with django_db_blocker.unblock():
-            seed_reference_data()
+        request.getfixturevalue("transactional_db")
+        seed_reference_data()
 
 
 @pytest.fixture

@@ -1,0 +1,250 @@
+"""Django admin scoping: staff see and edit only their tenant; superusers see all; no row moves tenant."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.contrib import admin
+from django.test import Client
+
+from tenants import services
+from tenants.context import tenant_context
+from tenants.models import ApiKey, Tenant, TenantMembership
+from tests.scoped.models import Folder, Note
+from tests.tenants.helpers import grant, make_user
+
+PROJECT_APPS = ["tenants", "scheduling", "workflows", "scoped"]
+SCOPED_PERMS = [
+    f"{app}.{action}_{model}"
+    for app, model in (
+        ("scoped", "folder"),
+        ("scoped", "note"),
+        ("tenants", "apikey"),
+        ("tenants", "tenantmembership"),
+    )
+    for action in ("view", "change", "add", "delete")
+]
+
+
+@pytest.fixture
+def world(tenant_a: tuple[Tenant, str], tenant_b: tuple[Tenant, str]) -> SimpleNamespace:
+    a, b = tenant_a[0], tenant_b[0]
+    with tenant_context(a):
+        fa = Folder.objects.create(name="a-folder")
+        fa2 = Folder.objects.create(name="a-folder-2")
+        na = Note.objects.create(folder=fa, body="a-note")
+        services.api_key_create(name="a-admin-key", scopes=["read"])
+    with tenant_context(b):
+        fb = Folder.objects.create(name="b-folder")
+        nb = Note.objects.create(folder=fb, body="b-note")
+        services.api_key_create(name="b-admin-key", scopes=["read"])
+    return SimpleNamespace(a=a, b=b, fa=fa, fa2=fa2, na=na, fb=fb, nb=nb)
+
+
+@pytest.fixture
+def staff(world: SimpleNamespace) -> Client:
+    """A staff user with a membership in A and every permission on the scoped models."""
+    user = make_user("staff-a", tenant=world.a, is_staff=True)
+    grant(user, *SCOPED_PERMS, "tenants.view_tenant", "tenants.view_platformkey")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def superuser(world: SimpleNamespace) -> Client:
+    client = Client()
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    return client
+
+
+def url(model: Any, action: str = "changelist", *args: Any) -> str:
+    from django.urls import reverse
+
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{action}", args=args)
+
+
+def listed(client: Client, model: Any, query: str = "") -> set[Any]:
+    response = client.get(url(model) + query)
+    assert response.status_code == 200, response.status_code
+    return {obj.pk for obj in response.context["cl"].result_list}
+
+
+def folder_form(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, **extra}
+
+
+# --- registration -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("app_label", PROJECT_APPS)
+def test_every_model_is_registered_in_the_admin(app_label: str) -> None:
+    """Registered with its own admin, or shown as an inline of a registered one."""
+    inlines = {inline.model for model_admin in admin.site._registry.values() for inline in model_admin.inlines}
+    missing = [
+        model._meta.label
+        for model in apps.get_app_config(app_label).get_models()
+        if model not in admin.site._registry and model not in inlines
+    ]
+    assert missing == []
+
+
+# --- staff with a membership ----------------------------------------------------------------
+
+
+def test_staff_changelists_show_only_rows_of_their_tenant(world: SimpleNamespace, staff: Client) -> None:
+    assert listed(staff, Folder) == {world.fa.pk, world.fa2.pk}
+    assert listed(staff, Note) == {world.na.pk}
+    with tenant_context(world.a):
+        a_keys = set(ApiKey.objects.values_list("pk", flat=True))
+    assert listed(staff, ApiKey) == a_keys
+    assert {m.tenant_id for m in TenantMembership.all_tenants.filter(pk__in=listed(staff, TenantMembership))} == {
+        world.a.pk
+    }
+    page = staff.get(url(ApiKey)).content.decode()
+    assert "a-admin-key" in page
+    assert "b-admin-key" not in page
+
+
+def test_staff_tenant_changelist_shows_only_their_tenant(world: SimpleNamespace, staff: Client) -> None:
+    assert listed(staff, Tenant) == {world.a.pk}
+
+
+def test_staff_cannot_open_the_change_page_of_a_row_of_another_tenant(world: SimpleNamespace, staff: Client) -> None:
+    for model, row in ((Folder, world.fb), (Note, world.nb)):
+        response = staff.get(url(model, "change", row.pk))
+        assert response.status_code in (302, 404)
+        if response.status_code == 302:
+            assert response["Location"] == "/admin/"
+        followed = staff.get(url(model, "change", row.pk), follow=True).content.decode()
+        assert "b-folder" not in followed
+        assert "b-note" not in followed
+
+
+def test_staff_cannot_change_or_delete_a_row_of_another_tenant(world: SimpleNamespace, staff: Client) -> None:
+    response = staff.post(url(Folder, "change", world.fb.pk), folder_form("hijacked"))
+    assert response.status_code in (302, 404)
+    response = staff.post(url(Folder, "delete", world.fb.pk), {"post": "yes"})
+    assert response.status_code in (302, 404)
+    response = staff.post(url(Folder), {"action": "delete_selected", "_selected_action": [world.fb.pk], "post": "yes"})
+    assert response.status_code in (200, 302)
+    assert Folder.all_tenants.get(pk=world.fb.pk).name == "b-folder"
+    assert Note.all_tenants.filter(pk=world.nb.pk).exists()
+
+
+def test_staff_change_form_has_no_tenant_field(world: SimpleNamespace, staff: Client) -> None:
+    response = staff.get(url(Folder, "change", world.fa.pk))
+    assert response.status_code == 200
+    assert "tenant" not in response.context["adminform"].form.fields
+    assert 'name="tenant"' not in response.content.decode()
+
+
+def test_staff_cannot_move_a_row_to_another_tenant(world: SimpleNamespace, staff: Client) -> None:
+    response = staff.post(url(Folder, "change", world.fa.pk), folder_form("renamed", tenant=world.b.pk))
+    assert response.status_code == 302
+    folder = Folder.all_tenants.get(pk=world.fa.pk)
+    assert (folder.name, folder.tenant_id) == ("renamed", world.a.pk)
+
+
+def test_staff_add_stamps_their_own_tenant(world: SimpleNamespace, staff: Client) -> None:
+    response = staff.post(url(Folder, "add"), folder_form("added", tenant=world.b.pk))
+    assert response.status_code == 302
+    assert Folder.all_tenants.get(name="added").tenant_id == world.a.pk
+
+
+def test_staff_note_form_only_offers_folders_of_the_row_tenant(world: SimpleNamespace, staff: Client) -> None:
+    for path in (url(Note, "change", world.na.pk), url(Note, "add")):
+        response = staff.get(path)
+        assert response.status_code == 200
+        choices = set(response.context["adminform"].form.fields["folder"].queryset.values_list("pk", flat=True))
+        assert choices == {world.fa.pk, world.fa2.pk}
+
+
+def test_staff_cannot_point_a_note_at_a_folder_of_another_tenant(world: SimpleNamespace, staff: Client) -> None:
+    response = staff.post(url(Note, "change", world.na.pk), {"folder": world.fb.pk, "body": "x", "size": 0})
+    assert response.status_code == 200
+    assert "folder" in response.context["adminform"].form.errors
+    assert Note.all_tenants.get(pk=world.na.pk).folder_id == world.fa.pk
+
+
+def test_staff_adds_an_api_key_for_their_tenant_stored_hashed(world: SimpleNamespace, staff: Client) -> None:
+    response = staff.post(
+        url(ApiKey, "add"), {"name": "from-admin", "scopes": "read", "tenant": world.b.pk}, follow=True
+    )
+    assert response.status_code == 200
+    key = ApiKey.all_tenants.get(name="from-admin")
+    assert key.tenant_id == world.a.pk
+    raw = next(str(message).split(": ")[-1] for message in response.context["messages"])
+    assert raw.startswith(f"dct_{key.prefix}_")
+    assert raw not in key.secret_hash
+
+
+def test_staff_cannot_see_platform_keys(world: SimpleNamespace, staff: Client) -> None:
+    assert staff.get("/admin/tenants/platformkey/").status_code == 403
+
+
+def test_staff_without_a_membership_sees_no_scoped_rows(world: SimpleNamespace) -> None:
+    user = make_user("drifter", is_staff=True)
+    grant(user, *SCOPED_PERMS)
+    client = Client()
+    client.force_login(user)
+    assert client.get(url(Folder)).status_code == 403
+    assert client.get(url(Folder, "change", world.fa.pk)).status_code in (302, 403)
+
+
+# --- superusers ----------------------------------------------------------------------------
+
+
+def test_superuser_sees_every_tenants_rows(world: SimpleNamespace, superuser: Client) -> None:
+    assert listed(superuser, Folder) == {world.fa.pk, world.fa2.pk, world.fb.pk}
+    assert listed(superuser, Note) == {world.na.pk, world.nb.pk}
+    assert len(listed(superuser, ApiKey)) == ApiKey.all_tenants.count()
+
+
+def test_superuser_has_a_tenant_filter(world: SimpleNamespace, superuser: Client) -> None:
+    response = superuser.get(url(Folder))
+    assert "tenant" in response.context["cl"].list_filter
+    assert "By tenant" in response.content.decode()
+    assert listed(superuser, Folder, f"?tenant__id__exact={world.b.pk}") == {world.fb.pk}
+    assert listed(superuser, Note, f"?tenant__id__exact={world.a.pk}") == {world.na.pk}
+
+
+def test_superuser_cannot_move_a_row_to_another_tenant(world: SimpleNamespace, superuser: Client) -> None:
+    response = superuser.post(url(Folder, "change", world.fb.pk), folder_form("renamed-b", tenant=world.a.pk))
+    assert response.status_code == 302
+    folder = Folder.all_tenants.get(pk=world.fb.pk)
+    assert (folder.name, folder.tenant_id) == ("renamed-b", world.b.pk)
+
+
+def test_superuser_note_form_only_offers_folders_of_the_row_tenant(world: SimpleNamespace, superuser: Client) -> None:
+    response = superuser.get(url(Note, "change", world.nb.pk))
+    choices = set(response.context["adminform"].form.fields["folder"].queryset.values_list("pk", flat=True))
+    assert choices == {world.fb.pk}
+
+
+def test_superuser_cannot_add_a_row_linking_two_tenants(world: SimpleNamespace, superuser: Client) -> None:
+    response = superuser.post(url(Note, "add"), {"tenant": world.a.pk, "folder": world.fb.pk, "body": "x", "size": 0})
+    assert response.status_code == 200
+    assert "folder" in response.context["adminform"].form.errors
+    assert not Note.all_tenants.filter(body="x").exists()
+
+
+def test_superuser_adds_a_row_in_the_chosen_tenant(world: SimpleNamespace, superuser: Client) -> None:
+    response = superuser.post(url(Folder, "add"), folder_form("for-b", tenant=world.b.pk))
+    assert response.status_code == 302
+    assert Folder.all_tenants.get(name="for-b").tenant_id == world.b.pk
+
+
+def test_superuser_bulk_delete_across_tenants_deletes_each_row_in_its_own_tenant(
+    world: SimpleNamespace, superuser: Client
+) -> None:
+    response = superuser.post(
+        url(Note),
+        {"action": "delete_selected", "_selected_action": [world.na.pk, world.nb.pk], "post": "yes"},
+    )
+    assert response.status_code == 302
+    assert not Note.all_tenants.exists()
+    assert Folder.all_tenants.count() == 3

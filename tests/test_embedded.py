@@ -1,0 +1,164 @@
+"""Embedded PostgreSQL and Redis: started from pip wheels under a data dir, shared, stoppable, durable.
+
+The tests share one data dir under /tmp (PostgreSQL's unix socket path must stay
+under ~100 characters; ``initdb`` runs once) and each begins with
+``ensure_running``, so none depends on another having run. The servers are
+always stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from ductor_project import embedded
+from tests.conftest import ROOT
+
+ATTACH = (
+    "import json, sys; from dataclasses import asdict; from pathlib import Path; "
+    "from ductor_project import embedded; "
+    "print(json.dumps(asdict(embedded.ensure_running(Path(sys.argv[1])))))"
+)
+
+
+def new_data_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="de-", dir="/tmp"))
+    path.chmod(0o755)  # as root, PostgreSQL runs as its own user and must reach its socket dir
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Iterator[Path]:
+    path = new_data_dir()
+    try:
+        yield path
+    finally:
+        embedded.stop(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, exited but not reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+    return state != "Z"
+
+
+def cli(data_dir: Path, command: str) -> str:
+    env = {**os.environ, "DUCTOR_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT)}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "ductor_project.embedded", command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+
+
+def test_racing_processes_start_one_pair_of_servers_and_attach_to_it(data_dir: Path) -> None:
+    children = [
+        subprocess.Popen([sys.executable, "-c", ATTACH, str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    states = [json.loads(child.communicate(timeout=120)[0]) for child in children]
+    assert [child.returncode for child in children] == [0, 0]
+    assert states[0] == states[1]
+    here = embedded.ensure_running(data_dir)
+    assert (here.postgres_pid, here.redis_pid) == (states[0]["postgres_pid"], states[0]["redis_pid"])
+    assert embedded.ensure_running(data_dir) == here
+
+
+def test_ensure_running_starts_real_servers_and_records_them(data_dir: Path) -> None:
+    state = embedded.ensure_running(data_dir)
+    recorded = json.loads((data_dir / embedded.STATE_FILE).read_text())
+    assert (recorded["postgres_pid"], recorded["redis_pid"]) == (state.postgres_pid, state.redis_pid)
+    assert alive(state.postgres_pid)
+    assert alive(state.redis_pid)
+    with psycopg.connect(state.database_url) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == ("ductor",)
+    client = redis.Redis.from_url(state.redis_url)
+    assert client.ping()
+    assert client.info("server")["redis_version"]
+    assert (data_dir / "pg" / "PG_VERSION").exists()
+
+
+def test_stop_stops_both_servers_and_data_survives_a_start(data_dir: Path) -> None:
+    first = embedded.ensure_running(data_dir)
+    with psycopg.connect(first.database_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS durable")
+        conn.execute("CREATE TABLE durable (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO durable VALUES (1, 'kept')")
+    redis.Redis.from_url(first.redis_url).set("durable", "kept")
+
+    assert embedded.stop(data_dir) is True
+    assert not alive(first.postgres_pid)
+    assert not alive(first.redis_pid)
+    assert not (data_dir / embedded.STATE_FILE).exists()
+    assert embedded.stop(data_dir) is False
+
+    # The same process starts them again: the data is still there.
+    second = embedded.ensure_running(data_dir)
+    assert second.is_alive()
+    assert second.postgres_pid != first.postgres_pid
+    with psycopg.connect(second.database_url) as conn:
+        assert conn.execute("SELECT note FROM durable WHERE id = 1").fetchone() == ("kept",)
+    assert redis.Redis.from_url(second.redis_url).get("durable") == b"kept"
+
+
+def test_stale_state_file_is_replaced_by_live_servers(data_dir: Path) -> None:
+    first = embedded.ensure_running(data_dir)
+    stale = (data_dir / embedded.STATE_FILE).read_text()
+    embedded.stop(data_dir)
+    (data_dir / embedded.STATE_FILE).write_text(stale)
+    recorded = embedded.read_state(data_dir)
+    assert recorded is not None
+    assert not recorded.is_alive()
+
+    fresh = embedded.ensure_running(data_dir)
+    assert fresh.is_alive()
+    assert fresh.postgres_pid != first.postgres_pid
+    with psycopg.connect(fresh.database_url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert redis.Redis.from_url(fresh.redis_url).ping()
+
+
+def test_command_line_reports_status_starts_and_stops(data_dir: Path) -> None:
+    started = json.loads(cli(data_dir, "start"))
+    status = json.loads(cli(data_dir, "status"))
+    assert status["running"] is True
+    assert status["postgres_pid"] == started["postgres_pid"]
+    assert cli(data_dir, "stop").strip() == "stopped"
+    assert json.loads(cli(data_dir, "status"))["running"] is False
+    assert cli(data_dir, "stop").strip() == "nothing running"
+
+
+def test_status_and_stop_of_an_unused_data_dir_start_nothing() -> None:
+    path = new_data_dir()
+    try:
+        assert json.loads(cli(path, "status"))["running"] is False
+        assert cli(path, "stop").strip() == "nothing running"
+        assert not (path / "pg").exists()
+        assert not (path / embedded.STATE_FILE).exists()
+    finally:
+        embedded.stop(path)
+        shutil.rmtree(path, ignore_errors=True)
