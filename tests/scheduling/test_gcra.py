@@ -20,6 +20,7 @@ def tenant(redis_client: Any, tenant_a: Any) -> Any:
 
 
 def test_from_idle_exactly_burst_pass_then_one_every_interval(tenant, redis_client):
+    """Every bound is bracketed by Redis TIME read around the calls, so a slow host cannot fail it."""
     rate, burst = 20.0, 4
     interval = 1 / rate
 
@@ -29,32 +30,42 @@ def test_from_idle_exactly_burst_pass_then_one_every_interval(tenant, redis_clie
     refused = rate_check("steps", rate, burst)
     after = redis_now_ms(redis_client)
     assert refused.allowed is False
-    # The first call set the pace: the next slot opens one interval after it.
-    assert interval - (after - start) / 1000 - 1e-6 <= refused.retry_after_s <= interval + 1e-6
-    assert refused.retry_after_s == pytest.approx(interval, abs=TOLERANCE_S)
+    # The first call (made between start and before) set the pace: the next slot opens
+    # one interval after it.
+    opens_lo, opens_hi = start / 1000 + interval, before / 1000 + interval
+    assert opens_lo - after / 1000 - 1e-6 <= refused.retry_after_s <= opens_hi - before / 1000 + 1e-6
 
-    # Just before the slot opens the call is still refused, and told the short wait left.
+    # Just before the slot opens: refused with the short wait left (or, if the host was
+    # too slow to call before the slot opened, allowed only once it could have opened).
     sleep_until(redis_client, before + (refused.retry_after_s - TOLERANCE_S) * 1000)
+    probe_before = redis_now_ms(redis_client) / 1000
     early = rate_check("steps", rate, burst)
-    assert early.allowed is False
-    assert 0 < early.retry_after_s <= 2 * TOLERANCE_S
+    probe_after = redis_now_ms(redis_client) / 1000
+    if early.allowed:
+        assert probe_after >= opens_lo
+    else:
+        assert probe_before <= opens_hi
+        assert opens_lo - probe_after - 1e-6 <= early.retry_after_s <= opens_hi - probe_before + 1e-6
 
-    wait_until = after + refused.retry_after_s * 1000
     for _ in range(3):
-        sleep_until(redis_client, wait_until)
-        assert rate_check("steps", rate, burst).allowed is True
-        again = rate_check("steps", rate, burst)
-        wait_until = redis_now_ms(redis_client) + again.retry_after_s * 1000
-        assert again.allowed is False
-        assert again.retry_after_s == pytest.approx(interval, abs=TOLERANCE_S)
+        # Wait for the next slot, then take what has accrued: never more than the burst,
+        # and the refusal that follows asks for at most one interval.
+        sleep_until(redis_client, redis_now_ms(redis_client) + interval * 1000)
+        passed = 0
+        while (decision := rate_check("steps", rate, burst)).allowed:
+            passed += 1
+        assert 1 <= passed <= burst
+        assert 0 < decision.retry_after_s <= interval + 1e-6
 
 
-def test_remaining_counts_down_and_reset_is_the_time_to_a_full_burst(tenant):
+def test_remaining_counts_down_and_reset_is_the_time_to_a_full_burst(tenant, redis_client):
+    start = redis_now_ms(redis_client) / 1000
     decisions = [rate_check("api", 1, 3) for _ in range(4)]
+    took = redis_now_ms(redis_client) / 1000 - start
     assert [d.remaining for d in decisions] == [2, 1, 0, 0]
     assert [d.allowed for d in decisions] == [True, True, True, False]
     assert decisions[0].reset_after_s == pytest.approx(1, abs=TOLERANCE_S)
-    assert decisions[2].reset_after_s == pytest.approx(3, abs=TOLERANCE_S)
+    assert 3 - took - TOLERANCE_S <= decisions[2].reset_after_s <= 3 + TOLERANCE_S
     assert decisions[0].retry_after_s == 0
 
 
