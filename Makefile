@@ -2,7 +2,9 @@
 #   make demo   bring the platform up on embedded PostgreSQL + Redis and run the demo workload
 #   make test   ruff, mypy, then the whole test suite against real PostgreSQL and Redis
 
-PYTHON ?= $(shell command -v python3.13 || command -v python3.12 || command -v python3.11 || command -v python3)
+# The first interpreter that really runs and is >= 3.11 (a version-manager shim may exist but not run).
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -17,7 +19,7 @@ TEST_ENV := env -u DATABASE_URL -u REDIS_URL DUCTOR_DATA_DIR=$(TEST_DATA_DIR) \
 .PHONY: install test lint typecheck pytest demo up down bench clean
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Ductor needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	@test -n "$(PYTHON)" || { echo "Ductor needs Python >= 3.11; set PYTHON=/path/to/python3.11"; exit 1; }
 	@echo "==> creating $(VENV) and installing Ductor with its dev tools"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
