@@ -36,6 +36,27 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("dequeue_cost_ratio_100k_vs_10", None, "<= 1.5",
          lambda r: r["dequeue_cost_ratio_100k_vs_10"] <= 1.5),
     ],
+    "fairness": [
+        ("ductor.worst_share_per_weight", "celery_baseline.worst_share_per_weight", ">= 0.95",
+         lambda r: r["ductor"]["worst_share_per_weight"] >= 0.95),
+        ("ductor.jain", "celery_baseline.jain", ">= 0.99", lambda r: r["ductor"]["jain"] >= 0.99),
+        ("ductor.trickle_wait_p99", "celery_baseline.trickle_wait_p99", "<= 2 x ductor.active_tenants",
+         lambda r: r["ductor"]["trickle_wait_p99"] <= 2 * r["ductor"]["active_tenants"]),
+        ("ductor.trickle_wait_p50", "celery_baseline.trickle_wait_p50", "", None),
+        ("ductor.trickle_wait_max", "celery_baseline.trickle_wait_max", "", None),
+    ],
+    "dispatch": [
+        ("cycles_per_s", "baseline_lpush_rpop_per_s", "", None),
+        ("dequeue_cost_ratio_100k_vs_10", None, "<= 1.5",
+         lambda r: r["dequeue_cost_ratio_100k_vs_10"] <= 1.5),
+        ("e2e_tasks_per_s", "baseline_celery_tasks_per_s", "e2e_ratio >= 0.8", lambda r: r["e2e_ratio"] >= 0.8),
+    ],
+    "workflows": [
+        ("start_latency_ms_p50", None, "<= 50 (idle system)", lambda r: r["start_latency_ms_p50"] <= 50),
+        ("start_latency_ms_p99", None, "", None),
+        ("runs_per_s_1node", "baseline_celery_tasks_per_s", "", None),
+        ("runs_per_s_10node", "baseline_celery_tasks_per_s", "", None),
+    ],
 }
 
 
@@ -53,12 +74,20 @@ def _run(script: Path, env: dict[str, str]) -> dict[str, Any]:
     return dict(result)
 
 
+def _lookup(result: dict[str, Any], figure: str) -> Any:
+    """A figure of a result; a dotted name reaches into a nested object (``ductor.jain``)."""
+    value: Any = result
+    for part in figure.split("."):
+        value = value.get(part, "n/a") if isinstance(value, dict) else "n/a"
+    return value
+
+
 def _table(results: dict[str, dict[str, Any]]) -> str:
     rows = ["| benchmark | figure | value | same-run baseline | goal | met |", "|---|---|---|---|---|---|"]
     for name, result in results.items():
         for figure, baseline, goal, check in GOALS.get(name, []):
-            value = result.get(figure, "n/a")
-            base = f"{baseline} = {result.get(baseline, 'n/a')}" if baseline else ""
+            value = _lookup(result, figure)
+            base = f"{baseline} = {_lookup(result, baseline)}" if baseline else ""
             met = ""
             if check is not None:
                 try:

@@ -99,8 +99,11 @@ class Stack:
                 child.start()
 
     def stop(self, grace_s: float = 15.0) -> None:
+        # SIGTERM to each child's main process only: a Celery worker then shuts down warm,
+        # letting its pool finish the tasks in hand. What is left of a group is killed below.
         for child in self.children:
-            child.signal(signal.SIGTERM)
+            if child.alive() and child.proc is not None:
+                child.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in self.children:
             if child.proc is None:

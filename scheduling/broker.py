@@ -21,24 +21,26 @@ starts. Work therefore waits in the fair queue, not in Celery:
   context (``@tenant_task``), checks that its delivery is still the live one (a
   fencing token), has the process's lease keeper renew the lease while the
   handler runs, then acks the item (releasing its capacity slot and partition)
-  or nacks it with a delay. Its Celery result is not stored: the fair queue is
-  the record of what ran.
+  or nacks it with a delay. The keeper thread sends the ack and frees the
+  credit right after the task, off its path. Its Celery result is not stored:
+  the fair queue is the record of what ran.
 - System-tenant work goes to the reserved ``ductor.system`` Celery queue.
 
 Handlers are registered per item kind with ``register_handler``. Round trips
-per item: the dispatcher's dequeue and publish (credits are reserved for many
-items in one call); on the worker, four (credit running, lease check, ack,
-credit freed).
+per item: the dispatcher's credit reservation (shared by the items of a round),
+dequeue and publish; on the worker's path, one (the lease check), with the ack
+and the credit release sent right after, in the background.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +67,9 @@ WORKER_TTL_S = 20.0
 OUTSTANDING_TTL_S = 60.0
 # Credits a dispatcher reserves per call, at most (it gives back what it does not use).
 RESERVE_BATCH = 1000
-# A dispatcher without credits sleeps until a credit frees, or this long at most.
-CREDIT_WAIT_S = 0.1
+# A dispatcher without credits sleeps until a credit frees, or this long at most (so system
+# work waits at most this long while the work queue is saturated).
+CREDIT_WAIT_S = 0.05
 # A dispatcher with nothing due sleeps until new work is signalled, or this long at most.
 IDLE_WAIT_S = 0.5
 # Shortest blocking wait: Redis 6.2 truncates a timeout to whole ms, and 0 ms means "forever".
@@ -108,13 +111,13 @@ def _noop(ctx: ItemContext, body: dict[str, Any]) -> None:
     """The built-in no-op handler (benchmarks and smoke tests)."""
 
 
-def _sleep_ms(ctx: ItemContext, body: dict[str, Any]) -> None:
+def sleep_ms(ctx: ItemContext, body: dict[str, Any]) -> None:
     """The built-in ``sleep_ms`` handler: sleeps ``body["ms"]`` (at most ``MAX_SLEEP_MS``); benchmarks."""
     time.sleep(min(max(int(body.get("ms", 0)), 0), MAX_SLEEP_MS) / 1000)
 
 
 register_handler("noop", _noop)
-register_handler("sleep_ms", _sleep_ms)
+register_handler("sleep_ms", sleep_ms)
 
 
 def queue_for(tier: str) -> str:
@@ -124,10 +127,10 @@ def queue_for(tier: str) -> str:
 
 # -- worker slots and credits -------------------------------------------------------------
 #
-# Global keys (they cross tenants; all in shard 0's hash slot, with the fair queue's wake key):
+# Global keys (they cross tenants; all in shard 0's hash slot):
 #   broker:workers:<queue>      ZSET "<host>|<slots>" -> registration expiry (s, Redis TIME)
-#   broker:outstanding:<queue>  ZSET credit -> expiry: published, not started
-#   broker:running:<queue>      ZSET credit -> expiry (the item's lease): started, not finished
+#   broker:outstanding:<queue>  ZSET credit -> expiry: reserved or published, not yet seen running
+#   broker:running:<queue>      ZSET credit -> expiry (the item's lease): renewed by a running task
 #   broker:freed:<queue>        LIST at most one token: a credit freed
 #   broker:credit-seq           STRING the last credit id
 
@@ -180,7 +183,8 @@ def busy(queue: str) -> int:
 
 
 def outstanding(queue: str) -> int:
-    """Messages published on ``queue`` and not started yet."""
+    """Messages published on ``queue`` and not yet seen running: not started, or started less
+    than a lease renewal ago (tasks are not marked at start, to save a round trip)."""
     return int(get_redis().zcount(_key("outstanding", queue), _now(), "+inf"))
 
 
@@ -189,19 +193,30 @@ def credits(queue: str) -> int:
     return worker_slots(queue) + settings.DUCTOR_DISPATCH_BUFFER - busy(queue)
 
 
-def reserve_credits(wanted: Mapping[str, int]) -> dict[str, list[str]]:
+def reserve_credits(
+    wanted: Mapping[str, int], *, give_back: Mapping[str, list[str]] | None = None
+) -> dict[str, list[str]]:
     """Take up to ``wanted[queue]`` credits per queue, atomically for all dispatchers.
 
-    One round trip. Each credit is a new outstanding entry (it expires after
-    ``OUTSTANDING_TTL_S``); pass it in the message, or give it back with
-    ``free_credits(..., signal=False)``.
+    ``give_back`` frees a dispatcher's unused credits in the same step. One round
+    trip. Each credit is a new outstanding entry that lives ``credit_lifetime_s()``
+    unless a worker renews it; pass it in the message, or give it back.
     """
     queues = list(wanted)
     keys = [key for queue in queues for key in _queue_keys(queue)] + [_key("credit-seq")]
-    args = [settings.DUCTOR_DISPATCH_BUFFER, OUTSTANDING_TTL_S, *(wanted[q] for q in queues)]
+    args: list[Any] = [settings.DUCTOR_DISPATCH_BUFFER, credit_lifetime_s()]
+    for queue in queues:
+        returned = (give_back or {}).get(queue, [])
+        args += [wanted[queue], len(returned), *returned]
     taken = scripts.run("broker_reserve", keys, args)
     return {queue: [c.decode() if isinstance(c, bytes) else str(c) for c in got]
             for queue, got in zip(queues, taken, strict=True)}
+
+
+def credit_lifetime_s() -> float:
+    """How long a credit counts before its task is seen running: the lease keeper's first
+    renewal (a third of the lease after the start) moves it to ``running``."""
+    return max(OUTSTANDING_TTL_S, settings.DUCTOR_LEASE_MS / 1000)
 
 
 def mark_running(queue: str, credits: list[str], lease_s: float) -> None:
@@ -222,9 +237,9 @@ def free_credits(queue: str, credits: list[str], *, signal: bool = True) -> None
         scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits])
 
 
-def wait_for_credit(*, timeout_s: float, also: Sequence[str] = ()) -> bool:
-    """Block until a credit is freed on any queue (or a key of ``also`` is pushed), or the timeout."""
-    keys = [_key("freed", queue) for queue in QUEUES] + list(also)
+def wait_for_credit(*, timeout_s: float) -> bool:
+    """Block until a credit is freed on any queue, or the timeout; True if one was."""
+    keys = [_key("freed", queue) for queue in QUEUES]
     return get_redis().blpop(keys, timeout=_wait_s(timeout_s)) is not None
 
 
@@ -249,29 +264,48 @@ class _Lease:
 
 
 class _LeaseKeeper:
-    """One thread per worker process renews the leases of the items the process runs.
+    """One thread per worker process renews the leases of the items the process runs, and
+    acks them and gives their dispatch credits back once they finished.
 
     Each lease (and its running credit) is renewed every third of its length. A
     renewal never overlaps or follows the end of its item (``release`` waits for
-    it), so a finished item's lease and credit are never taken back.
+    it), so a finished item's lease and credit are never taken back. Acks, then
+    credits (in batches), are sent by the thread while the worker process already
+    takes its next task: two round trips less on every task's path. What is still
+    pending when the process stops is sent by ``flush``; a crash loses at most the
+    last few ms of them: such an item runs again after its lease (at least once),
+    such a credit ages out.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._leases: dict[int, _Lease] = {}
+        self._frees: dict[str, list[str]] = {}
+        self._acks: list[tuple[Tenant, str, int]] = []
         self._ids = itertools.count()
         self._changed = threading.Event()
+        self._wakes_at = 0.0  # when the keeper thread looks next (monotonic)
         self._pid = 0
+
+    def _ensure_thread(self) -> None:
+        """Start the thread on first use in this process (a fork copies no threads). Holds the lock."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._leases.clear()
+            self._frees.clear()
+            self._acks.clear()
+            self._wakes_at = 0.0
+            threading.Thread(target=self._run, daemon=True, name="ductor-lease-keeper").start()
 
     def hold(self, lease: _Lease) -> int:
         with self._lock:
-            if self._pid != os.getpid():  # first use in this process: a fork copies no threads
-                self._pid = os.getpid()
-                self._leases.clear()
-                threading.Thread(target=self._run, daemon=True, name="ductor-lease-keeper").start()
+            self._ensure_thread()
             key = next(self._ids)
             self._leases[key] = lease
-        self._changed.set()
+            # Wake the thread only if it would look too late (no thread switch per task).
+            wake = lease.renew_at < self._wakes_at
+        if wake:
+            self._changed.set()
         return key
 
     def release(self, key: int) -> None:
@@ -281,8 +315,37 @@ class _LeaseKeeper:
             with lease.lock:
                 lease.done = True
 
+    def finish_later(self, queue: str, credit: str, ack: tuple[Tenant, str, int] | None = None) -> None:
+        """Have the thread ack the item ``(tenant, item id, delivery)``, if given, then free ``credit``."""
+        with self._lock:
+            self._ensure_thread()
+            if ack is not None:
+                self._acks.append(ack)
+            if credit:
+                self._frees.setdefault(queue, []).append(credit)
+        self._changed.set()
+
+    def flush(self) -> None:
+        """Send the pending acks, then free the pending credits, in the calling thread."""
+        with self._lock:
+            acks, self._acks = self._acks, []
+            frees, self._frees = self._frees, {}
+        for tenant, item_id, delivery in acks:
+            try:
+                if not fair_queue.ack(item_id, delivery=delivery, tenant=tenant):
+                    log.warning("ack_of_lost_lease", item_id=item_id, tenant_id=str(tenant.pk))
+            except Exception:
+                log.exception("item_ack_failed", item_id=item_id, tenant_id=str(tenant.pk))
+        for queue, credits in frees.items():
+            try:
+                free_credits(queue, credits)
+            except Exception:
+                log.warning("credit_free_failed", queue=queue, credits=len(credits))
+
     def _run(self) -> None:
         while True:
+            self._changed.clear()  # before looking: a later set() makes the wait below return
+            self.flush()
             now = time.monotonic()
             with self._lock:
                 leases = list(self._leases.values())
@@ -290,10 +353,9 @@ class _LeaseKeeper:
                 if lease.renew_at <= now:
                     self._renew(lease)
             with self._lock:
-                upcoming = [lease.renew_at for lease in self._leases.values()]
-            wait = min(upcoming, default=now + 1.0) - time.monotonic()
+                self._wakes_at = min((lease.renew_at for lease in self._leases.values()), default=now + 1.0)
+                wait = self._wakes_at - time.monotonic()
             self._changed.wait(max(wait, 0.001))
-            self._changed.clear()
 
     def _renew(self, lease: _Lease) -> None:
         with lease.lock:
@@ -322,14 +384,15 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
     """Run one fair-queue item on a worker, inside its tenant context.
 
     At-least-once: a delivery whose lease was lost (the item was re-delivered
-    elsewhere, or already finished) does nothing. The dispatch credit is freed
-    whatever happens. Returns the outcome.
+    elsewhere, or already finished) does nothing. A handler that returns has its
+    item acked, one that raises has it nacked (``RetryLater``: after its delay);
+    the process's lease keeper sends the ack and frees the dispatch credit right
+    after the task, whatever happened. Returns the outcome.
     """
     queue = queue_for(tier)
     lease_ms = settings.DUCTOR_LEASE_MS
     tenant = current_tenant()
-    credits = [credit] if credit else []
-    mark_running(queue, credits, lease_ms / 1000)
+    ack = None
     try:
         if not fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery):
             log.info("stale_delivery_dropped", item_id=item_id, delivery=delivery)
@@ -337,7 +400,7 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
         handler = _handlers.get(kind)
         if handler is None:
             log.error("no_handler_for_item", item_id=item_id, kind=kind)
-            fair_queue.ack(item_id, delivery=delivery)
+            ack = (tenant, item_id, delivery)
             return "dropped"
         ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item_id, tier=tier, partition=partition,
                           delivery=delivery, waited_ms=waited_ms)
@@ -356,10 +419,10 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
             fair_queue.nack(item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=delivery)
             return "failed"
         _keeper.release(hold)
-        fair_queue.ack(item_id, delivery=delivery)
+        ack = (tenant, item_id, delivery)
         return "ok"
     finally:
-        free_credits(queue, credits)
+        _keeper.finish_later(queue, credit, ack)
 
 
 _registration: dict[str, Any] = {}
@@ -385,9 +448,15 @@ def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
     threading.Thread(target=heartbeat, daemon=True, name="ductor-heartbeat").start()
 
 
+@signals.worker_process_shutdown.connect
+def _on_worker_process_shutdown(**kwargs: Any) -> None:
+    _keeper.flush()
+
+
 @signals.worker_shutting_down.connect
 def _on_worker_shutting_down(**kwargs: Any) -> None:
     """A stopping worker's slots stop counting at once, not after ``WORKER_TTL_S``."""
+    _keeper.flush()  # the solo and threads pools run tasks in this process
     _stopping.set()
     if _registration:
         try:
@@ -399,12 +468,17 @@ def _on_worker_shutting_down(**kwargs: Any) -> None:
 # -- the dispatcher -------------------------------------------------------------------------
 
 class Dispatcher:
-    """Moves due items tenant-first from the fair queue into Celery, within the credits."""
+    """Moves due items tenant-first from the fair queue into Celery, within the credits.
+
+    Credits it did not use stay with it until its next round, where they are given
+    back in the same call that takes new ones, or until it goes idle.
+    """
 
     def __init__(self, *, shards: list[int] | None = None, reap_every_s: float = 1.0) -> None:
         self.shards = shards if shards is not None else list(range(settings.DUCTOR_QUEUE_SHARDS))
         self.reap_every_s = reap_every_s
         self._last_reap = 0.0
+        self._held: dict[str, list[str]] = {queue: [] for queue in QUEUES}
         self._starved = False
         self.dispatched = 0
 
@@ -417,6 +491,11 @@ class Dispatcher:
                 "partition": item.partition, "waited_ms": item.waited_ms, "credit": credit,
             },
             queue=queue_for(item.tier),
+            # Celery would saferepr() the whole payload for these headers (monitoring only):
+            # most of a publish's CPU. The ids say which item it is.
+            argsrepr="()",
+            kwargsrepr=f"{{'tenant_id': '{item.tenant_id}', 'item_id': {item.item_id!r}, "
+                       f"'delivery': {item.delivery}}}",
         )
         log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
                  partition=item.partition, waited_ms=item.waited_ms)
@@ -428,48 +507,61 @@ class Dispatcher:
                 fair_queue.reap(shard=shard)
             self._last_reap = now
 
+    def give_back(self) -> None:
+        """Free the credits this dispatcher holds (before it sleeps or stops)."""
+        for queue, unused in self._held.items():
+            if unused:
+                free_credits(queue, unused, signal=False)
+        self._held = {queue: [] for queue in QUEUES}
+
     def run_once(self) -> int:
         """Dispatch as many due items as the credits allow. Returns how many.
 
-        Credits for both queues are reserved in one call; the system tier is
-        dequeued only with a system credit, the customer tiers only with a work
-        credit, and unused credits are given back.
+        Credits of both queues are taken in one call (which also gives back the
+        ones held since the last round); the system tier is dequeued only with a
+        system credit, the customer tiers only with a work credit.
         """
         self._reap()
-        held = reserve_credits({queue: RESERVE_BATCH for queue in QUEUES})
-        self._starved = not all(held.values())
+        held = self._held
+        self._held = {queue: [] for queue in QUEUES}  # should the call fail, those age out
+        self._held = reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
+        no_system_credit = not self._held[SYSTEM_QUEUE]
         dispatched = 0
-        try:
-            for shard in self.shards:
-                while True:
-                    tiers = ([SYSTEM_TIER] if held[SYSTEM_QUEUE] else []) + (
-                        CUSTOMER_TIERS if held[WORK_QUEUE] else [])
-                    if not tiers:
-                        break
-                    item = fair_queue.dequeue(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers)
-                    if item is None:
-                        break
-                    credit = held[queue_for(item.tier)].pop()
-                    try:
-                        self._publish(item, credit)
-                    except Exception:
-                        # The item stays leased and comes back after its lease; the credit now.
-                        free_credits(queue_for(item.tier), [credit], signal=False)
-                        raise
-                    dispatched += 1
-        finally:
-            for queue, unused in held.items():
-                free_credits(queue, unused, signal=False)
+        for shard in self.shards:
+            system_empty = False
+            while True:
+                with_system = bool(self._held[SYSTEM_QUEUE]) and not system_empty
+                tiers = ([SYSTEM_TIER] if with_system else []) + (CUSTOMER_TIERS if self._held[WORK_QUEUE] else [])
+                if not tiers:
+                    break
+                item = fair_queue.dequeue(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers)
+                if item is None:
+                    break
+                # Strict tier priority: a customer item means the system tier had nothing due,
+                # so this round does not ask again (it would cost a dequeue per item).
+                system_empty = system_empty or (with_system and item.tier != SYSTEM_TIER)
+                queue = queue_for(item.tier)
+                credit = self._held[queue].pop()
+                try:
+                    self._publish(item, credit)
+                except Exception:
+                    # The item stays leased and comes back after its lease; the credit now.
+                    free_credits(queue, [credit], signal=False)
+                    raise
+                dispatched += 1
+        # Out of work credits (or without a system credit): the next round waits for a freed one.
+        self._starved = no_system_credit or not self._held[WORK_QUEUE]
         self.dispatched += dispatched
         return dispatched
 
     def _idle(self) -> None:
         """Sleep until something may be dispatchable: a freed credit, new work, or a due timer."""
         if self._starved:
-            # New system work may need a system credit we have: wake on the shard's work signal too.
-            also = [fair_queue.global_key("wake", shard=0)] if 0 in self.shards else []
-            wait_for_credit(timeout_s=CREDIT_WAIT_S, also=also)
+            # Not on the work signal too: every ack pushes it, so a saturated dispatcher would
+            # spin. The credits it holds (often the system queue's) go back next round.
+            wait_for_credit(timeout_s=CREDIT_WAIT_S)
             return
+        self.give_back()
         wait_s = IDLE_WAIT_S
         for shard in self.shards:
             due = fair_queue.next_due_ms(shard=shard)
@@ -479,10 +571,14 @@ class Dispatcher:
 
     def run_forever(self, stop: threading.Event) -> None:
         """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried."""
-        while not stop.is_set():
-            try:
-                if not self.run_once():
-                    self._idle()
-            except Exception:
-                log.exception("dispatcher_round_failed")
-                stop.wait(ERROR_BACKOFF_S)
+        try:
+            while not stop.is_set():
+                try:
+                    if not self.run_once() or self._starved:
+                        self._idle()
+                except Exception:
+                    log.exception("dispatcher_round_failed")
+                    stop.wait(ERROR_BACKOFF_S)
+        finally:
+            with contextlib.suppress(Exception):
+                self.give_back()

@@ -31,7 +31,8 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -92,8 +93,10 @@ def _enqueue_step(step: StepRun, *, tier: str, partition: str | None) -> None:
 
 def record_event(run: WorkflowRun, type_: str, node_id: str = "", **data: Any) -> None:
     """Append an event to the run's history (inside the caller's transaction, run row locked)."""
-    last = RunEvent.objects.filter(run=run).order_by("-seq").values_list("seq", flat=True).first() or 0
-    RunEvent.objects.create(run=run, seq=last + 1, type=type_, node_id=node_id, data=_jsonable(data))
+    # The next seq is computed inside the INSERT: one round trip (the run row lock orders writers).
+    last = RunEvent.objects.filter(run=run).order_by("-seq").values("seq")[:1]
+    RunEvent.objects.create(run=run, seq=Coalesce(Subquery(last), 0) + 1, type=type_, node_id=node_id,
+                            data=_jsonable(data))
     log.info(f"run_{type_}", run_id=str(run.id), node_id=node_id or None)
 
 
@@ -136,7 +139,7 @@ def tick(run_id: Any) -> None:
     """Advance one run. Idempotent; runs in the run's tenant context with the run row locked."""
     with structlog.contextvars.bound_contextvars(run_id=str(run_id)), transaction.atomic():
         run = (
-            WorkflowRun.objects.select_for_update()
+            WorkflowRun.objects.select_for_update(of=("self",))  # not the shared version row
             .select_related("workflow")
             .filter(pk=run_id)
             .first()
@@ -408,19 +411,29 @@ def _notify_parent(run: WorkflowRun) -> None:
 def execute_step(ctx: ItemContext, body: dict[str, Any]) -> None:
     """Run one action attempt on a worker. A duplicate or stale delivery does nothing."""
     step_id = body["step_id"]
-    with transaction.atomic():
-        step = (
-            StepRun.objects.select_for_update().select_related("run", "run__workflow")
-            .filter(pk=step_id).first()
+    with structlog.contextvars.bound_contextvars(step_id=str(step_id)):
+        _execute_step(step_id)
+
+
+def _execute_step(step_id: str) -> None:
+    # A plain read, no lock: every write below is conditional on the step's status (one round
+    # trip each, on the start path of every step).
+    step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
+    if step is None or step.status not in (SStatus.QUEUED, SStatus.RUNNING):
+        return
+    run = step.run
+    if run.is_terminal or run.cancel_requested:
+        StepRun.objects.filter(pk=step.pk, status__in=[SStatus.QUEUED, SStatus.RUNNING]).update(
+            status=SStatus.CANCELLED, finished_at=timezone.now()
         )
-        if step is None or step.status not in (SStatus.QUEUED, SStatus.RUNNING):
-            return
-        run = step.run
-        if run.is_terminal or run.cancel_requested:
-            _finish_step(step, SStatus.CANCELLED)
-            return
-        node = next(n for n in _nodes(_spec(run)) if n["id"] == step.node_id)
-    structlog.contextvars.bind_contextvars(run_id=str(run.id), node_id=step.node_id)
+        return
+    node = next(n for n in _nodes(_spec(run)) if n["id"] == step.node_id)
+    # Bound for this step only: a plain bind would leak into the next task of the worker process.
+    with structlog.contextvars.bound_contextvars(run_id=str(run.id), node_id=step.node_id):
+        _run_action(step, run, node)
+
+
+def _run_action(step: StepRun, run: WorkflowRun, node: dict[str, Any]) -> None:
     decision = route(Step(workflow=run.workflow_name, action=node["action"], tags=tuple(node.get("tags", [])),
                           input=step.input, tier=run.tier, pool=node.get("pool")))
     holder = step_item_id(step.id)
@@ -429,23 +442,25 @@ def execute_step(ctx: ItemContext, body: dict[str, Any]) -> None:
     if not admitted:
         raise RetryLater(max(retry_after, 0.2), "pool or connection at its limit")
     try:
-        with transaction.atomic():
-            StepRun.objects.filter(pk=step.id, status__in=[SStatus.QUEUED, SStatus.RUNNING]).update(
-                status=SStatus.RUNNING, started_at=timezone.now(), routing=decision.trace()
-            )
+        started = StepRun.objects.filter(pk=step.id, status__in=[SStatus.QUEUED, SStatus.RUNNING]).update(
+            status=SStatus.RUNNING, started_at=timezone.now(), routing=decision.trace()
+        )
+        if not started:  # cancelled or timed out since it was read: do not call the action
+            return
         if node.get("timeout_s"):
             schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
         outcome = _call_action(node["action"], step, decision.connection_id, str(run.id))
     finally:
         release(holder)
     with transaction.atomic():
+        # The run row first, then the step: the order a tick takes them in (no deadlock with it).
+        run = WorkflowRun.objects.select_for_update().get(pk=run.pk)
         locked = StepRun.objects.select_for_update().filter(pk=step.id, status=SStatus.RUNNING).first()
         if locked is None:
             log.info("step_result_discarded", step_id=str(step.id))
             return
         status, output, error = outcome
         _finish_step(locked, status, output=output, error=error)
-        run = WorkflowRun.objects.select_for_update().get(pk=run.pk)
         record_event(run, f"step_{status}", locked.node_id, attempt=locked.attempt,
                      error=(error or {}).get("code") if error else None)
         enqueue_tick(run)
@@ -471,10 +486,15 @@ def _call_action(name: str, step: StepRun, connection_id: str | None, run_id: st
 
 def _with_step(step_id: str, fn: Callable[[StepRun, WorkflowRun], None]) -> None:
     with transaction.atomic():
-        step = StepRun.objects.select_for_update().select_related("run").filter(pk=step_id).first()
-        if step is None or step.run.is_terminal:
+        run_id = StepRun.objects.filter(pk=step_id).values_list("run_id", flat=True).first()
+        if run_id is None:
             return
-        fn(step, step.run)
+        # The run row first, then the step: the order a tick takes them in.
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+        step = StepRun.objects.select_for_update().filter(pk=step_id).first()
+        if run is None or step is None or run.is_terminal:
+            return
+        fn(step, run)
 
 
 def _retry_due(ref: str, data: dict[str, Any]) -> None:
@@ -508,19 +528,23 @@ def _step_timeout(ref: str, data: dict[str, Any]) -> None:
             return
         _finish_step(step, SStatus.FAILED, error={"code": "timeout", "message": "step timed out",
                                                   "retryable": True})
-        locked = WorkflowRun.objects.select_for_update().get(pk=run.pk)
-        record_event(locked, "step_timed_out", step.node_id, attempt=step.attempt)
-        enqueue_tick(locked)
+        record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
+        enqueue_tick(run)
 
     _with_step(ref, go)
 
 
 def reconcile_runs() -> int:
-    """Re-enqueue ticks of active runs that stopped moving (a crash between commit and enqueue,
-    a Redis flush). Crosses tenants by design: it is the system's housekeeping."""
-    cutoff = timezone.now() - timedelta(seconds=STALE_RUN_S)
+    """Put back the Redis side of active runs that stopped moving (a crash between commit and
+    enqueue, a Redis flush): their tick, the items of their queued and running steps, and the
+    timers of their sleeps, retry backoffs and step timeouts. Each of those is idempotent (an
+    item already queued or in flight is coalesced, a waiting timer is kept), so repairing a run
+    that was only slow costs at most a no-op delivery. Crosses tenants by design: it is the
+    system's housekeeping."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=STALE_RUN_S)
     stale = (
-        WorkflowRun.all_tenants.select_related("tenant")
+        WorkflowRun.all_tenants.select_related("tenant", "workflow")
         .exclude(status__in=WorkflowRun.TERMINAL)
         .filter(updated_at__lt=cutoff)[:500]
     )
@@ -528,11 +552,27 @@ def reconcile_runs() -> int:
     for run in stale:
         with tenant_context(run.tenant), transaction.atomic():
             enqueue_tick(run)
-            for step in StepRun.objects.filter(run=run, status=SStatus.QUEUED):
-                _enqueue_step(step, tier=run.tier, partition=(step.routing or {}).get("partition_key"))
+            nodes = {n["id"]: n for n in _nodes(_spec(run))}
+            for step in StepRun.objects.filter(run=run, status__in=ACTIVE_STEP):
+                _repair_step(step, run, nodes.get(step.node_id, {}), now)
             WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
         count += 1
     return count
+
+
+def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: datetime) -> None:
+    def due_in(moment: datetime | None) -> float:
+        return max(0.0, ((moment or now) - now).total_seconds())
+
+    if step.status in (SStatus.QUEUED, SStatus.RUNNING):
+        # A running step's item may be gone with its worker and the queue (a crash and a flush).
+        _enqueue_step(step, tier=run.tier, partition=(step.routing or {}).get("partition_key"))
+    if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
+        deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
+        _on_commit_wakeup(str(step.id), kind="step_timeout", delay_s=due_in(deadline))
+    if step.status == SStatus.SCHEDULED:
+        kind = "sleep_done" if step.node_type == "sleep" else "step_retry"
+        _on_commit_wakeup(str(step.id), kind=kind, delay_s=due_in(step.scheduled_for))
 
 
 def _tick_handler(ctx: ItemContext, body: dict[str, Any]) -> None:

@@ -50,6 +50,22 @@ class RunStartSerializer(StrictSerializer):
                                  max_length=50)
 
 
+class RunBulkStartSerializer(StrictSerializer):
+    runs = RunStartSerializer(many=True, help_text="1 to 500 runs, each as POST /runs takes it.")
+
+
+class RunBulkItemSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    idempotency_key = serializers.CharField(allow_null=True)
+    status = serializers.CharField()
+    created = serializers.BooleanField(help_text="False: the key was used before; this is that run.")
+
+
+class RunBulkResultSerializer(serializers.Serializer):
+    created = serializers.IntegerField(help_text="How many runs this call started.")
+    runs = RunBulkItemSerializer(many=True, help_text="One per item, in the order given.")
+
+
 class RunFilterSerializer(StrictSerializer):
     status = serializers.ChoiceField(choices=WorkflowRun.Status.choices, required=False)
     workflow = serializers.CharField(required=False)

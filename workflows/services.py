@@ -13,10 +13,13 @@ from tenants.context import current_tenant
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows import engine
-from workflows.models import WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
+
+# Most runs one bulk start may hold.
+MAX_BULK_RUNS = 500
 
 
 def _payload_too_large(field: str, size: int, limit: int) -> ApiError:
@@ -27,9 +30,17 @@ def _payload_too_large(field: str, size: int, limit: int) -> ApiError:
     )
 
 
+def _json_size(value: Any) -> int:
+    """Compact UTF-8 JSON size, as the plan's ``max_payload_bytes`` counts it."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
 def _validated(spec: Any) -> dict[str, Any]:
     """The spec validated and normalized (defaults filled, nodes in topological order)."""
     limit = effective_entitlements(current_tenant()).max_payload_bytes
+    size = _json_size(spec)
+    if size > limit:  # over the payload limit: 413, like an oversized run input
+        raise _payload_too_large("spec", size, limit)
     try:
         parsed = validate_spec(spec, max_bytes=limit)
     except SpecError as exc:
@@ -80,7 +91,7 @@ def run_start(
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing, False
-    size = len(json.dumps(input if input is not None else {}, separators=(",", ":")).encode())
+    size = _json_size(input if input is not None else {})
     if size > limits.max_payload_bytes:
         raise _payload_too_large("input", size, limits.max_payload_bytes)
     tier = tier or "standard"
@@ -110,6 +121,86 @@ def run_start(
         return existing, False
     log.info("run_started", run_id=str(run.id), workflow=workflow, version=found.number)
     return run, True
+
+
+def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, bool]]:
+    """Start many runs of the tenant in context at once, all or none. Returns ``(run, created)`` per item, in order.
+
+    Each item holds what ``run_start`` takes. An item whose ``idempotency_key``
+    this tenant already used, or that an earlier item of the batch uses, gets
+    that run and starts nothing. Every item is checked before anything is
+    written: a bad item is a 400 naming it (``runs[3].tier``) and starts
+    nothing. The new runs are charged to the monthly quota together, in the
+    transaction that creates them (429 when they do not all fit). A few
+    queries for the whole batch, plus one fair-queue push per new run on commit.
+    """
+    if not runs or len(runs) > MAX_BULK_RUNS:
+        raise ApiError(f"Invalid field(s): runs. Give 1 to {MAX_BULK_RUNS} runs.", code=ErrorCode.INVALID,
+                       details={"runs": [f"Give 1 to {MAX_BULK_RUNS} runs, not {len(runs)}."]})
+    limits = effective_entitlements(current_tenant())
+    versions: dict[tuple[str, int | None], WorkflowVersion | None] = {}
+    errors: dict[str, list[str]] = {}
+    for index, item in enumerate(runs):
+        field = f"runs[{index}]"
+        size = len(json.dumps(item.get("input") or {}, separators=(",", ":")).encode())
+        if size > limits.max_payload_bytes:
+            raise _payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
+        if (item.get("tier") or "standard") not in limits.allowed_tiers:
+            errors[f"{field}.tier"] = [f"Not allowed by plan '{limits.plan}'."]
+        wanted = (item["workflow"], item.get("version"))
+        if wanted not in versions:
+            found = WorkflowVersion.objects.filter(definition__name=wanted[0])
+            if wanted[1] is not None:
+                found = found.filter(number=wanted[1])
+            versions[wanted] = found.select_related("definition").order_by("-number").first()
+        if versions[wanted] is None:
+            errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}'" + (f" version {wanted[1]}" if wanted[1] else "")
+                                           + " not found."]
+    if errors:
+        raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
+    try:
+        return _start_many(runs, versions)
+    except IntegrityError:
+        # A concurrent start took one of the keys: that run now exists, so the retry returns it.
+        return _start_many(runs, versions)
+
+
+def _start_many(
+    runs: list[dict[str, Any]], versions: dict[tuple[str, int | None], WorkflowVersion | None]
+) -> list[tuple[WorkflowRun, bool]]:
+    keys = [item["idempotency_key"] for item in runs if item.get("idempotency_key")]
+    by_key: dict[str, WorkflowRun] = {}
+    if keys:
+        by_key = {run.idempotency_key: run for run in WorkflowRun.objects.select_related("workflow")
+                  .filter(idempotency_key__in=keys) if run.idempotency_key}
+    results: list[tuple[WorkflowRun, bool]] = []
+    new: list[WorkflowRun] = []
+    for item in runs:
+        key = item.get("idempotency_key") or None
+        if key is not None and key in by_key:
+            results.append((by_key[key], False))
+            continue
+        version = versions[(item["workflow"], item.get("version"))]
+        assert version is not None  # checked by run_start_many
+        run = WorkflowRun(workflow=version, workflow_name=version.definition.name, input=item.get("input") or {},
+                          idempotency_key=key, tier=item.get("tier") or "standard", tags=item.get("tags") or [])
+        run.root_run_id = run.id
+        new.append(run)
+        results.append((run, True))
+        if key is not None:
+            by_key[key] = run
+    if new:
+        with transaction.atomic():
+            quota_consume(runs=len(new))
+            WorkflowRun.objects.bulk_create(new)
+            # The history's first event, as engine.record_event writes it for one run.
+            RunEvent.objects.bulk_create(
+                [RunEvent(run=run, seq=1, type="created", data={"version": run.workflow.number}) for run in new]
+            )
+            for run in new:
+                engine.enqueue_tick(run)
+    log.info("runs_started", count=len(new), existing=len(runs) - len(new))
+    return results
 
 
 @transaction.atomic

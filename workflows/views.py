@@ -13,6 +13,8 @@ from tenants.api import TenantViewSet
 from workflows import selectors, services
 from workflows.models import WorkflowDefinition, WorkflowRun
 from workflows.serializers import (
+    RunBulkResultSerializer,
+    RunBulkStartSerializer,
     RunDetailSerializer,
     RunEventSerializer,
     RunFilterSerializer,
@@ -90,6 +92,20 @@ class RunViewSet(TenantViewSet):
         params.is_valid(raise_exception=True)
         run, created = services.run_start(**params.validated_data)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=RunBulkStartSerializer, responses={201: RunBulkResultSerializer,
+                                                              200: RunBulkResultSerializer})
+    @action(detail=False, methods=["post"])
+    def bulk(self, request: Request) -> Response:
+        """Start up to 500 runs in one call, all or none (idempotent per item with its key)."""
+        params = RunBulkStartSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        results = services.run_start_many(runs=params.validated_data["runs"])
+        created = sum(1 for _, new in results if new)
+        body = {"created": created,
+                "runs": [{"id": str(run.id), "idempotency_key": run.idempotency_key, "status": run.status,
+                          "created": new} for run, new in results]}
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(responses=RunDetailSerializer)
     def retrieve(self, request: Request, pk: str) -> Response:

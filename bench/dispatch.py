@@ -1,0 +1,199 @@
+"""Dispatch throughput: the fair queue's core, and no-op tasks end to end through real workers.
+
+1. **Core** (no Celery): ``bench/dispatch_core.py``, run as a child process on the same
+   services: fair-queue enqueue+dequeue+ack cycles per second against raw ``LPUSH``+``RPOP``,
+   and the dequeue cost at 10, 1,000 and 100,000 tenants.
+2. **End to end**: ``WORKERS`` x ``CONCURRENCY`` real ``celery -A ductor_project worker``
+   processes and ``DISPATCHERS`` ``manage.py run_dispatcher`` processes (``BENCH_DISPATCHERS``).
+   In ``ROUNDS`` interleaved rounds (``BENCH_ROUNDS``; the side that goes first alternates,
+   so that a noisy host slows both alike), on the same workers and Redis:
+   - **fair broker**: bulk-enqueue ``TASKS`` ``noop`` items (``TENANTS`` tenants, one
+     partition per item) and time until every one is acked;
+   - **plain Celery**: publish ``TASKS`` ``bench.noop`` tasks (a plain ``@app.task``, results
+     ignored like ``execute_item``'s) and time until the queue is empty and nothing is unacked.
+   Each side's rate is its total tasks over its total time; ``e2e_ratio`` is their quotient
+   (``e2e_ratio_median_round``: the median of the per-round quotients).
+
+Needs its own data dir (it FLUSHES Redis): ``DUCTOR_DATA_DIR=.ductor/bench-x python
+bench/dispatch.py`` (``--e2e-only`` skips the core part). Progress on stderr; the last
+stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._procs import ROOT, Processes, child_env, log, redis_client, setup_django, wait_ready
+
+WORKERS, CONCURRENCY = 2, 2
+DISPATCHERS = int(os.environ.get("BENCH_DISPATCHERS", "2"))
+TENANTS = 4
+TASKS = 1000
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+WARMUP_TASKS = 300
+TIER = "standard"
+DONE_TIMEOUT_S = 120.0
+POLL_S = 0.02
+
+
+def run_core() -> dict[str, Any]:
+    """``bench/dispatch_core.py``'s figures (it flushes Redis; nothing else runs meanwhile)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "dispatch_core.py")], cwd=ROOT, env=child_env(),
+                          stdout=subprocess.PIPE, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"bench/dispatch_core.py failed (exit {proc.returncode})")
+    return dict(json.loads(lines[-1]))
+
+
+def make_tenants() -> list[Any]:
+    from tenants import services
+    from tenants.models import Tenant
+
+    tenants = []
+    for n in range(TENANTS):
+        slug = f"dispatch-{n}"
+        tenant = Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug, plan="pro")
+        for field, value in {"max_concurrency": 100_000, "step_rate_per_s": 1e6, "step_burst": 1_000_000}.items():
+            services.override_set(tenant=tenant, field=field, value=value, reason="bench/dispatch.py")
+        tenants.append(Tenant.objects.get(pk=tenant.pk))
+    return tenants
+
+
+def wait_until(done: Callable[[], bool]) -> None:
+    """Poll ``done`` (one cheap Redis call on either side) every ``POLL_S``."""
+    deadline = time.monotonic() + DONE_TIMEOUT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError("tasks did not finish in time")
+        time.sleep(POLL_S)
+
+
+def ductor_round(tenants: list[Any], count: int, tag: str) -> float:
+    """Seconds from the first enqueue until every item is acked."""
+    from django.conf import settings
+
+    from scheduling import fair_queue as fq
+
+    started = time.perf_counter()
+    batches = [
+        fq.TenantBatch(tenant, [fq.NewItem(f"{tag}-{i}", TIER, f"{tag}-{i}", {"kind": "noop"})
+                                for i in range(n, count, len(tenants))])
+        for n, tenant in enumerate(tenants)
+    ]
+    fq.bulk_enqueue(batches)
+
+    def done() -> bool:
+        # One call per shard: nothing in flight, and no tenant ready, parked or on a timer
+        # (an item waiting behind a locked partition implies one in flight).
+        for shard in map(fq.global_stats, range(settings.DUCTOR_QUEUE_SHARDS)):
+            if shard.in_flight or shard.timers or any(
+                    tier.ready_tenants or tier.blocked_tenants for tier in shard.tiers.values()):
+                return False
+        return True
+
+    wait_until(done)
+    return time.perf_counter() - started
+
+
+def celery_round(count: int) -> float:
+    """Seconds from the first publish until the queue is empty and no message is unacked."""
+    from bench._worker_tasks import noop
+    from ductor_project.celery import WORK_QUEUE, app
+
+    redis = redis_client()
+    started = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for _ in range(count):
+            noop.apply_async(queue=WORK_QUEUE, producer=producer)
+    wait_until(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0)
+    return time.perf_counter() - started
+
+
+def run_e2e(procs: Processes) -> dict[str, Any]:
+    from ductor_project.celery import WORK_QUEUE
+    from scheduling import broker
+
+    redis = redis_client()
+    redis.flushdb()
+    tenants = make_tenants()
+    env = child_env()
+    workers = [
+        procs.celery_worker(f"worker-{i}", "ductor_project", concurrency=CONCURRENCY, env=env,
+                            extra=("--include", "bench._worker_tasks"))
+        for i in range(WORKERS)
+    ]
+    wait_ready(*workers)
+    while broker.worker_slots(WORK_QUEUE) < WORKERS * CONCURRENCY:
+        time.sleep(0.1)
+    for dispatcher in [procs.dispatcher(f"dispatcher-{i}", env) for i in range(DISPATCHERS)]:
+        dispatcher.wait_for_output("dispatcher_started")
+    log("e2e: workers and dispatchers up; warming up")
+    ductor_round(tenants, WARMUP_TASKS, "warm")
+    celery_round(WARMUP_TASKS)
+
+    ductor_s: list[float] = []
+    celery_s: list[float] = []
+    for r in range(ROUNDS):
+        # Alternate which side goes first, so that a load trend on the host favours neither.
+        if r % 2:
+            celery_s.append(celery_round(TASKS))
+        ductor_s.append(ductor_round(tenants, TASKS, f"r{r}"))
+        if not r % 2:
+            celery_s.append(celery_round(TASKS))
+        log(f"round {r + 1}/{ROUNDS}: fair broker {TASKS / ductor_s[-1]:.0f} tasks/s, "
+            f"plain Celery {TASKS / celery_s[-1]:.0f} tasks/s")
+    e2e = TASKS * ROUNDS / sum(ductor_s)
+    baseline = TASKS * ROUNDS / sum(celery_s)
+    return {
+        "e2e_tasks_per_s": round(e2e, 1),
+        "baseline_celery_tasks_per_s": round(baseline, 1),
+        "e2e_ratio": round(e2e / baseline, 3),
+        "e2e_rounds_tasks_per_s": [round(TASKS / s, 1) for s in ductor_s],
+        "baseline_rounds_tasks_per_s": [round(TASKS / s, 1) for s in celery_s],
+        "e2e_ratio_median_round": round(statistics.median(c / d for d, c in zip(ductor_s, celery_s, strict=True)), 3),
+    }
+
+
+def main() -> int:
+    setup_django("bench/dispatch.py")
+    from django.conf import settings
+
+    started = time.monotonic()
+    core: dict[str, Any] = {}
+    if "--e2e-only" not in sys.argv:
+        log("core: bench/dispatch_core.py")
+        core = run_core()
+        log(f"core: {json.dumps(core)}")
+    procs = Processes(Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / "dispatch")
+    try:
+        e2e = run_e2e(procs)
+    finally:
+        procs.stop_all()
+        redis_client().flushdb()
+    log(f"e2e: {json.dumps(e2e)}")
+    log(f"done in {time.monotonic() - started:.0f}s")
+    result = {
+        **{key: core.get(key) for key in ("cycles_per_s", "baseline_lpush_rpop_per_s", "ratio", "dequeue_us",
+                                          "dequeue_cost_ratio_100k_vs_10")},
+        **e2e,
+        "config": {"workers": WORKERS, "concurrency": CONCURRENCY, "dispatchers": DISPATCHERS,
+                   "tasks_per_round": TASKS, "rounds": ROUNDS, "tenants": TENANTS,
+                   "dispatch_buffer": settings.DUCTOR_DISPATCH_BUFFER},
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,240 @@
+"""Workflow runs end to end: real web server, Celery worker, dispatcher and coordinator.
+
+On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis), with one
+``celery -A ductor_project worker`` (concurrency ``CONCURRENCY``), one
+``manage.py run_dispatcher``, one ``manage.py run_coordinator`` and gunicorn
+(``ductor_project.webserver.WebServer``), for one enterprise-plan tenant:
+
+1. **Start latency** on an idle system: ``LATENCY_RUNS`` runs of a one-node (noop)
+   workflow, one at a time and spaced out, each started with a real
+   ``POST /api/v1/runs`` (a kept-alive HTTP connection). The latency is the first
+   step's ``started_at`` (set by the worker right before the action is called) minus
+   the moment the request was sent; p50 and p99. The p50 of each hop is reported
+   too, from the rows' own timestamps: request → run row committed (``api``), run
+   row → its tick started (``tick_hop``: enqueue, dispatcher, Celery, worker), tick
+   → step row (``tick``), step row → step started (``step_hop``: the same hops again,
+   plus routing and admission on the worker).
+2. **Runs per second**: ``RUNS_1NODE`` one-node runs and ``RUNS_10NODE`` runs of a
+   10-node chain (noop), started through ``workflows.services.run_start`` with a fixed
+   number unfinished at a time (a new run starts as soon as one ends); runs completed
+   per second from the first start until every run is terminal. A phase stops after
+   ``PHASE_BUDGET_S`` on a slow or shared host: the runs completed by then count, the
+   rest are cancelled.
+3. **Baseline**: plain Celery no-op tasks per second on the same worker
+   (``bench.noop`` of ``bench/_worker_tasks.py``, passed with ``--include``):
+   ``BASELINE_TASKS`` published, timed until the queue is empty and nothing unacked.
+
+Needs its own data dir: ``DUCTOR_DATA_DIR=.ductor/bench-w .venv/bin/python
+bench/workflows.py``. Progress on stderr; the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._procs import Processes, child_env, log, redis_client, setup_django, wait_ready
+
+CONCURRENCY = 2
+LATENCY_RUNS = 30
+LATENCY_WARMUP = 5
+LATENCY_GAP_S = 0.15
+RUNS_1NODE, OUTSTANDING_1NODE = 200, 20
+RUNS_10NODE, OUTSTANDING_10NODE = 40, 10
+PHASE_BUDGET_S = 20.0
+BASELINE_TASKS = 1000
+DONE_TIMEOUT_S = 60.0
+POLL_S = 0.05  # the bench's own polling shares the 2 CPUs with what it measures: keep it lazy
+GOAL_P50_MS = 50.0
+
+
+def wait_until(done: Callable[[], Any], what: str, timeout: float = DONE_TIMEOUT_S, every: float = POLL_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := done()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(every)
+    return value
+
+
+def ms(later: datetime, earlier: datetime | float) -> float:
+    base = earlier if isinstance(earlier, float) else earlier.timestamp()
+    return (later.timestamp() - base) * 1000
+
+
+def make_tenant() -> tuple[Any, str]:
+    from tenants import services
+    from tenants.context import tenant_context
+    from workflows.services import workflow_put
+
+    tenant = services.tenant_create(slug=f"bench-wf-{uuid.uuid4().hex[:8]}", plan="enterprise")
+    with tenant_context(tenant):
+        _, key = services.api_key_create(name="bench", scopes=["read", "write"])
+        workflow_put(name="one", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+        chain = [{"id": f"n{i}", "type": "action", "action": "noop", "depends_on": [f"n{i - 1}"] if i else []}
+                 for i in range(10)]
+        workflow_put(name="ten", spec={"nodes": chain})
+    return tenant, key
+
+
+def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
+    """One run at a time on an idle system: POST → first step started, and its hops."""
+    import httpx
+
+    from tenants.context import tenant_context
+    from workflows.models import RunEvent, StepRun, WorkflowRun
+
+    totals: list[float] = []
+    hops: dict[str, list[float]] = {"api": [], "tick_hop": [], "tick": [], "step_hop": []}
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10) as client:
+        for n in range(LATENCY_WARMUP + LATENCY_RUNS):
+            time.sleep(LATENCY_GAP_S)  # idle: the dispatcher and the worker are waiting
+            sent = time.time()
+            response = client.post("/api/v1/runs", json={"workflow": "one"})
+            response.raise_for_status()
+            run_id = response.json()["id"]
+            with tenant_context(tenant):
+                # The figures come from the rows' timestamps, so a lazy poll loses no precision
+                # and leaves the CPU to the processes being measured.
+                wait_until(WorkflowRun.objects.filter(pk=run_id, status="succeeded").exists, what="the run",
+                           every=POLL_S)
+                step = StepRun.objects.get(run_id=run_id)
+                run = WorkflowRun.objects.get(pk=run_id)
+                ticked = RunEvent.objects.get(run_id=run_id, type="started").created_at
+            if n < LATENCY_WARMUP:
+                continue
+            totals.append(ms(step.started_at, sent))
+            hops["api"].append(ms(run.created_at, sent))
+            hops["tick_hop"].append(ms(ticked, run.created_at))
+            hops["tick"].append(ms(step.created_at, ticked))
+            hops["step_hop"].append(ms(step.started_at, step.created_at))
+    ordered = sorted(totals)
+    return {
+        "start_latency_ms_p50": round(statistics.median(ordered), 1),
+        "start_latency_ms_p99": round(ordered[math.ceil(len(ordered) * 0.99) - 1], 1),  # nearest rank
+        "start_latency_ms_min": round(ordered[0], 1),
+        "start_latency_hops_ms_p50": {name: round(statistics.median(v), 1) for name, v in hops.items()},
+    }
+
+
+def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict[str, Any]:
+    """Runs completed per second: ``count`` runs started through the service, at most
+    ``outstanding`` unfinished at a time (a new one starts as one ends), timed from the first
+    start until all are terminal. Steady-state throughput, whatever the speed of the host: on
+    a slow one the phase stops after ``PHASE_BUDGET_S``, the runs done by then count, and the
+    rest are cancelled so that they do not load the next phase."""
+    from tenants.context import tenant_context
+    from workflows.models import WorkflowRun
+    from workflows.services import run_cancel, run_start
+
+    active: set[Any] = set()
+    started_ids: list[Any] = []
+    done = 0
+    with tenant_context(tenant):
+        started = time.perf_counter()
+        deadline = started + PHASE_BUDGET_S
+        while done < count and time.perf_counter() < deadline:
+            while len(active) < outstanding and len(started_ids) < count:
+                run = run_start(workflow=workflow)[0]
+                active.add(run.pk)
+                started_ids.append(run.pk)
+            ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
+                        .values_list("pk", flat=True))
+            active -= ended
+            done += len(ended)
+            time.sleep(POLL_S)
+        elapsed = time.perf_counter() - started
+        runs = WorkflowRun.objects.filter(pk__in=started_ids)
+        failed = runs.filter(status__in=WorkflowRun.TERMINAL).exclude(status="succeeded").count()
+        for run in runs.exclude(status__in=WorkflowRun.TERMINAL):
+            run_cancel(run=run)
+        wait_until(lambda: not runs.exclude(status__in=WorkflowRun.TERMINAL).exists(), what="the cancellations")
+    if failed:
+        raise RuntimeError(f"{failed} '{workflow}' runs did not succeed")
+    return {"runs_per_s": round(done / elapsed, 2), "completed": done, "wanted": count,
+            "outstanding": outstanding, "seconds": round(elapsed, 2)}
+
+
+def baseline_celery(count: int) -> float:
+    """Plain Celery no-op tasks per second on the same worker."""
+    from bench._worker_tasks import noop
+    from ductor_project.celery import WORK_QUEUE, app
+
+    redis = redis_client()
+    started = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for _ in range(count):
+            noop.apply_async(queue=WORK_QUEUE, producer=producer)
+    wait_until(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0, what="the no-op tasks")
+    return count / (time.perf_counter() - started)
+
+
+def main() -> int:
+    setup_django("bench/workflows.py")
+    from django.conf import settings
+
+    from ductor_project.celery import WORK_QUEUE
+    from ductor_project.webserver import WebServer
+    from scheduling import broker, capacity
+    from tenants.context import tenant_context
+
+    began = time.monotonic()
+    redis_client().flushdb()
+    os.environ.update(child_env())  # the web server's children use this process's services
+    logs = Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / "workflows"
+    procs = Processes(logs)
+    server = WebServer(log_path=logs / "web.log")
+    try:
+        env = child_env()
+        worker = procs.celery_worker("worker-0", "ductor_project", concurrency=CONCURRENCY, env=env,
+                                     extra=("--include", "bench._worker_tasks"))
+        dispatcher = procs.dispatcher("dispatcher-0", env)
+        procs.start("coordinator-0", [sys.executable, "manage.py", "run_coordinator"], env)
+        tenant, key = make_tenant()
+        dispatcher.wait_for_output("dispatcher_started")
+        wait_ready(worker)
+        wait_until(lambda: broker.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the worker's slots")
+        server.wait_ready(timeout=90)  # the schema it polls is slow to build on a busy host
+        log(f"up in {time.monotonic() - began:.1f}s; measuring start latency ({LATENCY_RUNS} runs)")
+        latency = start_latency(tenant, key, server.url)
+        log(f"start latency: {json.dumps(latency)}")
+        one = runs_per_s(tenant, "one", RUNS_1NODE, OUTSTANDING_1NODE)
+        log(f"1-node: {json.dumps(one)}")
+        ten = runs_per_s(tenant, "ten", RUNS_10NODE, OUTSTANDING_10NODE)
+        log(f"10-node chain: {json.dumps(ten)}")
+        baseline = baseline_celery(BASELINE_TASKS)
+        log(f"plain Celery: {baseline:.0f} no-op tasks/s")
+        with tenant_context(tenant):
+            wait_until(lambda: capacity.tenant_in_flight() == 0, what="the tenant's slots to come back")
+    finally:
+        server.stop()
+        procs.stop_all()
+    load = os.getloadavg()
+    log(f"done in {time.monotonic() - began:.0f}s (load average {load[0]:.1f})")
+    print(json.dumps({
+        "runs_per_s_1node": one["runs_per_s"],
+        "runs_per_s_10node": ten["runs_per_s"],
+        **latency,
+        "baseline_celery_tasks_per_s": round(baseline, 1),
+        "start_latency_goal_ms_p50": GOAL_P50_MS,
+        "phases": {"1node": one, "10node": ten},
+        "config": {"concurrency": CONCURRENCY, "latency_runs": LATENCY_RUNS, "ten_node_shape": "chain",
+                   "phase_budget_s": PHASE_BUDGET_S, "baseline_tasks": BASELINE_TASKS,
+                   "load_average_1m": round(load[0], 2), "cpus": os.cpu_count()},
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,362 @@
+"""The fair broker end to end: real PostgreSQL, real Redis and real Celery worker processes.
+
+Workers import ``tests.scheduling.broker_handlers`` (``--include``), whose
+handlers record each event in Redis (with Redis TIME and the worker pid).
+Dispatchers run in threads of the test process. Each worker start costs
+seconds on a small machine, so a test that needs a worker checks every rule
+that the same worker can show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from rest_framework.test import APIClient
+
+from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE, app
+from scheduling import broker, capacity
+from scheduling import fair_queue as fq
+from scheduling.broker import Dispatcher, execute_item
+from scheduling.coordinator import schedule_wakeup
+from tenants import services
+from tenants.keys import redis_key
+from tenants.models import Tenant
+from tenants.tasking import TENANT_HEADER
+from tests.conftest import CeleryWorker, api_client, error_code
+from tests.scheduling.broker_handlers import WAKE_KIND, records, redis_ms
+
+HANDLERS = ("--include", "tests.scheduling.broker_handlers")
+BUFFER = settings.DUCTOR_DISPATCH_BUFFER
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float = 30, every: float = 0.05, what: str) -> Any:
+    """Poll ``condition`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def dispatching(count: int = 1) -> Iterator[list[Dispatcher]]:
+    """``count`` dispatchers, each in a thread of this process, until the block ends."""
+    dispatchers = [Dispatcher() for _ in range(count)]
+    stop = threading.Event()
+
+    def run(dispatcher: Dispatcher) -> None:
+        try:
+            dispatcher.run_forever(stop)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(d,), daemon=True) for d in dispatchers]
+    for thread in threads:
+        thread.start()
+    try:
+        yield dispatchers
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        assert not any(thread.is_alive() for thread in threads)
+
+
+def enqueue(tenant: Tenant, count: int, *, kind: str, partitions: int = 1, prefix: str = "i",
+            **body: Any) -> list[str]:
+    ids = [f"{prefix}{n}" for n in range(count)]
+    for n, item_id in enumerate(ids):
+        fq.enqueue(item_id, tier="standard", partition=f"p{n % partitions}", payload={"kind": kind, **body},
+                   tenant=tenant)
+    return ids
+
+
+def assert_drained(*tenants: Tenant) -> None:
+    """Nothing waiting, nothing in flight, no capacity slot held, no dispatch credit held."""
+    for tenant in tenants:
+        stats = fq.stats(tenant)
+        assert (stats.backlog, stats.in_flight) == (0, 0), tenant.slug
+        assert capacity.tenant_in_flight(tenant=tenant) == 0, tenant.slug
+    assert broker.busy(WORK_QUEUE) == 0
+    assert broker.busy(SYSTEM_QUEUE) == 0
+
+
+def events(redis: Any, event: str, item: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in records(redis) if r["event"] == event and (item is None or r.get("item") == item)]
+
+
+def served_by(worker: CeleryWorker, row: dict[str, Any]) -> bool:
+    """The record was written by a process of ``worker`` (its process group)."""
+    try:
+        return os.getpgid(row["pid"]) == worker.proc.pid
+    except ProcessLookupError:
+        return False
+
+
+# --- credits --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_without_workers_dispatchers_together_publish_no_more_than_the_buffer(make_tenant, redis_client):
+    tenant, _ = make_tenant("credits")
+    enqueue(tenant, 20, kind="noop", partitions=20)
+    dispatchers = [Dispatcher() for _ in range(8)]
+
+    def run_once(dispatcher: Dispatcher) -> None:
+        try:
+            dispatcher.run_once()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run_once, args=(d,)) for d in dispatchers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(d.dispatched for d in dispatchers) == BUFFER
+    assert broker.outstanding(WORK_QUEUE) == BUFFER
+    assert fq.stats(tenant).in_flight == BUFFER
+
+    # A registered worker of 3 slots makes room for exactly 3 more, whoever dispatches.
+    broker.register_worker("fake@host", [WORK_QUEUE], 3)
+    for dispatcher in dispatchers:
+        dispatcher.run_once()
+    assert sum(d.dispatched for d in dispatchers) == BUFFER + 3
+    assert broker.busy(WORK_QUEUE) == broker.worker_slots(WORK_QUEUE) + BUFFER == 3 + BUFFER
+    assert broker.credits(WORK_QUEUE) == 0
+    assert fq.stats(tenant).backlog == 20 - BUFFER - 3
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_context_within_the_credits(
+    make_tenant, celery_worker, redis_client
+):
+    a, _ = make_tenant("broker-a")
+    b, _ = make_tenant("broker-b")
+    concurrency = 2
+    celery_worker(*HANDLERS, concurrency=concurrency)
+    owner = {}
+    for tenant in (a, b):
+        for item_id in enqueue(tenant, 8, kind="test.sleep", partitions=4, prefix=f"{tenant.slug}-", ms=100):
+            owner[item_id] = str(tenant.pk)
+
+    samples: list[tuple[int, int, int]] = []
+    with dispatching(count=2):
+        def all_finished() -> bool:
+            samples.append(
+                (broker.busy(WORK_QUEUE), broker.outstanding(WORK_QUEUE), redis_client.llen(WORK_QUEUE))
+            )
+            return len(events(redis_client, "end")) == len(owner)
+
+        wait_for(all_finished, timeout=60, every=0.02, what="every item to finish")
+        wait_for(lambda: broker.busy(WORK_QUEUE) == 0, timeout=10, what="the credits to come back")
+
+    starts = events(redis_client, "start")
+    assert sorted(r["item"] for r in starts) == sorted(owner)  # each item ran once
+    for row in starts:
+        # The handler ran inside the item's tenant: the message's, the context's and the owner's.
+        assert row["tenant"] == row["context_tenant"] == owner[row["item"]]
+    for tenant in (a, b):
+        # Written under the tenant in context (no tenant named), read here under the owner.
+        assert int(redis_client.get(redis_key("test", "ran", tenant=tenant))) == 8
+    # Never more running at once than the worker's slots ...
+    running = peak = 0
+    for row in records(redis_client):
+        running += 1 if row["event"] == "start" else -1
+        peak = max(peak, running)
+    assert peak <= concurrency
+    # ... and, across two dispatchers, never more published-but-unfinished than slots + buffer,
+    # so never more than that waiting unstarted in Celery.
+    assert len(samples) > 20
+    assert max(busy for busy, _, _ in samples) <= concurrency + BUFFER
+    assert max(unstarted for _, unstarted, _ in samples) <= concurrency + BUFFER
+    assert max(queued for _, _, queued in samples) <= concurrency + BUFFER
+    assert_drained(a, b)
+
+
+@pytest.mark.worker
+def test_a_worker_drops_a_stale_delivery_and_refuses_a_message_without_tenant_without_running_the_handler(
+    make_tenant, celery_worker, redis_client
+):
+    a, _ = make_tenant("stale-a")
+    b, _ = make_tenant("stale-b")
+    worker = celery_worker(*HANDLERS, concurrency=1)
+    enqueue(a, 1, kind="test.ran", prefix="item-")
+    item = fq.dequeue(lease_ms=30_000)
+    assert item is not None
+    assert item.item_id == "item-0"
+    kwargs = {"item_id": item.item_id, "kind": "test.ran", "body": {"kind": "test.ran"},
+              "tier": item.tier, "partition": item.partition}
+
+    execute_item.apply_async(kwargs={**kwargs, "tenant_id": str(a.pk), "delivery": item.delivery + 1})
+    # Sent around the tenant-stamping base class: no tenant at all, and two tenants that disagree.
+    app.send_task("ductor.execute_item", kwargs={**kwargs, "delivery": item.delivery}, queue=WORK_QUEUE)
+    app.send_task("ductor.execute_item", kwargs={**kwargs, "delivery": item.delivery, "tenant_id": str(b.pk)},
+                  headers={TENANT_HEADER: str(a.pk)}, queue=WORK_QUEUE)
+
+    wait_for(lambda: worker.output().count("task_refused_without_tenant") == 2
+             and "stale_delivery_dropped" in worker.output(), what="the worker to handle all three messages")
+    assert events(redis_client, "start") == []
+    stats = fq.stats(a)
+    assert (stats.in_flight, stats.backlog) == (1, 0)  # untouched: still the live delivery's
+
+    # The live delivery runs, once, and finishes the item.
+    execute_item.apply_async(kwargs={**kwargs, "tenant_id": str(a.pk), "delivery": item.delivery})
+    wait_for(lambda: events(redis_client, "start"), what="the live delivery to run")
+    wait_for(lambda: fq.stats(a).in_flight == 0, what="the ack")
+    assert [r["delivery"] for r in events(redis_client, "start")] == [item.delivery]
+    assert_drained(a)
+
+
+# --- recovery ----------------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_a_sigkilled_workers_item_is_redelivered_after_its_lease_and_its_slot_and_partition_come_back(
+    make_tenant, celery_worker, redis_client, monkeypatch, settings
+):
+    lease_ms = 3000
+    monkeypatch.setenv("DUCTOR_LEASE_MS", str(lease_ms))  # the workers' (service_env copies os.environ)
+    settings.DUCTOR_LEASE_MS = lease_ms  # the dispatcher's
+    tenant, _ = make_tenant("crash")
+    services.override_set(tenant=tenant, field="max_concurrency", value=1)
+    workers = [celery_worker(*HANDLERS, concurrency=1) for _ in range(2)]
+    # x sleeps on its first delivery only; y shares its partition; z needs its capacity slot.
+    sleep_once = {"kind": "test.sleep", "ms": 60_000, "once": True}
+    fq.enqueue("x", tier="standard", partition="p", payload=sleep_once, tenant=tenant)
+    fq.enqueue("y", tier="standard", partition="p", payload={"kind": "test.ran"}, tenant=tenant)
+    fq.enqueue("z", tier="standard", partition="q", payload={"kind": "test.ran"}, tenant=tenant)
+
+    with dispatching():
+        first = wait_for(lambda: events(redis_client, "start", "x"), what="x to start")[0]
+        time.sleep(1.0)
+        assert [r["item"] for r in events(redis_client, "start")] == ["x"]  # y, z held back while x runs
+        victim = next(w for w in workers if served_by(w, first))
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait(10)
+        lease_end_ms = redis_client.zscore(fq.global_key("inflight"), f"{tenant.pk}|x")
+        assert lease_end_ms is not None  # still leased to the dead worker
+
+        second = wait_for(lambda: events(redis_client, "start", "x")[1:], timeout=30,
+                          what="x to be delivered again")[0]
+        wait_for(lambda: len(events(redis_client, "start")) == 4, timeout=30, what="y and z to run")
+        # Acked once: nothing runs again, even a lease later.
+        time.sleep(lease_ms / 1000 + 1)
+
+    starts = {r["item"]: r for r in events(redis_client, "start")}  # each item's last start
+    assert sorted(r["item"] for r in events(redis_client, "start")) == ["x", "x", "y", "z"]
+    assert second["at_ms"] >= lease_end_ms  # delivered again, but not before the lease ended
+    assert second["delivery"] > first["delivery"]
+    assert not served_by(victim, second)
+    x_end = events(redis_client, "end", "x")
+    assert [r["delivery"] for r in x_end] == [second["delivery"]]  # finished (and acked) once
+    # The one capacity slot came back when the dead worker's lease ended (z may then go before
+    # x is reaped: order across partitions is not promised); the partition lock only when
+    # x's second delivery was acked.
+    assert starts["z"]["at_ms"] >= lease_end_ms
+    assert starts["y"]["at_ms"] >= x_end[0]["at_ms"]
+    assert_drained(tenant)
+
+
+# --- wake-ups ----------------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_a_wakeup_fires_after_its_delay_in_its_tenants_context_on_a_system_only_worker(
+    make_tenant, celery_worker, redis_client
+):
+    a, _ = make_tenant("wake-a")
+    b, _ = make_tenant("wake-b")
+    worker = celery_worker(*HANDLERS, "-Q", SYSTEM_QUEUE, concurrency=1)
+    delay_s = 1.0
+    scheduled_ms = redis_ms()
+    schedule_wakeup(a, "r1", kind=WAKE_KIND, delay_s=delay_s)
+    schedule_wakeup(a, "r1", kind=WAKE_KIND, delay_s=delay_s)  # coalesced: one wake-up per ref
+    schedule_wakeup(b, "r1", kind=WAKE_KIND, delay_s=delay_s)
+
+    with dispatching():
+        wakes = wait_for(lambda: len(events(redis_client, "wake")) == 2 and events(redis_client, "wake"),
+                         timeout=30, what="both wake-ups")
+        # The real work each wake-up enqueued under its tenant goes to the work queue, which this
+        # worker does not serve: it waits there, published.
+        wait_for(lambda: fq.stats(a).in_flight == fq.stats(b).in_flight == 1, what="the follow-up dispatch")
+        time.sleep(0.5)
+
+    assert sorted(w["context_tenant"] for w in wakes) == sorted([str(a.pk), str(b.pk)])
+    assert all(w["at_ms"] >= scheduled_ms + delay_s * 1000 for w in wakes)
+    assert all(served_by(worker, w) for w in wakes)
+    assert events(redis_client, "wake") == wakes  # no third one
+    assert events(redis_client, "start") == []
+    assert redis_client.llen(WORK_QUEUE) == 2
+    assert broker.busy(SYSTEM_QUEUE) == 0
+
+
+# --- the queue API -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def superuser_api(db: None) -> APIClient:
+    client = APIClient()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def test_get_queue_shows_only_the_callers_numbers(tenant_a, tenant_b, client_a, client_b, redis_client):
+    enqueue(tenant_a[0], 3, kind="noop", partitions=3)
+    in_flight = fq.dequeue(lease_ms=30_000)
+    assert in_flight is not None
+    assert in_flight.tenant_id == str(tenant_a[0].pk)
+    enqueue(tenant_b[0], 5, kind="noop", partitions=5)
+    fq.enqueue("later", tier="batch", partition="x", payload={"kind": "noop"}, delay_ms=60_000,
+               tenant=tenant_b[0])
+
+    body_a = client_a.get("/api/v1/queue").json()
+    body_b = client_b.get("/api/v1/queue").json()
+
+    assert (body_a["backlog"], body_a["due"], body_a["in_flight"]) == (2, 2, 1)
+    assert body_a["tiers"]["standard"]["in_flight"] == 1
+    assert body_a["tiers"]["batch"]["backlog"] == 0
+    assert (body_b["backlog"], body_b["due"], body_b["in_flight"]) == (6, 5, 0)
+    assert body_b["tiers"]["batch"] == {"backlog": 1, "due": 0, "in_flight": 0, "oldest_waiting_ms": 0}
+    for body, other in ((body_a, tenant_b[0]), (body_b, tenant_a[0])):
+        assert str(other.pk) not in str(body)
+        assert other.slug not in str(body)
+
+
+def test_the_platform_queue_view_answers_platform_admins_and_is_404_for_a_tenant_key(
+    tenant_a, client_a, superuser_api, redis_client
+):
+    enqueue(tenant_a[0], 2, kind="noop", partitions=2)
+    assert fq.dequeue(lease_ms=30_000) is not None
+    broker.register_worker("w1@host", [WORK_QUEUE, SYSTEM_QUEUE], 4)
+
+    refused = client_a.get("/api/v1/platform/queue")
+    assert refused.status_code == 404
+    assert error_code(refused) == "not_found"
+
+    _, platform_key = services.platform_key_create(name="ops")
+    for client in (superuser_api, api_client(platform_key)):
+        response = client.get("/api/v1/platform/queue")
+        assert response.status_code == 200
+        (shard,) = response.json()
+        assert shard["in_flight"] == 1
+        assert shard["tiers"]["standard"]["ready_tenants"] == 1
+        assert shard["worker_slots"] == {WORK_QUEUE: 4, SYSTEM_QUEUE: 4}
+        assert shard["busy"] == {WORK_QUEUE: 0, SYSTEM_QUEUE: 0}
+

@@ -1,0 +1,351 @@
+"""The workflow and run API, and the admin run page: real PostgreSQL and Redis, no workers.
+
+Tests run inside a transaction, so the fair-queue pushes that wait for a commit
+never happen: a started run stays ``pending`` unless a test ticks it itself.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from tenants import services as tenant_services
+from tenants.context import tenant_context
+from tenants.models import Tenant
+from tenants.usage import runs_this_month
+from tests.conftest import api_client, error_code
+from workflows import engine
+from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
+
+pytestmark = pytest.mark.usefixtures("redis_client")
+
+
+def spec(*nodes: dict[str, Any], output: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"nodes": list(nodes) or [node("a")]}
+    if output is not None:
+        body["output"] = output
+    return body
+
+
+def node(node_id: str, *deps: str, action: str = "echo", **extra: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "action", "action": action, "depends_on": list(deps), **extra}
+
+
+def create(client: APIClient, name: str, body: dict[str, Any] | None = None, code: int = 201) -> dict[str, Any]:
+    response = client.post("/api/v1/workflows", {"name": name, "spec": body or spec()}, format="json")
+    assert response.status_code == code, response.content
+    return dict(response.json())
+
+
+def start(client: APIClient, code: int = 201, **body: Any) -> dict[str, Any]:
+    response = client.post("/api/v1/runs", body, format="json")
+    assert response.status_code == code, response.content
+    return dict(response.json())
+
+
+def assert_invalid(response: Any, field: str, *words: str, code: str = "invalid", status: int = 400) -> None:
+    assert response.status_code == status, response.content
+    assert error_code(response) == code, response.content
+    details = response.json()["error"]["details"]
+    assert field in details, details
+    assert all(word in " ".join(details[field]) for word in words), details[field]
+
+
+def runs(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return WorkflowRun.objects.count()
+
+
+def tick(tenant: Tenant, run_id: Any) -> None:
+    with tenant_context(tenant):
+        engine.tick(run_id)
+
+
+# --- definitions -----------------------------------------------------------------------------
+
+
+def test_every_put_of_a_workflow_adds_a_version_and_runs_keep_theirs(client_a, tenant_a):
+    first = create(client_a, "billing", spec(node("a", input={"v": 1})))
+    assert (first["name"], first["latest_version"]) == ("billing", 1)
+    run_v1 = start(client_a, workflow="billing")
+    assert run_v1["version"] == 1
+
+    again = create(client_a, "billing", spec(node("a", input={"v": 2})), code=200)  # POST of a known name
+    assert again["latest_version"] == 2
+    assert again["id"] == first["id"]
+    put = client_a.put("/api/v1/workflows/billing", {"spec": spec(node("b", input={"v": 3})),
+                                                     "description": "third"}, format="json")
+    assert put.status_code == 200, put.content
+    assert put.json()["latest_version"] == 3
+    assert put.json()["description"] == "third"
+    assert [n["id"] for n in put.json()["spec"]["nodes"]] == ["b"]
+
+    versions = client_a.get("/api/v1/workflows/billing/versions").json()
+    assert [v["number"] for v in versions] == [3, 2, 1]
+    assert [v["spec"]["nodes"][0]["input"] for v in versions] == [{"v": 3}, {"v": 2}, {"v": 1}]
+    assert client_a.get(f"/api/v1/runs/{run_v1['id']}").json()["version"] == 1  # kept its version
+    assert start(client_a, workflow="billing")["version"] == 3
+    pinned = start(client_a, workflow="billing", version=2)
+    assert pinned["version"] == 2
+    with tenant_context(tenant_a[0]):
+        assert WorkflowRun.objects.get(pk=pinned["id"]).workflow.spec["nodes"][0]["input"] == {"v": 2}
+        assert WorkflowDefinition.objects.count() == 1
+        assert WorkflowVersion.objects.count() == 3
+
+
+def test_versions_are_immutable_rows(tenant_a):
+    with tenant_context(tenant_a[0]):
+        from workflows.services import workflow_put
+
+        version, created = workflow_put(name="w", spec=spec())
+        assert created
+        version.spec = {"nodes": []}
+        with pytest.raises(ValueError, match="immutable"):
+            version.save()
+
+
+def test_list_and_detail_show_the_latest_spec(client_a):
+    for name in ("zeta", "alpha", "mid"):
+        create(client_a, name)
+    listed = client_a.get("/api/v1/workflows").json()["results"]
+    assert [w["name"] for w in listed] == ["alpha", "mid", "zeta"]
+    detail = client_a.get("/api/v1/workflows/mid").json()
+    assert detail["latest_version"] == 1
+    assert detail["spec"]["nodes"][0]["id"] == "a"
+    assert client_a.get("/api/v1/workflows/nope").status_code == 404
+
+
+def test_a_bad_spec_is_a_400_naming_the_node_and_the_field_and_stores_nothing(client_a, tenant_a):
+    cycle = spec(node("a", "c"), node("b", "a"), node("c", "b"))
+    assert_invalid(client_a.post("/api/v1/workflows", {"name": "w", "spec": cycle}, format="json"),
+                   "spec.nodes[0].depends_on", "node 'a'", "cycle: a → b → c → a")
+    bad = spec(node("a", action="nope"), node("b", "x"), node("a"))
+    response = client_a.post("/api/v1/workflows", {"name": "w", "spec": bad}, format="json")
+    assert_invalid(response, "spec.nodes[0].action", "node 'a'", "unknown action 'nope'")
+    assert_invalid(response, "spec.nodes[1].depends_on", "node 'b'", "unknown node 'x'")
+    assert_invalid(response, "spec.nodes[2].id", "duplicate id")
+    assert_invalid(client_a.post("/api/v1/workflows", {"name": "w", "spec": spec(node("a", input="$nope"))},
+                                 format="json"), "spec.nodes[0].input", "node 'a'", "unknown reference root")
+    assert_invalid(client_a.post("/api/v1/workflows", {"name": "w", "spec": {"nodes": []}}, format="json"),
+                   "spec.nodes")
+    with tenant_context(tenant_a[0]):
+        assert WorkflowDefinition.objects.count() == 0
+    create(client_a, "w")
+    update = client_a.put("/api/v1/workflows/w", {"spec": cycle}, format="json")
+    assert_invalid(update, "spec.nodes[0].depends_on", "cycle")
+    assert client_a.get("/api/v1/workflows/w").json()["latest_version"] == 1
+
+
+def test_unknown_fields_are_refused_in_the_body_and_in_the_spec(client_a):
+    response = client_a.post("/api/v1/workflows", {"name": "w", "spec": spec(), "colour": "red"}, format="json")
+    assert_invalid(response, "colour", code="unknown_field")
+    response = client_a.post("/api/v1/workflows", {"name": "w", "spec": spec(node("a", colour=1))}, format="json")
+    assert_invalid(response, "spec.nodes[0].colour", "node 'a'", "unknown field")
+    create(client_a, "w")
+    assert_invalid(client_a.put("/api/v1/workflows/w", {"spec": spec(), "name": "x"}, format="json"), "name",
+                   code="unknown_field")
+    assert_invalid(client_a.post("/api/v1/runs", {"workflow": "w", "priority": 1}, format="json"), "priority",
+                   code="unknown_field")
+
+
+def test_an_oversized_spec_or_run_input_is_a_413_and_changes_nothing(make_tenant):
+    tenant, key = make_tenant("small", plan="free")  # 64 KiB payloads
+    client = api_client(key)
+    big = spec(node("a", input={"blob": "x" * 70_000}))
+    response = client.post("/api/v1/workflows", {"name": "w", "spec": big}, format="json")
+    assert_invalid(response, "spec", "max_payload_bytes", code="payload_too_large", status=413)
+    create(client, "w")
+    response = client.post("/api/v1/runs", {"workflow": "w", "input": {"blob": "y" * 70_000}}, format="json")
+    assert_invalid(response, "input", "max_payload_bytes", code="payload_too_large", status=413)
+    assert runs(tenant) == 0
+    with tenant_context(tenant):
+        assert runs_this_month() == 0
+        assert WorkflowVersion.objects.count() == 1
+
+
+def test_max_workflows_ceiling_is_a_403_but_new_versions_are_still_allowed(client_a, tenant_a):
+    tenant_services.override_set(tenant=tenant_a[0], field="max_workflows", value=1)
+    create(client_a, "only")
+    response = client_a.post("/api/v1/workflows", {"name": "second", "spec": spec()}, format="json")
+    assert response.status_code == 403, response.content
+    assert error_code(response) == "plan_limit_reached"
+    assert response.json()["error"]["details"]["limit"] == "max_workflows"
+    assert client_a.put("/api/v1/workflows/only", {"spec": spec()}, format="json").status_code == 200
+    with tenant_context(tenant_a[0]):
+        assert list(WorkflowDefinition.objects.values_list("name", "latest_version")) == [("only", 2)]
+
+
+# --- starting runs ---------------------------------------------------------------------------
+
+
+def test_starting_an_unknown_workflow_or_version_is_a_404(client_a, tenant_a):
+    assert error_code(client_a.post("/api/v1/runs", {"workflow": "ghost"}, format="json")) == "not_found"
+    create(client_a, "real")
+    response = client_a.post("/api/v1/runs", {"workflow": "real", "version": 2}, format="json")
+    assert response.status_code == 404
+    assert runs(tenant_a[0]) == 0
+
+
+def test_a_tier_outside_the_plan_is_a_400_naming_tier(make_tenant):
+    tenant, key = make_tenant("freebie", plan="free")
+    client = api_client(key)
+    create(client, "w")
+    response = client.post("/api/v1/runs", {"workflow": "w", "tier": "interactive"}, format="json")
+    assert_invalid(response, "tier", "free")
+    assert_invalid(client.post("/api/v1/runs", {"workflow": "w", "tier": "gold"}, format="json"), "tier")
+    assert runs(tenant) == 0
+    assert start(client, workflow="w", tier="batch")["tier"] == "batch"
+
+
+def test_an_exhausted_quota_is_a_429_and_creates_no_run(client_a, tenant_a):
+    tenant_services.override_set(tenant=tenant_a[0], field="monthly_run_quota", value=2)
+    create(client_a, "w")
+    start(client_a, workflow="w")
+    start(client_a, workflow="w", idempotency_key="k")
+    response = client_a.post("/api/v1/runs", {"workflow": "w"}, format="json")
+    assert response.status_code == 429, response.content
+    assert error_code(response) == "quota_exceeded"
+    assert "Retry-After" in response
+    # A duplicate of a run that exists is no new start: it is answered, not refused.
+    assert start(client_a, code=200, workflow="w", idempotency_key="k")["idempotency_key"] == "k"
+    assert runs(tenant_a[0]) == 2
+    with tenant_context(tenant_a[0]):
+        assert runs_this_month() == 2
+
+
+def test_run_input_tags_and_idempotency_key_are_stored(client_a):
+    create(client_a, "w")
+    run = start(client_a, workflow="w", input={"x": [1, {"y": None}]}, tags=["t1"], idempotency_key="abc",
+                tier="interactive")
+    assert (run["input"], run["tags"], run["idempotency_key"], run["tier"], run["status"]) == (
+        {"x": [1, {"y": None}]}, ["t1"], "abc", "interactive", "pending")
+    assert run["root_run_id"] == run["id"]
+    assert run["nesting_depth"] == 0
+    assert run["parent_run"] is None
+    same = start(client_a, code=200, workflow="w", idempotency_key="abc", input={"other": 1})
+    assert same["id"] == run["id"]
+    assert same["input"] == run["input"]
+
+
+# --- reading runs ----------------------------------------------------------------------------
+
+
+def test_run_list_filters_by_status_workflow_created_range_and_root(client_a, tenant_a):
+    tenant = tenant_a[0]
+    create(client_a, "one")
+    create(client_a, "two")
+    a = start(client_a, workflow="one")
+    b = start(client_a, workflow="two")
+    c = start(client_a, workflow="two")
+    now = timezone.now()
+    with tenant_context(tenant):
+        WorkflowRun.objects.filter(pk=a["id"]).update(created_at=now - timedelta(days=3))
+        WorkflowRun.objects.filter(pk=b["id"]).update(status="succeeded", created_at=now - timedelta(days=1))
+        WorkflowRun.objects.filter(pk=c["id"]).update(root_run_id=a["id"])
+
+    def ids(**query: Any) -> set[str]:
+        response = client_a.get("/api/v1/runs", query)
+        assert response.status_code == 200, response.content
+        return {r["id"] for r in response.json()["results"]}
+
+    assert ids() == {a["id"], b["id"], c["id"]}
+    assert ids(status="succeeded") == {b["id"]}
+    assert ids(status="pending") == {a["id"], c["id"]}
+    assert ids(workflow="two") == {b["id"], c["id"]}
+    assert ids(workflow="two", status="pending") == {c["id"]}
+    assert ids(created_after=(now - timedelta(days=2)).isoformat()) == {b["id"], c["id"]}
+    assert ids(created_before=(now - timedelta(days=2)).isoformat()) == {a["id"]}
+    assert ids(created_after=(now - timedelta(days=2)).isoformat(),
+               created_before=(now - timedelta(hours=1)).isoformat()) == {b["id"]}
+    assert ids(root_run_id=a["id"]) == {a["id"], c["id"]}
+    assert_invalid(client_a.get("/api/v1/runs", {"status": "sleeping"}), "status")
+    assert_invalid(client_a.get("/api/v1/runs", {"root_run_id": "nope"}), "root_run_id")
+    assert_invalid(client_a.get("/api/v1/runs", {"created_after": "yesterday"}), "created_after")
+
+
+def test_run_detail_includes_steps_with_their_routing_and_events_are_ordered(client_a, tenant_a):
+    create(client_a, "w", spec(node("a", input={"v": "$input.v"}), node("b", "a")))
+    run = start(client_a, workflow="w", input={"v": 5})
+    tick(tenant_a[0], run["id"])
+
+    detail = client_a.get(f"/api/v1/runs/{run['id']}").json()
+    assert detail["status"] == "running"
+    (step,) = detail["steps"]
+    assert (step["node_id"], step["attempt"], step["status"], step["input"]) == ("a", 1, "queued", {"v": 5})
+    assert step["routing"]["allowed"] is True
+    assert "rule" in step["routing"]
+    events = client_a.get(f"/api/v1/runs/{run['id']}/events").json()
+    assert [(e["seq"], e["type"], e["node_id"]) for e in events] == [
+        (1, "created", ""), (2, "started", ""), (3, "step_queued", "a")]
+    lineage = client_a.get(f"/api/v1/runs/{run['id']}/lineage").json()
+    assert lineage["runs"] == 1
+    assert lineage["tree"][0]["children"] == []
+    assert client_a.get("/api/v1/runs/not-a-uuid").status_code == 404
+
+
+def test_cancel_is_idempotent_and_a_finished_run_stays_as_it_was(client_a, tenant_a):
+    create(client_a, "w")
+    run = start(client_a, workflow="w")
+    for _ in range(2):
+        response = client_a.post(f"/api/v1/runs/{run['id']}/cancel")
+        assert response.status_code == 200, response.content
+        assert response.json()["cancel_requested"] is True
+    with tenant_context(tenant_a[0]):
+        assert RunEvent.objects.filter(run_id=run["id"], type="cancel_requested").count() == 1
+    tick(tenant_a[0], run["id"])
+    assert client_a.post(f"/api/v1/runs/{run['id']}/cancel").json()["status"] == "cancelled"
+
+    done = start(client_a, workflow="w")
+    with tenant_context(tenant_a[0]):
+        WorkflowRun.objects.filter(pk=done["id"]).update(status="succeeded")
+    response = client_a.post(f"/api/v1/runs/{done['id']}/cancel")
+    assert response.status_code == 200
+    assert (response.json()["status"], response.json()["cancel_requested"]) == ("succeeded", False)
+
+
+def test_idor_run_and_workflow_endpoints_answer_404_to_another_tenant(client_a, client_b, tenant_a):
+    create(client_a, "secret")
+    run = start(client_a, workflow="secret")
+    for response in (
+        client_b.get(f"/api/v1/runs/{run['id']}"),
+        client_b.post(f"/api/v1/runs/{run['id']}/cancel"),
+        client_b.get(f"/api/v1/runs/{run['id']}/events"),
+        client_b.get(f"/api/v1/runs/{run['id']}/lineage"),
+        client_b.get("/api/v1/workflows/secret"),
+        client_b.get("/api/v1/workflows/secret/versions"),
+        client_b.put("/api/v1/workflows/secret", {"spec": spec()}, format="json"),
+        client_b.post("/api/v1/runs", {"workflow": "secret"}, format="json"),
+    ):
+        assert response.status_code == 404, response.content
+        assert error_code(response) == "not_found"
+    assert client_b.get("/api/v1/runs", {"root_run_id": run["id"]}).json()["results"] == []
+    # B may use the same name for its own workflow: names are per tenant.
+    assert create(client_b, "secret")["latest_version"] == 1
+    assert client_a.get("/api/v1/workflows/secret").json()["latest_version"] == 1
+
+
+# --- admin -----------------------------------------------------------------------------------
+
+
+def test_the_admin_run_page_renders_the_dag_as_svg(client_a, tenant_a):
+    create(client_a, "outer", spec(node("first"), node("second", "first"),
+                                   {"id": "kid", "type": "subworkflow", "workflow": "outer", "depends_on": ["first"]}))
+    run = start(client_a, workflow="outer")
+    tick(tenant_a[0], run["id"])
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+
+    page = admin.get(f"/admin/workflows/workflowrun/{run['id']}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<svg" in html
+    assert "first" in html
+    assert "second" in html
+    assert admin.get("/admin/workflows/workflowrun/").status_code == 200
+    assert admin.get(f"/admin/workflows/workflowrun/?q={run['id']}").status_code == 200

@@ -1,0 +1,143 @@
+"""``POST /api/v1/runs/bulk``: many runs in one call, all or none, idempotent per item."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from scheduling import fair_queue
+from tenants import services as tenant_services
+from tenants.context import tenant_context
+from tenants.models import Tenant
+from tenants.usage import runs_this_month
+from tests.conftest import api_client, error_code
+from workflows import engine
+from workflows.models import RunEvent, WorkflowRun
+from workflows.services import MAX_BULK_RUNS
+
+pytestmark = pytest.mark.usefixtures("redis_client")
+
+ONE_STEP = {"nodes": [{"id": "a", "type": "action", "action": "echo"}]}
+
+
+def create(client: APIClient, name: str) -> None:
+    response = client.post("/api/v1/workflows", {"name": name, "spec": ONE_STEP}, format="json")
+    assert response.status_code == 201, response.content
+
+
+def runs(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return WorkflowRun.objects.count()
+
+
+def tick(tenant: Tenant, run_id: Any) -> None:
+    with tenant_context(tenant):
+        engine.tick(run_id)
+
+
+def assert_invalid(response: Any, field: str, *words: str, code: str = "invalid", status: int = 400) -> None:
+    assert response.status_code == status, response.content
+    assert error_code(response) == code, response.content
+    details = response.json()["error"]["details"]
+    assert field in details, details
+    assert all(word in " ".join(details[field]) for word in words), details[field]
+
+
+def bulk(client: APIClient, items: list[dict[str, Any]], code: int = 201) -> dict[str, Any]:
+    response = client.post("/api/v1/runs/bulk", {"runs": items}, format="json")
+    assert response.status_code == code, response.content
+    return dict(response.json())
+
+
+def test_bulk_start_creates_every_run_in_order_with_its_created_event(client_a, tenant_a):
+    create(client_a, "w")
+    body = bulk(client_a, [{"workflow": "w", "input": {"n": i}, "idempotency_key": f"k{i}", "tags": ["t"]}
+                           for i in range(3)])
+    assert body["created"] == 3
+    assert [item["idempotency_key"] for item in body["runs"]] == ["k0", "k1", "k2"]
+    assert all(item["created"] and item["status"] == "pending" for item in body["runs"])
+    with tenant_context(tenant_a[0]):
+        rows = {str(r.id): r for r in WorkflowRun.objects.all()}
+        assert [rows[item["id"]].input for item in body["runs"]] == [{"n": 0}, {"n": 1}, {"n": 2}]
+        assert all(r.root_run_id == r.id and r.tags == ["t"] and r.tier == "standard" for r in rows.values())
+        events = list(RunEvent.objects.values_list("run_id", "seq", "type", "data"))
+        assert sorted(str(e[0]) for e in events) == sorted(rows)
+        assert all(e[1:] == (1, "created", {"version": 1}) for e in events)
+        assert runs_this_month() == 3
+    tick(tenant_a[0], body["runs"][0]["id"])  # a bulk-started run advances like any other
+    with tenant_context(tenant_a[0]):
+        assert WorkflowRun.objects.get(pk=body["runs"][0]["id"]).status == "running"
+
+
+def test_bulk_start_returns_the_existing_run_for_a_used_key_and_dedupes_inside_the_batch(client_a, tenant_a):
+    create(client_a, "w")
+    first = bulk(client_a, [{"workflow": "w", "idempotency_key": "old"}])["runs"][0]
+    body = bulk(client_a, [{"workflow": "w", "idempotency_key": "old"}, {"workflow": "w", "idempotency_key": "new"},
+                           {"workflow": "w", "idempotency_key": "new"}, {"workflow": "w"}])
+    assert body["created"] == 2
+    old, new, again, keyless = body["runs"]
+    assert (old["id"], old["created"]) == (first["id"], False)
+    assert (again["id"], again["created"]) == (new["id"], False)
+    assert new["created"]
+    assert keyless["created"]
+    assert runs(tenant_a[0]) == 3
+    only_old = bulk(client_a, [{"workflow": "w", "idempotency_key": "old"}], code=200)
+    assert only_old["created"] == 0
+
+
+def test_a_bad_item_is_a_400_naming_it_and_starts_nothing(make_tenant):
+    tenant, key = make_tenant("freebie", plan="free")
+    client = api_client(key)
+    create(client, "w")
+    response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w"}, {"workflow": "ghost"}]}, format="json")
+    assert_invalid(response, "runs[1].workflow", "ghost")
+    response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w", "tier": "interactive"}]}, format="json")
+    assert_invalid(response, "runs[0].tier", "free")
+    response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w", "colour": 1}]}, format="json")
+    assert error_code(response) == "unknown_field"
+    big = {"workflow": "w", "input": {"blob": "x" * 70_000}}
+    response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w"}, big]}, format="json")
+    assert_invalid(response, "runs[1].input", code="payload_too_large", status=413)
+    assert runs(tenant) == 0
+
+
+def test_empty_and_oversized_batches_are_refused(client_a, tenant_a):
+    create(client_a, "w")
+    assert_invalid(client_a.post("/api/v1/runs/bulk", {"runs": []}, format="json"), "runs")
+    too_many = [{"workflow": "w"}] * (MAX_BULK_RUNS + 1)
+    assert_invalid(client_a.post("/api/v1/runs/bulk", {"runs": too_many}, format="json"), "runs")
+    assert runs(tenant_a[0]) == 0
+
+
+def test_a_batch_over_the_quota_is_a_429_and_starts_nothing(client_a, tenant_a):
+    tenant_services.override_set(tenant=tenant_a[0], field="monthly_run_quota", value=3)
+    create(client_a, "w")
+    bulk(client_a, [{"workflow": "w"}])
+    response = client_a.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w"}] * 3}, format="json")
+    assert response.status_code == 429, response.content
+    assert error_code(response) == "quota_exceeded"
+    assert runs(tenant_a[0]) == 1
+    assert bulk(client_a, [{"workflow": "w"}] * 2)["created"] == 2  # what fits is still allowed
+    with tenant_context(tenant_a[0]):
+        assert runs_this_month() == 3
+
+
+def test_idor_bulk_start_cannot_start_another_tenants_workflow(client_a, client_b, tenant_a, tenant_b):
+    create(client_a, "private")
+    response = client_b.post("/api/v1/runs/bulk", {"runs": [{"workflow": "private"}]}, format="json")
+    assert_invalid(response, "runs[0].workflow", "not found")
+    assert runs(tenant_a[0]) == 0
+    assert runs(tenant_b[0]) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_started_runs_wait_in_the_fair_queue_one_partition_each(make_tenant):
+    tenant, key = make_tenant("bulk-queue")
+    client = api_client(key)
+    create(client, "w")
+    bulk(client, [{"workflow": "w"} for _ in range(5)])
+    with tenant_context(Tenant.objects.get(pk=tenant.pk)):
+        stats = fair_queue.stats()
+    assert (stats.backlog, stats.due) == (5, 5)

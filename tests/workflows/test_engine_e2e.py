@@ -1,0 +1,677 @@
+"""The workflow engine end to end: real Celery worker, dispatcher and coordinator processes.
+
+One worker (concurrency 2), one ``manage.py run_dispatcher`` and one
+``manage.py run_coordinator`` serve the whole module (starting them costs
+seconds on a small machine); every test is transactional, so those processes
+see its rows. The processes run with a short lease (``LEASE_MS``) so that a
+SIGKILLed worker's item comes back within seconds.
+
+Each test ends by checking that its tenants' queues drained: nothing waiting,
+nothing in flight, no capacity slot held. A test that left work behind would
+also leave the next test's processes busy with rows that the flush deleted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from scheduling import capacity
+from scheduling import fair_queue as fq
+from tenants.context import tenant_context
+from tenants.models import Tenant
+from tenants.usage import runs_this_month
+from tests.conftest import ROOT, CeleryWorker, api_client, error_code, service_env
+from workflows import engine, services
+from workflows.models import RunEvent, StepRun, WorkflowRun
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+LEASE_MS = 3000
+TERMINAL = {str(s) for s in WorkflowRun.TERMINAL}
+
+
+# -- the processes ------------------------------------------------------------------------------
+
+
+class Service:
+    """A ``manage.py`` loop (dispatcher, coordinator) in its own process group, logging to a file."""
+
+    def __init__(self, command: str) -> None:
+        self.log = Path(settings.DUCTOR_DATA_DIR) / f"{command}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", command], cwd=ROOT, env=service_env(), stdout=self._out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.log.name}: no {text!r}:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._out.close()
+
+
+class Stack:
+    """The module's processes; ``stop`` ends every one that was started, whatever failed."""
+
+    def __init__(self) -> None:
+        self.started: list[CeleryWorker | Service] = []
+
+    def start(self) -> None:
+        self.worker = self._keep(CeleryWorker(concurrency=2))
+        self.dispatcher = self._keep(Service("run_dispatcher"))
+        self.coordinator = self._keep(Service("run_coordinator"))
+        self.worker.wait_ready()
+        self.dispatcher.wait_for("dispatcher_started")
+        self.coordinator.wait_for("coordinator_started")
+
+    def _keep(self, proc: Any) -> Any:
+        self.started.append(proc)
+        return proc
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker and every process it forked: no warm shutdown, no acks."""
+        os.killpg(self.worker.proc.pid, signal.SIGKILL)
+        self.worker.proc.wait(10)
+
+    def new_worker(self) -> CeleryWorker:
+        self.worker = self._keep(CeleryWorker(concurrency=2))
+        self.worker.wait_ready()
+        return self.worker
+
+    def stop(self) -> None:
+        for proc in self.started:  # all shut down at once; then each is waited for
+            if proc.proc.poll() is None:
+                os.killpg(proc.proc.pid, signal.SIGTERM)
+        for proc in self.started:
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup: None) -> Iterator[Stack]:
+    from ductor_project.redis import get_redis
+
+    get_redis().flushdb()
+    running = Stack()
+    # For the module's lifetime: service_env() copies os.environ into every process started.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
+        mp.setenv("DUCTOR_LOG_FORMAT", "json")  # dispatches_of() reads the dispatcher's JSON log
+        try:
+            running.start()
+            yield running
+        finally:
+            running.stop()
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float = 30, every: float = 0.05, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def put(tenant: Tenant, name: str, spec: dict[str, Any]) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name=name, spec=spec)
+
+
+def start(tenant: Tenant, workflow: str, input: Any = None, **kwargs: Any) -> WorkflowRun:
+    with tenant_context(tenant):
+        run, created = services.run_start(workflow=workflow, input=input or {}, **kwargs)
+    assert created
+    return run
+
+
+def fresh(tenant: Tenant, run_id: Any) -> WorkflowRun:
+    with tenant_context(tenant):
+        return WorkflowRun.objects.get(pk=run_id)
+
+
+def finished(tenant: Tenant, run_id: Any, timeout: float = 30) -> WorkflowRun:
+    def done() -> WorkflowRun | None:
+        run = fresh(tenant, run_id)
+        return run if run.status in TERMINAL else None
+
+    return wait_for(done, timeout=timeout, what=f"run {run_id} to finish")
+
+
+def steps(tenant: Tenant, run: WorkflowRun) -> list[StepRun]:
+    with tenant_context(tenant):
+        return list(StepRun.objects.filter(run_id=run.pk).order_by("node_id", "attempt"))
+
+
+def by_node(tenant: Tenant, run: WorkflowRun) -> dict[str, StepRun]:
+    """The latest attempt of each node."""
+    return {step.node_id: step for step in steps(tenant, run)}
+
+
+def events(tenant: Tenant, run: WorkflowRun) -> list[RunEvent]:
+    with tenant_context(tenant):
+        rows = list(RunEvent.objects.filter(run_id=run.pk).order_by("seq"))
+    assert [e.seq for e in rows] == list(range(1, len(rows) + 1))  # ordered, no gaps
+    return rows
+
+
+def status_of(tenant: Tenant, run: WorkflowRun, node_id: str) -> str | None:
+    step = by_node(tenant, run).get(node_id)
+    return step.status if step else None
+
+
+def types(tenant: Tenant, run: WorkflowRun) -> list[str]:
+    return [e.type for e in events(tenant, run)]
+
+
+def in_flight(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return capacity.tenant_in_flight()
+
+
+def drained(*tenants: Tenant, timeout: float = 20) -> None:
+    """Every tenant's queue is empty and none holds a capacity slot."""
+    for tenant in tenants:
+        wait_for(lambda t=tenant: (s := fq.stats(t)).backlog == 0 and s.in_flight == 0 and in_flight(t) == 0,
+                 timeout=timeout, what=f"{tenant.slug}'s queue to drain")
+
+
+def snapshot(tenant: Tenant, run: WorkflowRun) -> tuple[Any, ...]:
+    """What a tick could change: the run's state and output, its steps and its events."""
+    current = fresh(tenant, run.pk)
+    step_rows = [(str(s.id), s.node_id, s.attempt, s.status, json.dumps(s.output, sort_keys=True))
+                 for s in steps(tenant, run)]
+    return (current.status, json.dumps(current.output, sort_keys=True), step_rows,
+            [(e.seq, e.type, e.node_id) for e in events(tenant, run)])
+
+
+def dispatches_of(stack: Stack, item_id: str) -> int:
+    return stack.dispatcher.output().count(f'"item_id": "{item_id}"')
+
+
+def echo(node_id: str, input: Any, *deps: str, **extra: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "action", "action": "echo", "input": input, "depends_on": list(deps), **extra}
+
+
+# -- shapes -------------------------------------------------------------------------------------
+
+
+def test_a_diamond_runs_each_node_once_after_its_dependencies_and_builds_the_output(stack, tenant_a):
+    tenant = tenant_a[0]
+    put(tenant, "diamond", {
+        "nodes": [
+            echo("a", {"v": "$input.v"}),
+            echo("b", {"left": "$nodes.a.output.v"}, "a"),
+            echo("c", {"right": "{{ $nodes.a.output.v }}!"}, "a"),
+            echo("d", {"b": "$nodes.b.output", "c": "$nodes.c.output"}, "b", "c"),
+        ],
+        "output": {"d": "$nodes.d.output", "a_status": "$nodes.a.status"},
+    })
+    run = finished(tenant, start(tenant, "diamond", {"v": 7}).pk)
+
+    assert run.status == "succeeded", run.error
+    assert run.output == {"d": {"b": {"left": 7}, "c": {"right": "7!"}}, "a_status": "succeeded"}
+    assert run.error is None
+    assert run.started_at
+    assert run.finished_at
+    latest = by_node(tenant, run)
+    assert len(steps(tenant, run)) == 4
+    assert {(s.node_id, s.attempt, s.status) for s in latest.values()} == {
+        (n, 1, "succeeded") for n in "abcd"}
+    assert all(s.routing and s.started_at and s.finished_at for s in latest.values())
+    for node, deps in {"b": "a", "c": "a", "d": "bc"}.items():
+        assert all(latest[node].started_at >= latest[dep].finished_at for dep in deps)
+    kinds = Counter(types(tenant, run))
+    assert kinds == {"created": 1, "started": 1, "step_queued": 4, "step_succeeded": 4, "succeeded": 1}
+    assert types(tenant, run)[:2] == ["created", "started"]
+    assert types(tenant, run)[-1] == "succeeded"
+    drained(tenant)
+
+
+def test_a_fan_out_of_50_nodes_joins_in_one_fan_in(stack, tenant_a):
+    tenant = tenant_a[0]
+    fan = [f"f{n:02d}" for n in range(50)]
+    put(tenant, "fan", {
+        "nodes": [
+            echo("src", {"base": "$input.base"}),
+            *[echo(f, {"n": n, "base": "$nodes.src.output.base"}, "src") for n, f in enumerate(fan)],
+            echo("join", {"all": [f"$nodes.{f}.output.n" for f in fan]}, *fan),
+        ],
+        "output": "$nodes.join.output.all",
+    })
+    run = finished(tenant, start(tenant, "fan", {"base": "x"}).pk, timeout=60)
+
+    assert run.status == "succeeded", run.error
+    assert run.output == list(range(50))
+    latest = by_node(tenant, run)
+    assert len(steps(tenant, run)) == 52
+    assert all(s.status == "succeeded" and s.attempt == 1 for s in latest.values())
+    assert all(latest[f].output == {"n": n, "base": "x"} for n, f in enumerate(fan))
+    assert latest["join"].started_at >= max(latest[f].finished_at for f in fan)
+    kinds = Counter(types(tenant, run))
+    assert (kinds["step_queued"], kinds["step_succeeded"], kinds["succeeded"]) == (52, 52, 1)
+    drained(tenant)
+
+
+def test_a_false_when_skips_its_node_and_the_skip_propagates_downstream(stack, tenant_a):
+    tenant = tenant_a[0]
+    put(tenant, "branches", {
+        "nodes": [
+            echo("gate", {"go": "$input.go"}),
+            echo("yes", {"took": "yes"}, "gate", when={"path": "nodes.gate.output.go", "op": "eq", "value": True}),
+            echo("after_yes", {"x": 1}, "yes"),
+            echo("no", {"took": "no"}, "gate", when={"path": "nodes.gate.output.go", "op": "eq", "value": False}),
+            echo("join", {"x": 2}, "after_yes", "no"),
+            echo("extra", {"x": 3}, "no", when={"path": "input.extra", "op": "exists"}),
+        ],
+        "output": {"yes": "$nodes.yes.output", "no": "$nodes.no.output", "after": "$nodes.after_yes.status",
+                   "join": "$nodes.join.status"},
+    })
+    run = finished(tenant, start(tenant, "branches", {"go": False}).pk)
+
+    assert run.status == "succeeded", run.error
+    assert run.output == {"yes": None, "no": {"took": "no"}, "after": "skipped", "join": "skipped"}
+    latest = by_node(tenant, run)
+    assert {n: s.status for n, s in latest.items()} == {
+        "gate": "succeeded", "yes": "skipped", "after_yes": "skipped", "no": "succeeded", "join": "skipped",
+        "extra": "skipped"}
+    assert all(latest[n].started_at is None and latest[n].attempt == 1 for n in ("yes", "after_yes", "join"))
+    skipped = [e.node_id for e in events(tenant, run) if e.type == "step_skipped"]
+    assert sorted(skipped) == ["after_yes", "extra", "join", "yes"]
+    assert Counter(types(tenant, run))["step_queued"] == 2  # skipped nodes were never queued
+    drained(tenant)
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+def test_retry_with_exponential_backoff_succeeds_on_the_third_attempt(stack, tenant_a):
+    tenant = tenant_a[0]
+    put(tenant, "flaky", {
+        "nodes": [{"id": "flaky", "type": "action", "action": "fail",
+                   "input": {"succeed_on_attempt": 3, "message": "not yet"},
+                   "retry": {"max_attempts": 5, "backoff_s": 0.3, "max_backoff_s": 5, "jitter": False}}],
+        "output": "$nodes.flaky.output",
+    })
+    run = finished(tenant, start(tenant, "flaky").pk)
+
+    assert run.status == "succeeded", run.error
+    assert run.output == {"attempt": 3}
+    attempts = steps(tenant, run)
+    assert [(s.attempt, s.status) for s in attempts] == [(1, "failed"), (2, "failed"), (3, "succeeded")]
+    assert all(s.error["code"] == "action_failed" and s.error["retryable"] for s in attempts[:2])
+    assert attempts[2].error is None
+    # Exponential: 0.3 s after the first failure, 0.6 s after the second; never early.
+    for before, after, delay in ((attempts[0], attempts[1], 0.3), (attempts[1], attempts[2], 0.6)):
+        assert (after.scheduled_for - before.finished_at).total_seconds() >= delay - 0.01
+        assert (after.started_at - before.finished_at).total_seconds() >= delay - 0.01
+    retries = [e for e in events(tenant, run) if e.type == "step_retry_scheduled"]
+    assert [(e.data["attempt"], e.data["delay_s"]) for e in retries] == [(2, 0.3), (3, 0.6)]
+    assert Counter(types(tenant, run))["step_failed"] == 2
+    drained(tenant)
+
+
+def test_a_step_past_its_timeout_fails_the_run_with_timeout_and_its_late_result_is_discarded(stack, tenant_a):
+    tenant = tenant_a[0]
+    put(tenant, "slow", {
+        "nodes": [
+            {"id": "slow", "type": "action", "action": "sleep_ms", "input": {"ms": 2500}, "timeout_s": 0.5,
+             "retry": {"max_attempts": 1}},
+            echo("after", {}, "slow"),
+        ],
+    })
+    run = finished(tenant, start(tenant, "slow").pk)
+
+    assert run.status == "failed"
+    assert run.error["node"] == "slow"
+    assert run.error["attempt"] == 1
+    assert run.error["error"]["code"] == "timeout"
+    slow = by_node(tenant, run)["slow"]
+    assert slow.status == "failed"
+    assert slow.error["code"] == "timeout"
+    assert (run.finished_at - slow.started_at).total_seconds() < 2.0  # the timer, not the action, ended it
+    assert "after" not in by_node(tenant, run)
+    # The action finishes 2.5 s in; its result must not revive the step or the run.
+    before = snapshot(tenant, run)
+    wait_for(lambda: "step_result_discarded" in stack.worker.output(), timeout=15,
+             what="the late result to be discarded")
+    drained(tenant)
+    assert snapshot(tenant, run) == before
+    assert Counter(types(tenant, run))["step_timed_out"] == 1
+    assert "step_succeeded" not in types(tenant, run)
+
+
+def test_cancelling_a_parent_cascades_to_its_waiting_child_and_is_idempotent(stack, tenant_a, client_a):
+    tenant = tenant_a[0]
+    put(tenant, "napper", {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 120}]})
+    put(tenant, "waits_for_napper", {
+        "nodes": [{"id": "kid", "type": "subworkflow", "workflow": "napper", "input": {"from": "$run.id"}},
+                  echo("after", {}, "kid")],
+    })
+    parent = start(tenant, "waits_for_napper")
+
+    def child_sleeping() -> WorkflowRun | None:
+        with tenant_context(tenant):
+            child = WorkflowRun.objects.filter(parent_run_id=parent.pk).first()
+            asleep = child and StepRun.objects.filter(run=child, node_id="nap", status="scheduled").exists()
+        return child if asleep else None
+
+    child = wait_for(child_sleeping, what="the child to sleep")
+    assert by_node(tenant, parent)["kid"].status == "waiting"
+    response = client_a.post(f"/api/v1/runs/{parent.pk}/cancel")
+    assert response.status_code == 200
+    assert response.json()["cancel_requested"] is True
+
+    parent, child = finished(tenant, parent.pk), finished(tenant, child.pk)
+    assert (parent.status, child.status) == ("cancelled", "cancelled")
+    assert child.cancel_requested
+    assert child.input == {"from": str(parent.pk)}
+    assert by_node(tenant, parent)["kid"].status == "cancelled"
+    assert by_node(tenant, child)["nap"].status == "cancelled"
+    assert "after" not in by_node(tenant, parent)
+    assert types(tenant, parent)[-2:] == ["cancel_requested", "cancelled"]
+    assert types(tenant, child)[-1] == "cancelled"
+
+    again = client_a.post(f"/api/v1/runs/{parent.pk}/cancel")
+    assert again.status_code == 200
+    assert again.json()["status"] == "cancelled"
+    assert types(tenant, parent)[-1] == "cancelled"  # nothing recorded twice
+    drained(tenant)
+
+
+# -- lineage ------------------------------------------------------------------------------------
+
+
+def test_sub_workflows_three_levels_deep_pass_output_up_and_a_fourth_level_is_refused_on_free(
+    stack, make_tenant
+):
+    tenant, raw_key = make_tenant("free-nesting", plan="free")
+    client = api_client(raw_key)
+    put(tenant, "leaf", {"nodes": [echo("say", {"msg": "hello {{ $input.name }}"})],
+                         "output": {"greeting": "$nodes.say.output.msg"}})
+    put(tenant, "mid", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf",
+                                   "input": {"name": "$input.name"}}],
+                        "output": {"leaf": "$nodes.kid.output", "via": "mid"}})
+    put(tenant, "top", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "mid",
+                                   "input": {"name": "$input.name"}}],
+                        "output": {"mid": "$nodes.kid.output"}})
+    put(tenant, "deeper", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "top", "input": {}}]})
+    top = start(tenant, "top", {"name": "ada"})
+    deeper = start(tenant, "deeper")
+
+    top = finished(tenant, top.pk)
+    assert top.status == "succeeded", top.error
+    assert top.output == {"mid": {"leaf": {"greeting": "hello ada"}, "via": "mid"}}
+    with tenant_context(tenant):
+        tree = list(WorkflowRun.objects.filter(root_run_id=top.pk).order_by("nesting_depth"))
+    assert [(r.workflow_name, r.nesting_depth, r.status) for r in tree] == [
+        ("top", 0, "succeeded"), ("mid", 1, "succeeded"), ("leaf", 2, "succeeded")]
+    assert tree[1].parent_run_id == tree[0].pk
+    assert tree[2].parent_run_id == tree[1].pk
+    assert by_node(tenant, tree[0])["kid"].child_run_id == tree[1].pk
+    lineage = client.get(f"/api/v1/runs/{tree[2].pk}/lineage").json()  # from any run of the tree
+    assert lineage["root_run_id"] == str(top.pk)
+    assert lineage["runs"] == 3
+    (root,) = lineage["tree"]
+    assert root["workflow_name"] == "top"
+    assert root["children"][0]["workflow_name"] == "mid"
+    assert root["children"][0]["children"][0]["workflow_name"] == "leaf"
+
+    # deeper (0) -> top (1) -> mid (2) -> leaf would be 3: the free plan allows 2.
+    deeper = finished(tenant, deeper.pk)
+    assert deeper.status == "failed"
+    with tenant_context(tenant):
+        chain = list(WorkflowRun.objects.filter(root_run_id=deeper.pk).order_by("nesting_depth"))
+    assert [(r.workflow_name, r.nesting_depth, r.status) for r in chain] == [
+        ("deeper", 0, "failed"), ("top", 1, "failed"), ("mid", 2, "failed")]
+    refused = by_node(tenant, chain[2])["kid"]
+    assert refused.status == "failed"
+    assert refused.child_run_id is None
+    assert refused.error["code"] == "nesting_too_deep"
+    assert not refused.error["retryable"]
+    assert "nested 3 levels deep" in refused.error["message"]
+    assert "allows 2" in refused.error["message"]
+    assert by_node(tenant, chain[1])["kid"].error["code"] == "child_failed"
+    assert chain[1].error["error"]["child_error"]["error"]["code"] == "nesting_too_deep"
+    assert deeper.error["node"] == "kid"
+    drained(tenant)
+
+
+def test_a_continue_as_new_chain_of_5_keeps_one_root_and_links_each_run_to_the_last(stack, tenant_a, client_a):
+    tenant = tenant_a[0]
+    # No arithmetic in templates: the input nests one list deeper per run; the fifth run has
+    # input.h.0.0.0.0, and its continuation is skipped.
+    put(tenant, "looper", {
+        "nodes": [
+            echo("work", {"h": "$input.h"}),
+            {"id": "again", "type": "continue_as_new", "depends_on": ["work"], "input": {"h": ["$input.h"]},
+             "when": {"path": "input.h.0.0.0.0", "op": "exists", "value": False}},
+        ],
+        "output": {"h": "$nodes.work.output.h"},
+    })
+    first = start(tenant, "looper", {"h": []})
+
+    def chain() -> list[WorkflowRun]:
+        with tenant_context(tenant):
+            return list(WorkflowRun.objects.filter(root_run_id=first.pk).order_by("created_at"))
+
+    wait_for(lambda: len(runs := chain()) == 5 and runs[-1].status in TERMINAL, what="the fifth run to finish")
+    time.sleep(0.3)  # a sixth run would appear now
+    runs = chain()
+    assert [r.status for r in runs] == ["continued"] * 4 + ["succeeded"]
+    assert runs[-1].output == {"h": [[[[[]]]]]}
+    for previous, run in itertools.pairwise(runs):
+        assert run.continued_from_id == previous.pk
+        assert run.root_run_id == first.pk
+        assert run.input == {"h": [previous.input["h"]]}
+        assert previous.output == {"continued_as": str(run.pk)}
+        assert by_node(tenant, previous)["again"].output == {"run_id": str(run.pk)}
+        assert types(tenant, previous)[-1] == "continued"
+        assert run.parent_run_id is None
+        assert run.nesting_depth == 0
+    assert by_node(tenant, runs[-1])["again"].status == "skipped"
+
+    lineage = client_a.get(f"/api/v1/runs/{runs[2].pk}/lineage").json()
+    assert lineage["runs"] == 5
+    assert lineage["root_run_id"] == str(first.pk)
+    node, ids = lineage["tree"][0], []
+    while node:
+        ids.append(node["id"])
+        node = node["successor"]
+    assert ids == [str(r.pk) for r in runs]
+    listed = client_a.get("/api/v1/runs", {"root_run_id": str(first.pk)}).json()["results"]
+    assert sorted(r["id"] for r in listed) == sorted(str(r.pk) for r in runs)
+    drained(tenant)
+
+
+# -- idempotency --------------------------------------------------------------------------------
+
+
+def test_a_duplicate_start_with_the_same_idempotency_key_returns_the_same_run_and_charges_once(
+    stack, tenant_a, client_a
+):
+    tenant = tenant_a[0]
+    put(tenant, "once", {"nodes": [echo("a", {"v": "$input.v"})], "output": "$nodes.a.output"})
+    body = {"workflow": "once", "input": {"v": 1}, "idempotency_key": "order-42"}
+    first = client_a.post("/api/v1/runs", body, format="json")
+    second = client_a.post("/api/v1/runs", {**body, "input": {"v": 2}}, format="json")
+
+    assert (first.status_code, second.status_code) == (201, 200)
+    assert first.json()["id"] == second.json()["id"]
+    run = finished(tenant, first.json()["id"])
+    third = client_a.post("/api/v1/runs", body, format="json")
+    assert third.status_code == 200
+    assert third.json()["id"] == str(run.pk)
+    assert third.json()["status"] == "succeeded"
+    assert run.output == {"v": 1}
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.count() == 1
+        assert runs_this_month() == 1
+    assert Counter(types(tenant, run))["created"] == 1
+    drained(tenant)
+
+
+def test_a_duplicate_tick_mid_run_or_after_the_end_changes_nothing(stack, tenant_a):
+    tenant = tenant_a[0]
+    put(tenant, "napping", {
+        "nodes": [echo("first", {"v": 1}), {"id": "nap", "type": "sleep", "duration_s": 2.5, "depends_on": ["first"]},
+                  echo("last", {"v": "$nodes.first.output.v"}, "nap")],
+        "output": "$nodes.last.output",
+    })
+    run = start(tenant, "napping")
+    item = engine.tick_item_id(run.pk)
+
+    def duplicate_tick() -> None:
+        """A second delivery of the run's tick item, through the queue, plus a direct call."""
+        seen = dispatches_of(stack, item)
+        with tenant_context(tenant):
+            fq.enqueue(item, tier=run.tier, partition=f"run:{run.pk}", payload={"kind": "tick", "run_id": str(run.pk)})
+            engine.tick(run.pk)
+            engine.tick(run.pk)
+        wait_for(lambda: dispatches_of(stack, item) > seen, what="the duplicate tick to be dispatched")
+        drained(tenant)
+
+    wait_for(lambda: status_of(tenant, run, "nap") == "scheduled", what="the nap")
+    during = snapshot(tenant, run)
+    duplicate_tick()
+    assert snapshot(tenant, run) == during  # the nap (2.5 s) is still on
+
+    run = finished(tenant, run.pk)
+    assert run.status == "succeeded"
+    assert run.output == {"v": 1}
+    after = snapshot(tenant, run)
+    duplicate_tick()
+    assert snapshot(tenant, run) == after
+    assert Counter(types(tenant, run))["succeeded"] == 1
+    assert len(steps(tenant, run)) == 3
+
+
+# -- tenancy ------------------------------------------------------------------------------------
+
+
+def test_idor_tenant_b_gets_404_on_every_run_and_workflow_of_tenant_a(stack, tenant_a, tenant_b, client_b):
+    a = tenant_a[0]
+    put(a, "secret", {"nodes": [echo("x", {"v": 1})]})
+    put(a, "outer", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "secret"}]})
+    outer = finished(a, start(a, "outer").pk)
+    with tenant_context(a):
+        child = WorkflowRun.objects.get(parent_run_id=outer.pk)
+    spec = {"nodes": [echo("y", {})]}
+
+    for run_id in (outer.pk, child.pk):
+        for method, path in (("get", ""), ("post", "/cancel"), ("get", "/events"), ("get", "/lineage")):
+            response = getattr(client_b, method)(f"/api/v1/runs/{run_id}{path}")
+            assert response.status_code == 404, (method, path)
+            assert error_code(response) == "not_found"
+    for response in (client_b.get("/api/v1/workflows/outer"), client_b.get("/api/v1/workflows/outer/versions"),
+                     client_b.put("/api/v1/workflows/outer", {"spec": spec}, format="json")):
+        assert response.status_code == 404
+        assert error_code(response) == "not_found"
+    assert client_b.post("/api/v1/runs", {"workflow": "outer"}, format="json").status_code == 404
+    assert client_b.get("/api/v1/runs").json()["results"] == []
+    assert client_b.get("/api/v1/runs", {"root_run_id": str(outer.pk)}).json()["results"] == []
+    assert client_b.get("/api/v1/workflows").json()["results"] == []
+
+    assert fresh(a, outer.pk).cancel_requested is False  # B's cancel changed nothing
+    with tenant_context(a):
+        from workflows.models import WorkflowDefinition
+
+        assert WorkflowDefinition.objects.get(name="outer").latest_version == 1
+    drained(a)
+
+
+# -- crash safety -------------------------------------------------------------------------------
+
+
+def test_after_a_redis_flush_the_reconciler_puts_back_lost_sleeps_and_retry_backoffs(stack, tenant_a):
+    from ductor_project.redis import get_redis
+
+    tenant = tenant_a[0]
+    put(tenant, "timers", {
+        "nodes": [
+            {"id": "nap", "type": "sleep", "duration_s": 1.0},
+            {"id": "flaky", "type": "action", "action": "fail", "input": {"succeed_on_attempt": 2},
+             "retry": {"max_attempts": 2, "backoff_s": 1.0, "jitter": False}},
+            echo("last", {"f": "$nodes.flaky.output"}, "nap", "flaky"),
+        ],
+        "output": "$nodes.last.output",
+    })
+    run = start(tenant, "timers")
+    wait_for(lambda: status_of(tenant, run, "nap") == "scheduled" and len(steps(tenant, run)) == 3
+             and status_of(tenant, run, "flaky") == "scheduled", what="the sleep and the retry backoff")
+    get_redis().flushdb()  # both timers are lost with it
+    time.sleep(1.5)
+    assert (status_of(tenant, run, "nap"), status_of(tenant, run, "flaky")) == ("scheduled", "scheduled")
+
+    # What the coordinator does once the run has been still for STALE_RUN_S.
+    WorkflowRun.all_tenants.filter(pk=run.pk).update(updated_at=fresh(tenant, run.pk).updated_at.replace(year=2000))
+    assert engine.reconcile_runs() == 1
+
+    run = finished(tenant, run.pk)
+    assert run.status == "succeeded", run.error
+    assert run.output == {"f": {"attempt": 2}}
+    assert [(s.node_id, s.attempt, s.status) for s in steps(tenant, run)] == [
+        ("flaky", 1, "failed"), ("flaky", 2, "succeeded"), ("last", 1, "succeeded"), ("nap", 1, "succeeded")]
+    assert Counter(types(tenant, run))["succeeded"] == 1
+    drained(tenant)
+
+
+
+def test_a_run_survives_a_sigkilled_worker_mid_step_and_no_capacity_slot_leaks(stack, tenant_a):
+    tenant = tenant_a[0]
+    put(tenant, "crashy", {
+        "nodes": [{"id": "long", "type": "action", "action": "sleep_ms", "input": {"ms": 2000}},
+                  echo("after", {"long": "$nodes.long.output.ms"}, "long")],
+        "output": "$nodes.after.output",
+    })
+    run = start(tenant, "crashy")
+    wait_for(lambda: status_of(tenant, run, "long") == "running", what="the step to run")
+    assert in_flight(tenant) == 1
+    killed_at = timezone.now()
+    stack.kill_worker()
+    stack.new_worker()
+
+    run = finished(tenant, run.pk, timeout=45)
+    assert run.status == "succeeded", run.error
+    assert run.output == {"long": 2000}
+    latest = by_node(tenant, run)
+    assert latest["long"].attempt == 1
+    assert latest["long"].status == "succeeded"
+    assert latest["long"].started_at > killed_at  # it ran again, on the new worker
+    kinds = Counter(types(tenant, run))
+    assert (kinds["step_succeeded"], kinds["succeeded"]) == (2, 1)  # finished once
+    drained(tenant, timeout=30)
+    assert in_flight(tenant) == 0

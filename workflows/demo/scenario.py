@@ -1,0 +1,363 @@
+"""What the demo sets up and runs, all of it through the public HTTP API.
+
+Four tenants on three plans:
+
+- ``floodco`` (free, weight 1) floods: ``FLOOD_RUNS`` runs of a one-step
+  workflow in ``POST /api/v1/runs/bulk`` calls of ``FLOOD_BATCH``, each run
+  with its idempotency key and in its own fair-queue partition (a run is its
+  own partition). Started one ``POST /runs`` at a time, they would cost the web
+  server more CPU than the whole demo has.
+- ``acme`` (enterprise, weight 16) and ``globex`` (pro, weight 4) are the
+  normal tenants. They run the feature workflows (a diamond of ``http.request``
+  steps, a sub-workflow, a ContinueAsNew loop, retries, a pool at its
+  concurrency ceiling) and a short backlog of one-step runs each.
+- ``latecomer`` (enterprise, weight 16) arrives once the flood is under way
+  and starts one run every ``TRICKLE_EVERY_S`` seconds.
+
+The platform lifts floodco's step rate and concurrency (overrides, set through
+the platform API, as an operator would): fair sharing, not its plan's
+ceilings, is what must hold the flood back.
+
+Connections point at the demo's local HTTP service (``workflows.demo.service``);
+pools group them; rules route ``http.*`` steps to the pools, send globex's
+report steps to a pool that admits one call at a time, and move acme's checkout
+steps to the interactive tier.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+FLOOD_RUNS = 2_000
+FLOOD_BATCH = 500  # runs per bulk call (the API's most)
+ACME_ORDERS = 20
+GLOBEX_SYNCS = 8
+TRICKLE_RUNS = 24
+# A run is at least three fair-queue items (tick, step, tick): keep the trickle below the
+# latecomer's fair share even on a slow, shared two-core machine.
+TRICKLE_EVERY_S = 0.75
+TRICKLE_AFTER_S = 6.0  # after the flood started
+COUNTDOWN_FROM = 3
+REPORT_PARTS = 4
+REPORT_SLOW_MS = 250
+
+FLOOD, NORMAL, TRICKLE = "flood", "normal", "trickle"
+
+
+@dataclass(frozen=True)
+class DemoTenant:
+    slug: str
+    name: str
+    plan: str
+    role: str
+    # Platform-admin overrides on top of the plan, set through the platform API.
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+TENANTS = (
+    DemoTenant("floodco", "FloodCo (runaway script)", "free", FLOOD,
+               overrides={"step_rate_per_s": 200.0, "step_burst": 400, "max_concurrency": 50}),
+    DemoTenant("acme", "Acme", "enterprise", NORMAL),
+    DemoTenant("globex", "Globex", "pro", NORMAL),
+    DemoTenant("latecomer", "Latecomer", "enterprise", TRICKLE),
+)
+
+
+class DemoApiError(RuntimeError):
+    """An API call of the demo got an answer it did not expect."""
+
+
+class Api:
+    """One API key's view of the public HTTP API. One per thread."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        self._client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def call(self, method: str, path: str, body: Any = None, *, expect: tuple[int, ...] = (200, 201)) -> Any:
+        """Send one request; retried on 429 (after ``Retry-After``). Raises ``DemoApiError`` otherwise."""
+        for _ in range(20):
+            response = self._client.request(method, path, json=body)
+            if response.status_code != 429:
+                break
+            time.sleep(min(float(response.headers.get("Retry-After") or 0.5), 5.0))
+        if response.status_code not in expect:
+            raise DemoApiError(f"{method} {path} answered {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else None
+
+    def status_of(self, method: str, path: str) -> int:
+        return self._client.request(method, path).status_code
+
+
+# -- workflow specs ------------------------------------------------------------------------------
+
+def _http(node_id: str, path: str, *, depends_on: tuple[str, ...] = (), **params: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "action", "action": "http.request", "depends_on": list(depends_on),
+            "input": {"path": path, **params}}
+
+
+QUOTE = {  # the diamond: order → (price, stock) → quote
+    "nodes": [
+        _http("order", "order/{{ $input.order }}"),
+        _http("price", "price", depends_on=("order",), query={"sku": "$nodes.order.output.body.sku"}),
+        _http("stock", "stock", depends_on=("order",), query={"sku": "$nodes.order.output.body.sku"}),
+        _http("quote", "quote", depends_on=("price", "stock"), method="POST",
+              json={"unit_price": "$nodes.price.output.body.unit_price", "qty": "$nodes.order.output.body.qty",
+                    "in_stock": "$nodes.stock.output.body.in_stock"}),
+    ],
+    "output": {"order": "$input.order", "sku": "$nodes.order.output.body.sku",
+               "qty": "$nodes.order.output.body.qty", "total": "$nodes.quote.output.body.total"},
+}
+
+CHECKOUT = {  # a sub-workflow: the quote runs as a child run, the parent waits for its output
+    "nodes": [
+        {"id": "quote", "type": "subworkflow", "workflow": "quote", "input": {"order": "$input.order"}},
+        {"id": "confirm", "type": "action", "action": "echo", "depends_on": ["quote"],
+         "input": {"order": "$input.order", "total": "$nodes.quote.output.total", "confirmed": True}},
+    ],
+    "output": "$nodes.confirm.output",
+}
+
+COUNTDOWN = {  # ContinueAsNew: each round asks the service for n - 1 and continues until it is 0
+    "nodes": [
+        _http("count", "countdown", query={"n": "$input.n"}),
+        {"id": "again", "type": "continue_as_new", "depends_on": ["count"],
+         "when": {"path": "nodes.count.output.body.n", "op": "gt", "value": 0},
+         "input": {"n": "$nodes.count.output.body.n"}},
+    ],
+    "output": {"reached": "$nodes.count.output.body.n"},
+}
+
+CHARGE = {  # retries: the service fails the first calls of each key; `fail` succeeds on attempt 2
+    "nodes": [
+        {**_http("charge", "flaky", query={"key": "$run.id"}),
+         "retry": {"max_attempts": 5, "backoff_s": 0.5, "max_backoff_s": 2, "jitter": False}},
+        {"id": "ledger", "type": "action", "action": "fail",
+         "input": {"message": "ledger locked, try again", "succeed_on_attempt": 2},
+         "retry": {"max_attempts": 3, "backoff_s": 0.3, "jitter": False}},
+        {"id": "receipt", "type": "action", "action": "echo", "depends_on": ["charge", "ledger"],
+         "input": {"charged_after": "$nodes.charge.output.body.attempts", "ledger": "$nodes.ledger.output"}},
+    ],
+    "output": "$nodes.receipt.output",
+}
+
+REPORT = {  # a concurrency ceiling: four parallel calls through a pool that admits one at a time
+    "nodes": [
+        *(_http(f"part_{i}", "slow", query={"ms": REPORT_SLOW_MS}) for i in range(1, REPORT_PARTS + 1)),
+        {"id": "merge", "type": "action", "action": "echo",
+         "depends_on": [f"part_{i}" for i in range(1, REPORT_PARTS + 1)], "input": {"parts": REPORT_PARTS}},
+    ],
+}
+
+ONE_STEP = {"nodes": [{"id": "work", "type": "action", "action": "sleep_ms", "input": {"ms": 20}}]}
+
+HELLO = {"nodes": [{"id": "hello", "type": "action", "action": "echo", "input": {"hello": "$input.n"}}]}
+
+
+# -- setup ---------------------------------------------------------------------------------------
+
+@dataclass
+class Setup:
+    """What setup created: each tenant's API key and the names of its objects."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+    calls: list[tuple[str, str, str]] = field(default_factory=list)  # (tenant, what, request)
+
+
+def _connection(name: str, base_url: str, secret: str) -> dict[str, Any]:
+    return {"name": name, "kind": "http", "config": {"base_url": base_url, "timeout_s": 5},
+            "secret": secret}
+
+
+def set_up(base_url: str, platform_key: str, service_url: str, service_token: str) -> Setup:
+    """Create the tenants and everything they own, through the API. Raises ``DemoApiError``."""
+    setup = Setup()
+    platform = Api(base_url, platform_key)
+    try:
+        for tenant in TENANTS:
+            created = platform.call("POST", "/api/v1/tenants", {"slug": tenant.slug, "name": tenant.name,
+                                                               "plan": tenant.plan, "create_api_key": True})
+            setup.keys[tenant.slug] = created["api_key"]
+            setup.calls.append((tenant.slug, f"tenant on the {tenant.plan} plan", "POST /api/v1/tenants"))
+            for limit, value in tenant.overrides.items():
+                platform.call("PUT", f"/api/v1/tenants/{tenant.slug}/overrides/{limit}",
+                              {"value": value, "reason": "demo: only fair sharing holds the flood back"})
+                setup.calls.append((tenant.slug, f"override {limit} = {value} (platform admin)",
+                                    f"PUT /api/v1/tenants/{tenant.slug}/overrides/{limit}"))
+    finally:
+        platform.close()
+
+    def tenant_calls(slug: str, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
+        api = Api(base_url, setup.keys[slug])
+        try:
+            for what, path, body in calls:
+                api.call("POST", path, body)
+                setup.calls.append((slug, what, f"POST {path}"))
+        finally:
+            api.close()
+
+    token = service_token
+    tenant_calls("acme", [
+        ("connection shop-eu", "/api/v1/connections", _connection("shop-eu", f"{service_url}/eu", token)),
+        ("connection shop-us", "/api/v1/connections", _connection("shop-us", f"{service_url}/us", token)),
+        ("pool shop (round robin, default)", "/api/v1/pools",
+         {"name": "shop", "strategy": "round_robin", "is_default": True,
+          "members": [{"connection": "shop-eu"}, {"connection": "shop-us"}]}),
+        ("rule: checkout steps → interactive tier", "/api/v1/rules",
+         {"name": "checkout is interactive", "priority": 5, "match": {"workflow": "checkout"},
+          "action": {"tier": "interactive"}}),
+        ("rule: http.* → pool shop", "/api/v1/rules",
+         {"name": "shop calls", "priority": 10, "match": {"action": "http.*"}, "action": {"pool": "shop"}}),
+        ("workflow quote (diamond)", "/api/v1/workflows", {"name": "quote", "spec": QUOTE}),
+        ("workflow checkout (sub-workflow)", "/api/v1/workflows", {"name": "checkout", "spec": CHECKOUT}),
+        ("workflow countdown (ContinueAsNew)", "/api/v1/workflows", {"name": "countdown", "spec": COUNTDOWN}),
+        ("workflow order (one step)", "/api/v1/workflows", {"name": "order", "spec": ONE_STEP}),
+    ])
+    tenant_calls("globex", [
+        ("connection payments-api", "/api/v1/connections",
+         _connection("payments-api", f"{service_url}/pay", token)),
+        ("connection reports-api", "/api/v1/connections",
+         _connection("reports-api", f"{service_url}/reports", token)),
+        ("pool payments (default)", "/api/v1/pools",
+         {"name": "payments", "is_default": True, "members": [{"connection": "payments-api"}]}),
+        ("pool reports (max_concurrency 1)", "/api/v1/pools",
+         {"name": "reports", "max_concurrency": 1, "members": [{"connection": "reports-api"}]}),
+        ("rule: report steps → pool reports", "/api/v1/rules",
+         {"name": "reports one at a time", "priority": 10, "match": {"workflow": "report", "action": "http.*"},
+          "action": {"pool": "reports"}}),
+        ("rule: http.* → pool payments", "/api/v1/rules",
+         {"name": "payments calls", "priority": 20, "match": {"action": "http.*"}, "action": {"pool": "payments"}}),
+        ("workflow charge (retries)", "/api/v1/workflows", {"name": "charge", "spec": CHARGE}),
+        ("workflow report (concurrency ceiling)", "/api/v1/workflows", {"name": "report", "spec": REPORT}),
+        ("workflow sync (one step)", "/api/v1/workflows", {"name": "sync", "spec": ONE_STEP}),
+    ])
+    tenant_calls("floodco", [
+        ("workflow ping (one step)", "/api/v1/workflows", {"name": "ping", "spec": ONE_STEP}),
+    ])
+    tenant_calls("latecomer", [
+        ("workflow hello (one step)", "/api/v1/workflows", {"name": "hello", "spec": HELLO}),
+    ])
+    return setup
+
+
+# -- the workload --------------------------------------------------------------------------------
+
+@dataclass
+class Workload:
+    """The runs the demo starts, in background threads. ``feature_runs`` names the feature runs' ids."""
+
+    base_url: str
+    keys: dict[str, str]
+    say: Callable[[str], None]
+    stop: threading.Event = field(default_factory=threading.Event)
+    feature_runs: dict[str, tuple[str, str]] = field(default_factory=dict)  # check -> (tenant, run id)
+    submitted: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    flood_started_at: float | None = None
+    flood_queued_at: float | None = None
+    trickle_started_at: float | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        for name, target in (("flood", self._flood), ("acme", self._acme), ("globex", self._globex),
+                             ("trickle", self._trickle)):
+            thread = threading.Thread(target=self._guard, args=(target,), name=f"demo-{name}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def done_submitting(self) -> bool:
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _guard(self, target: Callable[[], None]) -> None:
+        try:
+            target()
+        except (DemoApiError, httpx.HTTPError) as exc:
+            with self._lock:
+                self.errors.append(f"{threading.current_thread().name}: {exc}")
+
+    def _start_run(self, api: Api, slug: str, workflow: str, key: str, run_input: dict[str, Any],
+                   **extra: Any) -> str:
+        run = api.call("POST", "/api/v1/runs", {"workflow": workflow, "input": run_input,
+                                                "idempotency_key": key, **extra})
+        with self._lock:
+            self.submitted[slug] = self.submitted.get(slug, 0) + 1
+        return str(run["id"])
+
+    def _feature(self, api: Api, slug: str, check: str, workflow: str, run_input: dict[str, Any],
+                 **extra: Any) -> None:
+        run_id = self._start_run(api, slug, workflow, f"demo-{workflow}", run_input, **extra)
+        with self._lock:
+            self.feature_runs[check] = (slug, run_id)
+
+    def _flood(self) -> None:
+        api = Api(self.base_url, self.keys["floodco"])
+        self.flood_started_at = time.monotonic()
+        try:
+            for first in range(0, FLOOD_RUNS, FLOOD_BATCH):
+                if self.stop.is_set():
+                    return
+                batch = [{"workflow": "ping", "input": {"n": i}, "idempotency_key": f"demo-ping-{i}"}
+                         for i in range(first, min(first + FLOOD_BATCH, FLOOD_RUNS))]
+                created = api.call("POST", "/api/v1/runs/bulk", {"runs": batch})["created"]
+                with self._lock:
+                    self.submitted["floodco"] = self.submitted.get("floodco", 0) + int(created)
+            self.flood_queued_at = time.monotonic()
+            self.say(f"floodco queued {FLOOD_RUNS:,} runs in {FLOOD_RUNS // FLOOD_BATCH} bulk calls, "
+                     "each run its own partition")
+        finally:
+            api.close()
+
+    def _acme(self) -> None:
+        api = Api(self.base_url, self.keys["acme"])
+        try:
+            self._feature(api, "acme", "diamond", "quote", {"order": "A-1001"})
+            self._feature(api, "acme", "sub-workflow", "checkout", {"order": "A-1002"})
+            self._feature(api, "acme", "continue-as-new", "countdown", {"n": COUNTDOWN_FROM})
+            for i in range(ACME_ORDERS):
+                if self.stop.is_set():
+                    return
+                self._start_run(api, "acme", "order", f"demo-order-{i}", {"n": i})
+        finally:
+            api.close()
+
+    def _globex(self) -> None:
+        api = Api(self.base_url, self.keys["globex"])
+        try:
+            self._feature(api, "globex", "retry", "charge", {"amount": 42})
+            self._feature(api, "globex", "ceiling", "report", {})
+            for i in range(GLOBEX_SYNCS):
+                if self.stop.is_set():
+                    return
+                self._start_run(api, "globex", "sync", f"demo-sync-{i}", {"n": i})
+        finally:
+            api.close()
+
+    def _trickle(self) -> None:
+        if self.stop.wait(TRICKLE_AFTER_S):
+            return
+        api = Api(self.base_url, self.keys["latecomer"])
+        self.trickle_started_at = time.monotonic()
+        self.say(f"latecomer arrives: one run every {TRICKLE_EVERY_S:g} s, {TRICKLE_RUNS} in all")
+        try:
+            next_at = time.monotonic()
+            for i in range(TRICKLE_RUNS):
+                if self.stop.wait(max(0.0, next_at - time.monotonic())):
+                    return
+                self._start_run(api, "latecomer", "hello", f"demo-hello-{i}", {"n": i})
+                next_at += TRICKLE_EVERY_S
+        finally:
+            api.close()

@@ -1,0 +1,106 @@
+"""A scratch PostgreSQL database and Redis database for one demo, dropped when it ends.
+
+The demo's noisy tenant queues thousands of runs and the demo ends long before
+they are all done: that is the point, fair sharing is what happens while a
+tenant is backlogged. Run in the project's own database, that backlog would
+stay behind, and the next ``make up`` (or demo) would spend minutes working it
+off. So the demo runs in ``<database>_demo`` and in the next Redis database
+number, on the same servers, and drops both at the end, also after Ctrl-C or a
+failure. When the project database holds nothing but its migrations and seeded
+rows (a fresh checkout: ``make demo`` has just migrated it) and nothing else is
+connected to it, the scratch database is a copy of it (``CREATE DATABASE …
+TEMPLATE``, fast); otherwise it is created empty and the demo migrates it, so
+that none of your tenants or runs ends up in the demo.
+
+The demo's own process switches its default database to the scratch one the
+way Django's test runner switches to its test database (``use``); its
+children (web, workers, dispatcher, coordinator) get both URLs in their
+environment. The demo's process never uses Redis itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import redis
+from psycopg import errors, sql
+
+SUFFIX = "_demo"
+REDIS_DATABASES = 16
+
+
+@dataclass(frozen=True)
+class Scratch:
+    database_url: str
+    redis_url: str
+    migrated: bool  # copied from the (migrated) project database
+
+
+def _with_path(url: str, path: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=path))
+
+
+def _database_name(url: str) -> str:
+    name = urlsplit(url).path.lstrip("/")
+    if not name:
+        raise ValueError(f"no database name in {url!r}")
+    return name
+
+
+def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """An autocommit connection to the server's ``postgres`` database."""
+    return psycopg.connect(_with_path(url, "/postgres"), autocommit=True)
+
+
+def _scratch_redis_url(url: str) -> str:
+    parts = urlsplit(url)
+    current = int(parts.path.lstrip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(current + 1) % REDIS_DATABASES}"))
+
+
+def create(database_url: str, redis_url: str, *, copy: bool) -> Scratch:
+    """Create (or re-create) the scratch databases; ``copy``: from the project database, if it can.
+
+    Any earlier scratch database is dropped first.
+    """
+    source = _database_name(database_url)
+    target = source + SUFFIX
+    migrated = False
+    with _admin(database_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(target)))
+        if copy:
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(target), sql.Identifier(source)))
+                migrated = True
+            except errors.ObjectInUse:  # someone is connected to the project database
+                pass
+        if not migrated:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(target)))
+    scratch_redis = _scratch_redis_url(redis_url)
+    redis.Redis.from_url(scratch_redis).flushdb()
+    return Scratch(_with_path(database_url, f"/{target}"), scratch_redis, migrated)
+
+
+def use(scratch: Scratch) -> None:
+    """Point this process's default database connection at the scratch database (closed first)."""
+    from django.conf import settings
+    from django.db import connections
+
+    connections.close_all()
+    name = _database_name(scratch.database_url)
+    settings.DATABASES["default"]["NAME"] = name
+    connections["default"].settings_dict["NAME"] = name
+
+
+def drop(scratch: Scratch) -> None:
+    """Drop the scratch database (closing every connection to it) and empty the scratch Redis database."""
+    with contextlib.suppress(redis.RedisError):
+        redis.Redis.from_url(scratch.redis_url).flushdb()
+    with _admin(scratch.database_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(_database_name(scratch.database_url))))
