@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from importlib import import_module
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from rest_framework.test import APIClient
 
 from tenants import services
@@ -193,3 +194,28 @@ def celery_worker(transactional_db: None, redis_client: Any) -> Iterator[Callabl
 
 def error_code(response: Any) -> str:
     return str(json.loads(response.content)["error"]["code"])
+
+
+def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
+    """Run ``work(i)`` in ``count`` threads released together; each closes its own database connections.
+
+    Returns each thread's result, or the exception it raised.
+    """
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = work(index)
+        except Exception as exc:
+            results[index] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.db import connections
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -25,7 +22,7 @@ from scheduling.secrets import decrypt
 from tenants import services as tenant_services
 from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
-from tests.conftest import api_client, error_code
+from tests.conftest import api_client, error_code, in_threads
 
 pytestmark = pytest.mark.usefixtures("redis_client")
 
@@ -716,28 +713,6 @@ def test_malformed_json_is_refused(client_a: APIClient, tenant_a: tuple[Tenant, 
 
 
 # --- concurrency ---------------------------------------------------------------------------
-
-
-def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
-    """``work(i)`` in ``count`` threads released together; each closes its own database connection."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = work(index)
-        except Exception as exc:
-            results[index] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
 
 
 # Transactional tests flush every table afterwards; conftest re-seeds the plans after each one.

@@ -8,9 +8,7 @@ threads, each with its own database connection, on a transactional database.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -30,7 +28,7 @@ from tenants.usage import (
     quota_consume,
     runs_this_month,
 )
-from tests.conftest import api_client, seed_reference_data
+from tests.conftest import api_client, in_threads, seed_reference_data
 from tests.scoped.models import Folder
 
 
@@ -77,28 +75,6 @@ def charge_then_fail(tenant: Tenant) -> None:
     with transaction.atomic():
         assert charge(tenant) == 1
         raise Boom
-
-
-def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` in ``count`` threads released together; each closes its own connection."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = work(index)
-        except Exception as exc:
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
 
 
 # --- the monthly run quota -----------------------------------------------------
