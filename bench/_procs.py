@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def measure(step: Callable[[int], object], seconds: float) -> tuple[int, float]:
+    """Run ``step`` back to back for ``seconds``; returns (operations, elapsed seconds)."""
+    count = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        step(count)
+        count += 1
+    return count, time.perf_counter() - start
 
 
 def setup_django(name: str) -> None:

@@ -21,30 +21,18 @@ import json
 import os
 import statistics
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._procs import log, measure  # noqa: E402 - the repository root goes on the path first
+
 ROUNDS = 60
 SLICE_S = 0.1
 GOAL_RATIO = 0.5
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def measure(step: Callable[[int], object], seconds: float) -> tuple[int, float]:
-    """Run ``step`` back to back for ``seconds``; returns (operations, elapsed seconds)."""
-    count = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while time.perf_counter() < deadline:
-        step(count)
-        count += 1
-    return count, time.perf_counter() - start
 
 
 def main() -> None:

@@ -30,10 +30,13 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._procs import log, measure  # noqa: E402 - the repository root goes on the path first
+
 SIZES = (10, 1_000, 100_000)
 SHARDS = len(SIZES)
 ROUNDS = 5
@@ -41,21 +44,6 @@ CYCLE_PHASE_S = 0.8
 DEQUEUES_PER_ROUND = 300
 LEASE_MS = 60_000
 TIER = "standard"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def measure(step: Callable[[int], object], seconds: float) -> tuple[int, float]:
-    """Run ``step`` back to back for ``seconds``; returns (operations, elapsed seconds)."""
-    count = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while time.perf_counter() < deadline:
-        step(count)
-        count += 1
-    return count, time.perf_counter() - start
 
 
 def main() -> int:
