@@ -124,7 +124,7 @@ def stack(django_db_setup: None) -> Iterator[Stack]:
     # For the module's lifetime: service_env() copies os.environ into every process started.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
-        mp.setenv("DUCTOR_LOG_FORMAT", "json")  # dispatches_of() reads the dispatcher's JSON log
+        mp.setenv("DUCTOR_LOG_FORMAT", "json")  # log_lines() reads the processes' JSON logs
         try:
             running.start()
             yield running
@@ -218,8 +218,21 @@ def snapshot(tenant: Tenant, run: WorkflowRun) -> tuple[Any, ...]:
             [(e.seq, e.type, e.node_id) for e in events(tenant, run)])
 
 
+def log_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON log records of a process's output (other lines are skipped)."""
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a process being killed
+    return records
+
+
 def dispatches_of(stack: Stack, item_id: str) -> int:
-    return stack.dispatcher.output().count(f'"item_id": "{item_id}"')
+    return sum(1 for line in log_lines(stack.dispatcher.output())
+               if line.get("event") == "dispatched" and line.get("item_id") == item_id)
 
 
 def echo(node_id: str, input: Any, *deps: str, **extra: Any) -> dict[str, Any]:
@@ -366,8 +379,9 @@ def test_a_step_past_its_timeout_fails_the_run_with_timeout_and_its_late_result_
     assert "after" not in by_node(tenant, run)
     # The action finishes 2.5 s in; its result must not revive the step or the run.
     before = snapshot(tenant, run)
-    wait_for(lambda: "step_result_discarded" in stack.worker.output(), timeout=15,
-             what="the late result to be discarded")
+    wait_for(lambda: any(line.get("event") == "step_result_discarded" and line.get("step_id") == str(slow.pk)
+                         for line in log_lines(stack.worker.output())),
+             timeout=15, what="the late result to be discarded")
     drained(tenant)
     assert snapshot(tenant, run) == before
     assert Counter(types(tenant, run))["step_timed_out"] == 1
