@@ -13,9 +13,8 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
-from ductor_project.errors import NotFound
 from scheduling.models import Connection, Pool, PoolMember, Rule
-from tenants.selectors import parse_uuid
+from tenants.selectors import first_or_404, parse_uuid
 
 
 def connection_list() -> QuerySet[Connection]:
@@ -25,10 +24,7 @@ def connection_list() -> QuerySet[Connection]:
 
 def get_connection_for_tenant(connection_id: Any) -> Connection:
     """A connection of the tenant in context, or ``NotFound``."""
-    connection = Connection.objects.filter(pk=parse_uuid(connection_id)).first()
-    if connection is None:
-        raise NotFound()
-    return connection
+    return first_or_404(Connection.objects.filter(pk=parse_uuid(connection_id)))
 
 
 def connection_by_reference(reference: str) -> Connection | None:
@@ -52,10 +48,7 @@ def pool_list() -> QuerySet[Pool]:
 
 def get_pool_for_tenant(pool_id: Any) -> Pool:
     """A pool of the tenant in context (members prefetched), or ``NotFound``."""
-    pool = _with_members(Pool.objects.filter(pk=parse_uuid(pool_id))).first()
-    if pool is None:
-        raise NotFound()
-    return pool
+    return first_or_404(_with_members(Pool.objects.filter(pk=parse_uuid(pool_id))))
 
 
 def rule_list() -> QuerySet[Rule]:
@@ -65,10 +58,7 @@ def rule_list() -> QuerySet[Rule]:
 
 def get_rule_for_tenant(rule_id: Any) -> Rule:
     """A rule of the tenant in context, or ``NotFound``."""
-    rule = Rule.objects.filter(pk=parse_uuid(rule_id)).first()
-    if rule is None:
-        raise NotFound()
-    return rule
+    return first_or_404(Rule.objects.filter(pk=parse_uuid(rule_id)))
 
 
 def rules_using_pool(pool_name: str) -> QuerySet[Rule]:

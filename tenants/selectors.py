@@ -20,6 +20,15 @@ def parse_uuid(value: Any) -> uuid.UUID:
         raise NotFound() from exc
 
 
+def first_or_404(queryset: QuerySet[Any]) -> Any:
+    """The first row of a (tenant-scoped) queryset, or ``NotFound``: another tenant's row
+    looks exactly like one that does not exist."""
+    row = queryset.first()
+    if row is None:
+        raise NotFound()
+    return row
+
+
 def api_key_list() -> QuerySet[ApiKey]:
     """The keys of the tenant in context, newest first."""
     return ApiKey.objects.order_by("-created_at")
@@ -27,10 +36,7 @@ def api_key_list() -> QuerySet[ApiKey]:
 
 def get_api_key_for_tenant(key_id: Any) -> ApiKey:
     """A key of the tenant in context, or ``NotFound`` (also for another tenant's key)."""
-    key = ApiKey.objects.filter(pk=parse_uuid(key_id)).first()
-    if key is None:
-        raise NotFound()
-    return key
+    return first_or_404(ApiKey.objects.filter(pk=parse_uuid(key_id)))
 
 
 def tenant_list() -> QuerySet[Tenant]:

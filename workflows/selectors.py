@@ -6,8 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from ductor_project.errors import NotFound
-from tenants.selectors import parse_uuid
+from tenants.selectors import first_or_404, parse_uuid
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 
@@ -16,10 +15,7 @@ def workflow_list() -> QuerySet[WorkflowDefinition]:
 
 
 def get_workflow_for_tenant(name: str) -> WorkflowDefinition:
-    definition = WorkflowDefinition.objects.filter(name=name).first()
-    if definition is None:
-        raise NotFound()
-    return definition
+    return first_or_404(WorkflowDefinition.objects.filter(name=name))
 
 
 def version_list(definition: WorkflowDefinition) -> QuerySet[WorkflowVersion]:
@@ -43,10 +39,9 @@ def run_list(filters: dict[str, Any]) -> QuerySet[WorkflowRun]:
 
 def get_run_for_tenant(run_id: Any) -> WorkflowRun:
     """A run of the tenant in context, or ``NotFound`` (also for another tenant's run)."""
-    run = WorkflowRun.objects.select_related("workflow").filter(pk=parse_uuid(run_id)).first()
-    if run is None:
-        raise NotFound()
-    return run
+    return first_or_404(
+        WorkflowRun.objects.select_related("workflow").filter(pk=parse_uuid(run_id))
+    )
 
 
 def run_steps(run: WorkflowRun) -> QuerySet[StepRun]:
