@@ -176,6 +176,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's Django fixup would close the database connection around every task (a reconnect per
+# task); workers keep it instead, for CONN_MAX_AGE, health-checked (see tenants/tasking.py).
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Messages a dispatcher may publish beyond the free worker slots.
 DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=2)
@@ -183,6 +186,8 @@ DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=2)
 DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
 # Delay before an item whose handler raised is delivered again.
 DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_000)
+# How long a suspended tenant's due work waits before it is looked at again.
+DUCTOR_SUSPENDED_ITEM_DELAY_MS = env.int("DUCTOR_SUSPENDED_ITEM_DELAY_MS", default=30_000)
 
 # Redis keys of every tenant carry the hash tag of the fair-queue shard the
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.

@@ -7,17 +7,27 @@ disagree: it logs the refusal and rejects the message without running the
 body. Otherwise the body runs inside ``tenant_context(tenant)``, which is reset
 afterwards even on error, so two tasks run back to back on one worker process
 never share a tenant. Work of the system tenant goes to ``ductor.system``.
+
+Each worker process keeps the tenants it has seen for ``TENANT_CACHE_TTL_S``
+(a task then reads no PostgreSQL just to learn its tenant), and its database
+connection across tasks: Celery's per-task close is off (``CELERY_DB_REUSE_MAX``),
+and each task starts with Django's own check of it (age, errors, health).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+from cachetools import TTLCache
 from celery import Task
 from celery.exceptions import Reject
+from django.db import connections
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 
 from ductor_project.celery import SYSTEM_QUEUE, app
 from tenants.context import TenantScopeError, no_tenant, peek_tenant, tenant_context
@@ -26,6 +36,42 @@ from tenants.models import Tenant
 log = structlog.get_logger(__name__)
 
 TENANT_HEADER = "ductor_tenant_id"
+# How long a worker process trusts what it read of a tenant (its status, plan) before reading again.
+TENANT_CACHE_TTL_S = 5.0
+
+_tenants: TTLCache[uuid.UUID, Tenant] = TTLCache(maxsize=10_000, ttl=TENANT_CACHE_TTL_S)
+_tenants_lock = threading.Lock()
+
+
+def cached_tenant(tenant_id: str) -> Tenant | None:
+    """The tenant ``tenant_id`` as this process last read it (at most ``TENANT_CACHE_TTL_S`` ago),
+    or None if there is no such tenant. Not for decisions that must see a change at once."""
+    try:
+        pk = uuid.UUID(str(tenant_id))
+    except ValueError:
+        return None
+    with _tenants_lock:
+        tenant = _tenants.get(pk)
+    if tenant is None:
+        tenant = Tenant.objects.filter(pk=pk).first()
+        if tenant is not None:
+            with _tenants_lock:
+                _tenants[pk] = tenant
+    return tenant
+
+
+@receiver([post_save, post_delete], sender=Tenant)
+def _tenant_changed(sender: Any, instance: Tenant, **kwargs: Any) -> None:
+    with _tenants_lock:
+        _tenants.pop(instance.pk, None)
+
+
+def _refresh_db_connections() -> None:
+    """Django's per-request connection check, for a task: drop connections that are too old or
+    broken, and have the next query check health. Never one inside a transaction (eager calls)."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 class TenantTaskRefused(Reject):
@@ -73,10 +119,8 @@ class TenantTask(Task):
             log.error("task_refused_without_tenant", task=self.name, task_id=self.request.id,
                       header_tenant=header, arg_tenant=tenant_id)
             raise TenantTaskRefused("task carries no tenant", requeue=False)
-        try:
-            tenant = Tenant.objects.filter(pk=uuid.UUID(str(tenant_id))).first()
-        except ValueError:
-            tenant = None
+        _refresh_db_connections()
+        tenant = cached_tenant(tenant_id)
         if tenant is None:
             log.error("task_refused_unknown_tenant", task=self.name, task_id=self.request.id,
                       tenant_id=tenant_id)
