@@ -75,6 +75,10 @@ IDLE_WAIT_S = 0.5
 # Shortest blocking wait: Redis 6.2 truncates a timeout to whole ms, and 0 ms means "forever".
 MIN_WAIT_S = 0.01
 ERROR_BACKOFF_S = 1.0
+# A task that starts with more than this fraction of its item's lease left runs without asking
+# Redis whether its delivery is still the live one (it must be). Tolerates worker clocks that
+# are off from Redis's by up to (1 - this) x the lease.
+FRESH_LEASE_FRACTION = 0.5
 MAX_SLEEP_MS = 60_000
 
 
@@ -226,15 +230,16 @@ def mark_running(queue: str, credits: list[str], lease_s: float) -> None:
         scripts.run("broker_mark", keys, ["run", lease_s, *credits])
 
 
-def free_credits(queue: str, credits: list[str], *, signal: bool = True) -> None:
+def free_credits(queue: str, credits: list[str], *, signal: bool = True, client: Any = None) -> None:
     """Give credits back (task finished, or credit unused). One round trip, idempotent.
 
     ``signal`` wakes a dispatcher waiting for credits; a dispatcher giving back
-    what it did not use passes False (it would only wake itself).
+    what it did not use passes False (it would only wake itself). ``client`` may
+    be a pipeline to queue the call on.
     """
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits])
+        scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits], client=client)
 
 
 def wait_for_credit(*, timeout_s: float) -> bool:
@@ -326,21 +331,28 @@ class _LeaseKeeper:
         self._changed.set()
 
     def flush(self) -> None:
-        """Send the pending acks, then free the pending credits, in the calling thread."""
+        """Send the pending acks, then free the pending credits: one pipeline, from the calling thread."""
         with self._lock:
             acks, self._acks = self._acks, []
             frees, self._frees = self._frees, {}
-        for tenant, item_id, delivery in acks:
-            try:
-                if not fair_queue.ack(item_id, delivery=delivery, tenant=tenant):
-                    log.warning("ack_of_lost_lease", item_id=item_id, tenant_id=str(tenant.pk))
-            except Exception:
-                log.exception("item_ack_failed", item_id=item_id, tenant_id=str(tenant.pk))
-        for queue, credits in frees.items():
-            try:
-                free_credits(queue, credits)
-            except Exception:
-                log.warning("credit_free_failed", queue=queue, credits=len(credits))
+        if not acks and not frees:
+            return
+        try:
+            with get_redis().pipeline(transaction=False) as pipe:
+                for tenant, item_id, delivery in acks:
+                    fair_queue.queue_ack(pipe, item_id, delivery=delivery, tenant=tenant)
+                for queue, credits in frees.items():
+                    free_credits(queue, credits, client=pipe)
+                replies = pipe.execute(raise_on_error=False)
+        except Exception:
+            # Redis away: those items run again after their leases; the credits age out.
+            log.exception("item_ack_failed", acks=len(acks), credits=sum(map(len, frees.values())))
+            return
+        for (tenant, item_id, _delivery), reply in zip(acks, replies, strict=False):
+            if isinstance(reply, Exception):
+                log.error("item_ack_failed", item_id=item_id, tenant_id=str(tenant.pk), error=str(reply))
+            elif reply != 1:
+                log.warning("ack_of_lost_lease", item_id=item_id, tenant_id=str(tenant.pk))
 
     def _run(self) -> None:
         while True:
@@ -380,23 +392,37 @@ _keeper = _LeaseKeeper()
 
 @tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
-                 waited_ms: int = 0, credit: str = "") -> str:
+                 waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0) -> str:
     """Run one fair-queue item on a worker, inside its tenant context.
 
     At-least-once: a delivery whose lease was lost (the item was re-delivered
-    elsewhere, or already finished) does nothing. A handler that returns has its
-    item acked, one that raises has it nacked (``RetryLater``: after its delay);
-    the process's lease keeper sends the ack and frees the dispatch credit right
-    after the task, whatever happened. Returns the outcome.
+    elsewhere, or already finished) does nothing. That needs asking Redis only
+    when the lease may have ended: a message that starts with more than
+    ``FRESH_LEASE_FRACTION`` of its lease left cannot have been superseded (an
+    item is delivered again only after its lease), so it runs at once. A handler
+    that returns has its item acked, one that raises has it nacked
+    (``RetryLater``: after its delay); the process's lease keeper renews the lease
+    meanwhile, and sends the ack and frees the dispatch credit right after the
+    task, whatever happened. A suspended tenant's item waits
+    (``DUCTOR_SUSPENDED_ITEM_DELAY_MS``) instead of running. Returns the outcome.
     """
     queue = queue_for(tier)
     lease_ms = settings.DUCTOR_LEASE_MS
     tenant = current_tenant()
     ack = None
     try:
-        if not fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery):
+        left_ms = lease_until_ms - time.time() * 1000
+        if left_ms > lease_ms * FRESH_LEASE_FRACTION:
+            renew_in_s = max(left_ms - lease_ms * 2 / 3, 0) / 1000
+        elif fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery):
+            renew_in_s = lease_ms / 3000
+        else:
             log.info("stale_delivery_dropped", item_id=item_id, delivery=delivery)
             return "stale"
+        if not tenant.is_active:
+            fair_queue.nack(item_id, delay_ms=settings.DUCTOR_SUSPENDED_ITEM_DELAY_MS, delivery=delivery)
+            log.info("item_held_tenant_suspended", item_id=item_id, kind=kind)
+            return "suspended"
         handler = _handlers.get(kind)
         if handler is None:
             log.error("no_handler_for_item", item_id=item_id, kind=kind)
@@ -405,7 +431,7 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
         ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item_id, tier=tier, partition=partition,
                           delivery=delivery, waited_ms=waited_ms)
         hold = _keeper.hold(_Lease(tenant, item_id, delivery, lease_ms, queue, credit,
-                                   renew_at=time.monotonic() + lease_ms / 3000))
+                                   renew_at=time.monotonic() + renew_in_s))
         try:
             with structlog.contextvars.bound_contextvars(item_id=item_id, kind=kind):
                 handler(ctx, body)
@@ -482,15 +508,17 @@ class Dispatcher:
         self._starved = False
         self.dispatched = 0
 
-    def _publish(self, item: fair_queue.Dequeued, credit: str) -> None:
+    def _publish(self, item: fair_queue.Dequeued, credit: str, producer: Any) -> None:
         body = item.payload if isinstance(item.payload, dict) else {"value": item.payload}
         execute_item.apply_async(
             kwargs={
                 "tenant_id": item.tenant_id, "item_id": item.item_id, "delivery": item.delivery,
                 "kind": str(body.get("kind", "noop")), "body": body, "tier": item.tier,
                 "partition": item.partition, "waited_ms": item.waited_ms, "credit": credit,
+                "lease_until_ms": item.lease_until_ms,
             },
             queue=queue_for(item.tier),
+            producer=producer,
             # Celery would saferepr() the whole payload for these headers (monitoring only):
             # most of a publish's CPU. The ids say which item it is.
             argsrepr="()",
@@ -518,8 +546,9 @@ class Dispatcher:
         """Dispatch as many due items as the credits allow. Returns how many.
 
         Credits of both queues are taken in one call (which also gives back the
-        ones held since the last round); the system tier is dequeued only with a
-        system credit, the customer tiers only with a work credit.
+        ones held since the last round). Per shard, the system tier goes first,
+        with the system credits, then the customer tiers with the work credits:
+        one dequeue call each for all the items its credits allow.
         """
         self._reap()
         held = self._held
@@ -528,31 +557,29 @@ class Dispatcher:
         no_system_credit = not self._held[SYSTEM_QUEUE]
         dispatched = 0
         for shard in self.shards:
-            system_empty = False
-            while True:
-                with_system = bool(self._held[SYSTEM_QUEUE]) and not system_empty
-                tiers = ([SYSTEM_TIER] if with_system else []) + (CUSTOMER_TIERS if self._held[WORK_QUEUE] else [])
-                if not tiers:
-                    break
-                item = fair_queue.dequeue(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers)
-                if item is None:
-                    break
-                # Strict tier priority: a customer item means the system tier had nothing due,
-                # so this round does not ask again (it would cost a dequeue per item).
-                system_empty = system_empty or (with_system and item.tier != SYSTEM_TIER)
-                queue = queue_for(item.tier)
-                credit = self._held[queue].pop()
-                try:
-                    self._publish(item, credit)
-                except Exception:
-                    # The item stays leased and comes back after its lease; the credit now.
-                    free_credits(queue, [credit], signal=False)
-                    raise
-                dispatched += 1
+            for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS)):
+                if self._held[queue]:
+                    dispatched += self._dispatch(shard, queue, tiers)
         # Out of work credits (or without a system credit): the next round waits for a freed one.
         self._starved = no_system_credit or not self._held[WORK_QUEUE]
         self.dispatched += dispatched
         return dispatched
+
+    def _dispatch(self, shard: int, queue: str, tiers: list[str]) -> int:
+        """Dequeue from ``tiers`` as many items as the credits held for ``queue``, and publish them."""
+        credits = self._held[queue]
+        items = fair_queue.dequeue_many(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers,
+                                        limit=len(credits))
+        with execute_item.app.producer_or_acquire() as producer:
+            for item in items:
+                credit = credits.pop()
+                try:
+                    self._publish(item, credit, producer)
+                except Exception:
+                    # The items stay leased and come back after their lease; the credits now.
+                    free_credits(queue, [credit], signal=False)
+                    raise
+        return len(items)
 
     def _idle(self) -> None:
         """Sleep until something may be dispatchable: a freed credit, new work, or a due timer."""

@@ -202,7 +202,8 @@ class Dequeued:
     ``waited_ms`` is how long it was due before this dispatch; ``attempt`` counts
     its deliveries (1 the first time). ``delivery`` is this delivery's token,
     unique per tenant: pass it to ack/nack/extend_lease so that a worker whose
-    lease ended cannot touch a later delivery of the same item.
+    lease ended cannot touch a later delivery of the same item. ``lease_until_ms``
+    is when its lease ends (Unix ms, Redis's clock) unless extended.
     """
 
     tenant_id: str
@@ -213,6 +214,7 @@ class Dequeued:
     waited_ms: int
     attempt: int
     delivery: int
+    lease_until_ms: int
 
 
 @dataclass(frozen=True)
@@ -318,16 +320,17 @@ def global_key(name: str, *, shard: int = 0) -> str:
     return global_redis_key("fq", name, shard=shard)
 
 
-def _run(name: str, keys: list[str], args: Sequence[Any]) -> Any:
-    return scripts.run(name, keys, list(args), libraries=_LIBRARIES)
+def _run(name: str, keys: list[str], args: Sequence[Any], client: Any = None) -> Any:
+    return scripts.run(name, keys, list(args), libraries=_LIBRARIES, client=client)
 
 
-def _tenant_call(name: str, tenant: Tenant, *args: Any) -> Any:
+def _tenant_call(name: str, tenant: Tenant, *args: Any, client: Any = None) -> Any:
     tenant_id = str(tenant.pk)
     return _run(
         name,
         [redis_key("fq", "items", tenant=tenant)],
         [*_header(shard_of(tenant_id)), tenant_id, *args],
+        client,
     )
 
 
@@ -488,9 +491,19 @@ def dequeue(*, shard: int = 0, lease_ms: int, tiers: Sequence[str] | None = None
     few more calls. Dispatcher side: raises ``TenantScopeError`` inside a
     customer tenant's context.
     """
+    items = dequeue_many(shard=shard, lease_ms=lease_ms, tiers=tiers, limit=1)
+    return items[0] if items else None
+
+
+def dequeue_many(
+    *, shard: int = 0, lease_ms: int, tiers: Sequence[str] | None = None, limit: int
+) -> list[Dequeued]:
+    """Up to ``limit`` items of the shard, in the order ``limit`` calls of ``dequeue`` would
+    give them, in one round trip (a few more after a mass wake-up); see ``dequeue``."""
     _dispatcher_side()
     shard = _check_shard(shard)
     _at_least("lease_ms", lease_ms, 1)
+    _at_least("limit", limit, 1)
     if tiers is None:
         wanted = list(TIERS)
     else:
@@ -498,25 +511,27 @@ def dequeue(*, shard: int = 0, lease_ms: int, tiers: Sequence[str] | None = None
         if unknown or not tiers:
             raise ValueError(f"tiers are a non-empty subset of {list(TIERS)}, not {list(tiers)!r}")
         wanted = [tier for tier in TIERS if tier in tiers]
-    args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, *wanted]
+    items: list[Dequeued] = []
     for _ in range(_MAX_CALLS):
-        result = _run("fq_dequeue", [global_key("timers", shard=shard)], args)
-        if result is None:
-            return None
-        if len(result) == 1:
-            continue
-        tenant_id, item_id, tier, partition, payload, waited, attempt, delivery = result
-        return Dequeued(
-            tenant_id=_text(tenant_id),
-            item_id=_text(item_id),
-            tier=_text(tier),
-            partition=_text(partition),
-            payload=json.loads(payload),
-            waited_ms=int(waited),
-            attempt=int(attempt),
-            delivery=int(delivery),
-        )
-    return None
+        args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit - len(items), *wanted]
+        status, *found = _run("fq_dequeue", [global_key("timers", shard=shard)], args)
+        items += [
+            Dequeued(
+                tenant_id=_text(tenant_id),
+                item_id=_text(item_id),
+                tier=_text(tier),
+                partition=_text(partition),
+                payload=json.loads(payload),
+                waited_ms=int(waited),
+                attempt=int(attempt),
+                delivery=int(delivery),
+                lease_until_ms=int(lease_until),
+            )
+            for tenant_id, item_id, tier, partition, payload, waited, attempt, delivery, lease_until in found
+        ]
+        if _text(status) != "again" or len(items) >= limit:
+            break
+    return items
 
 
 def ack(item_id: str, *, delivery: int | None = None, tenant: Tenant | None = None) -> bool:
@@ -528,6 +543,11 @@ def ack(item_id: str, *, delivery: int | None = None, tenant: Tenant | None = No
     atomic. Raises ``TenantScopeError`` without a tenant.
     """
     return bool(_tenant_call("fq_ack", _tenant(tenant), item_id, _delivery(delivery)) == 1)
+
+
+def queue_ack(pipeline: Any, item_id: str, *, delivery: int | None, tenant: Tenant) -> None:
+    """``ack`` queued on a Redis ``pipeline``: its reply in ``execute()`` is 1 when it acked."""
+    _tenant_call("fq_ack", tenant, item_id, _delivery(delivery), client=pipeline)
 
 
 def nack(

@@ -28,6 +28,9 @@ def script(name: str, *libraries: str) -> Any:
     return get_redis().register_script(body)
 
 
-def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ...] = ()) -> Any:
-    """Run a script in one round trip (redis-py reloads it if the server lost it)."""
-    return script(name, *libraries)(keys=keys, args=args, client=get_redis())
+def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ...] = (), client: Any = None) -> Any:
+    """Run a script in one round trip (redis-py reloads it if the server lost it).
+
+    ``client`` may be a pipeline: the call is then queued, and its result is the pipeline's.
+    """
+    return script(name, *libraries)(keys=keys, args=args, client=client if client is not None else get_redis())

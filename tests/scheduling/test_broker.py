@@ -151,12 +151,15 @@ def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_contex
 ):
     a, _ = make_tenant("broker-a")
     b, _ = make_tenant("broker-b")
+    suspended, _ = make_tenant("broker-suspended")
     concurrency = 2
-    celery_worker(*HANDLERS, concurrency=concurrency)
+    worker = celery_worker(*HANDLERS, concurrency=concurrency)
     owner = {}
     for tenant in (a, b):
         for item_id in enqueue(tenant, 8, kind="test.sleep", partitions=4, prefix=f"{tenant.slug}-", ms=100):
             owner[item_id] = str(tenant.pk)
+    services.tenant_set_status(tenant=suspended, status=Tenant.Status.SUSPENDED)
+    enqueue(suspended, 2, kind="test.ran", partitions=2, prefix="held-")
 
     samples: list[tuple[int, int, int]] = []
     with dispatching(count=2):
@@ -167,6 +170,8 @@ def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_contex
             return len(events(redis_client, "end")) == len(owner)
 
         wait_for(all_finished, timeout=60, every=0.02, what="every item to finish")
+        wait_for(lambda: worker.output().count("item_held_tenant_suspended") == 2, timeout=10,
+                 what="the suspended tenant's items to be held")
         wait_for(lambda: broker.busy(WORK_QUEUE) == 0, timeout=10, what="the credits to come back")
 
     starts = events(redis_client, "start")
@@ -190,6 +195,11 @@ def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_contex
     assert max(unstarted for _, unstarted, _ in samples) <= concurrency + BUFFER
     assert max(queued for _, _, queued in samples) <= concurrency + BUFFER
     assert_drained(a, b)
+    # A suspended tenant's items did not run: they wait again (later), holding no slot.
+    assert not [r for r in starts if r["tenant"] == str(suspended.pk)]
+    held = fq.stats(suspended)
+    assert (held.backlog, held.in_flight, held.due) == (2, 0, 0)
+    assert capacity.tenant_in_flight(tenant=suspended) == 0
 
 
 @pytest.mark.worker

@@ -101,6 +101,35 @@ def test_backlogged_tenants_share_dispatches_in_proportion_to_their_weights(tena
         assert share == pytest.approx(w / 7, abs=0.01), counts
 
 
+def test_dequeue_many_hands_out_what_as_many_dequeues_would_and_stops_at_its_limit(
+    tenant_with, queue, redis_client
+):
+    tenants = [tenant_with(f"many{w}", weight=w) for w in (1, 3)]
+
+    def refill() -> None:
+        redis_client.flushdb()
+        for n, tenant in enumerate(tenants):
+            fill(tenant, partitions=30, per_partition=1, prefix=f"m{n}-")
+
+    refill()
+    one_by_one = [(item.tenant_id, item.item_id) for item in queue.serve(20, ack=False)]
+    refill()
+    before = redis_now_ms(redis_client)
+
+    batch = fq.dequeue_many(lease_ms=LEASE_MS, limit=20)
+
+    assert len(batch) == 20
+    assert [(item.tenant_id, item.item_id) for item in batch] == one_by_one
+    assert len({(item.tenant_id, item.delivery) for item in batch}) == 20
+    assert all(before + LEASE_MS <= item.lease_until_ms <= redis_now_ms(redis_client) + LEASE_MS for item in batch)
+    rest = fq.dequeue_many(lease_ms=LEASE_MS, limit=100)
+    assert len(rest) == 40
+    assert not {item.item_id for item in rest} & {item.item_id for item in batch}
+    assert fq.dequeue_many(lease_ms=LEASE_MS, limit=100) == []
+    with pytest.raises(ValueError, match="limit"):
+        fq.dequeue_many(lease_ms=LEASE_MS, limit=0)
+
+
 def test_partition_count_attack_5000_partitions_buy_no_more_than_3(tenant_with, queue):
     attacker, modest = tenant_with("attacker"), tenant_with("modest")
     started = time.monotonic()
