@@ -6,24 +6,31 @@ result is cached under the tenant's cache key and invalidated when the plan,
 the tenant's plan choice, or one of its overrides changes (signals below, so
 admin edits invalidate too). A plan edit bumps a global plan version, which is
 part of every tenant's cache key.
+
+Each process also keeps what it read for ``LOCAL_TTL_S``: the hot paths (enqueue,
+tick, step) read the limits several times per item. A change is seen at once
+by the process that made it, and by every other within ``LOCAL_TTL_S``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import TTLCache
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from tenants.keys import global_key, tenant_key
+from tenants.keys import global_key, refuse_foreign, tenant_key
 from tenants.models import Plan, Tenant, TenantEntitlementOverride
 
 CACHE_TTL_S = 300
+LOCAL_TTL_S = 2.0
 _PLAN_VERSION_KEY = global_key("plans", "version")
 
 
@@ -124,21 +131,44 @@ def resolve(tenant: Tenant) -> Entitlements:
     return Entitlements(plan=plan.slug, overridden=tuple(sorted(applied)), **values)
 
 
+_local: TTLCache[str, Entitlements] = TTLCache(maxsize=10_000, ttl=LOCAL_TTL_S)
+_local_lock = threading.Lock()
+
+
 def effective_entitlements(tenant: Tenant) -> Entitlements:
-    """The tenant's effective limits. Cached per tenant; at most two cache round trips."""
-    key = _cache_key(tenant)
-    found = cache.get(key)
-    if isinstance(found, Entitlements):
+    """The tenant's effective limits. Cached per tenant: in this process for ``LOCAL_TTL_S``,
+    else at most two cache round trips."""
+    local_key = tenant_key("entitlements", tenant=tenant)
+    refuse_foreign(local_key)  # like the shared cache: not another tenant's inside a tenant context
+    with _local_lock:
+        found = _local.get(local_key)
+    if found is not None:
         return found
-    resolved = resolve(tenant)
-    cache.set(key, resolved, CACHE_TTL_S)
+    key = _cache_key(tenant)
+    cached = cache.get(key)
+    if isinstance(cached, Entitlements):
+        resolved = cached
+    else:
+        resolved = resolve(tenant)
+        cache.set(key, resolved, CACHE_TTL_S)
+    with _local_lock:
+        _local[local_key] = resolved
     return resolved
+
+
+def _forget_local(tenant: Tenant | None = None) -> None:
+    with _local_lock:
+        if tenant is None:
+            _local.clear()
+        else:
+            _local.pop(tenant_key("entitlements", tenant=tenant), None)
 
 
 def invalidate_tenant(tenant: Tenant) -> None:
     """Drop a tenant's cached limits now and again after the surrounding commit."""
 
     def drop() -> None:
+        _forget_local(tenant)
         cache.delete(_cache_key(tenant))
         from tenants.usage import clear_quota_flag
 
@@ -152,6 +182,7 @@ def invalidate_all_plans() -> None:
     """A plan changed: every tenant's cached limits become stale (global version bump)."""
 
     def bump() -> None:
+        _forget_local()
         try:
             cache.incr(_PLAN_VERSION_KEY)
         except ValueError:

@@ -87,8 +87,9 @@ def global_redis_key(*parts: Any, shard: int = 0) -> str:
     return f"{shard_tag(shard)}:{GLOBAL_PREFIX}{_join(parts)}"
 
 
-def _refuse_foreign(key: str) -> None:
-    """A prebuilt tenant key used inside another tenant's context is refused."""
+def refuse_foreign(key: str) -> None:
+    """A prebuilt tenant key used inside another tenant's context is refused (also for
+    process-local caches keyed by ``tenant_key``)."""
     tenant = peek_tenant()
     if tenant is not None and not key.startswith(f"t:{tenant.pk}:"):
         raise TenantScopeError("cache key of another tenant used inside a tenant context")
@@ -102,7 +103,7 @@ def cache_key_function(key: str, key_prefix: str, version: int) -> str:
     current tenant, and raises ``TenantScopeError`` outside a tenant.
     """
     if key.startswith("t:"):
-        _refuse_foreign(key)
+        refuse_foreign(key)
     elif not key.startswith(GLOBAL_PREFIX):
         key = tenant_key(key)
     prefix = f"{key_prefix}:" if key_prefix else ""
