@@ -230,16 +230,16 @@ def mark_running(queue: str, credits: list[str], lease_s: float) -> None:
         scripts.run("broker_mark", keys, ["run", lease_s, *credits])
 
 
-def free_credits(queue: str, credits: list[str], *, signal: bool = True, client: Any = None) -> None:
+def free_credits(queue: str, credits: list[str], *, signal: bool = True, batch: scripts.Batch | None = None) -> None:
     """Give credits back (task finished, or credit unused). One round trip, idempotent.
 
     ``signal`` wakes a dispatcher waiting for credits; a dispatcher giving back
-    what it did not use passes False (it would only wake itself). ``client`` may
-    be a pipeline to queue the call on.
+    what it did not use passes False (it would only wake itself). With ``batch``,
+    the call is only queued on it.
     """
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits], client=client)
+        scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits], batch=batch)
 
 
 def wait_for_credit(*, timeout_s: float) -> bool:
@@ -331,19 +331,19 @@ class _LeaseKeeper:
         self._changed.set()
 
     def flush(self) -> None:
-        """Send the pending acks, then free the pending credits: one pipeline, from the calling thread."""
+        """Send the pending acks, then free the pending credits: one round trip, from the calling thread."""
         with self._lock:
             acks, self._acks = self._acks, []
             frees, self._frees = self._frees, {}
         if not acks and not frees:
             return
+        batch = scripts.Batch()
         try:
-            with get_redis().pipeline(transaction=False) as pipe:
-                for tenant, item_id, delivery in acks:
-                    fair_queue.queue_ack(pipe, item_id, delivery=delivery, tenant=tenant)
-                for queue, credits in frees.items():
-                    free_credits(queue, credits, client=pipe)
-                replies = pipe.execute(raise_on_error=False)
+            for tenant, item_id, delivery in acks:
+                fair_queue.queue_ack(batch, item_id, delivery=delivery, tenant=tenant)
+            for queue, credits in frees.items():
+                free_credits(queue, credits, batch=batch)
+            replies = batch.execute()
         except Exception:
             # Redis away: those items run again after their leases; the credits age out.
             log.exception("item_ack_failed", acks=len(acks), credits=sum(map(len, frees.values())))
@@ -546,9 +546,9 @@ class Dispatcher:
         """Dispatch as many due items as the credits allow. Returns how many.
 
         Credits of both queues are taken in one call (which also gives back the
-        ones held since the last round). Per shard, the system tier goes first,
-        with the system credits, then the customer tiers with the work credits:
-        one dequeue call each for all the items its credits allow.
+        ones held since the last round). Per shard, one round trip dequeues the
+        system tier with the system credits, then the customer tiers with the
+        work credits, as many items as the credits allow.
         """
         self._reap()
         held = self._held
@@ -556,20 +556,23 @@ class Dispatcher:
         self._held = reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
         no_system_credit = not self._held[SYSTEM_QUEUE]
         dispatched = 0
-        for shard in self.shards:
-            for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS)):
-                if self._held[queue]:
-                    dispatched += self._dispatch(shard, queue, tiers)
+        groups = [(queue, tiers) for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS))
+                  if self._held[queue]]
+        if groups:
+            for shard in self.shards:
+                batches = fair_queue.dequeue_batches(
+                    shard=shard, lease_ms=settings.DUCTOR_LEASE_MS,
+                    batches=[(tiers, len(self._held[queue])) for queue, tiers in groups])
+                for (queue, _), items in zip(groups, batches, strict=True):
+                    dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.
         self._starved = no_system_credit or not self._held[WORK_QUEUE]
         self.dispatched += dispatched
         return dispatched
 
-    def _dispatch(self, shard: int, queue: str, tiers: list[str]) -> int:
-        """Dequeue from ``tiers`` as many items as the credits held for ``queue``, and publish them."""
+    def _publish_all(self, queue: str, items: list[fair_queue.Dequeued]) -> int:
+        """Publish ``items``, each with one of the credits held for ``queue``."""
         credits = self._held[queue]
-        items = fair_queue.dequeue_many(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers,
-                                        limit=len(credits))
         with execute_item.app.producer_or_acquire() as producer:
             for item in items:
                 credit = credits.pop()

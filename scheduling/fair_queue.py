@@ -320,17 +320,17 @@ def global_key(name: str, *, shard: int = 0) -> str:
     return global_redis_key("fq", name, shard=shard)
 
 
-def _run(name: str, keys: list[str], args: Sequence[Any], client: Any = None) -> Any:
-    return scripts.run(name, keys, list(args), libraries=_LIBRARIES, client=client)
+def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None) -> Any:
+    return scripts.run(name, keys, list(args), libraries=_LIBRARIES, batch=batch)
 
 
-def _tenant_call(name: str, tenant: Tenant, *args: Any, client: Any = None) -> Any:
+def _tenant_call(name: str, tenant: Tenant, *args: Any, batch: scripts.Batch | None = None) -> Any:
     tenant_id = str(tenant.pk)
     return _run(
         name,
         [redis_key("fq", "items", tenant=tenant)],
         [*_header(shard_of(tenant_id)), tenant_id, *args],
-        client,
+        batch,
     )
 
 
@@ -500,38 +500,64 @@ def dequeue_many(
 ) -> list[Dequeued]:
     """Up to ``limit`` items of the shard, in the order ``limit`` calls of ``dequeue`` would
     give them, in one round trip (a few more after a mass wake-up); see ``dequeue``."""
+    return dequeue_batches(shard=shard, lease_ms=lease_ms, batches=[(tiers, limit)])[0]
+
+
+def dequeue_batches(
+    *, shard: int = 0, lease_ms: int, batches: Sequence[tuple[Sequence[str] | None, int]]
+) -> list[list[Dequeued]]:
+    """``dequeue_many(tiers=..., limit=...)`` for each ``(tiers, limit)`` of ``batches``, one
+    after the other, all in one round trip: a dispatcher takes the system tier with its
+    system credits, then the customer tiers with its work credits."""
     _dispatcher_side()
     shard = _check_shard(shard)
     _at_least("lease_ms", lease_ms, 1)
-    _at_least("limit", limit, 1)
-    if tiers is None:
-        wanted = list(TIERS)
-    else:
-        unknown = set(tiers) - set(TIERS)
-        if unknown or not tiers:
-            raise ValueError(f"tiers are a non-empty subset of {list(TIERS)}, not {list(tiers)!r}")
-        wanted = [tier for tier in TIERS if tier in tiers]
-    items: list[Dequeued] = []
+    wanted = [(_tiers(tiers), _at_least("limit", limit, 1)) for tiers, limit in batches]
+    results: list[list[Dequeued]] = [[] for _ in wanted]
+    pending = list(range(len(wanted)))
     for _ in range(_MAX_CALLS):
-        args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit - len(items), *wanted]
-        status, *found = _run("fq_dequeue", [global_key("timers", shard=shard)], args)
-        items += [
-            Dequeued(
-                tenant_id=_text(tenant_id),
-                item_id=_text(item_id),
-                tier=_text(tier),
-                partition=_text(partition),
-                payload=json.loads(payload),
-                waited_ms=int(waited),
-                attempt=int(attempt),
-                delivery=int(delivery),
-                lease_until_ms=int(lease_until),
-            )
-            for tenant_id, item_id, tier, partition, payload, waited, attempt, delivery, lease_until in found
-        ]
-        if _text(status) != "again" or len(items) >= limit:
+        if not pending:
             break
-    return items
+        batch = scripts.Batch()
+        for i in pending:
+            tiers, limit = wanted[i]
+            args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit - len(results[i]), *tiers]
+            _run("fq_dequeue", [global_key("timers", shard=shard)], args, batch)
+        again = []
+        for i, reply in zip(pending, batch.execute(), strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            status, *found = reply
+            results[i] += [_dequeued(row) for row in found]
+            if _text(status) == "again" and len(results[i]) < wanted[i][1]:
+                again.append(i)
+        pending = again
+    return results
+
+
+def _tiers(tiers: Sequence[str] | None) -> list[str]:
+    """``tiers`` in priority order (every tier when None); a ValueError for unknown ones."""
+    if tiers is None:
+        return list(TIERS)
+    unknown = set(tiers) - set(TIERS)
+    if unknown or not tiers:
+        raise ValueError(f"tiers are a non-empty subset of {list(TIERS)}, not {list(tiers)!r}")
+    return [tier for tier in TIERS if tier in tiers]
+
+
+def _dequeued(row: Sequence[Any]) -> Dequeued:
+    tenant_id, item_id, tier, partition, payload, waited, attempt, delivery, lease_until = row
+    return Dequeued(
+        tenant_id=_text(tenant_id),
+        item_id=_text(item_id),
+        tier=_text(tier),
+        partition=_text(partition),
+        payload=json.loads(payload),
+        waited_ms=int(waited),
+        attempt=int(attempt),
+        delivery=int(delivery),
+        lease_until_ms=int(lease_until),
+    )
 
 
 def ack(item_id: str, *, delivery: int | None = None, tenant: Tenant | None = None) -> bool:
@@ -545,9 +571,9 @@ def ack(item_id: str, *, delivery: int | None = None, tenant: Tenant | None = No
     return bool(_tenant_call("fq_ack", _tenant(tenant), item_id, _delivery(delivery)) == 1)
 
 
-def queue_ack(pipeline: Any, item_id: str, *, delivery: int | None, tenant: Tenant) -> None:
-    """``ack`` queued on a Redis ``pipeline``: its reply in ``execute()`` is 1 when it acked."""
-    _tenant_call("fq_ack", tenant, item_id, _delivery(delivery), client=pipeline)
+def queue_ack(batch: scripts.Batch, item_id: str, *, delivery: int | None, tenant: Tenant) -> None:
+    """``ack`` queued on a script ``batch``: its reply in ``batch.execute()`` is 1 when it acked."""
+    _tenant_call("fq_ack", tenant, item_id, _delivery(delivery), batch=batch)
 
 
 def nack(

@@ -10,6 +10,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from ductor_project.redis import get_redis
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
@@ -28,9 +30,50 @@ def script(name: str, *libraries: str) -> Any:
     return get_redis().register_script(body)
 
 
-def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ...] = (), client: Any = None) -> Any:
+def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ...] = (),
+        batch: Batch | None = None) -> Any:
     """Run a script in one round trip (redis-py reloads it if the server lost it).
 
-    ``client`` may be a pipeline: the call is then queued, and its result is the pipeline's.
+    With ``batch``, the call is only queued on it; its reply comes from ``batch.execute()``.
     """
-    return script(name, *libraries)(keys=keys, args=args, client=client if client is not None else get_redis())
+    if batch is not None:
+        batch.add(script(name, *libraries), keys, args)
+        return None
+    return script(name, *libraries)(keys=keys, args=args, client=get_redis())
+
+
+class Batch:
+    """Script calls sent together in one round trip, in order; each is atomic, the batch is not.
+
+    Unlike redis-py's pipelined scripts, it does not ask ``SCRIPT EXISTS`` first (a
+    round trip more): a call the server does not know the script of is sent
+    again, in order, after loading it.
+    """
+
+    def __init__(self) -> None:
+        self._calls: list[tuple[Any, list[str], list[Any]]] = []
+
+    def add(self, registered: Any, keys: list[str], args: list[Any]) -> None:
+        self._calls.append((registered, keys, args))
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def execute(self) -> list[Any]:
+        """The replies, in order; a call that failed has its exception in its place."""
+        replies = self._send(self._calls)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            for registered in {id(self._calls[i][0]): self._calls[i][0] for i in missing}.values():
+                registered.sha = get_redis().script_load(registered.script)
+            for i, reply in zip(missing, self._send([self._calls[i] for i in missing]), strict=True):
+                replies[i] = reply
+        self._calls = []
+        return replies
+
+    @staticmethod
+    def _send(calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+        with get_redis().pipeline(transaction=False) as pipe:
+            for registered, keys, args in calls:
+                pipe.evalsha(registered.sha, len(keys), *keys, *args)
+            return list(pipe.execute(raise_on_error=False))
