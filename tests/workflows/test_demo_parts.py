@@ -48,6 +48,26 @@ def test_a_tenant_alone_with_work_is_not_counted_as_competing():
     assert shares["a"].ratio is None
 
 
+def test_bucket_shares_add_up_to_one_and_owe_each_backlogged_tenant_its_weight():
+    # 0-10 s: heavy (3) and light (1) both backlogged, heavy gets 3 of every 4; 10-20 s: light alone.
+    data = {"heavy": metrics.TenantData(), "light": metrics.TenantData()}
+    for i in range(40):
+        data["heavy" if i % 4 else "light"].items.append((0.0, 0.1 + i * 0.25))
+    data["heavy"].items.append((0.0, 9.99))  # its last item: backlogged until then
+    data["light"].items.extend((0.0, 10.0 + i * 0.5) for i in range(20))
+    got, fair = metrics.shares_per_bucket(data, {"heavy": 3, "light": 1}, until=20.0, bucket_s=10.0)
+    assert got["heavy"][0] == pytest.approx(31 / 41)
+    assert fair["heavy"][0] == pytest.approx(0.75)
+    assert fair["light"][0] == pytest.approx(0.25)
+    assert got["light"][1] == fair["light"][1] == 1.0
+    assert got["heavy"][1] == fair["heavy"][1] == 0.0
+    for bucket in (0, 1):
+        assert sum(got[s][bucket] or 0 for s in data) == pytest.approx(1.0)
+        assert sum(fair[s][bucket] or 0 for s in data) == pytest.approx(1.0)
+    _, empty = metrics.shares_per_bucket(data, {"heavy": 3, "light": 1}, until=30.0, bucket_s=10.0)
+    assert empty["light"][2] is None
+
+
 def test_the_dispatch_log_reads_only_new_complete_lines_of_known_tenants(tmp_path: Path):
     log = tmp_path / "dispatcher-1.log"
     log.write_text(json.dumps({"event": "dispatched", "tenant_id": "t1", "waited_ms": 5,

@@ -1,7 +1,9 @@
-"""The demo's PNG: per-tenant throughput over time (stacked), and the waiting time of steps (matplotlib, Agg)."""
+"""The demo's PNG (matplotlib, Agg): per-tenant throughput over time, each tenant's share of the dispatches
+against its weighted-fair share, and the waiting time of the dispatched items."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,44 +16,79 @@ def write_chart(
     labels: Mapping[str, str],
     times: Sequence[float],
     dispatches_per_s: Mapping[str, Sequence[float]],
+    share: Mapping[str, Sequence[float | None]],
+    fair: Mapping[str, Sequence[float | None]],
     waits_ms: Mapping[str, Sequence[float | None]],
     markers: Sequence[tuple[float, str]],
+    drain_from: float | None,
+    end: float,
     subtitle: str,
+    headline: str,
 ) -> Path:
-    """Draw both panels and save the PNG at ``path``; returns it."""
+    """Draw the three panels and save the PNG at ``path``; returns it.
+
+    ``share`` and ``fair`` are fractions per bucket (``metrics.shares_per_bucket``), stacked in
+    the order of ``dispatches_per_s``; ``markers`` are events (seconds, label), and from
+    ``drain_from`` on no new work came but the flood's.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True, height_ratios=(3, 2))
-    fig.suptitle("Ductor demo: per-tenant throughput under a noisy neighbour", fontsize=14, fontweight="bold",
-                 y=0.99)
-    top.set_title(subtitle, fontsize=9, color="#444444")
     slugs = list(dispatches_per_s)
-    top.stackplot(times, *(dispatches_per_s[s] for s in slugs), labels=[labels[s] for s in slugs],
-                  colors=[COLORS.get(s, "#888888") for s in slugs], alpha=0.85)
+    colors = [COLORS.get(s, "#888888") for s in slugs]
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(12, 11), sharex=True, height_ratios=(3, 2.6, 2))
+    fig.suptitle("Ductor demo: weighted fair sharing under a noisy neighbour", fontsize=15, fontweight="bold",
+                 y=0.995)
+    fig.text(0.5, 0.962, headline, ha="center", fontsize=10)
+    fig.text(0.5, 0.945, subtitle, ha="center", fontsize=8.5, color="#555555")
+
+    top.stackplot(times, *(dispatches_per_s[s] for s in slugs), labels=[labels[s] for s in slugs], colors=colors,
+                  alpha=0.85)
     top.set_ylabel("dispatches per second, stacked\n(run ticks and steps)")
-    top.set_ylim(bottom=0)
+    top.set_title("Throughput per tenant", fontsize=9.5, loc="left")
+    top.set_ylim(0, max((sum(v) for v in zip(*dispatches_per_s.values(), strict=True)), default=1) * 1.32)
     top.grid(alpha=0.3)
-    for slug, waits in waits_ms.items():
-        points = [(t, w) for t, w in zip(times, waits, strict=True) if w is not None]
+
+    percent = {s: [100 * (v or 0.0) for v in share[s]] for s in slugs}
+    middle.stackplot(times, *(percent[s] for s in slugs), colors=colors, alpha=0.75)
+    below = [0.0] * len(times)
+    for slug in slugs[:-1]:  # the last boundary is 100%
+        below = [b + 100 * (f if f is not None else math.nan) for b, f in zip(below, fair[slug], strict=True)]
+        middle.plot(times, below, color="black", linestyle=(0, (4, 2)), linewidth=1.3)
+    middle.set_ylim(0, 100)
+    middle.set_ylabel("share of the dispatches\n(%, stacked)")
+    middle.set_title("Each tenant's share of the dispatches (bands) against its weighted-fair share (dashed: "
+                     "weight ÷ Σ weights of the tenants with work waiting)", fontsize=9.5, loc="left")
+    middle.grid(alpha=0.3)
+
+    for slug, color in zip(slugs, colors, strict=True):
+        points = [(t, w) for t, w in zip(times, waits_ms[slug], strict=True) if w is not None]
         if points:
             bottom.plot([t for t, _ in points], [max(w, 1.0) for _, w in points], marker="o", markersize=3,
-                        label=labels[slug], color=COLORS.get(slug), linewidth=1.5)
+                        color=color, linewidth=1.5)
     bottom.set_yscale("log")
     bottom.set_ylabel("median wait, due → dispatched\n(ms, log scale)")
+    bottom.set_title("How long each tenant's due work waited for a worker", fontsize=9.5, loc="left")
     bottom.set_xlabel("seconds since the workload started")
     bottom.grid(alpha=0.3, which="both")
-    for axis in (top, bottom):
+    bottom.set_xlim(0, end)
+
+    for axis in (top, middle, bottom):
+        if drain_from is not None:
+            axis.axvspan(drain_from, end, color="#000000", alpha=0.06, linewidth=0)
         for at, _ in markers:
-            axis.axvline(at, color="#777777", linestyle="--", linewidth=1)
-    for index, (at, text) in enumerate(markers):
-        top.annotate(text, xy=(at, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * index),
-                     textcoords="offset points", fontsize=8, color="#333333")
+            axis.axvline(at, color="#555555", linestyle="--", linewidth=1)
+    for index, (at, text) in enumerate(sorted(markers)):
+        right = at > 0.6 * end  # late labels go left of their line, so that they stay inside the panel
+        top.annotate(text, xy=(at, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(-3 if right else 3, -12 - 11 * (index % 3)), textcoords="offset points",
+                     ha="right" if right else "left", fontsize=8.5, color="#222222",
+                     bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     handles, names = top.get_legend_handles_labels()
     fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=9, frameon=False,
-               bbox_to_anchor=(0.5, 0.945))
+               bbox_to_anchor=(0.5, 0.94))
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -193,8 +193,8 @@ class Share:
         return self.got / self.owed if self.owed else None
 
 
-def shares(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float) -> dict[str, Share]:
-    """Each tenant's dispatches against its weighted share, while it was backlogged (module doc)."""
+def _dispatch_walk(data: Mapping[str, TenantData], until: float) -> Iterator[tuple[float, str, list[str]]]:
+    """Each dispatch up to ``until``, in time order: (when, to whom, the tenants backlogged just before it)."""
     events: list[tuple[float, int, str]] = []  # (time, 0 due | 1 dispatched, tenant)
     for slug, row in data.items():
         for due, dispatched in row.items:
@@ -205,22 +205,54 @@ def shares(data: Mapping[str, TenantData], weights: Mapping[str, int], until: fl
                 events.append((dispatched, 1, slug))
     events.sort()
     waiting: dict[str, int] = defaultdict(int)
-    got: dict[str, int] = defaultdict(int)
-    contested: dict[str, int] = defaultdict(int)
-    owed: dict[str, float] = defaultdict(float)
-    for _, kind, slug in events:
+    for at, kind, slug in events:
         if kind == 0:
             waiting[slug] += 1
             continue
-        backlogged = [s for s, n in waiting.items() if n > 0]
+        yield at, slug, [s for s, n in waiting.items() if n > 0]
+        waiting[slug] -= 1
+
+
+def shares(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float) -> dict[str, Share]:
+    """Each tenant's dispatches against its weighted share, while it was backlogged (module doc)."""
+    got: dict[str, int] = defaultdict(int)
+    contested: dict[str, int] = defaultdict(int)
+    owed: dict[str, float] = defaultdict(float)
+    for _, slug, backlogged in _dispatch_walk(data, until):
         if len(backlogged) > 1:
             total = sum(weights[s] for s in backlogged)
             for s in backlogged:
                 contested[s] += 1
                 owed[s] += weights[s] / total
             got[slug] += 1
-        waiting[slug] -= 1
     return {slug: Share(got[slug], contested[slug], owed[slug]) for slug in data}
+
+
+def shares_per_bucket(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float,
+                      bucket_s: float) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
+    """Per tenant and bucket: its fraction of the bucket's dispatches, and its weighted-fair fraction of them.
+
+    The fair fraction of a dispatch is ``weight / sum of the backlogged tenants' weights`` for each
+    backlogged tenant (a tenant alone with work is owed all of it), so both add up to 1 over the
+    tenants in every bucket with a dispatch; None for a bucket without one.
+    """
+    buckets = max(1, math.ceil(until / bucket_s))
+    count = [0] * buckets
+    got = {slug: [0.0] * buckets for slug in data}
+    owed = {slug: [0.0] * buckets for slug in data}
+    for at, slug, backlogged in _dispatch_walk(data, until):
+        index = min(max(int(at // bucket_s), 0), buckets - 1)
+        count[index] += 1
+        got[slug][index] += 1
+        total = sum(weights[s] for s in backlogged)
+        for s in backlogged:
+            owed[s][index] += weights[s] / total
+
+    def fractions(values: list[float]) -> list[float | None]:
+        return [value / n if n else None for value, n in zip(values, count, strict=True)]
+
+    return ({slug: fractions(row) for slug, row in got.items()},
+            {slug: fractions(row) for slug, row in owed.items()})
 
 
 def per_bucket(data: Mapping[str, TenantData], until: float,

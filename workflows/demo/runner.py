@@ -34,6 +34,8 @@ from workflows.demo.view import DemoView, Row, fmt_ms
 
 WORKERS, WORKER_CONCURRENCY, DISPATCHERS, WEB_WORKERS = 1, 4, 1, 2
 WORKLOAD_CAP_S = 100.0  # the workload window ends here even if the normal tenants' runs are not all done
+# Once the others are done, the window stays open this long: the flood gets the whole machine.
+FLOOD_ALONE_S = 4.0
 READY_TIMEOUT_S = 90.0
 QUEUE_EVERY_S = 3.0
 STOP_GRACE_S = 3.0  # the scratch database is dropped afterwards: a child cut short loses nothing
@@ -165,7 +167,8 @@ def _print_setup(console: Console, setup: scenario.Setup) -> None:
 
 def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, Tenant],
            log: metrics.DispatchLog, weights: dict[str, int], base: str, keys: dict[str, str]) -> None:
-    """Run the workload with the live view until the normal tenants' and the latecomer's runs are done."""
+    """Run the workload with the live view until ``FLOOD_ALONE_S`` after the normal tenants' and the
+    latecomer's runs are all done (or the time cap)."""
     apis = {slug: Api(base, key) for slug, key in keys.items()}
     labels = {t.slug: f"{t.plan} · w{weights[t.slug]}" for t in TENANTS}
     queues: dict[str, Any] = {}
@@ -173,6 +176,7 @@ def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, 
     start = time.monotonic()
     workload.start()
     flood_total = scenario.FLOOD_RUNS
+    others_done_at: float | None = None
     try:
         with view:
             while True:
@@ -191,14 +195,18 @@ def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, 
                 done = (workload.done_submitting() and flood.started >= flood_total
                         and all(s.finished == s.started for s in others))
                 view.update([Row(t.slug, labels[t.slug], snaps[t.slug], queues.get(t.slug)) for t in TENANTS],
-                            _status(workload, flood.started, flood_total))
+                            _status(workload, flood, flood_total))
                 if workload.errors:
                     for error in workload.errors:
                         view.note(f"[error] {error}")
                     break
-                if done:
-                    view.note("the normal tenants' and the latecomer's runs are all done; the flood is not, "
-                              "and that is the point")
+                if done and others_done_at is None:
+                    others_done_at = now
+                    workload.event("others done", f"the normal tenants' and the latecomer's runs are all done; "
+                                                  f"floodco has finished {flood.finished:,} of its "
+                                                  f"{flood.started:,} and now has the workers to itself")
+                if others_done_at is not None and now - others_done_at >= FLOOD_ALONE_S:
+                    view.note(f"floodco has finished {flood.finished:,} of its {flood.started:,} runs")
                     break
                 if now - start >= WORKLOAD_CAP_S:
                     view.note(f"time cap ({WORKLOAD_CAP_S:.0f} s) reached")
@@ -209,9 +217,16 @@ def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, 
             api.close()
 
 
-def _status(workload: Workload, flood_started: int, flood_total: int) -> str:
-    parts = [f"floodco: {flood_started:,} of {flood_total:,} runs queued or done"]
-    if workload.trickle_started_at is None:
+def _status(workload: Workload, flood: metrics.Live, flood_total: int) -> str:
+    if flood.started:
+        parts = [f"floodco: {flood.finished:,} of {flood_total:,} runs done"]
+    else:
+        parts = [f"floodco floods {scenario.FLOOD_AFTER_S:g} s in"]
+    if workload.elapsed() < scenario.FEED_FOR_S:
+        parts.append(f"acme, globex: queues topped up until {scenario.FEED_FOR_S:g} s")
+    else:
+        parts.append("acme, globex: no new work, draining")
+    if not workload.trickle_started:
         parts.append(f"latecomer arrives {scenario.TRICKLE_AFTER_S:g} s in")
     else:
         parts.append(f"latecomer: {workload.submitted.get('latecomer', 0)}/{scenario.TRICKLE_RUNS} runs started")
@@ -228,7 +243,7 @@ def _checks(base: str, keys: dict[str, str], workload: Workload, service: DemoSe
     def check(name: str, fn: Callable[[], tuple[bool, str]]) -> None:
         try:
             ok, detail = fn()
-        except (DemoApiError, httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        except (DemoApiError, httpx.HTTPError, KeyError, StopIteration, TypeError, ValueError) as exc:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         checks.append(Check(name, detail, ok))
 
@@ -299,8 +314,9 @@ def _checks(base: str, keys: dict[str, str], workload: Workload, service: DemoSe
     def flood() -> tuple[bool, str]:
         live = metrics.live(tenants["floodco"], [])
         wanted = scenario.FLOOD_RUNS
-        return live.started >= wanted, (f"floodco started {live.started:,} runs, each its own partition; "
-                                         f"{live.finished:,} finished during the demo")
+        ok = live.started >= wanted and live.finished > 0 and live.failed == 0
+        return ok, (f"floodco started {live.started:,} runs, each its own partition; {live.finished:,} "
+                    f"finished during the demo ({live.failed} failed): slowed to its share, not starved")
 
     def all_done() -> tuple[bool, str]:
         parts, ok = [], True
@@ -360,11 +376,13 @@ def _summary(console: Console, tenants: dict[str, Tenant], dispatches: list[metr
     for t in TENANTS:
         row, share = data[t.slug], shares[t.slug]
         done = [finished - created for created, finished in row.runs if finished is not None and finished <= until]
-        ratio = share.ratio
+        ratio = "-" if share.ratio is None else f"{share.ratio:.2f}"
+        if t.role == scenario.TRICKLE:  # never backlogged for long: served as it arrives (see below)
+            ratio = "[dim]trickle[/dim]"
         table.add_row(
             t.slug, f"{t.plan} ({weights[t.slug]})", f"{len(done):,}/{len(row.runs):,}",
             f"{share.got:,} of {share.contested:,}", _pct(share.share), _pct(share.fair),
-            "-" if ratio is None else f"{ratio:.2f}", fmt_ms(metrics.percentile(row.waits_ms, 50)),
+            ratio, fmt_ms(metrics.percentile(row.waits_ms, 50)),
             fmt_ms(metrics.percentile(row.waits_ms, 99)), _seconds(metrics.percentile(done, 50)),
         )
     console.print(table)
@@ -372,40 +390,46 @@ def _summary(console: Console, tenants: dict[str, Tenant], dispatches: list[metr
     counted = {slug: s.ratio for slug, s in shares.items()
                if s.ratio is not None and s.contested >= MIN_CONTESTED and slug not in trickle}
     index = metrics.jain(v for v in counted.values() if v is not None)
+    jain = "-" if index is None else f"{index:.3f}"
     console.print(
-        f"Jain's index of share ÷ fair over {', '.join(counted) or 'no tenant'}: "
-        f"[bold]{'-' if index is None else f'{index:.3f}'}[/bold] (1.0: each got the same fraction of its "
-        "weighted share). Dispatches are the fair queue's hand-outs (run ticks and steps); a tenant's share "
-        "counts those made while it and another tenant both had work waiting; waits run from due to dispatch. "
-        f"The trickle ({', '.join(trickle)}) has work waiting only for moments, and a tenant that has just "
-        "become active is served at once (within about one round of the others), so its figure is its wait, "
-        "not its share.", highlight=False)
+        f"Jain's index of share ÷ fair over {', '.join(counted) or 'no tenant'}: [bold]{jain}[/bold] (1.0: each "
+        "got the same fraction of its weighted share). Dispatches are the fair queue's hand-outs (run ticks and "
+        "steps); a tenant's share counts those made while it and another tenant both had work waiting; waits "
+        f"run from due to dispatch. The trickle ({', '.join(trickle)}) has work waiting only for moments, and a "
+        "tenant that has just become active is served at once (within about one round of the others), so it "
+        "gets more than its fair share of the few dispatches made while it waits: its figure is its wait.",
+        highlight=False)
     flood = data["floodco"]
-    left = sum(1 for _, finished in flood.runs if finished is None)
-    console.print(f"floodco queued {len(flood.runs):,} runs in as many partitions and got its share all along; "
-                  f"{left:,} were not finished when the window closed (a tenant's oldest work goes first, so the "
-                  "flood's runs all start before the first one finishes); they are dropped with the demo's "
-                  "scratch database.", highlight=False)
+    finished = sum(1 for _, end in flood.runs if end is not None and end <= until)
+    console.print(f"floodco queued {len(flood.runs):,} runs in as many partitions; a run of its is one dispatch, "
+                  f"so it finished {finished:,} of them at the rate of its share while the others were "
+                  f"backlogged, and faster once they drained. The {len(flood.runs) - finished:,} left are dropped "
+                  "with the demo's scratch database.", highlight=False)
     mids, rates, waits = metrics.per_bucket(data, until, BUCKET_S)
-    markers = [(0.0, "flood starts")]
-    if workload.flood_started_at is not None:
-        for at, text in ((workload.trickle_started_at, "latecomer arrives"),
-                         (workload.flood_queued_at, f"all {len(flood.runs):,} flood runs queued")):
-            if at is not None:
-                markers.append((at - workload.flood_started_at, text))
-        markers.sort()
+    got, fair = metrics.shares_per_bucket(data, weights, until, BUCKET_S)
+    names = {"floodco floods": f"floodco floods ({len(flood.runs):,} runs)", "latecomer arrives": "latecomer arrives",
+             "latecomer done": "latecomer's last run", "acme, globex stop": "acme, globex add no more work (shaded)",
+             "others done": "others done"}
+    markers = [(at, names[label]) for at, label in workload.events if label in names]
+    drain_from = next((at for at, label in workload.events if label == "acme, globex stop"), None)
     labels = {t.slug: f"{t.slug} ({t.plan}, weight {weights[t.slug]})" for t in TENANTS}
+    headline = "While backlogged together, share of the dispatches (fair share): " + ", ".join(
+        f"{slug} {_pct(shares[slug].share)} ({_pct(shares[slug].fair)})" for slug in counted
+    ) + f"; Jain's index {jain}"
     path = chart.write_chart(
-        data_dir / "demo-throughput.png", labels=labels, times=mids, dispatches_per_s=rates, waits_ms=waits,
-        markers=markers,
-        subtitle=(f"{WORKERS} Celery worker x {WORKER_CONCURRENCY} processes, {DISPATCHERS} dispatcher; "
-                  f"floodco queued {len(flood.runs):,} runs; {BUCKET_S:g}-second buckets"),
+        data_dir / "demo-throughput.png", labels=labels, times=mids, dispatches_per_s=rates, share=got, fair=fair,
+        waits_ms=waits, markers=markers, drain_from=drain_from, end=until, headline=headline,
+        subtitle=(f"{WORKERS} Celery worker x {WORKER_CONCURRENCY} processes, {DISPATCHERS} dispatcher; a "
+                  "floodco run is one dispatch (its tick), a one-step run of the others up to three (tick, step, "
+                  f"tick); {BUCKET_S:g}-second buckets"),
     )
     console.print(f"Chart: [bold]{path}[/bold]", highlight=False)
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
+    if value is None:
+        return "-"
+    return f"{value * 100:.1f}%" if value < 0.095 else f"{value * 100:.0f}%"
 
 
 def _seconds(value: float | None) -> str:

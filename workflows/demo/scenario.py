@@ -2,17 +2,25 @@
 
 Four tenants on three plans:
 
-- ``floodco`` (free, weight 1) floods: ``FLOOD_RUNS`` runs of a one-step
-  workflow in ``POST /api/v1/runs/bulk`` calls of ``FLOOD_BATCH``, each run
-  with its idempotency key and in its own fair-queue partition (a run is its
-  own partition). Started one ``POST /runs`` at a time, they would cost the web
-  server more CPU than the whole demo has.
+- ``floodco`` (free, weight 1) floods: ``FLOOD_RUNS`` runs of ``poll`` in
+  ``POST /api/v1/runs/bulk`` calls of ``BULK_MAX``, each run with its
+  idempotency key and in its own fair-queue partition (a run is its own
+  partition). It is a runaway poller: its runs find nothing changed, so the
+  ``when`` of their one step skips it and a run is one tick, one dispatch.
+  The flood's runs then finish at the rate the flood is served, where runs of
+  three dispatches (tick, step, tick) would all start, oldest first, before
+  the first one finished. Started one ``POST /runs`` at a time, they would
+  cost the web server more CPU than the whole demo has.
 - ``acme`` (enterprise, weight 16) and ``globex`` (pro, weight 4) are the
-  normal tenants. They run the feature workflows (a diamond of ``http.request``
-  steps, a sub-workflow, a ContinueAsNew loop, retries, a pool at its
-  concurrency ceiling) and a short backlog of one-step runs each.
-- ``latecomer`` (enterprise, weight 16) arrives once the flood is under way
-  and starts one run every ``TRICKLE_EVERY_S`` seconds.
+  normal tenants. They start the feature workflows (a diamond of
+  ``http.request`` steps, a sub-workflow, a ContinueAsNew loop, retries, a pool
+  at its concurrency ceiling), then keep about ``BACKLOG[slug]`` of their items
+  due, read from ``GET /api/v1/queue`` and topped up with bulk starts of
+  one-step runs, for ``FEED_FOR_S`` seconds: both stay backlogged, whatever the
+  machine's speed, so what each gets is its weighted share. Then they add
+  nothing more and their queues drain.
+- ``latecomer`` (enterprise, weight 16) arrives ``TRICKLE_AFTER_S`` seconds
+  in and starts one run every ``TRICKLE_EVERY_S`` seconds.
 
 The platform lifts floodco's step rate and concurrency (overrides, set through
 the platform API, as an operator would): fair sharing, not its plan's
@@ -34,15 +42,24 @@ from typing import Any
 
 import httpx
 
+# Seconds from the workload's start.
+FLOOD_AFTER_S = 4.0  # acme and globex first have the workers to themselves
+TRICKLE_AFTER_S = 14.0
+FEED_FOR_S = 40.0  # acme and globex keep their queues topped up until then
+
 FLOOD_RUNS = 2_000
-FLOOD_BATCH = 500  # runs per bulk call (the API's most)
-ACME_ORDERS = 20
-GLOBEX_SYNCS = 8
+BULK_MAX = 500  # runs per bulk call (the API's most)
+# How many items each normal tenant keeps due: (first, least, most). The number follows the
+# machine's speed (``Workload._feed``): enough that the tenant never runs dry between two
+# top-ups (FEED_EVERY_S plus two API calls), few enough that its oldest due item has waited
+# about FEED_WAIT_S, so that its runs finish in seconds on a slow machine too.
+BACKLOG = {"acme": (40, 24, 400), "globex": (15, 10, 100)}
+FEED_WAIT_S = 1.0
+FEED_EVERY_S = 0.3
 TRICKLE_RUNS = 24
-# A run is at least three fair-queue items (tick, step, tick): keep the trickle below the
-# latecomer's fair share even on a slow, shared two-core machine.
+# A run is three fair-queue items (tick, step, tick): keep the trickle below the latecomer's
+# fair share even on a slow, shared two-core machine.
 TRICKLE_EVERY_S = 0.75
-TRICKLE_AFTER_S = 6.0  # after the flood started
 COUNTDOWN_FROM = 3
 REPORT_PARTS = 4
 REPORT_SLOW_MS = 250
@@ -159,6 +176,11 @@ REPORT = {  # a concurrency ceiling: four parallel calls through a pool that adm
 
 ONE_STEP = {"nodes": [{"id": "work", "type": "action", "action": "sleep_ms", "input": {"ms": 20}}]}
 
+POLL = {  # the flood: the sync step runs only when something changed; the runaway poller's runs find nothing
+    "nodes": [{"id": "sync", "type": "action", "action": "sleep_ms", "input": {"ms": 20},
+               "when": {"path": "input.changed", "op": "eq", "value": True}}],
+}
+
 HELLO = {"nodes": [{"id": "hello", "type": "action", "action": "echo", "input": {"hello": "$input.n"}}]}
 
 
@@ -240,7 +262,8 @@ def set_up(base_url: str, platform_key: str, service_url: str, service_token: st
         ("workflow sync (one step)", "/api/v1/workflows", {"name": "sync", "spec": ONE_STEP}),
     ])
     tenant_calls("floodco", [
-        ("workflow ping (one step)", "/api/v1/workflows", {"name": "ping", "spec": ONE_STEP}),
+        ("workflow poll (one step, skipped unless the input changed)", "/api/v1/workflows",
+         {"name": "poll", "spec": POLL}),
     ])
     tenant_calls("latecomer", [
         ("workflow hello (one step)", "/api/v1/workflows", {"name": "hello", "spec": HELLO}),
@@ -252,7 +275,10 @@ def set_up(base_url: str, platform_key: str, service_url: str, service_token: st
 
 @dataclass
 class Workload:
-    """The runs the demo starts, in background threads. ``feature_runs`` names the feature runs' ids."""
+    """The runs the demo starts, in background threads. ``feature_runs`` names the feature runs' ids.
+
+    ``events`` holds what happened when, in seconds from ``start()`` (the chart marks them).
+    """
 
     base_url: str
     keys: dict[str, str]
@@ -261,18 +287,22 @@ class Workload:
     feature_runs: dict[str, tuple[str, str]] = field(default_factory=dict)  # check -> (tenant, run id)
     submitted: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    flood_started_at: float | None = None
-    flood_queued_at: float | None = None
-    trickle_started_at: float | None = None
+    events: list[tuple[float, str]] = field(default_factory=list)
+    trickle_started: bool = False
+    _started_at: float = 0.0
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
+        self._started_at = time.monotonic()
         for name, target in (("flood", self._flood), ("acme", self._acme), ("globex", self._globex),
                              ("trickle", self._trickle)):
             thread = threading.Thread(target=self._guard, args=(target,), name=f"demo-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started_at
 
     def done_submitting(self) -> bool:
         return not any(thread.is_alive() for thread in self._threads)
@@ -289,13 +319,32 @@ class Workload:
             with self._lock:
                 self.errors.append(f"{threading.current_thread().name}: {exc}")
 
+    def event(self, label: str, message: str) -> None:
+        """Record that ``label`` happened now (for the chart) and say ``message``."""
+        with self._lock:
+            self.events.append((self.elapsed(), label))
+        self.say(message)
+
+    def _count(self, slug: str, runs: int) -> None:
+        with self._lock:
+            self.submitted[slug] = self.submitted.get(slug, 0) + runs
+
+    def _wait_until(self, at_s: float) -> bool:
+        """Sleep until ``at_s`` seconds from the start; False if the workload was stopped meanwhile."""
+        return not self.stop.wait(max(0.0, at_s - self.elapsed()))
+
     def _start_run(self, api: Api, slug: str, workflow: str, key: str, run_input: dict[str, Any],
                    **extra: Any) -> str:
         run = api.call("POST", "/api/v1/runs", {"workflow": workflow, "input": run_input,
                                                 "idempotency_key": key, **extra})
-        with self._lock:
-            self.submitted[slug] = self.submitted.get(slug, 0) + 1
+        self._count(slug, 1)
         return str(run["id"])
+
+    def _start_bulk(self, api: Api, slug: str, workflow: str, first: int, count: int,
+                    **run_input: Any) -> None:
+        batch = [{"workflow": workflow, "input": {"n": i, **run_input}, "idempotency_key": f"demo-{workflow}-{i}"}
+                 for i in range(first, first + count)]
+        self._count(slug, int(api.call("POST", "/api/v1/runs/bulk", {"runs": batch})["created"]))
 
     def _feature(self, api: Api, slug: str, check: str, workflow: str, run_input: dict[str, Any],
                  **extra: Any) -> None:
@@ -303,21 +352,41 @@ class Workload:
         with self._lock:
             self.feature_runs[check] = (slug, run_id)
 
+    def _feed(self, api: Api, slug: str, workflow: str) -> None:
+        """Keep the tenant backlogged until ``FEED_FOR_S``: top its due items up with bulk starts.
+
+        How many it keeps due (``BACKLOG[slug]``) grows by half when a top-up finds less than
+        half of them left (it could run dry before the next) and shrinks while its oldest due
+        item has waited more than ``FEED_WAIT_S`` (it has more than it gets through in that time).
+        """
+        target, least, most = BACKLOG[slug]
+        started = 0
+        while self.elapsed() < FEED_FOR_S and not self.stop.is_set():
+            queue = api.call("GET", "/api/v1/queue")
+            due = int(queue["due"])
+            if started and due < target // 2:
+                target = min(most, round(target * 1.5))
+            elif float(queue["oldest_waiting_ms"]) > FEED_WAIT_S * 1000:
+                target = max(least, round(target * 0.85))
+            missing = target - due
+            if missing > 0:
+                count = min(missing, BULK_MAX)
+                self._start_bulk(api, slug, workflow, started, count)
+                started += count
+            self.stop.wait(FEED_EVERY_S)
+
     def _flood(self) -> None:
+        if not self._wait_until(FLOOD_AFTER_S):
+            return
         api = Api(self.base_url, self.keys["floodco"])
-        self.flood_started_at = time.monotonic()
+        self.event("floodco floods", f"floodco floods: {FLOOD_RUNS:,} runs of poll, each its own partition")
         try:
-            for first in range(0, FLOOD_RUNS, FLOOD_BATCH):
+            for first in range(0, FLOOD_RUNS, BULK_MAX):
                 if self.stop.is_set():
                     return
-                batch = [{"workflow": "ping", "input": {"n": i}, "idempotency_key": f"demo-ping-{i}"}
-                         for i in range(first, min(first + FLOOD_BATCH, FLOOD_RUNS))]
-                created = api.call("POST", "/api/v1/runs/bulk", {"runs": batch})["created"]
-                with self._lock:
-                    self.submitted["floodco"] = self.submitted.get("floodco", 0) + int(created)
-            self.flood_queued_at = time.monotonic()
-            self.say(f"floodco queued {FLOOD_RUNS:,} runs in {FLOOD_RUNS // FLOOD_BATCH} bulk calls, "
-                     "each run its own partition")
+                self._start_bulk(api, "floodco", "poll", first, min(BULK_MAX, FLOOD_RUNS - first), changed=False)
+            calls = -(-FLOOD_RUNS // BULK_MAX)
+            self.event("flood queued", f"floodco queued {FLOOD_RUNS:,} runs in {calls} bulk calls")
         finally:
             api.close()
 
@@ -327,10 +396,7 @@ class Workload:
             self._feature(api, "acme", "diamond", "quote", {"order": "A-1001"})
             self._feature(api, "acme", "sub-workflow", "checkout", {"order": "A-1002"})
             self._feature(api, "acme", "continue-as-new", "countdown", {"n": COUNTDOWN_FROM})
-            for i in range(ACME_ORDERS):
-                if self.stop.is_set():
-                    return
-                self._start_run(api, "acme", "order", f"demo-order-{i}", {"n": i})
+            self._feed(api, "acme", "order")
         finally:
             api.close()
 
@@ -339,19 +405,19 @@ class Workload:
         try:
             self._feature(api, "globex", "retry", "charge", {"amount": 42})
             self._feature(api, "globex", "ceiling", "report", {})
-            for i in range(GLOBEX_SYNCS):
-                if self.stop.is_set():
-                    return
-                self._start_run(api, "globex", "sync", f"demo-sync-{i}", {"n": i})
+            self._feed(api, "globex", "sync")
+            if not self.stop.is_set():  # acme stops at the same moment
+                self.event("acme, globex stop", "acme and globex stop adding work; their queues drain")
         finally:
             api.close()
 
     def _trickle(self) -> None:
-        if self.stop.wait(TRICKLE_AFTER_S):
+        if not self._wait_until(TRICKLE_AFTER_S):
             return
         api = Api(self.base_url, self.keys["latecomer"])
-        self.trickle_started_at = time.monotonic()
-        self.say(f"latecomer arrives: one run every {TRICKLE_EVERY_S:g} s, {TRICKLE_RUNS} in all")
+        self.trickle_started = True
+        self.event("latecomer arrives",
+                   f"latecomer arrives: one run every {TRICKLE_EVERY_S:g} s, {TRICKLE_RUNS} in all")
         try:
             next_at = time.monotonic()
             for i in range(TRICKLE_RUNS):
@@ -359,5 +425,6 @@ class Workload:
                     return
                 self._start_run(api, "latecomer", "hello", f"demo-hello-{i}", {"n": i})
                 next_at += TRICKLE_EVERY_S
+            self.event("latecomer done", "latecomer started its last run")
         finally:
             api.close()

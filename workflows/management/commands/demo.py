@@ -2,10 +2,11 @@
 
 Brings the stack up (gunicorn, a Celery worker, a dispatcher, the
 coordinator) and a small local HTTP service, creates four tenants on three
-plans through the public API, floods the platform from one of them while the
-others run feature workflows and a latecomer trickles in, shows it live, then
-prints a fairness summary, writes a PNG chart to the data dir, checks that
-every feature worked, and stops everything. Exits non-zero if a check failed.
+plans through the public API, floods the platform from one of them while two
+others run the feature workflows and keep themselves backlogged and a
+latecomer trickles in, shows it live, then prints a fairness summary, writes a
+PNG chart to the data dir, checks that every feature worked, and stops
+everything. Exits non-zero if a check failed.
 
 The demo works in scratch databases that it drops at the end, whatever
 happens (``workflows.demo.scratch`` says why).
