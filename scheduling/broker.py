@@ -19,9 +19,9 @@ starts. Work therefore waits in the fair queue, not in Celery:
 - **Workers** run with prefetch disabled, ``acks_late`` and
   ``reject_on_worker_lost``. ``execute_item`` runs inside the item's tenant
   context (``@tenant_task``), checks that its delivery is still the live one (a
-  fencing token), has the process's lease keeper renew the lease while the
+  fencing token), has the process's renewal thread renew the lease while the
   handler runs, then acks the item (releasing its capacity slot and partition)
-  or nacks it with a delay. The keeper thread sends the ack and frees the
+  or nacks it with a delay. That thread sends the ack and frees the
   credit right after the task, off its path. Its Celery result is not stored:
   the fair queue is the record of what ran.
 - System-tenant work goes to the reserved ``ductor.system`` Celery queue.
@@ -35,13 +35,13 @@ and the credit release sent right after, in the background.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -51,6 +51,7 @@ from django.conf import settings
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.redis import get_redis
 from scheduling import fair_queue, scripts
+from scheduling.renewals import renewals
 from tenants.context import current_tenant
 from tenants.keys import global_redis_key
 from tenants.models import Tenant
@@ -218,7 +219,7 @@ def reserve_credits(
 
 
 def credit_lifetime_s() -> float:
-    """How long a credit counts before its task is seen running: the lease keeper's first
+    """How long a credit counts before its task is seen running: the renewal thread's first
     renewal (a third of the lease after the start) moves it to ``running``."""
     return max(OUTSTANDING_TTL_S, settings.DUCTOR_LEASE_MS / 1000)
 
@@ -255,80 +256,33 @@ def _wait_s(seconds: float) -> float:
 
 # -- the worker side ------------------------------------------------------------------------
 
-@dataclass(eq=False)
-class _Lease:
-    tenant: Tenant
-    item_id: str
-    delivery: int
-    lease_ms: int
-    queue: str
-    credit: str
-    renew_at: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    done: bool = False
+class _Finisher:
+    """Acks the items a worker process finished and gives their dispatch credits back, from the
+    process's renewal thread (``scheduling.renewals``), while the process already takes its
+    next task: round trips off every task's path.
 
-
-class _LeaseKeeper:
-    """One thread per worker process renews the leases of the items the process runs, and
-    acks them and gives their dispatch credits back once they finished.
-
-    Each lease (and its running credit) is renewed every third of its length. A
-    renewal never overlaps or follows the end of its item (``release`` waits for
-    it), so a finished item's lease and credit are never taken back. Acks, then
-    credits (in batches), are sent by the thread while the worker process already
-    takes its next task: two round trips less on every task's path. What is still
-    pending when the process stops is sent by ``flush``; a crash loses at most the
-    last few ms of them: such an item runs again after its lease (at least once),
-    such a credit ages out.
+    Acks, then credits, go in one round trip. What is still pending when the process
+    stops is sent by ``flush``; a crash loses at most the last few ms of them: such an
+    item runs again after its lease (at least once), such a credit ages out.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._leases: dict[int, _Lease] = {}
         self._frees: dict[str, list[str]] = {}
         self._acks: list[tuple[Tenant, str, int]] = []
-        self._ids = itertools.count()
-        self._changed = threading.Event()
-        self._wakes_at = 0.0  # when the keeper thread looks next (monotonic)
-        self._pid = 0
+        self._pid = os.getpid()
 
-    def _ensure_thread(self) -> None:
-        """Start the thread on first use in this process (a fork copies no threads). Holds the lock."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._leases.clear()
-            self._frees.clear()
-            self._acks.clear()
-            self._wakes_at = 0.0
-            threading.Thread(target=self._run, daemon=True, name="ductor-lease-keeper").start()
-
-    def hold(self, lease: _Lease) -> int:
+    def later(self, queue: str, credit: str, ack: tuple[Tenant, str, int] | None = None) -> None:
+        """Ack the item ``(tenant, item id, delivery)``, if given, then free ``credit``, soon."""
         with self._lock:
-            self._ensure_thread()
-            key = next(self._ids)
-            self._leases[key] = lease
-            # Wake the thread only if it would look too late (no thread switch per task).
-            wake = lease.renew_at < self._wakes_at
-        if wake:
-            self._changed.set()
-        return key
-
-    def release(self, key: int) -> None:
-        with self._lock:
-            lease = self._leases.pop(key, None)
-        if lease is not None:
-            with lease.lock:
-                lease.done = True
-
-    def finish_later(self, queue: str, credit: str, ack: tuple[Tenant, str, int] | None = None) -> None:
-        """Have the thread ack the item ``(tenant, item id, delivery)``, if given, then free ``credit``."""
-        with self._lock:
-            self._ensure_thread()
+            if self._pid != os.getpid():  # a fork's copy of the parent's pending work is not ours
+                self._pid = os.getpid()
+                self._frees, self._acks = {}, []
             if ack is not None:
                 self._acks.append(ack)
             if credit:
                 self._frees.setdefault(queue, []).append(credit)
-        self._changed.set()
+        renewals.wake()
 
     def flush(self) -> None:
         """Send the pending acks, then free the pending credits: one round trip, from the calling thread."""
@@ -354,40 +308,18 @@ class _LeaseKeeper:
             elif reply != 1:
                 log.warning("ack_of_lost_lease", item_id=item_id, tenant_id=str(tenant.pk))
 
-    def _run(self) -> None:
-        while True:
-            self._changed.clear()  # before looking: a later set() makes the wait below return
-            self.flush()
-            now = time.monotonic()
-            with self._lock:
-                leases = list(self._leases.values())
-            for lease in leases:
-                if lease.renew_at <= now:
-                    self._renew(lease)
-            with self._lock:
-                self._wakes_at = min((lease.renew_at for lease in self._leases.values()), default=now + 1.0)
-                wait = self._wakes_at - time.monotonic()
-            self._changed.wait(max(wait, 0.001))
 
-    def _renew(self, lease: _Lease) -> None:
-        with lease.lock:
-            if lease.done:
-                return
-            lease.renew_at = time.monotonic() + lease.lease_ms / 3000
-            try:
-                renewed = fair_queue.extend_lease(
-                    lease.item_id, lease_ms=lease.lease_ms, delivery=lease.delivery, tenant=lease.tenant
-                )
-                if not renewed:
-                    log.warning("lease_lost", item_id=lease.item_id, tenant_id=str(lease.tenant.pk))
-                    lease.done = True
-                    return
-                mark_running(lease.queue, [lease.credit] if lease.credit else [], lease.lease_ms / 1000)
-            except Exception:
-                log.exception("lease_renewal_failed", item_id=lease.item_id)
+def _renew_item(tenant: Tenant, item_id: str, delivery: int, lease_ms: int, queue: str, credit: str) -> bool:
+    """Renew a running item's lease, and its credit as running; False once the lease is lost."""
+    if not fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery, tenant=tenant):
+        log.warning("lease_lost", item_id=item_id, tenant_id=str(tenant.pk))
+        return False
+    mark_running(queue, [credit] if credit else [], lease_ms / 1000)
+    return True
 
 
-_keeper = _LeaseKeeper()
+_finisher = _Finisher()
+renewals.after_wake(_finisher.flush)
 
 
 @tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -401,7 +333,7 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
     ``FRESH_LEASE_FRACTION`` of its lease left cannot have been superseded (an
     item is delivered again only after its lease), so it runs at once. A handler
     that returns has its item acked, one that raises has it nacked
-    (``RetryLater``: after its delay); the process's lease keeper renews the lease
+    (``RetryLater``: after its delay); the process's renewal thread renews the lease
     meanwhile, and sends the ack and frees the dispatch credit right after the
     task, whatever happened. A suspended tenant's item waits
     (``DUCTOR_SUSPENDED_ITEM_DELAY_MS``) instead of running. Returns the outcome.
@@ -430,25 +362,25 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
             return "dropped"
         ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item_id, tier=tier, partition=partition,
                           delivery=delivery, waited_ms=waited_ms)
-        hold = _keeper.hold(_Lease(tenant, item_id, delivery, lease_ms, queue, credit,
-                                   renew_at=time.monotonic() + renew_in_s))
+        hold = renewals.hold(partial(_renew_item, tenant, item_id, delivery, lease_ms, queue, credit),
+                             every_s=lease_ms / 3000, first_in_s=renew_in_s)
         try:
             with structlog.contextvars.bound_contextvars(item_id=item_id, kind=kind):
                 handler(ctx, body)
         except RetryLater as retry:
-            _keeper.release(hold)
+            renewals.release(hold)
             fair_queue.nack(item_id, delay_ms=int(retry.delay_s * 1000), delivery=delivery)
             return "retry"
         except Exception:
-            _keeper.release(hold)
+            renewals.release(hold)
             log.exception("item_handler_failed", item_id=item_id, kind=kind)
             fair_queue.nack(item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=delivery)
             return "failed"
-        _keeper.release(hold)
+        renewals.release(hold)
         ack = (tenant, item_id, delivery)
         return "ok"
     finally:
-        _keeper.finish_later(queue, credit, ack)
+        _finisher.later(queue, credit, ack)
 
 
 _registration: dict[str, Any] = {}
@@ -476,13 +408,13 @@ def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
 
 @signals.worker_process_shutdown.connect
 def _on_worker_process_shutdown(**kwargs: Any) -> None:
-    _keeper.flush()
+    _finisher.flush()
 
 
 @signals.worker_shutting_down.connect
 def _on_worker_shutting_down(**kwargs: Any) -> None:
     """A stopping worker's slots stop counting at once, not after ``WORKER_TTL_S``."""
-    _keeper.flush()  # the solo and threads pools run tasks in this process
+    _finisher.flush()  # the solo and threads pools run tasks in this process
     _stopping.set()
     if _registration:
         try:

@@ -26,11 +26,14 @@ are the scope keys in a holder's own record, which carry the same hash tag.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from scheduling import scripts
+from scheduling.renewals import renewals
 from tenants.context import TenantScopeError, current_tenant, peek_tenant
 from tenants.keys import redis_key
 
@@ -186,6 +189,22 @@ def extend(holder_id: str, lease_s: float, *, tenant: Tenant | None = None) -> b
     that). Raises ``TenantScopeError`` without a tenant.
     """
     return bool(_run("extend", [holder_key(holder_id, tenant=tenant)], [holder_id, _lease_ms(lease_s)]) == 1)
+
+
+@contextmanager
+def keep_alive(holder_id: str, lease_s: float, *, tenant: Tenant | None = None) -> Iterator[None]:
+    """Keep a holder's slots while the block runs: its lease is renewed for ``lease_s`` every
+    third of ``lease_s``, by the process's renewal thread (no round trip on the caller's path).
+
+    Renewing stops when the block ends (release the holder after it) or when a renewal
+    finds no live lease (none was taken, or it ended). Raises ``TenantScopeError``
+    without a tenant.
+    """
+    key = renewals.hold(partial(extend, holder_id, lease_s, tenant=_tenant(tenant)), every_s=lease_s / 3)
+    try:
+        yield
+    finally:
+        renewals.release(key)
 
 
 def release(holder_id: str, *, tenant: Tenant | None = None) -> int:

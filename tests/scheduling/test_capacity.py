@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -124,6 +125,18 @@ def test_extend_and_release_after_expiry_take_and_give_back_nothing(tenant, redi
     assert redis_client.zscore(scope.key(), "h") is None
     assert release("h") == 0
     assert acquire([scope], "other", lease_s=30) is True
+
+
+def test_keep_alive_holds_a_slot_past_its_lease_while_the_block_runs_and_not_after(tenant):
+    scope = pool_scope("p", 1)
+    assert acquire([scope], "long", lease_s=0.3) is True
+    with capacity.keep_alive("long", lease_s=0.3):
+        time.sleep(1.0)  # more than three leases
+        assert in_flight(scope) == 1
+        assert acquire([scope], "next", lease_s=30) is False
+    time.sleep(0.5)  # one lease (and a renewal racing the block's end) later
+    assert in_flight(scope) == 0
+    assert acquire([scope], "next", lease_s=30) is True
 
 
 def test_an_expired_lease_frees_its_slot_for_the_next_holder(tenant, redis_client):
