@@ -59,17 +59,14 @@ def test_one_tenants_flood_never_throttles_another_tenant(a, tenant_b):
     _, client_a = a
     b, raw_b = tenant_b
     client_b = api_client(raw_b)
+    # B's own burst covers its 10 requests, not A's 10 too: a shared limiter would throttle B.
+    throttle(b, burst=12)
 
     flood = []
     for _ in range(10):
         flood.append(client_a.get(URL).status_code)
         assert client_b.get(URL).status_code == 200
     assert 429 in flood
-
-    # B under the same small limit still has its own full burst.
-    throttle(b)
-    assert [client_b.get(URL).status_code for _ in range(3)] == [200, 200, 200]
-    assert client_b.get(URL).status_code == 429
 
 
 def test_each_tenant_has_its_own_limiter_key(a, tenant_b, redis_client):
