@@ -612,6 +612,20 @@ def remove(item_id: str, *, tenant: Tenant | None = None) -> bool:
     return bool(_tenant_call("fq_remove", _tenant(tenant), item_id) == 1)
 
 
+def pending(items: Sequence[tuple[Tenant, str]]) -> list[bool]:
+    """For each ``(tenant, item id)``: is the item waiting or in flight? One round trip, read only.
+
+    An item is in its tenant's ``items`` hash from its enqueue to its ack or removal.
+    Crosses tenants (each key is its own tenant's): for the system's housekeeping.
+    """
+    if not items:
+        return []
+    with get_redis().pipeline(transaction=False) as pipe:
+        for tenant, item_id in items:
+            pipe.hexists(redis_key("fq", "items", tenant=tenant), item_id)
+        return [bool(found) for found in pipe.execute()]
+
+
 def reap(*, shard: int = 0, limit: int = 100) -> int:
     """Return up to ``limit`` items whose lease ended to their partitions; returns how many.
 

@@ -46,6 +46,11 @@ class Candidate:
     eligible: bool
     why: str
 
+    @property
+    def busy(self) -> bool:
+        """At its concurrency limit with its breaker not open: a slot frees when a call ends."""
+        return self.limit is not None and self.in_flight >= self.limit and self.state != BreakerState.OPEN
+
     def describe(self) -> dict[str, Any]:
         return {
             "connection_id": self.connection_id, "name": self.name, "weight": self.weight,
@@ -64,6 +69,8 @@ class RoutingDecision:
     pool: PoolInfo | None = None
     connection: MemberInfo | None = None
     candidates: list[Candidate] = field(default_factory=list)
+    # Refused only because every usable connection is busy: the step should wait, not fail.
+    saturated: bool = False
 
     @property
     def connection_id(self) -> str | None:
@@ -182,6 +189,7 @@ def route(step: Step) -> RoutingDecision:
     chosen, why = choose(pool, decision.candidates)
     if chosen is None:
         decision.allowed = False
+        decision.saturated = any(c.busy for c in decision.candidates)
         decision.reason = f"pool '{pool.name}' ({source}): {why}"
         return decision
     decision.connection = next(m for m in pool.members if m.connection_id == chosen.connection_id)

@@ -9,11 +9,15 @@ fair-queue partition (``run:<id>``), so they never overlap.
 Nodes start as follows:
 - ``action``: routed (``scheduling.routing.route``), recorded as a queued
   ``StepRun`` with its decision trace, and enqueued in the fair queue as a
-  ``step`` item; a worker runs it (``execute_step``) after admitting it through
-  the pool and connection limits;
+  ``step`` item, in the tier and partition the routing gave it (its retries
+  keep them); a worker runs it (``execute_step``) after admitting it through
+  the pool and connection limits, and waits (the item is put back) while they
+  are full; the step's slots are renewed while its action runs;
 - ``sleep``, retry backoffs and step timeouts: coordinator wake-ups;
-- ``subworkflow``: a child run (refused past the plan's ``max_nesting_depth``);
-- ``continue_as_new``: a successor run; this run ends as ``continued``.
+- ``subworkflow``: a child run (refused past the plan's ``max_nesting_depth``
+  or the monthly run quota, which it is charged to);
+- ``continue_as_new``: a successor run, charged to the monthly run quota; this
+  run ends as ``continued`` and its other active steps are cancelled.
 
 Rows are written in the transaction of the state change; fair-queue items are
 enqueued on commit. The coordinator's reconciler re-enqueues ticks of active
@@ -36,7 +40,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from scheduling import fair_queue
+from ductor_project.errors import ErrorCode
+from scheduling import capacity, fair_queue
 from scheduling.action_errors import ActionError
 from scheduling.broker import ItemContext, RetryLater, register_handler
 from scheduling.coordinator import register_reconciler, register_wakeup, schedule_wakeup
@@ -45,6 +50,7 @@ from scheduling.rules import Step
 from tenants.context import current_tenant, tenant_context
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant
+from tenants.usage import QuotaExceeded, quota_consume
 from workflows import templates
 from workflows.actions import ActionCall, get_action
 from workflows.models import RunEvent, StepRun, WorkflowRun, WorkflowVersion
@@ -55,7 +61,13 @@ log = structlog.get_logger(__name__)
 Status = WorkflowRun.Status
 SStatus = StepRun.Status
 ACTIVE_STEP = frozenset({SStatus.SCHEDULED, SStatus.QUEUED, SStatus.RUNNING, SStatus.WAITING})
+# The statuses of a step that a worker may (still) run.
+ON_WORKER = (SStatus.QUEUED, SStatus.RUNNING)
 STALE_RUN_S = 30.0
+# Most stale runs one reconciler pass looks at (the longest-unchanged first).
+RECONCILE_BATCH = 500
+# How soon a step whose pool or connection is full is tried again.
+BUSY_RETRY_S = 0.2
 
 
 # -- fair-queue items -------------------------------------------------------------------------
@@ -87,6 +99,12 @@ def _enqueue_step(step: StepRun, *, tier: str, partition: str | None) -> None:
                            payload={"kind": "step", "step_id": step_id})
 
     transaction.on_commit(push)
+
+
+def _enqueue_routed(step: StepRun, run: WorkflowRun) -> None:
+    """Enqueue ``step`` in the tier and partition of its stored routing decision (else the run's tier)."""
+    routing = step.routing or {}
+    _enqueue_step(step, tier=routing.get("tier") or run.tier, partition=routing.get("partition_key"))
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -187,6 +205,7 @@ def _retry_failed(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -
         nxt = StepRun.objects.create(
             run=run, node_id=node_id, node_type=step.node_type, attempt=step.attempt + 1,
             status=SStatus.SCHEDULED, input=step.input, scheduled_for=now + timedelta(seconds=delay),
+            routing=step.routing,  # the next attempt goes to the same tier and partition
         )
         latest[node_id] = nxt
         record_event(run, "step_retry_scheduled", node_id, attempt=nxt.attempt, delay_s=round(delay, 3))
@@ -263,10 +282,8 @@ def _start_node(
         step = StepRun.objects.create(run=run, node_id=node_id, node_type=kind, status=SStatus.QUEUED,
                                       input=rendered, routing=decision.trace())
         latest[node_id] = step
-        if not decision.allowed:
-            _finish_step(step, SStatus.FAILED, error={"code": "routing_denied", "message": decision.reason,
-                                                      "retryable": False})
-            record_event(run, "step_failed", node_id, reason=decision.reason)
+        if not decision.allowed and not decision.saturated:  # a busy pool is waited for, on a worker
+            _refuse_step(run, step, "routing_denied", decision.reason)
             return False
         _enqueue_step(step, tier=decision.tier, partition=decision.partition_key)
         record_event(run, "step_queued", node_id, tier=decision.tier, rule=decision.trace()["rule"])
@@ -285,6 +302,16 @@ def _start_node(
         return False
     if kind == "continue_as_new":
         rendered = templates.render(node.get("input", {}), context)
+        try:
+            quota_consume(runs=1)
+        except QuotaExceeded as exc:
+            step = StepRun.objects.create(run=run, node_id=node_id, node_type=kind, status=SStatus.QUEUED,
+                                          input=rendered)
+            latest[node_id] = step
+            _refuse_step(run, step, ErrorCode.QUOTA_EXCEEDED, f"no successor run started: {exc.detail}",
+                         details=exc.details)
+            return False  # the failed step fails the run
+        _abort_active(run, latest, SStatus.CANCELLED)  # the other branches end with this run
         successor = WorkflowRun.objects.create(
             workflow=run.workflow, workflow_name=run.workflow_name, input=rendered, tier=run.tier,
             tags=run.tags, parent_run=run.parent_run, parent_node_id=run.parent_node_id,
@@ -322,9 +349,7 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     if depth > limits.max_nesting_depth:
         message = (f"sub-workflow '{node.get('workflow')}' would be nested {depth} levels deep; "
                    f"plan '{limits.plan}' allows {limits.max_nesting_depth}")
-        _finish_step(step, SStatus.FAILED, error={"code": "nesting_too_deep", "message": message,
-                                                  "retryable": False})
-        record_event(run, "step_failed", node_id, reason=message)
+        _refuse_step(run, step, "nesting_too_deep", message)
         return step
     versions = WorkflowVersion.objects.filter(definition__name=node.get("workflow"))
     if node.get("version"):
@@ -332,9 +357,13 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     version = versions.order_by("-number").first()
     if version is None:
         message = f"workflow '{node.get('workflow')}' (version {node.get('version') or 'latest'}) does not exist"
-        _finish_step(step, SStatus.FAILED, error={"code": "unknown_workflow", "message": message,
-                                                  "retryable": False})
-        record_event(run, "step_failed", node_id, reason=message)
+        _refuse_step(run, step, "unknown_workflow", message)
+        return step
+    try:
+        quota_consume(runs=1)  # in the tick's transaction: charged only if the child is created
+    except QuotaExceeded as exc:
+        _refuse_step(run, step, ErrorCode.QUOTA_EXCEEDED,
+                     f"sub-workflow '{node.get('workflow')}' not started: {exc.detail}", details=exc.details)
         return step
     child = WorkflowRun.objects.create(
         workflow=version, workflow_name=version.definition.name, input=rendered, tier=run.tier, tags=run.tags,
@@ -350,6 +379,12 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     record_event(run, "child_started", node_id, child_run=str(child.id))
     enqueue_tick(child)
     return step
+
+
+def _refuse_step(run: WorkflowRun, step: StepRun, code: str, message: str, **extra: Any) -> None:
+    """Fail a step that could not start, for good (not retried): ``code`` is its stable error code."""
+    _finish_step(step, SStatus.FAILED, error={"code": str(code), "message": message, "retryable": False, **extra})
+    record_event(run, "step_failed", step.node_id, reason=message)
 
 
 def _finish_if_done(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
@@ -422,11 +457,11 @@ def _execute_step(step_id: str) -> None:
     # A plain read, no lock: every write below is conditional on the step's status (one round
     # trip each, on the start path of every step).
     step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
-    if step is None or step.status not in (SStatus.QUEUED, SStatus.RUNNING):
+    if step is None or step.status not in ON_WORKER:
         return
     run = step.run
     if run.is_terminal or run.cancel_requested:
-        StepRun.objects.filter(pk=step.pk, status__in=[SStatus.QUEUED, SStatus.RUNNING]).update(
+        StepRun.objects.filter(pk=step.pk, status__in=ON_WORKER).update(
             status=SStatus.CANCELLED, finished_at=timezone.now()
         )
         return
@@ -439,26 +474,40 @@ def _execute_step(step_id: str) -> None:
 def _run_action(step: StepRun, run: WorkflowRun, node: dict[str, Any]) -> None:
     decision = route(Step(workflow=run.workflow_name, action=node["action"], tags=tuple(node.get("tags", [])),
                           input=step.input, tier=run.tier, pool=node.get("pool")))
+    if decision.saturated:
+        raise RetryLater(BUSY_RETRY_S, decision.reason)
+    if not decision.allowed:
+        _record_outcome(step, run, (SStatus.FAILED, None, {"code": "routing_denied", "message": decision.reason,
+                                                           "retryable": False}))
+        return
     holder = step_item_id(step.id)
-    admitted, retry_after = admit(decision, holder, lease_s=settings.DUCTOR_LEASE_MS / 1000,
-                                  tenant_admitted=True)
+    lease_s = settings.DUCTOR_LEASE_MS / 1000
+    admitted, retry_after = admit(decision, holder, lease_s=lease_s, tenant_admitted=True)
     if not admitted:
-        raise RetryLater(max(retry_after, 0.2), "pool or connection at its limit")
+        raise RetryLater(max(retry_after, BUSY_RETRY_S), "pool or connection at its limit")
     try:
-        started = StepRun.objects.filter(pk=step.id, status__in=[SStatus.QUEUED, SStatus.RUNNING]).update(
-            status=SStatus.RUNNING, started_at=timezone.now(), routing=decision.trace()
-        )
-        if not started:  # cancelled or timed out since it was read: do not call the action
-            return
-        if node.get("timeout_s"):
-            schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
-        outcome = _call_action(node["action"], step, decision.connection_id, str(run.id))
+        with capacity.keep_alive(holder, lease_s):  # a step longer than the lease keeps its slots
+            started = StepRun.objects.filter(pk=step.id, status__in=ON_WORKER).update(
+                status=SStatus.RUNNING, started_at=timezone.now(), routing=decision.trace()
+            )
+            if not started:  # cancelled or timed out since it was read: do not call the action
+                return
+            if node.get("timeout_s"):
+                schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout",
+                                delay_s=float(node["timeout_s"]))
+            outcome = _call_action(node["action"], step, decision.connection_id, str(run.id))
     finally:
         release(holder)
+    _record_outcome(step, run, outcome)
+
+
+def _record_outcome(step: StepRun, run: WorkflowRun, outcome: tuple[str, Any, Any]) -> None:
+    """Finish the step with ``(status, output, error)`` and tick its run, unless the step has
+    moved on meanwhile (cancelled, timed out): then the outcome is discarded."""
     with transaction.atomic():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
         run = WorkflowRun.objects.select_for_update().get(pk=run.pk)
-        locked = StepRun.objects.select_for_update().filter(pk=step.id, status=SStatus.RUNNING).first()
+        locked = StepRun.objects.select_for_update().filter(pk=step.id, status__in=ON_WORKER).first()
         if locked is None:
             log.info("step_result_discarded", step_id=str(step.id))
             return
@@ -506,7 +555,7 @@ def _retry_due(ref: str, data: dict[str, Any]) -> None:
             return
         step.status = SStatus.QUEUED
         StepRun.objects.filter(pk=step.pk).update(status=step.status)
-        _enqueue_step(step, tier=run.tier, partition=(step.routing or {}).get("partition_key"))
+        _enqueue_routed(step, run)
 
     _with_step(ref, go)
 
@@ -542,17 +591,25 @@ def reconcile_runs() -> int:
     enqueue, a Redis flush): their tick, the items of their queued and running steps, and the
     timers of their sleeps, retry backoffs and step timeouts. Each of those is idempotent (an
     item already queued or in flight is coalesced, a waiting timer is kept), so repairing a run
-    that was only slow costs at most a no-op delivery. Crosses tenants by design: it is the
-    system's housekeeping."""
+    that was only slow costs at most a no-op delivery. A run whose tick is still waiting or in
+    flight is moving: it is only touched, not repaired. Looks at ``RECONCILE_BATCH`` runs at
+    most, the longest-unchanged first; returns how many it repaired. Crosses tenants by design:
+    it is the system's housekeeping."""
     now = timezone.now()
     cutoff = now - timedelta(seconds=STALE_RUN_S)
-    stale = (
+    stale = list(
         WorkflowRun.all_tenants.select_related("tenant", "workflow")
         .exclude(status__in=WorkflowRun.TERMINAL)
-        .filter(updated_at__lt=cutoff)[:500]
+        .filter(updated_at__lt=cutoff)
+        .order_by("updated_at")[:RECONCILE_BATCH]
     )
+    moving = _ticks_pending(stale)
+    if moving:  # touched, so that the next passes look at other runs first
+        WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=now)
     count = 0
     for run in stale:
+        if run.pk in moving:
+            continue
         with tenant_context(run.tenant), transaction.atomic():
             enqueue_tick(run)
             nodes = {n["id"]: n for n in _nodes(_spec(run))}
@@ -563,13 +620,19 @@ def reconcile_runs() -> int:
     return count
 
 
+def _ticks_pending(runs: list[WorkflowRun]) -> set[Any]:
+    """The ids of the ``runs`` whose tick item is waiting or in flight: one Redis round trip."""
+    found = fair_queue.pending([(run.tenant, tick_item_id(run.pk)) for run in runs])
+    return {run.pk for run, pending in zip(runs, found, strict=True) if pending}
+
+
 def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: datetime) -> None:
     def due_in(moment: datetime | None) -> float:
         return max(0.0, ((moment or now) - now).total_seconds())
 
     if step.status in (SStatus.QUEUED, SStatus.RUNNING):
         # A running step's item may be gone with its worker and the queue (a crash and a flush).
-        _enqueue_step(step, tier=run.tier, partition=(step.routing or {}).get("partition_key"))
+        _enqueue_routed(step, run)
     if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
         deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
         _on_commit_wakeup(str(step.id), kind="step_timeout", delay_s=due_in(deadline))

@@ -593,6 +593,17 @@ def test_a_pool_with_no_eligible_connection_refuses_the_step(tenant, settings):
     assert decision.connection is None
     assert "no eligible connection" in decision.reason
     assert [c.eligible for c in decision.candidates] == [False, False]
+    assert decision.saturated is True  # "a" frees when its holder ends: wait for it
+
+
+def test_a_pool_refused_only_for_open_breakers_is_not_saturated(tenant, settings):
+    settings.DUCTOR_BREAKER_FAILURES = 1
+    a = conn("a", max_concurrency=1)
+    pool("main", [a], is_default=True)
+    capacity.acquire([capacity.connection_scope(a.id, 1)], "holder", 30)
+    record_failure(a.id)  # open and full: the breaker decides
+    decision = route(STEP)
+    assert (decision.allowed, decision.saturated) == (False, False)
 
 
 def test_breakers_are_per_tenant(tenant_a, tenant_b, redis_client, settings):

@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from scheduling import capacity
 from scheduling import fair_queue as fq
+from scheduling import services as scheduling_services
 from tenants.context import tenant_context
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
@@ -230,9 +231,14 @@ def log_lines(text: str) -> list[dict[str, Any]]:
     return records
 
 
+def dispatches(stack: Stack, item_id: str) -> list[dict[str, Any]]:
+    """The dispatcher's log records of each dispatch of the item (its tier and partition)."""
+    return [line for line in log_lines(stack.dispatcher.output())
+            if line.get("event") == "dispatched" and line.get("item_id") == item_id]
+
+
 def dispatches_of(stack: Stack, item_id: str) -> int:
-    return sum(1 for line in log_lines(stack.dispatcher.output())
-               if line.get("event") == "dispatched" and line.get("item_id") == item_id)
+    return len(dispatches(stack, item_id))
 
 
 def echo(node_id: str, input: Any, *deps: str, **extra: Any) -> dict[str, Any]:
@@ -357,6 +363,29 @@ def test_retry_with_exponential_backoff_succeeds_on_the_third_attempt(stack, ten
     drained(tenant)
 
 
+def test_a_retried_step_keeps_the_tier_and_partition_its_rule_gave_the_first_attempt(stack, tenant_a):
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        scheduling_services.rule_create(name="accounts-in-batch", priority=1, match={"action": "fail"},
+                                        action={"tier": "batch", "partition_key": "acct-{input.account}"})
+    put(tenant, "flaky-account", {
+        "nodes": [{"id": "charge", "type": "action", "action": "fail",
+                   "input": {"succeed_on_attempt": 2, "account": "$input.account"},
+                   "retry": {"max_attempts": 2, "backoff_s": 0.2, "jitter": False}}],
+    })
+    run = finished(tenant, start(tenant, "flaky-account", {"account": 7}).pk)
+
+    assert run.status == "succeeded", run.error
+    attempts = steps(tenant, run)
+    assert [(s.attempt, s.status) for s in attempts] == [(1, "failed"), (2, "succeeded")]
+    for attempt in attempts:
+        assert (attempt.routing["tier"], attempt.routing["partition_key"]) == ("batch", "acct-7")
+        sent = wait_for(lambda a=attempt: dispatches(stack, engine.step_item_id(a.pk)),
+                        what=f"attempt {attempt.attempt}'s dispatch in the log")
+        assert {(line["tier"], line["partition"]) for line in sent} == {("batch", "acct-7")}
+    drained(tenant)
+
+
 def test_a_step_past_its_timeout_fails_the_run_with_timeout_and_its_late_result_is_discarded(stack, tenant_a):
     tenant = tenant_a[0]
     put(tenant, "slow", {
@@ -423,6 +452,48 @@ def test_cancelling_a_parent_cascades_to_its_waiting_child_and_is_idempotent(sta
     assert again.status_code == 200
     assert again.json()["status"] == "cancelled"
     assert types(tenant, parent)[-1] == "cancelled"  # nothing recorded twice
+    drained(tenant)
+
+
+# -- pools -------------------------------------------------------------------------------------
+
+
+def test_a_pool_with_max_concurrency_1_runs_4_parallel_steps_one_at_a_time_and_all_succeed(stack, tenant_a):
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        scheduling_services.connection_create(name="reports-api", kind="http", max_concurrency=1,
+                                              config={"base_url": "https://reports.example.com"})
+        scheduling_services.pool_create(name="reports", max_concurrency=1,
+                                        members=[scheduling_services.MemberSpec("reports-api")])
+    parts = [f"part_{n}" for n in range(4)]
+    put(tenant, "report", {"nodes": [
+        {"id": p, "type": "action", "action": "sleep_ms", "input": {"ms": 300}, "pool": "reports"} for p in parts]})
+    run = finished(tenant, start(tenant, "report").pk)
+
+    assert run.status == "succeeded", run.error
+    latest = by_node(tenant, run)
+    assert {latest[p].status for p in parts} == {"succeeded"}
+    assert {latest[p].routing["connection"]["name"] for p in parts} == {"reports-api"}
+    # A step is admitted once the one before it gave its slot back, after its 300 ms action.
+    starts = sorted(latest[p].started_at for p in parts)
+    assert all((later - earlier).total_seconds() >= 0.3 for earlier, later in itertools.pairwise(starts))
+    drained(tenant)
+
+
+def test_a_step_longer_than_the_lease_keeps_its_pool_slot_so_the_next_step_waits(stack, tenant_a):
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        scheduling_services.pool_create(name="single", max_concurrency=1)
+    ms = LEASE_MS + 800
+    put(tenant, "two-long", {"nodes": [
+        {"id": node, "type": "action", "action": "sleep_ms", "input": {"ms": ms}, "pool": "single"}
+        for node in ("first", "second")]})
+    run = finished(tenant, start(tenant, "two-long").pk, timeout=60)
+
+    assert run.status == "succeeded", run.error
+    earlier, later = sorted(step.started_at for step in steps(tenant, run))
+    # Without renewal the first step's pool lease would end after LEASE_MS, letting the second in.
+    assert (later - earlier).total_seconds() >= ms / 1000
     drained(tenant)
 
 

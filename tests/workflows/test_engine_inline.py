@@ -1,0 +1,212 @@
+"""The engine driven in this process, without workers: ticks, steps and the reconciler called
+directly against the real PostgreSQL and Redis.
+
+Every test is transactional, so rows commit and the fair-queue items the engine hands to
+Redis on commit are really there; ``queued`` reads them back the way a dispatcher would.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from scheduling import capacity
+from scheduling import fair_queue as fq
+from scheduling import services as scheduling_services
+from scheduling.broker import ItemContext, RetryLater
+from tenants import services as tenant_services
+from tenants.context import tenant_context
+from tenants.keys import shard_of
+from tenants.models import Tenant
+from tenants.usage import runs_this_month
+from workflows import engine, services
+from workflows.models import StepRun, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: tuple[Tenant, str]) -> Tenant:
+    return tenant_a[0]
+
+
+def put(tenant: Tenant, name: str, spec: dict[str, Any]) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name=name, spec=spec)
+
+
+def start(tenant: Tenant, workflow: str, input: Any = None) -> WorkflowRun:
+    with tenant_context(tenant):
+        run, created = services.run_start(workflow=workflow, input=input or {})
+    assert created
+    return run
+
+
+def tick(tenant: Tenant, run: WorkflowRun) -> WorkflowRun:
+    with tenant_context(tenant):
+        engine.tick(run.pk)
+        return WorkflowRun.objects.get(pk=run.pk)
+
+
+def execute(tenant: Tenant, step: StepRun) -> None:
+    """Run a step item's handler, as a worker does once the item is dispatched."""
+    ctx = ItemContext(tenant_id=str(tenant.pk), item_id=engine.step_item_id(step.pk), tier="standard",
+                      partition=f"step:{step.pk}", delivery=1, waited_ms=0)
+    with tenant_context(tenant):
+        engine.execute_step(ctx, {"step_id": str(step.pk)})
+
+
+def by_node(tenant: Tenant, run: WorkflowRun) -> dict[str, StepRun]:
+    with tenant_context(tenant):
+        return {s.node_id: s for s in StepRun.objects.filter(run_id=run.pk).order_by("node_id", "attempt")}
+
+
+def queued(tenant: Tenant) -> set[str]:
+    """The ids of the tenant's items waiting in the fair queue (dequeued, as a dispatcher would)."""
+    found: set[str] = set()
+    while item := fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000):
+        if item.tenant_id == str(tenant.pk):
+            found.add(item.item_id)
+    return found
+
+
+def echo(node_id: str, input: Any, *deps: str, **extra: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "action", "action": "echo", "input": input, "depends_on": list(deps), **extra}
+
+
+# -- the monthly run quota ----------------------------------------------------------------------
+
+
+def test_a_child_run_is_charged_to_the_quota_and_refused_with_quota_exceeded_once_it_is_used_up(tenant):
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=3)
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "parent", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf"}]})
+    first = tick(tenant, start(tenant, "parent"))
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.filter(parent_run_id=first.pk).count() == 1
+        assert runs_this_month() == 2  # the parent and its child
+
+    second = tick(tenant, start(tenant, "parent"))  # the third run: the quota is used up
+
+    kid = by_node(tenant, second)["kid"]
+    assert kid.status == "failed"
+    assert kid.child_run_id is None
+    assert kid.error["code"] == "quota_exceeded"
+    assert not kid.error["retryable"]
+    assert kid.error["message"].startswith("sub-workflow 'leaf' not started: Monthly run quota of 3 runs")
+    assert kid.error["details"]["limit"] == "monthly_run_quota"
+    assert second.status == "failed"
+    assert second.error["error"]["code"] == "quota_exceeded"
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.filter(parent_run_id=second.pk).count() == 0  # nothing half-created
+        assert WorkflowRun.objects.count() == 3
+        assert runs_this_month() == 3
+
+
+def test_continue_as_new_is_charged_to_the_quota_and_fails_the_run_with_quota_exceeded_once_it_is_used_up(
+    tenant,
+):
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
+    put(tenant, "forever", {"nodes": [{"id": "again", "type": "continue_as_new", "input": {}}]})
+    first = tick(tenant, start(tenant, "forever"))
+    assert first.status == "continued"
+    with tenant_context(tenant):
+        successor = WorkflowRun.objects.get(continued_from=first)
+        assert runs_this_month() == 2
+
+    successor = tick(tenant, successor)
+
+    assert successor.status == "failed"
+    assert successor.output is None
+    assert successor.error["node"] == "again"
+    assert successor.error["error"]["code"] == "quota_exceeded"
+    assert successor.error["error"]["message"].startswith("no successor run started: Monthly run quota of 2 runs")
+    again = by_node(tenant, successor)["again"]
+    assert (again.status, again.output) == ("failed", None)
+    with tenant_context(tenant):
+        assert not WorkflowRun.objects.filter(continued_from=successor).exists()  # nothing half-created
+        assert WorkflowRun.objects.count() == 2
+        assert runs_this_month() == 2
+
+
+# -- a busy pool ----------------------------------------------------------------------------------
+
+
+def test_a_step_whose_only_connection_is_busy_waits_in_the_queue_and_runs_once_the_slot_frees(tenant):
+    with tenant_context(tenant):
+        api = scheduling_services.connection_create(name="api", kind="http", max_concurrency=1,
+                                                    config={"base_url": "https://api.example.com"})
+        scheduling_services.pool_create(name="one", members=[scheduling_services.MemberSpec("api")])
+        assert capacity.acquire([capacity.connection_scope(api.pk, 1)], "elsewhere", lease_s=60)
+    put(tenant, "busy", {"nodes": [echo("call", {"v": 1}, pool="one")], "output": "$nodes.call.output"})
+    run = tick(tenant, start(tenant, "busy"))
+
+    step = by_node(tenant, run)["call"]
+    assert step.status == "queued"  # not failed with routing_denied
+    assert step.routing["candidates"][0]["why"] == "at its concurrency limit (1)"
+    assert engine.step_item_id(step.pk) in queued(tenant)
+    with pytest.raises(RetryLater) as retry:
+        execute(tenant, step)
+    assert retry.value.delay_s == engine.BUSY_RETRY_S
+    assert by_node(tenant, run)["call"].status == "queued"
+
+    with tenant_context(tenant):
+        capacity.release("elsewhere")
+    execute(tenant, step)
+    step = by_node(tenant, run)["call"]
+    assert step.status == "succeeded"
+    assert step.routing["connection"]["name"] == "api"
+    run = tick(tenant, run)
+    assert (run.status, run.output) == ("succeeded", {"v": 1})
+
+
+# -- ContinueAsNew ----------------------------------------------------------------------------------
+
+
+def test_continue_as_new_cancels_the_other_branches_steps_and_takes_their_items_out_of_the_queue(tenant):
+    put(tenant, "branchy", {"nodes": [
+        echo("work", {}),
+        {"id": "nap", "type": "sleep", "duration_s": 600},
+        {"id": "again", "type": "continue_as_new", "input": {},
+         "when": {"path": "input.first", "op": "exists"}},
+    ]})
+    run = tick(tenant, start(tenant, "branchy", {"first": True}))
+
+    assert run.status == "continued"
+    steps = by_node(tenant, run)
+    assert {node: s.status for node, s in steps.items()} == {
+        "work": "cancelled", "nap": "cancelled", "again": "succeeded"}
+    with tenant_context(tenant):
+        successor = WorkflowRun.objects.get(continued_from=run)
+    assert queued(tenant) == {engine.tick_item_id(successor.pk)}  # no item of "work" is left
+
+
+# -- the reconciler -------------------------------------------------------------------------------
+
+
+def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_first_a_batch_at_a_time(
+    tenant, monkeypatch
+):
+    put(tenant, "one", {"nodes": [echo("a", {})]})
+    waiting, lost_old, lost_new = (start(tenant, "one") for _ in range(3))
+    with tenant_context(tenant):
+        engine.enqueue_tick(waiting)  # the other two lost theirs (a crash before the enqueue)
+    long_ago = timezone.now() - timedelta(hours=1)
+    for age, run in enumerate((waiting, lost_old, lost_new)):
+        WorkflowRun.all_tenants.filter(pk=run.pk).update(updated_at=long_ago - timedelta(minutes=10 - age))
+    monkeypatch.setattr(engine, "RECONCILE_BATCH", 2)
+
+    def updated(run: WorkflowRun) -> Any:
+        return WorkflowRun.all_tenants.get(pk=run.pk).updated_at
+
+    assert engine.reconcile_runs() == 1  # looks at the oldest two; the waiting one is moving
+    assert updated(waiting) > long_ago  # touched: the next pass looks at others first
+    assert updated(lost_old) > long_ago
+    assert updated(lost_new) < long_ago  # past this pass's batch
+    assert engine.reconcile_runs() == 1
+    assert engine.reconcile_runs() == 0
+    ticks = {item for item in queued(tenant) if item.startswith("tick:")}
+    assert ticks == {engine.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
