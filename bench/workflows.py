@@ -10,10 +10,10 @@ On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis), with on
    ``POST /api/v1/runs`` (a kept-alive HTTP connection). The latency is the first
    step's ``started_at`` (set by the worker right before the action is called) minus
    the moment the request was sent; p50 and p99. The p50 of each hop is reported
-   too, from the rows' own timestamps: request → run row committed (``api``), run
-   row → its tick started (``tick_hop``: enqueue, dispatcher, Celery, worker), tick
-   → step row (``tick``), step row → step started (``step_hop``: the same hops again,
-   plus routing and admission on the worker).
+   too, from the rows' own timestamps: request → run row written (``api``), run
+   row → its first tick started (``to_tick``: the commit; the first tick runs in the
+   web process right after it), tick → step row (``tick``), step row → step started
+   (``step_hop``: enqueue, dispatcher, Celery, worker, routing and admission).
 2. **Runs per second**: ``RUNS_1NODE`` one-node runs and ``RUNS_10NODE`` runs of a
    10-node chain (noop), started through ``workflows.services.run_start`` with a fixed
    number unfinished at a time (a new run starts as soon as one ends); runs completed
@@ -96,7 +96,7 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
     from workflows.models import RunEvent, StepRun, WorkflowRun
 
     totals: list[float] = []
-    hops: dict[str, list[float]] = {"api": [], "tick_hop": [], "tick": [], "step_hop": []}
+    hops: dict[str, list[float]] = {"api": [], "to_tick": [], "tick": [], "step_hop": []}
     with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10) as client:
         for n in range(LATENCY_WARMUP + LATENCY_RUNS):
             time.sleep(LATENCY_GAP_S)  # idle: the dispatcher and the worker are waiting
@@ -116,7 +116,7 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
                 continue
             totals.append(ms(step.started_at, sent))
             hops["api"].append(ms(run.created_at, sent))
-            hops["tick_hop"].append(ms(ticked, run.created_at))
+            hops["to_tick"].append(ms(ticked, run.created_at))
             hops["tick"].append(ms(step.created_at, ticked))
             hops["step_hop"].append(ms(step.started_at, step.created_at))
     ordered = sorted(totals)
