@@ -316,7 +316,8 @@ def _checks(base: str, keys: dict[str, str], workload: Workload, service: DemoSe
         wanted = scenario.FLOOD_RUNS
         ok = live.started >= wanted and live.finished > 0 and live.failed == 0
         return ok, (f"floodco started {live.started:,} runs, each its own partition; {live.finished:,} "
-                    f"finished during the demo ({live.failed} failed): slowed to its share, not starved")
+                    f"finished by the checks, after the window ({live.failed} failed): "
+                    "slowed to its share, not starved")
 
     def all_done() -> tuple[bool, str]:
         parts, ok = [], True
