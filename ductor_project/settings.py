@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from here (no CDN)
     "tenants",
     "scheduling",
     "workflows",
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -132,6 +134,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DUCTOR_DATA_DIR / "static"
+# The web server serves the admin's and the API docs' assets itself (WhiteNoise): from
+# STATIC_ROOT after `manage.py collectstatic` (production), else straight from the apps.
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 # Request bodies above this size are refused with 413 payload_too_large.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DUCTOR_MAX_REQUEST_BYTES", default=1024 * 1024)
@@ -161,6 +167,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Multi-tenant workflow and task platform.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
