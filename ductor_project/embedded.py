@@ -203,13 +203,19 @@ def _start_redis(data_dir: Path) -> tuple[int, int]:
     raise EmbeddedServiceError(f"redis-server did not answer on port {port}; see {log}")
 
 
+# Whether this process started an embedded server (``up`` stops what it started).
+started_here = False
+
+
 def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True) -> ServiceState:
     """Return the live embedded servers under ``data_dir``, starting those asked for if needed.
 
     Idempotent and safe to call from many processes at once: the state file is
     read and written under an exclusive file lock. A server that is already
-    running is kept; only dead or missing ones are (re)started.
+    running is kept; only dead or missing ones are (re)started (``started_here``
+    records that this process started one).
     """
+    global started_here
     data_dir = data_dir.resolve()
     state = read_state(data_dir)
     if state is not None and state.serves(postgres=postgres, redis=redis):
@@ -219,11 +225,13 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
         if state.serves(postgres=postgres, redis=redis):
             return state
         if postgres and not state.postgres_alive():
+            started_here = True
             database_url, pg_pid = _start_postgres(data_dir)
             state = replace(state, database_url=database_url, postgres_pid=pg_pid)
         if redis and not state.redis_alive():
             if state.redis_pid:
                 _wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
+            started_here = True
             redis_port, redis_pid = _start_redis(data_dir)
             state = replace(
                 state,

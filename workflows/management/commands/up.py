@@ -3,7 +3,9 @@
 Starts (or attaches to) PostgreSQL and Redis, migrates, then runs the web
 server (gunicorn; ``--dev`` for runserver), Celery workers, dispatchers and the
 coordinator as supervised children. A child that dies is reported and
-restarted. Ctrl-C stops every child cleanly; ``make down`` stops the servers.
+restarted. Ctrl-C stops every child cleanly, then the embedded PostgreSQL and
+Redis if this command started them (``--keep-services`` keeps them; servers
+that were already running are left alone, ``make down`` stops those).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from ductor_project import embedded
 from ductor_project.stack import Stack
 from ductor_project.webserver import free_port, wait_for_http
 
@@ -31,6 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=2)
         parser.add_argument("--dispatchers", type=int, default=1)
         parser.add_argument("--dev", action="store_true", help="runserver instead of gunicorn")
+        parser.add_argument("--keep-services", action="store_true",
+                            help="leave the embedded PostgreSQL and Redis running after Ctrl-C")
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -58,7 +63,13 @@ class Command(BaseCommand):
         finally:
             self.stdout.write("Stopping every child...")
             stack.stop()
-            self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
+            if embedded.started_here and not options["keep_services"]:
+                embedded.stop(settings.DUCTOR_DATA_DIR)
+                self.stdout.write("Stopped, with the embedded PostgreSQL and Redis it started.")
+            elif embedded.started_here:
+                self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
+            else:
+                self.stdout.write("Stopped. PostgreSQL and Redis were running before and keep running.")
 
 
 def _port_free(port: int) -> bool:

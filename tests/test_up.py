@@ -1,0 +1,77 @@
+"""``manage.py up`` end to end: the whole stack comes up on fresh embedded services, serves the
+API, and Ctrl-C stops every process it started, the embedded PostgreSQL and Redis included."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from ductor_project.webserver import free_port
+from tests.conftest import ROOT
+from tests.test_embedded import alive, new_data_dir
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children in sessions of their own included)."""
+    table = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    parents: dict[int, int] = {}
+    for row in table.splitlines():
+        if row.strip():
+            child, parent = map(int, row.split())
+            parents[child] = parent
+    found: list[int] = []
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found += frontier
+    return found
+
+
+def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
+    data_dir = new_data_dir()
+    port = free_port()
+    env = {**os.environ, "DUCTOR_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "ductor_project.settings"}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    proc = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(port), "--concurrency", "1"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        lines = []
+        while "Press Ctrl-C to stop." not in lines and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+        assert "Ductor is up." in lines, lines
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/schema/", timeout=10) as response:
+            assert response.status == 200
+        services = json.loads((data_dir / "services.json").read_text())
+        children = descendants(proc.pid)
+        assert len(children) > 3  # web server, worker, dispatcher, coordinator (and their own children)
+
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the terminal's foreground group
+        proc.wait(timeout=60)
+
+        rest = proc.stdout.read()
+        assert "Stopped, with the embedded PostgreSQL and Redis it started." in rest
+        assert proc.returncode == 0
+        assert not [pid for pid in children if alive(pid)]
+        assert not alive(services["postgres_pid"])
+        assert not alive(services["redis_pid"])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        from ductor_project import embedded
+
+        embedded.stop(Path(data_dir))
+        shutil.rmtree(data_dir, ignore_errors=True)
