@@ -19,7 +19,8 @@ starts. Work therefore waits in the fair queue, not in Celery:
 - **Workers** run with prefetch disabled, ``acks_late`` and
   ``reject_on_worker_lost``. ``execute_item`` runs inside the item's tenant
   context (``@tenant_task``), checks that its delivery is still the live one (a
-  fencing token), has the process's renewal thread renew the lease while the
+  fencing token) when its lease may have run out, holds a suspended tenant's
+  item back, has the process's renewal thread renew the lease while the
   handler runs, then acks the item (releasing its capacity slot and partition)
   or nacks it with a delay. That thread sends the ack and frees the
   credit right after the task, off its path. Its Celery result is not stored:
@@ -27,9 +28,10 @@ starts. Work therefore waits in the fair queue, not in Celery:
 - System-tenant work goes to the reserved ``ductor.system`` Celery queue.
 
 Handlers are registered per item kind with ``register_handler``. Round trips
-per item: the dispatcher's credit reservation (shared by the items of a round),
-dequeue and publish; on the worker's path, one (the lease check), with the ack
-and the credit release sent right after, in the background.
+per item: the dispatcher's credit reservation and dequeue (one each, shared by
+the items of a round) and the publish; on the worker's path none (a fresh
+delivery needs no lease check), with the ack and the credit release sent
+together right after, in the background.
 """
 
 from __future__ import annotations
