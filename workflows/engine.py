@@ -20,8 +20,12 @@ Nodes start as follows:
   run ends as ``continued`` and its other active steps are cancelled.
 
 Rows are written in the transaction of the state change; fair-queue items are
-enqueued on commit. The coordinator's reconciler re-enqueues ticks of active
-runs that stopped moving, so a crash between commit and enqueue loses nothing.
+enqueued on commit. A run's first tick (after its start commits) and the tick
+after a step's outcome (in the transaction that records it, which holds the
+run's row lock already) run at once in the same process (``tick_now``), not
+through the queue; other ticks (timers, children, cancellation) are enqueued.
+The coordinator's reconciler re-enqueues ticks of active runs that stopped
+moving, so a crash between commit and enqueue loses nothing.
 """
 
 from __future__ import annotations
@@ -89,6 +93,20 @@ def enqueue_tick(run: WorkflowRun) -> None:
                            payload={"kind": "tick", "run_id": run_id})
 
     transaction.on_commit(push)
+
+
+def tick_now(run: WorkflowRun) -> None:
+    """Advance ``run`` at once, in this process, instead of through the queue: a hop saved.
+
+    Inside a transaction that holds the run's row lock (a step recording its
+    outcome), the tick runs in a savepoint of it and its writes commit with it.
+    Should the tick fail, its writes are rolled back and the tick is enqueued.
+    """
+    try:
+        tick(run.pk)
+    except Exception:
+        log.exception("inline_tick_failed", run_id=str(run.pk))
+        enqueue_tick(run)
 
 
 def _enqueue_step(step: StepRun, *, tier: str, partition: str | None) -> None:
@@ -502,8 +520,9 @@ def _run_action(step: StepRun, run: WorkflowRun, node: dict[str, Any]) -> None:
 
 
 def _record_outcome(step: StepRun, run: WorkflowRun, outcome: tuple[str, Any, Any]) -> None:
-    """Finish the step with ``(status, output, error)`` and tick its run, unless the step has
-    moved on meanwhile (cancelled, timed out): then the outcome is discarded."""
+    """Finish the step with ``(status, output, error)`` and tick its run in the same
+    transaction, unless the step has moved on meanwhile (cancelled, timed out): then the
+    outcome is discarded."""
     with transaction.atomic():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
         run = WorkflowRun.objects.select_for_update().get(pk=run.pk)
@@ -515,7 +534,7 @@ def _record_outcome(step: StepRun, run: WorkflowRun, outcome: tuple[str, Any, An
         _finish_step(locked, status, output=output, error=error)
         record_event(run, f"step_{status}", locked.node_id, attempt=locked.attempt,
                      error=(error or {}).get("code") if error else None)
-        enqueue_tick(run)
+        tick_now(run)
 
 
 def _call_action(name: str, step: StepRun, connection_id: str | None, run_id: str) -> tuple[str, Any, Any]:

@@ -85,8 +85,8 @@ def run_start(
     With an ``idempotency_key`` already used by this tenant, returns that run
     and starts nothing. Charges the monthly run quota (429 when used up) in the
     same transaction that creates the run: a refused start leaves nothing. The
-    run's first tick runs right after the commit, in this process (see
-    ``_first_tick``).
+    run's first tick runs right after the commit, in this process
+    (``engine.tick_now``).
     """
     tenant = current_tenant()
     limits = effective_entitlements(tenant)
@@ -115,7 +115,7 @@ def run_start(
             run.root_run_id = run.id
             run.save()
             engine.record_event(run, "created", version=found.number)
-            transaction.on_commit(partial(_first_tick, run))
+            transaction.on_commit(partial(engine.tick_now, run))
     except IntegrityError:
         # Another request with the same idempotency key won the race.
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
@@ -124,17 +124,6 @@ def run_start(
         return existing, False
     log.info("run_started", run_id=str(run.id), workflow=workflow, version=found.number)
     return run, True
-
-
-def _first_tick(run: WorkflowRun) -> None:
-    """Advance a just-committed run at once, in the starting process: its first steps are
-    enqueued without a queue hop for the tick before them. Should that fail, the tick goes
-    through the fair queue as any other (the reconciler would find the run otherwise)."""
-    try:
-        engine.tick(run.id)
-    except Exception:
-        log.exception("first_tick_failed", run_id=str(run.id))
-        engine.enqueue_tick(run)
 
 
 def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, bool]]:
