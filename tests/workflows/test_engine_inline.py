@@ -210,3 +210,39 @@ def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_
     assert engine.reconcile_runs() == 0
     ticks = {item for item in queued(tenant) if item.startswith("tick:")}
     assert ticks == {engine.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
+
+
+# -- ticks that skip the queue ------------------------------------------------------------------
+
+
+def test_a_steps_outcome_ticks_its_run_in_the_same_transaction(tenant):
+    put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
+    run = start(tenant, "chain")  # its first tick ran in run_start: step a is queued
+    assert queued(tenant) == {engine.step_item_id(by_node(tenant, run)["a"].pk)}
+
+    execute(tenant, by_node(tenant, run)["a"])
+
+    steps = by_node(tenant, run)
+    assert steps["a"].status == StepRun.Status.SUCCEEDED
+    assert steps["b"].status == StepRun.Status.QUEUED  # started by the tick inside a's outcome
+    assert queued(tenant) == {engine.step_item_id(steps["b"].pk)}  # and no tick item to run
+
+
+def test_an_inline_tick_that_fails_is_rolled_back_alone_and_goes_through_the_queue(tenant, monkeypatch):
+    put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
+    run = start(tenant, "chain")
+    step = by_node(tenant, run)["a"]
+    queued(tenant)
+
+    def broken(*args: Any, **kwargs: Any) -> bool:
+        StepRun.objects.filter(pk=step.pk).update(output={"written": "by the failed tick"})
+        raise RuntimeError("a bug in the tick")
+
+    monkeypatch.setattr(engine, "_start_ready", broken)
+    execute(tenant, step)
+
+    steps = by_node(tenant, run)
+    assert steps["a"].status == StepRun.Status.SUCCEEDED  # the outcome is kept ...
+    assert steps["a"].output == {"n": 1}  # ... without what the failed tick wrote
+    assert "b" not in steps
+    assert queued(tenant) == {engine.tick_item_id(run.pk)}  # the tick waits in the queue instead
