@@ -27,6 +27,9 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
+# The thread looks at least this often, so a lease due later needs no wake-up when it is held.
+LOOK_EVERY_S = 1.0
+
 
 @dataclass(eq=False)
 class _Held:
@@ -45,7 +48,7 @@ class Renewals:
         self._hooks: list[Callable[[], None]] = []
         self._ids = itertools.count()
         self._changed = threading.Event()
-        self._wakes_at = math.inf  # when the thread looks next (monotonic)
+        self._wakes_at = 0.0  # when the thread looks next (monotonic); 0: not started
         self._pid = 0
 
     def after_wake(self, hook: Callable[[], None]) -> None:
@@ -59,7 +62,8 @@ class Renewals:
             self._ensure_thread()
             key = next(self._ids)
             self._held[key] = held
-            # Wake the thread only if it would look too late (no thread switch per hold).
+            # Wake the thread only if it would look too late (no thread switch per hold: a
+            # lease renewed every third of 30 s is looked at in time anyway).
             wake = held.due_at < self._wakes_at
         if wake:
             self._changed.set()
@@ -84,7 +88,7 @@ class Renewals:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._held.clear()
-            self._wakes_at = math.inf
+            self._wakes_at = 0.0
             threading.Thread(target=self._run, daemon=True, name=self.name).start()
 
     def _run(self) -> None:
@@ -101,9 +105,10 @@ class Renewals:
             for key, held in due:
                 self._renew(key, held)
             with self._lock:
-                self._wakes_at = min((held.due_at for held in self._held.values()), default=math.inf)
+                soonest = min((held.due_at for held in self._held.values()), default=math.inf)
+                self._wakes_at = min(soonest, time.monotonic() + LOOK_EVERY_S)
                 wait = self._wakes_at - time.monotonic()
-            self._changed.wait(None if math.isinf(wait) else max(wait, 0.001))
+            self._changed.wait(max(wait, 0.001))
 
     def _renew(self, key: int, held: _Held) -> None:
         with held.lock:
