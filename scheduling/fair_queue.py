@@ -117,6 +117,8 @@ _MAX_CALLS = 100
 ITEMS_PER_CALL = 500
 # Longest single wait in wait_for_work: well below the Redis client's socket timeout.
 MAX_WAIT_S = 2.0
+# Shortest blocking wait: Redis counts a blocking timeout in whole ms.
+MIN_WAIT_S = 0.002
 _LIBRARIES = ("capacity_lib", "fq_lib")
 
 
@@ -656,14 +658,15 @@ def wait_for_work(*, shard: int = 0, timeout_s: float) -> bool:
 
     A dispatcher sleeps here for ``next_due_ms`` at most; an enqueue that makes
     a tenant ready, or sets an earlier timer, wakes one sleeper. The wait is cut
-    to ``MAX_WAIT_S`` (below the client's socket timeout); ``timeout_s <= 0``
-    only takes a pending signal. Dispatcher side.
+    to ``MAX_WAIT_S`` (below the client's socket timeout) and raised to 1 ms (Redis
+    counts a blocking timeout in whole ms, and 0 ms would mean forever);
+    ``timeout_s <= 0`` only takes a pending signal. Dispatcher side.
     """
     _dispatcher_side()
     key = global_key("wake", shard=_check_shard(shard))
     if timeout_s <= 0:
         return get_redis().lpop(key) is not None
-    return get_redis().blpop([key], timeout=min(timeout_s, MAX_WAIT_S)) is not None
+    return get_redis().blpop([key], timeout=min(max(timeout_s, MIN_WAIT_S), MAX_WAIT_S)) is not None
 
 
 def stats(tenant: Tenant | None = None) -> QueueStats:

@@ -181,6 +181,10 @@ def test_a_future_item_waits_on_a_timer_and_next_due_says_when(tenant_with, redi
     assert fq.next_due_ms() == 0
     assert fq.wait_for_work(timeout_s=0.05) is True
     assert fq.wait_for_work(timeout_s=0) is False  # one token, taken
+    # Less than a ms still times out (Redis would read 0 ms as "block forever").
+    started = time.monotonic()
+    assert fq.wait_for_work(timeout_s=0.0004) is False
+    assert time.monotonic() - started < 5
 
 
 def test_one_item_in_flight_per_partition_and_partition_items_go_out_in_due_order(
