@@ -3,6 +3,7 @@ API, and Ctrl-C stops every process it started, the embedded PostgreSQL and Redi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -69,8 +70,12 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
         assert not alive(services["postgres_pid"])
         assert not alive(services["redis_pid"])
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failed assertion: leave nothing behind either
+            leftovers = descendants(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         from ductor_project import embedded
 
         embedded.stop(Path(data_dir))
