@@ -421,8 +421,8 @@ def _summary(console: Console, tenants: dict[str, Tenant], dispatches: list[metr
         data_dir / "demo-throughput.png", labels=labels, times=mids, dispatches_per_s=rates, share=got, fair=fair,
         waits_ms=waits, markers=markers, drain_from=drain_from, end=until, headline=headline,
         subtitle=(f"{WORKERS} Celery worker x {WORKER_CONCURRENCY} processes, {DISPATCHERS} dispatcher; a "
-                  "floodco run is one dispatch (its tick), a one-step run of the others up to three (tick, step, "
-                  f"tick); {BUCKET_S:g}-second buckets"),
+                  "floodco run is one dispatch (its tick), a one-step run of the others one or two (its step, "
+                  f"after a queued first tick for bulk starts); {BUCKET_S:g}-second buckets"),
     )
     console.print(f"Chart: [bold]{path}[/bold]", highlight=False)
 

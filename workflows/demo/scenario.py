@@ -8,8 +8,8 @@ Four tenants on three plans:
   partition). It is a runaway poller: its runs find nothing changed, so the
   ``when`` of their one step skips it and a run is one tick, one dispatch.
   The flood's runs then finish at the rate the flood is served, where runs of
-  three dispatches (tick, step, tick) would all start, oldest first, before
-  the first one finished. Started one ``POST /runs`` at a time, they would
+  two dispatches (a bulk start's first tick, then the step) would all start,
+  oldest first, before the first one finished. Started one ``POST /runs`` at a time, they would
   cost the web server more CPU than the whole demo has.
 - ``acme`` (enterprise, weight 16) and ``globex`` (pro, weight 4) are the
   normal tenants. They start the feature workflows (a diamond of
@@ -57,8 +57,8 @@ BACKLOG = {"acme": (40, 24, 400), "globex": (15, 10, 100)}
 FEED_WAIT_S = 1.0
 FEED_EVERY_S = 0.3
 TRICKLE_RUNS = 24
-# A run is three fair-queue items (tick, step, tick): keep the trickle below the latecomer's
-# fair share even on a slow, shared two-core machine.
+# A run started alone is one fair-queue item (its step; its ticks run inline): keep the
+# trickle below the latecomer's fair share even on a slow, shared two-core machine.
 TRICKLE_EVERY_S = 0.75
 COUNTDOWN_FROM = 3
 REPORT_PARTS = 4
