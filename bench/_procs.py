@@ -7,15 +7,15 @@ Not a benchmark itself (``run_all.py`` skips files starting with ``_``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ductor_project.stack import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,19 +91,8 @@ class Child:
         raise RuntimeError(f"{self.name}: no {text!r} after {timeout}s:\n{self.output()[-3000:]}")
 
     def stop(self, timeout: float = 20) -> None:
-        """SIGTERM the process group (warm shutdown), SIGKILL it if it lingers."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-            except ProcessLookupError:
-                pass
-        # Children that outlived their leader (none expected) go with the group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGTERM the process group (warm shutdown), SIGKILL what is left of it."""
+        stop_group(self.proc, grace_s=timeout)
         self._out.close()
 
 
@@ -139,6 +128,27 @@ class Processes:
 
     def dispatcher(self, name: str, env: dict[str, str]) -> Child:
         return self.start(name, [sys.executable, "manage.py", "run_dispatcher"], env)
+
+    def fair_broker(self, prefix: str, *, workers: int, concurrency: int, dispatchers: int,
+                    env: dict[str, str]) -> list[Child]:
+        """Start ``workers`` Celery workers (with ``bench._worker_tasks``) and ``dispatchers``
+        dispatchers; once every worker slot is registered and every dispatcher runs, return
+        them all, dispatchers first (the order to stop them in)."""
+        from ductor_project.celery import WORK_QUEUE
+        from scheduling import broker
+
+        started = [
+            self.celery_worker(f"{prefix}worker-{i}", "ductor_project", concurrency=concurrency, env=env,
+                               extra=("--include", "bench._worker_tasks"))
+            for i in range(workers)
+        ]
+        wait_ready(*started)
+        while broker.worker_slots(WORK_QUEUE) < workers * concurrency:
+            time.sleep(0.1)
+        running = [self.dispatcher(f"{prefix}dispatcher-{i}", env) for i in range(dispatchers)]
+        for dispatcher in running:
+            dispatcher.wait_for_output("dispatcher_started")
+        return running + started
 
 
 def wait_ready(*workers: Child, timeout: float = 90) -> None:

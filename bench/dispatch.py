@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import ROOT, Processes, child_env, log, redis_client, setup_django, wait_ready
+from bench._procs import ROOT, Processes, child_env, log, redis_client, setup_django
 
 WORKERS, CONCURRENCY = 2, 2
 # One dispatcher keeps 4 worker slots busy; on 2 cores a second one only takes CPU from them.
@@ -122,23 +122,12 @@ def celery_round(count: int) -> float:
 
 
 def run_e2e(procs: Processes) -> dict[str, Any]:
-    from ductor_project.celery import WORK_QUEUE
-    from scheduling import broker
 
     redis = redis_client()
     redis.flushdb()
     tenants = make_tenants()
     env = child_env()
-    workers = [
-        procs.celery_worker(f"worker-{i}", "ductor_project", concurrency=CONCURRENCY, env=env,
-                            extra=("--include", "bench._worker_tasks"))
-        for i in range(WORKERS)
-    ]
-    wait_ready(*workers)
-    while broker.worker_slots(WORK_QUEUE) < WORKERS * CONCURRENCY:
-        time.sleep(0.1)
-    for dispatcher in [procs.dispatcher(f"dispatcher-{i}", env) for i in range(DISPATCHERS)]:
-        dispatcher.wait_for_output("dispatcher_started")
+    procs.fair_broker("", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS, env=env)
     log("e2e: workers and dispatchers up; warming up")
     ductor_round(tenants, WARMUP_TASKS, "warm")
     celery_round(WARMUP_TASKS)

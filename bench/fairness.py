@@ -201,24 +201,12 @@ def analyse(rows: list[str], begin: int, end: int, weights: dict[str, int], tota
 
 def run_ductor(procs: Processes, tenants: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:
     from bench._worker_tasks import STARTS
-    from ductor_project.celery import WORK_QUEUE
-    from scheduling import broker
     from scheduling import fair_queue as fq
 
     redis = redis_client()
     redis.flushdb()
     env = child_env()
-    workers = [
-        procs.celery_worker(f"ductor-worker-{i}", "ductor_project", concurrency=CONCURRENCY, env=env,
-                            extra=("--include", "bench._worker_tasks"))
-        for i in range(WORKERS)
-    ]
-    wait_ready(*workers)
-    while broker.worker_slots(WORK_QUEUE) < WORKERS * CONCURRENCY:
-        time.sleep(0.1)
-    dispatchers = [procs.dispatcher(f"ductor-dispatcher-{i}", env) for i in range(DISPATCHERS)]
-    for dispatcher in dispatchers:
-        dispatcher.wait_for_output("dispatcher_started")
+    children = procs.fair_broker("ductor-", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS, env=env)
     log("ductor: workers and dispatchers up; enqueueing the adversarial mix")
 
     totals = {}
@@ -240,7 +228,7 @@ def run_ductor(procs: Processes, tenants: dict[str, Any], weights: dict[str, int
     waits, censored = trickle(redis, STARTS, submit, begin=begin + TRICKLE_AFTER_STARTS,
                               end=begin + WINDOW_STARTS, deadline=deadline, settle_s=10.0)
     seconds = clock.seconds()
-    for child in dispatchers + workers:
+    for child in children:
         procs.stop(child)
     rows = [row.decode() for row in redis.lrange(STARTS, 0, -1)]
     result = analyse(rows, begin, begin + WINDOW_STARTS, weights, totals, waits, censored, seconds)

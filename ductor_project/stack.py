@@ -16,8 +16,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
+    """Stop a child started in a process group of its own: SIGTERM to the group (a Celery
+    worker shuts down warm), then SIGKILL to whatever of the group is left after ``grace_s``."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +10,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from ductor_project.stack import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,12 +61,6 @@ class WebServer:
         wait_for_http(f"{self.url}/api/schema/", timeout_s=timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc)
         if hasattr(self._log, "close"):
             self._log.close()

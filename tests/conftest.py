@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from django.conf import settings
 from django.db import connection, connections
 from rest_framework.test import APIClient
 
+from ductor_project.stack import stop_group
 from tenants import services
 from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
@@ -166,13 +166,7 @@ class CeleryWorker:
         return self.log.read_text()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc, grace_s=20)
         self._log_handle.close()
 
 

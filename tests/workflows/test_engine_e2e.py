@@ -29,6 +29,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from ductor_project.stack import stop_group
 from scheduling import capacity
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
@@ -70,13 +71,7 @@ class Service:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc)
         self._out.close()
 
 
