@@ -13,6 +13,8 @@
      ignored like ``execute_item``'s) and time until the queue is empty and nothing is unacked.
    Each side's rate is its total tasks over its total time; ``e2e_ratio`` is their quotient
    (``e2e_ratio_median_round``: the median of the per-round quotients).
+3. The same again on workers started with ``DUCTOR_HANDOFF_MS=0`` (``without_handoff``):
+   every item through a Celery message of its own, none taken by a worker that finished one.
 
 Needs its own data dir (it FLUSHES Redis): ``DUCTOR_DATA_DIR=.ductor/bench-x python
 bench/dispatch.py`` (``--e2e-only`` skips the core part). Progress on stderr; the last
@@ -121,14 +123,16 @@ def celery_round(count: int) -> float:
     return time.perf_counter() - started
 
 
-def run_e2e(procs: Processes) -> dict[str, Any]:
-
+def run_e2e(procs: Processes, *, handoff_ms: int | None = None) -> dict[str, Any]:
+    """The interleaved rounds, on workers started for them (``handoff_ms``: their
+    ``DUCTOR_HANDOFF_MS``, else the default); they are stopped afterwards."""
     redis = redis_client()
     redis.flushdb()
     tenants = make_tenants()
-    env = child_env()
+    env = child_env(**({} if handoff_ms is None else {"DUCTOR_HANDOFF_MS": str(handoff_ms)}))
     procs.fair_broker("", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS, env=env)
-    log("e2e: workers and dispatchers up; warming up")
+    label = "" if handoff_ms is None else f" (DUCTOR_HANDOFF_MS={handoff_ms})"
+    log(f"e2e{label}: workers and dispatchers up; warming up")
     ductor_round(tenants, WARMUP_TASKS, "warm")
     celery_round(WARMUP_TASKS)
 
@@ -141,8 +145,9 @@ def run_e2e(procs: Processes) -> dict[str, Any]:
         ductor_s.append(ductor_round(tenants, TASKS, f"r{r}"))
         if not r % 2:
             celery_s.append(celery_round(TASKS))
-        log(f"round {r + 1}/{ROUNDS}: fair broker {TASKS / ductor_s[-1]:.0f} tasks/s, "
+        log(f"round {r + 1}/{ROUNDS}{label}: fair broker {TASKS / ductor_s[-1]:.0f} tasks/s, "
             f"plain Celery {TASKS / celery_s[-1]:.0f} tasks/s")
+    procs.stop_all()
     e2e = TASKS * ROUNDS / sum(ductor_s)
     baseline = TASKS * ROUNDS / sum(celery_s)
     return {
@@ -168,6 +173,8 @@ def main() -> int:
     procs = Processes(Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / "dispatch")
     try:
         e2e = run_e2e(procs)
+        # Every item through a Celery message of its own: the dispatchers' path alone.
+        e2e["without_handoff"] = run_e2e(procs, handoff_ms=0)
     finally:
         procs.stop_all()
         redis_client().flushdb()
@@ -179,7 +186,7 @@ def main() -> int:
         **e2e,
         "config": {"workers": WORKERS, "concurrency": CONCURRENCY, "dispatchers": DISPATCHERS,
                    "tasks_per_round": TASKS, "rounds": ROUNDS, "tenants": TENANTS,
-                   "dispatch_buffer": settings.DUCTOR_DISPATCH_BUFFER},
+                   "dispatch_buffer": settings.DUCTOR_DISPATCH_BUFFER, "handoff_ms": settings.DUCTOR_HANDOFF_MS},
     }
     print(json.dumps(result))
     return 0

@@ -50,6 +50,7 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("dequeue_cost_ratio_100k_vs_10", None, "<= 1.5",
          lambda r: r["dequeue_cost_ratio_100k_vs_10"] <= 1.5),
         ("e2e_tasks_per_s", "baseline_celery_tasks_per_s", "e2e_ratio >= 0.8", lambda r: r["e2e_ratio"] >= 0.8),
+        ("without_handoff.e2e_tasks_per_s", "without_handoff.baseline_celery_tasks_per_s", "", None),
     ],
     "workflows": [
         ("start_latency_ms_p50", None, "<= 50 (idle system)", lambda r: r["start_latency_ms_p50"] <= 50),

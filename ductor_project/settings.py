@@ -191,6 +191,9 @@ CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Messages a dispatcher may publish beyond the free worker slots.
 DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=2)
+# How long a worker process that finished an item may go on taking the next ones of its queue
+# itself, per Celery message, instead of waiting for a dispatcher (0: never).
+DUCTOR_HANDOFF_MS = env.int("DUCTOR_HANDOFF_MS", default=250)
 # How long a dispatched item is leased to its worker (extended while it runs).
 DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
 # Delay before an item whose handler raised is delivered again.

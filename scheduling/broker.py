@@ -19,18 +19,27 @@ starts. Work therefore waits in the fair queue, not in Celery:
 - **Workers** run with prefetch disabled, ``acks_late`` and
   ``reject_on_worker_lost``. ``execute_item`` runs inside the item's tenant
   context (``@tenant_task``), checks that its delivery is still the live one (a
-  fencing token) when its lease may have run out, holds a suspended tenant's
-  item back, has the process's renewal thread renew the lease while the
-  handler runs, then acks the item (releasing its capacity slot and partition)
-  or nacks it with a delay. That thread sends the ack and frees the
-  credit right after the task, off its path. Its Celery result is not stored:
-  the fair queue is the record of what ran.
+  fencing token) when its lease may have run out or Celery delivers the message
+  again, holds a suspended tenant's item back, has the process's renewal thread
+  renew the lease while the handler runs, then acks the item (releasing its
+  capacity slot and partition) or nacks it with a delay. Its Celery result is
+  not stored: the fair queue is the record of what ran.
+- **Handoff.** A worker process that finishes an item does not wait for a
+  dispatcher to fill its slot again: in one round trip it acks the item and
+  dequeues the next one of the same Celery queue's tiers, by the same fair
+  dequeue, and runs it in that item's own tenant context; so on for at most
+  ``DUCTOR_HANDOFF_MS`` per message (0 turns it off). The slot keeps its
+  credit meanwhile, so the credit bound holds. When nothing is due, the last
+  ack and the credit go to the process's renewal thread, sent right after the
+  task, off its path. Dispatchers start work on idle slots; a saturated worker
+  feeds itself, at the moment a slot frees, in the fair order.
 - System-tenant work goes to the reserved ``ductor.system`` Celery queue.
 
 Handlers are registered per item kind with ``register_handler``. Round trips
-per item: the dispatcher's credit reservation and dequeue (one each, shared by
-the items of a round) and the publish; on the worker's path none (a fresh
-delivery needs no lease check), with the ack and the credit release sent
+per item: handed off, one (the ack of the previous item and the dequeue);
+dispatched, the dispatcher's credit reservation and dequeue (one each, shared
+by the items of a round) and the publish, and on the worker's path none (a
+fresh delivery needs no lease check), with the ack and the credit release sent
 together right after, in the background.
 """
 
@@ -54,10 +63,10 @@ from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.redis import get_redis
 from scheduling import fair_queue, scripts
 from scheduling.renewals import renewals
-from tenants.context import current_tenant
-from tenants.keys import global_redis_key
+from tenants.context import current_tenant, no_tenant, tenant_context
+from tenants.keys import global_redis_key, shard_of
 from tenants.models import Tenant
-from tenants.tasking import tenant_task
+from tenants.tasking import cached_tenant, refresh_db_connections, tenant_task
 
 log = structlog.get_logger(__name__)
 
@@ -324,65 +333,146 @@ _finisher = _Finisher()
 renewals.after_wake(_finisher.flush)
 
 
+@dataclass(frozen=True)
+class _Delivery:
+    """One delivery of an item to this worker: from a Celery message, or handed off."""
+
+    item_id: str
+    delivery: int
+    kind: str
+    body: dict[str, Any]
+    tier: str
+    partition: str
+    waited_ms: int
+    lease_until_ms: int
+
+    @classmethod
+    def of(cls, item: fair_queue.Dequeued) -> _Delivery:
+        body = item.payload if isinstance(item.payload, dict) else {"value": item.payload}
+        return cls(item.item_id, item.delivery, str(body.get("kind", "noop")), body, item.tier, item.partition,
+                   item.waited_ms, item.lease_until_ms)
+
+
 @tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
                  waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0) -> str:
-    """Run one fair-queue item on a worker, inside its tenant context.
+    """Run one fair-queue item on a worker, inside its tenant context; then, while
+    ``DUCTOR_HANDOFF_MS`` lasts, the next items of the same Celery queue (see ``_run``
+    and ``_handoff``). Returns the outcome of the last one.
+
+    The ack of the last item and the dispatch credit go to the process's renewal
+    thread, sent right after the task, whatever happened.
+    """
+    queue = queue_for(tier)
+    tenant = current_tenant()
+    # A message Celery delivers again (its worker process died) may be of an item this worker
+    # already finished and acked before handing off: ask Redis, however fresh its lease looks.
+    redelivered = bool((execute_item.request.delivery_info or {}).get("redelivered"))
+    ack = None
+    try:
+        outcome, ack = _run(tenant, _Delivery(item_id, delivery, kind, body, tier, partition, waited_ms,
+                                              lease_until_ms), queue, credit, check_lease=redelivered)
+        deadline = time.monotonic() + settings.DUCTOR_HANDOFF_MS / 1000
+        shard = shard_of(str(tenant.pk))
+        while time.monotonic() < deadline:
+            finished, ack = ack, None
+            try:
+                item = _handoff(finished, queue, shard)
+            except Exception:
+                log.warning("handoff_failed", exc_info=True)
+                ack = finished  # sent again by the renewal thread: acks are idempotent
+                break
+            if item is None:
+                break
+            outcome, ack = _run_handed_off(item, queue, credit)
+        return outcome
+    finally:
+        _finisher.later(queue, credit, ack)
+
+
+def _handoff(finished: tuple[Tenant, str, int] | None, queue: str, shard: int) -> fair_queue.Dequeued | None:
+    """Ack ``finished`` and take the next item of ``queue``'s tiers on ``shard``: one round trip.
+
+    The worker process keeps its slot (and its dispatch credit) instead of giving
+    it back and waiting for a dispatcher to publish the next item into Celery. The
+    next item is chosen by the same fair dequeue a dispatcher would run, at the
+    moment the slot frees, so the fair order holds when execution starts.
+    """
+    tiers = [SYSTEM_TIER] if queue == SYSTEM_QUEUE else CUSTOMER_TIERS
+    with no_tenant():
+        acked, item = fair_queue.handoff(finished, shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, tiers=tiers)
+    if finished is not None and not acked:
+        log.warning("ack_of_lost_lease", item_id=finished[1], tenant_id=str(finished[0].pk))
+    if item is not None:
+        log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
+                 partition=item.partition, waited_ms=item.waited_ms, handoff=True)
+    return item
+
+
+def _run_handed_off(item: fair_queue.Dequeued, queue: str, credit: str) -> tuple[str, tuple[Tenant, str, int] | None]:
+    """``_run`` a handed-off item the way ``@tenant_task`` runs a message: in its own tenant's
+    context alone, with the database connections checked first."""
+    refresh_db_connections()
+    tenant = cached_tenant(item.tenant_id)
+    if tenant is None:  # deleted since: its items go with it
+        log.error("handoff_unknown_tenant", item_id=item.item_id, tenant_id=item.tenant_id)
+        return "dropped", None
+    with no_tenant(), tenant_context(tenant):
+        return _run(tenant, _Delivery.of(item), queue, credit)
+
+
+def _run(
+    tenant: Tenant, item: _Delivery, queue: str, credit: str, *, check_lease: bool = False
+) -> tuple[str, tuple[Tenant, str, int] | None]:
+    """Run one delivery in ``tenant``'s context; its outcome, and the ack it needs, if any.
 
     At-least-once: a delivery whose lease was lost (the item was re-delivered
     elsewhere, or already finished) does nothing. That needs asking Redis only
-    when the lease may have ended: a message that starts with more than
-    ``FRESH_LEASE_FRACTION`` of its lease left cannot have been superseded (an
-    item is delivered again only after its lease), so it runs at once. A handler
-    that returns has its item acked, one that raises has it nacked
-    (``RetryLater``: after its delay); the process's renewal thread renews the lease
-    meanwhile, and sends the ack and frees the dispatch credit right after the
-    task, whatever happened. A suspended tenant's item waits
-    (``DUCTOR_SUSPENDED_ITEM_DELAY_MS``) instead of running. Returns the outcome.
+    when the lease may have ended, or when ``check_lease``: a delivery that
+    starts with more than ``FRESH_LEASE_FRACTION`` of its lease left cannot have
+    been superseded (an item is delivered again only after its lease), so it runs
+    at once. A handler
+    that returns has its item acked (by the caller), one that raises has it nacked
+    here (``RetryLater``: after its delay); the process's renewal thread renews
+    the lease meanwhile. A suspended tenant's item waits
+    (``DUCTOR_SUSPENDED_ITEM_DELAY_MS``) instead of running.
     """
-    queue = queue_for(tier)
     lease_ms = settings.DUCTOR_LEASE_MS
-    tenant = current_tenant()
-    ack = None
+    item_id, delivery, kind = item.item_id, item.delivery, item.kind
+    left_ms = item.lease_until_ms - time.time() * 1000
+    if left_ms > lease_ms * FRESH_LEASE_FRACTION and not check_lease:
+        renew_in_s = max(left_ms - lease_ms * 2 / 3, 0) / 1000
+    elif fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery):
+        renew_in_s = lease_ms / 3000
+    else:
+        log.info("stale_delivery_dropped", item_id=item_id, delivery=delivery)
+        return "stale", None
+    if not tenant.is_active:
+        fair_queue.nack(item_id, delay_ms=settings.DUCTOR_SUSPENDED_ITEM_DELAY_MS, delivery=delivery)
+        log.info("item_held_tenant_suspended", item_id=item_id, kind=kind)
+        return "suspended", None
+    handler = _handlers.get(kind)
+    if handler is None:
+        log.error("no_handler_for_item", item_id=item_id, kind=kind)
+        return "dropped", (tenant, item_id, delivery)
+    ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item_id, tier=item.tier, partition=item.partition,
+                      delivery=delivery, waited_ms=item.waited_ms)
+    hold = renewals.hold(partial(_renew_item, tenant, item_id, delivery, lease_ms, queue, credit),
+                         every_s=lease_ms / 3000, first_in_s=renew_in_s)
     try:
-        left_ms = lease_until_ms - time.time() * 1000
-        if left_ms > lease_ms * FRESH_LEASE_FRACTION:
-            renew_in_s = max(left_ms - lease_ms * 2 / 3, 0) / 1000
-        elif fair_queue.extend_lease(item_id, lease_ms=lease_ms, delivery=delivery):
-            renew_in_s = lease_ms / 3000
-        else:
-            log.info("stale_delivery_dropped", item_id=item_id, delivery=delivery)
-            return "stale"
-        if not tenant.is_active:
-            fair_queue.nack(item_id, delay_ms=settings.DUCTOR_SUSPENDED_ITEM_DELAY_MS, delivery=delivery)
-            log.info("item_held_tenant_suspended", item_id=item_id, kind=kind)
-            return "suspended"
-        handler = _handlers.get(kind)
-        if handler is None:
-            log.error("no_handler_for_item", item_id=item_id, kind=kind)
-            ack = (tenant, item_id, delivery)
-            return "dropped"
-        ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item_id, tier=tier, partition=partition,
-                          delivery=delivery, waited_ms=waited_ms)
-        hold = renewals.hold(partial(_renew_item, tenant, item_id, delivery, lease_ms, queue, credit),
-                             every_s=lease_ms / 3000, first_in_s=renew_in_s)
-        try:
-            with structlog.contextvars.bound_contextvars(item_id=item_id, kind=kind):
-                handler(ctx, body)
-        except RetryLater as retry:
-            renewals.release(hold)
-            fair_queue.nack(item_id, delay_ms=int(retry.delay_s * 1000), delivery=delivery)
-            return "retry"
-        except Exception:
-            renewals.release(hold)
-            log.exception("item_handler_failed", item_id=item_id, kind=kind)
-            fair_queue.nack(item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=delivery)
-            return "failed"
+        with structlog.contextvars.bound_contextvars(item_id=item_id, kind=kind):
+            handler(ctx, item.body)
+    except RetryLater as retry:
         renewals.release(hold)
-        ack = (tenant, item_id, delivery)
-        return "ok"
-    finally:
-        _finisher.later(queue, credit, ack)
+        fair_queue.nack(item_id, delay_ms=int(retry.delay_s * 1000), delivery=delivery)
+        return "retry", None
+    except Exception:
+        renewals.release(hold)
+        log.exception("item_handler_failed", item_id=item_id, kind=kind)
+        fair_queue.nack(item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=delivery)
+        return "failed", None
+    renewals.release(hold)
+    return "ok", (tenant, item_id, delivery)
 
 
 _registration: dict[str, Any] = {}

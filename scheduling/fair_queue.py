@@ -523,18 +523,57 @@ def dequeue_batches(
         batch = scripts.Batch()
         for i in pending:
             tiers, limit = wanted[i]
-            args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit - len(results[i]), *tiers]
-            _run("fq_dequeue", [global_key("timers", shard=shard)], args, batch)
+            _queue_dequeue(batch, shard, lease_ms, tiers, limit - len(results[i]))
         again = []
         for i, reply in zip(pending, batch.execute(), strict=True):
-            if isinstance(reply, Exception):
-                raise reply
-            status, *found = reply
-            results[i] += [_dequeued(row) for row in found]
-            if _text(status) == "again" and len(results[i]) < wanted[i][1]:
+            found, more = _dequeue_reply(reply)
+            results[i] += found
+            if more and len(results[i]) < wanted[i][1]:
                 again.append(i)
         pending = again
     return results
+
+
+def handoff(
+    finished: tuple[Tenant, str, int] | None, *, shard: int, lease_ms: int, tiers: Sequence[str]
+) -> tuple[bool | None, Dequeued | None]:
+    """Ack ``finished`` (tenant, item id, delivery), when given, then dequeue the shard's next
+    item of ``tiers`` (see ``dequeue``): one round trip for both, in that order, so that the
+    slot and the partition the ack frees are already free for the dequeue.
+
+    For a worker that finishes an item and takes the next one itself. Returns
+    whether the ack acked (None without ``finished``) and the item, or None.
+    Call it outside any customer tenant's context.
+    """
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    _at_least("lease_ms", lease_ms, 1)
+    batch = scripts.Batch()
+    if finished is not None:
+        tenant, item_id, delivery = finished
+        queue_ack(batch, item_id, delivery=delivery, tenant=tenant)
+    _queue_dequeue(batch, shard, lease_ms, _tiers(tiers), 1)
+    *acked, reply = batch.execute()
+    if acked and isinstance(acked[0], Exception):
+        raise acked[0]
+    found, more = _dequeue_reply(reply)
+    if not found and more:  # a mass wake-up: finish it the usual way
+        found = dequeue_many(shard=shard, lease_ms=lease_ms, tiers=tiers, limit=1)
+    return (acked[0] == 1 if acked else None), (found[0] if found else None)
+
+
+def _queue_dequeue(batch: scripts.Batch, shard: int, lease_ms: int, tiers: list[str], limit: int) -> None:
+    args = [*_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit, *tiers]
+    _run("fq_dequeue", [global_key("timers", shard=shard)], args, batch)
+
+
+def _dequeue_reply(reply: Any) -> tuple[list[Dequeued], bool]:
+    """The items of one ``fq_dequeue`` call, and whether more may be eligible (a mass wake-up
+    cut the call short)."""
+    if isinstance(reply, Exception):
+        raise reply
+    status, *found = reply
+    return [_dequeued(row) for row in found], _text(status) == "again"
 
 
 def _tiers(tiers: Sequence[str] | None) -> list[str]:

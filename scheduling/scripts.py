@@ -45,10 +45,14 @@ def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ..
 class Batch:
     """Script calls sent together in one round trip, in order; each is atomic, the batch is not.
 
-    Unlike redis-py's pipelined scripts, it does not ask ``SCRIPT EXISTS`` first (a
-    round trip more): a call the server does not know the script of is sent
-    again, in order, after loading it.
+    Unlike redis-py's pipelined scripts, it does not ask ``SCRIPT EXISTS`` before
+    every batch (a round trip more): a script is loaded once per process, before
+    its first batch, so that the calls run in their order. Should the server have
+    lost a script since (a restart), the calls that failed for it are sent again
+    after the others, once it is loaded again.
     """
+
+    _loaded: set[str] = set()  # the SHAs this process has loaded (class-wide)
 
     def __init__(self) -> None:
         self._calls: list[tuple[Any, list[str], list[Any]]] = []
@@ -61,6 +65,10 @@ class Batch:
 
     def execute(self) -> list[Any]:
         """The replies, in order; a call that failed has its exception in its place."""
+        for registered in {id(call[0]): call[0] for call in self._calls}.values():
+            if registered.sha not in Batch._loaded:
+                registered.sha = get_redis().script_load(registered.script)
+                Batch._loaded.add(registered.sha)
         replies = self._send(self._calls)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:

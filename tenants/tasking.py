@@ -66,7 +66,7 @@ def _tenant_changed(sender: Any, instance: Tenant, **kwargs: Any) -> None:
         _tenants.pop(instance.pk, None)
 
 
-def _refresh_db_connections() -> None:
+def refresh_db_connections() -> None:
     """Django's per-request connection check, for a task: drop connections that are too old or
     broken, and have the next query check health. Never one inside a transaction (eager calls)."""
     for conn in connections.all(initialized_only=True):
@@ -119,7 +119,7 @@ class TenantTask(Task):
             log.error("task_refused_without_tenant", task=self.name, task_id=self.request.id,
                       header_tenant=header, arg_tenant=tenant_id)
             raise TenantTaskRefused("task carries no tenant", requeue=False)
-        _refresh_db_connections()
+        refresh_db_connections()
         tenant = cached_tenant(tenant_id)
         if tenant is None:
             log.error("task_refused_unknown_tenant", task=self.name, task_id=self.request.id,
@@ -128,7 +128,11 @@ class TenantTask(Task):
         with no_tenant(), tenant_context(tenant), structlog.contextvars.bound_contextvars(
             task=self.name, task_id=self.request.id
         ):
-            return super().__call__(*args, **kwargs)
+            if self.request.called_directly:
+                return super().__call__(*args, **kwargs)
+            # Run by a worker (or ``apply``): its tracer already pushed this task and the message's
+            # request, which ``Task.__call__`` would hide behind one holding only the arguments.
+            return self.run(*args, **kwargs)
 
 
 def tenant_task(*args: Any, **options: Any) -> Callable[..., Any]:

@@ -42,3 +42,22 @@ def test_dequeue_batches_serve_each_batch_in_order_with_its_own_limit(make_tenan
     # What is left of each tier is still there, in its tier.
     rest = fq.dequeue_many(lease_ms=30_000, limit=10)
     assert sorted(item.item_id for item in rest) == ["i2", "i3", "i4", "s4"]
+
+
+def test_a_batch_keeps_its_order_even_when_the_server_has_not_seen_its_first_script(
+    make_tenant, redis_client: Any, monkeypatch
+):
+    tenant, _ = make_tenant("batch-order")
+    with tenant_context(tenant):
+        fq.enqueue_many([fq.NewItem(f"o{i}", "standard", "one", {}) for i in range(2)])  # one partition
+    first = fq.dequeue(lease_ms=30_000)
+    assert first is not None
+    redis_client.script_flush()
+    monkeypatch.setattr(scripts.Batch, "_loaded", set())  # a new process: nothing loaded yet
+
+    # The ack must run before the dequeue, or the partition is still locked for it.
+    acked, nxt = fq.handoff((tenant, first.item_id, first.delivery), shard=0, lease_ms=30_000, tiers=["standard"])
+
+    assert acked is True
+    assert nxt is not None
+    assert nxt.item_id == "o1"

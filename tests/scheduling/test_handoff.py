@@ -1,0 +1,202 @@
+"""Handoff: a worker process that finishes an item takes the next one itself, fairly.
+
+``fair_queue.handoff`` against the real Redis; ``execute_item`` run in this
+process (``Task.apply``: the worker's code path without a broker); and a real
+worker whose process dies in the middle of a chain.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from scheduling import broker, capacity
+from scheduling import fair_queue as fq
+from scheduling.broker import execute_item
+from tenants import services
+from tenants.context import TenantScopeError, tenant_context
+from tenants.models import Tenant
+from tests.scheduling.broker_handlers import records
+from tests.scheduling.test_broker import HANDLERS, assert_drained, dispatching, enqueue, events, wait_for
+
+LEASE_MS = 30_000
+TIERS = broker.CUSTOMER_TIERS
+
+
+def run_message(item: fq.Dequeued, **overrides: Any) -> str:
+    """``execute_item`` for ``item`` as a worker runs a message, here; then the pending acks
+    and credits are sent (the renewal thread's job on a worker)."""
+    kwargs = {"tenant_id": item.tenant_id, "item_id": item.item_id, "delivery": item.delivery,
+              "kind": item.payload["kind"], "body": item.payload, "tier": item.tier, "partition": item.partition,
+              "lease_until_ms": item.lease_until_ms, **overrides}
+    outcome = execute_item.apply(kwargs=kwargs).get()
+    broker._finisher.flush()
+    return str(outcome)
+
+
+# --- fair_queue.handoff ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_handoff_acks_first_so_the_next_item_of_the_same_partition_goes_out_in_the_same_call(
+    make_tenant, redis_client
+):
+    tenant, _ = make_tenant("handoff-partition")
+    services.override_set(tenant=tenant, field="max_concurrency", value=1)
+    enqueue(tenant, 2, kind="noop", prefix="x")  # one partition: x1 waits behind x0
+    first = fq.dequeue(lease_ms=LEASE_MS)
+    assert first is not None
+    assert first.item_id == "x0"
+    assert fq.dequeue(lease_ms=LEASE_MS) is None  # partition locked, and the one slot taken
+
+    acked, nxt = fq.handoff((tenant, first.item_id, first.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+
+    assert acked is True
+    assert nxt is not None
+    assert nxt.item_id == "x1"
+    assert nxt.tenant_id == str(tenant.pk)
+    assert capacity.tenant_in_flight(tenant=tenant) == 1
+    stats = fq.stats(tenant)
+    assert (stats.backlog, stats.in_flight) == (0, 1)
+
+
+@pytest.mark.django_db
+def test_handoff_reports_a_lost_ack_and_an_empty_queue_and_only_serves_the_tiers_asked(make_tenant, redis_client):
+    tenant, _ = make_tenant("handoff-empty")
+    enqueue(tenant, 1, kind="noop", prefix="y")
+    item = fq.dequeue(lease_ms=LEASE_MS)
+    assert item is not None
+    with tenant_context(Tenant.system()):
+        fq.enqueue("wake", tier=fq.SYSTEM_TIER, partition="w", payload={"kind": "noop"})
+
+    # Another delivery's token: nothing acked; then nothing of the customer tiers is left.
+    acked, nxt = fq.handoff((tenant, item.item_id, item.delivery + 1), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+    assert (acked, nxt) == (False, None)
+    assert fq.stats(tenant).in_flight == 1
+    acked, nxt = fq.handoff((tenant, item.item_id, item.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+    assert (acked, nxt) == (True, None)
+    # Without an item to ack, it only dequeues; the system tier only when asked for.
+    acked, nxt = fq.handoff(None, shard=0, lease_ms=LEASE_MS, tiers=[fq.SYSTEM_TIER])
+    assert acked is None
+    assert nxt is not None
+    assert nxt.item_id == "wake"
+
+
+@pytest.mark.django_db
+def test_handoff_crosses_tenants_so_it_refuses_to_run_in_a_customer_tenants_context(make_tenant, redis_client):
+    tenant, _ = make_tenant("handoff-scope")
+    with tenant_context(tenant), pytest.raises(TenantScopeError):
+        fq.handoff(None, shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+
+
+# --- execute_item chains ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_runs_the_next_items_of_every_tenant_in_the_fair_order_each_in_its_own_context(
+    make_tenant, redis_client
+):
+    a, _ = make_tenant("chain-a")
+    b, _ = make_tenant("chain-b")
+    for tenant, weight in ((a, 1), (b, 2)):
+        services.override_set(tenant=tenant, field="weight", value=weight)
+    owner = {}
+    for tenant in (a, b):
+        for item_id in enqueue(tenant, 6, kind="test.ran", partitions=6, prefix=f"{tenant.slug}-"):
+            owner[item_id] = str(tenant.pk)
+    first = fq.dequeue(lease_ms=LEASE_MS)
+    assert first is not None
+
+    assert run_message(first) == "ok"
+
+    starts = events(redis_client, "start")
+    assert sorted(r["item"] for r in starts) == sorted(owner)  # all twelve, each once, from one message
+    for row in starts:
+        assert row["tenant"] == row["context_tenant"] == owner[row["item"]]
+    # Tenant-first by weight while both are backlogged: b twice as often as a.
+    first_six = [owner[r["item"]] for r in starts[:6]]
+    assert first_six.count(str(b.pk)) == 4
+    assert_drained(a, b)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_handoff_off_a_message_runs_its_own_item_only(make_tenant, redis_client, settings):
+    settings.DUCTOR_HANDOFF_MS = 0
+    tenant, _ = make_tenant("chain-off")
+    enqueue(tenant, 3, kind="test.ran", partitions=3, prefix="z")
+    first = fq.dequeue(lease_ms=LEASE_MS)
+    assert first is not None
+
+    assert run_message(first) == "ok"
+
+    assert [r["item"] for r in events(redis_client, "start")] == [first.item_id]
+    stats = fq.stats(tenant)
+    assert (stats.backlog, stats.in_flight) == (2, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redelivered_message_of_an_item_acked_before_a_handoff_does_not_run_again(make_tenant, redis_client):
+    tenant, _ = make_tenant("chain-redelivered")
+    enqueue(tenant, 1, kind="test.ran", prefix="r")
+    item = fq.dequeue(lease_ms=LEASE_MS)
+    assert item is not None
+    assert run_message(item) == "ok"
+
+    # Celery delivering the same message again (its process died later in the chain): however
+    # fresh its lease looks, the worker asks Redis, and the item is no longer in flight.
+    kwargs = {"tenant_id": item.tenant_id, "item_id": item.item_id, "delivery": item.delivery,
+              "kind": "test.ran", "body": item.payload, "tier": item.tier, "partition": item.partition,
+              "lease_until_ms": item.lease_until_ms}
+    execute_item.push_request(id="again", called_directly=False, kwargs=kwargs,
+                              delivery_info={"redelivered": True})  # as a worker's tracer does
+    try:
+        outcome = execute_item(**kwargs)
+    finally:
+        execute_item.pop_request()
+
+    assert outcome == "stale"
+    assert len(events(redis_client, "start")) == 1
+
+
+# --- a real worker -----------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_a_worker_process_killed_mid_chain_runs_neither_its_acked_items_again_nor_loses_the_current_one(
+    make_tenant, celery_worker, redis_client, monkeypatch, settings
+):
+    # Long enough that a's message, back within a few seconds, looks fresh: only the redelivery
+    # flag makes the worker ask Redis.
+    lease_ms = 10_000
+    monkeypatch.setenv("DUCTOR_LEASE_MS", str(lease_ms))
+    settings.DUCTOR_LEASE_MS = lease_ms
+    settings.DUCTOR_DISPATCH_BUFFER = 0  # the dispatcher publishes one message: the rest is handed off
+    tenant, _ = make_tenant("chain-crash")
+    worker = celery_worker(*HANDLERS, concurrency=1)
+    enqueue(tenant, 1, kind="test.sleep", prefix="a", ms=200)
+    fq.enqueue("b", tier="standard", partition="pb", payload={"kind": "test.sleep", "ms": 60_000, "once": True},
+               tenant=tenant)
+
+    with dispatching():
+        b_start = wait_for(lambda: events(redis_client, "start", "b"), what="b to start")[0]
+        time.sleep(0.3)  # b is asleep (its "once" mark set)
+        os.kill(b_start["pid"], signal.SIGKILL)  # the pool process, in b: a is finished and acked
+        b_again = wait_for(lambda: events(redis_client, "start", "b")[1:], timeout=30,
+                           what="b to be delivered again")[0]
+        wait_for(lambda: events(redis_client, "end", "b"), what="b to finish")
+        wait_for(lambda: "stale_delivery_dropped" in worker.output(), timeout=10,
+                 what="a's message, delivered again by Celery, to be dropped")
+        time.sleep(0.5)
+
+    a_starts = events(redis_client, "start", "a0")
+    assert len(a_starts) == 1  # ran once, although its message came back
+    assert a_starts[0]["pid"] == b_start["pid"]  # and b was handed off in the same process
+    assert '"handoff": true' in worker.output()
+    assert b_again["delivery"] > b_start["delivery"]
+    assert b_again["at_ms"] >= b_start["at_ms"] + lease_ms * 0.9  # not before b's lease ended
+    assert [r["item"] for r in records(redis_client) if r["event"] == "end"] == ["a0", "b"]
+    assert_drained(tenant)
