@@ -13,7 +13,8 @@
      ignored like ``execute_item``'s) and time until the queue is empty and nothing is unacked.
    Each side's rate is its total tasks over its total time; ``e2e_ratio`` is their quotient
    (``e2e_ratio_median_round``: the median of the per-round quotients).
-3. The same again on workers started with ``DUCTOR_HANDOFF_MS=0`` (``without_handoff``):
+3. The same again on workers started with ``DUCTOR_HANDOFF_MS=0`` and a dispatch buffer of 2
+   (``without_handoff``):
    every item through a Celery message of its own, none taken by a worker that finished one.
 
 Needs its own data dir (it FLUSHES Redis): ``DUCTOR_DATA_DIR=.ductor/bench-x python
@@ -123,15 +124,15 @@ def celery_round(count: int) -> float:
     return time.perf_counter() - started
 
 
-def run_e2e(procs: Processes, *, handoff_ms: int | None = None) -> dict[str, Any]:
-    """The interleaved rounds, on workers started for them (``handoff_ms``: their
-    ``DUCTOR_HANDOFF_MS``, else the default); they are stopped afterwards."""
+def run_e2e(procs: Processes, **overrides: str) -> dict[str, Any]:
+    """The interleaved rounds, on workers and dispatchers started for them with the settings
+    ``overrides`` in their environment; they are stopped afterwards."""
     redis = redis_client()
     redis.flushdb()
     tenants = make_tenants()
-    env = child_env(**({} if handoff_ms is None else {"DUCTOR_HANDOFF_MS": str(handoff_ms)}))
+    env = child_env(**overrides)
     procs.fair_broker("", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS, env=env)
-    label = "" if handoff_ms is None else f" (DUCTOR_HANDOFF_MS={handoff_ms})"
+    label = "".join(f" {name}={value}" for name, value in overrides.items())
     log(f"e2e{label}: workers and dispatchers up; warming up")
     ductor_round(tenants, WARMUP_TASKS, "warm")
     celery_round(WARMUP_TASKS)
@@ -174,7 +175,9 @@ def main() -> int:
     try:
         e2e = run_e2e(procs)
         # Every item through a Celery message of its own: the dispatchers' path alone.
-        e2e["without_handoff"] = run_e2e(procs, handoff_ms=0)
+        # (With a buffer: without handoff, it keeps the slots busy between dispatch rounds.)
+        plain = {"DUCTOR_HANDOFF_MS": "0", "DUCTOR_DISPATCH_BUFFER": os.environ.get("DUCTOR_DISPATCH_BUFFER", "2")}
+        e2e["without_handoff"] = {**run_e2e(procs, **plain), "settings": plain}
     finally:
         procs.stop_all()
         redis_client().flushdb()

@@ -189,11 +189,12 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # task); workers keep it instead, for CONN_MAX_AGE, health-checked (see tenants/tasking.py).
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Messages a dispatcher may publish beyond the free worker slots.
-DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=2)
 # How long a worker process that finished an item may go on taking the next ones of its queue
 # itself, per Celery message, instead of waiting for a dispatcher (0: never).
 DUCTOR_HANDOFF_MS = env.int("DUCTOR_HANDOFF_MS", default=250)
+# Messages a dispatcher may publish beyond the free worker slots. With handoff a busy slot feeds
+# itself, and a message published for it would wait behind its chain: none by default.
+DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=0 if DUCTOR_HANDOFF_MS else 2)
 # How long a dispatched item is leased to its worker (extended while it runs).
 DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
 # Delay before an item whose handler raised is delivered again.

@@ -111,7 +111,11 @@ def served_by(worker: CeleryWorker, row: dict[str, Any]) -> bool:
 
 
 @pytest.mark.django_db
-def test_without_workers_dispatchers_together_publish_no_more_than_the_buffer(make_tenant, redis_client):
+@pytest.mark.parametrize("buffer", [0, 2])  # the default with handoff, and one without
+def test_without_workers_dispatchers_together_publish_no_more_than_the_buffer(
+    make_tenant, redis_client, settings, buffer
+):
+    settings.DUCTOR_DISPATCH_BUFFER = buffer
     tenant, _ = make_tenant("credits")
     enqueue(tenant, 20, kind="noop", partitions=20)
     dispatchers = [Dispatcher() for _ in range(8)]
@@ -128,18 +132,18 @@ def test_without_workers_dispatchers_together_publish_no_more_than_the_buffer(ma
     for thread in threads:
         thread.join()
 
-    assert sum(d.dispatched for d in dispatchers) == BUFFER
-    assert broker.outstanding(WORK_QUEUE) == BUFFER
-    assert fq.stats(tenant).in_flight == BUFFER
+    assert sum(d.dispatched for d in dispatchers) == buffer
+    assert broker.outstanding(WORK_QUEUE) == buffer
+    assert fq.stats(tenant).in_flight == buffer
 
     # A registered worker of 3 slots makes room for exactly 3 more, whoever dispatches.
     broker.register_worker("fake@host", [WORK_QUEUE], 3)
     for dispatcher in dispatchers:
         dispatcher.run_once()
-    assert sum(d.dispatched for d in dispatchers) == BUFFER + 3
-    assert broker.busy(WORK_QUEUE) == broker.worker_slots(WORK_QUEUE) + BUFFER == 3 + BUFFER
+    assert sum(d.dispatched for d in dispatchers) == buffer + 3
+    assert broker.busy(WORK_QUEUE) == broker.worker_slots(WORK_QUEUE) + buffer == 3 + buffer
     assert broker.credits(WORK_QUEUE) == 0
-    assert fq.stats(tenant).backlog == 20 - BUFFER - 3
+    assert fq.stats(tenant).backlog == 20 - buffer - 3
 
 
 # --- end to end -------------------------------------------------------------------------------
@@ -177,8 +181,10 @@ def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_contex
     starts = events(redis_client, "start")
     assert sorted(r["item"] for r in starts) == sorted(owner)  # each item ran once
     for row in starts:
-        # The handler ran inside the item's tenant: the message's, the context's and the owner's.
+        # The handler ran inside the item's tenant: the message's (or, handed off, its own), the
+        # context's and the owner's.
         assert row["tenant"] == row["context_tenant"] == owner[row["item"]]
+    assert '"handoff": true' in worker.output()  # some were taken by a process that finished one
     for tenant in (a, b):
         # Written under the tenant in context (no tenant named), read here under the owner.
         assert int(redis_client.get(redis_key("test", "ran", tenant=tenant))) == 8
@@ -291,8 +297,10 @@ def test_a_sigkilled_workers_item_is_redelivered_after_its_lease_and_its_slot_an
 
 @pytest.mark.worker
 def test_a_wakeup_fires_after_its_delay_in_its_tenants_context_on_a_system_only_worker(
-    make_tenant, celery_worker, redis_client
+    make_tenant, celery_worker, redis_client, settings
 ):
+    # With no work-queue slot anywhere, only a buffer lets the follow-up work be published.
+    settings.DUCTOR_DISPATCH_BUFFER = 2
     a, _ = make_tenant("wake-a")
     b, _ = make_tenant("wake-b")
     worker = celery_worker(*HANDLERS, "-Q", SYSTEM_QUEUE, concurrency=1)
