@@ -1,8 +1,9 @@
 """The demo's figures: every dispatch of the fair queue, and runs from PostgreSQL.
 
 **Dispatches.** Every item the fair queue hands to a worker (a run's tick or a
-step) is logged by the dispatcher as one ``dispatched`` line with the tenant
-and ``waited_ms``, how long the item had been due. That is the fair queue's own
+step) is logged as one ``dispatched`` line with the tenant and ``waited_ms``,
+how long the item had been due: by the dispatcher that published it, or by the
+worker that took it itself (handoff). That is the fair queue's own
 record, so the demo reads it (``DispatchLog``): PostgreSQL keeps no trace of
 the ticks that follow each step, and counting only what it keeps (first ticks
 and steps) would credit a tenant whose runs are all in their first tick (the

@@ -68,7 +68,7 @@ def run(console: Console, box: scratch.Scratch) -> int:
     view = DemoView(console, f"web {base} · {WORKERS} worker x {WORKER_CONCURRENCY} · {DISPATCHERS} dispatcher "
                              f"· coordinator · local service {service.url}")
     # The demo's own local service is on 127.0.0.1: let http.request reach private addresses.
-    # INFO in JSON: the summary reads the dispatchers' "dispatched" lines (workflows.demo.metrics).
+    # INFO in JSON: the summary reads the "dispatched" lines (workflows.demo.metrics).
     stack = Stack(data_dir=data_dir, port=port, workers=WORKERS, worker_concurrency=WORKER_CONCURRENCY,
                   dispatchers=DISPATCHERS, web_workers=WEB_WORKERS, say=view.note,
                   extra_env={"DATABASE_URL": box.database_url, "REDIS_URL": box.redis_url,
@@ -89,7 +89,9 @@ def run(console: Console, box: scratch.Scratch) -> int:
         phases.done("setup")
         tenants = {t.slug: Tenant.objects.get(slug=t.slug) for t in TENANTS}
         weights = _weights(base, setup.keys)
-        log = metrics.DispatchLog([data_dir / "logs" / f"dispatcher-{i + 1}.log" for i in range(DISPATCHERS)],
+        # Dispatchers log what they publish; workers what they take themselves (handoff).
+        logs = [f"dispatcher-{i + 1}.log" for i in range(DISPATCHERS)] + [f"worker-{i + 1}.log" for i in range(WORKERS)]
+        log = metrics.DispatchLog([data_dir / "logs" / name for name in logs],
                                   {str(tenant.pk): slug for slug, tenant in tenants.items()})
         t0 = timezone.now()
         workload = Workload(base, setup.keys, say=view.note)
