@@ -121,7 +121,9 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
         @rule(short=st.booleans())
         def dequeue(self, short: bool) -> None:
             eligible = self.eligible()
-            got = fq.dequeue(lease_ms=SHORT_LEASE_MS if short else LONG_LEASE_MS)
+            self.dispatched(fq.dequeue(lease_ms=SHORT_LEASE_MS if short else LONG_LEASE_MS), eligible, short)
+
+        def dispatched(self, got: fq.Dequeued | None, eligible: list[Key], short: bool) -> None:
             if got is None:
                 assert eligible == []
                 return
@@ -138,8 +140,23 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def ack(self, data: st.DataObject) -> None:
             key = data.draw(st.sampled_from(self.in_flight()))
+            assert fq.ack(key[1], delivery=self.items[key].delivery, tenant=tenants[key[0]]) is True
+            self.acked(key)
+
+        @precondition(lambda self: self.in_flight())
+        @rule(data=st.data(), short=st.booleans())
+        def handoff(self, data: st.DataObject, short: bool) -> None:
+            """A worker acks its item and takes the next one, in one call."""
+            key = data.draw(st.sampled_from(self.in_flight()))
+            finished = (tenants[key[0]], key[1], self.items[key].delivery)
+            acked, got = fq.handoff(finished, shard=0, lease_ms=SHORT_LEASE_MS if short else LONG_LEASE_MS,
+                                    tiers=fq.TIERS)
+            assert acked is True
+            self.acked(key)
+            self.dispatched(got, self.eligible(), short)
+
+        def acked(self, key: Key) -> None:
             m = self.items[key]
-            assert fq.ack(key[1], delivery=m.delivery, tenant=tenants[key[0]]) is True
             self.owed[key] -= 1
             self.stale.append((key, m.delivery))
             if m.rerun:
