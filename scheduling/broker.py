@@ -404,9 +404,14 @@ def _handoff(finished: tuple[Tenant, str, int] | None, queue: str, shard: int) -
     if finished is not None and not acked:
         log.warning("ack_of_lost_lease", item_id=finished[1], tenant_id=str(finished[0].pk))
     if item is not None:
-        log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
-                 partition=item.partition, waited_ms=item.waited_ms, handoff=True)
+        _log_dispatch(item, handoff=True)
     return item
+
+
+def _log_dispatch(item: fair_queue.Dequeued, **extra: Any) -> None:
+    """The one ``dispatched`` record of each item leaving the fair queue (the demo counts them)."""
+    log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
+             partition=item.partition, waited_ms=item.waited_ms, **extra)
 
 
 def _run_handed_off(item: fair_queue.Dequeued, queue: str, credit: str) -> tuple[str, tuple[Tenant, str, int] | None]:
@@ -431,10 +436,9 @@ def _run(
     when the lease may have ended, or when ``check_lease``: a delivery that
     starts with more than ``FRESH_LEASE_FRACTION`` of its lease left cannot have
     been superseded (an item is delivered again only after its lease), so it runs
-    at once. A handler
-    that returns has its item acked (by the caller), one that raises has it nacked
-    here (``RetryLater``: after its delay); the process's renewal thread renews
-    the lease meanwhile. A suspended tenant's item waits
+    at once. A handler that returns has its item acked (by the caller), one that
+    raises has it nacked here (``RetryLater``: after its delay); the process's
+    renewal thread renews the lease meanwhile. A suspended tenant's item waits
     (``DUCTOR_SUSPENDED_ITEM_DELAY_MS``) instead of running.
     """
     lease_ms = settings.DUCTOR_LEASE_MS
@@ -533,14 +537,9 @@ class Dispatcher:
         self.dispatched = 0
 
     def _publish(self, item: fair_queue.Dequeued, credit: str, producer: Any) -> None:
-        body = item.payload if isinstance(item.payload, dict) else {"value": item.payload}
         execute_item.apply_async(
-            kwargs={
-                "tenant_id": item.tenant_id, "item_id": item.item_id, "delivery": item.delivery,
-                "kind": str(body.get("kind", "noop")), "body": body, "tier": item.tier,
-                "partition": item.partition, "waited_ms": item.waited_ms, "credit": credit,
-                "lease_until_ms": item.lease_until_ms,
-            },
+            # _Delivery's fields are execute_item's arguments.
+            kwargs={"tenant_id": item.tenant_id, "credit": credit, **vars(_Delivery.of(item))},
             queue=queue_for(item.tier),
             producer=producer,
             # Celery would saferepr() the whole payload for these headers (monitoring only):
@@ -549,8 +548,7 @@ class Dispatcher:
             kwargsrepr=f"{{'tenant_id': '{item.tenant_id}', 'item_id': {item.item_id!r}, "
                        f"'delivery': {item.delivery}}}",
         )
-        log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
-                 partition=item.partition, waited_ms=item.waited_ms)
+        _log_dispatch(item)
 
     def _reap(self) -> None:
         now = time.monotonic()
