@@ -191,7 +191,7 @@ CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # How long a worker process that finished an item may go on taking the next ones of its queue
 # itself, per Celery message, instead of waiting for a dispatcher (0: never).
-DUCTOR_HANDOFF_MS = env.int("DUCTOR_HANDOFF_MS", default=250)
+DUCTOR_HANDOFF_MS = env.int("DUCTOR_HANDOFF_MS", default=100)
 # Messages a dispatcher may publish beyond the free worker slots. With handoff a busy slot feeds
 # itself, and a message published for it would wait behind its chain: none by default.
 DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=0 if DUCTOR_HANDOFF_MS else 2)

@@ -356,9 +356,10 @@ class _Delivery:
 @tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
                  waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0) -> str:
-    """Run one fair-queue item on a worker, inside its tenant context; then, while
-    ``DUCTOR_HANDOFF_MS`` lasts, the next items of the same Celery queue (see ``_run``
-    and ``_handoff``). Returns the outcome of the last one.
+    """Run one fair-queue item on a worker, inside its tenant context; then the next
+    items of the same Celery queue, until nothing is due or the task has run for
+    ``DUCTOR_HANDOFF_MS`` (see ``_run`` and ``_handoff``). Returns the outcome of the
+    last one.
 
     The ack of the last item and the dispatch credit go to the process's renewal
     thread, sent right after the task, whatever happened.
@@ -368,11 +369,11 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
     # A message Celery delivers again (its worker process died) may be of an item this worker
     # already finished and acked before handing off: ask Redis, however fresh its lease looks.
     redelivered = bool((execute_item.request.delivery_info or {}).get("redelivered"))
+    deadline = time.monotonic() + settings.DUCTOR_HANDOFF_MS / 1000
     ack = None
     try:
         outcome, ack = _run(tenant, _Delivery(item_id, delivery, kind, body, tier, partition, waited_ms,
                                               lease_until_ms), queue, credit, check_lease=redelivered)
-        deadline = time.monotonic() + settings.DUCTOR_HANDOFF_MS / 1000
         shard = shard_of(str(tenant.pk))
         while time.monotonic() < deadline:
             finished, ack = ack, None

@@ -151,8 +151,9 @@ def test_without_workers_dispatchers_together_publish_no_more_than_the_buffer(
 
 @pytest.mark.worker
 def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_context_within_the_credits(
-    make_tenant, celery_worker, redis_client
+    make_tenant, celery_worker, redis_client, monkeypatch
 ):
+    monkeypatch.setenv("DUCTOR_HANDOFF_MS", "1000")  # the worker's: room for several 100 ms items
     a, _ = make_tenant("broker-a")
     b, _ = make_tenant("broker-b")
     suspended, _ = make_tenant("broker-suspended")

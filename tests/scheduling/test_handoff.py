@@ -98,8 +98,9 @@ def test_handoff_crosses_tenants_so_it_refuses_to_run_in_a_customer_tenants_cont
 
 @pytest.mark.django_db(transaction=True)
 def test_a_message_runs_the_next_items_of_every_tenant_in_the_fair_order_each_in_its_own_context(
-    make_tenant, redis_client
+    make_tenant, redis_client, settings
 ):
+    settings.DUCTOR_HANDOFF_MS = 60_000  # however slow this machine: the chain ends when nothing is due
     a, _ = make_tenant("chain-a")
     b, _ = make_tenant("chain-b")
     for tenant, weight in ((a, 1), (b, 2)):
@@ -124,10 +125,13 @@ def test_a_message_runs_the_next_items_of_every_tenant_in_the_fair_order_each_in
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_handoff_off_a_message_runs_its_own_item_only(make_tenant, redis_client, settings):
-    settings.DUCTOR_HANDOFF_MS = 0
+@pytest.mark.parametrize(("handoff_ms", "kind"), [(0, "test.ran"), (50, "test.sleep")])
+def test_a_message_takes_no_next_item_with_handoff_off_or_once_its_time_is_up(
+    make_tenant, redis_client, settings, handoff_ms, kind
+):
+    settings.DUCTOR_HANDOFF_MS = handoff_ms
     tenant, _ = make_tenant("chain-off")
-    enqueue(tenant, 3, kind="test.ran", partitions=3, prefix="z")
+    enqueue(tenant, 3, kind=kind, partitions=3, prefix="z", ms=60)  # a sleep outlasts the 50 ms
     first = fq.dequeue(lease_ms=LEASE_MS)
     assert first is not None
 
@@ -173,6 +177,7 @@ def test_a_worker_process_killed_mid_chain_runs_neither_its_acked_items_again_no
     # flag makes the worker ask Redis.
     lease_ms = 10_000
     monkeypatch.setenv("DUCTOR_LEASE_MS", str(lease_ms))
+    monkeypatch.setenv("DUCTOR_HANDOFF_MS", "5000")  # a's 200 ms leave time to hand b off
     settings.DUCTOR_LEASE_MS = lease_ms
     settings.DUCTOR_DISPATCH_BUFFER = 0  # the dispatcher publishes one message: the rest is handed off
     tenant, _ = make_tenant("chain-crash")
