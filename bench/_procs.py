@@ -167,3 +167,19 @@ def redis_client() -> Any:
     from ductor_project.redis import get_redis
 
     return get_redis()
+
+
+def plain_celery_noops(count: int, wait: Callable[[Callable[[], bool]], object]) -> float:
+    """Seconds that ``count`` plain Celery no-op tasks (``bench.noop``, results ignored) take on
+    the running workers: from the first publish until the work queue is empty and no message is
+    unacked, which ``wait`` polls for. The same-run baseline of the throughput benchmarks."""
+    from bench._worker_tasks import noop
+    from ductor_project.celery import WORK_QUEUE, app
+
+    redis = redis_client()
+    started = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for _ in range(count):
+            noop.apply_async(queue=WORK_QUEUE, producer=producer)
+    wait(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0)
+    return time.perf_counter() - started

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import ROOT, Processes, child_env, log, redis_client, setup_django
+from bench._procs import ROOT, Processes, child_env, log, plain_celery_noops, redis_client, setup_django
 
 WORKERS, CONCURRENCY = 2, 2
 # One dispatcher keeps 4 worker slots busy; on 2 cores a second one only takes CPU from them.
@@ -112,16 +112,7 @@ def ductor_round(tenants: list[Any], count: int, tag: str) -> float:
 
 def celery_round(count: int) -> float:
     """Seconds from the first publish until the queue is empty and no message is unacked."""
-    from bench._worker_tasks import noop
-    from ductor_project.celery import WORK_QUEUE, app
-
-    redis = redis_client()
-    started = time.perf_counter()
-    with app.producer_or_acquire() as producer:
-        for _ in range(count):
-            noop.apply_async(queue=WORK_QUEUE, producer=producer)
-    wait_until(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0)
-    return time.perf_counter() - started
+    return plain_celery_noops(count, wait_until)
 
 
 def run_e2e(procs: Processes, **overrides: str) -> dict[str, Any]:

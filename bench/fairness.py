@@ -217,22 +217,32 @@ def run_ductor(procs: Processes, tenants: dict[str, Any], weights: dict[str, int
         totals[slug] = len(items)
     totals[TRICKLE] = 1 << 30
     begin = redis.llen(STARTS)
-    deadline = time.monotonic() + RUN_CAP_S
-    clock = WindowClock(redis, STARTS, begin + WINDOW_STARTS, deadline)
     log(f"ductor: all backlogged after {begin} starts")
 
     def submit(k: int) -> None:
         fq.enqueue(f"t{k}", tier=TIER, partition=f"t{k}", payload={"kind": "bench.sleep", "ms": TASK_MS},
                    tenant=tenants[TRICKLE])
 
+    return window("ductor", procs, children, submit, begin=begin, weights=weights, totals=totals, settle_s=10.0)
+
+
+def window(side: str, procs: Processes, children: list[Any], submit: Callable[[int], None], *, begin: int,
+           weights: dict[str, int], totals: dict[str, int], settle_s: float) -> dict[str, Any]:
+    """The measured window of one side, from ``begin`` starts on: the trickle tenant arrives
+    (``submit`` enqueues its items), then ``children`` are stopped and the start order analysed."""
+    from bench._worker_tasks import STARTS
+
+    redis = redis_client()
+    deadline = time.monotonic() + RUN_CAP_S
+    clock = WindowClock(redis, STARTS, begin + WINDOW_STARTS, deadline)
     waits, censored = trickle(redis, STARTS, submit, begin=begin + TRICKLE_AFTER_STARTS,
-                              end=begin + WINDOW_STARTS, deadline=deadline, settle_s=10.0)
+                              end=begin + WINDOW_STARTS, deadline=deadline, settle_s=settle_s)
     seconds = clock.seconds()
     for child in children:
         procs.stop(child)
     rows = [row.decode() for row in redis.lrange(STARTS, 0, -1)]
     result = analyse(rows, begin, begin + WINDOW_STARTS, weights, totals, waits, censored, seconds)
-    log(f"ductor: {json.dumps(result)}")
+    log(f"{side}: {json.dumps(result)}")
     return result
 
 
@@ -261,24 +271,13 @@ def run_celery(procs: Processes, weights: dict[str, int]) -> dict[str, Any]:
     workers = [procs.celery_worker(f"plain-worker-{i}", "bench._plain_celery", concurrency=CONCURRENCY, env=env)
                for i in range(WORKERS)]
     wait_ready(*workers)
-    begin = 0
-    deadline = time.monotonic() + RUN_CAP_S
-    clock = WindowClock(redis, STARTS, begin + WINDOW_STARTS, deadline)
     log(f"celery: all published; plain workers up ({redis.llen(STARTS)} started)")
 
     def submit(k: int) -> None:
         plain_sleep.apply_async((TRICKLE, f"t{k}", TASK_MS))
 
     # FIFO: the trickle item waits behind the whole backlog; settling would take minutes.
-    waits, censored = trickle(redis, STARTS, submit, begin=begin + TRICKLE_AFTER_STARTS,
-                              end=begin + WINDOW_STARTS, deadline=deadline, settle_s=0.0)
-    seconds = clock.seconds()
-    for child in workers:
-        procs.stop(child)
-    rows = [row.decode() for row in redis.lrange(STARTS, 0, -1)]
-    result = analyse(rows, begin, begin + WINDOW_STARTS, weights, totals, waits, censored, seconds)
-    log(f"celery: {json.dumps(result)}")
-    return result
+    return window("celery", procs, workers, submit, begin=0, weights=weights, totals=totals, settle_s=0.0)
 
 
 def main() -> int:

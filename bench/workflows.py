@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Processes, child_env, log, redis_client, setup_django, wait_ready
+from bench._procs import Processes, child_env, log, plain_celery_noops, redis_client, setup_django, wait_ready
 
 CONCURRENCY = 2
 LATENCY_RUNS = 30
@@ -168,16 +168,7 @@ def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict
 
 def baseline_celery(count: int) -> float:
     """Plain Celery no-op tasks per second on the same worker."""
-    from bench._worker_tasks import noop
-    from ductor_project.celery import WORK_QUEUE, app
-
-    redis = redis_client()
-    started = time.perf_counter()
-    with app.producer_or_acquire() as producer:
-        for _ in range(count):
-            noop.apply_async(queue=WORK_QUEUE, producer=producer)
-    wait_until(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0, what="the no-op tasks")
-    return count / (time.perf_counter() - started)
+    return count / plain_celery_noops(count, lambda done: wait_until(done, what="the no-op tasks"))
 
 
 def main() -> int:
