@@ -49,7 +49,8 @@ class Batch:
     every batch (a round trip more): a script is loaded once per process, before
     its first batch, so that the calls run in their order. Should the server have
     lost a script since (a restart), the calls that failed for it are sent again
-    after the others, once it is loaded again.
+    after the others, once it is loaded again, and later batches load theirs
+    first again.
     """
 
     _loaded: set[str] = set()  # the SHAs this process has loaded (class-wide)
@@ -72,6 +73,7 @@ class Batch:
         replies = self._send(self._calls)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
+            Batch._loaded.clear()  # the server lost its scripts: the next batches load theirs first
             for registered in {id(self._calls[i][0]): self._calls[i][0] for i in missing}.values():
                 registered.sha = get_redis().script_load(registered.script)
             for i, reply in zip(missing, self._send([self._calls[i] for i in missing]), strict=True):
