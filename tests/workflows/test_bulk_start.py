@@ -13,7 +13,7 @@ from tenants.context import tenant_context
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code
-from workflows import engine
+from tests.workflows.test_api import assert_invalid, runs, tick
 from workflows.models import RunEvent, WorkflowRun
 from workflows.services import MAX_BULK_RUNS
 
@@ -25,24 +25,6 @@ ONE_STEP = {"nodes": [{"id": "a", "type": "action", "action": "echo"}]}
 def create(client: APIClient, name: str) -> None:
     response = client.post("/api/v1/workflows", {"name": name, "spec": ONE_STEP}, format="json")
     assert response.status_code == 201, response.content
-
-
-def runs(tenant: Tenant) -> int:
-    with tenant_context(tenant):
-        return WorkflowRun.objects.count()
-
-
-def tick(tenant: Tenant, run_id: Any) -> None:
-    with tenant_context(tenant):
-        engine.tick(run_id)
-
-
-def assert_invalid(response: Any, field: str, *words: str, code: str = "invalid", status: int = 400) -> None:
-    assert response.status_code == status, response.content
-    assert error_code(response) == code, response.content
-    details = response.json()["error"]["details"]
-    assert field in details, details
-    assert all(word in " ".join(details[field]) for word in words), details[field]
 
 
 def bulk(client: APIClient, items: list[dict[str, Any]], code: int = 201) -> dict[str, Any]:
