@@ -1,6 +1,6 @@
 # Ductor: two commands set everything up on a fresh machine with Python >= 3.11.
 #   make demo   bring the platform up on embedded PostgreSQL + Redis and run the demo workload
-#   make test   ruff, mypy, then the whole test suite against real PostgreSQL and Redis
+#   make test   ruff, the import contracts, mypy, then the whole test suite on real PostgreSQL and Redis
 
 # The first interpreter that really runs and is >= 3.11 (a version-manager shim may exist but not run).
 PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
@@ -9,8 +9,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_DATA_DIR := .ductor/test
-# Type checking imports the settings; these URLs keep it from starting servers.
-NO_SERVICES := DATABASE_URL=postgresql://localhost/ductor REDIS_URL=redis://localhost:6379/0
 # Tests use their own embedded servers unless TEST_DATABASE_URL / TEST_REDIS_URL name others.
 TEST_ENV := env -u DATABASE_URL -u REDIS_URL DUCTOR_DATA_DIR=$(TEST_DATA_DIR) \
 	$(if $(TEST_DATABASE_URL),DATABASE_URL=$(TEST_DATABASE_URL)) \
@@ -31,10 +29,12 @@ install: $(STAMP)
 lint: $(STAMP)
 	@echo "==> ruff"
 	$(BIN)/ruff check .
+	@echo "==> import contracts"
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	@echo "==> mypy"
-	$(NO_SERVICES) $(BIN)/mypy .
+	$(BIN)/mypy .
 
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 pytest: $(STAMP)

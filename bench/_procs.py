@@ -44,6 +44,10 @@ def setup_django(name: str) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
     import django
 
+    from ductor_project import embedded
+
+    embedded.boot()
+
     django.setup()
     from django.core.management import call_command
 
@@ -164,7 +168,7 @@ def percentile(values: list[int], q: float) -> int:
 
 
 def redis_client() -> Any:
-    from ductor_project.redis import get_redis
+    from ductor_project.core.redis import get_redis
 
     return get_redis()
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ductor_project.celery import app
-from ductor_project.redis import get_redis
+from ductor_project.core.context import current_tenant
+from ductor_project.core.keys import global_redis_key
+from ductor_project.core.redis import get_redis
 from scheduling import broker
-from tenants.context import current_tenant
-from tenants.keys import global_redis_key
 
 STARTS = global_redis_key("bench", "starts")
 

@@ -42,10 +42,10 @@ def main() -> None:
 
     django.setup()
 
-    from ductor_project.redis import get_redis
-    from scheduling import capacity
-    from tenants.context import tenant_context
-    from tenants.keys import redis_key
+    from ductor_project.core import capacity
+    from ductor_project.core.context import tenant_context
+    from ductor_project.core.keys import redis_key
+    from ductor_project.core.redis import get_redis
     from tenants.models import Tenant
 
     redis = get_redis()

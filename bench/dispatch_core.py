@@ -13,7 +13,7 @@ One client, no pipelining for what is measured, against the embedded Redis (or
   checks and takes the tenant's concurrency slot and charges its step rate.
 
 Tenants are made-up ids (no database rows): their keys come from
-``tenants.keys`` through the fair queue, and their limits are passed
+``ductor_project.core.keys`` through the fair queue, and their limits are passed
 explicitly. The bench FLUSHES its Redis database, so it refuses to run unless
 ``DUCTOR_DATA_DIR`` (its own embedded services) is set, or ``--flush`` is given.
 Progress goes to stderr; the last line of stdout is one JSON object.
@@ -58,9 +58,9 @@ def main() -> int:
 
     django.setup()
 
-    from ductor_project.redis import get_redis
+    from ductor_project.core.keys import redis_key, shard_of
+    from ductor_project.core.redis import get_redis
     from scheduling import fair_queue as fq
-    from tenants.keys import redis_key, shard_of
     from tenants.models import Tenant
 
     redis = get_redis()

@@ -59,15 +59,15 @@ def main() -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from ductor_project.redis import get_redis
+    from ductor_project.core.context import tenant_context
+    from ductor_project.core.keys import tenant_key
+    from ductor_project.core.redis import get_redis
     from scheduling import routing_table
     from scheduling.models import Connection, Pool, PoolMember, Rule
     from scheduling.routing import route
     from scheduling.rules import Step, validate_action, validate_match
     from tenants import services
-    from tenants.context import tenant_context
     from tenants.entitlements import effective_entitlements
-    from tenants.keys import tenant_key
 
     call_command("migrate", verbosity=0)
     tenant = services.tenant_create(slug=f"bench-routing-{uuid.uuid4().hex[:10]}", plan="enterprise")
@@ -223,8 +223,8 @@ def _measure(
 
 def _clean_up(tenant: object, redis: object) -> None:
     """Delete the benchmark tenant's rows and every Redis key of it (cache entries included)."""
+    from ductor_project.core.context import tenant_context
     from scheduling.models import Connection, Pool, PoolMember, Rule
-    from tenants.context import tenant_context
     from tenants.models import Tenant
 
     assert isinstance(tenant, Tenant)

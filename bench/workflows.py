@@ -74,8 +74,8 @@ def ms(later: datetime, earlier: datetime | float) -> float:
 
 
 def make_tenant() -> tuple[Any, str]:
+    from ductor_project.core.context import tenant_context
     from tenants import services
-    from tenants.context import tenant_context
     from workflows.services import workflow_put
 
     tenant = services.tenant_create(slug=f"bench-wf-{uuid.uuid4().hex[:8]}", plan="enterprise")
@@ -92,7 +92,7 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
     """One run at a time on an idle system: POST → first step started, and its hops."""
     import httpx
 
-    from tenants.context import tenant_context
+    from ductor_project.core.context import tenant_context
     from workflows.models import RunEvent, StepRun, WorkflowRun
 
     totals: list[float] = []
@@ -134,7 +134,7 @@ def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict
     start until all are terminal. Steady-state throughput, whatever the speed of the host: on
     a slow one the phase stops after ``PHASE_BUDGET_S``, the runs done by then count, and the
     rest are cancelled so that they do not load the next phase."""
-    from tenants.context import tenant_context
+    from ductor_project.core.context import tenant_context
     from workflows.models import WorkflowRun
     from workflows.services import run_cancel, run_start
 
@@ -176,9 +176,10 @@ def main() -> int:
     from django.conf import settings
 
     from ductor_project.celery import WORK_QUEUE
+    from ductor_project.core import capacity
+    from ductor_project.core.context import tenant_context
     from ductor_project.webserver import WebServer
-    from scheduling import broker, capacity
-    from tenants.context import tenant_context
+    from scheduling import broker
 
     began = time.monotonic()
     redis_client().flushdb()

@@ -1,3 +1,3 @@
-from ductor_project.celery import app as celery_app
-
-__all__ = ("celery_app",)
+"""The Ductor project: settings, the Celery app (``celery -A ductor_project`` finds
+``ductor_project.celery``), URLs, the embedded servers, the stack supervisor, and
+the low layer every app stands on (``core``)."""

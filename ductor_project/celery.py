@@ -8,9 +8,12 @@ engine-internal work.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
+
+from ductor_project import embedded
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 
@@ -18,7 +21,8 @@ WORK_QUEUE = "ductor.work"
 SYSTEM_QUEUE = "ductor.system"
 
 app = Celery("ductor_project")
-# Lazy: nothing here reads the settings, so importing the package starts no server.
+# Lazy: nothing here reads the settings, so importing the package starts no server; the app's
+# first configuration does (below).
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = WORK_QUEUE
 app.conf.task_queues = (
@@ -26,3 +30,10 @@ app.conf.task_queues = (
     Queue(SYSTEM_QUEUE, Exchange(SYSTEM_QUEUE), routing_key=SYSTEM_QUEUE),
 )
 app.autodiscover_tasks()
+
+
+@app.on_configure.connect
+def _boot_services(sender: Any = None, **kwargs: Any) -> None:
+    """The first use of the app's configuration (a worker booting, a task sent) needs the broker:
+    start the embedded servers the environment does not replace, before the settings are read."""
+    embedded.boot()

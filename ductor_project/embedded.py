@@ -8,7 +8,11 @@ servers through ``<data dir>/services.json``. An inter-process file lock makes
 the start race-free. The servers outlive the process that started them and
 are stopped by ``python -m ductor_project.embedded stop`` (``make down``).
 
-Nothing here imports Django, so it is safe to call from settings.
+Nothing here imports Django, and importing it starts nothing: ``boot()`` is
+called by the entry points that need the servers (``manage.py`` for every
+command but help, ``check`` and ``makemigrations``; the WSGI app; the Celery
+app when it is configured; the test run), before Django reads its settings,
+which then only read the state file (``recorded_urls``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -299,11 +303,50 @@ def destroy(data_dir: Path) -> None:
 
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# What the settings name when no embedded server was recorded: a host that cannot resolve, so
+# a process that reached the database or Redis without booting them fails saying so.
+NOT_STARTED_DATABASE_URL = "postgresql://postgres@embedded-postgres-not-started.invalid/ductor"
+NOT_STARTED_REDIS_URL = "redis://embedded-redis-not-started.invalid:6379/0"
+# manage.py commands that need neither server (nor does any command asked for its --help).
+COMMANDS_WITHOUT_SERVICES = frozenset({"help", "check", "makemigrations", "version", "diffsettings"})
 
 
 def default_data_dir() -> Path:
     """``DUCTOR_DATA_DIR``, else ``.ductor`` beside ``manage.py`` (the same default as the settings)."""
     return Path(os.environ.get("DUCTOR_DATA_DIR") or PROJECT_ROOT / ".ductor")
+
+
+def recorded_urls(data_dir: Path) -> ServiceState:
+    """The URLs of the embedded servers recorded under ``data_dir`` (read only: nothing is
+    started), or the not-started placeholders for those none was recorded for."""
+    state = read_state(data_dir) or ServiceState()
+    return replace(
+        state,
+        database_url=state.database_url or NOT_STARTED_DATABASE_URL,
+        redis_url=state.redis_url or NOT_STARTED_REDIS_URL,
+    )
+
+
+def boot(environ: Mapping[str, str] | None = None) -> ServiceState | None:
+    """Start the embedded servers that ``DATABASE_URL`` and ``REDIS_URL`` do not replace.
+
+    Idempotent and race-free across processes (``ensure_running``). Returns the
+    live servers, or None when the environment names both (nothing embedded).
+    """
+    env = os.environ if environ is None else environ
+    postgres, redis = not env.get("DATABASE_URL"), not env.get("REDIS_URL")
+    if not (postgres or redis):
+        return None
+    data_dir = Path(env.get("DUCTOR_DATA_DIR") or PROJECT_ROOT / ".ductor")
+    return ensure_running(data_dir, postgres=postgres, redis=redis)
+
+
+def command_needs_services(argv: list[str]) -> bool:
+    """Whether ``manage.py <argv[1:]>`` reaches PostgreSQL or Redis (so must boot them first)."""
+    args = argv[1:]
+    if not args or any(arg in ("-h", "--help", "--version") for arg in args):
+        return False
+    return args[0] not in COMMANDS_WITHOUT_SERVICES
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,11 +15,11 @@ from typing import Any
 import structlog
 from structlog.types import EventDict, WrappedLogger
 
+from ductor_project.core.context import peek_tenant
+
 
 def add_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Add ``tenant_id`` (and ``tenant`` slug) from the tenant context, if one is set."""
-    from tenants.context import peek_tenant
-
     tenant = peek_tenant()
     if tenant is not None and "tenant_id" not in event_dict:
         event_dict["tenant_id"] = str(tenant.pk)

@@ -1,8 +1,9 @@
 """Ductor settings. Everything that varies between deployments comes from the environment.
 
-See docs/configuration.md for every setting. With neither ``DATABASE_URL`` nor
-``REDIS_URL`` set, a real PostgreSQL and a real Redis are started from pip
-wheels under ``DUCTOR_DATA_DIR`` (see ``ductor_project.embedded``).
+See docs/configuration.md for every setting. Importing them starts nothing:
+with no ``DATABASE_URL`` or ``REDIS_URL`` set, they name the embedded servers
+recorded under ``DUCTOR_DATA_DIR``, which the commands that need them start
+first (``manage.py``, the WSGI app, the Celery app; ``ductor_project.embedded.boot``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
 DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
-DUCTOR_EMBEDDED = not (env.str("DATABASE_URL", default="") and env.str("REDIS_URL", default=""))
 
 
 def _secret_key() -> str:
@@ -43,18 +43,11 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
-if DUCTOR_EMBEDDED:
-    # Start only what the environment does not name.
-    _services = embedded.ensure_running(
-        DUCTOR_DATA_DIR,
-        postgres=not env.str("DATABASE_URL", default=""),
-        redis=not env.str("REDIS_URL", default=""),
-    )
-    DATABASE_URL = env.str("DATABASE_URL", default=_services.database_url)
-    REDIS_URL = env.str("REDIS_URL", default=_services.redis_url)
-else:
-    DATABASE_URL = env.str("DATABASE_URL")
-    REDIS_URL = env.str("REDIS_URL")
+# What the environment does not name, the embedded servers recorded in the data dir serve (read,
+# not started, here: a process that needs them has booted them first).
+_embedded = embedded.recorded_urls(DUCTOR_DATA_DIR)
+DATABASE_URL = env.str("DATABASE_URL", default=_embedded.database_url)
+REDIS_URL = env.str("REDIS_URL", default=_embedded.redis_url)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -117,7 +110,7 @@ CACHES = {
         "LOCATION": REDIS_URL,
         # Every cache key goes through the tenant-aware key builder: inside a
         # tenant "x" becomes "t:<tenant>:x"; outside any tenant it raises.
-        "KEY_FUNCTION": "tenants.keys.cache_key_function",
+        "KEY_FUNCTION": "ductor_project.core.keys.cache_key_function",
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
     }
 }
@@ -158,7 +151,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "ductor_project.pagination.CursorPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "ductor_project.errors.exception_handler",
+    "EXCEPTION_HANDLER": "ductor_project.core.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ductor_project import errors
+from ductor_project.core import errors
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,8 +1,13 @@
+"""The WSGI entry point (gunicorn): boots the embedded servers it needs, then Django."""
+
 import os
 
 from django.core.wsgi import get_wsgi_application
 
+from ductor_project import embedded
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
+embedded.boot()
 application = get_wsgi_application()
 
 

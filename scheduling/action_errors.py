@@ -8,7 +8,7 @@ the step's retry policy allows. Each error carries a stable ``code`` from
 ``ActionErrorCode``, which a retry policy may also filter on.
 
 These are the codes of a step's failure, stored on its attempt; the API's own
-error codes are ``ductor_project.errors.ErrorCode``.
+error codes are ``ductor_project.core.errors.ErrorCode``.
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
-from ductor_project.errors import ApiError
+from ductor_project.core.context import peek_tenant, tenant_context
+from ductor_project.core.errors import ApiError
 from scheduling import services
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.secrets import encrypt
 from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
-from tenants.context import peek_tenant, tenant_context
 
 
 class ConnectionAdminForm(forms.ModelForm):

@@ -60,11 +60,12 @@ from celery import signals
 from django.conf import settings
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
-from ductor_project.redis import get_redis
-from scheduling import fair_queue, scripts
-from scheduling.renewals import renewals
-from tenants.context import current_tenant, no_tenant, tenant_context
-from tenants.keys import global_redis_key, shard_of
+from ductor_project.core import scripts
+from ductor_project.core.context import current_tenant, no_tenant, tenant_context
+from ductor_project.core.keys import global_redis_key, shard_of
+from ductor_project.core.redis import get_redis
+from ductor_project.core.renewals import renewals
+from scheduling import LUA_DIR, fair_queue
 from tenants.models import Tenant
 from tenants.tasking import cached_tenant, refresh_db_connections, tenant_task
 
@@ -224,7 +225,7 @@ def reserve_credits(
     for queue in queues:
         returned = (give_back or {}).get(queue, [])
         args += [wanted[queue], len(returned), *returned]
-    taken = scripts.run("broker_reserve", keys, args)
+    taken = scripts.run(LUA_DIR / "broker_reserve.lua", keys, args)
     return {queue: [c.decode() if isinstance(c, bytes) else str(c) for c in got]
             for queue, got in zip(queues, taken, strict=True)}
 
@@ -239,7 +240,7 @@ def mark_running(queue: str, credits: list[str], lease_s: float) -> None:
     """The credits' tasks started (or still run): they count as running for ``lease_s``. One round trip."""
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run("broker_mark", keys, ["run", lease_s, *credits])
+        scripts.run(LUA_DIR / "broker_mark.lua", keys, ["run", lease_s, *credits])
 
 
 def free_credits(queue: str, credits: list[str], *, signal: bool = True, batch: scripts.Batch | None = None) -> None:
@@ -251,7 +252,7 @@ def free_credits(queue: str, credits: list[str], *, signal: bool = True, batch: 
     """
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run("broker_mark", keys, ["free" if signal else "unused", 0, *credits], batch=batch)
+        scripts.run(LUA_DIR / "broker_mark.lua", keys, ["free" if signal else "unused", 0, *credits], batch=batch)
 
 
 def wait_for_credit(*, timeout_s: float) -> bool:
@@ -269,7 +270,7 @@ def _wait_s(seconds: float) -> float:
 
 class _Finisher:
     """Acks the items a worker process finished and gives their dispatch credits back, from the
-    process's renewal thread (``scheduling.renewals``), while the process already takes its
+    process's renewal thread (``ductor_project.core.renewals``), while the process already takes its
     next task: round trips off every task's path.
 
     Acks, then credits, go in one round trip. What is still pending when the process

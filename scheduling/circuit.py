@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from scheduling import scripts
-from tenants.keys import redis_key
+from ductor_project.core import scripts
+from ductor_project.core.keys import redis_key
+from scheduling import LUA_DIR
 
 if TYPE_CHECKING:
     from tenants.models import Tenant
@@ -37,7 +38,7 @@ def breaker_key(connection_id: object, *, tenant: Tenant | None = None) -> str:
 
 def _record(connection_id: object, ok: bool, tenant: Tenant | None) -> BreakerState:
     state = scripts.run(
-        "breaker_record",
+        LUA_DIR / "breaker_record.lua",
         [breaker_key(connection_id, tenant=tenant)],
         [
             1 if ok else 0,

@@ -26,10 +26,10 @@ import structlog
 from django.conf import settings
 from django.utils import timezone
 
+from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
 from scheduling.broker import SYSTEM_TIER, ItemContext, register_handler
-from tenants.context import system_context, tenant_context
-from tenants.models import Tenant
+from tenants.models import Tenant, system_context
 
 log = structlog.get_logger(__name__)
 

@@ -41,19 +41,19 @@ tenant, the partition whose head is due first goes out.
   ``enqueue`` of an id that is waiting keeps the item (coalescing); ``enqueue``
   of an id in flight makes it run once more after its ack (no lost wake-up).
 
-**Redis layout.** Tenant keys come from ``tenants.keys.redis_key`` and hold one
+**Redis layout.** Tenant keys come from ``ductor_project.core.keys.redis_key`` and hold one
 tenant's data: ``fq:conf``, ``fq:items``, ``fq:parts:<tier>``,
 ``fq:p:<tier>:<partition>``, ``fq:wait:<tier>``, ``fq:locks``, ``fq:flight``,
 ``fq:seq``.
 The only cross-tenant keys are the shard's indexes, from
-``tenants.keys.global_redis_key("fq", ..., shard=n)``: ``ready:<tier>``
+``ductor_project.core.keys.global_redis_key("fq", ..., shard=n)``: ``ready:<tier>``
 (tenant → start tag), ``timers`` (``"<tier>|<tenant>"`` → when to look again),
 ``blocked:<tier>``, ``finish:<tier>`` (tenant → last finish tag),
 ``vtime:<tier>``, ``inflight`` (``"<tenant>|<item>"`` → lease end) and
 ``wake``. ``fq_lib.lua`` documents each. All keys of a shard carry its
 ``{s<n>}`` hash tag, so each script touches one Redis Cluster slot; the
 dispatcher-side scripts read tenant ids from the indexes and build those
-tenants' keys from prefixes that Python derives from ``tenants.keys``.
+tenants' keys from prefixes that Python derives from ``ductor_project.core.keys``.
 
 **Changes from the suggested design** (DESIGN.md §5), and why:
 
@@ -96,11 +96,12 @@ from typing import Any
 
 from django.conf import settings
 
-from ductor_project.redis import get_redis
-from scheduling import capacity, scripts
-from tenants.context import TenantScopeError, current_tenant, no_tenant, peek_tenant
+from ductor_project.core import capacity, scripts
+from ductor_project.core.context import TenantScopeError, current_tenant, no_tenant, peek_tenant
+from ductor_project.core.keys import global_redis_key, redis_key, shard_of, tenant_redis_prefix
+from ductor_project.core.redis import get_redis
+from scheduling import LUA_DIR
 from tenants.entitlements import effective_entitlements
-from tenants.keys import global_redis_key, redis_key, shard_of, tenant_redis_prefix
 from tenants.models import Tenant, Tier
 
 SYSTEM_TIER = "system"
@@ -119,7 +120,7 @@ ITEMS_PER_CALL = 500
 MAX_WAIT_S = 2.0
 # Shortest blocking wait: Redis counts a blocking timeout in whole ms.
 MIN_WAIT_S = 0.002
-_LIBRARIES = ("capacity_lib", "fq_lib")
+_LIBRARIES = (capacity.LUA_LIBRARY, LUA_DIR / "fq_lib.lua")
 
 
 class TierNotAllowed(ValueError):
@@ -290,7 +291,7 @@ def _suffixes() -> tuple[str, str, str, str]:
     """The tenant-relative key suffixes the scripts append to ``<prefix><tenant id>``.
 
     Derived from the real key builders with a probe tenant (no row: only its id is
-    read), so the formats stay in ``tenants.keys`` and ``scheduling.capacity``.
+    read), so the formats stay in ``ductor_project.core.keys`` and ``ductor_project.core.capacity``.
     """
     probe = Tenant(id=uuid.UUID(int=0))
     tenant_id = str(probe.pk)
@@ -323,7 +324,7 @@ def global_key(name: str, *, shard: int = 0) -> str:
 
 
 def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None) -> Any:
-    return scripts.run(name, keys, list(args), libraries=_LIBRARIES, batch=batch)
+    return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=_LIBRARIES, batch=batch)
 
 
 def _tenant_call(name: str, tenant: Tenant, *args: Any, batch: scripts.Batch | None = None) -> Any:
@@ -448,7 +449,7 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
             replies = [_run("fq_enqueue", *calls[0])]
         else:
             pipe = get_redis().pipeline(transaction=False)
-            script = scripts.script("fq_enqueue", *_LIBRARIES)
+            script = scripts.script(LUA_DIR / "fq_enqueue.lua", *_LIBRARIES)
             for keys, args in calls:
                 script(keys=keys, args=args, client=pipe)
             replies = pipe.execute()

@@ -41,11 +41,11 @@ import httpx
 import structlog
 from django.conf import settings
 
+from ductor_project.core.context import TenantScopeError, peek_tenant
 from scheduling import circuit
 from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.secrets import SecretError
-from tenants.context import TenantScopeError, peek_tenant
 
 if TYPE_CHECKING:
     from scheduling.models import Connection

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import models
 
+from scheduling.secrets import decrypt
 from tenants.scoping import TenantScopedModel
 
 
@@ -46,8 +47,6 @@ class Connection(TenantScopedModel):
 
     def secret(self) -> str:
         """The decrypted secret ('' when none is set). Only actions may call this."""
-        from scheduling.secrets import decrypt
-
         return decrypt(self.secret_token) if self.secret_token else ""
 
 

@@ -20,15 +20,16 @@ from typing import Any
 
 from django.conf import settings
 
-from ductor_project.redis import get_redis
-from scheduling import capacity, scripts
+from ductor_project.core import capacity, scripts
+from ductor_project.core.context import current_tenant
+from ductor_project.core.keys import redis_key
+from ductor_project.core.redis import get_redis
+from scheduling import LUA_DIR
 from scheduling.circuit import STATES, BreakerState, breaker_key
 from scheduling.models import Pool
 from scheduling.routing_table import MemberInfo, PoolInfo, RuleInfo, routing_table
 from scheduling.rules import Step, matches, render_partition_key
-from tenants.context import current_tenant
 from tenants.entitlements import effective_entitlements
-from tenants.keys import redis_key
 from tenants.models import Tier
 
 DEFAULT_TIER = Tier.STANDARD
@@ -107,7 +108,7 @@ def candidate_states(pool: PoolInfo) -> list[Candidate]:
     for member in pool.members:
         keys.append(breaker_key(member.connection_id))
         keys.append(capacity.connection_scope(member.connection_id, 1).key())
-    flat = scripts.run("breaker_state", keys, [settings.DUCTOR_BREAKER_FAILURES])
+    flat = scripts.run(LUA_DIR / "breaker_state.lua", keys, [settings.DUCTOR_BREAKER_FAILURES])
     out = []
     for index, member in enumerate(pool.members):
         state = STATES[int(flat[2 * index])]

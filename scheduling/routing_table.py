@@ -21,9 +21,9 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from ductor_project.core.context import current_tenant, tenant_context
+from ductor_project.core.keys import tenant_key
 from scheduling.models import Connection, Pool, PoolMember, Rule
-from tenants.context import current_tenant, tenant_context
-from tenants.keys import tenant_key
 from tenants.models import Tenant
 
 TABLE_TTL_S = 24 * 3600

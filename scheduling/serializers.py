@@ -18,7 +18,7 @@ from typing import Any
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from ductor_project.errors import UnknownFields
+from ductor_project.core.errors import UnknownFields
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.services import MemberSpec
 from tenants.api import StrictModelSerializer, StrictSerializer

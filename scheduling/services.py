@@ -26,14 +26,14 @@ import structlog
 from django.db import IntegrityError, transaction
 from django.db.models import Model
 
-from ductor_project.errors import ApiError, Conflict, ErrorCode, NotFound
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from scheduling import selectors
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.routing import RoutingDecision, route
 from scheduling.rules import RuleError, Step, validate_action, validate_match
 from scheduling.secrets import encrypt
-from tenants.context import current_tenant
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant
 from tenants.usage import enforce_ceiling

@@ -7,9 +7,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from ductor_project.core.context import tenant_context
 from tenants import services
 from tenants.admin_scoping import TenantScopedAdmin, admin_tenant
-from tenants.context import tenant_context
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
     ApiKey,

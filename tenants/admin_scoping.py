@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
-from tenants.context import tenant_context
+from ductor_project.core.context import tenant_context
 from tenants.scoping import TenantScopedModel
 
 

@@ -20,8 +20,8 @@ from rest_framework.metadata import BaseMetadata
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from ductor_project.errors import UnknownFields
-from tenants.context import tenant_context
+from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import UnknownFields
 from tenants.permissions import IsPlatformAdmin, request_tenant
 
 

@@ -6,4 +6,4 @@ class TenantsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tenants import entitlements, schema  # noqa: F401 - signal receivers, OpenAPI auth extension
+        from tenants import entitlements, schema, usage  # noqa: F401 - signal receivers, OpenAPI auth extension

@@ -17,7 +17,7 @@ from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
-from ductor_project.errors import AuthError, ErrorCode
+from ductor_project.core.errors import AuthError, ErrorCode
 from tenants.models import ApiKey, PlatformKey, Tenant, hash_secret
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)

@@ -24,14 +24,19 @@ from cachetools import TTLCache
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
-from tenants.keys import global_key, refuse_foreign, tenant_key
-from tenants.models import Plan, Tenant, TenantEntitlementOverride
+from ductor_project.core.keys import global_key, refuse_foreign, tenant_key
+from tenants.models import Plan, Tenant, TenantEntitlementOverride, Tier
 
 CACHE_TTL_S = 300
 LOCAL_TTL_S = 2.0
 _PLAN_VERSION_KEY = global_key("plans", "version")
+
+# Sent (with ``tenant``) when a tenant's limits or status may have changed, now and again after
+# the commit: what keeps state derived from them (the quota flag, the fair queue's copy of the
+# limits) listens to it.
+limits_changed = Signal()
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,6 @@ def coerce_limit(field: str, value: Any) -> Any:
     if field not in LIMIT_FIELDS:
         raise ValueError(f"unknown limit '{field}'")
     if field == "allowed_tiers":
-        from tenants.models import Tier
-
         if not isinstance(value, list) or not value or any(v not in Tier.values for v in value):
             raise ValueError(f"must be a non-empty list of tiers from {list(Tier.values)}")
         return [t for t in Tier.values if t in value]
@@ -170,9 +173,7 @@ def invalidate_tenant(tenant: Tenant) -> None:
     def drop() -> None:
         _forget_local(tenant)
         cache.delete(_cache_key(tenant))
-        from tenants.usage import clear_quota_flag
-
-        clear_quota_flag(tenant)
+        limits_changed.send(sender=Tenant, tenant=tenant)
 
     drop()
     transaction.on_commit(drop)

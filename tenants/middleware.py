@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
-from tenants.context import tenant_context
+from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from tenants.selectors import membership_for_user
 

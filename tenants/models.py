@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import ClassVar
 
@@ -13,7 +15,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
-from tenants.context import SYSTEM_TENANT_SLUG
+from ductor_project.core.context import SYSTEM_TENANT_SLUG, tenant_context
 from tenants.scoping import TenantScopedModel
 
 _KEY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -99,6 +101,13 @@ class Tenant(models.Model):
         if cls._system is None:
             cls._system = cls.objects.get(slug=SYSTEM_TENANT_SLUG)
         return cls._system
+
+
+@contextmanager
+def system_context() -> Iterator[Tenant]:
+    """Act as the reserved system tenant (engine-internal work only)."""
+    with tenant_context(Tenant.system()) as tenant:
+        yield tenant
 
 
 class TenantMembership(TenantScopedModel):

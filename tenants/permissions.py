@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from ductor_project.errors import ErrorCode, Forbidden, NotFound
+from ductor_project.core.errors import ErrorCode, Forbidden, NotFound
 from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership
 from tenants.selectors import membership_for_user
 

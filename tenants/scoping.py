@@ -41,7 +41,7 @@ from django.db.models.fields.related_descriptors import (
 from django.db.models.query import ModelIterable
 from django.db.models.signals import class_prepared
 
-from tenants.context import TenantScopeError, current_tenant, peek_tenant, tenant_context
+from ductor_project.core.context import TenantScopeError, current_tenant, peek_tenant, tenant_context
 
 _TENANT_FIELDS = {"tenant", "tenant_id"}
 # Set while bulk_update() runs: it checked every row's links itself, and the

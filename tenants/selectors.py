@@ -7,9 +7,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from ductor_project.errors import NotFound
-from tenants.context import SYSTEM_TENANT_SLUG
+from ductor_project.core.capacity import tenant_in_flight
+from ductor_project.core.context import SYSTEM_TENANT_SLUG
+from ductor_project.core.errors import NotFound
+from tenants.entitlements import effective_entitlements
 from tenants.models import ApiKey, Plan, Tenant, TenantEntitlementOverride, TenantMembership
+from tenants.usage import next_reset, object_counts, runs_this_month
 
 
 def parse_uuid(value: Any) -> uuid.UUID:
@@ -75,10 +78,6 @@ def membership_for_user(user: Any) -> TenantMembership | None:
 
 def entitlements_report(tenant: Tenant) -> dict[str, Any]:
     """Effective limits, current usage and reset times of ``tenant`` (must be in context)."""
-    from scheduling.capacity import tenant_in_flight
-    from tenants.entitlements import effective_entitlements
-    from tenants.usage import next_reset, object_counts, runs_this_month
-
     limits = effective_entitlements(tenant)
     return {
         "tenant": tenant.slug,

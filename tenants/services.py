@@ -9,8 +9,8 @@ import structlog
 from django.db import transaction
 from django.utils import timezone
 
-from ductor_project.errors import ApiError, Conflict, ErrorCode, conflict_on_duplicate
-from tenants.context import SYSTEM_TENANT_SLUG, current_tenant, tenant_context
+from ductor_project.core.context import SYSTEM_TENANT_SLUG, current_tenant, tenant_context
+from ductor_project.core.errors import ApiError, Conflict, ErrorCode, conflict_on_duplicate
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import ApiKey, Plan, PlatformKey, Tenant, TenantEntitlementOverride, generate_key
 

@@ -30,7 +30,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from ductor_project.celery import SYSTEM_QUEUE, app
-from tenants.context import TenantScopeError, no_tenant, peek_tenant, tenant_context
+from ductor_project.core.context import TenantScopeError, no_tenant, peek_tenant, tenant_context
 from tenants.models import Tenant
 
 log = structlog.get_logger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tenants.context import current_tenant
+from ductor_project.core.context import current_tenant
 from tenants.tasking import tenant_task
 
 

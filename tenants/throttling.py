@@ -12,7 +12,8 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from tenants.context import peek_tenant
+from ductor_project.core.capacity import rate_check
+from ductor_project.core.context import peek_tenant
 from tenants.entitlements import effective_entitlements
 
 
@@ -21,8 +22,6 @@ class TenantRateThrottle(BaseThrottle):
         self._wait: float | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        from scheduling.capacity import rate_check
-
         tenant = peek_tenant()
         if tenant is None:  # platform callers and refused requests carry no tenant
             return True

@@ -17,13 +17,14 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import QuerySet
+from django.dispatch import receiver
 from django.utils import timezone
 
-from ductor_project.errors import ApiError, ErrorCode
-from ductor_project.redis import get_redis
-from tenants.context import current_tenant
-from tenants.entitlements import CEILING_FIELDS, effective_entitlements
-from tenants.keys import redis_key
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import ApiError, ErrorCode
+from ductor_project.core.keys import redis_key
+from ductor_project.core.redis import get_redis
+from tenants.entitlements import CEILING_FIELDS, effective_entitlements, limits_changed
 from tenants.models import MonthlyUsage, Tenant
 
 
@@ -55,7 +56,9 @@ def _flag_key(tenant: Tenant, month: date) -> str:
     return redis_key("quota-exhausted", f"{month:%Y-%m}", tenant=tenant)
 
 
-def clear_quota_flag(tenant: Tenant) -> None:
+@receiver(limits_changed)
+def clear_quota_flag(sender: Any, tenant: Tenant, **kwargs: Any) -> None:
+    """The tenant's limits changed: its "month used up" flag goes (it is only a shortcut)."""
     get_redis().delete(_flag_key(tenant, month_start()))
 
 

@@ -10,9 +10,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ductor_project.core.context import current_tenant, tenant_context
 from tenants import selectors, services
 from tenants.api import PlatformViewSet, TenantAPIView, TenantViewSet
-from tenants.context import current_tenant, tenant_context
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.serializers import (
     ApiKeyCreatedSerializer,

@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import connection, connections
 from rest_framework.test import APIClient
 
+from ductor_project.core.context import tenant_context
 from ductor_project.stack import stop_group
 from tenants import services
-from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def seed_reference_data() -> None:
     """Put back what the data migrations create (plans, the system tenant). Idempotent."""
-    from tenants.context import SYSTEM_TENANT_SLUG
+    from ductor_project.core.context import SYSTEM_TENANT_SLUG
     from tenants.models import Plan
 
     for plan in import_module("tenants.migrations.0003_plans").PLANS:
@@ -66,7 +66,7 @@ def _restore_reference_data(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def redis_client() -> Any:
     """The raw Redis client, flushed before the test (the test data dir has its own Redis)."""
-    from ductor_project.redis import get_redis
+    from ductor_project.core.redis import get_redis
 
     client = get_redis()
     client.flushdb()

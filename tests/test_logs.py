@@ -12,8 +12,8 @@ import pytest
 import structlog
 from django.conf import settings
 
+from ductor_project.core.context import tenant_context
 from ductor_project.logs import configure_logging
-from tenants.context import tenant_context
 from tenants.models import Tenant
 
 

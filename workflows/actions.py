@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from scheduling import http_action
 from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
 
 if TYPE_CHECKING:
@@ -127,7 +128,5 @@ def fail(call: ActionCall) -> Any:
 @action("http.request")
 def http_request(call: ActionCall) -> Any:
     """An HTTP call through the routed connection (see ``scheduling.http_action``)."""
-    from scheduling.http_action import http_request as run
-
     params = call.input if isinstance(call.input, dict) else {}
-    return run(params, call.connection, attempt=call.attempt, idempotency_key=call.idempotency_key)
+    return http_action.http_request(params, call.connection, attempt=call.attempt, idempotency_key=call.idempotency_key)

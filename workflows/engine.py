@@ -44,14 +44,15 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from ductor_project.errors import ErrorCode
-from scheduling import capacity, fair_queue
+from ductor_project.core import capacity
+from ductor_project.core.context import current_tenant, tenant_context
+from ductor_project.core.errors import ErrorCode
+from scheduling import fair_queue
 from scheduling.action_errors import ActionError
 from scheduling.broker import ItemContext, RetryLater, register_handler
 from scheduling.coordinator import register_reconciler, register_wakeup, schedule_wakeup
 from scheduling.routing import admit, release, route
 from scheduling.rules import Step
-from tenants.context import current_tenant, tenant_context
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume

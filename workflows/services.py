@@ -9,8 +9,8 @@ from typing import Any
 import structlog
 from django.db import IntegrityError, transaction
 
-from ductor_project.errors import ApiError, ErrorCode, NotFound
-from tenants.context import current_tenant
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import ApiError, ErrorCode, NotFound
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows import engine

@@ -14,12 +14,12 @@ import os
 import time
 from typing import Any
 
-from ductor_project.redis import get_redis
+from ductor_project.core.context import current_tenant
+from ductor_project.core.keys import global_redis_key, redis_key
+from ductor_project.core.redis import get_redis
 from scheduling import fair_queue
 from scheduling.broker import ItemContext, register_handler
 from scheduling.coordinator import register_wakeup
-from tenants.context import current_tenant
-from tenants.keys import global_redis_key, redis_key
 
 RECORDS = global_redis_key("test", "broker", "records")
 WAKE_KIND = "test.wake"

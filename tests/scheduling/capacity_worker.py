@@ -25,7 +25,7 @@ import django
 
 
 def _race(tenant_id: str, index: int, tenant_limit: int, pool_limit: int, seconds: float) -> None:
-    from scheduling import capacity
+    from ductor_project.core import capacity
 
     scopes = [capacity.tenant_scope(tenant_limit), capacity.pool_scope(f"p{index % 2}", pool_limit)]
     tenant = _tenant(tenant_id)
@@ -49,7 +49,7 @@ def _race(tenant_id: str, index: int, tenant_limit: int, pool_limit: int, second
 
 
 def _hold(tenant_id: str, holder: str, lease_s: float) -> None:
-    from scheduling import capacity
+    from ductor_project.core import capacity
 
     acquired = capacity.acquire([capacity.tenant_scope(1)], holder, lease_s, tenant=_tenant(tenant_id))
     print("acquired" if acquired else "refused", flush=True)

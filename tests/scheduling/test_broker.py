@@ -24,12 +24,13 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE, app
-from scheduling import broker, capacity
+from ductor_project.core import capacity
+from ductor_project.core.keys import redis_key
+from scheduling import broker
 from scheduling import fair_queue as fq
 from scheduling.broker import Dispatcher, execute_item
 from scheduling.coordinator import schedule_wakeup
 from tenants import services
-from tenants.keys import redis_key
 from tenants.models import Tenant
 from tenants.tasking import TENANT_HEADER
 from tests.conftest import CeleryWorker, api_client, error_code

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from scheduling import capacity
-from scheduling.capacity import (
+from ductor_project.core import capacity
+from ductor_project.core.capacity import (
     LeaseConflict,
     Scope,
     acquire,
@@ -21,8 +21,8 @@ from scheduling.capacity import (
     tenant_in_flight,
     tenant_scope,
 )
-from tenants.context import TenantScopeError, tenant_context
-from tenants.keys import shard_of, shard_tag
+from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.core.keys import shard_of, shard_tag
 from tests.scheduling.helpers import sleep_until
 
 

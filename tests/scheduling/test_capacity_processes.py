@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from scheduling.capacity import acquire, in_flight, pool_scope, release, tenant_scope
-from tenants.context import tenant_context
+from ductor_project.core.capacity import acquire, in_flight, pool_scope, release, tenant_scope
+from ductor_project.core.context import tenant_context
 from tests.scheduling.helpers import redis_now_ms, sleep_until, spawn_worker
 
 WORKERS = 8

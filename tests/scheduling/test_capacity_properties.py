@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from scheduling.capacity import (
+from ductor_project.core.capacity import (
     LeaseConflict,
     Scope,
     acquire,
@@ -20,7 +20,7 @@ from scheduling.capacity import (
     release,
     tenant_scope,
 )
-from tenants.context import tenant_context
+from ductor_project.core.context import tenant_context
 
 SCOPES = [
     tenant_scope(3),

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from scheduling import capacity
+from ductor_project.core import capacity
+from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.core.keys import redis_key, shard_of, shard_tag
 from scheduling import fair_queue as fq
 from tenants import services
-from tenants.context import TenantScopeError, system_context, tenant_context
-from tenants.keys import redis_key, shard_of, shard_tag
-from tenants.models import Tenant
+from tenants.models import Tenant, system_context
 from tests.scheduling.helpers import redis_now_ms, sleep_until
 
 LEASE_MS = 30_000

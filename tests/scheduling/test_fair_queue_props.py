@@ -19,8 +19,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ductor_project.redis import get_redis
-from scheduling import capacity
+from ductor_project.core import capacity
+from ductor_project.core.redis import get_redis
 from scheduling import fair_queue as fq
 from tenants.models import Tenant
 from tests.scheduling.helpers import redis_now_ms, sleep_until

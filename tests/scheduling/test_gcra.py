@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from scheduling.capacity import rate_check, rate_key, rate_peek
-from tenants.context import tenant_context
+from ductor_project.core.capacity import rate_check, rate_key, rate_peek
+from ductor_project.core.context import tenant_context
 from tests.scheduling.helpers import redis_now_ms, sleep_until
 
 TOLERANCE_S = 0.015

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from scheduling import broker, capacity
+from ductor_project.core import capacity
+from ductor_project.core.context import TenantScopeError, tenant_context
+from scheduling import broker
 from scheduling import fair_queue as fq
 from scheduling.broker import execute_item
 from tenants import services
-from tenants.context import TenantScopeError, tenant_context
 from tenants.models import Tenant
 from tests.scheduling.broker_handlers import records
 from tests.scheduling.test_broker import HANDLERS, assert_drained, dispatching, enqueue, events, wait_for

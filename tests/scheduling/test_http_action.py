@@ -20,12 +20,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from ductor_project.core.context import TenantScopeError, tenant_context
 from scheduling import secrets
 from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
 from scheduling.circuit import breaker_key
 from scheduling.http_action import http_request, refusal_reason, resolve_allowed
 from scheduling.models import Connection
-from tenants.context import TenantScopeError, tenant_context
 
 SECRET = "s3cret-token-value"
 UNSPECIFIED = "0.0.0.0"  # noqa: S104 - an address the policy must refuse; nothing binds to it

@@ -14,12 +14,13 @@ from django.db import connection as db_connection
 from django.db import transaction
 from django.test.utils import CaptureQueriesContext
 
-from scheduling import capacity, routing_table
+from ductor_project.core import capacity
+from ductor_project.core.context import current_tenant, tenant_context
+from scheduling import routing_table
 from scheduling.circuit import BreakerState, record_failure, record_success
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.routing import admit, choose, release, route
 from scheduling.rules import RuleError, Step, matches, validate_action, validate_match
-from tenants.context import current_tenant, tenant_context
 from tenants.entitlements import effective_entitlements
 from tests.scheduling.helpers import redis_now_ms, sleep_until
 
@@ -449,7 +450,7 @@ def test_a_warm_route_does_not_query_postgresql(tenant, django_assert_num_querie
 def test_a_table_read_by_another_process_during_the_edit_is_not_served_after_commit(make_tenant):
     """The version is bumped at save and again at commit: a table built from the pre-commit rows
     under the first bump is never used once the edit is committed."""
-    from ductor_project.redis import get_redis
+    from ductor_project.core.redis import get_redis
 
     get_redis().flushdb()
     tenant, _ = make_tenant("mid-edit")

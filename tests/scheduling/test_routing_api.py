@@ -15,12 +15,12 @@ from django.db import connection as db
 from django.test import Client
 from rest_framework.test import APIClient
 
-from ductor_project.redis import get_redis
-from scheduling import capacity
+from ductor_project.core import capacity
+from ductor_project.core.context import tenant_context
+from ductor_project.core.redis import get_redis
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.secrets import decrypt
 from tenants import services as tenant_services
-from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
 from tests.conftest import api_client, error_code, in_threads
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ductor_project.core import scripts
+from ductor_project.core.context import tenant_context
 from scheduling import fair_queue as fq
-from scheduling import scripts
-from tenants.context import tenant_context
 
 
 def test_a_batch_runs_its_calls_in_order_and_reloads_scripts_the_server_forgot(make_tenant, redis_client: Any):

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from ductor_project.celery import app
-from tenants.context import current_tenant, peek_tenant
+from ductor_project.core.context import current_tenant, peek_tenant
 from tenants.tasking import tenant_task
 from tests.scoped.models import Folder
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
-from tenants.context import tenant_context
+from ductor_project.core.context import tenant_context
 from tenants.models import ApiKey, Tenant, TenantMembership
 
 

@@ -10,8 +10,8 @@ from django.apps import apps
 from django.contrib import admin
 from django.test import Client
 
+from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant, TenantMembership
 from tests.scoped.models import Folder, Note
 from tests.tenants.helpers import grant, make_user

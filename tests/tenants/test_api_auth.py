@@ -12,9 +12,9 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.context import system_context, tenant_context
-from tenants.models import ApiKey, PlatformKey, Tenant
+from tenants.models import ApiKey, PlatformKey, Tenant, system_context
 from tests.conftest import api_client
 from tests.tenants.helpers import assert_error, key_rows, make_user
 

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
 from tests.conftest import api_client
 from tests.tenants.helpers import assert_error, key_rows, make_user, tenant_rows

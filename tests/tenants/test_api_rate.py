@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduling.capacity import rate_key
+from ductor_project.core.capacity import rate_key
 from tenants import services
 from tenants.models import ApiKey, Tenant
 from tests.conftest import api_client, error_code

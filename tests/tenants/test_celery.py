@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from ductor_project.celery import app as celery_app
-from tenants.context import TenantScopeError, system_context, tenant_context
-from tenants.models import Tenant
+from ductor_project.core.context import TenantScopeError, tenant_context
+from tenants.models import Tenant, system_context
 from tenants.tasking import SYSTEM_QUEUE, TENANT_HEADER
 from tenants.tasks import tenant_ping
 from tests.conftest import CeleryWorker

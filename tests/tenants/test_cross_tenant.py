@@ -18,8 +18,8 @@ from django.apps import apps
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.context import tenant_context
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import TenantScopedModel
 from tests.conftest import api_client

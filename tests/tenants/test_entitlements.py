@@ -17,8 +17,8 @@ from django.core.cache import cache
 from django.db import transaction
 from django.test import Client
 
+from ductor_project.core.context import TenantScopeError, tenant_context
 from tenants import entitlements, services
-from tenants.context import TenantScopeError, tenant_context
 from tenants.entitlements import LIMIT_FIELDS, Entitlements, coerce_limit, effective_entitlements
 from tenants.models import Plan, Tenant, TenantEntitlementOverride
 from tests.tenants.seeded_plans import SEEDED, limits_of

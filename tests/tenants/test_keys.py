@@ -9,15 +9,8 @@ from typing import Any
 import pytest
 from django.core.cache import cache
 
-from tenants.context import TenantScopeError, tenant_context
-from tenants.keys import (
-    global_key,
-    global_redis_key,
-    redis_key,
-    shard_of,
-    shard_tag,
-    tenant_key,
-)
+from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.core.keys import global_key, global_redis_key, redis_key, shard_of, shard_tag, tenant_key
 from tenants.models import Tenant
 
 

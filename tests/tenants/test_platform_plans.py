@@ -16,9 +16,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from rest_framework.test import APIClient
 
-from scheduling.capacity import acquire, tenant_scope
+from ductor_project.core.capacity import acquire, tenant_scope
+from ductor_project.core.context import tenant_context
 from tenants import services, usage
-from tenants.context import tenant_context
 from tenants.models import Plan, Tenant, TenantEntitlementOverride, TenantMembership
 from tenants.usage import next_reset, quota_consume, register_ceiling_counter
 from tests.conftest import api_client, error_code

@@ -13,10 +13,10 @@ from datetime import UTC, date, datetime, timedelta, timezone
 import pytest
 from django.db import connection, transaction
 
-from ductor_project.errors import exception_handler
-from scheduling.capacity import acquire, tenant_in_flight, tenant_scope
+from ductor_project.core.capacity import acquire, tenant_in_flight, tenant_scope
+from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.core.errors import exception_handler
 from tenants import services, usage
-from tenants.context import TenantScopeError, tenant_context
 from tenants.entitlements import effective_entitlements
 from tenants.models import MonthlyUsage, Plan, Tenant
 from tenants.usage import (

@@ -17,16 +17,15 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Count, F, Subquery, Sum
 
-from tenants.context import (
+from ductor_project.core.context import (
     SYSTEM_TENANT_SLUG,
     TenantScopeError,
     current_tenant,
     no_tenant,
     peek_tenant,
-    system_context,
     tenant_context,
 )
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant, system_context
 from tenants.scoping import TenantScopedModel
 from tests.scoped.models import Folder, Note
 

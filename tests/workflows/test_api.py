@@ -15,8 +15,8 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
-from tenants.context import tenant_context
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
 from tenants import services as tenant_services
-from tenants.context import tenant_context
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code

@@ -29,11 +29,11 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from ductor_project.core import capacity
+from ductor_project.core.context import tenant_context
 from ductor_project.stack import stop_group
-from scheduling import capacity
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
-from tenants.context import tenant_context
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import ROOT, CeleryWorker, api_client, error_code, service_env
@@ -113,7 +113,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None) -> Iterator[Stack]:
-    from ductor_project.redis import get_redis
+    from ductor_project.core.redis import get_redis
 
     get_redis().flushdb()
     running = Stack()
@@ -697,7 +697,7 @@ def test_idor_tenant_b_gets_404_on_every_run_and_workflow_of_tenant_a(stack, ten
 
 
 def test_after_a_redis_flush_the_reconciler_puts_back_lost_sleeps_and_retry_backoffs(stack, tenant_a):
-    from ductor_project.redis import get_redis
+    from ductor_project.core.redis import get_redis
 
     tenant = tenant_a[0]
     put(tenant, "timers", {

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduling import capacity
+from ductor_project.core import capacity
+from ductor_project.core.context import tenant_context
+from ductor_project.core.keys import shard_of
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
 from scheduling.broker import ItemContext, RetryLater
 from tenants import services as tenant_services
-from tenants.context import tenant_context
-from tenants.keys import shard_of
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from workflows import engine, services

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from django.db.models import Count, Q
 
-from tenants.context import tenant_context
+from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from workflows.models import StepRun, WorkflowRun
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ductor_project.errors import ApiError
+from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import ApiError
 from tenants import services
-from tenants.context import tenant_context
 from tenants.models import ApiKey
 
 

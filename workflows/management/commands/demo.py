@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from rich.console import Console
 
-from tenants.context import SYSTEM_TENANT_SLUG
+from ductor_project.core.context import SYSTEM_TENANT_SLUG
 from tenants.models import Tenant
 from workflows.demo import runner, scratch
 from workflows.demo.scenario import DemoApiError

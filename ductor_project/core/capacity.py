@@ -14,7 +14,7 @@ by the client's clock.
   The burst tolerance is ``emission_interval * burst``: from idle exactly
   ``burst`` calls pass at once, then one every ``1 / rate`` seconds.
 
-Every key is built by ``tenants.keys.redis_key`` for the tenant in context, or
+Every key is built by ``ductor_project.core.keys.redis_key`` for the tenant in context, or
 for the tenant passed explicitly (code outside any tenant context, such as a
 dispatcher, names it; inside a context no other tenant may be named). So all
 keys of a tenant share its ``{s<n>}`` hash tag, one Redis Cluster slot, and
@@ -30,17 +30,20 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from scheduling import scripts
-from scheduling.renewals import renewals
-from tenants.context import TenantScopeError, current_tenant, peek_tenant
-from tenants.keys import redis_key
+from ductor_project.core import scripts
+from ductor_project.core.context import TenantScopeError, current_tenant, peek_tenant
+from ductor_project.core.keys import redis_key
+from ductor_project.core.renewals import renewals
 
 if TYPE_CHECKING:
     from tenants.models import Tenant
 
-LUA_LIBRARY = "capacity_lib"
+LUA_DIR = Path(__file__).resolve().parent / "lua"
+# The Lua functions of the counters, for scripts of other modules (see ``lua_library``).
+LUA_LIBRARY = LUA_DIR / "capacity_lib.lua"
 
 ScopeKind = Literal["tenant", "pool", "connection"]
 SCOPE_KINDS: frozenset[str] = frozenset(get_args(ScopeKind))
@@ -134,7 +137,7 @@ def lua_library() -> str:
 
     A script of another module that must check or take capacity in its own
     atomic step (the fair queue's dequeue) is loaded with the ``capacity_lib``
-    library (``scheduling.scripts``) and passes the keys from ``Scope.key``,
+    library (``ductor_project.core.scripts``) and passes the keys from ``Scope.key``,
     ``holder_key`` and ``rate_key``.
     """
     return str(scripts.source(LUA_LIBRARY))
@@ -144,7 +147,7 @@ def _run(name: str, keys: list[str], args: list[Any]) -> Any:
     # One EVALSHA on the client the script was registered with: django-redis gives
     # each thread its own client object, all on one shared pool (which resets after
     # a fork), and looking the thread's up again would cost ~10 µs on the hot path.
-    return scripts.script(f"capacity_{name}", LUA_LIBRARY)(keys=keys, args=args)
+    return scripts.script(LUA_DIR / f"capacity_{name}.lua", LUA_LIBRARY)(keys=keys, args=args)
 
 
 def _lease_ms(lease_s: float) -> int:

@@ -1,7 +1,7 @@
 """The one raw Redis client of the process.
 
 It shares django-redis's connection pool. Raw clients ignore Django's cache key
-function, so every key passed to them must come from ``tenants.keys``.
+function, so every key passed to them must come from ``ductor_project.core.keys``.
 """
 
 from __future__ import annotations

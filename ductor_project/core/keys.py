@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from tenants.context import TenantScopeError, current_tenant, peek_tenant
+from ductor_project.core.context import TenantScopeError, current_tenant, peek_tenant
 
 if TYPE_CHECKING:
     from tenants.models import Tenant

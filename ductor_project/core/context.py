@@ -51,15 +51,6 @@ def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
 
 
 @contextmanager
-def system_context() -> Iterator[Tenant]:
-    """Act as the reserved system tenant (engine-internal work only)."""
-    from tenants.models import Tenant
-
-    with tenant_context(Tenant.system()) as tenant:
-        yield tenant
-
-
-@contextmanager
 def no_tenant() -> Iterator[None]:
     """Run the block with no tenant in context (used by workers between tasks)."""
     token = _current.set(None)

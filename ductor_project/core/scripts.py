@@ -1,7 +1,9 @@
-"""Loading the Lua scripts of ``scheduling/lua``: one ``EVALSHA`` per call.
+"""Loading Lua scripts: one ``EVALSHA`` per call.
 
-A script may be prefixed by shared libraries (``capacity_lib.lua`` …) so that
-one atomic script can use the functions of several modules.
+Each module keeps its Lua beside it (``lua/<name>.lua``) and names a script by
+its path. A script may be prefixed by shared libraries (the capacity counters'
+``capacity_lib.lua`` …) so that one atomic script can use the functions of
+several modules.
 """
 
 from __future__ import annotations
@@ -12,34 +14,32 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ductor_project.redis import get_redis
-
-LUA_DIR = Path(__file__).resolve().parent / "lua"
+from ductor_project.core.redis import get_redis
 
 
 @cache
-def source(name: str) -> str:
-    """The text of ``scheduling/lua/<name>.lua``."""
-    return (LUA_DIR / f"{name}.lua").read_text()
+def source(path: Path) -> str:
+    """The text of the Lua file at ``path``."""
+    return path.read_text()
 
 
 @cache
-def script(name: str, *libraries: str) -> Any:
+def script(path: Path, *libraries: Path) -> Any:
     """A registered script: the libraries' text, then the script's. Cached per process."""
-    body = "\n".join([*(source(lib) for lib in libraries), source(name)])
+    body = "\n".join([*(source(lib) for lib in libraries), source(path)])
     return get_redis().register_script(body)
 
 
-def run(name: str, keys: list[str], args: list[Any], *, libraries: tuple[str, ...] = (),
+def run(path: Path, keys: list[str], args: list[Any], *, libraries: tuple[Path, ...] = (),
         batch: Batch | None = None) -> Any:
     """Run a script in one round trip (redis-py reloads it if the server lost it).
 
     With ``batch``, the call is only queued on it; its reply comes from ``batch.execute()``.
     """
     if batch is not None:
-        batch.add(script(name, *libraries), keys, args)
+        batch.add(script(path, *libraries), keys, args)
         return None
-    return script(name, *libraries)(keys=keys, args=args, client=get_redis())
+    return script(path, *libraries)(keys=keys, args=args, client=get_redis())
 
 
 class Batch:

@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from tenants.context import TenantScopeError
+from ductor_project.core.context import TenantScopeError
 
 log = structlog.get_logger(__name__)
 
