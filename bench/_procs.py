@@ -139,7 +139,7 @@ class Processes:
         dispatchers; once every worker slot is registered and every dispatcher runs, return
         them all, dispatchers first (the order to stop them in)."""
         from ductor_project.celery import WORK_QUEUE
-        from scheduling import broker
+        from scheduling.dispatch import credits as broker
 
         started = [
             self.celery_worker(f"{prefix}worker-{i}", "ductor_project", concurrency=concurrency, env=env,

@@ -91,7 +91,7 @@ def ductor_round(tenants: list[Any], count: int, tag: str) -> float:
 
     started = time.perf_counter()
     batches = [
-        fq.TenantBatch(tenant, [fq.NewItem(f"{tag}-{i}", TIER, f"{tag}-{i}", {"kind": "noop"})
+        fq.TenantBatch(tenant, [fq.NewItem(f"{tag}-{i}", TIER, f"{tag}-{i}", {"kind": "bench.noop"})
                                 for i in range(n, count, len(tenants))])
         for n, tenant in enumerate(tenants)
     ]

@@ -179,7 +179,7 @@ def main() -> int:
     from ductor_project.core import capacity
     from ductor_project.core.context import tenant_context
     from ductor_project.webserver import WebServer
-    from scheduling import broker
+    from scheduling.dispatch import credits as broker
 
     began = time.monotonic()
     redis_client().flushdb()

@@ -92,7 +92,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 
@@ -218,6 +218,14 @@ class Dequeued:
     attempt: int
     delivery: int
     lease_until_ms: int
+
+
+class Finished(NamedTuple):
+    """An item a worker finished, in the delivery it ran: what ``handoff`` and ``queue_ack`` ack."""
+
+    tenant: Tenant
+    item_id: str
+    delivery: int
 
 
 @dataclass(frozen=True)
@@ -536,7 +544,7 @@ def dequeue_batches(
 
 
 def handoff(
-    finished: tuple[Tenant, str, int] | None, *, shard: int, lease_ms: int, tiers: Sequence[str]
+    finished: Finished | None, *, shard: int, lease_ms: int, tiers: Sequence[str]
 ) -> tuple[bool | None, Dequeued | None]:
     """Ack ``finished`` (tenant, item id, delivery), when given, then dequeue the shard's next
     item of ``tiers`` (see ``dequeue``): one round trip for both, in that order, so that the

@@ -19,7 +19,8 @@ from rest_framework.response import Response
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.pagination import CursorPagination
-from scheduling import broker, fair_queue, selectors, services
+from scheduling import fair_queue, selectors, services
+from scheduling.dispatch import credits
 from scheduling.models import Connection, Pool, Rule
 from scheduling.serializers import (
     ConnectionSerializer,
@@ -200,7 +201,7 @@ class PlatformQueueView(PlatformAPIView):
         shards = []
         for shard in range(settings.DUCTOR_QUEUE_SHARDS):
             row = dataclasses.asdict(fair_queue.global_stats(shard))
-            row["worker_slots"] = {q: broker.worker_slots(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
-            row["busy"] = {q: broker.busy(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
+            row["worker_slots"] = {q: credits.worker_slots(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
+            row["busy"] = {q: credits.busy(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
             shards.append(row)
         return Response(GlobalQueueStatsSerializer(shards, many=True).data)

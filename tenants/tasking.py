@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -78,6 +79,32 @@ class TenantTaskRefused(Reject):
     """A task message without a usable tenant. It is rejected, never run."""
 
 
+class UnknownTenant(LookupError):
+    """Work named a tenant that does not exist (any more)."""
+
+
+def restore_tenant(tenant_id: str) -> Tenant:
+    """The tenant a task or a handed-off item runs for, before it runs: the database connections
+    checked first (``refresh_db_connections``), the tenant read from the process's cache.
+
+    With ``acting_for``, the one way a worker restores a tenant. Raises ``UnknownTenant`` when
+    there is no such tenant.
+    """
+    refresh_db_connections()
+    tenant = cached_tenant(tenant_id)
+    if tenant is None:
+        raise UnknownTenant(tenant_id)
+    return tenant
+
+
+@contextmanager
+def acting_for(tenant: Tenant, **log_context: Any) -> Iterator[Tenant]:
+    """Act for ``tenant`` alone inside the block (whatever was in context before is not seen),
+    with the logs bound to ``log_context``; everything is reset afterwards, even on error."""
+    with no_tenant(), tenant_context(tenant), structlog.contextvars.bound_contextvars(**log_context):
+        yield tenant
+
+
 class TenantTask(Task):
     abstract = True
     acks_late = True
@@ -119,15 +146,13 @@ class TenantTask(Task):
             log.error("task_refused_without_tenant", task=self.name, task_id=self.request.id,
                       header_tenant=header, arg_tenant=tenant_id)
             raise TenantTaskRefused("task carries no tenant", requeue=False)
-        refresh_db_connections()
-        tenant = cached_tenant(tenant_id)
-        if tenant is None:
+        try:
+            tenant = restore_tenant(str(tenant_id))
+        except UnknownTenant as exc:
             log.error("task_refused_unknown_tenant", task=self.name, task_id=self.request.id,
                       tenant_id=tenant_id)
-            raise TenantTaskRefused("unknown tenant", requeue=False)
-        with no_tenant(), tenant_context(tenant), structlog.contextvars.bound_contextvars(
-            task=self.name, task_id=self.request.id
-        ):
+            raise TenantTaskRefused("unknown tenant", requeue=False) from exc
+        with acting_for(tenant, task=self.name, task_id=self.request.id):
             if self.request.called_directly:
                 return super().__call__(*args, **kwargs)
             # Run by a worker (or ``apply``): its tracer already pushed this task and the message's

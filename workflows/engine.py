@@ -49,8 +49,10 @@ from ductor_project.core.context import current_tenant, tenant_context
 from ductor_project.core.errors import ErrorCode
 from scheduling import fair_queue
 from scheduling.action_errors import ActionError
-from scheduling.broker import ItemContext, RetryLater, register_handler
-from scheduling.coordinator import register_reconciler, register_wakeup, schedule_wakeup
+from scheduling.coordinator.reconcile import register_reconciler
+from scheduling.coordinator.wakeups import register_wakeup, schedule_wakeup
+from scheduling.dispatch.delivery import RetryLater
+from scheduling.dispatch.handlers import ItemContext, register_handler
 from scheduling.routing import admit, release, route
 from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements

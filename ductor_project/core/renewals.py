@@ -52,8 +52,9 @@ class Renewals:
         self._pid = 0
 
     def after_wake(self, hook: Callable[[], None]) -> None:
-        """Run ``hook()`` in the renewal thread each time it wakes (exceptions are logged)."""
-        self._hooks.append(hook)
+        """Run ``hook()`` in the renewal thread each time it wakes (exceptions are logged). Idempotent."""
+        if hook not in self._hooks:
+            self._hooks.append(hook)
 
     def hold(self, renew: Callable[[], bool], *, every_s: float, first_in_s: float | None = None) -> int:
         """Call ``renew`` every ``every_s`` (first in ``first_in_s``, default ``every_s``). Returns a key."""

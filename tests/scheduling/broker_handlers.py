@@ -18,8 +18,8 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.keys import global_redis_key, redis_key
 from ductor_project.core.redis import get_redis
 from scheduling import fair_queue
-from scheduling.broker import ItemContext, register_handler
-from scheduling.coordinator import register_wakeup
+from scheduling.coordinator.wakeups import register_wakeup
+from scheduling.dispatch.handlers import ItemContext, register_handler
 
 RECORDS = global_redis_key("test", "broker", "records")
 WAKE_KIND = "test.wake"
@@ -65,6 +65,11 @@ def _wake(ref: str, data: dict[str, Any]) -> None:
     fair_queue.enqueue(f"after-{ref}", tier="standard", partition=ref, payload={"kind": "test.ran"})
 
 
+def _noop(ctx: ItemContext, body: dict[str, Any]) -> None:
+    """Does nothing."""
+
+
+register_handler("test.noop", _noop)
 register_handler("test.ran", _ran)
 register_handler("test.sleep", _sleep)
 register_wakeup(WAKE_KIND, _wake)

@@ -26,10 +26,12 @@ from rest_framework.test import APIClient
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE, app
 from ductor_project.core import capacity
 from ductor_project.core.keys import redis_key
-from scheduling import broker
 from scheduling import fair_queue as fq
-from scheduling.broker import Dispatcher, execute_item
-from scheduling.coordinator import schedule_wakeup
+from scheduling.coordinator.reaper import reap_all
+from scheduling.coordinator.wakeups import schedule_wakeup
+from scheduling.dispatch import credits as broker
+from scheduling.dispatch.dispatcher import Dispatcher
+from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
 from tenants.tasking import TENANT_HEADER
@@ -37,6 +39,8 @@ from tests.conftest import CeleryWorker, api_client, error_code
 from tests.scheduling.broker_handlers import WAKE_KIND, records, redis_ms
 
 HANDLERS = ("--include", "tests.scheduling.broker_handlers")
+# How often the test's reaper looks for items whose lease ended (the coordinator: every second).
+REAP_EVERY_S = 0.2
 BUFFER = settings.DUCTOR_DISPATCH_BUFFER
 
 
@@ -53,7 +57,8 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 30, every: float 
 
 @contextlib.contextmanager
 def dispatching(count: int = 1) -> Iterator[list[Dispatcher]]:
-    """``count`` dispatchers, each in a thread of this process, until the block ends."""
+    """``count`` dispatchers, each in a thread of this process, and the reaper (as the
+    coordinator runs it), until the block ends."""
     dispatchers = [Dispatcher() for _ in range(count)]
     stop = threading.Event()
 
@@ -63,7 +68,12 @@ def dispatching(count: int = 1) -> Iterator[list[Dispatcher]]:
         finally:
             connection.close()
 
+    def reap() -> None:
+        while not stop.wait(REAP_EVERY_S):
+            reap_all()
+
     threads = [threading.Thread(target=run, args=(d,), daemon=True) for d in dispatchers]
+    threads.append(threading.Thread(target=reap, daemon=True))
     for thread in threads:
         thread.start()
     try:
@@ -118,7 +128,7 @@ def test_without_workers_dispatchers_together_publish_no_more_than_the_buffer(
 ):
     settings.DUCTOR_DISPATCH_BUFFER = buffer
     tenant, _ = make_tenant("credits")
-    enqueue(tenant, 20, kind="noop", partitions=20)
+    enqueue(tenant, 20, kind="test.noop", partitions=20)
     dispatchers = [Dispatcher() for _ in range(8)]
 
     def run_once(dispatcher: Dispatcher) -> None:
@@ -340,12 +350,12 @@ def superuser_api(db: None) -> APIClient:
 
 
 def test_get_queue_shows_only_the_callers_numbers(tenant_a, tenant_b, client_a, client_b, redis_client):
-    enqueue(tenant_a[0], 3, kind="noop", partitions=3)
+    enqueue(tenant_a[0], 3, kind="test.noop", partitions=3)
     in_flight = fq.dequeue(lease_ms=30_000)
     assert in_flight is not None
     assert in_flight.tenant_id == str(tenant_a[0].pk)
-    enqueue(tenant_b[0], 5, kind="noop", partitions=5)
-    fq.enqueue("later", tier="batch", partition="x", payload={"kind": "noop"}, delay_ms=60_000,
+    enqueue(tenant_b[0], 5, kind="test.noop", partitions=5)
+    fq.enqueue("later", tier="batch", partition="x", payload={"kind": "test.noop"}, delay_ms=60_000,
                tenant=tenant_b[0])
 
     body_a = client_a.get("/api/v1/queue").json()
@@ -364,7 +374,7 @@ def test_get_queue_shows_only_the_callers_numbers(tenant_a, tenant_b, client_a, 
 def test_the_platform_queue_view_answers_platform_admins_and_is_404_for_a_tenant_key(
     tenant_a, client_a, superuser_api, redis_client
 ):
-    enqueue(tenant_a[0], 2, kind="noop", partitions=2)
+    enqueue(tenant_a[0], 2, kind="test.noop", partitions=2)
     assert fq.dequeue(lease_ms=30_000) is not None
     broker.register_worker("w1@host", [WORK_QUEUE, SYSTEM_QUEUE], 4)
 

@@ -16,9 +16,10 @@ import pytest
 
 from ductor_project.core import capacity
 from ductor_project.core.context import TenantScopeError, tenant_context
-from scheduling import broker
 from scheduling import fair_queue as fq
-from scheduling.broker import execute_item
+from scheduling.dispatch import credits as broker
+from scheduling.dispatch.finisher import finisher
+from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
 from tests.scheduling.broker_handlers import records
@@ -35,7 +36,7 @@ def run_message(item: fq.Dequeued, **overrides: Any) -> str:
               "kind": item.payload["kind"], "body": item.payload, "tier": item.tier, "partition": item.partition,
               "lease_until_ms": item.lease_until_ms, **overrides}
     outcome = execute_item.apply(kwargs=kwargs).get()
-    broker._finisher.flush()
+    finisher.flush()
     return str(outcome)
 
 
@@ -48,7 +49,7 @@ def test_handoff_acks_first_so_the_next_item_of_the_same_partition_goes_out_in_t
 ):
     tenant, _ = make_tenant("handoff-partition")
     services.override_set(tenant=tenant, field="max_concurrency", value=1)
-    enqueue(tenant, 2, kind="noop", prefix="x")  # one partition: x1 waits behind x0
+    enqueue(tenant, 2, kind="test.noop", prefix="x")  # one partition: x1 waits behind x0
     first = fq.dequeue(lease_ms=LEASE_MS)
     assert first is not None
     assert first.item_id == "x0"
@@ -68,11 +69,11 @@ def test_handoff_acks_first_so_the_next_item_of_the_same_partition_goes_out_in_t
 @pytest.mark.django_db
 def test_handoff_reports_a_lost_ack_and_an_empty_queue_and_only_serves_the_tiers_asked(make_tenant, redis_client):
     tenant, _ = make_tenant("handoff-empty")
-    enqueue(tenant, 1, kind="noop", prefix="y")
+    enqueue(tenant, 1, kind="test.noop", prefix="y")
     item = fq.dequeue(lease_ms=LEASE_MS)
     assert item is not None
     with tenant_context(Tenant.system()):
-        fq.enqueue("wake", tier=fq.SYSTEM_TIER, partition="w", payload={"kind": "noop"})
+        fq.enqueue("wake", tier=fq.SYSTEM_TIER, partition="w", payload={"kind": "test.noop"})
 
     # Another delivery's token: nothing acked; then nothing of the customer tiers is left.
     acked, nxt = fq.handoff((tenant, item.item_id, item.delivery + 1), shard=0, lease_ms=LEASE_MS, tiers=TIERS)

@@ -18,7 +18,8 @@ from ductor_project.core.context import tenant_context
 from ductor_project.core.keys import shard_of
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
-from scheduling.broker import ItemContext, RetryLater
+from scheduling.dispatch.delivery import RetryLater
+from scheduling.dispatch.handlers import ItemContext
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month

@@ -7,7 +7,7 @@ from typing import Any
 import structlog
 from django.core.management.base import BaseCommand, CommandParser
 
-from scheduling.coordinator import Coordinator
+from scheduling.coordinator.loop import Coordinator
 from scheduling.management.commands._loop import run_until_signalled
 
 log = structlog.get_logger(__name__)

@@ -1,0 +1,51 @@
+"""``Coordinator``: the reaper and the reconcilers, in a loop that survives what it depends on.
+
+A failing pass (PostgreSQL or Redis away) is logged, the database connections
+it may have left unusable are closed, and the next pass starts afresh: the
+coordinator recovers like a Celery task does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import structlog
+from django.db import connections
+
+from scheduling.coordinator.reaper import reap_all
+from scheduling.coordinator.reconcile import reconcile_all
+from tenants.tasking import refresh_db_connections
+
+log = structlog.get_logger(__name__)
+
+
+class Coordinator:
+    """Reaps expired leases every ``interval_s`` and reconciles Redis with PostgreSQL every
+    ``reconcile_every_s``."""
+
+    def __init__(self, *, interval_s: float = 1.0, reconcile_every_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self.reconcile_every_s = reconcile_every_s
+        self._last_reconcile = 0.0
+
+    def tick(self) -> dict[str, int]:
+        refresh_db_connections()
+        reaped = reap_all()
+        repaired = 0
+        if time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
+            repaired = reconcile_all()
+            self._last_reconcile = time.monotonic()
+        if reaped or repaired:
+            log.info("coordinator_tick", reaped=reaped, repaired=repaired)
+        return {"reaped": reaped, "repaired": repaired}
+
+    def run_forever(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("coordinator_tick_failed")
+                # A connection the failure broke would fail every later pass: the next one reconnects.
+                connections.close_all()
+            stop.wait(self.interval_s)

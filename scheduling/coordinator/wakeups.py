@@ -1,0 +1,74 @@
+"""Timers: wake-ups of the system tenant that act, when due, in the owning tenant's context.
+
+``schedule_wakeup(tenant, ref, kind=..., delay_s=...)`` stores a system-tier
+item in the fair queue on one of the coordinator's partitions. When it falls
+due a worker of ``ductor.system`` runs it: the wake-up registered for its
+kind re-checks, inside the owning tenant's context, that it still matters,
+and then enqueues the real work under that tenant. One wake-up per
+``(tenant, kind, ref)`` waits at a time. The apps register their kinds in
+``AppConfig.ready()``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import structlog
+from django.utils import timezone
+
+from ductor_project.core.context import tenant_context
+from scheduling import fair_queue
+from scheduling.dispatch.credits import SYSTEM_TIER
+from scheduling.dispatch.handlers import ItemContext
+from tenants.models import Tenant, system_context
+
+log = structlog.get_logger(__name__)
+
+# The fair queue's item kind of a wake-up (its handler is ``run_wakeup``).
+ITEM_KIND = "wakeup"
+WAKEUP_PARTITIONS = 16
+
+Wakeup = Callable[[str, dict[str, Any]], None]
+_wakeups: dict[str, Wakeup] = {}
+
+
+def register_wakeup(kind: str, fire: Wakeup) -> None:
+    """``fire(ref, data)`` runs in the owning tenant's context when a ``kind`` wake-up falls due."""
+    _wakeups[kind] = fire
+
+
+def schedule_wakeup(
+    tenant: Tenant, ref: str, at: datetime | None = None, *, kind: str, data: dict[str, Any] | None = None,
+    delay_s: float | None = None,
+) -> str:
+    """Wake ``kind`` for ``ref`` of ``tenant`` at ``at`` (or after ``delay_s``). Returns the item id.
+
+    Idempotent per ``(tenant, kind, ref)``: while one wake-up waits, scheduling
+    another keeps the earlier one (its handler re-checks and reschedules). One
+    Redis round trip. Raises ``ValueError`` for a kind no app registered.
+    """
+    if kind not in _wakeups:
+        raise ValueError(f"no wake-up handler registered for '{kind}'")
+    if delay_s is None:
+        delay_s = max(0.0, ((at or timezone.now()) - timezone.now()).total_seconds())
+    item_id = f"wake:{tenant.pk}:{kind}:{ref}"
+    partition = f"wake:{zlib.crc32(item_id.encode()) % WAKEUP_PARTITIONS}"
+    payload = {"kind": ITEM_KIND, "tenant_id": str(tenant.pk), "wake": kind, "ref": ref, "data": data or {}}
+    with system_context():
+        fair_queue.enqueue(item_id, tier=SYSTEM_TIER, partition=partition, payload=payload,
+                           delay_ms=int(delay_s * 1000))
+    return item_id
+
+
+def run_wakeup(ctx: ItemContext, body: dict[str, Any]) -> None:
+    """The item handler of wake-ups: the registered wake-up, in the owning tenant's context."""
+    tenant = Tenant.objects.filter(pk=body["tenant_id"]).first()
+    fire = _wakeups.get(str(body.get("wake")))
+    if tenant is None or fire is None:
+        log.warning("wakeup_dropped", target_tenant=body.get("tenant_id"), wake=body.get("wake"))
+        return
+    with tenant_context(tenant):
+        fire(str(body["ref"]), dict(body.get("data") or {}))

@@ -1,0 +1,137 @@
+"""One delivery of a fair-queue item on a worker: its lease, its handler, its outcome.
+
+At least once: a delivery whose lease was lost (the item was delivered again
+elsewhere, or already finished) does nothing. Knowing that needs a Redis round
+trip only when the lease may have ended, or when Celery delivers a message
+again: a delivery that starts with more than ``FRESH_LEASE_FRACTION`` of its
+lease left cannot have been superseded (an item is delivered again only after
+its lease), so it runs at once. While the handler runs, the process's renewal
+thread renews the item's lease, and with it every slot its admission took.
+A handler that returns has its item acked (by the caller, off the task's
+path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import partial
+from typing import Any
+
+import structlog
+from django.conf import settings
+
+from ductor_project.core.renewals import renewals
+from scheduling import fair_queue
+from scheduling.dispatch import credits
+from scheduling.dispatch.handlers import ItemContext, handler_for
+from scheduling.fair_queue import Finished
+from tenants.models import Tenant
+
+log = structlog.get_logger(__name__)
+
+# A delivery that starts with more than this fraction of its item's lease left runs without asking
+# Redis whether it is still the live one (it must be). Tolerates worker clocks that are off from
+# Redis's by up to (1 - this) x the lease.
+FRESH_LEASE_FRACTION = 0.5
+
+
+class RetryLater(Exception):
+    """Raised by a handler to put its item back in the queue after ``delay_s``."""
+
+    def __init__(self, delay_s: float, reason: str = "") -> None:
+        super().__init__(reason or f"retry in {delay_s}s")
+        self.delay_s = delay_s
+
+
+class Outcome(StrEnum):
+    OK = "ok"  # the handler returned: ack the item
+    FAILED = "failed"  # the handler raised: the item was put back for later
+    STALE = "stale"  # not the live delivery any more: nothing ran
+    DROPPED = "dropped"  # no handler for its kind, or no such tenant: acked without running
+    SUSPENDED = "suspended"  # its tenant is suspended: put back for later
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of an item to this worker: from a Celery message (its fields are
+    ``execute_item``'s arguments), or handed off."""
+
+    item_id: str
+    delivery: int
+    kind: str
+    body: dict[str, Any]
+    tier: str
+    partition: str
+    waited_ms: int = 0
+    lease_until_ms: int = 0
+
+    @classmethod
+    def of(cls, item: fair_queue.Dequeued) -> Delivery:
+        body = item.payload if isinstance(item.payload, dict) else {"value": item.payload}
+        return cls(item.item_id, item.delivery, str(body.get("kind", "")), body, item.tier, item.partition,
+                   item.waited_ms, item.lease_until_ms)
+
+    def context(self, tenant: Tenant) -> ItemContext:
+        return ItemContext(tenant_id=str(tenant.pk), item_id=self.item_id, tier=self.tier,
+                           partition=self.partition, delivery=self.delivery, waited_ms=self.waited_ms)
+
+
+def run_delivery(
+    tenant: Tenant, item: Delivery, *, queue: str, credit: str, check_lease: bool = False
+) -> tuple[Outcome, Finished | None]:
+    """Run one delivery in ``tenant``'s context (already entered); its outcome, and the ack it
+    needs (None when it needs none). See the module docs."""
+    renew_in_s = _lease_check(item, check_lease)
+    if renew_in_s is None:
+        log.info("stale_delivery_dropped", item_id=item.item_id, delivery=item.delivery)
+        return Outcome.STALE, None
+    finished = Finished(tenant, item.item_id, item.delivery)
+    if not tenant.is_active:
+        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_SUSPENDED_ITEM_DELAY_MS, delivery=item.delivery)
+        log.info("item_held_tenant_suspended", item_id=item.item_id, kind=item.kind)
+        return Outcome.SUSPENDED, None
+    handler = handler_for(item.kind)
+    if handler is None:
+        log.error("no_handler_for_item", item_id=item.item_id, kind=item.kind)
+        return Outcome.DROPPED, finished
+    lease_ms = settings.DUCTOR_LEASE_MS
+    hold = renewals.hold(partial(_renew, finished, lease_ms, queue, credit), every_s=lease_ms / 3000,
+                         first_in_s=renew_in_s)
+    try:
+        with structlog.contextvars.bound_contextvars(item_id=item.item_id, kind=item.kind):
+            handler(item.context(tenant), item.body)
+    except RetryLater as retry:
+        renewals.release(hold)
+        fair_queue.nack(item.item_id, delay_ms=int(retry.delay_s * 1000), delivery=item.delivery)
+        return Outcome.FAILED, None
+    except Exception:
+        renewals.release(hold)
+        log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)
+        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=item.delivery)
+        return Outcome.FAILED, None
+    renewals.release(hold)
+    return Outcome.OK, finished
+
+
+def _lease_check(item: Delivery, check_lease: bool) -> float | None:
+    """When the renewal thread should first renew this delivery's lease, or None when the
+    delivery is not the live one (its lease was lost)."""
+    lease_ms = settings.DUCTOR_LEASE_MS
+    left_ms = item.lease_until_ms - time.time() * 1000
+    if left_ms > lease_ms * FRESH_LEASE_FRACTION and not check_lease:
+        return max(left_ms - lease_ms * 2 / 3, 0) / 1000
+    if fair_queue.extend_lease(item.item_id, lease_ms=lease_ms, delivery=item.delivery):
+        return lease_ms / 3000
+    return None
+
+
+def _renew(finished: Finished, lease_ms: int, queue: str, credit: str) -> bool:
+    """Renew a running item's lease (and its slots'), and its credit as running; False once lost."""
+    if not fair_queue.extend_lease(finished.item_id, lease_ms=lease_ms, delivery=finished.delivery,
+                                   tenant=finished.tenant):
+        log.warning("lease_lost", item_id=finished.item_id, tenant_id=str(finished.tenant.pk))
+        return False
+    credits.mark_running(queue, [credit] if credit else [], lease_ms / 1000)
+    return True

@@ -1,0 +1,138 @@
+"""The dispatcher: due items, tenant-first, from the fair queue into Celery, within the credits.
+
+``manage.py run_dispatcher`` runs one; any number may run at once, because a
+dequeue is atomic. Each round reserves credits for both Celery queues (one
+call, which also gives back the ones held since the last round), dequeues per
+shard the system tier with the system credits and the customer tiers with
+the work credits (one round trip), and publishes one ``ductor.execute_item``
+message per item: ``ductor.system`` for the system tier, ``ductor.work`` for
+the rest. An item it dequeued was admitted already (every slot and rate it
+needs taken), so a published message runs when a worker slot takes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import structlog
+from django.conf import settings
+
+from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
+from scheduling import fair_queue
+from scheduling.dispatch import credits
+from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
+from scheduling.dispatch.delivery import Delivery
+from scheduling.dispatch.handoff import log_dispatch
+from scheduling.dispatch.worker import execute_item, message_kwargs
+
+log = structlog.get_logger(__name__)
+
+# Credits a dispatcher reserves per call, at most (it gives back what it does not use).
+RESERVE_BATCH = 1000
+# A dispatcher without credits sleeps until a credit frees, or this long at most (so system
+# work waits at most this long while the work queue is saturated).
+CREDIT_WAIT_S = 0.05
+# A dispatcher with nothing due sleeps until new work is signalled, or this long at most.
+IDLE_WAIT_S = 0.5
+ERROR_BACKOFF_S = 1.0
+
+
+class Dispatcher:
+    """Moves due items tenant-first from the fair queue into Celery, within the credits.
+
+    Credits it did not use stay with it until its next round, where they are given
+    back in the same call that takes new ones, or until it goes idle.
+    """
+
+    def __init__(self, *, shards: list[int] | None = None) -> None:
+        self.shards = shards if shards is not None else list(range(settings.DUCTOR_QUEUE_SHARDS))
+        self._held: dict[str, list[str]] = {queue: [] for queue in QUEUES}
+        self._starved = False
+        self.dispatched = 0
+
+    def run_once(self) -> int:
+        """Dispatch as many due items as the credits allow. Returns how many."""
+        held = self._held
+        self._held = {queue: [] for queue in QUEUES}  # should the call fail, those age out
+        self._held = credits.reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
+        no_system_credit = not self._held[SYSTEM_QUEUE]
+        dispatched = 0
+        groups = [(queue, tiers) for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS))
+                  if self._held[queue]]
+        if groups:
+            for shard in self.shards:
+                batches = fair_queue.dequeue_batches(
+                    shard=shard, lease_ms=settings.DUCTOR_LEASE_MS,
+                    batches=[(tiers, len(self._held[queue])) for queue, tiers in groups])
+                for (queue, _), items in zip(groups, batches, strict=True):
+                    dispatched += self._publish_all(queue, items)
+        # Out of work credits (or without a system credit): the next round waits for a freed one.
+        self._starved = no_system_credit or not self._held[WORK_QUEUE]
+        self.dispatched += dispatched
+        return dispatched
+
+    def _publish_all(self, queue: str, items: list[fair_queue.Dequeued]) -> int:
+        """Publish ``items``, each with one of the credits held for ``queue``."""
+        held = self._held[queue]
+        with execute_item.app.producer_or_acquire() as producer:
+            for item in items:
+                credit = held.pop()
+                try:
+                    self._publish(item, credit, producer)
+                except Exception:
+                    # The items stay leased and come back after their lease; the credits now.
+                    credits.free_credits(queue, [credit], signal=False)
+                    raise
+        return len(items)
+
+    def _publish(self, item: fair_queue.Dequeued, credit: str, producer: Any) -> None:
+        execute_item.apply_async(
+            kwargs=message_kwargs(Delivery.of(item), tenant_id=item.tenant_id, credit=credit),
+            queue=credits.queue_for(item.tier),
+            producer=producer,
+            # Celery would saferepr() the whole payload for these headers (monitoring only):
+            # most of a publish's CPU. The ids say which item it is.
+            argsrepr="()",
+            kwargsrepr=f"{{'tenant_id': '{item.tenant_id}', 'item_id': {item.item_id!r}, "
+                       f"'delivery': {item.delivery}}}",
+        )
+        log_dispatch(item)
+
+    def give_back(self) -> None:
+        """Free the credits this dispatcher holds (before it sleeps or stops)."""
+        for queue, unused in self._held.items():
+            if unused:
+                credits.free_credits(queue, unused, signal=False)
+        self._held = {queue: [] for queue in QUEUES}
+
+    def _idle(self) -> None:
+        """Sleep until something may be dispatchable: a freed credit, new work, or a due timer."""
+        if self._starved:
+            # Not on the work signal too: every ack pushes it, so a saturated dispatcher would
+            # spin. The credits it holds (often the system queue's) go back next round.
+            credits.wait_for_credit(timeout_s=CREDIT_WAIT_S)
+            return
+        self.give_back()
+        wait_s = IDLE_WAIT_S
+        for shard in self.shards:
+            due = fair_queue.next_due_ms(shard=shard)
+            if due is not None:
+                wait_s = min(wait_s, due / 1000)
+        fair_queue.wait_for_work(shard=self.shards[0] if self.shards else 0,
+                                 timeout_s=credits.blocking_wait_s(wait_s))
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried."""
+        try:
+            while not stop.is_set():
+                try:
+                    if not self.run_once() or self._starved:
+                        self._idle()
+                except Exception:
+                    log.exception("dispatcher_round_failed")
+                    stop.wait(ERROR_BACKOFF_S)
+        finally:
+            with contextlib.suppress(Exception):
+                self.give_back()

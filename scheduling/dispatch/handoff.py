@@ -1,0 +1,86 @@
+"""Handoff: a worker process that finishes an item takes the next one of its queue itself.
+
+It does not give its slot back and wait for a dispatcher to publish the next
+item into Celery: in one round trip (``fair_queue.handoff``) it acks what it
+finished and dequeues the next item of its Celery queue's tiers, by the same
+fair dequeue a dispatcher runs, at the moment the slot frees, so the fair
+order holds when execution starts. The slot keeps its dispatch credit
+meanwhile, so the credit bound holds. A chain lasts at most
+``DUCTOR_HANDOFF_MS`` per Celery message (0 turns handoff off).
+
+If the process dies mid-chain, the items it acked are done; Celery delivers
+the chain's first message again, flagged as redelivered, so the worker asks
+Redis about its lease and drops it; the item it was running comes back after
+its lease.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from django.conf import settings
+
+from ductor_project.core.context import no_tenant
+from scheduling import fair_queue
+from scheduling.dispatch import credits
+from scheduling.dispatch.delivery import Delivery, Outcome, run_delivery
+from scheduling.fair_queue import Finished
+from tenants.tasking import UnknownTenant, acting_for, restore_tenant
+
+log = structlog.get_logger(__name__)
+
+
+def log_dispatch(item: fair_queue.Dequeued, **extra: Any) -> None:
+    """The one ``dispatched`` record of each item leaving the fair queue (the demo counts them)."""
+    log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
+             partition=item.partition, waited_ms=item.waited_ms, **extra)
+
+
+def deadline() -> float:
+    """When a chain that starts with a task starting now must stop (``time.monotonic()``)."""
+    return time.monotonic() + settings.DUCTOR_HANDOFF_MS / 1000
+
+
+def chain(first: Finished | None, *, queue: str, credit: str, shard: int, until: float,
+          ) -> tuple[Outcome | None, Finished | None]:
+    """Run the next items of ``queue`` on ``shard``, each in its own tenant's context, after
+    ``first`` (acked on the way), until nothing is due or ``until`` (``deadline()`` at the
+    task's start) has passed. Returns the last outcome (None when none ran) and the ack still
+    owed (the caller's finisher sends it)."""
+    outcome, ack = None, first
+    while time.monotonic() < until:
+        try:
+            item = _next(ack, queue, shard)
+        except Exception:
+            log.warning("handoff_failed", exc_info=True)
+            break  # the ack is sent again by the finisher: acks are idempotent
+        ack = None
+        if item is None:
+            break
+        outcome, ack = _run(item, queue, credit)
+    return outcome, ack
+
+
+def _next(finished: Finished | None, queue: str, shard: int) -> fair_queue.Dequeued | None:
+    """Ack ``finished`` and take the next item of ``queue``'s tiers on ``shard``: one round trip."""
+    with no_tenant():
+        acked, item = fair_queue.handoff(finished, shard=shard, lease_ms=settings.DUCTOR_LEASE_MS,
+                                         tiers=credits.tiers_of(queue))
+    if finished is not None and not acked:
+        log.warning("ack_of_lost_lease", item_id=finished.item_id, tenant_id=str(finished.tenant.pk))
+    if item is not None:
+        log_dispatch(item, handoff=True)
+    return item
+
+
+def _run(item: fair_queue.Dequeued, queue: str, credit: str) -> tuple[Outcome, Finished | None]:
+    """Run a handed-off item the way ``@tenant_task`` runs a message: in its own tenant's context alone."""
+    try:
+        tenant = restore_tenant(item.tenant_id)
+    except UnknownTenant:  # deleted since: its items go with it
+        log.error("handoff_unknown_tenant", item_id=item.item_id, tenant_id=item.tenant_id)
+        return Outcome.DROPPED, None
+    with acting_for(tenant):
+        return run_delivery(tenant, Delivery.of(item), queue=queue, credit=credit)
