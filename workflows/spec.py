@@ -308,6 +308,8 @@ def _find_cycle(stuck: set[str], deps: Mapping[str, list[str]], order_of: Mappin
 
 
 class _Errors:
+    """Collects messages by field path, in the order they were found."""
+
     def __init__(self) -> None:
         self.items: dict[str, list[str]] = {}
 
@@ -343,6 +345,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _label(fields: Mapping[str, Any]) -> str:
+    """How messages name a parsed node: ``node 'id'``, or ``nodes[i]`` when its id is invalid."""
+    return f"node '{fields['id']}'" if fields["id"] else f"nodes[{fields['index']}]"
+
+
 class _NodeParser:
     """Checks one node's own fields; the graph and templates are checked afterwards."""
 
@@ -357,25 +364,13 @@ class _NodeParser:
         self.errors.add(key, f"{self.label}: {name}: {message}" if name else f"{self.label}: {message}")
 
     def parse(self) -> dict[str, Any]:
+        """The node's fields with defaults filled; every problem found goes to ``errors``, in field order."""
         raw = self.raw
-        fields: dict[str, Any] = {"index": self.index}
         if self.id is None:
             self.error("id", "is required: a slug of a-z, 0-9 and _ starting with a letter, at most 63 long")
-        fields["id"] = self.id
         node_type = raw.get("type")
-        if node_type not in NODE_TYPES:
-            shown = f"'{node_type}'" if isinstance(node_type, str) else "missing"
-            self.error("type", f"unknown type {shown}; use one of {', '.join(NODE_TYPES)}")
-            allowed: tuple[str, ...] = COMMON_FIELDS + tuple(f for fs in TYPE_FIELDS.values() for f in fs)
-        else:
-            allowed = COMMON_FIELDS + TYPE_FIELDS[node_type]
-        fields["type"] = node_type
-        for name in raw:
-            if name not in allowed:
-                if isinstance(node_type, str) and any(name in fs for fs in TYPE_FIELDS.values()):
-                    self.error(str(name), f"is not allowed on a '{node_type}' node")
-                else:
-                    self.error(str(name), "unknown field")
+        self._check_field_names(node_type, self._allowed_fields(node_type))
+        fields: dict[str, Any] = {"index": self.index, "id": self.id, "type": node_type}
         fields["depends_on"] = self._depends_on()
         if "when" in raw:
             fields["when"] = raw["when"]  # checked with the templates, once upstream sets are known
@@ -385,26 +380,41 @@ class _NodeParser:
         fields["tags"] = self._tags()
         if "pool" in raw:
             fields["pool"] = self._name("pool")
+        fields.update(self._type_fields(node_type))
+        return fields
+
+    def _allowed_fields(self, node_type: Any) -> tuple[str, ...]:
+        """Checks ``type`` is one of NODE_TYPES; the fields allowed on it (any type's fields if it is unknown)."""
+        if node_type in NODE_TYPES:
+            return COMMON_FIELDS + TYPE_FIELDS[node_type]
+        shown = f"'{node_type}'" if isinstance(node_type, str) else "missing"
+        self.error("type", f"unknown type {shown}; use one of {', '.join(NODE_TYPES)}")
+        return COMMON_FIELDS + tuple(f for fs in TYPE_FIELDS.values() for f in fs)
+
+    def _check_field_names(self, node_type: Any, allowed: tuple[str, ...]) -> None:
+        """Every field is in ``allowed``; another type's field is named as such, anything else is unknown."""
+        for name in self.raw:
+            if name not in allowed:
+                if isinstance(node_type, str) and any(name in fs for fs in TYPE_FIELDS.values()):
+                    self.error(str(name), f"is not allowed on a '{node_type}' node")
+                else:
+                    self.error(str(name), "unknown field")
+
+    def _type_fields(self, node_type: Any) -> dict[str, Any]:
+        """Checks the fields that only ``node_type`` has; ``input`` is kept for the template check."""
+        fields: dict[str, Any] = {}
         if node_type == "action":
             fields["action"] = self._action()
         elif node_type == "sleep":
             fields.update(self._sleep())
         elif node_type == "subworkflow":
-            fields["workflow"] = self._name("workflow")
-            if "version" in raw:
-                version = raw["version"]
-                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-                    self.error("version", "must be an integer ≥ 1")
-                fields["version"] = version
-            wait = raw.get("wait", True)
-            if not isinstance(wait, bool):
-                self.error("wait", "must be true or false")
-            fields["wait"] = wait
+            fields.update(self._subworkflow())
         if node_type in ("action", "subworkflow", "continue_as_new"):
-            fields["input"] = raw.get("input", {})
+            fields["input"] = self.raw.get("input", {})
         return fields
 
     def _depends_on(self) -> tuple[str, ...]:
+        """``depends_on`` is a list of strings without repeats; the graph checks resolve the ids later."""
         deps = self.raw.get("depends_on", [])
         if not isinstance(deps, list) or not all(isinstance(dep, str) for dep in deps):
             self.error("depends_on", "must be a list of node ids")
@@ -414,6 +424,7 @@ class _NodeParser:
         return tuple(dict.fromkeys(deps))
 
     def _retry(self) -> Retry:
+        """``retry`` is an object of known fields, each in range; a bad field falls back to its default."""
         raw = self.raw.get("retry", {})
         if not isinstance(raw, Mapping):
             self.error("retry", "must be an object with max_attempts, backoff_s, max_backoff_s, jitter")
@@ -440,6 +451,7 @@ class _NodeParser:
         return Retry(max_attempts=attempts, backoff_s=float(backoff), max_backoff_s=float(cap), jitter=jitter)
 
     def _seconds(self, name: str, limit: float) -> float | None:
+        """Field ``name`` is a finite number of seconds, 0 < x ≤ ``limit``."""
         value = self.raw[name]
         if not _is_number(value) or not 0 < value <= limit:
             self.error(name, f"must be a number of seconds, 0 < x ≤ {limit:g}")
@@ -447,6 +459,7 @@ class _NodeParser:
         return float(value)
 
     def _tags(self) -> tuple[str, ...]:
+        """``tags`` is a list of non-empty strings of at most MAX_NAME_LENGTH; repeats are dropped."""
         tags = self.raw.get("tags", [])
         if not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= MAX_NAME_LENGTH for t in tags):
             self.error("tags", f"must be a list of non-empty strings of at most {MAX_NAME_LENGTH} characters")
@@ -454,6 +467,7 @@ class _NodeParser:
         return tuple(dict.fromkeys(tags))
 
     def _name(self, name: str) -> str | None:
+        """Field ``name`` is a non-blank string of at most MAX_NAME_LENGTH."""
         value = self.raw.get(name)
         if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_LENGTH:
             self.error(name, f"must be a non-empty name of at most {MAX_NAME_LENGTH} characters")
@@ -461,6 +475,7 @@ class _NodeParser:
         return value
 
     def _action(self) -> str | None:
+        """``action`` names an action registered in ``workflows.actions``."""
         name = self.raw.get("action")
         if not isinstance(name, str) or not name:
             self.error("action", "is required: the name of a registered action")
@@ -473,6 +488,7 @@ class _NodeParser:
         return name
 
     def _sleep(self) -> dict[str, Any]:
+        """A sleep has exactly one of ``duration_s`` (seconds) or ``until`` (ISO 8601 with a timezone)."""
         has_duration, has_until = "duration_s" in self.raw, "until" in self.raw
         if has_duration and has_until:
             self.error("until", "give either duration_s or until, not both")
@@ -491,15 +507,26 @@ class _NodeParser:
             self.error("until", "must be an ISO 8601 time with a timezone, such as 2027-01-01T00:00:00Z")
         return {"until": moment}
 
+    def _subworkflow(self) -> dict[str, Any]:
+        """A subworkflow names its ``workflow``; ``version`` is an integer ≥ 1 if given; ``wait`` is a bool."""
+        fields: dict[str, Any] = {"workflow": self._name("workflow")}
+        if "version" in self.raw:
+            version = self.raw["version"]
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                self.error("version", "must be an integer ≥ 1")
+            fields["version"] = version
+        wait = self.raw.get("wait", True)
+        if not isinstance(wait, bool):
+            self.error("wait", "must be true or false")
+        fields["wait"] = wait
+        return fields
 
-def validate_spec(spec: Any, *, max_bytes: int) -> Spec:
-    """Validate ``spec`` (parsed JSON) and return it parsed, normalized and frozen.
 
-    ``max_bytes`` is the plan's payload limit, compared with the compact UTF-8 JSON size.
-    Raises ``SpecError`` with every error found (see the module docstring). Pure apart
-    from reading settings and the actions registry.
+def _check_envelope(spec: Any, *, max_bytes: int) -> int:
+    """Checks ``spec`` is a JSON object within the depth and size limits; its compact UTF-8 size.
+
+    Raises ``SpecError`` at the first failure: nothing else is worth checking then.
     """
-    errors = _Errors()
     if not isinstance(spec, Mapping):
         raise SpecError({"spec": ["spec: must be a JSON object with 'nodes'"]})
     max_depth = settings.DUCTOR_MAX_SPEC_DEPTH
@@ -512,97 +539,164 @@ def validate_spec(spec: Any, *, max_bytes: int) -> Spec:
         raise SpecError({"spec": [f"spec: is not valid JSON: {exc}"]}) from exc
     if size > max_bytes:
         raise SpecError({"spec": [f"spec: is {size} bytes; the limit is {max_bytes}"]})
-    for name in spec:
-        if name not in TOP_FIELDS:
-            errors.add(str(name), f"{name}: unknown field; use nodes and output")
-    raw_nodes = spec.get("nodes")
-    max_nodes = settings.DUCTOR_MAX_SPEC_NODES
-    if not isinstance(raw_nodes, list) or not raw_nodes:
-        errors.add("nodes", "nodes: is required: a non-empty list of nodes")
-        raise SpecError(errors.items)
-    if len(raw_nodes) > max_nodes:
-        errors.add("nodes", f"nodes: has {len(raw_nodes)} nodes; the limit is {max_nodes}")
-        raise SpecError(errors.items)
+    return size
 
-    parsed: list[dict[str, Any]] = []
-    first_index: dict[str, int] = {}
-    for index, raw in enumerate(raw_nodes):
-        if not isinstance(raw, Mapping):
-            errors.add(f"nodes[{index}]", f"nodes[{index}]: must be an object")
-            continue
-        fields = _NodeParser(raw, index, errors).parse()
+
+class _SpecChecker:
+    """One pass over a spec that passed ``_check_envelope``: named checks, run in order by ``run``.
+
+    Each step adds to ``errors``; later steps read what earlier ones parsed. The order of the
+    steps is the order of the messages in ``SpecError.errors``.
+    """
+
+    def __init__(self, spec: Mapping[str, Any], size: int) -> None:
+        self.spec, self.size = spec, size
+        self.errors = _Errors()
+        self.parsed: list[dict[str, Any]] = []  # the nodes that are objects, in submitted order
+        self.by_id: dict[str, dict[str, Any]] = {}  # valid id → parsed fields (the last one, if repeated)
+        self.order: list[str] = []
+        self.upstream: dict[str, frozenset[str]] | None = None  # None when the graph could not be ordered
+
+    def run(self) -> Spec:
+        """The validated Spec; raises ``SpecError`` with everything found."""
+        raw_nodes = self._check_top_level()
+        self._parse_nodes(raw_nodes)
+        ids_sound = self._ids_sound(len(raw_nodes))
+        self.by_id = {fields["id"]: fields for fields in self.parsed if fields["id"] is not None}
+        self._check_dependencies()
+        self._check_continuations()
+        if ids_sound:
+            self._order_and_upstream()
+        self._check_templates_and_when()
+        self._check_output()
+        self.errors.raise_if_any()
+        assert self.upstream is not None  # unsound ids always left an error
+        return _build(self.parsed, self.order, self.upstream, self.spec.get("output"), self.size)
+
+    def _check_top_level(self) -> list[Any]:
+        """Only ``nodes`` and ``output`` at the top; ``nodes`` is a non-empty list within the limit (else raises)."""
+        for name in self.spec:
+            if name not in TOP_FIELDS:
+                self.errors.add(str(name), f"{name}: unknown field; use nodes and output")
+        raw_nodes = self.spec.get("nodes")
+        max_nodes = settings.DUCTOR_MAX_SPEC_NODES
+        if not isinstance(raw_nodes, list) or not raw_nodes:
+            self.errors.add("nodes", "nodes: is required: a non-empty list of nodes")
+            raise SpecError(self.errors.items)
+        if len(raw_nodes) > max_nodes:
+            self.errors.add("nodes", f"nodes: has {len(raw_nodes)} nodes; the limit is {max_nodes}")
+            raise SpecError(self.errors.items)
+        return raw_nodes
+
+    def _parse_nodes(self, raw_nodes: list[Any]) -> None:
+        """Each node is an object with valid fields (``_NodeParser``) and an id not used before it."""
+        first_index: dict[str, int] = {}
+        for index, raw in enumerate(raw_nodes):
+            if not isinstance(raw, Mapping):
+                self.errors.add(f"nodes[{index}]", f"nodes[{index}]: must be an object")
+                continue
+            fields = _NodeParser(raw, index, self.errors).parse()
+            self._check_duplicate(fields, first_index)
+            self.parsed.append(fields)
+
+    def _check_duplicate(self, fields: Mapping[str, Any], first_index: dict[str, int]) -> None:
+        """The node's id is not taken by an earlier node (``first_index``: id → index of its first use)."""
         node_id = fields["id"]
-        if node_id is not None:
-            if node_id in first_index:
-                errors.add(
-                    f"nodes[{index}].id",
-                    f"node '{node_id}': id: duplicate id (also nodes[{first_index[node_id]}])",
-                )
-            else:
-                first_index[node_id] = index
-        parsed.append(fields)
+        if node_id is None:
+            return
+        if node_id in first_index:
+            self.errors.add(
+                f"nodes[{fields['index']}].id",
+                f"node '{node_id}': id: duplicate id (also nodes[{first_index[node_id]}])",
+            )
+        else:
+            first_index[node_id] = fields["index"]
 
-    ids_sound = all(f["id"] is not None for f in parsed) and len(parsed) == len(raw_nodes) and not any(
-        key.endswith("].id") for key in errors.items
-    )
-    by_id = {f["id"]: f for f in parsed if f["id"] is not None}
-    for fields in parsed:
-        label = f"node '{fields['id']}'" if fields["id"] else f"nodes[{fields['index']}]"
-        key = f"nodes[{fields['index']}].depends_on"
-        for dep in fields["depends_on"]:
-            if dep == fields["id"]:
-                errors.add(key, f"{label}: depends_on: a node cannot depend on itself")
-            elif dep not in by_id:
-                errors.add(key, f"{label}: depends_on: unknown node '{dep}'")
-            elif by_id[dep]["type"] == "continue_as_new":
-                errors.add(key, f"{label}: depends_on: '{dep}' is a continue_as_new node, which must be a sink")
-    continuations = [f for f in parsed if f["type"] == "continue_as_new"]
-    for extra in continuations[1:]:
-        errors.add(
-            f"nodes[{extra['index']}].type",
-            f"node '{extra['id']}': type: a spec has at most one continue_as_new node "
-            f"(also '{continuations[0]['id']}')",
+    def _ids_sound(self, submitted: int) -> bool:
+        """Whether every submitted node parsed with a valid, unique id: the graph can only be ordered then."""
+        return (
+            all(fields["id"] is not None for fields in self.parsed)
+            and len(self.parsed) == submitted
+            and not any(key.endswith("].id") for key in self.errors.items)
         )
 
-    upstream: dict[str, frozenset[str]] | None = None
-    order: list[str] = []
-    if ids_sound:
-        graph = {f["id"]: [d for d in f["depends_on"] if d != f["id"]] for f in parsed}
+    def _check_dependencies(self) -> None:
+        """Each dependency names another node, and not a continue_as_new node (which must be a sink)."""
+        for fields in self.parsed:
+            label, key = _label(fields), f"nodes[{fields['index']}].depends_on"
+            for dep in fields["depends_on"]:
+                if dep == fields["id"]:
+                    self.errors.add(key, f"{label}: depends_on: a node cannot depend on itself")
+                elif dep not in self.by_id:
+                    self.errors.add(key, f"{label}: depends_on: unknown node '{dep}'")
+                elif self.by_id[dep]["type"] == "continue_as_new":
+                    self.errors.add(
+                        key, f"{label}: depends_on: '{dep}' is a continue_as_new node, which must be a sink"
+                    )
+
+    def _check_continuations(self) -> None:
+        """At most one continue_as_new node; each extra one is reported against the first."""
+        continuations = [fields for fields in self.parsed if fields["type"] == "continue_as_new"]
+        for extra in continuations[1:]:
+            self.errors.add(
+                f"nodes[{extra['index']}].type",
+                f"node '{extra['id']}': type: a spec has at most one continue_as_new node "
+                f"(also '{continuations[0]['id']}')",
+            )
+
+    def _order_and_upstream(self) -> None:
+        """The graph has no cycle; sets ``order`` (topological) and ``upstream`` (transitive dependencies)."""
+        graph = {fields["id"]: [d for d in fields["depends_on"] if d != fields["id"]] for fields in self.parsed}
         try:
-            order = topological_order(graph)
+            self.order = topological_order(graph)
         except CycleError as exc:
-            start = by_id[exc.cycle[0]]
-            errors.add(f"nodes[{start['index']}].depends_on", f"node '{start['id']}': depends_on: {exc}")
-        else:
-            upstream = {}
-            for node_id in order:
-                ups: set[str] = set()
-                for dep in graph[node_id]:
-                    if dep in by_id:
-                        ups.add(dep)
-                        ups |= upstream[dep]
-                upstream[node_id] = frozenset(ups)
+            start = self.by_id[exc.cycle[0]]
+            self.errors.add(f"nodes[{start['index']}].depends_on", f"node '{start['id']}': depends_on: {exc}")
+            return
+        upstream: dict[str, frozenset[str]] = {}
+        for node_id in self.order:
+            ups: set[str] = set()
+            for dep in graph[node_id]:
+                if dep in self.by_id:
+                    ups.add(dep)
+                    ups |= upstream[dep]
+            upstream[node_id] = frozenset(ups)
+        self.upstream = upstream
 
-    known = set(by_id)
-    for fields in parsed:
-        prefix = f"nodes[{fields['index']}]"
-        label = f"node '{fields['id']}'" if fields["id"] else prefix
-        allowed = upstream.get(fields["id"]) if upstream is not None and fields["id"] else None
-        if "when" in fields:
-            when, problems = when_errors(fields["when"], field="when", upstream=allowed, known=known)
-            fields["when"] = when
-            for path, message in problems:
-                errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
-        if "input" in fields:
-            for path, message in template_errors(fields["input"], field="input", upstream=allowed, known=known):
-                errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
-    output = spec.get("output")
-    for path, message in template_errors(output, field="output", upstream=None, known=known):
-        errors.add(path, f"{path}: {message}")
+    def _check_templates_and_when(self) -> None:
+        """Each node's ``when`` and ``input`` are valid and refer only to known nodes upstream of it.
 
-    errors.raise_if_any()
-    assert upstream is not None
-    return _build(parsed, order, upstream, output, size)
+        Stores the parsed ``when``. Without an ordered graph, references are checked against all ids.
+        """
+        known = set(self.by_id)
+        for fields in self.parsed:
+            prefix, label = f"nodes[{fields['index']}]", _label(fields)
+            allowed = self.upstream.get(fields["id"]) if self.upstream is not None and fields["id"] else None
+            if "when" in fields:
+                when, problems = when_errors(fields["when"], field="when", upstream=allowed, known=known)
+                fields["when"] = when
+                for path, message in problems:
+                    self.errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
+            if "input" in fields:
+                for path, message in template_errors(fields["input"], field="input", upstream=allowed, known=known):
+                    self.errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
+
+    def _check_output(self) -> None:
+        """The spec's ``output`` is a valid template that refers only to known nodes."""
+        output = self.spec.get("output")
+        for path, message in template_errors(output, field="output", upstream=None, known=set(self.by_id)):
+            self.errors.add(path, f"{path}: {message}")
+
+
+def validate_spec(spec: Any, *, max_bytes: int) -> Spec:
+    """Validate ``spec`` (parsed JSON) and return it parsed, normalized and frozen.
+
+    ``max_bytes`` is the plan's payload limit, compared with the compact UTF-8 JSON size.
+    Raises ``SpecError`` with every error found (see the module docstring). Pure apart
+    from reading settings and the actions registry.
+    """
+    size = _check_envelope(spec, max_bytes=max_bytes)
+    return _SpecChecker(spec, size).run()
 
 
 def _build(
