@@ -5,32 +5,18 @@ An action raises ``RetryableActionError`` when trying again later may succeed
 when it cannot (bad parameters, a refused address, HTTP 4xx, a response over
 the size limit). The engine retries only a retryable error, and only as far as
 the step's retry policy allows. Each error carries a stable ``code`` from
-``ActionErrorCode``, which a retry policy may also filter on.
+``StepErrorCode``, which a retry policy may also filter on.
 
-These are the codes of a step's failure, stored on its attempt; the API's own
-error codes are ``ductor_project.core.errors.ErrorCode``.
+``StepErrorCode`` (``ductor_project.core.errors``, beside the API's own
+``ErrorCode``) holds every code a step's stored error can have: these, and the
+engine's own (a denied route, a crashed action, a child that failed...).
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any, ClassVar
 
-
-class ActionErrorCode(enum.StrEnum):
-    INVALID_PARAMS = "invalid_params"
-    NO_CONNECTION = "no_connection"
-    INVALID_CONNECTION = "invalid_connection"
-    ADDRESS_REFUSED = "address_refused"
-    DNS_ERROR = "dns_error"
-    CONNECT_ERROR = "connect_error"
-    TIMEOUT = "timeout"
-    TRANSPORT_ERROR = "transport_error"
-    RATE_LIMITED = "rate_limited"
-    SERVER_ERROR = "server_error"
-    CLIENT_ERROR = "client_error"
-    RESPONSE_TOO_LARGE = "response_too_large"
-    ACTION_FAILED = "action_failed"
+from ductor_project.core.errors import StepErrorCode
 
 
 class ActionError(Exception):
@@ -42,7 +28,7 @@ class ActionError(Exception):
         self,
         message: str,
         *,
-        code: ActionErrorCode,
+        code: StepErrorCode,
         status: int | None = None,
         retry_after_s: float | None = None,
         details: dict[str, Any] | None = None,

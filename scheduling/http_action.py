@@ -42,8 +42,9 @@ import structlog
 from django.conf import settings
 
 from ductor_project.core.context import TenantScopeError, peek_tenant
+from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit
-from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
+from scheduling.action_errors import PermanentActionError, RetryableActionError
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.secrets import SecretError
 
@@ -86,7 +87,7 @@ def _config(connection: Connection) -> _Config:
 
     def bad(field: str, message: str) -> PermanentActionError:
         return PermanentActionError(
-            f"connection '{connection.name}': {field}: {message}", code=ActionErrorCode.INVALID_CONNECTION,
+            f"connection '{connection.name}': {field}: {message}", code=StepErrorCode.INVALID_CONNECTION,
             details={"field": field},
         )
 
@@ -109,7 +110,7 @@ def _config(connection: Connection) -> _Config:
 
 
 def _invalid(message: str, **details: Any) -> PermanentActionError:
-    return PermanentActionError(message, code=ActionErrorCode.INVALID_PARAMS, details=details)
+    return PermanentActionError(message, code=StepErrorCode.INVALID_PARAMS, details=details)
 
 
 def _join_path(base: httpx.URL, path: Any) -> str:
@@ -175,30 +176,78 @@ def _step_headers(headers: Any) -> dict[str, str]:
     return dict(headers)
 
 
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[IPAddress]:
+    """The IPv4 addresses ``ip`` carries: IPv4-mapped, 6to4, Teredo (server, client) and NAT64, in that order."""
+    embedded: list[IPAddress] = []
+    if ip.ipv4_mapped is not None:
+        embedded.append(ip.ipv4_mapped)
+    if ip.sixtofour is not None:
+        embedded.append(ip.sixtofour)
+    if ip.teredo is not None:
+        embedded.extend(ip.teredo)
+    if ip in _NAT64:
+        embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return embedded
+
+
+def _own_refusal_reason(ip: IPAddress) -> str | None:
+    """Why ``ip`` itself, ignoring any address embedded in it, may not be called (``None`` if it is global)."""
+    for reason in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
+        if getattr(ip, f"is_{reason}"):
+            return reason.replace("_", "-")
+    return None if ip.is_global else "not globally routable"
+
+
 def refusal_reason(ip: IPAddress) -> str | None:
     """Why ``ip`` may not be called (``None`` when it is a public unicast address).
 
     Addresses embedded in IPv6 forms (IPv4-mapped, 6to4, Teredo, NAT64) are
     checked as well, so ``::ffff:127.0.0.1`` is loopback.
     """
-    candidates: list[IPAddress] = []
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            candidates.append(ip.ipv4_mapped)
-        if ip.sixtofour is not None:
-            candidates.append(ip.sixtofour)
-        if ip.teredo is not None:
-            candidates.extend(ip.teredo)
-        if ip in _NAT64:
-            candidates.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-    candidates.append(ip)
+    candidates: list[IPAddress] = [*_embedded_ipv4(ip), ip] if isinstance(ip, ipaddress.IPv6Address) else [ip]
     for one in candidates:
-        for reason in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
-            if getattr(one, f"is_{reason}"):
-                return reason.replace("_", "-")
-        if not one.is_global:
-            return "not globally routable"
+        reason = _own_refusal_reason(one)
+        if reason is not None:
+            return reason
     return None
+
+
+def _resolve(host: str, port: int) -> list[IPAddress]:
+    """The distinct addresses ``host`` resolves to, in the resolver's order and without scope ids; never empty.
+
+    Raises ``RetryableActionError`` (``dns_error``) if the name does not resolve.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise RetryableActionError(
+            f"cannot resolve host '{host}': {exc}", code=StepErrorCode.DNS_ERROR
+        ) from None
+    found: list[IPAddress] = []
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if ip not in found:
+            found.append(ip)
+    if not found:
+        raise RetryableActionError(f"host '{host}' resolves to no address", code=StepErrorCode.DNS_ERROR)
+    return found
+
+
+def _refuse_non_public(host: str, addresses: list[IPAddress]) -> None:
+    """Raises ``PermanentActionError`` (``address_refused``) if any address is refused by the policy.
+
+    Does nothing when ``settings.DUCTOR_HTTP_ALLOW_PRIVATE`` is on.
+    """
+    if settings.DUCTOR_HTTP_ALLOW_PRIVATE:
+        return
+    for ip in addresses:
+        reason = refusal_reason(ip)
+        if reason is not None:
+            # The address itself is not quoted: it would map the platform's network for a tenant.
+            raise PermanentActionError(
+                f"host '{host}' resolves to a {reason} address; only public addresses may be called",
+                code=StepErrorCode.ADDRESS_REFUSED, details={"host": host, "reason": reason},
+            )
 
 
 def resolve_allowed(host: str, port: int) -> list[IPAddress]:
@@ -207,28 +256,8 @@ def resolve_allowed(host: str, port: int) -> list[IPAddress]:
     Raises ``PermanentActionError`` (``address_refused``) if any of them is refused
     and ``RetryableActionError`` (``dns_error``) if the name does not resolve.
     """
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise RetryableActionError(
-            f"cannot resolve host '{host}': {exc}", code=ActionErrorCode.DNS_ERROR
-        ) from None
-    found: list[IPAddress] = []
-    for info in infos:
-        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if ip not in found:
-            found.append(ip)
-    if not found:
-        raise RetryableActionError(f"host '{host}' resolves to no address", code=ActionErrorCode.DNS_ERROR)
-    if not settings.DUCTOR_HTTP_ALLOW_PRIVATE:
-        for ip in found:
-            reason = refusal_reason(ip)
-            if reason is not None:
-                # The address itself is not quoted: it would map the platform's network for a tenant.
-                raise PermanentActionError(
-                    f"host '{host}' resolves to a {reason} address; only public addresses may be called",
-                    code=ActionErrorCode.ADDRESS_REFUSED, details={"host": host, "reason": reason},
-                )
+    found = _resolve(host, port)
+    _refuse_non_public(host, found)
     return found
 
 
@@ -259,7 +288,7 @@ def _read_limited(response: httpx.Response, limit: int, deadline: float) -> byte
     if declared.isdigit() and int(declared) > limit:
         raise PermanentActionError(
             f"response of {declared} bytes is over the connection's limit of {limit}",
-            code=ActionErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
+            code=StepErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
         )
     chunks: list[bytes] = []
     size = 0
@@ -268,10 +297,10 @@ def _read_limited(response: httpx.Response, limit: int, deadline: float) -> byte
         if size > limit:
             raise PermanentActionError(
                 f"response is over the connection's limit of {limit} bytes",
-                code=ActionErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
+                code=StepErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
             )
         if time.monotonic() > deadline:
-            raise RetryableActionError("response took longer than the timeout", code=ActionErrorCode.TIMEOUT)
+            raise RetryableActionError("response took longer than the timeout", code=StepErrorCode.TIMEOUT)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -308,56 +337,96 @@ def _auth_headers(connection: Connection, config: _Config) -> dict[str, str]:
         secret = connection.secret()
     except SecretError as exc:
         raise PermanentActionError(
-            f"connection '{connection.name}': {exc}", code=ActionErrorCode.INVALID_CONNECTION
+            f"connection '{connection.name}': {exc}", code=StepErrorCode.INVALID_CONNECTION
         ) from None
     if templated and not secret:
         raise PermanentActionError(
             f"connection '{connection.name}': config.headers use {SECRET_PLACEHOLDER} but no secret is set",
-            code=ActionErrorCode.INVALID_CONNECTION, details={"field": "config.headers"},
+            code=StepErrorCode.INVALID_CONNECTION, details={"field": "config.headers"},
         )
     if templated:
         return {k: v.replace(SECRET_PLACEHOLDER, secret) for k, v in templated.items()}
     return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
-def _prepare(params: Any, connection: Connection, idempotency_key: str | None) -> tuple[_Call, _Config]:
+def _checked_params(params: Any) -> Mapping[str, Any]:
+    """``params`` as a mapping of known keys only; raises ``PermanentActionError`` (``invalid_params``) otherwise."""
     if not isinstance(params, Mapping):
         raise _invalid("params must be an object")
     unknown = set(params) - set(PARAM_KEYS)
     if unknown:
         field = sorted(unknown)[0]
         raise _invalid(f"params.{field}: unknown field; use {', '.join(PARAM_KEYS)}", field=field)
-    config = _config(connection)
-    method = params.get("method", "GET")
+    return params
+
+
+def _method(method: Any) -> str:
+    """``method`` upper-cased, guaranteed to be one of ``METHODS``."""
     if not isinstance(method, str) or method.upper() not in METHODS:
         raise _invalid(f"params.method must be one of {', '.join(METHODS)}", field="method")
-    method = method.upper()
-    base = config.base_url
-    url = base.copy_with(path=_join_path(base, params.get("path", "")))
+    return method.upper()
+
+
+def _url(base: httpx.URL, path: Any) -> httpx.URL:
+    """The URL of ``path`` under ``base``, guaranteed to keep the base's scheme, host and port."""
+    url = base.copy_with(path=_join_path(base, path))
     if url.scheme != base.scheme or url.raw_host != base.raw_host or url.port != base.port:
         raise _invalid("params.path must stay on the connection's host", field="path")
+    return url
+
+
+def _plain_headers(config: _Config, step_headers: Any) -> dict[str, str]:
+    """The connection's headers without ``{secret}`` ones, overridden by the step's (names compared without case).
+
+    Adds ``Accept-Encoding: identity`` unless one is given.
+    """
     headers = {k: v for k, v in config.headers.items() if SECRET_PLACEHOLDER not in v}
-    for name, value in _step_headers(params.get("headers", {})).items():
+    for name, value in _step_headers(step_headers).items():
         _put(headers, name, value)
     if not any(name.lower() == "accept-encoding" for name in headers):
         # A compressed body is inflated a chunk at a time before the size check sees it.
         headers["Accept-Encoding"] = "identity"
+    return headers
+
+
+def _json_body(value: Any) -> bytes:
+    """``value`` as compact JSON; NaN, infinities and anything not JSON-serializable are refused."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise _invalid(f"params.json is not JSON-serializable: {exc}", field="json") from None
+
+
+def _checked_idempotency_key(key: str) -> str:
+    """``key``, guaranteed a non-empty string without control characters (safe as a header value)."""
+    if not isinstance(key, str) or not key or _BAD_VALUE.search(key):
+        raise _invalid("idempotency_key must be a non-empty string without control characters")
+    return key
+
+
+def _prepare(params: Any, connection: Connection, idempotency_key: str | None) -> tuple[_Call, _Config]:
+    """The checked call and the connection's config; every refusal is raised here, before any network use.
+
+    Headers, lowest precedence first: the connection's, the step's, the JSON
+    content type, the secret ones, the idempotency key.
+    """
+    checked = _checked_params(params)
+    config = _config(connection)
+    method = _method(checked.get("method", "GET"))
+    url = _url(config.base_url, checked.get("path", ""))
+    headers = _plain_headers(config, checked.get("headers", {}))
     body: bytes | None = None
-    if "json" in params:
-        try:
-            body = json.dumps(params["json"], separators=(",", ":"), allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise _invalid(f"params.json is not JSON-serializable: {exc}", field="json") from None
+    if "json" in checked:
+        body = _json_body(checked["json"])
         _put(headers, "Content-Type", "application/json")
     for name, value in _auth_headers(connection, config).items():
         _put(headers, name, value)
     if idempotency_key is not None:
-        if not isinstance(idempotency_key, str) or not idempotency_key or _BAD_VALUE.search(idempotency_key):
-            raise _invalid("idempotency_key must be a non-empty string without control characters")
-        _put(headers, "Idempotency-Key", idempotency_key)
+        _put(headers, "Idempotency-Key", _checked_idempotency_key(idempotency_key))
+    base = config.base_url
     call = _Call(
         method=method, url=url, host=base.raw_host.decode("ascii"), netloc=base.netloc.decode("ascii"),
-        headers=headers, query=tuple(_query(params.get("query", {}))), body=body,
+        headers=headers, query=tuple(_query(checked.get("query", {}))), body=body,
     )
     return call, config
 
@@ -365,11 +434,11 @@ def _prepare(params: Any, connection: Connection, idempotency_key: str | None) -
 def _transport_error(exc: httpx.TransportError, host: str, config: _Config) -> RetryableActionError:
     if isinstance(exc, httpx.TimeoutException):
         message = f"timed out after {config.timeout_s:g} s calling '{host}' ({type(exc).__name__})"
-        return RetryableActionError(message, code=ActionErrorCode.TIMEOUT)
+        return RetryableActionError(message, code=StepErrorCode.TIMEOUT)
     if isinstance(exc, httpx.ConnectError):
-        return RetryableActionError(f"cannot connect to '{host}': {exc}", code=ActionErrorCode.CONNECT_ERROR)
+        return RetryableActionError(f"cannot connect to '{host}': {exc}", code=StepErrorCode.CONNECT_ERROR)
     message = f"transport error calling '{host}': {type(exc).__name__}: {exc}"
-    return RetryableActionError(message, code=ActionErrorCode.TRANSPORT_ERROR)
+    return RetryableActionError(message, code=StepErrorCode.TRANSPORT_ERROR)
 
 
 @contextlib.contextmanager
@@ -401,6 +470,96 @@ def _pinned_response(
     raise last or httpx.ConnectError("no address to connect to")
 
 
+@dataclass(frozen=True)
+class _Breaker:
+    """The connection's circuit breaker, under the tenant ``_breaker_tenant`` chose."""
+
+    connection_id: object
+    tenant: Tenant | None
+
+    def success(self) -> None:
+        """Records a complete response that was neither a 429 nor a 5xx."""
+        circuit.record_success(self.connection_id, tenant=self.tenant)
+
+    def failure(self) -> None:
+        """Records a transport error, a 429 or a 5xx."""
+        circuit.record_failure(self.connection_id, tenant=self.tenant)
+
+
+@dataclass
+class _Progress:
+    """How far one call got, for its log line; ``outcome`` is ``refused`` until a response is accepted for reading."""
+
+    started: float
+    deadline: float
+    outcome: str = "refused"
+    status: int | None = None
+
+    @classmethod
+    def start(cls, timeout_s: float) -> _Progress:
+        """Starts the clock now; the body must be read by ``timeout_s`` from now."""
+        started = time.monotonic()
+        return cls(started=started, deadline=started + timeout_s)
+
+
+def _port(url: httpx.URL) -> int:
+    """The URL's port, or the scheme's default (443 for https, else 80)."""
+    return url.port or (443 if url.scheme == "https" else 80)
+
+
+def _refuse_overload(response: httpx.Response, host: str) -> None:
+    """Raises ``RetryableActionError`` for a 429 (``rate_limited``) or 5xx (``server_error``), with its Retry-After."""
+    status = response.status_code
+    if status == 429 or status >= 500:
+        code = StepErrorCode.RATE_LIMITED if status == 429 else StepErrorCode.SERVER_ERROR
+        raise RetryableActionError(
+            f"HTTP {status} from '{host}'", code=code, status=status,
+            retry_after_s=_retry_after(response.headers.get("retry-after")),
+        )
+
+
+def _refuse_client_error(status: int, body: Any, host: str) -> None:
+    """Raises ``PermanentActionError`` (``client_error``) for a 4xx, quoting the body (text cut at 2000 characters)."""
+    if status >= 400:
+        shown = body if isinstance(body, dict | list) else str(body or "")[:2000]
+        raise PermanentActionError(
+            f"HTTP {status} from '{host}'", code=StepErrorCode.CLIENT_ERROR, status=status,
+            details={"body": shown},
+        )
+
+
+def _exchange(call: _Call, config: _Config, breaker: _Breaker, progress: _Progress) -> dict[str, Any]:
+    """Resolve and check the host, send ``call`` to a checked address and read the answer.
+
+    ``progress`` follows each phase. A 429 or 5xx raises before the body is
+    read; any other complete response records a breaker success, then a 4xx
+    raises. Failures are left to the caller to record.
+    """
+    addresses = resolve_allowed(call.host, _port(call.url))
+    with (
+        httpx.Client(timeout=config.timeout_s, follow_redirects=False, trust_env=False) as client,
+        _pinned_response(client, call, addresses) as response,
+    ):
+        progress.status = status = response.status_code
+        _refuse_overload(response, call.host)
+        progress.outcome = "too_large"
+        raw = _read_limited(response, config.max_response_bytes, progress.deadline)
+        progress.outcome = "ok" if status < 400 else "client_error"
+        breaker.success()
+        body = _parse_body(response, raw)
+        _refuse_client_error(status, body, call.host)
+        return {"status": status, "headers": dict(response.headers.items()), "body": body}
+
+
+def _log_call(connection: Connection, call: _Call, progress: _Progress, attempt: int) -> None:
+    """The call's one log line: method, host, status and outcome, never the path, headers or secret."""
+    log.info(
+        "http_request", connection_id=str(connection.id), method=call.method, host=call.host,
+        status=progress.status, outcome=progress.outcome, attempt=attempt,
+        duration_ms=round((time.monotonic() - progress.started) * 1000, 1),
+    )
+
+
 def http_request(
     params: dict[str, Any],
     connection: Connection | None,
@@ -423,46 +582,16 @@ def http_request(
     """
     if connection is None:
         raise PermanentActionError("http.request needs a connection: route the step to a pool",
-                                   code=ActionErrorCode.NO_CONNECTION)
-    breaker_tenant = _breaker_tenant(connection)
+                                   code=StepErrorCode.NO_CONNECTION)
+    breaker = _Breaker(connection.id, _breaker_tenant(connection))
     call, config = _prepare(params, connection, idempotency_key)
-    started = time.monotonic()
-    deadline = started + config.timeout_s
-    outcome = "refused"
-    status: int | None = None
+    progress = _Progress.start(config.timeout_s)
     try:
-        addresses = resolve_allowed(call.host, call.url.port or (443 if call.url.scheme == "https" else 80))
-        with (
-            httpx.Client(timeout=config.timeout_s, follow_redirects=False, trust_env=False) as client,
-            _pinned_response(client, call, addresses) as response,
-        ):
-            status = response.status_code
-            if status == 429 or status >= 500:
-                code = ActionErrorCode.RATE_LIMITED if status == 429 else ActionErrorCode.SERVER_ERROR
-                raise RetryableActionError(
-                    f"HTTP {status} from '{call.host}'", code=code, status=status,
-                    retry_after_s=_retry_after(response.headers.get("retry-after")),
-                )
-            outcome = "too_large"
-            raw = _read_limited(response, config.max_response_bytes, deadline)
-            outcome = "ok" if status < 400 else "client_error"
-            circuit.record_success(connection.id, tenant=breaker_tenant)
-            body = _parse_body(response, raw)
-            if status >= 400:
-                shown = body if isinstance(body, dict | list) else str(body or "")[:2000]
-                raise PermanentActionError(
-                    f"HTTP {status} from '{call.host}'", code=ActionErrorCode.CLIENT_ERROR, status=status,
-                    details={"body": shown},
-                )
-            return {"status": status, "headers": dict(response.headers.items()), "body": body}
+        return _exchange(call, config, breaker, progress)
     except (httpx.TransportError, RetryableActionError) as exc:
         error = exc if isinstance(exc, RetryableActionError) else _transport_error(exc, call.host, config)
-        outcome = str(error.code)
-        circuit.record_failure(connection.id, tenant=breaker_tenant)
+        progress.outcome = str(error.code)
+        breaker.failure()
         raise error from None
     finally:
-        log.info(
-            "http_request", connection_id=str(connection.id), method=call.method, host=call.host,
-            status=status, outcome=outcome, attempt=attempt,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
-        )
+        _log_call(connection, call, progress, attempt)

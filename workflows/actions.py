@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from ductor_project.core.errors import StepErrorCode
 from scheduling import http_action
-from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
+from scheduling.action_errors import PermanentActionError, RetryableActionError
 
 if TYPE_CHECKING:
     from scheduling.models import Connection
@@ -102,7 +103,7 @@ def sleep_ms(call: ActionCall) -> dict[str, float]:
     ms = call.input.get("ms", 0) if isinstance(call.input, dict) else 0
     if not isinstance(ms, int | float) or isinstance(ms, bool) or not 0 <= ms <= 60_000:
         raise PermanentActionError(
-            "input.ms must be a number of milliseconds from 0 to 60000", code=ActionErrorCode.INVALID_PARAMS
+            "input.ms must be a number of milliseconds from 0 to 60000", code=StepErrorCode.INVALID_PARAMS
         )
     time.sleep(ms / 1000)
     return {"ms": ms}
@@ -121,8 +122,8 @@ def fail(call: ActionCall) -> Any:
         return {"attempt": call.attempt}
     message = str(params.get("message", "failed on purpose"))
     if params.get("retryable", True):
-        raise RetryableActionError(message, code=ActionErrorCode.ACTION_FAILED)
-    raise PermanentActionError(message, code=ActionErrorCode.ACTION_FAILED)
+        raise RetryableActionError(message, code=StepErrorCode.ACTION_FAILED)
+    raise PermanentActionError(message, code=StepErrorCode.ACTION_FAILED)
 
 
 @action("http.request")

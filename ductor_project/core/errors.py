@@ -1,4 +1,4 @@
-"""Every API error: one enum of stable codes and one JSON shape.
+"""Every error code (the API's and a step's), and the API's one error shape.
 
 ``{"error": {"code": "...", "message": "...", "details": {...}}}``
 
@@ -53,6 +53,33 @@ class ErrorCode(enum.StrEnum):
     BAD_REQUEST = "bad_request"
     SERVICE_UNAVAILABLE = "service_unavailable"
     INTERNAL_ERROR = "internal_error"
+
+
+class StepErrorCode(enum.StrEnum):
+    """Why a step attempt failed: the ``code`` of its stored error. An action raises the first
+    group (``scheduling.action_errors``); the engine sets the others."""
+
+    INVALID_PARAMS = "invalid_params"
+    NO_CONNECTION = "no_connection"
+    INVALID_CONNECTION = "invalid_connection"
+    ADDRESS_REFUSED = "address_refused"
+    DNS_ERROR = "dns_error"
+    CONNECT_ERROR = "connect_error"
+    TIMEOUT = "timeout"  # the call's, or the step's own timeout_s
+    TRANSPORT_ERROR = "transport_error"
+    RATE_LIMITED = "rate_limited"
+    SERVER_ERROR = "server_error"
+    CLIENT_ERROR = "client_error"
+    RESPONSE_TOO_LARGE = "response_too_large"
+    ACTION_FAILED = "action_failed"
+    # Set by the engine:
+    ACTION_CRASHED = "action_crashed"  # the action raised something else than an action error
+    ROUTING_DENIED = "routing_denied"  # a rule denied it, its tier or its pool is not allowed
+    NESTING_TOO_DEEP = "nesting_too_deep"  # a sub-workflow past the plan's max_nesting_depth
+    UNKNOWN_WORKFLOW = "unknown_workflow"  # a sub-workflow's definition or version is gone
+    QUOTA_EXCEEDED = "quota_exceeded"  # a child or successor run past the monthly run quota
+    CHILD_FAILED = "child_failed"
+    CHILD_CANCELLED = "child_cancelled"
 
 
 class ApiError(exceptions.APIException):

@@ -21,8 +21,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.core.errors import StepErrorCode
 from scheduling import secrets
-from scheduling.action_errors import ActionErrorCode, PermanentActionError, RetryableActionError
+from scheduling.action_errors import PermanentActionError, RetryableActionError
 from scheduling.circuit import breaker_key
 from scheduling.http_action import http_request, refusal_reason, resolve_allowed
 from scheduling.models import Connection
@@ -298,7 +299,7 @@ def test_a_server_slower_than_the_timeout_is_a_retryable_timeout(conn, redis_cli
     started = time.monotonic()
     with pytest.raises(RetryableActionError) as caught:
         http_request({"path": "sleep", "query": {"s": 4}}, conn)  # the timeout is 1 s
-    assert caught.value.code == ActionErrorCode.TIMEOUT
+    assert caught.value.code == StepErrorCode.TIMEOUT
     assert time.monotonic() - started < 3
     assert failures(redis_client, conn) == 1
 
@@ -308,7 +309,7 @@ def test_a_body_trickling_past_the_timeout_is_cut_off(conn):
     started = time.monotonic()
     with pytest.raises(RetryableActionError) as caught:
         http_request({"path": "drip"}, conn)  # each chunk is quick; the whole body takes 6 s
-    assert caught.value.code == ActionErrorCode.TIMEOUT
+    assert caught.value.code == StepErrorCode.TIMEOUT
     assert time.monotonic() - started < 2.5
 
 
@@ -318,7 +319,7 @@ def test_a_response_over_the_size_limit_is_aborted(conn, redis_client, path):
     started = time.monotonic()
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": path, "query": {"n": 50_000_000}}, conn)  # the limit is 64 KiB
-    assert caught.value.code == ActionErrorCode.RESPONSE_TOO_LARGE
+    assert caught.value.code == StepErrorCode.RESPONSE_TOO_LARGE
     assert time.monotonic() - started < 2  # aborted, not read to the end
     assert failures(redis_client, conn) == 0
 
@@ -328,7 +329,7 @@ def test_a_500_is_retryable_and_counts_as_a_breaker_failure(conn, redis_client, 
     settings.DUCTOR_BREAKER_FAILURES = 2
     with pytest.raises(RetryableActionError) as caught:
         http_request({"path": "status/500"}, conn)
-    assert (caught.value.code, caught.value.status) == (ActionErrorCode.SERVER_ERROR, 500)
+    assert (caught.value.code, caught.value.status) == (StepErrorCode.SERVER_ERROR, 500)
     assert failures(redis_client, conn) == 1
     with pytest.raises(RetryableActionError):
         http_request({"path": "status/503"}, conn)
@@ -339,7 +340,7 @@ def test_a_500_is_retryable_and_counts_as_a_breaker_failure(conn, redis_client, 
 def test_a_429_is_retryable_with_the_servers_retry_after(conn, redis_client):
     with pytest.raises(RetryableActionError) as caught:
         http_request({"path": "status/429"}, conn)
-    assert caught.value.code == ActionErrorCode.RATE_LIMITED
+    assert caught.value.code == StepErrorCode.RATE_LIMITED
     assert caught.value.retry_after_s == 3
     assert failures(redis_client, conn) == 1
 
@@ -351,7 +352,7 @@ def test_a_404_is_permanent_and_does_not_fail_the_breaker(conn, redis_client):
     assert failures(redis_client, conn) == 1
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": "status/404"}, conn)
-    assert (caught.value.code, caught.value.status) == (ActionErrorCode.CLIENT_ERROR, 404)
+    assert (caught.value.code, caught.value.status) == (StepErrorCode.CLIENT_ERROR, 404)
     assert caught.value.details["body"] == {"error": "status 404"}
     assert failures(redis_client, conn) == 0  # the endpoint answered: a success resets the count
 
@@ -364,7 +365,7 @@ def test_a_refused_connection_is_retryable(tenant, redis_client):
     conn = make_connection(f"http://127.0.0.1:{port}/", timeout_s=1)
     with pytest.raises(RetryableActionError) as caught:
         http_request({"path": "x"}, conn)
-    assert caught.value.code == ActionErrorCode.CONNECT_ERROR
+    assert caught.value.code == StepErrorCode.CONNECT_ERROR
     assert failures(redis_client, conn) == 1
 
 
@@ -385,7 +386,7 @@ def test_a_refused_connection_is_retryable(tenant, redis_client):
 def test_bad_params_are_permanent_and_name_the_field(conn, server, connect_guard, params, field):
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": "echo", **params}, conn)
-    assert caught.value.code == ActionErrorCode.INVALID_PARAMS
+    assert caught.value.code == StepErrorCode.INVALID_PARAMS
     assert caught.value.details["field"] == field
     assert server.seen == []
     assert connects_to(connect_guard, server.port) == []
@@ -395,11 +396,11 @@ def test_bad_params_are_permanent_and_name_the_field(conn, server, connect_guard
 def test_a_missing_or_non_http_connection_is_permanent(tenant):
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": "x"}, None)
-    assert caught.value.code == ActionErrorCode.NO_CONNECTION
+    assert caught.value.code == StepErrorCode.NO_CONNECTION
     python_conn = Connection.objects.create(name="py", kind="python", config={})
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": "x"}, python_conn)
-    assert caught.value.code == ActionErrorCode.INVALID_CONNECTION
+    assert caught.value.code == StepErrorCode.INVALID_CONNECTION
 
 
 @pytest.mark.usefixtures("allow_private")
@@ -426,7 +427,7 @@ def test_private_addresses_are_refused_before_any_connection(
     conn = make_connection(f"http://{host}:{server.port}/api")
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": "echo"}, conn)
-    assert caught.value.code == ActionErrorCode.ADDRESS_REFUSED
+    assert caught.value.code == StepErrorCode.ADDRESS_REFUSED
     assert connects_to(connect_guard, server.port) == []  # no connection was even attempted
     assert server.seen == []
     assert failures(redis_client, conn) == 0
@@ -438,7 +439,7 @@ def test_numeric_and_dotted_spellings_of_loopback_are_refused(connect_guard, hos
     # The API's URL check already refuses most of these as base_url; the policy refuses them anyway.
     with pytest.raises(PermanentActionError) as caught:
         resolve_allowed(host, 80)
-    assert caught.value.code == ActionErrorCode.ADDRESS_REFUSED
+    assert caught.value.code == StepErrorCode.ADDRESS_REFUSED
     assert connects_to(connect_guard, 80) == []
 
 
@@ -470,7 +471,7 @@ def test_the_setting_allows_the_local_server(tenant, server):
 def test_a_path_that_would_leave_the_base_url_is_refused(conn, server, connect_guard, path):
     with pytest.raises(PermanentActionError) as caught:
         http_request({"path": path}, conn)
-    assert caught.value.code == ActionErrorCode.INVALID_PARAMS
+    assert caught.value.code == StepErrorCode.INVALID_PARAMS
     assert connects_to(connect_guard, server.port) == []
     assert server.seen == []
 
@@ -525,5 +526,5 @@ def test_the_socket_guard_blocks_what_the_policy_lets_through(tenant, connect_gu
     conn = make_connection("http://192.0.2.1:9/api")
     with pytest.raises(RetryableActionError) as caught:
         http_request({"path": "echo"}, conn)
-    assert caught.value.code == ActionErrorCode.CONNECT_ERROR
+    assert caught.value.code == StepErrorCode.CONNECT_ERROR
     assert connects_to(connect_guard, 9) == [("192.0.2.1", 9)]
