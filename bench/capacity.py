@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._procs import log, measure  # noqa: E402 - the repository root goes on the path first
+from bench._common import log, measure  # noqa: E402 - the repository root goes on the path first
 
 ROUNDS = 60
 SLICE_S = 0.1

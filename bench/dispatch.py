@@ -1,9 +1,9 @@
-"""Dispatch throughput: the fair queue's core, and no-op tasks end to end through real workers.
+"""Dispatch throughput end to end: no-op tasks through real workers, against plain Celery.
 
-1. **Core** (no Celery): ``bench/dispatch_core.py``, run as a child process on the same
-   services: fair-queue enqueue+dequeue+ack cycles per second against raw ``LPUSH``+``RPOP``,
-   and the dequeue cost at 10, 1,000 and 100,000 tenants.
-2. **End to end**: ``WORKERS`` x ``CONCURRENCY`` real ``celery -A ductor_project worker``
+The fair queue's core (cycles per second, dequeue cost against tenant count) is
+``bench/dispatch_core.py``'s to measure; ``make bench`` runs both, and this measures only:
+
+1. **End to end**: ``WORKERS`` x ``CONCURRENCY`` real ``celery -A ductor_project worker``
    processes and ``DISPATCHERS`` ``manage.py run_dispatcher`` processes (``BENCH_DISPATCHERS``).
    In ``ROUNDS`` interleaved rounds (``BENCH_ROUNDS``; the side that goes first alternates,
    so that a noisy host slows both alike), on the same workers and Redis:
@@ -13,13 +13,12 @@
      ignored like ``execute_item``'s) and time until the queue is empty and nothing is unacked.
    Each side's rate is its total tasks over its total time; ``e2e_ratio`` is their quotient
    (``e2e_ratio_median_round``: the median of the per-round quotients).
-3. The same again on workers started with ``DUCTOR_HANDOFF_MS=0`` and a dispatch buffer of 2
+2. The same again on workers started with ``DUCTOR_HANDOFF_MS=0`` and a dispatch buffer of 2
    (``without_handoff``):
    every item through a Celery message of its own, none taken by a worker that finished one.
 
 Needs its own data dir (it FLUSHES Redis): ``DUCTOR_DATA_DIR=.ductor/bench-x python
-bench/dispatch.py`` (``--e2e-only`` skips the core part). Progress on stderr; the last
-stdout line is one JSON object.
+bench/dispatch.py``. Progress on stderr; the last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -36,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import ROOT, Processes, child_env, log, plain_celery_noops, redis_client, setup_django
+from bench._common import bench_stack, fair_broker, log, plain_celery_noops, redis_client, setup_django
 
 WORKERS, CONCURRENCY = 2, 2
 # One dispatcher keeps 4 worker slots busy; on 2 cores a second one only takes CPU from them.
@@ -48,16 +46,6 @@ WARMUP_TASKS = 300
 TIER = "standard"
 DONE_TIMEOUT_S = 120.0
 POLL_S = 0.02
-
-
-def run_core() -> dict[str, Any]:
-    """``bench/dispatch_core.py``'s figures (it flushes Redis; nothing else runs meanwhile)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "dispatch_core.py")], cwd=ROOT, env=child_env(),
-                          stdout=subprocess.PIPE, text=True, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"bench/dispatch_core.py failed (exit {proc.returncode})")
-    return dict(json.loads(lines[-1]))
 
 
 def make_tenants() -> list[Any]:
@@ -115,15 +103,32 @@ def celery_round(count: int) -> float:
     return plain_celery_noops(count, wait_until)
 
 
-def run_e2e(procs: Processes, **overrides: str) -> dict[str, Any]:
+def run_e2e(**overrides: str) -> dict[str, Any]:
     """The interleaved rounds, on workers and dispatchers started for them with the settings
-    ``overrides`` in their environment; they are stopped afterwards."""
+    ``overrides`` in their environment; they are stopped afterwards, whatever happened."""
     redis = redis_client()
     redis.flushdb()
     tenants = make_tenants()
-    env = child_env(**overrides)
-    procs.fair_broker("", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS, env=env)
-    label = "".join(f" {name}={value}" for name, value in overrides.items())
+    stack = bench_stack("dispatch", **overrides)
+    try:
+        fair_broker(stack, "", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS)
+        ductor_s, celery_s = rounds(tenants, "".join(f" {name}={value}" for name, value in overrides.items()))
+    finally:
+        stack.stop_all()
+    e2e = TASKS * ROUNDS / sum(ductor_s)
+    baseline = TASKS * ROUNDS / sum(celery_s)
+    return {
+        "e2e_tasks_per_s": round(e2e, 1),
+        "baseline_celery_tasks_per_s": round(baseline, 1),
+        "e2e_ratio": round(e2e / baseline, 3),
+        "e2e_rounds_tasks_per_s": [round(TASKS / s, 1) for s in ductor_s],
+        "baseline_rounds_tasks_per_s": [round(TASKS / s, 1) for s in celery_s],
+        "e2e_ratio_median_round": round(statistics.median(c / d for d, c in zip(ductor_s, celery_s, strict=True)), 3),
+    }
+
+
+def rounds(tenants: list[Any], label: str) -> tuple[list[float], list[float]]:
+    """A warm-up, then ``ROUNDS`` interleaved rounds; each side's seconds per round."""
     log(f"e2e{label}: workers and dispatchers up; warming up")
     ductor_round(tenants, WARMUP_TASKS, "warm")
     celery_round(WARMUP_TASKS)
@@ -139,17 +144,7 @@ def run_e2e(procs: Processes, **overrides: str) -> dict[str, Any]:
             celery_s.append(celery_round(TASKS))
         log(f"round {r + 1}/{ROUNDS}{label}: fair broker {TASKS / ductor_s[-1]:.0f} tasks/s, "
             f"plain Celery {TASKS / celery_s[-1]:.0f} tasks/s")
-    procs.stop_all()
-    e2e = TASKS * ROUNDS / sum(ductor_s)
-    baseline = TASKS * ROUNDS / sum(celery_s)
-    return {
-        "e2e_tasks_per_s": round(e2e, 1),
-        "baseline_celery_tasks_per_s": round(baseline, 1),
-        "e2e_ratio": round(e2e / baseline, 3),
-        "e2e_rounds_tasks_per_s": [round(TASKS / s, 1) for s in ductor_s],
-        "baseline_rounds_tasks_per_s": [round(TASKS / s, 1) for s in celery_s],
-        "e2e_ratio_median_round": round(statistics.median(c / d for d, c in zip(ductor_s, celery_s, strict=True)), 3),
-    }
+    return ductor_s, celery_s
 
 
 def main() -> int:
@@ -157,26 +152,17 @@ def main() -> int:
     from django.conf import settings
 
     started = time.monotonic()
-    core: dict[str, Any] = {}
-    if "--e2e-only" not in sys.argv:
-        log("core: bench/dispatch_core.py")
-        core = run_core()
-        log(f"core: {json.dumps(core)}")
-    procs = Processes(Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / "dispatch")
     try:
-        e2e = run_e2e(procs)
+        e2e = run_e2e()
         # Every item through a Celery message of its own: the dispatchers' path alone.
         # (With a buffer: without handoff, it keeps the slots busy between dispatch rounds.)
         plain = {"DUCTOR_HANDOFF_MS": "0", "DUCTOR_DISPATCH_BUFFER": os.environ.get("DUCTOR_DISPATCH_BUFFER", "2")}
-        e2e["without_handoff"] = {**run_e2e(procs, **plain), "settings": plain}
+        e2e["without_handoff"] = {**run_e2e(**plain), "settings": plain}
     finally:
-        procs.stop_all()
         redis_client().flushdb()
     log(f"e2e: {json.dumps(e2e)}")
     log(f"done in {time.monotonic() - started:.0f}s")
     result = {
-        **{key: core.get(key) for key in ("cycles_per_s", "baseline_lpush_rpop_per_s", "ratio", "dequeue_us",
-                                          "dequeue_cost_ratio_100k_vs_10")},
         **e2e,
         "config": {"workers": WORKERS, "concurrency": CONCURRENCY, "dispatchers": DISPATCHERS,
                    "tasks_per_round": TASKS, "rounds": ROUNDS, "tenants": TENANTS,

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._procs import log, measure  # noqa: E402 - the repository root goes on the path first
+from bench._common import log, measure  # noqa: E402 - the repository root goes on the path first
 
 SIZES = (10, 1_000, 100_000)
 SHARDS = len(SIZES)

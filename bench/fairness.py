@@ -51,7 +51,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Processes, child_env, log, percentile, redis_client, setup_django, wait_ready
+from bench._common import bench_stack, bench_worker, fair_broker, log, percentile, redis_client, setup_django
+from ductor_project.stack import Child, Stack
 
 HEAVY = "fair-heavy"
 TRICKLE = "fair-trickle"
@@ -199,14 +200,13 @@ def analyse(rows: list[str], begin: int, end: int, weights: dict[str, int], tota
     }
 
 
-def run_ductor(procs: Processes, tenants: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:
+def run_ductor(stack: Stack, tenants: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:
     from bench._worker_tasks import STARTS
     from scheduling import fair_queue as fq
 
     redis = redis_client()
     redis.flushdb()
-    env = child_env()
-    children = procs.fair_broker("ductor-", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS, env=env)
+    children = fair_broker(stack, "ductor-", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS)
     log("ductor: workers and dispatchers up; enqueueing the adversarial mix")
 
     totals = {}
@@ -223,10 +223,10 @@ def run_ductor(procs: Processes, tenants: dict[str, Any], weights: dict[str, int
         fq.enqueue(f"t{k}", tier=TIER, partition=f"t{k}", payload={"kind": "bench.sleep", "ms": TASK_MS},
                    tenant=tenants[TRICKLE])
 
-    return window("ductor", procs, children, submit, begin=begin, weights=weights, totals=totals, settle_s=10.0)
+    return window("ductor", stack, children, submit, begin=begin, weights=weights, totals=totals, settle_s=10.0)
 
 
-def window(side: str, procs: Processes, children: list[Any], submit: Callable[[int], None], *, begin: int,
+def window(side: str, stack: Stack, children: list[Child], submit: Callable[[int], None], *, begin: int,
            weights: dict[str, int], totals: dict[str, int], settle_s: float) -> dict[str, Any]:
     """The measured window of one side, from ``begin`` starts on: the trickle tenant arrives
     (``submit`` enqueues its items), then ``children`` are stopped and the start order analysed."""
@@ -238,15 +238,14 @@ def window(side: str, procs: Processes, children: list[Any], submit: Callable[[i
     waits, censored = trickle(redis, STARTS, submit, begin=begin + TRICKLE_AFTER_STARTS,
                               end=begin + WINDOW_STARTS, deadline=deadline, settle_s=settle_s)
     seconds = clock.seconds()
-    for child in children:
-        procs.stop(child)
+    stack.stop(*children)
     rows = [row.decode() for row in redis.lrange(STARTS, 0, -1)]
     result = analyse(rows, begin, begin + WINDOW_STARTS, weights, totals, waits, censored, seconds)
     log(f"{side}: {json.dumps(result)}")
     return result
 
 
-def run_celery(procs: Processes, weights: dict[str, int]) -> dict[str, Any]:
+def run_celery(stack: Stack, weights: dict[str, int]) -> dict[str, Any]:
     from django.conf import settings
 
     from bench._worker_tasks import STARTS
@@ -267,35 +266,36 @@ def run_celery(procs: Processes, weights: dict[str, int]) -> dict[str, Any]:
                 plain_sleep.apply_async((slug, item_id, TASK_MS), producer=producer)
             totals[slug] = len(items)
     totals[TRICKLE] = 1 << 30
-    env = child_env(BENCH_STARTS_KEY=STARTS)
-    workers = [procs.celery_worker(f"plain-worker-{i}", "bench._plain_celery", concurrency=CONCURRENCY, env=env)
+    workers = [bench_worker(stack, f"plain-worker-{i}", "bench._plain_celery", concurrency=CONCURRENCY, tasks=False)
                for i in range(WORKERS)]
-    wait_ready(*workers)
+    stack.wait_ready(*workers)
     log(f"celery: all published; plain workers up ({redis.llen(STARTS)} started)")
 
     def submit(k: int) -> None:
         plain_sleep.apply_async((TRICKLE, f"t{k}", TASK_MS))
 
     # FIFO: the trickle item waits behind the whole backlog; settling would take minutes.
-    return window("celery", procs, workers, submit, begin=0, weights=weights, totals=totals, settle_s=0.0)
+    return window("celery", stack, workers, submit, begin=0, weights=weights, totals=totals, settle_s=0.0)
 
 
 def main() -> int:
     setup_django("bench/fairness.py")
     from django.conf import settings
 
+    from bench._worker_tasks import STARTS
     from tenants.entitlements import effective_entitlements
 
     started = time.monotonic()
     tenants = make_tenants()
     weights = {slug: effective_entitlements(tenant).weight for slug, tenant in tenants.items()}
     log(f"weights: {weights}")
-    procs = Processes(Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / "fairness")
+    # BENCH_STARTS_KEY: where the plain Celery side's tasks record their starts (bench/_plain_celery.py).
+    stack = bench_stack("fairness", BENCH_STARTS_KEY=STARTS)
     try:
-        ductor = run_ductor(procs, tenants, weights)
-        baseline = run_celery(procs, weights)
+        ductor = run_ductor(stack, tenants, weights)
+        baseline = run_celery(stack, weights)
     finally:
-        procs.stop_all()
+        stack.stop_all()
         redis_client().flushdb()
     log(f"done in {time.monotonic() - started:.0f}s")
     print(json.dumps({

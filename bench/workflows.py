@@ -2,8 +2,8 @@
 
 On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis), with one
 ``celery -A ductor_project worker`` (concurrency ``CONCURRENCY``), one
-``manage.py run_dispatcher``, one ``manage.py run_coordinator`` and gunicorn
-(``ductor_project.webserver.WebServer``), for one enterprise-plan tenant:
+``manage.py run_dispatcher``, one ``manage.py run_coordinator`` and gunicorn, all children of
+``ductor_project.stack.Stack``, for one enterprise-plan tenant:
 
 1. **Start latency** on an idle system: ``LATENCY_RUNS`` runs of a one-node (noop)
    workflow, one at a time and spaced out, each started with a real
@@ -44,7 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Processes, child_env, log, plain_celery_noops, redis_client, setup_django, wait_ready
+from bench._common import bench_stack, bench_worker, log, plain_celery_noops, redis_client, setup_django
+from ductor_project.stack import Child, Stack, free_port
 
 CONCURRENCY = 2
 LATENCY_RUNS = 30
@@ -171,35 +172,40 @@ def baseline_celery(count: int) -> float:
     return count / plain_celery_noops(count, lambda done: wait_until(done, what="the no-op tasks"))
 
 
+def start_children(stack: Stack, *, port: int) -> tuple[Child, Child, Child]:
+    """The web server, one worker (with ``bench._worker_tasks``), one dispatcher and the coordinator;
+    returns the web server, the worker and the dispatcher. Not waited for: ``wait_ready``."""
+    web = stack.web(port=port)
+    worker = bench_worker(stack, "worker-0", concurrency=CONCURRENCY)
+    dispatcher = stack.dispatcher("dispatcher-0")
+    stack.coordinator("coordinator-0")
+    return web, worker, dispatcher
+
+
+def wait_ready(stack: Stack, web: Child, worker: Child, dispatcher: Child) -> None:
+    """Until the dispatcher runs, the worker's slots are registered and the web server answers."""
+    from ductor_project.celery import WORK_QUEUE
+    from scheduling.dispatch import credits as broker
+
+    stack.wait_ready(dispatcher, worker)
+    wait_until(lambda: broker.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the worker's slots")
+    stack.wait_ready(web)  # the schema it polls is slow to build on a busy host
+
+
 def main() -> int:
     setup_django("bench/workflows.py")
-    from django.conf import settings
-
-    from ductor_project.celery import WORK_QUEUE
     from ductor_project.core import capacity
     from ductor_project.core.context import tenant_context
-    from ductor_project.webserver import WebServer
-    from scheduling.dispatch import credits as broker
 
     began = time.monotonic()
     redis_client().flushdb()
-    os.environ.update(child_env())  # the web server's children use this process's services
-    logs = Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / "workflows"
-    procs = Processes(logs)
-    server = WebServer(log_path=logs / "web.log")
+    stack = bench_stack("workflows")
     try:
-        env = child_env()
-        worker = procs.celery_worker("worker-0", "ductor_project", concurrency=CONCURRENCY, env=env,
-                                     extra=("--include", "bench._worker_tasks"))
-        dispatcher = procs.dispatcher("dispatcher-0", env)
-        procs.start("coordinator-0", [sys.executable, "manage.py", "run_coordinator"], env)
+        web, worker, dispatcher = start_children(stack, port=free_port())
         tenant, key = make_tenant()
-        dispatcher.wait_for_output("dispatcher_started")
-        wait_ready(worker)
-        wait_until(lambda: broker.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the worker's slots")
-        server.wait_ready(timeout=90)  # the schema it polls is slow to build on a busy host
+        wait_ready(stack, web, worker, dispatcher)
         log(f"up in {time.monotonic() - began:.1f}s; measuring start latency ({LATENCY_RUNS} runs)")
-        latency = start_latency(tenant, key, server.url)
+        latency = start_latency(tenant, key, str(web.url))
         log(f"start latency: {json.dumps(latency)}")
         one = runs_per_s(tenant, "one", RUNS_1NODE, OUTSTANDING_1NODE)
         log(f"1-node: {json.dumps(one)}")
@@ -210,8 +216,7 @@ def main() -> int:
         with tenant_context(tenant):
             wait_until(lambda: capacity.tenant_in_flight() == 0, what="the tenant's slots to come back")
     finally:
-        server.stop()
-        procs.stop_all()
+        stack.stop_all()
     load = os.getloadavg()
     log(f"done in {time.monotonic() - began:.0f}s (load average {load[0]:.1f})")
     print(json.dumps({

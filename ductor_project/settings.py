@@ -63,6 +63,8 @@ INSTALLED_APPS = [
     "tenants",
     "scheduling",
     "workflows",
+    "ductor_project",  # the `up` command, beside the process supervisor (ductor_project.stack)
+    "ductor_project.demo",
 ]
 
 MIDDLEWARE = [
@@ -192,8 +194,6 @@ DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=0 if DUCTOR_H
 DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
 # Delay before an item whose handler raised is delivered again.
 DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_000)
-# How long a suspended tenant's due work waits before it is looked at again.
-DUCTOR_SUSPENDED_ITEM_DELAY_MS = env.int("DUCTOR_SUSPENDED_ITEM_DELAY_MS", default=30_000)
 
 # Redis keys of every tenant carry the hash tag of the fair-queue shard the
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ductor_project.webserver import free_port
+from ductor_project.stack import free_port
 from tests.conftest import ROOT
 from tests.test_embedded import alive, new_data_dir
 

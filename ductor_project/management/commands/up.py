@@ -2,10 +2,11 @@
 
 Starts (or attaches to) PostgreSQL and Redis, migrates, then runs the web
 server (gunicorn; ``--dev`` for runserver), Celery workers, dispatchers and the
-coordinator as supervised children. A child that dies is reported and
-restarted. Ctrl-C stops every child cleanly, then the embedded PostgreSQL and
-Redis if this command started them (``--keep-services`` keeps them; servers
-that were already running are left alone, ``make down`` stops those).
+coordinator as children of ``ductor_project.stack.Stack``. A child that dies is
+reported and restarted. Ctrl-C stops every child cleanly, then the embedded
+PostgreSQL and Redis if this command started them (``--keep-services`` keeps
+them; servers that were already running are left alone, ``make down`` stops
+those).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from ductor_project import embedded
-from ductor_project.stack import Stack
-from ductor_project.webserver import free_port, wait_for_http
+from ductor_project.stack import Child, Stack, free_port
+
+READY_TIMEOUT_S = 60.0
 
 
 class Command(BaseCommand):
@@ -41,35 +43,50 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         password = _admin_password()
         port = options["port"] if _port_free(options["port"]) else free_port()
-        stack = Stack(data_dir=settings.DUCTOR_DATA_DIR, port=port, workers=options["workers"],
-                      worker_concurrency=options["concurrency"], dispatchers=options["dispatchers"],
-                      dev=options["dev"], say=self.stdout.write)
+        stack = Stack(settings.DUCTOR_DATA_DIR / "logs", say=self.stdout.write)
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        stack.start()
         try:
-            wait_for_http(f"http://127.0.0.1:{port}/api/schema/", timeout_s=60)
-            base = f"http://127.0.0.1:{port}"
-            self.stdout.write(self.style.SUCCESS("Ductor is up."))
-            self.stdout.write(f"  API       {base}/api/v1/")
-            self.stdout.write(f"  API docs  {base}/api/docs/")
-            self.stdout.write(f"  Admin     {base}/admin/   (login: admin / {password})")
-            self.stdout.write(f"  Logs      {settings.DUCTOR_DATA_DIR / 'logs'}")
-            self.stdout.write("  Create a tenant: python manage.py create_tenant acme --json")
-            self.stdout.write("Press Ctrl-C to stop.")
+            web = _start_children(stack, port=port, options=options)
+            stack.wait_ready(web, timeout_s=READY_TIMEOUT_S)
+            self._print_urls(str(web.url), password)
             while not stop.wait(1.0):
                 stack.check()
         finally:
             self.stdout.write("Stopping every child...")
-            stack.stop()
-            if embedded.started_here and not options["keep_services"]:
-                embedded.stop(settings.DUCTOR_DATA_DIR)
-                self.stdout.write("Stopped, with the embedded PostgreSQL and Redis it started.")
-            elif embedded.started_here:
-                self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
-            else:
-                self.stdout.write("Stopped. PostgreSQL and Redis were running before and keep running.")
+            stack.stop_all()
+            self._stop_services(keep=options["keep_services"])
+
+    def _print_urls(self, base: str, password: str) -> None:
+        self.stdout.write(self.style.SUCCESS("Ductor is up."))
+        self.stdout.write(f"  API       {base}/api/v1/")
+        self.stdout.write(f"  API docs  {base}/api/docs/")
+        self.stdout.write(f"  Admin     {base}/admin/   (login: admin / {password})")
+        self.stdout.write(f"  Logs      {settings.DUCTOR_DATA_DIR / 'logs'}")
+        self.stdout.write("  Create a tenant: python manage.py create_tenant acme --json")
+        self.stdout.write("Press Ctrl-C to stop.")
+
+    def _stop_services(self, *, keep: bool) -> None:
+        """Stop the embedded PostgreSQL and Redis if this command started them and ``keep`` is False."""
+        if embedded.started_here and not keep:
+            embedded.stop(settings.DUCTOR_DATA_DIR)
+            self.stdout.write("Stopped, with the embedded PostgreSQL and Redis it started.")
+        elif embedded.started_here:
+            self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
+        else:
+            self.stdout.write("Stopped. PostgreSQL and Redis were running before and keep running.")
+
+
+def _start_children(stack: Stack, *, port: int, options: dict[str, Any]) -> Child:
+    """Start the web server, the workers, the dispatchers and the coordinator; returns the web server."""
+    web = stack.web(port=port, dev=options["dev"])
+    for i in range(options["workers"]):
+        stack.worker(f"worker-{i + 1}", concurrency=options["concurrency"])
+    for i in range(options["dispatchers"]):
+        stack.dispatcher(f"dispatcher-{i + 1}")
+    stack.coordinator()
+    return web
 
 
 def _port_free(port: int) -> bool:

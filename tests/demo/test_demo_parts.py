@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workflows.demo import metrics
-from workflows.demo.service import FLAKY_FAILURES, DemoService
+from ductor_project.demo import metrics
+from ductor_project.demo.service import FLAKY_FAILURES, DemoService
 
 
 def test_jain_index_is_one_when_equal_and_one_over_n_when_one_tenant_has_everything():

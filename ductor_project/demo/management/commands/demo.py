@@ -9,7 +9,7 @@ PNG chart to the data dir, checks that every feature worked, and stops
 everything. Exits non-zero if a check failed.
 
 The demo works in scratch databases that it drops at the end, whatever
-happens (``workflows.demo.scratch`` says why).
+happens (``ductor_project.demo.scratch`` says why).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from django.db import connections
 from rich.console import Console
 
 from ductor_project.core.context import SYSTEM_TENANT_SLUG
+from ductor_project.demo import runner, scratch
+from ductor_project.demo.scenario import DemoApiError
 from tenants.models import Tenant
-from workflows.demo import runner, scratch
-from workflows.demo.scenario import DemoApiError
 
 PLAIN_WIDTH = 140
 

@@ -13,7 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from workflows.demo.metrics import Live
+from ductor_project.demo.metrics import Live
 
 PLAIN_EVERY_S = 5.0
 NOTES_SHOWN = 6

@@ -26,7 +26,7 @@ The platform lifts floodco's step rate and concurrency (overrides, set through
 the platform API, as an operator would): fair sharing, not its plan's
 ceilings, is what must hold the flood back.
 
-Connections point at the demo's local HTTP service (``workflows.demo.service``);
+Connections point at the demo's local HTTP service (``ductor_project.demo.service``);
 pools group them; rules route ``http.*`` steps to the pools, send globex's
 report steps to a pool that admits one call at a time, and move acme's checkout
 steps to the interactive tier.
@@ -202,6 +202,14 @@ def _connection(name: str, base_url: str, secret: str) -> dict[str, Any]:
 def set_up(base_url: str, platform_key: str, service_url: str, service_token: str) -> Setup:
     """Create the tenants and everything they own, through the API. Raises ``DemoApiError``."""
     setup = Setup()
+    _create_tenants(base_url, platform_key, setup)
+    for slug, calls in _tenant_objects(service_url, service_token).items():
+        _post_all(base_url, setup, slug, calls)
+    return setup
+
+
+def _create_tenants(base_url: str, platform_key: str, setup: Setup) -> None:
+    """Each tenant with its first API key, and its overrides, as the platform admin."""
     platform = Api(base_url, platform_key)
     try:
         for tenant in TENANTS:
@@ -217,58 +225,64 @@ def set_up(base_url: str, platform_key: str, service_url: str, service_token: st
     finally:
         platform.close()
 
-    def tenant_calls(slug: str, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
-        api = Api(base_url, setup.keys[slug])
-        try:
-            for what, path, body in calls:
-                api.call("POST", path, body)
-                setup.calls.append((slug, what, f"POST {path}"))
-        finally:
-            api.close()
 
-    token = service_token
-    tenant_calls("acme", [
-        ("connection shop-eu", "/api/v1/connections", _connection("shop-eu", f"{service_url}/eu", token)),
-        ("connection shop-us", "/api/v1/connections", _connection("shop-us", f"{service_url}/us", token)),
-        ("pool shop (round robin, default)", "/api/v1/pools",
-         {"name": "shop", "strategy": "round_robin", "is_default": True,
-          "members": [{"connection": "shop-eu"}, {"connection": "shop-us"}]}),
-        ("rule: checkout steps → interactive tier", "/api/v1/rules",
-         {"name": "checkout is interactive", "priority": 5, "match": {"workflow": "checkout"},
-          "action": {"tier": "interactive"}}),
-        ("rule: http.* → pool shop", "/api/v1/rules",
-         {"name": "shop calls", "priority": 10, "match": {"action": "http.*"}, "action": {"pool": "shop"}}),
-        ("workflow quote (diamond)", "/api/v1/workflows", {"name": "quote", "spec": QUOTE}),
-        ("workflow checkout (sub-workflow)", "/api/v1/workflows", {"name": "checkout", "spec": CHECKOUT}),
-        ("workflow countdown (ContinueAsNew)", "/api/v1/workflows", {"name": "countdown", "spec": COUNTDOWN}),
-        ("workflow order (one step)", "/api/v1/workflows", {"name": "order", "spec": ONE_STEP}),
-    ])
-    tenant_calls("globex", [
-        ("connection payments-api", "/api/v1/connections",
-         _connection("payments-api", f"{service_url}/pay", token)),
-        ("connection reports-api", "/api/v1/connections",
-         _connection("reports-api", f"{service_url}/reports", token)),
-        ("pool payments (default)", "/api/v1/pools",
-         {"name": "payments", "is_default": True, "members": [{"connection": "payments-api"}]}),
-        ("pool reports (max_concurrency 1)", "/api/v1/pools",
-         {"name": "reports", "max_concurrency": 1, "members": [{"connection": "reports-api"}]}),
-        ("rule: report steps → pool reports", "/api/v1/rules",
-         {"name": "reports one at a time", "priority": 10, "match": {"workflow": "report", "action": "http.*"},
-          "action": {"pool": "reports"}}),
-        ("rule: http.* → pool payments", "/api/v1/rules",
-         {"name": "payments calls", "priority": 20, "match": {"action": "http.*"}, "action": {"pool": "payments"}}),
-        ("workflow charge (retries)", "/api/v1/workflows", {"name": "charge", "spec": CHARGE}),
-        ("workflow report (concurrency ceiling)", "/api/v1/workflows", {"name": "report", "spec": REPORT}),
-        ("workflow sync (one step)", "/api/v1/workflows", {"name": "sync", "spec": ONE_STEP}),
-    ])
-    tenant_calls("floodco", [
-        ("workflow poll (one step, skipped unless the input changed)", "/api/v1/workflows",
-         {"name": "poll", "spec": POLL}),
-    ])
-    tenant_calls("latecomer", [
-        ("workflow hello (one step)", "/api/v1/workflows", {"name": "hello", "spec": HELLO}),
-    ])
-    return setup
+def _post_all(base_url: str, setup: Setup, slug: str, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """POST each (what, path, body) of ``calls`` in order with the tenant's key, and record it in ``setup``."""
+    api = Api(base_url, setup.keys[slug])
+    try:
+        for what, path, body in calls:
+            api.call("POST", path, body)
+            setup.calls.append((slug, what, f"POST {path}"))
+    finally:
+        api.close()
+
+
+def _tenant_objects(service_url: str, token: str) -> dict[str, list[tuple[str, str, dict[str, Any]]]]:
+    """What each tenant creates, in order: (what, path, body) per call."""
+    return {
+        "acme": [
+            ("connection shop-eu", "/api/v1/connections", _connection("shop-eu", f"{service_url}/eu", token)),
+            ("connection shop-us", "/api/v1/connections", _connection("shop-us", f"{service_url}/us", token)),
+            ("pool shop (round robin, default)", "/api/v1/pools",
+             {"name": "shop", "strategy": "round_robin", "is_default": True,
+              "members": [{"connection": "shop-eu"}, {"connection": "shop-us"}]}),
+            ("rule: checkout steps → interactive tier", "/api/v1/rules",
+             {"name": "checkout is interactive", "priority": 5, "match": {"workflow": "checkout"},
+              "action": {"tier": "interactive"}}),
+            ("rule: http.* → pool shop", "/api/v1/rules",
+             {"name": "shop calls", "priority": 10, "match": {"action": "http.*"}, "action": {"pool": "shop"}}),
+            ("workflow quote (diamond)", "/api/v1/workflows", {"name": "quote", "spec": QUOTE}),
+            ("workflow checkout (sub-workflow)", "/api/v1/workflows", {"name": "checkout", "spec": CHECKOUT}),
+            ("workflow countdown (ContinueAsNew)", "/api/v1/workflows", {"name": "countdown", "spec": COUNTDOWN}),
+            ("workflow order (one step)", "/api/v1/workflows", {"name": "order", "spec": ONE_STEP}),
+        ],
+        "globex": [
+            ("connection payments-api", "/api/v1/connections",
+             _connection("payments-api", f"{service_url}/pay", token)),
+            ("connection reports-api", "/api/v1/connections",
+             _connection("reports-api", f"{service_url}/reports", token)),
+            ("pool payments (default)", "/api/v1/pools",
+             {"name": "payments", "is_default": True, "members": [{"connection": "payments-api"}]}),
+            ("pool reports (max_concurrency 1)", "/api/v1/pools",
+             {"name": "reports", "max_concurrency": 1, "members": [{"connection": "reports-api"}]}),
+            ("rule: report steps → pool reports", "/api/v1/rules",
+             {"name": "reports one at a time", "priority": 10, "match": {"workflow": "report", "action": "http.*"},
+              "action": {"pool": "reports"}}),
+            ("rule: http.* → pool payments", "/api/v1/rules",
+             {"name": "payments calls", "priority": 20, "match": {"action": "http.*"},
+              "action": {"pool": "payments"}}),
+            ("workflow charge (retries)", "/api/v1/workflows", {"name": "charge", "spec": CHARGE}),
+            ("workflow report (concurrency ceiling)", "/api/v1/workflows", {"name": "report", "spec": REPORT}),
+            ("workflow sync (one step)", "/api/v1/workflows", {"name": "sync", "spec": ONE_STEP}),
+        ],
+        "floodco": [
+            ("workflow poll (one step, skipped unless the input changed)", "/api/v1/workflows",
+             {"name": "poll", "spec": POLL}),
+        ],
+        "latecomer": [
+            ("workflow hello (one step)", "/api/v1/workflows", {"name": "hello", "spec": HELLO}),
+        ],
+    }
 
 
 # -- the workload --------------------------------------------------------------------------------

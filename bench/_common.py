@@ -1,0 +1,132 @@
+"""What the benchmarks share: Django in this process on a data dir of its own, the timing loop, the
+environment of their children (which ``ductor_project.stack.Stack`` supervises), the fair broker's
+processes, percentiles, and the plain-Celery no-op baseline.
+
+Not a benchmark itself (``run_all.py`` skips files starting with ``_``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ductor_project.stack import Child, Stack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure(step: Callable[[int], object], seconds: float) -> tuple[int, float]:
+    """Run ``step`` back to back for ``seconds``; returns (operations, elapsed seconds)."""
+    count = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        step(count)
+        count += 1
+    return count, time.perf_counter() - start
+
+
+def setup_django(name: str) -> None:
+    """Refuse to run without a data dir of its own (the benchmark flushes Redis); migrate; set up Django."""
+    if "DUCTOR_DATA_DIR" not in os.environ:
+        log(f"{name} flushes its Redis: set DUCTOR_DATA_DIR (e.g. .ductor/bench)")
+        raise SystemExit(2)
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
+    import django
+
+    from ductor_project import embedded
+
+    embedded.boot()
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child on this process's services (no second embedded start)."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=settings.DATABASE_URL,
+        REDIS_URL=settings.REDIS_URL,
+        DUCTOR_DATA_DIR=str(settings.DUCTOR_DATA_DIR),
+        DJANGO_SETTINGS_MODULE=os.environ["DJANGO_SETTINGS_MODULE"],
+        SECRET_KEY=settings.SECRET_KEY,
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
+    env.update(extra)
+    return env
+
+
+def bench_stack(name: str, **env: str) -> Stack:
+    """A ``Stack`` for the benchmark ``name``: fresh logs under ``<data dir>/bench-logs/<name>``, children on
+    this process's services (``child_env(**env)``); failures and kills reported on stderr."""
+    from django.conf import settings
+
+    return Stack(Path(settings.DUCTOR_DATA_DIR) / "bench-logs" / name, env=child_env(**env), say=log,
+                 fresh_logs=True)
+
+
+def bench_worker(stack: Stack, name: str, app: str = "ductor_project", *, concurrency: int,
+                 tasks: bool = True) -> Child:
+    """A prefork Celery worker without heartbeats, named ``<name>@bench``; with ``tasks``, it also has the
+    benchmarks' own tasks (``bench._worker_tasks``). Not waited for: ``stack.wait_ready``."""
+    extra = ["--pool", "prefork", "--without-heartbeat"] + (["--include", "bench._worker_tasks"] if tasks else [])
+    return stack.worker(name, app=app, concurrency=concurrency, hostname=f"{name}@bench", extra=extra)
+
+
+def fair_broker(stack: Stack, prefix: str, *, workers: int, concurrency: int, dispatchers: int) -> list[Child]:
+    """Start ``workers`` Celery workers (with ``bench._worker_tasks``) and ``dispatchers`` dispatchers;
+    once every worker slot is registered and every dispatcher runs, return them all, dispatchers first
+    (the order to stop them in)."""
+    from ductor_project.celery import WORK_QUEUE
+    from scheduling.dispatch import credits as broker
+
+    started = [bench_worker(stack, f"{prefix}worker-{i}", concurrency=concurrency) for i in range(workers)]
+    stack.wait_ready(*started)
+    while broker.worker_slots(WORK_QUEUE) < workers * concurrency:
+        time.sleep(0.1)
+    running = [stack.dispatcher(f"{prefix}dispatcher-{i}") for i in range(dispatchers)]
+    stack.wait_ready(*running)
+    return running + started
+
+
+def percentile(values: list[int], q: float) -> int:
+    """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def redis_client() -> Any:
+    from ductor_project.core.redis import get_redis
+
+    return get_redis()
+
+
+def plain_celery_noops(count: int, wait: Callable[[Callable[[], bool]], object]) -> float:
+    """Seconds that ``count`` plain Celery no-op tasks (``bench.noop``, results ignored) take on
+    the running workers: from the first publish until the work queue is empty and no message is
+    unacked, which ``wait`` polls for. The same-run baseline of the throughput benchmarks."""
+    from bench._worker_tasks import noop
+    from ductor_project.celery import WORK_QUEUE, app
+
+    redis = redis_client()
+    started = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for _ in range(count):
+            noop.apply_async(queue=WORK_QUEUE, producer=producer)
+    wait(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0)
+    return time.perf_counter() - started

@@ -1,0 +1,360 @@
+"""The demo, start to end: stack up, set up through the API, run the workload live, check, summarize, stop.
+
+Runs inside the scratch databases (``ductor_project.demo.scratch``); the
+management command arranges that. Returns how many checks failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.core.management import call_command
+from django.utils import timezone
+from rich.console import Console
+from rich.table import Table
+
+from ductor_project.demo import chart, metrics, scenario, scratch
+from ductor_project.demo.checks import print_checks, run_checks
+from ductor_project.demo.scenario import TENANTS, Api, DemoApiError, Workload
+from ductor_project.demo.service import DemoService
+from ductor_project.demo.view import DemoView, Row, fmt_ms
+from ductor_project.stack import Child, ChildError, Stack, free_port
+from tenants import services as tenant_services
+from tenants.models import PlatformKey, Tenant
+
+WORKERS, WORKER_CONCURRENCY, DISPATCHERS, WEB_WORKERS = 1, 4, 1, 2
+WORKLOAD_CAP_S = 100.0  # the workload window ends here even if the normal tenants' runs are not all done
+# Once the others are done, the window stays open this long: the flood gets the whole machine.
+FLOOD_ALONE_S = 4.0
+READY_TIMEOUT_S = 90.0
+QUEUE_EVERY_S = 3.0
+STOP_GRACE_S = 3.0  # the scratch database is dropped afterwards: a child cut short loses nothing
+BUCKET_S = 2.0
+MIN_CONTESTED = 20  # starts a tenant must have competed for to count in Jain's index
+
+
+def run(console: Console, box: scratch.Scratch) -> int:
+    """The whole demo. Returns the number of failed checks; everything it started is stopped on return."""
+    logging.getLogger().setLevel(logging.WARNING)  # the live view owns the terminal; children log to files
+    phases = _Phases()
+    _intro(console, box)
+    service = DemoService(token=secrets.token_urlsafe(16))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    view = DemoView(console, f"web {base} · {WORKERS} worker x {WORKER_CONCURRENCY} · {DISPATCHERS} dispatcher "
+                             f"· coordinator · local service {service.url}")
+    started = _Started(Stack(settings.DUCTOR_DATA_DIR / "logs", env=_child_env(box), say=view.note), service)
+    try:
+        setup = _bring_up(console, started, port, phases)
+        tenants = {t.slug: Tenant.objects.get(slug=t.slug) for t in TENANTS}
+        weights = _weights(base, setup.keys)
+        log = _dispatch_log(started.stack, tenants)
+        t0 = timezone.now()
+        started.workload = workload = Workload(base, setup.keys, say=view.note)
+        _watch(view, started.stack, workload, tenants, log, weights, base, setup.keys)
+        until = (timezone.now() - t0).total_seconds()
+        phases.done("workload")
+        checks = run_checks(base, setup.keys, workload, service, tenants)
+        with console.status("stopping the stack..."):
+            workload.join()
+            started.stack.say = lambda _: None  # a child cut short after the grace period loses nothing here
+            started.stack.stop_all(grace_s=STOP_GRACE_S)
+        phases.done("checks and stop")
+        log.read()
+        _summary(console, tenants, log.dispatches, weights, t0, until, workload, settings.DUCTOR_DATA_DIR)
+        print_checks(console, checks)
+        phases.done("summary")
+        console.print(f"Demo took {phases}.", highlight=False)
+        return sum(not c.ok for c in checks)
+    finally:
+        started.close()
+
+
+@dataclass
+class _Started:
+    """What the demo started or created, so that ``close`` undoes all of it whatever happened."""
+
+    stack: Stack
+    service: DemoService
+    key_row: PlatformKey | None = None
+    workload: Workload | None = None
+
+    def close(self) -> None:
+        """Stop the workload's threads, every child and the local service; revoke the platform key."""
+        if self.workload is not None:
+            self.workload.join(1.0)
+        self.stack.stop_all(grace_s=STOP_GRACE_S)
+        self.service.stop()
+        if self.key_row is not None:
+            self.key_row.revoked_at = timezone.now()
+            self.key_row.save(update_fields=["revoked_at"])
+
+
+def _intro(console: Console, box: scratch.Scratch) -> None:
+    """Say what the demo does; migrate the scratch database unless it was copied from a migrated one."""
+    console.rule("[bold]Ductor demo")
+    console.print("Four tenants share one worker pool while one of them floods it. Everything goes through "
+                  "the public HTTP API of a real gunicorn server, Celery workers, a fair-queue dispatcher "
+                  "and the coordinator.", highlight=False)
+    if not box.migrated:
+        with console.status("migrating the scratch database..."):
+            call_command("migrate", interactive=False, verbosity=0)
+
+
+def _child_env(box: scratch.Scratch) -> dict[str, str]:
+    """The children's environment: the scratch databases, private addresses allowed for http.request (the
+    demo's own local service is on 127.0.0.1), and INFO in JSON (the summary reads the "dispatched" lines,
+    ``ductor_project.demo.metrics``)."""
+    return dict(os.environ, DATABASE_URL=box.database_url, REDIS_URL=box.redis_url, DUCTOR_HTTP_ALLOW_PRIVATE="1",
+                DUCTOR_LOG_LEVEL="INFO", DUCTOR_LOG_FORMAT="json")
+
+
+def _bring_up(console: Console, started: _Started, port: int, phases: _Phases) -> scenario.Setup:
+    """Start the local service and the stack, then set the tenants up through the API (a platform key of its
+    own, revoked by ``_Started.close``)."""
+    started.service.start()
+    with console.status("starting gunicorn, a Celery worker, a dispatcher and the coordinator..."):
+        web = _start_stack(started.stack, port)
+        _wait_ready(started.stack, web)
+    phases.done("stack up")
+    started.key_row, platform_key = tenant_services.platform_key_create(name=f"demo-{secrets.token_hex(4)}")
+    with console.status("creating tenants, connections, pools, rules and workflows through the API..."):
+        setup = scenario.set_up(str(web.url), platform_key, started.service.url, started.service.token)
+    _print_setup(console, setup)
+    phases.done("setup")
+    return setup
+
+
+def _start_stack(stack: Stack, port: int) -> Child:
+    """gunicorn, the workers, the dispatchers and the coordinator; returns the web server. It is ready once
+    ``/api/v1/tenant`` answers (401 without a key is an answer)."""
+    web = stack.web(port=port, workers=WEB_WORKERS, ready_path="/api/v1/tenant")
+    for i in range(WORKERS):
+        stack.worker(f"worker-{i + 1}", concurrency=WORKER_CONCURRENCY)
+    for i in range(DISPATCHERS):
+        stack.dispatcher(f"dispatcher-{i + 1}")
+    stack.coordinator()
+    return web
+
+
+def _dispatch_log(stack: Stack, tenants: dict[str, Tenant]) -> metrics.DispatchLog:
+    """Follows what the dispatchers publish and what the workers take themselves (handoff), from now on."""
+    logs = [child.log_path for child in stack.children if child.name.startswith(("dispatcher-", "worker-"))]
+    return metrics.DispatchLog(logs, {str(tenant.pk): slug for slug, tenant in tenants.items()})
+
+
+class _Phases:
+    def __init__(self) -> None:
+        self._start = self._last = time.monotonic()
+        self._parts: list[str] = []
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self._parts.append(f"{name} {now - self._last:.0f} s")
+        self._last = now
+
+    def __str__(self) -> str:
+        return f"{time.monotonic() - self._start:.0f} s ({', '.join(self._parts)})"
+
+
+def _wait_ready(stack: Stack, web: Child) -> None:
+    """Until the web server answers; restarts children that died meanwhile. Raises ``DemoApiError``."""
+    try:
+        stack.wait_ready(web, timeout_s=READY_TIMEOUT_S, restart=True)
+    except ChildError as exc:
+        raise DemoApiError(f"the web server did not answer within {READY_TIMEOUT_S:.0f} s (see its log)") from exc
+
+
+def _weights(base: str, keys: dict[str, str]) -> dict[str, int]:
+    """Each tenant's fair-share weight, as its entitlements say (GET /api/v1/entitlements)."""
+    weights = {}
+    for slug, key in keys.items():
+        api = Api(base, key)
+        try:
+            weights[slug] = int(api.call("GET", "/api/v1/entitlements")["limits"]["weight"])
+        finally:
+            api.close()
+    return weights
+
+
+def _print_setup(console: Console, setup: scenario.Setup) -> None:
+    table = Table(title="Set up through the API", title_justify="left", box=None, header_style="bold")
+    for column in ("tenant", "created", "request"):
+        table.add_column(column)
+    for slug, what, request in setup.calls:
+        table.add_row(slug, what, request)
+    console.print(table)
+
+
+def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, Tenant],
+           log: metrics.DispatchLog, weights: dict[str, int], base: str, keys: dict[str, str]) -> None:
+    """Run the workload with the live view until ``FLOOD_ALONE_S`` after the normal tenants' and the
+    latecomer's runs are all done (or the time cap)."""
+    apis = {slug: Api(base, key) for slug, key in keys.items()}
+    labels = {t.slug: f"{t.plan} · w{weights[t.slug]}" for t in TENANTS}
+    queues: dict[str, Any] = {}
+    next_queue = 0.0
+    start = time.monotonic()
+    workload.start()
+    flood_total = scenario.FLOOD_RUNS
+    others_done_at: float | None = None
+    try:
+        with view:
+            while True:
+                now = time.monotonic()
+                stack.check()
+                log.read()
+                lately = metrics.recent(log.dispatches, timezone.now())
+                snaps = {slug: metrics.live(tenant, lately) for slug, tenant in tenants.items()}
+                if now >= next_queue:
+                    next_queue = now + QUEUE_EVERY_S
+                    for slug, api in apis.items():
+                        with contextlib.suppress(DemoApiError, httpx.HTTPError):
+                            queues[slug] = api.call("GET", "/api/v1/queue")
+                others = [s for t, s in ((t, snaps[t.slug]) for t in TENANTS) if t.role != scenario.FLOOD]
+                flood = snaps["floodco"]
+                done = (workload.done_submitting() and flood.started >= flood_total
+                        and all(s.finished == s.started for s in others))
+                view.update([Row(t.slug, labels[t.slug], snaps[t.slug], queues.get(t.slug)) for t in TENANTS],
+                            _status(workload, flood, flood_total))
+                if workload.errors:
+                    for error in workload.errors:
+                        view.note(f"[error] {error}")
+                    break
+                if done and others_done_at is None:
+                    others_done_at = now
+                    workload.event("others done", f"the normal tenants' and the latecomer's runs are all done; "
+                                                  f"floodco has finished {flood.finished:,} of its "
+                                                  f"{flood.started:,} and now has the workers to itself")
+                if others_done_at is not None and now - others_done_at >= FLOOD_ALONE_S:
+                    view.note(f"floodco has finished {flood.finished:,} of its {flood.started:,} runs")
+                    break
+                if now - start >= WORKLOAD_CAP_S:
+                    view.note(f"time cap ({WORKLOAD_CAP_S:.0f} s) reached")
+                    break
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
+    finally:
+        for api in apis.values():
+            api.close()
+
+
+def _status(workload: Workload, flood: metrics.Live, flood_total: int) -> str:
+    if flood.started:
+        parts = [f"floodco: {flood.finished:,} of {flood_total:,} runs done"]
+    else:
+        parts = [f"floodco floods {scenario.FLOOD_AFTER_S:g} s in"]
+    if workload.elapsed() < scenario.FEED_FOR_S:
+        parts.append(f"acme, globex: queues topped up until {scenario.FEED_FOR_S:g} s")
+    else:
+        parts.append("acme, globex: no new work, draining")
+    if not workload.trickle_started:
+        parts.append(f"latecomer arrives {scenario.TRICKLE_AFTER_S:g} s in")
+    else:
+        parts.append(f"latecomer: {workload.submitted.get('latecomer', 0)}/{scenario.TRICKLE_RUNS} runs started")
+    return " · ".join(parts)
+
+
+# -- the summary (from PostgreSQL) -------------------------------------------------------------
+
+def _summary(console: Console, tenants: dict[str, Tenant], dispatches: list[metrics.Dispatch],
+             weights: dict[str, int], t0: datetime, until: float, workload: Workload, data_dir: Path) -> None:
+    """The fairness table and what it means, over the workload window (``until`` seconds from ``t0``), then
+    the PNG chart in ``data_dir``."""
+    data = metrics.collect(tenants, [d for d in dispatches if (d.at - t0).total_seconds() <= until], t0)
+    shares = metrics.shares(data, weights, until)
+    _print_shares(console, data, shares, weights, until)
+    trickle = [t.slug for t in TENANTS if t.role == scenario.TRICKLE]
+    counted = {slug: s.ratio for slug, s in shares.items()
+               if s.ratio is not None and s.contested >= MIN_CONTESTED and slug not in trickle}
+    index = metrics.jain(v for v in counted.values() if v is not None)
+    jain = "-" if index is None else f"{index:.3f}"
+    _print_notes(console, data["floodco"], until, counted=list(counted), trickle=trickle, jain=jain)
+    headline = "While backlogged together, share of the dispatches (fair share): " + ", ".join(
+        f"{slug} {_pct(shares[slug].share)} ({_pct(shares[slug].fair)})" for slug in counted
+    ) + f"; Jain's index {jain}"
+    path = _write_chart(data_dir / "demo-throughput.png", data, weights, until, workload, headline)
+    console.print(f"Chart: [bold]{path}[/bold]", highlight=False)
+
+
+def _print_shares(console: Console, data: dict[str, metrics.TenantData], shares: dict[str, metrics.Share],
+                  weights: dict[str, int], until: float) -> None:
+    """One row per tenant: runs done, its share of the contested dispatches against its fair share, waits."""
+    table = Table(title=f"Fairness over the {until:.0f} s workload window", title_justify="left",
+                  header_style="bold")
+    for column, justify in (("tenant", "left"), ("plan (weight)", "left"), ("runs done", "right"),
+                            ("dispatches while backlogged", "right"), ("share", "right"), ("fair share", "right"),
+                            ("share ÷ fair", "right"), ("wait p50", "right"), ("wait p99", "right"),
+                            ("run latency p50", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for t in TENANTS:
+        row, share = data[t.slug], shares[t.slug]
+        done = [finished - created for created, finished in row.runs if finished is not None and finished <= until]
+        ratio = "-" if share.ratio is None else f"{share.ratio:.2f}"
+        if t.role == scenario.TRICKLE:  # never backlogged for long: served as it arrives (see below)
+            ratio = "[dim]trickle[/dim]"
+        table.add_row(
+            t.slug, f"{t.plan} ({weights[t.slug]})", f"{len(done):,}/{len(row.runs):,}",
+            f"{share.got:,} of {share.contested:,}", _pct(share.share), _pct(share.fair),
+            ratio, fmt_ms(metrics.percentile(row.waits_ms, 50)),
+            fmt_ms(metrics.percentile(row.waits_ms, 99)), _seconds(metrics.percentile(done, 50)),
+        )
+    console.print(table)
+
+
+def _print_notes(console: Console, flood: metrics.TenantData, until: float, *, counted: list[str],
+                 trickle: list[str], jain: str) -> None:
+    """How to read the table: what Jain's index covers, why the trickle is judged by its wait, the flood."""
+    console.print(
+        f"Jain's index of share ÷ fair over {', '.join(counted) or 'no tenant'}: [bold]{jain}[/bold] (1.0: each "
+        "got the same fraction of its weighted share). Dispatches are the fair queue's hand-outs (run ticks and "
+        "steps); a tenant's share counts those made while it and another tenant both had work waiting; waits "
+        f"run from due to dispatch. The trickle ({', '.join(trickle)}) has work waiting only for moments, and a "
+        "tenant that has just become active is served at once (within about one round of the others), so it "
+        "gets more than its fair share of the few dispatches made while it waits: its figure is its wait.",
+        highlight=False)
+    finished = sum(1 for _, end in flood.runs if end is not None and end <= until)
+    console.print(f"floodco queued {len(flood.runs):,} runs in as many partitions; a run of its is one dispatch, "
+                  f"so it finished {finished:,} of them at the rate of its share while the others were "
+                  f"backlogged, and faster once they drained. The {len(flood.runs) - finished:,} left are dropped "
+                  "with the demo's scratch database.", highlight=False)
+
+
+def _write_chart(path: Path, data: dict[str, metrics.TenantData], weights: dict[str, int], until: float,
+                 workload: Workload, headline: str) -> Path:
+    """The PNG at ``path`` (``chart.write_chart``) in ``BUCKET_S`` buckets, the workload's events marked."""
+    mids, rates, waits = metrics.per_bucket(data, until, BUCKET_S)
+    got, fair = metrics.shares_per_bucket(data, weights, until, BUCKET_S)
+    flood_runs = len(data["floodco"].runs)
+    names = {"floodco floods": f"floodco floods ({flood_runs:,} runs)", "latecomer arrives": "latecomer arrives",
+             "latecomer done": "latecomer's last run", "acme, globex stop": "acme, globex add no more work (shaded)",
+             "others done": "others done"}
+    markers = [(at, names[label]) for at, label in workload.events if label in names]
+    drain_from = next((at for at, label in workload.events if label == "acme, globex stop"), None)
+    labels = {t.slug: f"{t.slug} ({t.plan}, weight {weights[t.slug]})" for t in TENANTS}
+    return chart.write_chart(
+        path, labels=labels, times=mids, dispatches_per_s=rates, share=got, fair=fair,
+        waits_ms=waits, markers=markers, drain_from=drain_from, end=until, headline=headline,
+        subtitle=(f"{WORKERS} Celery worker x {WORKER_CONCURRENCY} processes, {DISPATCHERS} dispatcher; a "
+                  "floodco run is one dispatch (its tick), a one-step run of the others one or two (its step, "
+                  f"after a queued first tick for bulk starts); {BUCKET_S:g}-second buckets"),
+    )
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 100:.1f}%" if value < 0.095 else f"{value * 100:.0f}%"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
