@@ -24,6 +24,12 @@ Check = Callable[[dict[str, Any]], bool] | None
 # benchmark -> [(figure, same-run baseline figure or None, goal text, check)]. Each figure is measured
 # by one benchmark only: the fair queue's core by dispatch_core, the end-to-end figures by dispatch.
 GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
+    "admission": [
+        ("deliveries_per_item", "baseline_deliveries_per_item", "== 1.0",
+         lambda r: r["deliveries_per_item"] == 1.0),
+        ("suspended_deliveries", None, "== 0", lambda r: r["suspended_deliveries"] == 0),
+        ("reactivated_first_step_ms", None, "", None),
+    ],
     "capacity": [
         ("acquire_release_per_s", "baseline_incr_decr_per_s", "ratio >= 0.5", lambda r: r["ratio"] >= 0.5),
         ("gcra_checks_per_s", "baseline_incr_decr_per_s", "", None),

@@ -6,12 +6,22 @@ class SchedulingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from scheduling import routing_table  # noqa: F401 - routing cache invalidation signals
+        from django.db.models.signals import post_delete, post_save
+
+        from scheduling import admission, routing_table
         from scheduling.coordinator import wakeups
         from scheduling.dispatch import worker
         from scheduling.dispatch.handlers import register_handler
-        from scheduling.models import Connection, Pool, Rule
+        from scheduling.models import Connection, Pool, PoolMember, Rule
+        from tenants.entitlements import limits_changed
         from tenants.usage import register_ceiling_counter
+
+        for model in (Connection, Pool, PoolMember, Rule):
+            for signal in (post_save, post_delete):
+                # The routing cache's version first, then the fair queue's copy of the limits.
+                signal.connect(routing_table.routing_changed, sender=model, dispatch_uid=f"routing-{model.__name__}")
+                signal.connect(admission.routing_changed, sender=model, dispatch_uid=f"admission-{model.__name__}")
+        limits_changed.connect(admission.limits_changed, dispatch_uid="admission-limits")
 
         register_ceiling_counter("pools", lambda: Pool.objects.count())
         register_ceiling_counter("connections", lambda: Connection.objects.count())

@@ -88,7 +88,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
@@ -101,6 +101,7 @@ from ductor_project.core.context import TenantScopeError, current_tenant, no_ten
 from ductor_project.core.keys import global_redis_key, redis_key, shard_of, tenant_redis_prefix
 from ductor_project.core.redis import get_redis
 from scheduling import LUA_DIR
+from scheduling.circuit import breaker_key
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant, Tier
 
@@ -108,6 +109,8 @@ SYSTEM_TIER = "system"
 # Highest priority first.
 TIERS: tuple[str, ...] = (SYSTEM_TIER, *Tier.values)
 MAX_PAYLOAD_BYTES = 64 * 1024
+# The names of the admission scopes a tenant's items may need: a pool, a connection.
+SCOPE_FIELDS = ("pool:", "connection:")
 MAX_NAME_LENGTH = 256
 # Work bounds of one dequeue: due timers promoted, and tenants looked at. When a call
 # reaches one, it says so and the Python side calls again (each call made progress).
@@ -121,6 +124,8 @@ MAX_WAIT_S = 2.0
 # Shortest blocking wait: Redis counts a blocking timeout in whole ms.
 MIN_WAIT_S = 0.002
 _LIBRARIES = (capacity.LUA_LIBRARY, LUA_DIR / "fq_lib.lua")
+# The scripts that admit items (dequeue) or explain it (peek) also load the admission library.
+_ADMISSION = (*_LIBRARIES, LUA_DIR / "admit_lib.lua")
 
 
 class TierNotAllowed(ValueError):
@@ -144,7 +149,11 @@ _ENQUEUE_CODES = {
 
 @dataclass(frozen=True)
 class NewItem:
-    """An item to enqueue. ``payload`` is any JSON-serializable value (keep it small: references)."""
+    """An item to enqueue. ``payload`` is any JSON-serializable value (keep it small: references).
+
+    ``scope`` is the id of the tenant's pool whose slots and rate (and one of whose
+    connections) the item needs at dequeue, besides its tenant's; None for none.
+    """
 
     item_id: str
     tier: str
@@ -152,6 +161,7 @@ class NewItem:
     payload: Any = None
     delay_ms: int = 0
     cost: int = 1
+    scope: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,7 @@ class TenantConf:
     rate_per_s: float | None
     burst: int
     tiers: tuple[str, ...]
+    suspended: bool = False
 
     def __post_init__(self) -> None:
         _at_least("weight", self.weight, 1)
@@ -186,16 +197,19 @@ class TenantConf:
             rate_per_s=ent.step_rate_per_s,
             burst=ent.step_burst,
             tiers=tuple(ent.allowed_tiers),
+            suspended=not tenant.is_active,
         )
 
 
 @dataclass(frozen=True)
 class TenantBatch:
-    """One tenant's items for ``bulk_enqueue``; ``conf`` defaults to ``TenantConf.for_tenant``."""
+    """One tenant's items for ``bulk_enqueue``; ``conf`` defaults to ``TenantConf.for_tenant``;
+    ``scopes`` are the admission scope confs its items use (see ``enqueue_many``)."""
 
     tenant: Tenant
     items: Sequence[NewItem]
     conf: TenantConf | None = None
+    scopes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -207,6 +221,8 @@ class Dequeued:
     unique per tenant: pass it to ack/nack/extend_lease so that a worker whose
     lease ended cannot touch a later delivery of the same item. ``lease_until_ms``
     is when its lease ends (Unix ms, Redis's clock) unless extended.
+    ``connection_id`` is the connection of its pool that its admission chose ("" for
+    none), ``admitted`` why that one.
     """
 
     tenant_id: str
@@ -218,6 +234,8 @@ class Dequeued:
     attempt: int
     delivery: int
     lease_until_ms: int
+    connection_id: str = ""
+    admitted: str = ""
 
 
 class Finished(NamedTuple):
@@ -295,34 +313,51 @@ def _at_least(name: str, value: int, low: int) -> int:
 
 
 @cache
-def _suffixes() -> tuple[str, str, str, str]:
-    """The tenant-relative key suffixes the scripts append to ``<prefix><tenant id>``.
+def _suffixes() -> dict[str, str]:
+    """The tenant-relative key suffixes and prefixes the scripts append to ``<prefix><tenant id>``.
 
-    Derived from the real key builders with a probe tenant (no row: only its id is
-    read), so the formats stay in ``ductor_project.core.keys`` and ``ductor_project.core.capacity``.
+    Derived from the real key builders with a probe tenant (no row: only its id is read),
+    so the formats stay in ``ductor_project.core.keys``, ``ductor_project.core.capacity`` and
+    ``scheduling.circuit``: the scripts build ``<tenant head><cap>pool:<id>``,
+    ``<tenant head><rates>connection:<id>``, ``<tenant head><breaker><id>`` and
+    ``<tenant head><rr><pool id>`` exactly as these do.
     """
     probe = Tenant(id=uuid.UUID(int=0))
     tenant_id = str(probe.pk)
     head = tenant_redis_prefix(shard_of(tenant_id)) + tenant_id
     mark = "\x00"
     with no_tenant():
-        keys = [
-            redis_key("fq", "", tenant=probe),
-            capacity.tenant_scope(0).key(probe),
-            capacity.holder_key(mark, tenant=probe),
-            capacity.rate_key(capacity.STEP_RATE_LIMITER, tenant=probe),
-        ]
-    if not all(key.startswith(head) for key in keys) or not keys[2].endswith(mark):
+        keys = {
+            "namespace": redis_key("fq", "", tenant=probe),
+            "scope": capacity.tenant_scope(0).key(probe),
+            "holder": capacity.holder_key(mark, tenant=probe),
+            "rate": capacity.rate_key(capacity.STEP_RATE_LIMITER, tenant=probe),
+            "cap": capacity.pool_scope(mark, 0).key(probe).removesuffix(f"pool:{mark}"),
+            "rates": capacity.rate_key(f"pool:{mark}", tenant=probe).removesuffix(f"pool:{mark}"),
+            "breaker": breaker_key(mark, tenant=probe),
+            "rr": redis_key("rr", mark, tenant=probe),
+        }
+        connection = capacity.connection_scope(mark, 0).key(probe)
+    suffixes = {name: key[len(head) :] for name, key in keys.items()}
+    for name in ("holder", "breaker", "rr"):
+        suffixes[name] = suffixes[name].removesuffix(mark)
+    consistent = (
+        all(key.startswith(head) for key in keys.values())
+        and connection == head + suffixes["cap"] + f"connection:{mark}"
+        and all(keys[name].endswith(mark) for name in ("holder", "breaker", "rr"))
+    )
+    if not consistent:
         raise RuntimeError("tenant keys do not have the layout the fair-queue scripts expect")
-    namespace, scope, holder, rate = (key[len(head) :] for key in keys)
-    return namespace, scope, holder[: -len(mark)], rate
+    return suffixes
 
 
 @cache
 def _header(shard: int) -> tuple[str, ...]:
-    """The seven ARGV every fair-queue script starts with (fq_init in fq_lib.lua)."""
+    """The ARGV every fair-queue script starts with (``fq_init`` and ``FQ_HEADER`` in fq_lib.lua)."""
+    s = _suffixes()
     return (
-        tenant_redis_prefix(shard), *_suffixes(), global_redis_key("fq", "", shard=shard), ",".join(TIERS)
+        tenant_redis_prefix(shard), s["namespace"], s["scope"], s["holder"], s["rate"],
+        global_redis_key("fq", "", shard=shard), ",".join(TIERS), s["cap"], s["rates"], s["breaker"], s["rr"],
     )
 
 
@@ -332,7 +367,8 @@ def global_key(name: str, *, shard: int = 0) -> str:
 
 
 def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None) -> Any:
-    return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=_LIBRARIES, batch=batch)
+    libraries = _ADMISSION if name in ("fq_dequeue", "fq_admit_peek") else _LIBRARIES
+    return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=libraries, batch=batch)
 
 
 def _tenant_call(name: str, tenant: Tenant, *args: Any, batch: scripts.Batch | None = None) -> Any:
@@ -372,6 +408,7 @@ def _item_args(item: NewItem, conf: TenantConf) -> list[Any]:
         _at_least("delay_ms", item.delay_ms, 0),
         item.cost,
         payload,
+        "" if item.scope is None else _name("scope", item.scope),
     ]
 
 
@@ -381,14 +418,24 @@ def _conf_args(conf: TenantConf) -> list[Any]:
         -1 if conf.max_concurrency is None else conf.max_concurrency,
         0 if conf.rate_per_s is None else repr(float(conf.rate_per_s)),
         conf.burst,
+        1 if conf.suspended else 0,
     ]
 
 
-def _segments(tenant: Tenant, items: Sequence[NewItem], conf: TenantConf) -> list[tuple[int, list[Any]]]:
+def _scope_args(scopes: Mapping[str, str]) -> list[Any]:
+    for name in scopes:
+        if not name.startswith(SCOPE_FIELDS):
+            raise ValueError(f"an admission scope is named 'pool:<id>' or 'connection:<id>', not {name!r}")
+    return [len(scopes), *(part for name, conf in scopes.items() for part in (name, conf))]
+
+
+def _segments(
+    tenant: Tenant, items: Sequence[NewItem], conf: TenantConf, scopes: Mapping[str, str]
+) -> list[tuple[int, list[Any]]]:
     """The tenant's items as script ARGV segments of at most ``ITEMS_PER_CALL`` items each:
     (item count, args). Every item is validated before any is written."""
     flat = [_item_args(item, conf) for item in items]
-    head = [str(tenant.pk), *_conf_args(conf)]
+    head = [str(tenant.pk), *_conf_args(conf), *_scope_args(scopes)]
     return [
         (len(chunk), [*head, len(chunk), *(arg for args in chunk for arg in args)])
         for chunk in (flat[i : i + ITEMS_PER_CALL] for i in range(0, len(flat), ITEMS_PER_CALL))
@@ -403,9 +450,12 @@ def enqueue(
     payload: Any = None,
     delay_ms: int = 0,
     cost: int = 1,
+    scope: str | None = None,
+    scopes: Mapping[str, str] | None = None,
     tenant: Tenant | None = None,
 ) -> EnqueueResult:
-    """Enqueue one item of the tenant, due ``delay_ms`` after now (Redis TIME).
+    """Enqueue one item of the tenant, due ``delay_ms`` after now (Redis TIME); ``scope`` and
+    ``scopes`` as ``NewItem.scope`` and ``enqueue_many`` say.
 
     One Redis round trip for the queue (the tenant's entitlements come from their
     cache), atomic, O(log n). Idempotent and coalescing: an id already waiting
@@ -415,21 +465,26 @@ def enqueue(
     for a tier outside the tenant's plan, ``ValueError`` for a bad argument and
     ``TenantScopeError`` without a tenant.
     """
-    item = NewItem(item_id, tier, partition, payload, delay_ms, cost)
-    return enqueue_many([item], tenant=tenant)[0]
+    item = NewItem(item_id, tier, partition, payload, delay_ms, cost, scope)
+    return enqueue_many([item], scopes=scopes, tenant=tenant)[0]
 
 
-def enqueue_many(items: Sequence[NewItem], *, tenant: Tenant | None = None) -> list[EnqueueResult]:
+def enqueue_many(
+    items: Sequence[NewItem], *, scopes: Mapping[str, str] | None = None, tenant: Tenant | None = None
+) -> list[EnqueueResult]:
     """Enqueue several items of one tenant, like ``enqueue`` for each, in order.
 
-    One round trip per ``ITEMS_PER_CALL`` items, each atomic; every item is
-    validated before any is written. Raises like ``enqueue``.
+    ``scopes`` are the confs (``"pool:<id>"`` / ``"connection:<id>"`` -> JSON, from
+    ``scheduling.admission``) of the pools the items need and of their connections:
+    written with the items, so dequeue admits them by the routing table of now. One
+    round trip per ``ITEMS_PER_CALL`` items, each atomic; every item is validated
+    before any is written. Raises like ``enqueue``.
     """
     tenant = _tenant(tenant)
     tenant_id = str(tenant.pk)
     keys = [redis_key("fq", "items", tenant=tenant)]
     results: list[EnqueueResult] = []
-    for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant)):
+    for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant), scopes or {}):
         codes = _run("fq_enqueue", keys, [*_header(shard_of(tenant_id)), *args])
         results.extend(_ENQUEUE_CODES[int(code)] for code in codes)
     return results
@@ -474,7 +529,7 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
         tenant_id = str(batch.tenant.pk)
         shard = shard_of(tenant_id)
         conf = batch.conf or TenantConf.for_tenant(batch.tenant)
-        for count, args in _segments(batch.tenant, batch.items, conf):
+        for count, args in _segments(batch.tenant, batch.items, conf, batch.scopes):
             if shard in filling and sizes[shard] + count > ITEMS_PER_CALL:
                 close(shard)
             if shard not in filling:
@@ -596,7 +651,7 @@ def _tiers(tiers: Sequence[str] | None) -> list[str]:
 
 
 def _dequeued(row: Sequence[Any]) -> Dequeued:
-    tenant_id, item_id, tier, partition, payload, waited, attempt, delivery, lease_until = row
+    tenant_id, item_id, tier, partition, payload, waited, attempt, delivery, lease_until, conn, why = row
     return Dequeued(
         tenant_id=_text(tenant_id),
         item_id=_text(item_id),
@@ -607,6 +662,8 @@ def _dequeued(row: Sequence[Any]) -> Dequeued:
         attempt=int(attempt),
         delivery=int(delivery),
         lease_until_ms=int(lease_until),
+        connection_id=_text(conn),
+        admitted=_text(why),
     )
 
 
@@ -660,6 +717,75 @@ def remove(item_id: str, *, tenant: Tenant | None = None) -> bool:
     ``TenantScopeError`` without a tenant.
     """
     return bool(_tenant_call("fq_remove", _tenant(tenant), item_id) == 1)
+
+
+def configure(
+    *, scopes: Mapping[str, str] | None = None, replace_scopes: bool = False, tenant: Tenant | None = None
+) -> int:
+    """Bring the tenant's copy of its limits up to date now, instead of at its next enqueue,
+    and wake what the change may admit.
+
+    Writes the tenant's conf from its entitlements and status (a tenant parked at an old
+    ceiling, or while suspended, is looked at again), and the admission scope confs given
+    (see ``enqueue_many``; with ``replace_scopes``, every other scope conf of the tenant is
+    deleted): the partitions parked on a changed pool, or on the pools of a changed
+    connection, are woken. One round trip, atomic. Returns how many scope confs changed.
+    Raises ``TenantScopeError`` without a tenant.
+    """
+    tenant = _tenant(tenant)
+    conf = TenantConf.for_tenant(tenant)
+    args = [1, *_conf_args(conf), 1 if replace_scopes else 0, *_scope_args(scopes or {})]
+    return int(_tenant_call("fq_configure", tenant, *args))
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """A pool member as admission sees it now (``admission_peek``)."""
+
+    connection_id: str
+    breaker: str  # closed, open or half_open
+    in_flight: int
+    limit: int | None
+    eligible: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class AdmissionView:
+    """How admission would decide an item of a pool now: admitted (with ``connection_id``, ""
+    for none) or waiting (``parked`` on the pool's slots, and/or until ``retry_at_ms``)."""
+
+    admitted: bool
+    connection_id: str
+    why: str
+    parked: bool
+    retry_at_ms: int | None
+    pool_in_flight: int
+    pool_limit: int | None
+    members: tuple[MemberView, ...]
+
+
+def admission_peek(
+    pool_id: str, pool_conf: str, connections: Mapping[str, str], *, tenant: Tenant | None = None
+) -> AdmissionView:
+    """How the dequeue would admit an item of the tenant's pool ``pool_id`` right now, given the
+    pool's conf and its connections' (JSON, as ``enqueue_many`` takes them): the same decision,
+    taking nothing, charging nothing and using no round-robin turn. One round trip, read only.
+    Raises ``TenantScopeError`` without a tenant."""
+    tenant = _tenant(tenant)
+    ok, conn, why, parked, at, live, limit, members = _tenant_call(
+        "fq_admit_peek", tenant, pool_id, pool_conf, *_scope_args(connections)
+    )
+    return AdmissionView(
+        admitted=bool(ok), connection_id=_text(conn), why=_text(why), parked=bool(parked),
+        retry_at_ms=None if int(at) < 0 else int(at), pool_in_flight=int(live),
+        pool_limit=None if int(limit) < 0 else int(limit),
+        members=tuple(
+            MemberView(connection_id=_text(cid), breaker=_text(state), in_flight=int(n),
+                       limit=None if int(cap) < 0 else int(cap), eligible=bool(ok_), why=_text(reason))
+            for cid, state, n, cap, ok_, reason in members
+        ),
+    )
 
 
 def pending(items: Sequence[tuple[Tenant, str]]) -> list[bool]:

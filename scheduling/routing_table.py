@@ -18,12 +18,10 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
 
 from ductor_project.core.context import current_tenant, tenant_context
 from ductor_project.core.keys import tenant_key
-from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.models import Pool, PoolMember, Rule
 from tenants.models import Tenant
 
 TABLE_TTL_S = 24 * 3600
@@ -70,6 +68,18 @@ class RoutingTable:
     rules: tuple[RuleInfo, ...]
     pools: dict[str, PoolInfo] = field(default_factory=dict)
     default_pool: str | None = None
+
+    def pool_by_id(self, pool_id: str) -> PoolInfo | None:
+        """The pool with this id, or None (pools are keyed by name)."""
+        return next((pool for pool in self.pools.values() if pool.id == pool_id), None)
+
+    def connection_name(self, connection_id: str) -> str:
+        """The name of one of the tenant's pooled connections ("" when none has this id)."""
+        for pool in self.pools.values():
+            for member in pool.members:
+                if member.connection_id == connection_id:
+                    return member.name
+        return ""
 
 
 # Process-local copies: tenant id -> table (checked against the version in Redis).
@@ -148,9 +158,6 @@ def forget_local() -> None:
     _local.clear()
 
 
-@receiver([post_save, post_delete], sender=Connection)
-@receiver([post_save, post_delete], sender=Pool)
-@receiver([post_save, post_delete], sender=PoolMember)
-@receiver([post_save, post_delete], sender=Rule)
-def _routing_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+def routing_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A connection, pool, member or rule was saved or deleted (connected in ``ready()``)."""
     bump_version(instance.tenant)

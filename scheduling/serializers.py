@@ -259,8 +259,21 @@ class CandidateSerializer(serializers.Serializer):
     why = serializers.CharField()
 
 
+class AdmissionSerializer(serializers.Serializer):
+    """How the fair queue would admit an item of the pool now (nothing is taken by asking)."""
+
+    admitted = serializers.BooleanField(help_text="A slot, a rate token and a connection are free now.")
+    why = serializers.CharField(help_text="Why this connection, or what the item would wait for.")
+    parked = serializers.BooleanField(help_text="It would wait for a slot of the pool or its connections.")
+    retry_at_ms = serializers.IntegerField(
+        allow_null=True, help_text="When a rate or a breaker would let it be looked at again (Unix ms)."
+    )
+    pool_in_flight = serializers.IntegerField()
+    pool_limit = serializers.IntegerField(allow_null=True)
+
+
 class DecisionTraceSerializer(serializers.Serializer):
-    """The routing decision and its trace (documentation of ``RoutingDecision.trace()``)."""
+    """The routing decision and how admission would treat it now (``routing.Explanation.trace()``)."""
 
     allowed = serializers.BooleanField()
     reason = serializers.CharField()
@@ -272,8 +285,9 @@ class DecisionTraceSerializer(serializers.Serializer):
     pool = serializers.JSONField(allow_null=True, help_text='{"id", "name", "strategy"} or null.')
     candidates = CandidateSerializer(many=True)
     connection = serializers.JSONField(
-        allow_null=True, help_text='{"id", "name"} of the chosen one, or null.'
+        allow_null=True, help_text='{"id", "name"} of the connection admission would choose now, or null.'
     )
+    admission = AdmissionSerializer(allow_null=True, help_text="Null when the step has no pool or is refused.")
 
 
 class TierQueueSerializer(serializers.Serializer):

@@ -31,7 +31,7 @@ from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from scheduling import selectors
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.models import Connection, Pool, PoolMember, Rule
-from scheduling.routing import RoutingDecision, route
+from scheduling.routing import Explanation, explain
 from scheduling.rules import RuleError, Step, validate_action, validate_match
 from scheduling.secrets import encrypt
 from tenants.entitlements import effective_entitlements
@@ -431,13 +431,11 @@ def routing_explain(
     input: Any = None,
     tier: str | None = None,
     pool: str | None = None,
-) -> RoutingDecision:
-    """How a hypothetical step would be routed now. Takes no capacity and writes nothing to PostgreSQL.
-
-    (A round-robin pool advances its turn counter, as a real decision would.)
-    """
+) -> Explanation:
+    """How a hypothetical step would be routed and admitted now. Consumes nothing: no slot, no
+    rate token, no round-robin turn; writes nothing."""
     step = Step(
         workflow=workflow, action=action, tags=tuple(tags), input={} if input is None else input,
         tier=tier, pool=pool,
     )
-    return route(step)
+    return explain(step)

@@ -181,8 +181,8 @@ class RoutingExplainView(TenantAPIView):
         request=ExplainSerializer, responses={200: DecisionTraceSerializer}, operation_id="routing_explain"
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        decision = services.routing_explain(**parse(ExplainSerializer, request.data))
-        return Response(decision.trace())
+        explanation = services.routing_explain(**parse(ExplainSerializer, request.data))
+        return Response(explanation.trace())
 
 
 class QueueView(TenantAPIView):

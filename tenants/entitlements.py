@@ -33,9 +33,10 @@ CACHE_TTL_S = 300
 LOCAL_TTL_S = 2.0
 _PLAN_VERSION_KEY = global_key("plans", "version")
 
-# Sent (with ``tenant``) when a tenant's limits or status may have changed, now and again after
-# the commit: what keeps state derived from them (the quota flag, the fair queue's copy of the
-# limits) listens to it.
+# Sent (with ``tenant`` and ``committed``) when a tenant's limits or status may have changed: at
+# the change, and again once it committed. What keeps state derived from them listens to it: the
+# quota flag (dropped both times), the fair queue's copy of the limits (rewritten once committed:
+# reading the limits before the commit would cache what a rollback undoes).
 limits_changed = Signal()
 
 
@@ -168,15 +169,16 @@ def _forget_local(tenant: Tenant | None = None) -> None:
 
 
 def invalidate_tenant(tenant: Tenant) -> None:
-    """Drop a tenant's cached limits now and again after the surrounding commit."""
+    """Drop a tenant's cached limits now and again after the surrounding commit, sending
+    ``limits_changed`` each time (``committed`` says which)."""
 
-    def drop() -> None:
+    def drop(committed: bool) -> None:
         _forget_local(tenant)
         cache.delete(_cache_key(tenant))
-        limits_changed.send(sender=Tenant, tenant=tenant)
+        limits_changed.send(sender=Tenant, tenant=tenant, committed=committed)
 
-    drop()
-    transaction.on_commit(drop)
+    drop(False)
+    transaction.on_commit(lambda: drop(True))
 
 
 def invalidate_all_plans() -> None:

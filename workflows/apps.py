@@ -6,7 +6,16 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from scheduling.coordinator.reconcile import register_reconciler
+        from scheduling.coordinator.wakeups import register_wakeup
+        from scheduling.dispatch.handlers import register_handler
         from tenants.usage import register_ceiling_counter
+        from workflows.engine import items, reconcile, steps, tick, timers
         from workflows.models import WorkflowDefinition
 
         register_ceiling_counter("workflows", lambda: WorkflowDefinition.objects.count())
+        register_handler(items.TICK, tick.execute_tick)
+        register_handler(items.STEP, steps.execute_step)
+        for kind, wake in timers.WAKEUPS.items():
+            register_wakeup(kind, wake)
+        register_reconciler(reconcile.reconcile_runs)

@@ -13,7 +13,9 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, ErrorCode, NotFound
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
-from workflows import engine
+from workflows.engine.events import record_event
+from workflows.engine.items import enqueue_tick
+from workflows.engine.tick import tick_now
 from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec import SpecError, validate_spec
 
@@ -86,7 +88,7 @@ def run_start(
     and starts nothing. Charges the monthly run quota (429 when used up) in the
     same transaction that creates the run: a refused start leaves nothing. The
     run's first tick runs right after the commit, in this process
-    (``engine.tick_now``).
+    (``workflows.engine.tick.tick_now``).
     """
     tenant = current_tenant()
     limits = effective_entitlements(tenant)
@@ -114,8 +116,8 @@ def run_start(
                               idempotency_key=idempotency_key or None, tier=tier, tags=tags or [])
             run.root_run_id = run.id
             run.save()
-            engine.record_event(run, "created", version=found.number)
-            transaction.on_commit(partial(engine.tick_now, run))
+            record_event(run, "created", version=found.number)
+            transaction.on_commit(partial(tick_now, run))
     except IntegrityError:
         # Another request with the same idempotency key won the race.
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
@@ -196,12 +198,12 @@ def _start_many(
         with transaction.atomic():
             quota_consume(runs=len(new))
             WorkflowRun.objects.bulk_create(new)
-            # The history's first event, as engine.record_event writes it for one run.
+            # The history's first event, as record_event writes it for one run.
             RunEvent.objects.bulk_create(
                 [RunEvent(run=run, seq=1, type="created", data={"version": run.workflow.number}) for run in new]
             )
             for run in new:
-                engine.enqueue_tick(run)
+                enqueue_tick(run)
     log.info("runs_started", count=len(new), existing=len(runs) - len(new))
     return results
 
@@ -213,6 +215,6 @@ def run_cancel(*, run: WorkflowRun) -> WorkflowRun:
     if not locked.is_terminal and not locked.cancel_requested:
         locked.cancel_requested = True
         locked.save(update_fields=["cancel_requested", "updated_at"])
-        engine.record_event(locked, "cancel_requested")
-        engine.enqueue_tick(locked)
+        record_event(locked, "cancel_requested")
+        enqueue_tick(locked)
     return locked

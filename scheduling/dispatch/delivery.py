@@ -5,8 +5,10 @@ elsewhere, or already finished) does nothing. Knowing that needs a Redis round
 trip only when the lease may have ended, or when Celery delivers a message
 again: a delivery that starts with more than ``FRESH_LEASE_FRACTION`` of its
 lease left cannot have been superseded (an item is delivered again only after
-its lease), so it runs at once. While the handler runs, the process's renewal
-thread renews the item's lease, and with it every slot its admission took.
+its lease), so it runs at once: it was admitted at dequeue (its tenant's, pool's
+and connection's slots and rates taken), so it never has to wait or come back.
+While the handler runs, the process's renewal thread renews the item's lease,
+and with it every slot its admission took.
 A handler that returns has its item acked (by the caller, off the task's
 path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later.
 """
@@ -37,20 +39,11 @@ log = structlog.get_logger(__name__)
 FRESH_LEASE_FRACTION = 0.5
 
 
-class RetryLater(Exception):
-    """Raised by a handler to put its item back in the queue after ``delay_s``."""
-
-    def __init__(self, delay_s: float, reason: str = "") -> None:
-        super().__init__(reason or f"retry in {delay_s}s")
-        self.delay_s = delay_s
-
-
 class Outcome(StrEnum):
     OK = "ok"  # the handler returned: ack the item
     FAILED = "failed"  # the handler raised: the item was put back for later
     STALE = "stale"  # not the live delivery any more: nothing ran
     DROPPED = "dropped"  # no handler for its kind, or no such tenant: acked without running
-    SUSPENDED = "suspended"  # its tenant is suspended: put back for later
 
 
 @dataclass(frozen=True)
@@ -66,16 +59,19 @@ class Delivery:
     partition: str
     waited_ms: int = 0
     lease_until_ms: int = 0
+    connection_id: str = ""
+    admitted: str = ""
 
     @classmethod
     def of(cls, item: fair_queue.Dequeued) -> Delivery:
         body = item.payload if isinstance(item.payload, dict) else {"value": item.payload}
         return cls(item.item_id, item.delivery, str(body.get("kind", "")), body, item.tier, item.partition,
-                   item.waited_ms, item.lease_until_ms)
+                   item.waited_ms, item.lease_until_ms, item.connection_id, item.admitted)
 
     def context(self, tenant: Tenant) -> ItemContext:
         return ItemContext(tenant_id=str(tenant.pk), item_id=self.item_id, tier=self.tier,
-                           partition=self.partition, delivery=self.delivery, waited_ms=self.waited_ms)
+                           partition=self.partition, delivery=self.delivery, waited_ms=self.waited_ms,
+                           connection_id=self.connection_id, admitted=self.admitted)
 
 
 def run_delivery(
@@ -88,10 +84,6 @@ def run_delivery(
         log.info("stale_delivery_dropped", item_id=item.item_id, delivery=item.delivery)
         return Outcome.STALE, None
     finished = Finished(tenant, item.item_id, item.delivery)
-    if not tenant.is_active:
-        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_SUSPENDED_ITEM_DELAY_MS, delivery=item.delivery)
-        log.info("item_held_tenant_suspended", item_id=item.item_id, kind=item.kind)
-        return Outcome.SUSPENDED, None
     handler = handler_for(item.kind)
     if handler is None:
         log.error("no_handler_for_item", item_id=item.item_id, kind=item.kind)
@@ -102,10 +94,6 @@ def run_delivery(
     try:
         with structlog.contextvars.bound_contextvars(item_id=item.item_id, kind=item.kind):
             handler(item.context(tenant), item.body)
-    except RetryLater as retry:
-        renewals.release(hold)
-        fair_queue.nack(item.item_id, delay_ms=int(retry.delay_s * 1000), delivery=item.delivery)
-        return Outcome.FAILED, None
     except Exception:
         renewals.release(hold)
         log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)

@@ -42,8 +42,10 @@ ERROR_BACKOFF_S = 1.0
 class Dispatcher:
     """Moves due items tenant-first from the fair queue into Celery, within the credits.
 
-    Credits it did not use stay with it until its next round, where they are given
-    back in the same call that takes new ones, or until it goes idle.
+    Credits it did not use in a round go back before it sleeps, whatever it sleeps on.
+    (Kept across a sleep, they could split the credits between two dispatchers for good:
+    one holding the system queue's, the other the work queue's, each waiting for the
+    credits the other holds, so that neither went idle and no credit ever came back.)
     """
 
     def __init__(self, *, shards: list[int] | None = None) -> None:
@@ -53,7 +55,9 @@ class Dispatcher:
         self.dispatched = 0
 
     def run_once(self) -> int:
-        """Dispatch as many due items as the credits allow. Returns how many."""
+        """Dispatch as many due items as the credits allow. Returns how many. The credits it did not
+        use stay held (``give_back``) until its next round, which frees them in the same call as it
+        takes new ones, or until it sleeps."""
         held = self._held
         self._held = {queue: [] for queue in QUEUES}  # should the call fail, those age out
         self._held = credits.reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
@@ -108,13 +112,13 @@ class Dispatcher:
         self._held = {queue: [] for queue in QUEUES}
 
     def _idle(self) -> None:
-        """Sleep until something may be dispatchable: a freed credit, new work, or a due timer."""
+        """Give back the credits it holds, then sleep until something may be dispatchable: a freed
+        credit (when it ran out of credits), new work, or a due timer."""
+        self.give_back()
         if self._starved:
-            # Not on the work signal too: every ack pushes it, so a saturated dispatcher would
-            # spin. The credits it holds (often the system queue's) go back next round.
+            # Not on the work signal too: every ack pushes it, so a saturated dispatcher would spin.
             credits.wait_for_credit(timeout_s=CREDIT_WAIT_S)
             return
-        self.give_back()
         wait_s = IDLE_WAIT_S
         for shard in self.shards:
             due = fair_queue.next_due_ms(shard=shard)

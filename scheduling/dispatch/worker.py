@@ -38,7 +38,8 @@ HEARTBEAT_S = 5.0
 
 @tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
-                 waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0) -> str:
+                 waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0, connection_id: str = "",
+                 admitted: str = "") -> str:
     """Run one fair-queue item on a worker, inside its tenant context; then the next items of the
     same Celery queue, until nothing is due or the task has run for ``DUCTOR_HANDOFF_MS``.
     Returns the outcome of the last one."""
@@ -47,7 +48,8 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
     # A message Celery delivers again (its worker process died) may be of an item this worker
     # already finished and acked before handing off: ask Redis, however fresh its lease looks.
     redelivered = bool((execute_item.request.delivery_info or {}).get("redelivered"))
-    item = Delivery(item_id, delivery, kind, body, tier, partition, waited_ms, lease_until_ms)
+    item = Delivery(item_id, delivery, kind, body, tier, partition, waited_ms, lease_until_ms, connection_id,
+                    admitted)
     until = handoff.deadline()
     ack = None
     try:
@@ -62,7 +64,8 @@ def message_kwargs(item: Delivery, *, tenant_id: str, credit: str) -> dict[str, 
     """``execute_item``'s keyword arguments for a delivery published with ``credit``."""
     return {"tenant_id": tenant_id, "credit": credit, "item_id": item.item_id, "delivery": item.delivery,
             "kind": item.kind, "body": item.body, "tier": item.tier, "partition": item.partition,
-            "waited_ms": item.waited_ms, "lease_until_ms": item.lease_until_ms}
+            "waited_ms": item.waited_ms, "lease_until_ms": item.lease_until_ms,
+            "connection_id": item.connection_id, "admitted": item.admitted}
 
 
 class _Registration:

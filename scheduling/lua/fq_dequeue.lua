@@ -1,33 +1,149 @@
 -- Dispatch the next items of the shard, one at a time as by a loop of single dequeues: strict
 -- tier priority, then start-time fair queueing among the tenants of the tier, then the
--- tenant's earliest-due partition head.
+-- tenant's earliest-due partition head, admitted in the same atomic step: the tenant's step
+-- rate and slot, then its pool's and connection's (admit_lib.lua), all taken or none.
 -- KEYS[1] = the shard's timers ZSET (it routes the call).
--- ARGV[1..7] = fq_init; ARGV[8] = lease (ms); ARGV[9] = how many due timers to promote;
--- ARGV[10] = how many tenants to look at per item; ARGV[11] = how many items at most;
--- ARGV[12..] = the tiers to serve, highest first.
+-- ARGV[1..FQ_HEADER] = fq_init; then: lease (ms); how many due timers to promote; how many
+-- tenants to look at per item; how many items at most; the tiers to serve, highest first.
 -- Returns {status, item...}: each item {tenant, item, tier, partition, payload, waited ms,
--- attempt, delivery token, lease expiry (ms, Redis clock)}; status "again" when a work bound was reached before the call
--- found all it could (call again), else "done".
+-- attempt, delivery token, lease expiry (ms, Redis clock), connection chosen ("" for none),
+-- why it was chosen}; status "again" when a work bound was reached before the call found all it
+-- could (call again), else "done".
 fq_init(ARGV)
-local lease_ms = tonumber(ARGV[8])
-local want = tonumber(ARGV[11])
+local A = FQ_HEADER
+local lease_ms = tonumber(ARGV[A + 1])
+local want = tonumber(ARGV[A + 4])
 local timers = fq_gkey('timers')
 
 -- Due timers: those tenants' tiers are looked at again (bounded per call).
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', timers, '-inf', fq.now, 'LIMIT', 0, tonumber(ARGV[9]))) do
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', timers, '-inf', fq.now, 'LIMIT', 0, tonumber(ARGV[A + 2]))) do
   redis.call('ZREM', timers, member)
   local tier, tid = fq_split(member)
   redis.call('SREM', fq_gkey('blocked:' .. tier), tid)
   fq_activate(tier, tid)
 end
 
+-- The confs of one tenant's admission scopes, read once per call.
+local function scopes_of(tid)
+  local seen = {}
+  return function(field)
+    if seen[field] == nil then seen[field] = fq_scope_conf(tid, field) or false end
+    return seen[field] or nil
+  end
+end
+
+-- A head its pool or connection cannot admit now waits: parked on the pool (a freed slot wakes
+-- it) and/or looked at again at `d.at`. The tenant's other partitions are served meanwhile.
+local function park(tid, tier, part, due, pool, d)
+  local parts = fq_tkey(tid, 'parts:' .. tier)
+  if d.park then redis.call('ZADD', fq_tkey(tid, 'w:' .. pool), fq_num(due), tier .. '|' .. part) end
+  if d.at then
+    redis.call('ZADD', parts, fq_num(d.at), part)
+  else
+    redis.call('ZREM', parts, part)
+  end
+end
+
+-- Take the item's slots (the tenant's, its pool's and connection's: all or none), then charge
+-- its rates. Returns cap_acquire's answer (1 taken, 0 a scope was full, -1 a lease conflict).
+local function take(tid, id, conf, d)
+  local scopes, limits = {}, {}
+  if conf.limit >= 0 then scopes[1], limits[1] = fq.tprefix .. tid .. fq.scope, conf.limit end
+  for i, key in ipairs((d and d.scopes) or {}) do
+    scopes[#scopes + 1], limits[#limits + 1] = key, d.limits[i]
+  end
+  if #scopes > 0 then
+    local taken = cap_acquire(fq_holder_record(tid, id), scopes, limits, FQ_HOLDER .. id, lease_ms, fq.now)
+    if taken ~= 1 then return taken end
+  end
+  if conf.rate > 0 then cap_gcra(fq_rate_key(tid), fq_interval_us(conf), conf.burst, 1, true, fq.now_us) end
+  if d then ad_commit(d) end
+  return 1
+end
+
+-- The item leaves the queue, leased; the tenant moves on in the tier (SFQ). Returns its row.
+local function dispatch(tid, tier, tag, conf, part, id, it, d)
+  local expiry = fq.now + lease_ms
+  local ready = fq_gkey('ready:' .. tier)
+  redis.call('ZREM', fq_pkey(tid, tier, part), id)
+  redis.call('ZREM', fq_tkey(tid, 'wait:' .. tier), id)
+  redis.call('ZREM', fq_tkey(tid, 'parts:' .. tier), part)
+  redis.call('HSET', fq_tkey(tid, 'locks'), part, id)
+  it.state, it.n, it.lease = 'inflight', (it.n or 0) + 1, expiry
+  it.token = redis.call('INCR', fq_tkey(tid, 'seq'))
+  it.conn = d and d.conn
+  fq_save(tid, id, it)
+  redis.call('ZADD', fq_gkey('inflight'), expiry, tid .. '|' .. id)
+  redis.call('HINCRBY', fq_tkey(tid, 'flight'), tier, 1)
+  -- SFQ: V = start tag of the item in service; the tenant's next start = its finish tag.
+  redis.call('SET', fq_gkey('vtime:' .. tier), fq_num(tag))
+  local finish = tag + it.cost / conf.weight
+  local next_part, next_due = fq_head(tid, tier)
+  if next_part ~= nil and next_due <= fq.now then
+    redis.call('ZADD', ready, fq_num(finish), tid)
+  else
+    fq_leave(tier, tid, finish)
+    if next_part ~= nil then fq_set_timer(tier, tid, next_due) end
+  end
+  return {tid, id, tier, part, it.payload, math.max(0, fq.now - it.due), it.n, it.token, expiry,
+    (d and d.conn) or '', (d and d.why) or ''}
+end
+
+-- Serve the tenant's head partition `part` of `tier`, due at `due`: its item's row, or nil when
+-- the tenant or the partition had to wait (parked, or on a timer): look at the tier again.
+local function serve(tid, tier, tag, part, due, conf_of)
+  local pkey = fq_pkey(tid, tier, part)
+  local parts = fq_tkey(tid, 'parts:' .. tier)
+  local id = redis.call('ZRANGE', pkey, 0, 0)[1]
+  local it = id and fq_item(tid, id)
+  if not it then
+    -- An index entry without its item (never written so): drop it rather than stall.
+    if id then redis.call('ZREM', pkey, id) end
+    if redis.call('ZCARD', pkey) == 0 then redis.call('ZREM', parts, part) end
+    return nil
+  end
+  if it.due > fq.now then
+    -- The partition's score must be its head's due time; never dispatch early on a stale one.
+    redis.call('ZADD', parts, fq_num(it.due), part)
+    return nil
+  end
+  local conf = fq_conf(tid)
+  if conf.suspended then
+    fq_suspend(tier, tid, tag)
+    return nil
+  end
+  local rate_wait = fq_rate_wait_ms(tid, conf)
+  if rate_wait > 0 then
+    fq_leave(tier, tid, tag)
+    fq_set_timer(tier, tid, fq.now + rate_wait)
+    return nil
+  end
+  if conf.limit >= 0 and cap_in_flight(fq.tprefix .. tid .. fq.scope, fq.now) >= conf.limit then
+    fq_block(tier, tid, tag)
+    return nil
+  end
+  local pool = it.scope and conf_of('pool:' .. it.scope)
+  local d = pool and ad_decide(tid, it.scope, pool, conf_of)
+  if d and not d.ok then
+    park(tid, tier, part, it.due, it.scope, d)
+    return nil
+  end
+  local taken = take(tid, id, conf, d)
+  if taken == -1 then
+    return redis.error_reply('fair queue: capacity holder ' .. FQ_HOLDER .. id .. ' holds other scopes')
+  elseif taken == 0 then
+    fq_block(tier, tid, tag)
+    return nil
+  end
+  return dispatch(tid, tier, tag, conf, part, id, it, d)
+end
+
 -- The next item, or nil when none is eligible, or false when the tenant budget ran out first.
 local function next_item()
-  local budget = tonumber(ARGV[10])
-  for t = 12, #ARGV do
+  local budget = tonumber(ARGV[A + 3])
+  for t = A + 5, #ARGV do
     local tier = ARGV[t]
     local ready = fq_gkey('ready:' .. tier)
-    local parts_name = 'parts:' .. tier
     while budget > 0 do
       local top = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
       if top[1] == nil then break end
@@ -41,61 +157,10 @@ local function next_item()
         fq_set_timer(tier, tid, due)
       elseif redis.call('HEXISTS', fq_tkey(tid, 'locks'), part) == 1 then
         -- Locked by an item of another tier: it comes back when that one leaves flight.
-        redis.call('ZREM', fq_tkey(tid, parts_name), part)
+        redis.call('ZREM', fq_tkey(tid, 'parts:' .. tier), part)
       else
-        local pkey = fq_pkey(tid, tier, part)
-        local id = redis.call('ZRANGE', pkey, 0, 0)[1]
-        local it = id and fq_item(tid, id)
-        if not it then
-          -- An index entry without its item (never written so): drop it rather than stall.
-          if id then redis.call('ZREM', pkey, id) end
-          if redis.call('ZCARD', pkey) == 0 then redis.call('ZREM', fq_tkey(tid, parts_name), part) end
-        elseif it.due > fq.now then
-          -- The partition's score must be its head's due time; never dispatch early on a stale one.
-          redis.call('ZADD', fq_tkey(tid, parts_name), fq_num(it.due), part)
-        else
-          local conf = fq_conf(tid)
-          local rate_wait = fq_rate_wait_ms(tid, conf)
-          local taken = 1
-          if rate_wait == 0 and conf.limit >= 0 then
-            taken = cap_acquire(fq_holder_record(tid, id), {fq.tprefix .. tid .. fq.scope}, {conf.limit},
-              FQ_HOLDER .. id, lease_ms, fq.now)
-            if taken == -1 then
-              return redis.error_reply('fair queue: capacity holder ' .. FQ_HOLDER .. id .. ' holds other scopes')
-            end
-          end
-          if rate_wait > 0 then
-            fq_leave(tier, tid, tag)
-            fq_set_timer(tier, tid, fq.now + rate_wait)
-          elseif taken == 0 then
-            fq_block(tier, tid, tag)
-          else
-            if conf.rate > 0 then
-              cap_gcra(fq_rate_key(tid), fq_interval_us(conf), conf.burst, 1, true, fq.now_us)
-            end
-            local expiry = fq.now + lease_ms
-            redis.call('ZREM', pkey, id)
-            redis.call('ZREM', fq_tkey(tid, 'wait:' .. tier), id)
-            redis.call('ZREM', fq_tkey(tid, parts_name), part)
-            redis.call('HSET', fq_tkey(tid, 'locks'), part, id)
-            it.state, it.n, it.lease = 'inflight', (it.n or 0) + 1, expiry
-            it.token = redis.call('INCR', fq_tkey(tid, 'seq'))
-            fq_save(tid, id, it)
-            redis.call('ZADD', fq_gkey('inflight'), expiry, tid .. '|' .. id)
-            redis.call('HINCRBY', fq_tkey(tid, 'flight'), tier, 1)
-            -- SFQ: V = start tag of the item in service; the tenant's next start = its finish tag.
-            redis.call('SET', fq_gkey('vtime:' .. tier), fq_num(tag))
-            local finish = tag + it.cost / conf.weight
-            local next_part, next_due = fq_head(tid, tier)
-            if next_part ~= nil and next_due <= fq.now then
-              redis.call('ZADD', ready, fq_num(finish), tid)
-            else
-              fq_leave(tier, tid, finish)
-              if next_part ~= nil then fq_set_timer(tier, tid, next_due) end
-            end
-            return {tid, id, tier, part, it.payload, math.max(0, fq.now - it.due), it.n, it.token, expiry}
-          end
-        end
+        local row = serve(tid, tier, tag, part, due, scopes_of(tid))
+        if row then return row end
       end
     end
   end

@@ -1,5 +1,5 @@
 -- The shard's cross-tenant indexes, read only (platform admins). KEYS[1] = its timers ZSET.
--- ARGV[1..7] = fq_init. Returns {per tier {tier, ready tenants, blocked tenants,
+-- ARGV[1..FQ_HEADER] = fq_init. Returns {per tier {tier, ready tenants, blocked tenants,
 -- virtual time as text}, timers, items in flight, leases ended and not yet reaped}.
 fq_init(ARGV)
 local tiers = {}

@@ -1,14 +1,17 @@
 -- The tiered fair queue: the Lua shared by every fq_*.lua script. scheduling/fair_queue.py
 -- prepends capacity_lib.lua and then this file to each script body (scheduling/scripts.py).
 --
--- Every script gets the same seven ARGV first (fq_init): the shard's tenant-key prefix
+-- Every script gets the same FQ_HEADER ARGV first (fq_init): the shard's tenant-key prefix
 -- ("{s<n>}:t:"), the tenant-relative suffixes of the fair-queue namespace (":fq:"), of the
 -- tenant's step scope, of a capacity holder record and of the step-rate limiter, the
--- shard's global fair-queue prefix ("{s<n>}:g:fq:"), and the tiers, highest first, comma
--- separated. Python derives all of them from tenants.keys, scheduling.capacity and
--- tenants.models.Tier, so key formats and tiers live there; a script reads tenant ids from
--- the shard's global indexes and builds those tenants' keys as prefix .. id .. suffix.
--- All of them carry the shard's hash tag: a script stays in one Redis Cluster slot.
+-- shard's global fair-queue prefix ("{s<n>}:g:fq:"), the tiers, highest first, comma
+-- separated, then the tenant-relative prefixes of capacity scopes (":cap:"), of rate
+-- limiters (":rate:"), of connection breakers (":breaker:") and of a pool's round-robin
+-- state (":rr:"). Python derives all of them from ductor_project.core.keys and .capacity,
+-- scheduling.circuit and tenants.models.Tier, so key formats and tiers live there; a script
+-- reads tenant ids from the shard's global indexes and builds those tenants' keys as
+-- prefix .. id .. suffix. All of them carry the shard's hash tag: a script stays in one
+-- Redis Cluster slot.
 --
 -- Tenant keys (<prefix><tenant>:fq:...):
 --   conf               HASH  weight, max_concurrency (-1: none), rate_per_s (0: none), burst
@@ -21,6 +24,12 @@
 --   wait:<tier>        ZSET  waiting item -> due time (the tenant's backlog, for stats)
 --   locks              HASH  partition -> the item of it that is in flight
 --   flight             HASH  tier -> items in flight
+--   scopes             HASH  "pool:<id>" -> JSON {limit, rate, burst, strategy, members:
+--                            [[connection id, weight, priority], ...]}; "connection:<id>" ->
+--                            JSON {limit, rate, burst, pools: [pool ids]} (-1 / 0: none);
+--                            written from the routing table by enqueue and configure
+--   w:<pool>           ZSET  "<tier>|<partition>" -> head due: partitions parked until a slot
+--                            of the pool (or of one of its connections) frees
 -- Global keys of the shard (<gprefix>...), the only ones that cross tenants:
 --   ready:<tier>       ZSET  tenant -> start tag (backlogged, due and, last we looked, admitted)
 --   timers             ZSET  "<tier>|<tenant>" -> when to look at that tenant's tier again
@@ -40,6 +49,9 @@ local FQ_HOLDER = 'fq:'
 -- (a ceiling of 0; a changed ceiling also wakes it, through the next enqueue).
 local FQ_BLOCKED_RECHECK_MS = 5000
 
+-- The number of header ARGV every script starts with; its own arguments follow.
+local FQ_HEADER = 11
+
 local fq = {}
 
 local function fq_init(argv)
@@ -47,6 +59,7 @@ local function fq_init(argv)
     argv[1], argv[2], argv[3], argv[4], argv[5], argv[6]
   fq.tiers = {}
   for tier in string.gmatch(argv[7], '[^,]+') do fq.tiers[#fq.tiers + 1] = tier end
+  fq.cap, fq.rates, fq.breaker, fq.rr = argv[8], argv[9], argv[10], argv[11]
   fq.now_us = cap_now_us()
   fq.now = math.floor(fq.now_us / 1000)
 end
@@ -83,12 +96,14 @@ local function fq_save(tid, id, it)
 end
 
 local function fq_conf(tid)
-  local c = redis.call('HMGET', fq_tkey(tid, 'conf'), 'weight', 'max_concurrency', 'rate_per_s', 'burst')
+  local c = redis.call('HMGET', fq_tkey(tid, 'conf'), 'weight', 'max_concurrency', 'rate_per_s', 'burst',
+    'suspended')
   return {
     weight = tonumber(c[1]) or 1,
     limit = tonumber(c[2]) or -1,
     rate = tonumber(c[3]) or 0,
     burst = tonumber(c[4]) or 1,
+    suspended = c[5] == '1',
   }
 end
 
@@ -211,6 +226,26 @@ local function fq_block(tier, tid, tag)
   fq_set_timer(tier, tid, at)
 end
 
+-- Park a suspended tenant's tier: nothing of it is dispatched until its reactivation unblocks it
+-- (fq_configure, or an enqueue that brings the new status).
+local function fq_suspend(tier, tid, tag)
+  fq_leave(tier, tid, tag)
+  redis.call('SADD', fq_gkey('blocked:' .. tier), tid)
+  redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
+end
+
+-- Write a tenant's conf (weight, limits, suspension) from ARGV[i..i+4]; new limits or a new
+-- status unblock the tiers parked under the old ones.
+local function fq_set_conf(tid, argv, i)
+  local key = fq_tkey(tid, 'conf')
+  local old = redis.call('HMGET', key, 'max_concurrency', 'rate_per_s', 'suspended')
+  redis.call('HSET', key, 'weight', argv[i], 'max_concurrency', argv[i + 1], 'rate_per_s', argv[i + 2],
+    'burst', argv[i + 3], 'suspended', argv[i + 4])
+  if old[1] and (old[1] ~= argv[i + 1] or old[2] ~= argv[i + 2] or (old[3] or '0') ~= argv[i + 4]) then
+    fq_unblock(tid)
+  end
+end
+
 -- The partition's item went out of flight: its heads in every tier are eligible again.
 -- (A partition is one serialization domain of the tenant, whatever the tiers of its items.)
 local function fq_unlock(tid, part)
@@ -228,11 +263,80 @@ local function fq_holder_record(tid, id)
   return fq.tprefix .. tid .. fq.holder .. FQ_HOLDER .. id
 end
 
--- End an item's lease: out of the in-flight index, and its capacity slot given back.
+-- The JSON conf of one of the tenant's admission scopes ("pool:<id>", "connection:<id>"), or nil.
+local function fq_scope_conf(tid, field)
+  local raw = redis.call('HGET', fq_tkey(tid, 'scopes'), field)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+-- Wake up to n partitions parked on the pool (earliest head first): each goes back to its
+-- tier's partitions at its head's due time and its tenant is looked at again. One freed slot
+-- wakes one; a partition that was emptied or locked meanwhile is dropped (its unlock puts it
+-- back). O(log n) per partition woken.
+local function fq_wake_parked(tid, pool, n)
+  local key = fq_tkey(tid, 'w:' .. pool)
+  local locks = fq_tkey(tid, 'locks')
+  local woken, tries = 0, 0
+  while woken < n and tries < n + 8 do
+    local top = redis.call('ZPOPMIN', key)
+    if top[1] == nil then break end
+    tries = tries + 1
+    local tier, part = fq_split(top[1])
+    if redis.call('HEXISTS', locks, part) == 0 then
+      local h = redis.call('ZRANGE', fq_pkey(tid, tier, part), 0, 0, 'WITHSCORES')
+      if h[1] ~= nil then
+        redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), h[2], part)
+        fq_activate(tier, tid)
+        woken = woken + 1
+      end
+    end
+  end
+  return woken
+end
+
+-- A slot an item held freed: one partition parked on its pool wakes, and one of every other
+-- pool its connection serves (a connection may be a member of several of the tenant's pools).
+local function fq_wake_for(tid, it)
+  if it.scope == nil then return end
+  fq_wake_parked(tid, it.scope, 1)
+  if it.conn == nil then return end
+  local conf = fq_scope_conf(tid, 'connection:' .. it.conn)
+  for _, pool in ipairs((conf and conf.pools) or {}) do
+    if pool ~= it.scope then fq_wake_parked(tid, pool, 1) end
+  end
+end
+
+-- End an item's lease: out of the in-flight index, its capacity slots given back, and a
+-- partition parked on the scopes it held woken.
 local function fq_end_lease(tid, id, it)
   redis.call('ZREM', fq_gkey('inflight'), tid .. '|' .. id)
   redis.call('HINCRBY', fq_tkey(tid, 'flight'), it.tier, -1)
   cap_release(fq_holder_record(tid, id), FQ_HOLDER .. id, fq.now)
+  fq_wake_for(tid, it)
+end
+
+-- How many partitions to wake when a scope's limits change: enough to fill it at once.
+local FQ_WAKE_ON_CHANGE = 64
+
+-- Write one admission scope's conf ("pool:<id>" / "connection:<id>" -> JSON, or false to
+-- delete it). A change wakes the partitions parked on it (for a connection: on its pools),
+-- which look at the new limits; an unchanged conf costs one HGET.
+local function fq_set_scope(tid, field, json)
+  local key = fq_tkey(tid, 'scopes')
+  local old = redis.call('HGET', key, field)
+  if old == json or (not old and not json) then return end
+  if json then redis.call('HSET', key, field, json) else redis.call('HDEL', key, field) end
+  local kind, id = string.match(field, '^(%a+):(.+)$')
+  if kind == 'pool' then
+    fq_wake_parked(tid, id, FQ_WAKE_ON_CHANGE)
+  elseif kind == 'connection' then
+    local pools = {}
+    for _, raw in ipairs({old or '{}', json or '{}'}) do
+      for _, pool in ipairs(cjson.decode(raw).pools or {}) do pools[pool] = true end
+    end
+    for pool in pairs(pools) do fq_wake_parked(tid, pool, FQ_WAKE_ON_CHANGE) end
+  end
 end
 
 -- Put an item that was in flight back in its partition, due at `due` (or earlier when a
@@ -244,6 +348,7 @@ local function fq_requeue(tid, id, it, due)
     if it.again_payload ~= nil then it.payload = it.again_payload end
   end
   it.state, it.due, it.lease, it.token, it.again, it.again_payload = 'waiting', due, nil, nil, nil, nil
+  it.conn = nil
   fq_save(tid, id, it)
   redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), fq_num(due), id)
   redis.call('ZADD', fq_tkey(tid, 'wait:' .. it.tier), fq_num(due), id)

@@ -1,5 +1,5 @@
 -- How long a dispatcher of the shard may sleep. KEYS[1] = the shard's timers ZSET.
--- ARGV[1..7] = fq_init. Returns 0 when a tenant is ready now, else the ms until the
+-- ARGV[1..FQ_HEADER] = fq_init. Returns 0 when a tenant is ready now, else the ms until the
 -- earliest timer or lease end, or -1 when the shard holds nothing at all.
 fq_init(ARGV)
 for _, tier in ipairs(fq.tiers) do

@@ -1,10 +1,11 @@
 -- Withdraw an item. KEYS[1] = the tenant's items HASH.
--- ARGV[1..7] = fq_init; ARGV[8] = tenant id; ARGV[9] = item id.
+-- ARGV[1..FQ_HEADER] = fq_init; ARGV[A + 1] = tenant id; ARGV[A + 2] = item id.
 -- A waiting item is deleted. An item in flight keeps its lease, but a run again that was
 -- asked for while it was in flight is cancelled. Returns 1 when something was withdrawn,
 -- else 0.
 fq_init(ARGV)
-local tid, id = ARGV[8], ARGV[9]
+local A = FQ_HEADER
+local tid, id = ARGV[A + 1], ARGV[A + 2]
 local it = fq_item(tid, id)
 if it == nil then return 0 end
 if it.state ~= 'waiting' then

@@ -1,8 +1,9 @@
 -- One tenant's queue, read only. KEYS[1] = the tenant's items HASH.
--- ARGV[1..7] = fq_init; ARGV[8] = tenant id. Returns per tier (in fq.tiers order):
+-- ARGV[1..FQ_HEADER] = fq_init; ARGV[A + 1] = tenant id. Returns per tier (in fq.tiers order):
 -- {tier, waiting, due now, in flight, age of the oldest due item (ms)}.
 fq_init(ARGV)
-local tid = ARGV[8]
+local A = FQ_HEADER
+local tid = ARGV[A + 1]
 local flight = fq_tkey(tid, 'flight')
 local out = {}
 for _, tier in ipairs(fq.tiers) do

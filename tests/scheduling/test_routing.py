@@ -1,11 +1,10 @@
-"""The routing pipeline against real PostgreSQL and Redis: rules, cache isolation, strategies, admission."""
+"""The routing pipeline against real PostgreSQL and Redis: rules, tiers, partitions, pools, and the
+per-tenant routing cache. How a routed step is admitted (strategies, breakers, limits) is
+``test_admission.py``."""
 
 from __future__ import annotations
 
-import json
-import random
 import threading
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,15 +13,12 @@ from django.db import connection as db_connection
 from django.db import transaction
 from django.test.utils import CaptureQueriesContext
 
-from ductor_project.core import capacity
 from ductor_project.core.context import current_tenant, tenant_context
 from scheduling import routing_table
-from scheduling.circuit import BreakerState, record_failure, record_success
 from scheduling.models import Connection, Pool, PoolMember, Rule
-from scheduling.routing import admit, choose, release, route
+from scheduling.routing import route
 from scheduling.rules import RuleError, Step, matches, validate_action, validate_match
 from tenants.entitlements import effective_entitlements
-from tests.scheduling.helpers import redis_now_ms, sleep_until
 
 STEP = Step(workflow="billing.invoice", action="http.request")
 
@@ -190,8 +186,8 @@ def test_a_deny_rule_refuses_the_step_with_its_reason(tenant):
     assert denied.allowed is False
     assert "billing is frozen" in denied.reason
     assert denied.pool is None
-    assert denied.connection is None
     assert denied.trace()["allowed"] is False
+    assert denied.trace()["connection"] is None
     assert route(STEP).allowed is True  # not tagged: falls through to the default pool
 
 
@@ -204,7 +200,7 @@ def test_the_default_pool_takes_steps_no_rule_matches(tenant):
     assert decision.allowed is True
     assert decision.rule is None
     assert decision.pool.name == "main"
-    assert decision.connection_id == str(c1.id)
+    assert [m.connection_id for m in decision.pool.members] == [str(c1.id)]
     assert "tenant default" in decision.reason
     assert decision.trace()["rule"] == "default"
 
@@ -214,7 +210,7 @@ def test_without_a_default_pool_a_step_routes_to_no_pool(tenant):
     decision = route(STEP)
     assert decision.allowed is True
     assert decision.pool is None
-    assert decision.connection is None
+    assert decision.trace()["candidates"] == []
     assert "no pool" in decision.reason
 
 
@@ -382,14 +378,12 @@ def test_tenants_with_a_pool_of_the_same_name_each_route_only_to_their_own(tenan
             rule(1, {"workflow": "billing.*"}, {"pool": "main"})
             own[label] = {str(c.id) for c in members}
     assert not own["a"] & own["b"]
-    seen: dict[str, set[str]] = {"a": set(), "b": set()}
     for _ in range(20):  # interleaved, so both tenants' tables are warm in this process at once
         for label, (t, _) in (("a", tenant_a), ("b", tenant_b)):
             with tenant_context(t):
                 decision = route(STEP)
-                seen[label].add(decision.connection_id)
-                assert {c.connection_id for c in decision.candidates} == own[label]
-    assert seen == own
+                assert {m.connection_id for m in decision.pool.members} == own[label]
+                assert {c["connection_id"] for c in decision.trace()["candidates"]} == own[label]
 
 
 def test_an_edited_rule_takes_effect_on_the_very_next_route(tenant):
@@ -424,11 +418,15 @@ def test_another_process_sees_the_edit_too(tenant):
 def test_created_and_deleted_routing_rows_take_effect_at_once(tenant):
     c1, c2 = conn("c1"), conn("c2")
     main = pool("main", [c1], is_default=True)
-    assert [c.name for c in route(STEP).candidates] == ["c1"]
+
+    def candidates() -> list[str]:
+        return [c["name"] for c in route(STEP).trace()["candidates"]]
+
+    assert candidates() == ["c1"]
     PoolMember.objects.create(pool=main, connection=c2, priority=5)
-    assert [c.name for c in route(STEP).candidates] == ["c1", "c2"]
+    assert candidates() == ["c1", "c2"]
     c1.delete()
-    assert [c.name for c in route(STEP).candidates] == ["c2"]
+    assert candidates() == ["c2"]
     rule(1, {}, {"deny": "maintenance"})
     assert route(STEP).allowed is False
     Rule.objects.get(priority=1).delete()
@@ -443,7 +441,8 @@ def test_a_warm_route_does_not_query_postgresql(tenant, django_assert_num_querie
     with django_assert_num_queries(0):
         for _ in range(20):
             decision = route(STEP)
-    assert decision.connection is not None
+    assert decision.pool is not None
+    assert decision.pool.name == "main"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -476,247 +475,3 @@ def test_a_table_read_by_another_process_during_the_edit_is_not_served_after_com
             worker.join(30)
         assert seen_by_other == ["p1"]  # it read the old committed rule, under the new version
         assert route(STEP).pool.name == "p2"
-
-
-# --- strategies -----------------------------------------------------------------------------
-
-
-def test_weighted_matches_the_weights_over_10000_picks(tenant):
-    members = [(conn("w1"), 1, 0), (conn("w3"), 3, 1), (conn("w6"), 6, 2)]
-    pool("main", members, strategy=Pool.Strategy.WEIGHTED, is_default=True)
-    random.seed(20240601)
-    decision = route(STEP)
-    # The picks themselves: route() makes exactly this call on the candidates it read from Redis.
-    picks = Counter(choose(decision.pool, decision.candidates)[0].name for _ in range(10_000))
-    for name, share in (("w1", 0.1), ("w3", 0.3), ("w6", 0.6)):
-        assert abs(picks[name] / 10_000 - share) < 0.02, picks
-    routed = Counter(route(STEP).connection.name for _ in range(300))
-    assert set(routed) == {"w1", "w3", "w6"}
-    assert routed["w6"] > routed["w1"]
-
-
-def test_weighted_never_picks_a_zero_weight_member(tenant):
-    pool("main", [(conn("never"), 0, 0), (conn("always"), 1, 1)], strategy=Pool.Strategy.WEIGHTED,
-         is_default=True)
-    assert {route(STEP).connection.name for _ in range(200)} == {"always"}
-
-
-def test_round_robin_cycles_through_every_connection(tenant):
-    pool("main", [conn("r1"), conn("r2"), conn("r3")], strategy=Pool.Strategy.ROUND_ROBIN, is_default=True)
-    picks = [route(STEP).connection.name for _ in range(9)]
-    assert sorted(picks[:3]) == ["r1", "r2", "r3"]
-    assert picks[3:6] == picks[:3]
-    assert picks[6:9] == picks[:3]
-
-
-def test_least_inflight_picks_the_connection_with_fewest_live_leases(tenant):
-    a, b, c = conn("a"), conn("b"), conn("c")
-    pool("main", [a, b, c], strategy=Pool.Strategy.LEAST_INFLIGHT, is_default=True)
-    for connection, count in ((a, 2), (b, 1)):
-        for i in range(count):
-            scope = capacity.connection_scope(connection.id, 10)
-            assert capacity.acquire([scope], f"{connection.name}{i}", 30)
-    decision = route(STEP)
-    assert decision.connection.name == "c"
-    assert {x.name: x.in_flight for x in decision.candidates} == {"a": 2, "b": 1, "c": 0}
-    for i in range(3):
-        capacity.acquire([capacity.connection_scope(c.id, 10)], f"c{i}", 30)
-    assert route(STEP).connection.name == "b"
-    capacity.release("a0")
-    capacity.release("a1")
-    assert route(STEP).connection.name == "a"
-
-
-def test_failover_uses_the_next_connection_only_while_the_first_ones_breaker_is_open(
-    tenant, settings, redis_client
-):
-    settings.DUCTOR_BREAKER_FAILURES = 3
-    settings.DUCTOR_BREAKER_COOLDOWN_S = 0.3
-    primary, backup = conn("primary"), conn("backup")
-    pool("main", [(backup, 1, 2), (primary, 1, 1)], strategy=Pool.Strategy.FAILOVER, is_default=True)
-    assert route(STEP).connection.name == "primary"
-
-    assert record_failure(primary.id) == BreakerState.CLOSED
-    assert record_failure(primary.id) == BreakerState.CLOSED
-    assert route(STEP).connection.name == "primary"  # below the threshold
-    opened_at = redis_now_ms(redis_client)
-    assert record_failure(primary.id) == BreakerState.OPEN
-    decision = route(STEP)
-    assert decision.connection.name == "backup"
-    assert {c.name: (c.state, c.eligible) for c in decision.candidates} == {
-        "primary": ("open", False), "backup": ("closed", True),
-    }
-
-    sleep_until(redis_client, opened_at + 350)
-    decision = route(STEP)
-    assert decision.connection.name == "primary"  # cooldown over: half-open, a trial call
-    assert decision.candidates[0].state == "half_open"
-    assert record_failure(primary.id) == BreakerState.OPEN  # the trial failed: open again
-    assert route(STEP).connection.name == "backup"
-
-    sleep_until(redis_client, redis_now_ms(redis_client) + 350)
-    assert route(STEP).connection.name == "primary"
-    assert record_success(primary.id) == BreakerState.CLOSED
-    decision = route(STEP)
-    assert (decision.connection.name, decision.candidates[0].state) == ("primary", "closed")
-
-
-def test_a_breaker_counts_consecutive_failures_only(tenant, settings):
-    settings.DUCTOR_BREAKER_FAILURES = 2
-    c = conn("c")
-    pool("main", [c], is_default=True)
-    record_failure(c.id)
-    record_success(c.id)
-    assert record_failure(c.id) == BreakerState.CLOSED
-    assert route(STEP).connection.name == "c"
-
-
-def test_connections_at_their_concurrency_limit_are_skipped(tenant):
-    full, free = conn("full", max_concurrency=1), conn("free", max_concurrency=5)
-    pool("main", [full, free], strategy=Pool.Strategy.FAILOVER, is_default=True)
-    assert route(STEP).connection.name == "full"
-    assert capacity.acquire([capacity.connection_scope(full.id, 1)], "holder", 30)
-    decision = route(STEP)
-    assert decision.connection.name == "free"
-    skipped = decision.candidates[0]
-    assert (skipped.name, skipped.eligible, skipped.in_flight, skipped.limit) == ("full", False, 1, 1)
-    assert "concurrency limit" in skipped.why
-
-
-def test_a_pool_with_no_eligible_connection_refuses_the_step(tenant, settings):
-    settings.DUCTOR_BREAKER_FAILURES = 1
-    a, b = conn("a", max_concurrency=1), conn("b")
-    pool("main", [a, b], is_default=True)
-    capacity.acquire([capacity.connection_scope(a.id, 1)], "holder", 30)
-    record_failure(b.id)
-    decision = route(STEP)
-    assert decision.allowed is False
-    assert decision.connection is None
-    assert "no eligible connection" in decision.reason
-    assert [c.eligible for c in decision.candidates] == [False, False]
-    assert decision.saturated is True  # "a" frees when its holder ends: wait for it
-
-
-def test_a_pool_refused_only_for_open_breakers_is_not_saturated(tenant, settings):
-    settings.DUCTOR_BREAKER_FAILURES = 1
-    a = conn("a", max_concurrency=1)
-    pool("main", [a], is_default=True)
-    capacity.acquire([capacity.connection_scope(a.id, 1)], "holder", 30)
-    record_failure(a.id)  # open and full: the breaker decides
-    decision = route(STEP)
-    assert (decision.allowed, decision.saturated) == (False, False)
-
-
-def test_breakers_are_per_tenant(tenant_a, tenant_b, redis_client, settings):
-    settings.DUCTOR_BREAKER_FAILURES = 1
-    with tenant_context(tenant_a[0]):
-        a = conn("same")
-        pool("main", [a], is_default=True)
-    with tenant_context(tenant_b[0]):
-        b = conn("same")
-        pool("main", [b], is_default=True)
-        record_failure(a.id)  # the same id in B's keys is not A's breaker
-        assert route(STEP).candidates[0].state == "closed"
-    with tenant_context(tenant_a[0]):
-        assert route(STEP).candidates[0].state == "closed"
-
-
-# --- the trace ------------------------------------------------------------------------------
-
-
-def test_the_trace_lists_every_candidate_with_its_state(tenant, settings):
-    settings.DUCTOR_BREAKER_FAILURES = 1
-    broken, full, ok = conn("broken"), conn("full", max_concurrency=1), conn("ok")
-    pool("main", [broken, full, ok], strategy=Pool.Strategy.ROUND_ROBIN)
-    routing = rule(1, {"workflow": "billing.*"}, {"pool": "main", "partition_key": "p-{workflow}"})
-    record_failure(broken.id)
-    capacity.acquire([capacity.connection_scope(full.id, 1)], "holder", 30)
-    trace = route(STEP).trace()
-    assert json.loads(json.dumps(trace)) == trace  # stored and returned as JSON
-    assert trace["allowed"] is True
-    assert trace["rule"] == {"id": str(routing.id), "name": "rule-1", "priority": 1}
-    assert trace["pool"]["name"] == "main"
-    assert trace["pool"]["strategy"] == "round_robin"
-    assert trace["tier"] == "standard"
-    assert trace["partition_key"] == "p-billing.invoice"
-    keys = ("name", "breaker", "eligible", "in_flight", "limit")
-    states = [tuple(c[k] for k in keys) for c in trace["candidates"]]
-    assert states == [
-        ("broken", "open", False, 0, None), ("full", "closed", False, 1, 1), ("ok", "closed", True, 0, None),
-    ]
-    assert trace["candidates"][0]["why"] == "circuit breaker open"
-    assert trace["connection"] == {"id": str(ok.id), "name": "ok"}
-    assert "ok" in trace["reason"]
-
-
-# --- admission ------------------------------------------------------------------------------
-
-
-def test_admit_takes_tenant_pool_and_connection_scopes_all_or_none(tenant):
-    c = conn("c", max_concurrency=2)
-    main = pool("main", [c], is_default=True, max_concurrency=1)
-    limits = effective_entitlements(tenant)
-    scopes = [capacity.tenant_scope(limits.max_concurrency), capacity.pool_scope(main.id, 1),
-              capacity.connection_scope(c.id, 2)]
-    decision = route(STEP)
-
-    assert admit(decision, "step-1", lease_s=30) == (True, 0.0)
-    assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]
-
-    admitted, _ = admit(decision, "step-2", lease_s=30)  # the pool is full
-    assert admitted is False
-    assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]  # step-2 holds nothing anywhere
-
-    release("step-1")
-    assert [capacity.in_flight(s) for s in scopes] == [0, 0, 0]
-    release("step-1")  # idempotent
-    assert admit(decision, "step-2", lease_s=30) == (True, 0.0)
-    assert [capacity.in_flight(s) for s in scopes] == [1, 1, 1]
-
-
-def test_admit_after_fair_queue_dispatch_takes_only_pool_and_connection_scopes(tenant):
-    """The fair queue took the tenant's slot and step rate at dequeue; admit must not charge them again."""
-    c = conn("c", max_concurrency=2)
-    main = pool("main", [c], is_default=True, max_concurrency=1)
-    limits = effective_entitlements(tenant)
-    decision = route(STEP)
-    before = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
-
-    assert admit(decision, "step-1", lease_s=30, tenant_admitted=True) == (True, 0.0)
-    assert capacity.tenant_in_flight() == 0
-    assert capacity.in_flight(capacity.pool_scope(main.id, 1)) == 1
-    assert capacity.in_flight(capacity.connection_scope(c.id, 2)) == 1
-    after = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
-    assert after.remaining == before.remaining
-    assert admit(decision, "step-2", lease_s=30, tenant_admitted=True)[0] is False  # the pool is full
-    release("step-1")
-    assert capacity.in_flight(capacity.pool_scope(main.id, 1)) == 0
-
-
-def test_admit_refused_by_a_rate_holds_nothing(tenant):
-    c = conn("c", max_concurrency=5, rate_per_s=0.01, burst=1)
-    pool("main", [c], is_default=True)
-    decision = route(STEP)
-    assert admit(decision, "first", lease_s=30) == (True, 0.0)
-    admitted, retry_after = admit(decision, "second", lease_s=30)
-    assert admitted is False
-    assert retry_after > 0
-    assert capacity.in_flight(capacity.connection_scope(c.id, 5)) == 1
-    assert capacity.tenant_in_flight() == 1
-
-
-def test_admit_refused_by_one_rate_charges_no_other_rate(make_tenant, redis_client):
-    """A step held back by its connection's rate must not burn the tenant's step rate meanwhile."""
-    free, _ = make_tenant("slow-steps", plan="free")  # 5 steps/s, burst 10
-    with tenant_context(free):
-        limits = effective_entitlements(free)
-        c = conn("c", rate_per_s=0.01, burst=1)
-        pool("main", [c], is_default=True)
-        decision = route(STEP)
-        assert admit(decision, "first", lease_s=30)[0] is True
-        release("first")
-        before = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
-        for i in range(5):
-            assert admit(decision, f"held-back-{i}", lease_s=30)[0] is False
-        after = capacity.rate_peek(capacity.STEP_RATE_LIMITER, limits.step_rate_per_s, limits.step_burst)
-        assert after.remaining >= before.remaining

@@ -888,7 +888,9 @@ def test_explain_returns_the_decision_and_trace_and_takes_no_capacity(
             ("one", True, 0),
             ("two", True, 0),
         ]
-        assert "failover" in trace["reason"]
+        assert trace["admission"]["admitted"] is True
+        assert trace["admission"]["why"] == "failover: first available by priority (0)"
+        assert "a connection is chosen when a slot is free" in trace["reason"]
 
     with tenant_context(tenant_a[0]):
         assert capacity.tenant_in_flight() == 0

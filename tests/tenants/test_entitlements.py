@@ -224,7 +224,9 @@ def test_a_stale_read_cached_between_an_override_write_and_its_commit_is_dropped
     assert cache.get(key) == "stale"
     for callback in callbacks:
         callback()
-    assert cache.get(key) is None
+    # The stale entry is gone: dropped, or replaced by what was read after the commit (the fair
+    # queue's copy of the limits is rewritten then).
+    assert cache.get(key) != "stale"
     assert effective_entitlements(free_tenant).max_pools == 9
 
 

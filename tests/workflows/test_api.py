@@ -20,7 +20,7 @@ from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code
-from workflows import engine
+from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 pytestmark = pytest.mark.usefixtures("redis_client")
@@ -64,7 +64,7 @@ def runs(tenant: Tenant) -> int:
 
 def tick(tenant: Tenant, run_id: Any) -> None:
     with tenant_context(tenant):
-        engine.tick(run_id)
+        engine_tick.tick(run_id)
 
 
 # --- definitions -----------------------------------------------------------------------------

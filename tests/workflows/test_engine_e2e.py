@@ -37,7 +37,9 @@ from scheduling import services as scheduling_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import ROOT, CeleryWorker, api_client, error_code, service_env
-from workflows import engine, services
+from workflows import services
+from workflows.engine import items, reconcile
+from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -375,7 +377,7 @@ def test_a_retried_step_keeps_the_tier_and_partition_its_rule_gave_the_first_att
     assert [(s.attempt, s.status) for s in attempts] == [(1, "failed"), (2, "succeeded")]
     for attempt in attempts:
         assert (attempt.routing["tier"], attempt.routing["partition_key"]) == ("batch", "acct-7")
-        sent = wait_for(lambda a=attempt: dispatches(stack, engine.step_item_id(a.pk)),
+        sent = wait_for(lambda a=attempt: dispatches(stack, items.step_item_id(a.pk)),
                         what=f"attempt {attempt.attempt}'s dispatch in the log")
         assert {(line["tier"], line["partition"]) for line in sent} == {("batch", "acct-7")}
     drained(tenant)
@@ -472,6 +474,54 @@ def test_a_pool_with_max_concurrency_1_runs_4_parallel_steps_one_at_a_time_and_a
     # A step is admitted once the one before it gave its slot back, after its 300 ms action.
     starts = sorted(latest[p].started_at for p in parts)
     assert all((later - earlier).total_seconds() >= 0.3 for earlier, later in itertools.pairwise(starts))
+    drained(tenant)
+
+
+def test_each_parked_step_of_a_full_pool_is_dispatched_once(stack, tenant_a):
+    """4 steps through a pool of concurrency 1: each waits parked for the slot and is handed to
+    the worker once (by a message or a handoff), never dispatched only to come back."""
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        scheduling_services.pool_create(name="narrow", max_concurrency=1)
+    parts = [f"part_{n}" for n in range(4)]
+    put(tenant, "narrowed", {"nodes": [
+        {"id": p, "type": "action", "action": "sleep_ms", "input": {"ms": 100}, "pool": "narrow"} for p in parts]})
+    run = finished(tenant, start(tenant, "narrowed").pk)
+
+    assert run.status == "succeeded", run.error
+    handed_out = Counter(line["item_id"] for text in (stack.dispatcher.output(), stack.worker.output())
+                         for line in log_lines(text) if line.get("event") == "dispatched")
+    for step in steps(tenant, run):
+        assert handed_out[items.step_item_id(step.pk)] == 1, step.node_id
+    drained(tenant)
+
+
+def test_a_round_robin_pool_of_two_alternates_3_3_over_six_steps_and_explain_moves_no_turn(
+    stack, tenant_a, client_a
+):
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        for name in ("left", "right"):
+            scheduling_services.connection_create(name=name, kind="http",
+                                                  config={"base_url": f"https://{name}.example.com"})
+        scheduling_services.pool_create(name="pair", members=[scheduling_services.MemberSpec("left"),
+                                                              scheduling_services.MemberSpec("right")])
+    put(tenant, "one-step", {"nodes": [echo("call", {}, pool="pair")]})
+    used, predicted = [], []
+    for _ in range(6):  # one run after the other, with dry runs between them
+        for _ in range(2):
+            response = client_a.post("/api/v1/routing/explain", {"workflow": "one-step", "action": "echo",
+                                                                 "pool": "pair"}, format="json")
+            assert response.status_code == 200
+            predicted.append(response.json()["connection"]["name"])
+        run = finished(tenant, start(tenant, "one-step").pk)
+        assert run.status == "succeeded", run.error
+        step = by_node(tenant, run)["call"]
+        used.append(step.routing["connection"]["name"])
+        assert step.routing["admitted"].startswith("round robin: turn ")
+    assert used == ["right", "left", "right", "left", "right", "left"]
+    assert Counter(used) == {"left": 3, "right": 3}
+    assert predicted[1::2] == used  # what the dry run said right before is what the attempt got
     drained(tenant)
 
 
@@ -632,15 +682,15 @@ def test_a_duplicate_tick_mid_run_or_after_the_end_changes_nothing(stack, tenant
         "output": "$nodes.last.output",
     })
     run = start(tenant, "napping")
-    item = engine.tick_item_id(run.pk)
+    item = items.tick_item_id(run.pk)
 
     def duplicate_tick() -> None:
         """A second delivery of the run's tick item, through the queue, plus a direct call."""
         seen = dispatches_of(stack, item)
         with tenant_context(tenant):
             fq.enqueue(item, tier=run.tier, partition=f"run:{run.pk}", payload={"kind": "tick", "run_id": str(run.pk)})
-            engine.tick(run.pk)
-            engine.tick(run.pk)
+            engine_tick.tick(run.pk)
+            engine_tick.tick(run.pk)
         wait_for(lambda: dispatches_of(stack, item) > seen, what="the duplicate tick to be dispatched")
         drained(tenant)
 
@@ -718,7 +768,7 @@ def test_after_a_redis_flush_the_reconciler_puts_back_lost_sleeps_and_retry_back
 
     # What the coordinator does once the run has been still for STALE_RUN_S.
     WorkflowRun.all_tenants.filter(pk=run.pk).update(updated_at=fresh(tenant, run.pk).updated_at.replace(year=2000))
-    assert engine.reconcile_runs() == 1
+    assert reconcile.reconcile_runs() == 1
 
     run = finished(tenant, run.pk)
     assert run.status == "succeeded", run.error

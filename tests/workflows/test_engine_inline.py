@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from ductor_project.core import capacity
 from ductor_project.core.context import tenant_context
 from ductor_project.core.keys import shard_of
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
-from scheduling.dispatch.delivery import RetryLater
 from scheduling.dispatch.handlers import ItemContext
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
-from workflows import engine, services
+from workflows import services
+from workflows.engine import items, reconcile, steps
+from workflows.engine import tick as engine_tick
 from workflows.models import StepRun, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,16 +48,18 @@ def start(tenant: Tenant, workflow: str, input: Any = None) -> WorkflowRun:
 
 def tick(tenant: Tenant, run: WorkflowRun) -> WorkflowRun:
     with tenant_context(tenant):
-        engine.tick(run.pk)
+        engine_tick.tick(run.pk)
         return WorkflowRun.objects.get(pk=run.pk)
 
 
-def execute(tenant: Tenant, step: StepRun) -> None:
-    """Run a step item's handler, as a worker does once the item is dispatched."""
-    ctx = ItemContext(tenant_id=str(tenant.pk), item_id=engine.step_item_id(step.pk), tier="standard",
-                      partition=f"step:{step.pk}", delivery=1, waited_ms=0)
+def execute(tenant: Tenant, step: StepRun, item: fq.Dequeued | None = None) -> None:
+    """Run a step item's handler, as a worker does once the item is dispatched (``item``, if
+    given, says which connection its admission chose)."""
+    ctx = ItemContext(tenant_id=str(tenant.pk), item_id=items.step_item_id(step.pk), tier="standard",
+                      partition=f"step:{step.pk}", delivery=item.delivery if item else 1, waited_ms=0,
+                      connection_id=item.connection_id if item else "", admitted=item.admitted if item else "")
     with tenant_context(tenant):
-        engine.execute_step(ctx, {"step_id": str(step.pk)})
+        steps.execute_step(ctx, {"step_id": str(step.pk)})
 
 
 def by_node(tenant: Tenant, run: WorkflowRun) -> dict[str, StepRun]:
@@ -136,31 +138,39 @@ def test_continue_as_new_is_charged_to_the_quota_and_fails_the_run_with_quota_ex
 # -- a busy pool ----------------------------------------------------------------------------------
 
 
-def test_a_step_whose_only_connection_is_busy_waits_in_the_queue_and_runs_once_the_slot_frees(tenant):
+def test_a_step_whose_only_connection_is_busy_is_parked_at_dequeue_and_dispatched_once_the_slot_frees(tenant):
     with tenant_context(tenant):
         api = scheduling_services.connection_create(name="api", kind="http", max_concurrency=1,
                                                     config={"base_url": "https://api.example.com"})
         scheduling_services.pool_create(name="one", members=[scheduling_services.MemberSpec("api")])
-        assert capacity.acquire([capacity.connection_scope(api.pk, 1)], "elsewhere", lease_s=60)
     put(tenant, "busy", {"nodes": [echo("call", {"v": 1}, pool="one")], "output": "$nodes.call.output"})
-    run = tick(tenant, start(tenant, "busy"))
+    first_run, second_run = start(tenant, "busy"), start(tenant, "busy")
+    shard = shard_of(str(tenant.pk))
 
-    step = by_node(tenant, run)["call"]
-    assert step.status == "queued"  # not failed with routing_denied
-    assert step.routing["candidates"][0]["why"] == "at its concurrency limit (1)"
-    assert engine.step_item_id(step.pk) in queued(tenant)
-    with pytest.raises(RetryLater) as retry:
-        execute(tenant, step)
-    assert retry.value.delay_s == engine.BUSY_RETRY_S
-    assert by_node(tenant, run)["call"].status == "queued"
+    first = fq.dequeue(shard=shard, lease_ms=60_000)
+    assert first is not None
+    assert first.item_id == items.step_item_id(by_node(tenant, first_run)["call"].pk)
+    assert (first.connection_id, first.admitted) == (str(api.pk), "round robin: turn 1")
+    # The second run's step is not handed out to wait on a worker: it is parked, due, holding nothing.
+    assert fq.dequeue(shard=shard, lease_ms=60_000) is None
+    stats = fq.stats(tenant)
+    assert (stats.backlog, stats.due, stats.in_flight) == (1, 1, 1)
+    step = by_node(tenant, second_run)["call"]
+    assert step.status == "queued"
+    assert step.routing["pool"]["name"] == "one"
+    assert step.routing["connection"] is None  # chosen at admission, not by the tick
 
-    with tenant_context(tenant):
-        capacity.release("elsewhere")
-    execute(tenant, step)
-    step = by_node(tenant, run)["call"]
+    execute(tenant, by_node(tenant, first_run)["call"], first)
+    assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant)  # the slot frees: the step wakes
+    second = fq.dequeue(shard=shard, lease_ms=60_000)
+    assert second is not None
+    assert second.item_id == items.step_item_id(step.pk)
+    assert (second.connection_id, second.attempt) == (str(api.pk), 1)  # its first and only delivery
+    execute(tenant, step, second)
+    step = by_node(tenant, second_run)["call"]
     assert step.status == "succeeded"
-    assert step.routing["connection"]["name"] == "api"
-    run = tick(tenant, run)
+    assert (step.routing["connection"]["name"], step.routing["admitted"]) == ("api", "round robin: turn 2")
+    run = tick(tenant, second_run)
     assert (run.status, run.output) == ("succeeded", {"v": 1})
 
 
@@ -182,7 +192,7 @@ def test_continue_as_new_cancels_the_other_branches_steps_and_takes_their_items_
         "work": "cancelled", "nap": "cancelled", "again": "succeeded"}
     with tenant_context(tenant):
         successor = WorkflowRun.objects.get(continued_from=run)
-    assert queued(tenant) == {engine.tick_item_id(successor.pk)}  # no item of "work" is left
+    assert queued(tenant) == {items.tick_item_id(successor.pk)}  # no item of "work" is left
 
 
 # -- the reconciler -------------------------------------------------------------------------------
@@ -194,23 +204,23 @@ def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_
     put(tenant, "one", {"nodes": [echo("a", {})]})
     waiting, lost_old, lost_new = (start(tenant, "one") for _ in range(3))
     with tenant_context(tenant):
-        engine.enqueue_tick(waiting)  # the other two lost theirs (a crash before the enqueue)
+        items.enqueue_tick(waiting)  # the other two lost theirs (a crash before the enqueue)
     long_ago = timezone.now() - timedelta(hours=1)
     for age, run in enumerate((waiting, lost_old, lost_new)):
         WorkflowRun.all_tenants.filter(pk=run.pk).update(updated_at=long_ago - timedelta(minutes=10 - age))
-    monkeypatch.setattr(engine, "RECONCILE_BATCH", 2)
+    monkeypatch.setattr(reconcile, "RECONCILE_BATCH", 2)
 
     def updated(run: WorkflowRun) -> Any:
         return WorkflowRun.all_tenants.get(pk=run.pk).updated_at
 
-    assert engine.reconcile_runs() == 1  # looks at the oldest two; the waiting one is moving
+    assert reconcile.reconcile_runs() == 1  # looks at the oldest two; the waiting one is moving
     assert updated(waiting) > long_ago  # touched: the next pass looks at others first
     assert updated(lost_old) > long_ago
     assert updated(lost_new) < long_ago  # past this pass's batch
-    assert engine.reconcile_runs() == 1
-    assert engine.reconcile_runs() == 0
+    assert reconcile.reconcile_runs() == 1
+    assert reconcile.reconcile_runs() == 0
     ticks = {item for item in queued(tenant) if item.startswith("tick:")}
-    assert ticks == {engine.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
+    assert ticks == {items.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
 
 
 # -- ticks that skip the queue ------------------------------------------------------------------
@@ -219,14 +229,14 @@ def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_
 def test_a_steps_outcome_ticks_its_run_in_the_same_transaction(tenant):
     put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
     run = start(tenant, "chain")  # its first tick ran in run_start: step a is queued
-    assert queued(tenant) == {engine.step_item_id(by_node(tenant, run)["a"].pk)}
+    assert queued(tenant) == {items.step_item_id(by_node(tenant, run)["a"].pk)}
 
     execute(tenant, by_node(tenant, run)["a"])
 
     steps = by_node(tenant, run)
     assert steps["a"].status == StepRun.Status.SUCCEEDED
     assert steps["b"].status == StepRun.Status.QUEUED  # started by the tick inside a's outcome
-    assert queued(tenant) == {engine.step_item_id(steps["b"].pk)}  # and no tick item to run
+    assert queued(tenant) == {items.step_item_id(steps["b"].pk)}  # and no tick item to run
 
 
 def test_an_inline_tick_that_fails_is_rolled_back_alone_and_goes_through_the_queue(tenant, monkeypatch):
@@ -239,11 +249,11 @@ def test_an_inline_tick_that_fails_is_rolled_back_alone_and_goes_through_the_que
         StepRun.objects.filter(pk=step.pk).update(output={"written": "by the failed tick"})
         raise RuntimeError("a bug in the tick")
 
-    monkeypatch.setattr(engine, "_start_ready", broken)
+    monkeypatch.setattr(engine_tick, "_start_ready", broken)
     execute(tenant, step)
 
     steps = by_node(tenant, run)
     assert steps["a"].status == StepRun.Status.SUCCEEDED  # the outcome is kept ...
     assert steps["a"].output == {"n": 1}  # ... without what the failed tick wrote
     assert "b" not in steps
-    assert queued(tenant) == {engine.tick_item_id(run.pk)}  # the tick waits in the queue instead
+    assert queued(tenant) == {items.tick_item_id(run.pk)}  # the tick waits in the queue instead

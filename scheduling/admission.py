@@ -1,0 +1,119 @@
+"""Admission at dequeue: what the fair queue admits besides the tenant, and the limits it uses.
+
+Route once: the tick routes a step attempt (rule, tier, partition, pool:
+``scheduling.routing``) and its queue item carries the pool's id. The dequeue
+(``lua/admit_lib.lua``) admits it in the same atomic step as the tenant's slot
+and rate: a slot and the rate of the pool, then one of the pool's connections,
+chosen by the pool's strategy among those whose breaker is not open, that have
+a free slot and whose rate admits a start. A head that cannot be admitted is
+parked (a freed slot of its pool or connection wakes it) or looked at again
+when its rate or breaker allows; it is never dispatched only to come back.
+
+The fair queue reads the limits from its own copy, kept here from the routing
+table: written with every enqueue of a routed item (``scope_confs``) and, when
+a tenant's routing changes, for all its pools and connections at once
+(``configure``), so a raised limit, a new member or a removed connection counts
+for the items already queued, and wakes those it may admit. The tenant's own
+limits and status (suspension) are kept the same way (``configure_tenant``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+from django.db import transaction
+
+from ductor_project.core.context import tenant_context
+from scheduling import fair_queue
+from scheduling.routing_table import MemberInfo, PoolInfo, RoutingTable, routing_table
+from tenants.models import Tenant
+
+log = structlog.get_logger(__name__)
+
+
+def _limits(max_concurrency: int | None, rate_per_s: float | None, burst: int | None) -> dict[str, Any]:
+    return {
+        "limit": -1 if max_concurrency is None else max_concurrency,
+        "rate": rate_per_s or 0,
+        "burst": burst or 1,
+    }
+
+
+def _members(pool: PoolInfo) -> list[MemberInfo]:
+    """The pool's members in the order admission looks at them: by priority, then name."""
+    return sorted(pool.members, key=lambda m: (m.priority, m.name))
+
+
+def pool_conf(pool: PoolInfo) -> str:
+    """The pool's conf as the dequeue reads it (``"pool:<id>"``)."""
+    members = [[m.connection_id, m.weight, m.priority] for m in _members(pool)]
+    return json.dumps({**_limits(pool.max_concurrency, pool.rate_per_s, pool.burst),
+                       "strategy": pool.strategy, "members": members}, separators=(",", ":"))
+
+
+def connection_conf(member: MemberInfo, table: RoutingTable) -> str:
+    """A connection's conf as the dequeue reads it (``"connection:<id>"``), with the pools it serves."""
+    pools = sorted(p.id for p in table.pools.values() if any(m.connection_id == member.connection_id
+                                                             for m in p.members))
+    return json.dumps({**_limits(member.max_concurrency, member.rate_per_s, member.burst), "pools": pools},
+                      separators=(",", ":"))
+
+
+def scope_confs(pool: PoolInfo, table: RoutingTable) -> dict[str, str]:
+    """The confs an item of ``pool`` is admitted by: the pool's and its connections'."""
+    confs = {f"pool:{pool.id}": pool_conf(pool)}
+    for member in pool.members:
+        confs[f"connection:{member.connection_id}"] = connection_conf(member, table)
+    return confs
+
+
+def all_scope_confs(table: RoutingTable) -> dict[str, str]:
+    """The confs of every pool and connection of the tenant's routing table."""
+    confs: dict[str, str] = {}
+    for pool in table.pools.values():
+        confs.update(scope_confs(pool, table))
+    return confs
+
+
+def configure(tenant: Tenant) -> int:
+    """The tenant's routing changed: replace the queue's copy of its pools' and connections'
+    limits with the routing table's, waking the partitions parked on what changed. One round
+    trip (plus the table's read when it is not cached). Returns how many confs changed."""
+    with tenant_context(tenant):
+        changed = fair_queue.configure(scopes=all_scope_confs(routing_table()), replace_scopes=True)
+    if changed:
+        log.info("admission_scopes_configured", tenant_id=str(tenant.pk), changed=changed)
+    return changed
+
+
+def configure_tenant(tenant: Tenant) -> None:
+    """The tenant's limits or status changed: the queue's copy of them follows at once (a
+    reactivated tenant, or one whose ceiling rose, is dispatched again without waiting)."""
+    if tenant.is_system:
+        return
+    with tenant_context(tenant):
+        fair_queue.configure()
+
+
+def peek(pool: PoolInfo, table: RoutingTable) -> fair_queue.AdmissionView:
+    """How the dequeue would admit an item of ``pool`` now, by the routing table of now, taking
+    nothing (no slot, no rate, no round-robin turn). One round trip."""
+    confs = scope_confs(pool, table)
+    return fair_queue.admission_peek(pool.id, confs.pop(f"pool:{pool.id}"), confs)
+
+
+# -- keeping the copy current (connected in SchedulingConfig.ready()) -------------------------------
+
+def routing_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A connection, pool, member or rule was saved or deleted: configure after the commit."""
+    tenant = instance.tenant
+    transaction.on_commit(lambda: configure(tenant))
+
+
+def limits_changed(sender: Any, tenant: Tenant, committed: bool, **kwargs: Any) -> None:
+    """``tenants.entitlements.limits_changed``: the tenant's limits or status changed (read them
+    once committed only)."""
+    if committed:
+        configure_tenant(tenant)

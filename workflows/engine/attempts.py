@@ -1,0 +1,97 @@
+"""The rows of a run's step attempts: which are active, the latest of each node, how one ends.
+
+An attempt ends with an ``Outcome``: succeeded with an output, or failed with
+an error whose ``code`` is a ``StepErrorCode`` and which says whether the
+node's retry policy may try again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils import timezone
+
+from ductor_project.core.errors import StepErrorCode
+from workflows.engine.events import record_event
+from workflows.engine.items import enqueue_tick, remove_on_commit, step_item_id
+from workflows.models import StepRun, WorkflowRun
+
+SStatus = StepRun.Status
+ACTIVE = frozenset({SStatus.SCHEDULED, SStatus.QUEUED, SStatus.RUNNING, SStatus.WAITING})
+# The statuses of a step that a worker may (still) run.
+ON_WORKER = (SStatus.QUEUED, SStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a step attempt ended. ``error`` holds ``code``, ``message``, ``retryable`` and details."""
+
+    status: str
+    output: Any = None
+    error: dict[str, Any] | None = field(default=None)
+
+    @classmethod
+    def succeeded(cls, output: Any = None) -> Outcome:
+        return cls(SStatus.SUCCEEDED, output=output)
+
+    @classmethod
+    def failed(cls, code: StepErrorCode, message: str, *, retryable: bool = False, **details: Any) -> Outcome:
+        return cls(SStatus.FAILED, error={"code": str(code), "message": message, "retryable": retryable,
+                                          **details})
+
+    @classmethod
+    def from_error(cls, error: dict[str, Any]) -> Outcome:
+        """A failure described as an action error describes itself (``ActionError.describe()``)."""
+        return cls(SStatus.FAILED, error=error)
+
+
+def nodes_of(run: WorkflowRun) -> list[dict[str, Any]]:
+    """The nodes of the run's workflow version (normalized spec, topological order)."""
+    return list(run.workflow.spec.get("nodes", []))
+
+
+def node_of(run: WorkflowRun, node_id: str) -> dict[str, Any]:
+    """The spec node ``node_id`` of the run's version."""
+    return next(node for node in nodes_of(run) if node["id"] == node_id)
+
+
+def latest_attempts(run: WorkflowRun) -> dict[str, StepRun]:
+    """Each node's latest attempt, by node id (one query)."""
+    latest: dict[str, StepRun] = {}
+    for step in StepRun.objects.filter(run=run).order_by("node_id", "attempt"):
+        latest[step.node_id] = step
+    return latest
+
+
+def finish(step: StepRun, outcome: Outcome | str) -> None:
+    """End ``step`` with ``outcome`` (or just a terminal status, such as cancelled or skipped)."""
+    if isinstance(outcome, str):
+        outcome = Outcome(outcome)
+    step.status, step.output, step.error = outcome.status, outcome.output, outcome.error
+    step.finished_at = timezone.now()
+    # A scoped UPDATE of the row (no foreign key changes): one round trip, where save() would
+    # first re-check the tenant of the step's run.
+    StepRun.objects.filter(pk=step.pk).update(status=step.status, output=step.output, error=step.error,
+                                              finished_at=step.finished_at)
+
+
+def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode, message: str, **details: Any) -> None:
+    """Fail a step that could not start, for good (not retried)."""
+    finish(step, Outcome.failed(code, message, **details))
+    record_event(run, "step_failed", step.node_id, reason=message)
+
+
+def abort_active(latest: dict[str, StepRun], status: str) -> None:
+    """End the steps still active with ``status``: their items leave the queue, their late results
+    are discarded, and their child runs are asked to cancel."""
+    for step in latest.values():
+        if step.status not in ACTIVE:
+            continue
+        finish(step, status)
+        remove_on_commit(step_item_id(step.id))
+        if step.child_run_id is not None:
+            WorkflowRun.objects.filter(pk=step.child_run_id).exclude(status__in=WorkflowRun.TERMINAL).update(
+                cancel_requested=True
+            )
+            enqueue_tick(WorkflowRun.objects.get(pk=step.child_run_id))

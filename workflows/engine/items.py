@@ -1,0 +1,81 @@
+"""The engine's fair-queue items and timers, all sent once the surrounding transaction commits.
+
+- A run's tick: item ``tick:<run id>``, partition ``run:<run id>``, in the run's
+  tier (coalesced while one waits).
+- A step attempt: item ``step:<step id>``, in the tier and partition of its
+  routing decision (its own partition ``step:<step id>`` by default) and with
+  its pool as the scope the dequeue admits, with the pool's current limits.
+- Timers (sleeps, retry backoffs, step timeouts): coordinator wake-ups.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from django.db import transaction
+
+from ductor_project.core.context import current_tenant, tenant_context
+from scheduling import admission, fair_queue
+from scheduling.coordinator.wakeups import schedule_wakeup
+from scheduling.routing_table import routing_table
+from tenants.models import Tenant
+from workflows.models import StepRun, WorkflowRun
+
+TICK = "tick"
+STEP = "step"
+
+
+def tick_item_id(run_id: Any) -> str:
+    return f"tick:{run_id}"
+
+
+def step_item_id(step_id: Any) -> str:
+    return f"step:{step_id}"
+
+
+def enqueue_tick(run: WorkflowRun) -> None:
+    """Enqueue a tick of ``run`` once the surrounding transaction commits (coalesced if one waits)."""
+    run_id, tier = str(run.id), run.tier
+
+    def push() -> None:
+        fair_queue.enqueue(tick_item_id(run_id), tier=tier, partition=f"run:{run_id}",
+                           payload={"kind": TICK, "run_id": run_id})
+
+    transaction.on_commit(push)
+
+
+def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
+    """Enqueue ``step`` once the surrounding transaction commits, where its stored routing decision
+    sends it: its tier (else the run's), its partition, and its pool, whose limits (and whose
+    connections') the dequeue admits it by."""
+    step_id, routing = str(step.id), step.routing or {}
+    tier = routing.get("tier") or run.tier
+    partition = routing.get("partition_key") or f"step:{step_id}"
+    pool_id = (routing.get("pool") or {}).get("id")
+
+    def push() -> None:
+        table = routing_table()
+        pool = table.pool_by_id(pool_id) if pool_id else None  # None: deleted since it was routed
+        scopes = admission.scope_confs(pool, table) if pool else {}
+        fair_queue.enqueue(step_item_id(step_id), tier=tier, partition=partition,
+                           payload={"kind": STEP, "step_id": step_id}, scope=pool.id if pool else None,
+                           scopes=scopes)
+
+    transaction.on_commit(push)
+
+
+def remove_on_commit(item_id: str) -> None:
+    """Withdraw the tenant's waiting item ``item_id`` once the surrounding transaction commits."""
+    transaction.on_commit(partial(_remove, current_tenant(), item_id))
+
+
+def _remove(tenant: Tenant, item_id: str) -> None:
+    with tenant_context(tenant):
+        fair_queue.remove(item_id)
+
+
+def wakeup_on_commit(ref: str, *, kind: str, delay_s: float) -> None:
+    """Schedule a coordinator wake-up for the tenant in context once the transaction commits."""
+    tenant = current_tenant()
+    transaction.on_commit(lambda: schedule_wakeup(tenant, ref, kind=kind, delay_s=delay_s))

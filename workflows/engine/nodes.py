@@ -1,0 +1,174 @@
+"""Starting a ready node, by its type, inside the tick's transaction (run row locked).
+
+- ``action``: routed once (``route_attempt``), recorded as a queued attempt with
+  its decision, and enqueued as a step item where the decision sends it; a
+  denied route fails the step at once.
+- ``sleep``: a scheduled attempt and a coordinator wake-up at its end.
+- ``subworkflow``: a child run (refused past the plan's ``max_nesting_depth`` or
+  the monthly run quota, which it is charged to).
+- ``continue_as_new``: a successor run, charged to the monthly run quota; this
+  run ends as ``continued`` and its other active steps are cancelled.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import F
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import StepErrorCode
+from scheduling.routing import RoutingDecision, route
+from scheduling.rules import Step
+from tenants.entitlements import effective_entitlements
+from tenants.usage import QuotaExceeded, quota_consume
+from workflows import templates
+from workflows.engine.attempts import abort_active, refuse
+from workflows.engine.events import record_event
+from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
+from workflows.models import StepRun, WorkflowRun, WorkflowVersion
+
+SStatus = StepRun.Status
+
+
+def route_attempt(run: WorkflowRun, node: dict[str, Any], rendered: Any) -> RoutingDecision:
+    """Route one attempt of an action node: the one routing decision it keeps."""
+    return route(Step(workflow=run.workflow_name, action=node["action"], tags=tuple(node.get("tags", [])),
+                      input=rendered, tier=run.tier, pool=node.get("pool")))
+
+
+def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],
+          now: datetime) -> bool:
+    """Start ``node``, recording its attempt in ``latest``. Returns True if the run continued as new."""
+    kind = node["type"]
+    if kind == "action":
+        latest[node["id"]] = _start_action(run, node, context)
+    elif kind == "sleep":
+        latest[node["id"]] = _start_sleep(run, node, now)
+    elif kind == "subworkflow":
+        latest[node["id"]] = _start_child(run, node, context)
+    elif kind == "continue_as_new":
+        return _continue_as_new(run, node, latest, context, now)
+    else:
+        raise ValueError(f"unknown node type {kind!r}")
+    return False
+
+
+def _start_action(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
+    rendered = templates.render(node.get("input", {}), context)
+    decision = route_attempt(run, node, rendered)
+    step = StepRun.objects.create(run=run, node_id=node["id"], node_type="action", status=SStatus.QUEUED,
+                                  input=rendered, routing=decision.trace())
+    if not decision.allowed:
+        refuse(run, step, StepErrorCode.ROUTING_DENIED, decision.reason)
+        return step
+    enqueue_step(step, run)
+    record_event(run, "step_queued", node["id"], tier=decision.tier, rule=step.routing["rule"],
+                 pool=decision.pool.name if decision.pool else None)
+    return step
+
+
+def _sleep_until(node: dict[str, Any], now: datetime) -> datetime:
+    if node.get("until"):
+        parsed = parse_datetime(str(node["until"]))
+        if parsed is not None:
+            return parsed
+    return now + timedelta(seconds=float(node.get("duration_s", 0)))
+
+
+def _start_sleep(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepRun:
+    until = _sleep_until(node, now)
+    step = StepRun.objects.create(run=run, node_id=node["id"], node_type="sleep", status=SStatus.SCHEDULED,
+                                  scheduled_for=until)
+    record_event(run, "step_sleeping", node["id"], until=until.isoformat())
+    wakeup_on_commit(str(step.id), kind="sleep_done", delay_s=max(0.0, (until - now).total_seconds()))
+    return step
+
+
+def _child_version(node: dict[str, Any]) -> WorkflowVersion | None:
+    versions = WorkflowVersion.objects.filter(definition__name=node.get("workflow"))
+    if node.get("version"):
+        versions = versions.filter(number=node["version"])
+    return versions.select_related("definition").order_by("-number").first()
+
+
+def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
+    node_id, name = node["id"], node.get("workflow")
+    rendered = templates.render(node.get("input", {}), context)
+    step = StepRun.objects.create(run=run, node_id=node_id, node_type="subworkflow", status=SStatus.WAITING,
+                                  input=rendered)
+    limits = effective_entitlements(current_tenant())
+    depth = run.nesting_depth + 1
+    if depth > limits.max_nesting_depth:
+        refuse(run, step, StepErrorCode.NESTING_TOO_DEEP, f"sub-workflow '{name}' would be nested {depth} levels "
+               f"deep; plan '{limits.plan}' allows {limits.max_nesting_depth}")
+        return step
+    version = _child_version(node)
+    if version is None:
+        refuse(run, step, StepErrorCode.UNKNOWN_WORKFLOW,
+               f"workflow '{name}' (version {node.get('version') or 'latest'}) does not exist")
+        return step
+    try:
+        quota_consume(runs=1)  # in the tick's transaction: charged only if the child is created
+    except QuotaExceeded as exc:
+        refuse(run, step, StepErrorCode.QUOTA_EXCEEDED, f"sub-workflow '{name}' not started: {exc.detail}",
+               details=exc.details)
+        return step
+    child = WorkflowRun.objects.create(
+        workflow=version, workflow_name=version.definition.name, input=rendered, tier=run.tier, tags=run.tags,
+        parent_run=run, parent_node_id=node_id, root_run_id=run.root_run_id, nesting_depth=depth,
+    )
+    record_event(child, "created", parent=str(run.id), node_id=node_id)
+    step.child_run = child
+    if node.get("wait", True):
+        step.save(update_fields=["child_run"])
+    else:
+        step.status, step.output, step.finished_at = SStatus.SUCCEEDED, {"run_id": str(child.id)}, timezone.now()
+        step.save(update_fields=["child_run", "status", "output", "finished_at"])
+    record_event(run, "child_started", node_id, child_run=str(child.id))
+    enqueue_tick(child)
+    return step
+
+
+def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],
+                     now: datetime) -> bool:
+    node_id = node["id"]
+    rendered = templates.render(node.get("input", {}), context)
+    try:
+        quota_consume(runs=1)
+    except QuotaExceeded as exc:
+        step = StepRun.objects.create(run=run, node_id=node_id, node_type="continue_as_new", status=SStatus.QUEUED,
+                                      input=rendered)
+        latest[node_id] = step
+        refuse(run, step, StepErrorCode.QUOTA_EXCEEDED, f"no successor run started: {exc.detail}",
+               details=exc.details)
+        return False  # the failed step fails the run
+    abort_active(latest, SStatus.CANCELLED)  # the other branches end with this run
+    successor = WorkflowRun.objects.create(
+        workflow=run.workflow, workflow_name=run.workflow_name, input=rendered, tier=run.tier,
+        tags=run.tags, parent_run=run.parent_run, parent_node_id=run.parent_node_id,
+        root_run_id=run.root_run_id, nesting_depth=run.nesting_depth, continued_from=run,
+    )
+    latest[node_id] = StepRun.objects.create(run=run, node_id=node_id, node_type="continue_as_new",
+                                             status=SStatus.SUCCEEDED, input=rendered,
+                                             output={"run_id": str(successor.id)}, finished_at=now)
+    record_event(successor, "created", continued_from=str(run.id))
+    run.status, run.finished_at = WorkflowRun.Status.CONTINUED, now
+    run.output = {"continued_as": str(successor.id)}
+    record_event(run, "continued", node_id, successor=str(successor.id))
+    run.lock_version = F("lock_version") + 1
+    run.save()
+    enqueue_tick(successor)
+    return True
+
+
+def finish_skipped(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepRun:
+    """Record ``node`` as skipped (a false ``when``, or a skipped or cancelled dependency)."""
+    step = StepRun.objects.create(run=run, node_id=node["id"], node_type=node["type"], status=SStatus.SKIPPED,
+                                  finished_at=now)
+    record_event(run, "step_skipped", node["id"])
+    return step
+

@@ -1,0 +1,80 @@
+"""The engine's reconciler: put back the Redis side of active runs that stopped moving.
+
+PostgreSQL is the source of truth. A crash between a commit and its enqueue,
+or a Redis flush, can leave an active run with nothing queued for it. Every
+pass of the coordinator's reconcilers looks at the runs unchanged for
+``STALE_RUN_S`` (the longest-unchanged first, ``RECONCILE_BATCH`` at most) and
+puts back their tick, the items of their queued and running steps, and the
+timers of their sleeps, retry backoffs and step timeouts. Each of those is
+idempotent (an item already queued or in flight is coalesced, a waiting timer
+is kept), so repairing a run that was only slow costs at most a no-op
+delivery. A run whose tick is still waiting or in flight is moving: it is
+only touched, not repaired. Crosses tenants by design: it is the system's
+housekeeping.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ductor_project.core.context import tenant_context
+from scheduling import fair_queue
+from workflows.engine.attempts import ACTIVE, nodes_of
+from workflows.engine.items import enqueue_step, enqueue_tick, tick_item_id, wakeup_on_commit
+from workflows.models import StepRun, WorkflowRun
+
+SStatus = StepRun.Status
+STALE_RUN_S = 30.0
+# Most stale runs one reconciler pass looks at (the longest-unchanged first).
+RECONCILE_BATCH = 500
+
+
+def reconcile_runs() -> int:
+    """Repair the stale active runs of every tenant (see the module docs); returns how many."""
+    now = timezone.now()
+    stale = list(
+        WorkflowRun.all_tenants.select_related("tenant", "workflow")
+        .exclude(status__in=WorkflowRun.TERMINAL)
+        .filter(updated_at__lt=now - timedelta(seconds=STALE_RUN_S))
+        .order_by("updated_at")[:RECONCILE_BATCH]
+    )
+    moving = _ticks_pending(stale)
+    if moving:  # touched, so that the next passes look at other runs first
+        WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=now)
+    count = 0
+    for run in stale:
+        if run.pk in moving:
+            continue
+        with tenant_context(run.tenant), transaction.atomic():
+            enqueue_tick(run)
+            by_id = {n["id"]: n for n in nodes_of(run)}
+            for step in StepRun.objects.filter(run=run, status__in=ACTIVE):
+                _repair_step(step, run, by_id.get(step.node_id, {}), now)
+            WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+        count += 1
+    return count
+
+
+def _ticks_pending(runs: list[WorkflowRun]) -> set[Any]:
+    """The ids of the ``runs`` whose tick item is waiting or in flight: one Redis round trip."""
+    found = fair_queue.pending([(run.tenant, tick_item_id(run.pk)) for run in runs])
+    return {run.pk for run, pending in zip(runs, found, strict=True) if pending}
+
+
+def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: datetime) -> None:
+    def due_in(moment: datetime | None) -> float:
+        return max(0.0, ((moment or now) - now).total_seconds())
+
+    if step.status in (SStatus.QUEUED, SStatus.RUNNING):
+        # A running step's item may be gone with its worker and the queue (a crash and a flush).
+        enqueue_step(step, run)
+    if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
+        deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
+        wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=due_in(deadline))
+    if step.status == SStatus.SCHEDULED:
+        kind = "sleep_done" if step.node_type == "sleep" else "step_retry"
+        wakeup_on_commit(str(step.id), kind=kind, delay_s=due_in(step.scheduled_for))

@@ -1,0 +1,199 @@
+"""The tick: advance one run, idempotently, under its tenant's context with its row locked.
+
+Apply what happened since the last tick (finished child runs, failed attempts
+that their retry policy tries again), start every node whose dependencies are
+done (``nodes.start``; a false ``when`` or a skipped dependency skips it, and
+the skip propagates), and finish the run when nothing is left: failed with its
+first failed step, or succeeded with its rendered output, waking its parent.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ductor_project.core.errors import StepErrorCode
+from scheduling.dispatch.handlers import ItemContext
+from workflows import templates
+from workflows.engine import nodes
+from workflows.engine.attempts import Outcome, abort_active, finish, latest_attempts, nodes_of
+from workflows.engine.events import jsonable, record_event
+from workflows.engine.items import enqueue_tick, wakeup_on_commit
+from workflows.models import StepRun, WorkflowRun
+from workflows.spec import backoff_delay
+
+log = structlog.get_logger(__name__)
+
+Status = WorkflowRun.Status
+SStatus = StepRun.Status
+
+
+def tick(run_id: Any) -> None:
+    """Advance one run. Idempotent; runs in the run's tenant context with the run row locked."""
+    with structlog.contextvars.bound_contextvars(run_id=str(run_id)), transaction.atomic():
+        run = (
+            WorkflowRun.objects.select_for_update(of=("self",))  # not the shared version row
+            .select_related("workflow")
+            .filter(pk=run_id)
+            .first()
+        )
+        if run is None or run.is_terminal:
+            return
+        if run.cancel_requested:
+            _cancel(run)
+            return
+        now = timezone.now()
+        if run.status == Status.PENDING:
+            run.status, run.started_at = Status.RUNNING, now
+            record_event(run, "started")
+        latest = latest_attempts(run)
+        _apply_children(run, latest)
+        _retry_failed(run, latest, now)
+        if _start_ready(run, latest, now):
+            return  # continued as new
+        _finish_if_done(run, latest)
+        run.lock_version = F("lock_version") + 1
+        run.save()
+
+
+def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
+    """The ``tick`` item handler."""
+    tick(body["run_id"])
+
+
+def tick_now(run: WorkflowRun) -> None:
+    """Advance ``run`` at once, in this process, instead of through the queue: a hop saved.
+
+    Inside a transaction that holds the run's row lock (a step recording its
+    outcome), the tick runs in a savepoint of it and its writes commit with it.
+    Should the tick fail, its writes are rolled back and the tick is enqueued.
+    """
+    try:
+        tick(run.pk)
+    except Exception:
+        log.exception("inline_tick_failed", run_id=str(run.pk))
+        enqueue_tick(run)
+
+
+def context_of(run: WorkflowRun, latest: dict[str, StepRun]) -> dict[str, Any]:
+    """What the run's templates and ``when`` conditions read: its input, nodes and ids."""
+    return {
+        "input": run.input,
+        "nodes": {nid: {"output": s.output, "status": s.status} for nid, s in latest.items()},
+        "run": {"id": str(run.id), "root_id": str(run.root_run_id)},
+    }
+
+
+def _retry_policy(node: dict[str, Any]) -> dict[str, Any]:
+    retry = dict(node.get("retry") or {})
+    retry.setdefault("max_attempts", 1)
+    retry.setdefault("backoff_s", 1.0)
+    retry.setdefault("max_backoff_s", 300.0)
+    retry.setdefault("jitter", True)
+    return retry
+
+
+def _retry_failed(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -> None:
+    """Schedule the next attempt of each failed step its retry policy tries again."""
+    by_id = {n["id"]: n for n in nodes_of(run)}
+    for node_id, step in list(latest.items()):
+        if step.status != SStatus.FAILED or not (step.error or {}).get("retryable"):
+            continue
+        node, policy = by_id[node_id], _retry_policy(by_id[node_id])
+        if step.attempt >= int(policy["max_attempts"]):
+            continue
+        delay = backoff_delay(policy, step.attempt)
+        retry_after = (step.error or {}).get("retry_after_s")
+        if isinstance(retry_after, int | float):
+            delay = max(delay, float(retry_after))
+        routing = nodes.route_attempt(run, node, step.input).trace() if node["type"] == "action" else None
+        nxt = StepRun.objects.create(
+            run=run, node_id=node_id, node_type=step.node_type, attempt=step.attempt + 1,
+            status=SStatus.SCHEDULED, input=step.input, scheduled_for=now + timedelta(seconds=delay),
+            routing=routing,
+        )
+        latest[node_id] = nxt
+        record_event(run, "step_retry_scheduled", node_id, attempt=nxt.attempt, delay_s=round(delay, 3))
+        wakeup_on_commit(str(nxt.id), kind="step_retry", delay_s=delay)
+
+
+def _apply_children(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
+    """Finish each step waiting for a child run that ended (through its ContinueAsNew successors)."""
+    for node_id, step in latest.items():
+        if step.status != SStatus.WAITING or step.child_run_id is None:
+            continue
+        final = WorkflowRun.objects.filter(pk=step.child_run_id).first()
+        while final is not None and final.status == Status.CONTINUED:
+            final = WorkflowRun.objects.filter(continued_from=final).first()
+        if final is None or not final.is_terminal:
+            continue
+        if final.status == Status.SUCCEEDED:
+            finish(step, Outcome.succeeded(final.output))
+        else:
+            code = StepErrorCode.CHILD_CANCELLED if final.status == Status.CANCELLED else StepErrorCode.CHILD_FAILED
+            finish(step, Outcome.failed(code, f"child run {final.id} {final.status}", child_error=final.error))
+        record_event(run, f"step_{step.status}", node_id, child_run=str(final.id))
+
+
+def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -> bool:
+    """Start every node whose dependencies are done. Returns True if the run continued as new."""
+    progressed = True
+    while progressed:  # skips can make more nodes ready within one tick
+        progressed = False
+        for node in nodes_of(run):
+            if node["id"] in latest:
+                continue
+            deps = [latest.get(d) for d in node.get("depends_on", [])]
+            if any(d is None or d.status not in StepRun.TERMINAL for d in deps):
+                continue
+            if any(d.status == SStatus.FAILED for d in deps if d is not None):
+                continue  # the run is failing
+            context = context_of(run, latest)
+            skip = any(d.status in (SStatus.SKIPPED, SStatus.CANCELLED) for d in deps if d is not None)
+            if not skip and node.get("when") is not None and not templates.evaluate_when(node["when"], context):
+                skip = True
+            if skip:
+                latest[node["id"]] = nodes.finish_skipped(run, node, now)
+            elif nodes.start(run, node, latest, context, now):
+                return True
+            progressed = True
+    return False
+
+
+def _finish_if_done(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
+    failed = [s for s in latest.values() if s.status == SStatus.FAILED]
+    if failed:
+        first = failed[0]
+        abort_active(latest, SStatus.CANCELLED)
+        run.status, run.finished_at = Status.FAILED, timezone.now()
+        run.error = {"node": first.node_id, "attempt": first.attempt, "error": first.error}
+        record_event(run, "failed", first.node_id)
+        _notify_parent(run)
+        return
+    if len(latest) < len(nodes_of(run)) or any(s.status not in StepRun.TERMINAL for s in latest.values()):
+        return
+    run.output = jsonable(templates.render(run.workflow.spec.get("output"), context_of(run, latest)))
+    run.status, run.finished_at = Status.SUCCEEDED, timezone.now()
+    record_event(run, "succeeded")
+    _notify_parent(run)
+
+
+def _cancel(run: WorkflowRun) -> None:
+    abort_active(latest_attempts(run), SStatus.CANCELLED)
+    run.status, run.finished_at = Status.CANCELLED, timezone.now()
+    record_event(run, "cancelled")
+    run.lock_version = F("lock_version") + 1
+    run.save()
+    _notify_parent(run)
+
+
+def _notify_parent(run: WorkflowRun) -> None:
+    if run.parent_run_id is not None:
+        parent = WorkflowRun.objects.filter(pk=run.parent_run_id).first()
+        if parent is not None and not parent.is_terminal:
+            enqueue_tick(parent)

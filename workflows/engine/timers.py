@@ -1,0 +1,92 @@
+"""The engine's wake-ups: a retry's backoff ended, a sleep ended, a step ran past its timeout.
+
+Each runs in the owning tenant's context (``scheduling.coordinator.wakeups``),
+takes the run's row lock and then the step's (the order a tick takes them in),
+and acts only if the step is still where the timer expects it: a late or
+duplicate wake-up changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ductor_project.core.errors import StepErrorCode
+from workflows.engine.attempts import Outcome, finish, refuse
+from workflows.engine.events import record_event
+from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
+from workflows.models import StepRun, WorkflowRun
+
+SStatus = StepRun.Status
+# A sleep woken this close to its end is over (timers fire a few ms early or late).
+SLEEP_SLACK = timedelta(milliseconds=50)
+
+
+def _with_step(step_id: str, fn: Callable[[StepRun, WorkflowRun], None]) -> None:
+    with transaction.atomic():
+        run_id = StepRun.objects.filter(pk=step_id).values_list("run_id", flat=True).first()
+        if run_id is None:
+            return
+        # The run row first, then the step: the order a tick takes them in.
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+        step = StepRun.objects.select_for_update().filter(pk=step_id).first()
+        if run is None or step is None or run.is_terminal:
+            return
+        fn(step, run)
+
+
+def retry_due(ref: str, data: dict[str, Any]) -> None:
+    """A retry's backoff ended: its attempt goes to the queue, as its routing decision says."""
+
+    def go(step: StepRun, run: WorkflowRun) -> None:
+        if step.status != SStatus.SCHEDULED:
+            return
+        if step.routing is not None and not step.routing.get("allowed", True):
+            refuse(run, step, StepErrorCode.ROUTING_DENIED, str(step.routing.get("reason", "")))
+            enqueue_tick(run)
+            return
+        step.status = SStatus.QUEUED
+        StepRun.objects.filter(pk=step.pk).update(status=step.status)
+        enqueue_step(step, run)
+
+    _with_step(ref, go)
+
+
+def sleep_done(ref: str, data: dict[str, Any]) -> None:
+    """A sleep ended (or a wake-up came early: it is scheduled again for the rest)."""
+
+    def go(step: StepRun, run: WorkflowRun) -> None:
+        if step.status != SStatus.SCHEDULED:
+            return
+        if step.scheduled_for and step.scheduled_for > timezone.now() + SLEEP_SLACK:
+            wakeup_on_commit(ref, kind="sleep_done", delay_s=(step.scheduled_for - timezone.now()).total_seconds())
+            return
+        finish(step, Outcome.succeeded({"slept_until": str(step.scheduled_for)}))
+        enqueue_tick(run)
+
+    _with_step(ref, go)
+
+
+def step_timeout(ref: str, data: dict[str, Any]) -> None:
+    """A running step passed its ``timeout_s``: it fails as retryable; its late result is discarded."""
+
+    def go(step: StepRun, run: WorkflowRun) -> None:
+        if step.status != SStatus.RUNNING:
+            return
+        finish(step, Outcome.failed(StepErrorCode.TIMEOUT, "step timed out", retryable=True))
+        record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
+        enqueue_tick(run)
+
+    _with_step(ref, go)
+
+
+# kind -> wake-up, registered with the coordinator by the workflows app.
+WAKEUPS: dict[str, Callable[[str, dict[str, Any]], None]] = {
+    "step_retry": retry_due,
+    "sleep_done": sleep_done,
+    "step_timeout": step_timeout,
+}
