@@ -8,6 +8,7 @@ first (``manage.py``, the WSGI app, the Celery app; ``ductor_project.embedded.bo
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import django_stubs_ext
@@ -32,8 +33,6 @@ def _secret_key() -> str:
         return configured
     path = DUCTOR_DATA_DIR / "secret_key"
     if not path.exists():
-        import secrets
-
         DUCTOR_DATA_DIR.mkdir(parents=True, exist_ok=True)
         path.write_text(secrets.token_urlsafe(50))
         path.chmod(0o600)

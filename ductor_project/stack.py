@@ -150,6 +150,14 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
 
+    def stop(self, grace_s: float = 15.0) -> bool:
+        """Stop it alone, as ``Stack.stop`` does: SIGTERM to its main process, then SIGKILL to whatever
+        is left of its process group after ``grace_s``. Returns whether it had stopped by then."""
+        self.terminate()
+        stopped = self.proc is None or _reaped(self.proc, grace_s)
+        self.kill()
+        return stopped
+
     def kill(self) -> None:
         """SIGKILL to whatever is left of its process group, wait for the main process, close the log."""
         if self.proc is not None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +19,7 @@ from django.db import connection, connections
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
-from ductor_project.stack import stop_group
+from ductor_project.stack import Child, Stack
 from tenants import services
 from tenants.models import ApiKey, Tenant
 
@@ -135,55 +133,34 @@ def service_env() -> dict[str, str]:
     return env
 
 
-class CeleryWorker:
-    """A real ``celery -A ductor_project worker`` process, for end-to-end tests."""
+def service_stack() -> Stack:
+    """A supervisor of child processes on this run's services (``service_env``), logging under the
+    data dir."""
+    return Stack(Path(settings.DUCTOR_DATA_DIR) / "test-logs", env=service_env(), say=lambda _: None,
+                 fresh_logs=True)
 
-    def __init__(self, *extra: str, concurrency: int = 1) -> None:
-        self.log = Path(settings.DUCTOR_DATA_DIR) / f"worker-{os.getpid()}-{time.monotonic_ns()}.log"
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "ductor_project", "worker",
-            "--loglevel", "INFO", "--concurrency", str(concurrency), "--pool", "prefork",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--hostname", f"test-{time.monotonic_ns()}@localhost", *extra,
-        ]
-        self._log_handle = open(self.log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=service_env(), stdout=self._log_handle, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{self.log.read_text()[-4000:]}")
-            if "ready." in self.log.read_text():
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"worker not ready:\n{self.log.read_text()[-4000:]}")
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def stop(self) -> None:
-        stop_group(self.proc, grace_s=20)
-        self._log_handle.close()
+def celery_worker_child(stack: Stack, *extra: str, concurrency: int = 1) -> Child:
+    """A real ``celery -A ductor_project worker`` (prefork, no heartbeats) under ``stack``, ready."""
+    name = f"worker-{os.getpid()}-{time.monotonic_ns()}"
+    worker = stack.worker(name, concurrency=concurrency, hostname=f"{name}@localhost", env=service_env(),
+                          extra=["--pool", "prefork", "--without-heartbeat", *extra])
+    stack.wait_ready(worker, timeout_s=60)
+    return worker
 
 
 @pytest.fixture
-def celery_worker(transactional_db: None, redis_client: Any) -> Iterator[Callable[..., CeleryWorker]]:
+def celery_worker(transactional_db: None, redis_client: Any) -> Iterator[Callable[..., Child]]:
     """Start real worker processes against this run's services; all are stopped afterwards."""
-    started: list[CeleryWorker] = []
+    stack = service_stack()
 
-    def start(*extra: str, concurrency: int = 1) -> CeleryWorker:
-        worker = CeleryWorker(*extra, concurrency=concurrency)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
+    def start(*extra: str, concurrency: int = 1) -> Child:
+        return celery_worker_child(stack, *extra, concurrency=concurrency)
 
-    yield start
-    for worker in started:
-        worker.stop()
+    try:
+        yield start
+    finally:
+        stack.stop_all(grace_s=20)
 
 
 def error_code(response: Any) -> str:

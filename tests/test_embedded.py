@@ -162,3 +162,35 @@ def test_status_and_stop_of_an_unused_data_dir_start_nothing() -> None:
     finally:
         embedded.stop(path)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _processes_under(path: Path) -> list[str]:
+    """The command lines of the running processes that name ``path`` (an embedded server would)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.parametrize("command", [["--help"], ["help"], ["up", "--help"], ["check"],
+                                     ["makemigrations", "--check", "--dry-run"]])
+def test_commands_that_need_no_server_start_none_on_a_fresh_data_dir(command: list[str]) -> None:
+    data_dir = new_data_dir()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(DUCTOR_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="ductor_project.settings")
+    try:
+        done = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not (data_dir / embedded.STATE_FILE).exists()  # nothing was started, nor recorded
+        assert _processes_under(data_dir) == []
+    finally:
+        embedded.stop(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -26,6 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
+from django.conf import settings
+from django.db import connections
 from psycopg import errors, sql
 
 SUFFIX = "_demo"
@@ -88,9 +90,6 @@ def create(database_url: str, redis_url: str, *, copy: bool) -> Scratch:
 
 def use(scratch: Scratch) -> None:
     """Point this process's default database connection at the scratch database (closed first)."""
-    from django.conf import settings
-    from django.db import connections
-
     connections.close_all()
     name = _database_name(scratch.database_url)
     settings.DATABASES["default"]["NAME"] = name

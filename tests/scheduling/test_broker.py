@@ -26,6 +26,7 @@ from rest_framework.test import APIClient
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE, app
 from ductor_project.core import capacity
 from ductor_project.core.keys import redis_key
+from ductor_project.stack import Child
 from scheduling import fair_queue as fq
 from scheduling.coordinator.reaper import reap_all
 from scheduling.coordinator.wakeups import schedule_wakeup
@@ -35,7 +36,7 @@ from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
 from tenants.tasking import TENANT_HEADER
-from tests.conftest import CeleryWorker, api_client, error_code
+from tests.conftest import api_client, error_code
 from tests.scheduling.broker_handlers import WAKE_KIND, records, redis_ms
 
 HANDLERS = ("--include", "tests.scheduling.broker_handlers")
@@ -110,7 +111,7 @@ def events(redis: Any, event: str, item: str | None = None) -> list[dict[str, An
     return [r for r in records(redis) if r["event"] == event and (item is None or r.get("item") == item)]
 
 
-def served_by(worker: CeleryWorker, row: dict[str, Any]) -> bool:
+def served_by(worker: Child, row: dict[str, Any]) -> bool:
     """The record was written by a process of ``worker`` (its process group)."""
     try:
         return os.getpgid(row["pid"]) == worker.proc.pid

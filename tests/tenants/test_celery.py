@@ -21,20 +21,20 @@ import pytest
 
 from ductor_project.celery import app as celery_app
 from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.stack import Child
 from tenants.models import Tenant, system_context
 from tenants.tasking import SYSTEM_QUEUE, TENANT_HEADER
 from tenants.tasks import tenant_ping
-from tests.conftest import CeleryWorker
 from tests.scoped.models import Folder
 from tests.scoped.tasks import create_folder, fail_in_tenant, peek_tenant_between_tasks
 
 WORK_QUEUE = celery_app.conf.task_default_queue
 RESULT_TIMEOUT = 60
 
-StartWorker = Callable[..., CeleryWorker]
+StartWorker = Callable[..., Child]
 
 
-def worker_events(worker: CeleryWorker) -> list[dict[str, Any]]:
+def worker_events(worker: Child) -> list[dict[str, Any]]:
     """The worker's structured log lines."""
     events = []
     for line in worker.output().splitlines():

@@ -15,28 +15,22 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from ductor_project.core import capacity
 from ductor_project.core.context import tenant_context
-from ductor_project.stack import stop_group
+from ductor_project.stack import Child
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
-from tests.conftest import ROOT, CeleryWorker, api_client, error_code, service_env
+from tests.conftest import api_client, celery_worker_child, error_code, service_env, service_stack
 from workflows import services
 from workflows.engine import items, reconcile
 from workflows.engine import tick as engine_tick
@@ -51,78 +45,42 @@ TERMINAL = {str(s) for s in WorkflowRun.TERMINAL}
 # -- the processes ------------------------------------------------------------------------------
 
 
-class Service:
-    """A ``manage.py`` loop (dispatcher, coordinator) in its own process group, logging to a file."""
-
-    def __init__(self, command: str) -> None:
-        self.log = Path(settings.DUCTOR_DATA_DIR) / f"{command}-{os.getpid()}-{time.monotonic_ns()}.log"
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", command], cwd=ROOT, env=service_env(), stdout=self._out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.log.name}: no {text!r}:\n{self.output()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        stop_group(self.proc)
-        self._out.close()
-
-
-class Stack:
-    """The module's processes; ``stop`` ends every one that was started, whatever failed."""
+class Processes:
+    """The module's processes, under the product's supervisor: one worker, a dispatcher and the
+    coordinator. ``stop`` ends every one that was started, whatever failed."""
 
     def __init__(self) -> None:
-        self.started: list[CeleryWorker | Service] = []
+        self.stack = service_stack()
 
     def start(self) -> None:
-        self.worker = self._keep(CeleryWorker(concurrency=2))
-        self.dispatcher = self._keep(Service("run_dispatcher"))
-        self.coordinator = self._keep(Service("run_coordinator"))
-        self.worker.wait_ready()
-        self.dispatcher.wait_for("dispatcher_started")
-        self.coordinator.wait_for("coordinator_started")
-
-    def _keep(self, proc: Any) -> Any:
-        self.started.append(proc)
-        return proc
+        self.worker = celery_worker_child(self.stack, concurrency=2)
+        self.dispatcher = self.stack.dispatcher(env=service_env())
+        self.coordinator = self.stack.coordinator(env=service_env())
+        self.stack.wait_ready(self.dispatcher, self.coordinator, timeout_s=60)
 
     def kill_worker(self) -> None:
         """SIGKILL the worker and every process it forked: no warm shutdown, no acks."""
-        os.killpg(self.worker.proc.pid, signal.SIGKILL)
-        self.worker.proc.wait(10)
+        self.worker.kill()
+        self.stack.stop(self.worker)
 
-    def new_worker(self) -> CeleryWorker:
-        self.worker = self._keep(CeleryWorker(concurrency=2))
-        self.worker.wait_ready()
+    def new_worker(self) -> Child:
+        self.worker = celery_worker_child(self.stack, concurrency=2)
         return self.worker
 
     def stop(self) -> None:
-        for proc in self.started:  # all shut down at once; then each is waited for
-            if proc.proc.poll() is None:
-                os.killpg(proc.proc.pid, signal.SIGTERM)
-        for proc in self.started:
-            proc.stop()
+        self.stack.stop_all(grace_s=20)
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: None) -> Iterator[Stack]:
+def stack(django_db_setup: None) -> Iterator[Processes]:
     from ductor_project.core.redis import get_redis
 
     get_redis().flushdb()
-    running = Stack()
     # For the module's lifetime: service_env() copies os.environ into every process started.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
         mp.setenv("DUCTOR_LOG_FORMAT", "json")  # log_lines() reads the processes' JSON logs
+        running = Processes()
         try:
             running.start()
             yield running
@@ -228,13 +186,13 @@ def log_lines(text: str) -> list[dict[str, Any]]:
     return records
 
 
-def dispatches(stack: Stack, item_id: str) -> list[dict[str, Any]]:
+def dispatches(stack: Processes, item_id: str) -> list[dict[str, Any]]:
     """The dispatcher's log records of each dispatch of the item (its tier and partition)."""
     return [line for line in log_lines(stack.dispatcher.output())
             if line.get("event") == "dispatched" and line.get("item_id") == item_id]
 
 
-def dispatches_of(stack: Stack, item_id: str) -> int:
+def dispatches_of(stack: Processes, item_id: str) -> int:
     return len(dispatches(stack, item_id))
 
 

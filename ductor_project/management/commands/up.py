@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -90,8 +91,6 @@ def _start_children(stack: Stack, *, port: int, options: dict[str, Any]) -> Chil
 
 
 def _port_free(port: int) -> bool:
-    import socket
-
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
