@@ -32,8 +32,9 @@ from scheduling import selectors
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.routing import Explanation, explain
-from scheduling.rules import RuleError, Step, validate_action, validate_match
+from scheduling.rules import Step, validate_action, validate_match
 from scheduling.secrets import encrypt
+from scheduling.templates import FieldError
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant
 from tenants.usage import enforce_ceiling
@@ -93,7 +94,7 @@ def _field_errors() -> Iterator[None]:
     """Turn the pure validators' errors (which name their field) into ``400 invalid``."""
     try:
         yield
-    except (RuleError, ConfigError) as exc:
+    except (FieldError, ConfigError) as exc:
         raise invalid(exc.field, exc.message) from exc
 
 

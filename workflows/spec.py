@@ -73,8 +73,8 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from scheduling.templates import NODE_ID, template_errors, when_errors
 from workflows import actions
-from workflows.templates import NODE_ID, template_errors, when_errors
 
 NODE_TYPES = ("action", "sleep", "subworkflow", "continue_as_new")
 COMMON_FIELDS = ("id", "type", "depends_on", "when", "retry", "timeout_s", "tags", "pool")

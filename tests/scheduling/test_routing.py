@@ -17,7 +17,8 @@ from ductor_project.core.context import current_tenant, tenant_context
 from scheduling import routing_table
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.routing import route
-from scheduling.rules import RuleError, Step, matches, validate_action, validate_match
+from scheduling.rules import Step, matches, validate_action, validate_match
+from scheduling.templates import FieldError
 from tenants.entitlements import effective_entitlements
 
 STEP = Step(workflow="billing.invoice", action="http.request")
@@ -271,7 +272,7 @@ def test_the_free_plan_refuses_the_interactive_tier(make_tenant, redis_client):
         assert "interactive" in decision.reason
         assert "free" in decision.reason
         assert route(Step(workflow="w", action="a", tier="batch")).allowed is True
-        with pytest.raises(RuleError) as caught:
+        with pytest.raises(FieldError) as caught:
             rule(1, {}, {"tier": "interactive"})
         assert caught.value.field == "action.tier"
         # A rule stored while the plan allowed the tier does not outlive a downgrade.
@@ -330,7 +331,7 @@ def test_no_partition_key_without_a_template(tenant):
     ],
 )
 def test_invalid_matches_name_the_field(match, field):
-    with pytest.raises(RuleError) as caught:
+    with pytest.raises(FieldError) as caught:
         validate_match(match)
     assert caught.value.field == field
     assert str(caught.value).startswith(f"{field}: ")
@@ -354,14 +355,15 @@ def test_invalid_matches_name_the_field(match, field):
     ],
 )
 def test_invalid_actions_name_the_field(action, field):
-    with pytest.raises(RuleError) as caught:
+    with pytest.raises(FieldError) as caught:
         validate_action(action, allowed_tiers=("standard", "batch"))
     assert caught.value.field == field
 
 
 def test_validation_normalizes_what_it_accepts():
     match = validate_match({"tags": ["b", "a", "b"], "conditions": [{"path": "x", "op": "exists"}]})
-    assert match == {"tags": ["a", "b"], "conditions": [{"path": "x", "op": "exists", "value": True}]}
+    # A path without its root is the deprecated form of a path into the step's input.
+    assert match == {"tags": ["a", "b"], "conditions": [{"path": "input.x", "op": "exists", "value": True}]}
     assert validate_action({"deny": "  closed  "}, allowed_tiers=()) == {"deny": "closed"}
     assert matches(match, Step(workflow="w", action="a", tags=("a", "b"), input={"x": 1}))
 

@@ -548,6 +548,9 @@ def test_rule_crud_and_list_in_priority_order(client_a: APIClient) -> None:
     )
     assert early["enabled"] is True
     assert early["match"]["tags"] == ["a", "b"]  # normalized
+    # The deprecated forms are accepted and stored in the one template language's.
+    assert early["match"]["conditions"] == [{"path": "input.customer.tier", "op": "in", "value": ["gold"]}]
+    assert early["action"]["partition_key"] == "c-{{ $input.customer.id }}"
     assert late["match"] == {}
     listed = client_a.get("/api/v1/rules").json()["results"]
     assert [r["name"] for r in listed] == ["early", "late"]

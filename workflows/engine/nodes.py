@@ -21,11 +21,11 @@ from django.utils.dateparse import parse_datetime
 
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
+from scheduling import templates
 from scheduling.routing import RoutingDecision, route
 from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements
 from tenants.usage import QuotaExceeded, quota_consume
-from workflows import templates
 from workflows.engine.attempts import abort_active, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit

@@ -18,8 +18,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from ductor_project.core.errors import StepErrorCode
+from scheduling import templates
 from scheduling.dispatch.handlers import ItemContext
-from workflows import templates
 from workflows.engine import nodes
 from workflows.engine.attempts import Outcome, abort_active, finish, latest_attempts, nodes_of
 from workflows.engine.events import jsonable, record_event

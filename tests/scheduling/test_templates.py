@@ -1,4 +1,5 @@
-"""Templates and ``when``: the reference grammar, rendering of every reference kind, and validation.
+"""The one template and condition language: the reference grammar, rendering of every reference kind,
+validation, conditions, the routing language and the deprecated forms it still reads.
 
 Pure tests: no database, no Redis.
 """
@@ -11,7 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.templates import (
+from scheduling.rules import Step, matches, render_partition_key, validate_match, validate_partition_key
+from scheduling.templates import (
+    ROUTING,
+    FieldError,
     evaluate_when,
     parse_reference,
     render,
@@ -232,7 +236,9 @@ def test_when_paths_reach_input_and_node_outputs(cond: dict[str, Any], expected:
         ({"path": "input.x", "op": "eq"}, "when.value", "is required"),
         ({"path": "input.x", "op": "like", "value": 1}, "when.op", "unknown operator"),
         ({"path": "input.x", "op": "eq", "value": 1, "extra": 1}, "when.extra", "unknown field"),
-        ({"path": "run.id", "op": "eq", "value": 1}, "when.path", "must start with 'input.' or 'nodes.<id>.'"),
+        ({"path": "env.HOME", "op": "eq", "value": 1}, "when.path",
+         "must start with 'input.', 'nodes.<id>.' or 'run.'"),
+        ({"path": "run.attempt", "op": "eq", "value": 1}, "when.path", "run.id or $run.root_id"),
         ({"path": "nodes.up", "op": "exists"}, "when.path", "nodes.<id>.output"),
         ({"path": "nodes.up.input", "op": "exists"}, "when.path", "nodes.<id>.output"),
         ({"path": "nodes.far.output", "op": "exists"}, "when.path", "not upstream"),
@@ -288,3 +294,65 @@ def test_strings_without_dollar_or_braces_render_unchanged(text: str) -> None:
 def test_parse_reference_round_trips_input_paths(parts: list[str]) -> None:
     text = "$" + ".".join(["input", *parts])
     assert parse_reference(text) == ("input", *parts)
+
+
+# -- the routing language, and the deprecated forms ----------------------------------------------
+
+STEP = Step(workflow="billing.invoice", action="http.request", input={"customer": {"id": 7, "tier": "gold"}})
+
+
+@pytest.mark.parametrize(
+    ("template", "key"),
+    [
+        ("c-{{ $input.customer.id }}", "c-7"),
+        ("{{ $workflow }}/{{ $action }}", "billing.invoice/http.request"),
+        ("$input.customer.tier", "gold"),
+        ("$input.customer", '{"id":7,"tier":"gold"}'),
+        ("[{{ $input.missing }}]", "[]"),
+        # The deprecated single-brace placeholders read the same:
+        ("c-{input.customer.id}", "c-7"),
+        ("{workflow}/{action}", "billing.invoice/http.request"),
+    ],
+)
+def test_a_partition_key_renders_from_the_step_in_the_routing_language(template: str, key: str) -> None:
+    assert render_partition_key(validate_partition_key(template), STEP) == key
+
+
+def test_deprecated_partition_keys_are_stored_in_the_current_form() -> None:
+    assert validate_partition_key("c-{input.customer.id}-{workflow}") == "c-{{ $input.customer.id }}-{{ $workflow }}"
+    assert validate_partition_key("c-{{ $input.customer.id }}") == "c-{{ $input.customer.id }}"
+
+
+@pytest.mark.parametrize(
+    ("template", "needle"),
+    [
+        ("{{ $nodes.a.output }}", "unknown reference root '$nodes'"),
+        ("{{ $run.id }}", "unknown reference root '$run'"),
+        ("{{ $workflow.name }}", "use $workflow"),
+        ("{tenant}", "unknown placeholder '{tenant}'"),
+        ("{input.a-b}", "unknown placeholder"),
+    ],
+)
+def test_partition_keys_refuse_what_the_routing_language_does_not_have(template: str, needle: str) -> None:
+    with pytest.raises(FieldError) as caught:
+        validate_partition_key(template)
+    assert caught.value.field == "action.partition_key"
+    assert needle in caught.value.message
+
+
+def test_rule_conditions_read_the_step_through_the_same_roots_and_the_deprecated_path_still_works() -> None:
+    current = validate_match({"conditions": [{"path": "input.customer.tier", "op": "eq", "value": "gold"},
+                                             {"path": "workflow", "op": "prefix", "value": "billing."}]})
+    legacy = validate_match({"conditions": [{"path": "customer.tier", "op": "eq", "value": "gold"}]})
+    assert legacy == {"conditions": [{"path": "input.customer.tier", "op": "eq", "value": "gold"}]}
+    assert matches(current, STEP)
+    assert matches(legacy, STEP)
+    assert not matches(current, Step(workflow="shipping.label", action="x", input=STEP.input))
+
+
+def test_the_two_languages_share_one_grammar_with_their_own_roots() -> None:
+    assert parse_reference("$input.a-b.0", ROUTING) == ("input", "a-b", "0")
+    assert parse_reference("$workflow", ROUTING) == ("workflow",)
+    assert template_errors("$workflow", field="input") == [
+        ("input", "unknown reference root '$workflow'; use $input…, $nodes.<id>.output…, $nodes.<id>.status or "
+                  "$run.id or $run.root_id")]
