@@ -1,9 +1,11 @@
 """The fair queue against a model, under random operation sequences on the real Redis:
 no item is lost or duplicated, whatever mix of enqueue, dequeue, ack, nack, remove, lease
-expiry and reaping happens."""
+expiry and reaping happens; and an item that needs a pool's connection is dispatched
+exactly when one of them is free (parked until then, never lost in its wait)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +36,18 @@ RANK = {tier: i for i, tier in enumerate(fq.TIERS)}
 
 ids = st.sampled_from(["i0", "i1", "i2"])
 partitions = st.sampled_from(["p0", "p1"])
+# Each tenant's pools: P has connection C, Q has C and D; each connection has one slot. An item of a
+# pool sits alone in its partition, so it is always its partition's head.
+POOL_MEMBERS = {"P": ("C",), "Q": ("C", "D")}
+SCOPES = {
+    **{f"pool:{pool}": json.dumps({"limit": -1, "rate": 0, "burst": 1, "strategy": "round_robin",
+                                   "members": [[c, 1, i] for i, c in enumerate(members)]})
+       for pool, members in POOL_MEMBERS.items()},
+    **{f"connection:{c}": json.dumps({"limit": 1, "rate": 0, "burst": 1,
+                                      "pools": sorted(p for p, ms in POOL_MEMBERS.items() if c in ms)})
+       for c in ("C", "D")},
+}
+scopes = st.sampled_from([None, "P", "P", "Q"])
 tiers = st.sampled_from(CUSTOMER_TIERS)
 tenant_index = st.sampled_from([0, 1])
 
@@ -50,6 +64,8 @@ class Item:
     short_lease: bool = False
     rerun: bool = False
     rerun_far: bool = False
+    scope: str | None = None  # the pool whose connection it needs
+    connection: str = ""  # the one it holds while in flight
 
 
 Key = tuple[int, str]
@@ -75,34 +91,43 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
                 k for k, m in self.items.items() if m.in_flight and (short is None or m.short_lease == short)
             )
 
+        def held(self) -> set[tuple[int, str]]:
+            """(tenant, connection) pairs taken by items in flight."""
+            return {(k[0], m.connection) for k, m in self.items.items() if m.in_flight and m.connection}
+
+        def free_members(self, t: int, pool: str) -> list[str]:
+            return [c for c in POOL_MEMBERS[pool] if (t, c) not in self.held()]
+
         def eligible(self) -> list[Key]:
             locked = {(k[0], m.partition) for k, m in self.items.items() if m.in_flight}
             return [
                 k for k, m in self.items.items()
                 if not m.in_flight and not m.far and (k[0], m.partition) not in locked
+                and (m.scope is None or self.free_members(k[0], m.scope))
             ]
 
         def back_to_waiting(self, key: Key, far: bool) -> None:
             """A delivery that did not finish goes back; a pending re-run merges into it."""
             m = self.items[key]
-            m.in_flight = False
+            m.in_flight, m.connection = False, ""
             if m.rerun:
                 far = far and m.rerun_far
                 m.rerun = False
                 self.owed[key] -= 1
             m.far = far
 
-        @rule(t=tenant_index, item_id=ids, tier=tiers, part=partitions, far=st.booleans())
-        def enqueue(self, t: int, item_id: str, tier: str, part: str, far: bool) -> None:
+        @rule(t=tenant_index, item_id=ids, tier=tiers, part=partitions, far=st.booleans(), scope=scopes)
+        def enqueue(self, t: int, item_id: str, tier: str, part: str, far: bool, scope: str | None) -> None:
+            part = f"x-{item_id}" if scope else part
             result = fq.enqueue(
                 item_id, tier=tier, partition=part, payload={"t": t}, delay_ms=FAR_MS if far else 0,
-                tenant=tenants[t],
+                scope=scope, scopes=SCOPES if scope else None, tenant=tenants[t],
             )
             key = (t, item_id)
             m = self.items.get(key)
             if m is None:
                 assert result == fq.EnqueueResult.QUEUED
-                self.items[key] = Item(tier, part, far)
+                self.items[key] = Item(tier, part, far, scope=scope)
                 self.owed[key] += 1
             elif not m.in_flight:
                 if m.far and not far:
@@ -132,7 +157,11 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
             m = self.items[key]
             assert (got.tier, got.partition) == (m.tier, m.partition)
             assert all(RANK[self.items[k].tier] >= RANK[got.tier] for k in eligible), "tier priority"
-            m.in_flight, m.delivery, m.short_lease = True, got.delivery, short
+            if m.scope is None:
+                assert got.connection_id == ""
+            else:
+                assert got.connection_id in self.free_members(key[0], m.scope), "a connection without a slot"
+            m.in_flight, m.delivery, m.short_lease, m.connection = True, got.delivery, short, got.connection_id
             if short:
                 self.short_expiry = max(self.short_expiry, redis_now_ms(self.redis) + SHORT_LEASE_MS)
 
@@ -159,6 +188,7 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
             m = self.items[key]
             self.owed[key] -= 1
             self.stale.append((key, m.delivery))
+            m.connection = ""
             if m.rerun:
                 m.in_flight, m.far, m.rerun = False, m.rerun_far, False
             else:
@@ -232,6 +262,9 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
                 assert report.backlog == sum(1 for m in mine if not m.in_flight)
                 assert report.due == sum(1 for m in mine if not m.in_flight and not m.far)
                 assert report.in_flight == sum(1 for m in mine if m.in_flight)
+                for c in ("C", "D"):  # a connection's one slot is held exactly while its item runs
+                    held = capacity.in_flight(capacity.connection_scope(c, 1), tenant=tenant)
+                    assert held == (1 if (t, c) in self.held() else 0)
             assert fq.global_stats().in_flight == len(self.in_flight())
 
         def teardown(self) -> None:
