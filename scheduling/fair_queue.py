@@ -97,7 +97,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 
 from ductor_project.core import capacity, scripts
-from ductor_project.core.context import TenantScopeError, current_tenant, no_tenant, peek_tenant
+from ductor_project.core.context import TenantScopeError, named_or_current, no_tenant, peek_tenant
 from ductor_project.core.keys import global_redis_key, redis_key, shard_of, tenant_redis_prefix
 from ductor_project.core.redis import get_redis
 from scheduling import LUA_DIR
@@ -284,13 +284,8 @@ def _text(value: Any) -> str:
 
 
 def _tenant(tenant: Tenant | None) -> Tenant:
-    """The explicit tenant, else the one in context; inside a context no other tenant can be named."""
-    in_context = peek_tenant()
-    if tenant is None:
-        return current_tenant()
-    if in_context is not None and in_context.pk != tenant.pk:
-        raise TenantScopeError("fair-queue items of another tenant used inside a tenant context")
-    return tenant
+    """The tenant whose items an operation touches (``named_or_current``)."""
+    return named_or_current(tenant, what="fair-queue items")
 
 
 def _dispatcher_side() -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ductor_project.core import scripts
-from ductor_project.core.context import TenantScopeError, current_tenant, peek_tenant
+from ductor_project.core.context import named_or_current
 from ductor_project.core.keys import redis_key
 from ductor_project.core.renewals import renewals
 
@@ -58,16 +58,8 @@ class LeaseConflict(ValueError):
 
 
 def _tenant(tenant: Tenant | None) -> Tenant:
-    """The tenant whose counters an operation touches: the explicit one, else the one in context.
-
-    Inside a tenant's context no other tenant can be named (fail closed).
-    """
-    in_context = peek_tenant()
-    if tenant is None:
-        return current_tenant()
-    if in_context is not None and in_context.pk != tenant.pk:
-        raise TenantScopeError("capacity counters of another tenant used inside a tenant context")
-    return tenant
+    """The tenant whose counters an operation touches (``named_or_current``)."""
+    return named_or_current(tenant, what="capacity counters")
 
 
 @dataclass(frozen=True)

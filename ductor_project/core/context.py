@@ -38,6 +38,19 @@ def peek_tenant() -> Tenant | None:
     return _current.get()
 
 
+def named_or_current(tenant: Tenant | None, *, what: str) -> Tenant:
+    """The tenant an operation on ``what`` acts for: ``tenant`` when named, else the one in
+    context. Inside a tenant's context no other tenant can be named: that raises
+    ``TenantScopeError``, as does naming none with no tenant in context (fail closed). For
+    code that runs both inside a tenant's context and outside any (a dispatcher names it)."""
+    in_context = _current.get()
+    if tenant is None:
+        return current_tenant()
+    if in_context is not None and in_context.pk != tenant.pk:
+        raise TenantScopeError(f"{what} of another tenant used inside a tenant context")
+    return tenant
+
+
 @contextmanager
 def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
     """Act as ``tenant`` inside the block. The previous context is restored on exit, always."""

@@ -85,10 +85,15 @@ local function fq_split(member)
   return string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
 end
 
-local function fq_item(tid, id)
-  local raw = redis.call('HGET', fq_tkey(tid, 'items'), id)
+-- A JSON field of one of the tenant's hashes, decoded, or nil.
+local function fq_json(tid, name, field)
+  local raw = redis.call('HGET', fq_tkey(tid, name), field)
   if not raw then return nil end
   return cjson.decode(raw)
+end
+
+local function fq_item(tid, id)
+  return fq_json(tid, 'items', id)
 end
 
 local function fq_save(tid, id, it)
@@ -265,9 +270,7 @@ end
 
 -- The JSON conf of one of the tenant's admission scopes ("pool:<id>", "connection:<id>"), or nil.
 local function fq_scope_conf(tid, field)
-  local raw = redis.call('HGET', fq_tkey(tid, 'scopes'), field)
-  if not raw then return nil end
-  return cjson.decode(raw)
+  return fq_json(tid, 'scopes', field)
 end
 
 -- Wake up to n partitions parked on the pool (earliest head first): each goes back to its
