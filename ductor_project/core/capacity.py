@@ -31,15 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from ductor_project.core import scripts
-from ductor_project.core.context import named_or_current
+from ductor_project.core.context import TenantLike, named_or_current
 from ductor_project.core.keys import redis_key
 from ductor_project.core.renewals import renewals
-
-if TYPE_CHECKING:
-    from tenants.models import Tenant
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
 # The Lua functions of the counters, for scripts of other modules (see ``lua_library``).
@@ -57,7 +54,7 @@ class LeaseConflict(ValueError):
     """A holder that has a live lease asked for a different set of scopes."""
 
 
-def _tenant(tenant: Tenant | None) -> Tenant:
+def _tenant(tenant: TenantLike | None) -> Any:
     """The tenant whose counters an operation touches (``named_or_current``)."""
     return named_or_current(tenant, what="capacity counters")
 
@@ -82,7 +79,7 @@ class Scope:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
             raise ValueError(f"a scope limit is an int >= 0, not {self.limit!r}")
 
-    def key(self, tenant: Tenant | None = None) -> str:
+    def key(self, tenant: TenantLike | None = None) -> str:
         """The scope's Redis key. Raises ``TenantScopeError`` without a tenant."""
         return redis_key("cap", self.kind, self.id, tenant=_tenant(tenant))
 
@@ -102,7 +99,7 @@ def connection_scope(connection_id: object, limit: int) -> Scope:
     return Scope("connection", str(connection_id), limit)
 
 
-def holder_key(holder_id: str, *, tenant: Tenant | None = None) -> str:
+def holder_key(holder_id: str, *, tenant: TenantLike | None = None) -> str:
     """The key of a holder's lease record. Raises ``TenantScopeError`` without a tenant."""
     if not holder_id:
         raise ValueError("a holder needs an id")
@@ -150,7 +147,7 @@ def _lease_ms(lease_s: float) -> int:
 
 
 def acquire(
-    scopes: Sequence[Scope], holder_id: str, lease_s: float, *, tenant: Tenant | None = None
+    scopes: Sequence[Scope], holder_id: str, lease_s: float, *, tenant: TenantLike | None = None
 ) -> bool:
     """Take one slot in every scope, or in none; the slots are leased for ``lease_s``.
 
@@ -176,7 +173,7 @@ def acquire(
     return bool(result == 1)
 
 
-def extend(holder_id: str, lease_s: float, *, tenant: Tenant | None = None) -> bool:
+def extend(holder_id: str, lease_s: float, *, tenant: TenantLike | None = None) -> bool:
     """Renew a holder's lease in all its scopes: it now ends ``lease_s`` from now.
 
     One Redis round trip, atomic. Returns False when the lease had already
@@ -187,7 +184,7 @@ def extend(holder_id: str, lease_s: float, *, tenant: Tenant | None = None) -> b
 
 
 @contextmanager
-def keep_alive(holder_id: str, lease_s: float, *, tenant: Tenant | None = None) -> Iterator[None]:
+def keep_alive(holder_id: str, lease_s: float, *, tenant: TenantLike | None = None) -> Iterator[None]:
     """Keep a holder's slots while the block runs: its lease is renewed for ``lease_s`` every
     third of ``lease_s``, by the process's renewal thread (no round trip on the caller's path).
 
@@ -202,7 +199,7 @@ def keep_alive(holder_id: str, lease_s: float, *, tenant: Tenant | None = None) 
         renewals.release(key)
 
 
-def release(holder_id: str, *, tenant: Tenant | None = None) -> int:
+def release(holder_id: str, *, tenant: TenantLike | None = None) -> int:
     """Give back a holder's slots; returns how many live slots that freed.
 
     One Redis round trip, atomic, idempotent: releasing again (or releasing a
@@ -212,7 +209,7 @@ def release(holder_id: str, *, tenant: Tenant | None = None) -> int:
     return int(_run("release", [holder_key(holder_id, tenant=tenant)], [holder_id]))
 
 
-def in_flight(scope: Scope, *, tenant: Tenant | None = None) -> int:
+def in_flight(scope: Scope, *, tenant: TenantLike | None = None) -> int:
     """Live leases in ``scope`` (its limit is not used). One round trip, read only.
 
     Raises ``TenantScopeError`` without a tenant.
@@ -220,7 +217,7 @@ def in_flight(scope: Scope, *, tenant: Tenant | None = None) -> int:
     return int(_run("in_flight", [scope.key(tenant)], []))
 
 
-def tenant_in_flight(*, tenant: Tenant | None = None) -> int:
+def tenant_in_flight(*, tenant: TenantLike | None = None) -> int:
     """The tenant's steps in flight (live leases of its tenant scope), for usage reports.
 
     One round trip, read only. Raises ``TenantScopeError`` without a tenant.
@@ -228,7 +225,7 @@ def tenant_in_flight(*, tenant: Tenant | None = None) -> int:
     return in_flight(tenant_scope(0), tenant=tenant)
 
 
-def rate_key(limiter: str, *, tenant: Tenant | None = None) -> str:
+def rate_key(limiter: str, *, tenant: TenantLike | None = None) -> str:
     """The Redis key of a tenant's GCRA limiter. Raises ``TenantScopeError`` without a tenant."""
     if not limiter:
         raise ValueError("a limiter needs a name")
@@ -236,7 +233,7 @@ def rate_key(limiter: str, *, tenant: Tenant | None = None) -> str:
 
 
 def _gcra(
-    limiter: str, rate_per_s: float, burst: int, cost: int, consume: bool, tenant: Tenant | None
+    limiter: str, rate_per_s: float, burst: int, cost: int, consume: bool, tenant: TenantLike | None
 ) -> RateDecision:
     if not rate_per_s > 0 or math.isinf(rate_per_s):
         raise ValueError(f"a rate is a finite number > 0 per second, not {rate_per_s!r}")
@@ -255,7 +252,7 @@ def _gcra(
 
 
 def rate_check(
-    limiter: str, rate_per_s: float, burst: int, cost: int = 1, *, tenant: Tenant | None = None
+    limiter: str, rate_per_s: float, burst: int, cost: int = 1, *, tenant: TenantLike | None = None
 ) -> RateDecision:
     """Charge ``cost`` calls to the tenant's GCRA limiter named ``limiter`` if they fit.
 
@@ -269,7 +266,7 @@ def rate_check(
 
 
 def rate_peek(
-    limiter: str, rate_per_s: float, burst: int, cost: int = 1, *, tenant: Tenant | None = None
+    limiter: str, rate_per_s: float, burst: int, cost: int = 1, *, tenant: TenantLike | None = None
 ) -> RateDecision:
     """Like ``rate_check`` but writes nothing: would the call pass now, and when if not.
 

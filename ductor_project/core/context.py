@@ -4,6 +4,10 @@ A ``ContextVar`` rather than a thread-local, so that it is isolated per thread,
 per asyncio task, and is reset after every request and every Celery task.
 Reading scoped data with no tenant set raises ``TenantScopeError``: the context
 fails closed.
+
+The context holds the tenant's row (``tenants.models.Tenant``); this layer imports
+no app, so it knows a tenant only as a ``TenantLike``: its id, slug and whether
+it is the system tenant. What it hands back is the row that was put in.
 """
 
 from __future__ import annotations
@@ -11,34 +15,48 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tenants.models import Tenant
+from typing import Any, Protocol, TypeVar
 
 SYSTEM_TENANT_SLUG = "system"
 
-_current: ContextVar[Tenant | None] = ContextVar("ductor_tenant", default=None)
+
+class TenantLike(Protocol):
+    """What the low layer reads of a tenant (``tenants.models.Tenant`` is one)."""
+
+    @property
+    def pk(self) -> Any: ...
+
+    @property
+    def slug(self) -> str: ...
+
+    @property
+    def is_system(self) -> bool: ...
+
+
+T = TypeVar("T", bound=TenantLike)
+
+# The row put in by ``tenant_context`` (Any: callers read it as the Tenant model it is).
+_current: ContextVar[Any] = ContextVar("ductor_tenant", default=None)
 
 
 class TenantScopeError(RuntimeError):
     """Scoped data was touched with no tenant in context, or across tenants."""
 
 
-def current_tenant() -> Tenant:
-    """The tenant in context. Raises ``TenantScopeError`` when none is set."""
+def current_tenant() -> Any:
+    """The tenant in context (the ``Tenant`` row). Raises ``TenantScopeError`` when none is set."""
     tenant = _current.get()
     if tenant is None:
         raise TenantScopeError("no tenant in context: wrap the code in tenant_context(tenant)")
     return tenant
 
 
-def peek_tenant() -> Tenant | None:
+def peek_tenant() -> Any:
     """The tenant in context, or None. For logging and diagnostics only, never for scoping."""
     return _current.get()
 
 
-def named_or_current(tenant: Tenant | None, *, what: str) -> Tenant:
+def named_or_current(tenant: TenantLike | None, *, what: str) -> Any:
     """The tenant an operation on ``what`` acts for: ``tenant`` when named, else the one in
     context. Inside a tenant's context no other tenant can be named: that raises
     ``TenantScopeError``, as does naming none with no tenant in context (fail closed). For
@@ -52,7 +70,7 @@ def named_or_current(tenant: Tenant | None, *, what: str) -> Tenant:
 
 
 @contextmanager
-def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
+def tenant_context(tenant: T) -> Iterator[T]:
     """Act as ``tenant`` inside the block. The previous context is restored on exit, always."""
     if tenant is None or getattr(tenant, "pk", None) is None:
         raise TenantScopeError("tenant_context() needs a saved tenant")

@@ -13,20 +13,17 @@ loud that they cross tenants.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 
-from ductor_project.core.context import TenantScopeError, current_tenant, peek_tenant
-
-if TYPE_CHECKING:
-    from tenants.models import Tenant
+from ductor_project.core.context import TenantLike, TenantScopeError, current_tenant, peek_tenant
 
 GLOBAL_PREFIX = "g:"
 _SEP = ":"
 
 
-def _tenant_id(tenant: Tenant | None) -> str:
+def _tenant_id(tenant: TenantLike | None) -> str:
     return str((tenant or current_tenant()).pk)
 
 
@@ -56,7 +53,7 @@ def shard_tag(shard: int) -> str:
     return "{s" + str(shard) + "}"
 
 
-def tenant_key(*parts: Any, tenant: Tenant | None = None) -> str:
+def tenant_key(*parts: Any, tenant: TenantLike | None = None) -> str:
     """A cache key of a tenant: ``t:<tenant_id>:<parts>``. Raises without a tenant."""
     return f"t:{_tenant_id(tenant)}:{_join(parts)}"
 
@@ -71,7 +68,7 @@ def tenant_redis_prefix(shard: int) -> str:
     return f"{shard_tag(shard)}:t:"
 
 
-def redis_key(*parts: Any, tenant: Tenant | None = None) -> str:
+def redis_key(*parts: Any, tenant: TenantLike | None = None) -> str:
     """A raw Redis key of a tenant: ``{s<shard>}:t:<tenant_id>:<parts>``. Raises without a tenant."""
     tenant_id = _tenant_id(tenant)
     return f"{tenant_redis_prefix(shard_of(tenant_id))}{tenant_id}:{_join(parts)}"
