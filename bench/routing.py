@@ -7,8 +7,8 @@ three connections. One client, against the embedded PostgreSQL and Redis (or
 interleaved slices so that the load of a shared host falls on all alike:
 
 - **warm**: this process holds the tenant's table of the current version (one
-  Redis GET for the version, the entitlements from the cache, one script for
-  the candidates' breakers and leases);
+  Redis GET for the version, the entitlements from the process cache; the
+  connection is chosen later, at admission, so no candidate is read here);
 - **shared**: a fresh process (``forget_local()``) that finds the table in the
   shared cache (Redis) and unpickles it;
 - **cold**: neither holds it (``forget_local()`` and the cached table deleted
@@ -18,8 +18,8 @@ Only the ``route()`` calls are timed. PostgreSQL queries are counted with
 ``CaptureQueriesContext``. A same-run baseline, raw Redis ``GET``s per second
 in the same slices, says what the host's round trip costs:
 ``warm_decision_in_redis_gets`` is a warm decision's time in ``GET``s (it makes
-four round trips: the routing version, two for the entitlements, one script
-for the candidates). Progress goes to stderr; the last line of stdout is
+one round trip, for the routing version, when the entitlements are in the
+process cache). Progress goes to stderr; the last line of stdout is
 one JSON object. The tenant, its rows and its Redis keys are removed at the end.
 
     DUCTOR_DATA_DIR=.ductor/bench .venv/bin/python bench/routing.py

@@ -5,7 +5,7 @@ An action raises ``RetryableActionError`` when trying again later may succeed
 when it cannot (bad parameters, a refused address, HTTP 4xx, a response over
 the size limit). The engine retries only a retryable error, and only as far as
 the step's retry policy allows. Each error carries a stable ``code`` from
-``StepErrorCode``, which a retry policy may also filter on.
+``StepErrorCode``, stored on the attempt.
 
 ``StepErrorCode`` (``ductor_project.core.errors``, beside the API's own
 ``ErrorCode``) holds every code a step's stored error can have: these, and the

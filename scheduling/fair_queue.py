@@ -1,11 +1,14 @@
 """The tiered fair queue: tenant-first, weighted, capacity-aware dispatch in Redis.
 
 Every operation is one Lua script (``scheduling/lua/fq_*.lua``, sharing
-``fq_lib.lua`` and the capacity counters' ``capacity_lib.lua``), sent as one
-``EVALSHA``: one Redis round trip, atomic, timed by Redis ``TIME``.
+``fq_lib.lua`` and the capacity counters' ``capacity_lib.lua``; the dequeue and
+its dry run also ``admit_lib.lua``), sent as one ``EVALSHA``: one Redis round
+trip, atomic, timed by Redis ``TIME``.
 
 **Items.** An item has an id (unique per tenant), a tenant, a tier, a partition,
-a due time, a cost (default 1) and a JSON payload.
+a due time, a cost (default 1), a JSON payload, and optionally a scope: the id
+of the tenant's pool whose slot and rate, and one of whose connections, it
+needs at dequeue (``scheduling.admission``).
 
 **Order.** Tiers are strict priority classes: ``system`` (the system tenant's,
 never a customer's), then ``interactive``, ``standard`` and ``batch``. Inside a
@@ -29,11 +32,17 @@ tenant, the partition whose head is due first goes out.
   of items, and bounded promotion work per call.
 - At most one item of a partition (of a tenant, across tiers) is in flight, and
   a partition's items of one tier go out in due order (ties in id order).
-- Capacity-aware: in the same atomic step, a tenant at its concurrency ceiling
-  is parked (``blocked``) until one of its items leaves flight, and a tenant
-  held back by its GCRA step rate is parked on a timer until the rate admits
-  it. A dispatch takes the tenant's step slot (holder ``fq:<item>``, leased
-  like the item) and charges one step to its step-rate limiter.
+- Admission at dequeue, in the same atomic step: a suspended tenant is parked
+  (``blocked``, no timer) until its reactivation; a tenant at its concurrency
+  ceiling is parked until one of its items leaves flight; a tenant held back by
+  its GCRA step rate waits on a timer until the rate admits it; an item whose
+  pool is full, or none of whose pool's connections is eligible, is parked on
+  the pool (``w:<pool>``: a freed slot wakes it) or looked at again when a rate
+  or a breaker allows, while the tenant's other partitions are served. A
+  dispatch takes the tenant's step slot, and its pool's and connection's, all
+  or none (holder ``fq:<item>``, leased like the item), charges the rates, and
+  says which connection it chose and why: it is never handed out only to come
+  back.
 - Leases: an item in flight is delivered again only after its lease ended and
   the reaper returned it. Each delivery has a token, unique per tenant:
   ``ack``/``nack``/``extend_lease`` with a stale token change nothing.
@@ -42,13 +51,14 @@ tenant, the partition whose head is due first goes out.
   of an id in flight makes it run once more after its ack (no lost wake-up).
 
 **Redis layout.** Tenant keys come from ``ductor_project.core.keys.redis_key`` and hold one
-tenant's data: ``fq:conf``, ``fq:items``, ``fq:parts:<tier>``,
-``fq:p:<tier>:<partition>``, ``fq:wait:<tier>``, ``fq:locks``, ``fq:flight``,
-``fq:seq``.
+tenant's data: ``fq:conf`` (its limits and status), ``fq:scopes`` (its pools'
+and connections' limits), ``fq:items``, ``fq:parts:<tier>``,
+``fq:p:<tier>:<partition>``, ``fq:wait:<tier>``, ``fq:w:<pool>`` (partitions
+parked on a pool), ``fq:locks``, ``fq:flight``, ``fq:seq``.
 The only cross-tenant keys are the shard's indexes, from
 ``ductor_project.core.keys.global_redis_key("fq", ..., shard=n)``: ``ready:<tier>``
 (tenant → start tag), ``timers`` (``"<tier>|<tenant>"`` → when to look again),
-``blocked:<tier>``, ``finish:<tier>`` (tenant → last finish tag),
+``blocked:<tier>`` (tenants at their ceiling, or suspended), ``finish:<tier>`` (tenant → last finish tag),
 ``vtime:<tier>``, ``inflight`` (``"<tenant>|<item>"`` → lease end) and
 ``wake``. ``fq_lib.lua`` documents each. All keys of a shard carry its
 ``{s<n>}`` hash tag, so each script touches one Redis Cluster slot; the
@@ -174,6 +184,9 @@ class TenantConf:
     burst: int
     tiers: tuple[str, ...]
     suspended: bool = False
+    # The version of the tenant row ``suspended`` was read from (its ``updated_at``, µs): the
+    # queue keeps the status of the newest row it was told, whatever order processes write in.
+    status_version: int = 0
 
     def __post_init__(self) -> None:
         _at_least("weight", self.weight, 1)
@@ -198,6 +211,7 @@ class TenantConf:
             burst=ent.step_burst,
             tiers=tuple(ent.allowed_tiers),
             suspended=not tenant.is_active,
+            status_version=int(tenant.updated_at.timestamp() * 1_000_000) if tenant.updated_at else 0,
         )
 
 
@@ -414,6 +428,7 @@ def _conf_args(conf: TenantConf) -> list[Any]:
         0 if conf.rate_per_s is None else repr(float(conf.rate_per_s)),
         conf.burst,
         1 if conf.suspended else 0,
+        conf.status_version,
     ]
 
 

@@ -162,7 +162,7 @@ def explain(step: Step) -> Explanation:
     no rate token and no round-robin turn: only reads."""
     table = routing_table()
     decision = _route(step, table)
-    if not decision.allowed or decision.pool is None:
+    if decision.pool is None:  # a refused pool still shows its candidates' state
         return Explanation(decision)
     names = {m.connection_id: m.name for m in decision.pool.members}
     return Explanation(decision, admission.peek(decision.pool, table), names)

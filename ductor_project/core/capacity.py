@@ -1,6 +1,6 @@
 """Capacity counters: leased concurrency slots and GCRA rate limits, atomic in Redis.
 
-Every operation is one Lua script (``scheduling/lua/capacity_*.lua``), sent as
+Every operation is one Lua script (``ductor_project/core/lua/capacity_*.lua``), sent as
 one ``EVALSHA``: one Redis round trip, atomic, timed by Redis ``TIME`` and never
 by the client's clock.
 

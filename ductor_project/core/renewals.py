@@ -1,15 +1,16 @@
 """Lease renewals off the caller's path: one background thread per process.
 
 A worker holds leases while it runs something: the fair-queue item it runs
-(``broker``), the pool and connection slots of the step it runs (``capacity``).
+(``scheduling.dispatch.delivery``, whose lease carries every slot its admission
+took), or capacity slots of its own (``capacity.keep_alive``).
 ``renewals.hold(renew, every_s=...)`` has the process's renewal thread call
 ``renew()`` every ``every_s`` until ``release`` (or until ``renew`` returns
 False: the lease is gone, nothing is left to keep). ``release`` waits for a
 renewal of it in progress, so no renewal ever follows it: a finished item's
 lease is never taken back.
 
-The thread also runs the ``after_wake`` hooks each time it wakes (the broker
-sends its acks and freed credits from there); ``wake()`` wakes it at once.
+The thread also runs the ``after_wake`` hooks each time it wakes (the worker's
+finisher sends its acks and freed credits from there); ``wake()`` wakes it at once.
 The thread starts on first use in each process (a fork copies no threads).
 """
 

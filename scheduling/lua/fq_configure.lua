@@ -2,7 +2,7 @@
 -- conf (weight, limits, suspension: a reactivated tenant is dispatched again at once) and its
 -- admission scopes (a pool or connection whose limits or members changed wakes the
 -- partitions parked on it). KEYS[1] = the tenant's items HASH (it routes the call).
--- ARGV[1..FQ_HEADER] = fq_init; then: tenant id; 1 if a conf follows, else 0; the conf's five
+-- ARGV[1..FQ_HEADER] = fq_init; then: tenant id; 1 if a conf follows, else 0; the conf's
 -- values (as fq_enqueue takes them) when it does; 1 if the scopes listed replace all of the
 -- tenant's (any other is deleted), else 0; the number of scopes; each as field and JSON.
 -- Returns the number of scope confs written or deleted.
@@ -12,7 +12,7 @@ local tid = ARGV[A + 1]
 local i = A + 3
 if ARGV[A + 2] == '1' then
   fq_set_conf(tid, ARGV, i)
-  i = i + 5
+  i = i + FQ_CONF_ARGS
 end
 local replace = ARGV[i] == '1'
 local listed = {}

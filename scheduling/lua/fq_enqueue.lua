@@ -1,7 +1,8 @@
 -- Enqueue items, of one tenant (the tenant side) or of several tenants of one shard (bulk
 -- loads). KEYS[1] = the first tenant's items HASH (it routes the call to the shard).
 -- ARGV[1..FQ_HEADER] = fq_init; then per tenant: its id; its weight, max_concurrency (-1:
--- none), rate_per_s (0: none), burst and suspended (1/0), from its entitlements; the number
+-- none), rate_per_s (0: none), burst, suspended (1/0) and the version of the tenant row its
+-- status was read from (fq_set_conf), from its entitlements and status; the number
 -- of admission scope confs, then each as field and JSON (the pools and connections its items
 -- use, from the routing table); its item count; then per item seven ARGV: id, tier,
 -- partition, delay (ms), cost, payload (JSON text), pool id ("" for none).
@@ -48,7 +49,7 @@ local i = FQ_HEADER + 1
 while i <= #ARGV do
   local tid = ARGV[i]
   fq_set_conf(tid, ARGV, i + 1)
-  local j = i + 6
+  local j = i + 1 + FQ_CONF_ARGS
   for _ = 1, tonumber(ARGV[j]) do
     fq_set_scope(tid, ARGV[j + 1], ARGV[j + 2])
     j = j + 2

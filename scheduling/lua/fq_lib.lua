@@ -14,10 +14,12 @@
 -- Redis Cluster slot.
 --
 -- Tenant keys (<prefix><tenant>:fq:...):
---   conf               HASH  weight, max_concurrency (-1: none), rate_per_s (0: none), burst
+--   conf               HASH  weight, max_concurrency (-1: none), rate_per_s (0: none), burst,
+--                            suspended (1/0), status_version (the tenant row it was read from)
 --   items              HASH  item -> JSON {tier, partition, cost, payload, state, due, n
 --                            (deliveries so far), lease, token (of the delivery in flight),
---                            again, again_payload}; state is "waiting" or "inflight"
+--                            again, again_payload, scope (its pool), conn (the connection its
+--                            dispatch holds)}; state is "waiting" or "inflight"
 --   seq                STRING the last delivery token (tokens are unique per tenant)
 --   parts:<tier>       ZSET  unlocked partition -> due time of its head in that tier
 --   p:<tier>:<part>    ZSET  waiting item -> due time
@@ -33,7 +35,7 @@
 -- Global keys of the shard (<gprefix>...), the only ones that cross tenants:
 --   ready:<tier>       ZSET  tenant -> start tag (backlogged, due and, last we looked, admitted)
 --   timers             ZSET  "<tier>|<tenant>" -> when to look at that tenant's tier again
---   blocked:<tier>     SET   tenants parked at their concurrency ceiling
+--   blocked:<tier>     SET   tenants parked at their concurrency ceiling, or suspended
 --   finish:<tier>      HASH  tenant -> finish tag of its last service (while not ready)
 --   vtime:<tier>       STRING virtual time: the start tag of the last dispatch
 --   inflight           ZSET  "<tenant>|<item>" -> lease expiry
@@ -239,14 +241,21 @@ local function fq_suspend(tier, tid, tag)
   redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
 end
 
--- Write a tenant's conf (weight, limits, suspension) from ARGV[i..i+4]; new limits or a new
--- status unblock the tiers parked under the old ones.
+-- Write a tenant's conf from ARGV[i..i+5]: weight, max_concurrency, rate_per_s, burst,
+-- suspended (1/0) and the version of the tenant row that status was read from. A status read
+-- from an older row than the one already written is not written (a process that read the tenant
+-- before its suspension must not undo it). New limits or a new status unblock the tiers parked
+-- under the old ones.
+local FQ_CONF_ARGS = 6
+
 local function fq_set_conf(tid, argv, i)
   local key = fq_tkey(tid, 'conf')
-  local old = redis.call('HMGET', key, 'max_concurrency', 'rate_per_s', 'suspended')
+  local old = redis.call('HMGET', key, 'max_concurrency', 'rate_per_s', 'suspended', 'status_version')
+  local suspended, version = argv[i + 4], tonumber(argv[i + 5])
+  if old[4] and tonumber(old[4]) > version then suspended, version = old[3], tonumber(old[4]) end
   redis.call('HSET', key, 'weight', argv[i], 'max_concurrency', argv[i + 1], 'rate_per_s', argv[i + 2],
-    'burst', argv[i + 3], 'suspended', argv[i + 4])
-  if old[1] and (old[1] ~= argv[i + 1] or old[2] ~= argv[i + 2] or (old[3] or '0') ~= argv[i + 4]) then
+    'burst', argv[i + 3], 'suspended', suspended, 'status_version', fq_num(version))
+  if old[1] and (old[1] ~= argv[i + 1] or old[2] ~= argv[i + 2] or (old[3] or '0') ~= suspended) then
     fq_unblock(tid)
   end
 end

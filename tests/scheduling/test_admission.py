@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -297,6 +298,27 @@ def test_a_suspended_tenant_is_never_dispatched_and_is_served_again_at_its_react
     assert len({i.item_id for i in take_all(held)} & set(items)) == 3
 
 
+def test_an_enqueue_by_a_process_that_read_the_tenant_before_its_suspension_does_not_undo_it(
+    make_tenant, redis_client, django_capture_on_commit_callbacks
+):
+    held, _ = make_tenant("held-stale")
+    stale = Tenant.objects.get(pk=held.pk)  # what a worker's cache read before the suspension
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_services.tenant_set_status(tenant=held, status=Tenant.Status.SUSPENDED)
+    with tenant_context(stale):
+        assert stale.is_active
+        enqueue(None)  # writes the tenant's conf as that process read it
+    assert take_all(held) == []  # still suspended: the newer row's status wins
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_services.tenant_set_status(tenant=held, status=Tenant.Status.ACTIVE)
+    stale_suspended = Tenant.objects.get(pk=held.pk)
+    stale_suspended.status = Tenant.Status.SUSPENDED  # an older read the other way round
+    stale_suspended.updated_at -= timedelta(seconds=1)
+    with tenant_context(stale_suspended):
+        enqueue(None)
+    assert len(take_all(held)) == 2
+
+
 # --- a dry run, and isolation -----------------------------------------------------------------------
 
 
@@ -322,6 +344,17 @@ def test_explain_shows_every_candidate_and_the_choice_and_takes_nothing(tenant, 
     [next_item] = take_all(tenant)
     assert names([next_item]) == ["ok"]
     assert next_item.admitted == "round robin: turn 2"  # and no turn used
+
+
+def test_explain_of_a_pool_refused_at_routing_still_shows_its_candidates_state(tenant):
+    pool("main", [(conn("a"), 0, 0), (conn("b"), 0, 1)], strategy=Pool.Strategy.WEIGHTED)
+    trace = explain(Step(workflow="w", action="a", pool="main")).trace()
+    assert trace["allowed"] is False
+    assert "every connection has weight 0" in trace["reason"]
+    assert [(c["name"], c["breaker"], c["eligible"], c["weight"]) for c in trace["candidates"]] == [
+        ("a", "closed", True, 0), ("b", "closed", True, 0)]
+    assert trace["admission"]["admitted"] is False
+    assert trace["connection"] is None
 
 
 def test_idor_one_tenants_full_pool_never_holds_back_another_tenants_pool_of_the_same_name(
