@@ -41,6 +41,19 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# Behind TLS in production (docs/configuration.md): each is off by default, for `make up` on http.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+# A TLS-terminating proxy in front says so in this header (it must strip any the client sent).
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env.bool("TRUST_X_FORWARDED_PROTO", default=False) else None
+)
 
 # What the environment does not name, the embedded servers recorded in the data dir serve (read,
 # not started, here: a process that needs them has booted them first).
@@ -135,6 +148,8 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 # Request bodies above this size are refused with 413 payload_too_large.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DUCTOR_MAX_REQUEST_BYTES", default=1024 * 1024)
+# JSON request bodies nested deeper than this are refused with 400 malformed_json.
+DUCTOR_MAX_JSON_DEPTH = env.int("DUCTOR_MAX_JSON_DEPTH", default=64)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -143,7 +158,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.IsTenantMember"],
     "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.TenantRateThrottle"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["ductor_project.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -165,6 +180,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Three models have a "status": each its own enum in the schema, by name.
+    "ENUM_NAME_OVERRIDES": {
+        "TenantStatusEnum": "tenants.models.Tenant.Status",
+        "RunStatusEnum": "workflows.models.WorkflowRun.Status",
+        "StepStatusEnum": "workflows.models.StepRun.Status",
+    },
 }
 
 # Celery: Redis is the broker. Workers take one message at a time so that the

@@ -21,7 +21,7 @@ from rest_framework.settings import api_settings
 from ductor_project.core.errors import UnknownFields
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.services import MemberSpec
-from tenants.api import StrictModelSerializer, StrictSerializer
+from tenants.api import NameField, StrictModelSerializer, StrictSerializer
 from tenants.models import Tier
 
 INT_MAX = 2**31 - 1
@@ -158,6 +158,9 @@ class PoolMemberWriteSerializer(StrictSerializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> Any:
+        # A member is whole even in a PATCH of its pool (where DRF would skip required fields).
+        if "connection" not in attrs:
+            raise serializers.ValidationError({"connection": ["This field is required."]})
         return MemberSpec(**attrs)
 
 
@@ -203,7 +206,7 @@ class RuleSerializer(StrictModelSerializer):
 
 
 class RuleWriteSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=100)
+    name = NameField(max_length=100)
     priority = serializers.IntegerField(
         min_value=-INT_MAX, max_value=INT_MAX, help_text="Lower is evaluated first; unique per tenant."
     )

@@ -10,6 +10,7 @@ for an id of another tenant, and every verb on such an id must answer 404 or 405
 
 from __future__ import annotations
 
+import unicodedata
 from contextlib import ExitStack
 from typing import Any
 
@@ -64,6 +65,35 @@ class PlatformViewSet(viewsets.GenericViewSet):
     permission_classes = [IsPlatformAdmin]
     lookup_value_regex = "[^/]+"
     metadata_class = None
+
+
+# Unicode categories no name or short text may hold: control characters, format characters
+# (zero-width and bidirectional overrides, which hide or reorder what a reader sees), surrogates
+# and private use.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co"})
+
+
+def refuse_control_characters(value: str, *, allowed: str = "") -> str:
+    """``value``, or a ``ValidationError`` naming the first control or invisible character in it
+    (``allowed`` lists the ones a longer text may keep, such as a newline)."""
+    for char in value:
+        if char not in allowed and unicodedata.category(char) in _REFUSED_CATEGORIES:
+            raise serializers.ValidationError(f"Must not contain control or invisible characters (U+{ord(char):04X}).")
+    return value
+
+
+class NameField(serializers.CharField):
+    """A name: printable characters only (no newline, tab, zero-width or bidirectional mark)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        return refuse_control_characters(super().to_internal_value(data))
+
+
+class TextField(serializers.CharField):
+    """A short text (a description, a reason): printable characters, newlines and tabs."""
+
+    def to_internal_value(self, data: Any) -> str:
+        return refuse_control_characters(super().to_internal_value(data), allowed="\n\t")
 
 
 class StrictSerializer(serializers.Serializer):

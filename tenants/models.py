@@ -66,6 +66,10 @@ class Plan(models.Model):
         return self.name
 
 
+# A tenant's slug: lowercase, so that two tenants never differ by case alone.
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
 class Tenant(models.Model):
     class Status(models.TextChoices):
         ACTIVE = "active"

@@ -5,8 +5,8 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from tenants.api import StrictModelSerializer, StrictSerializer
-from tenants.models import ApiKey, Plan, Tenant, TenantEntitlementOverride
+from tenants.api import NameField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.models import SLUG_PATTERN, ApiKey, Plan, Tenant, TenantEntitlementOverride
 
 
 class TenantSerializer(StrictModelSerializer):
@@ -36,7 +36,7 @@ class ApiKeySerializer(StrictModelSerializer):
 
 
 class ApiKeyCreateSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=100)
+    name = NameField(max_length=100)
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ApiKey.Scope.choices),
         allow_empty=False,
@@ -61,8 +61,10 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 
 
 class TenantCreateSerializer(StrictSerializer):
-    slug = serializers.SlugField(max_length=63)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    slug = serializers.RegexField(
+        SLUG_PATTERN, max_length=63, help_text="Lowercase letters, digits and '-', starting with a letter or digit."
+    )
+    name = NameField(max_length=200, required=False, allow_blank=True)
     plan = serializers.SlugField(required=False, default="free")
     create_api_key = serializers.BooleanField(default=False)
 
@@ -129,4 +131,4 @@ class OverrideSerializer(StrictModelSerializer):
 
 class OverrideSetSerializer(StrictSerializer):
     value = serializers.JSONField()
-    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    reason = TextField(max_length=200, required=False, allow_blank=True, default="")

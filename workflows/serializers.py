@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from tenants.api import StrictModelSerializer, StrictSerializer
+from tenants.api import StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 
@@ -30,12 +30,12 @@ class WorkflowSerializer(StrictModelSerializer):
 
 class WorkflowCreateSerializer(StrictSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9_.\-]{1,100}$", help_text="Letters, digits, '_', '.', '-'.")
-    description = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = serializers.JSONField()
 
 
 class WorkflowUpdateSerializer(StrictSerializer):
-    description = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = serializers.JSONField()
 
 

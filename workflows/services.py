@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from typing import Any
 
@@ -11,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, ErrorCode, NotFound
+from ductor_project.core.payloads import json_size
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows.engine.events import record_event
@@ -33,15 +33,10 @@ def _payload_too_large(field: str, size: int, limit: int) -> ApiError:
     )
 
 
-def _json_size(value: Any) -> int:
-    """Compact UTF-8 JSON size, as the plan's ``max_payload_bytes`` counts it."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
-
-
 def _validated(spec: Any) -> dict[str, Any]:
     """The spec validated and normalized (defaults filled, nodes in topological order)."""
     limit = effective_entitlements(current_tenant()).max_payload_bytes
-    size = _json_size(spec)
+    size = json_size(spec)
     if size > limit:  # over the payload limit: 413, like an oversized run input
         raise _payload_too_large("spec", size, limit)
     try:
@@ -96,7 +91,7 @@ def run_start(
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing, False
-    size = _json_size(input if input is not None else {})
+    size = json_size(input if input is not None else {})
     if size > limits.max_payload_bytes:
         raise _payload_too_large("input", size, limits.max_payload_bytes)
     tier = tier or "standard"
@@ -147,7 +142,7 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
     errors: dict[str, list[str]] = {}
     for index, item in enumerate(runs):
         field = f"runs[{index}]"
-        size = len(json.dumps(item.get("input") or {}, separators=(",", ":")).encode())
+        size = json_size(item.get("input") or {})
         if size > limits.max_payload_bytes:
             raise _payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
         if (item.get("tier") or "standard") not in limits.allowed_tiers:

@@ -73,6 +73,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from ductor_project.core.payloads import json_depth
 from scheduling.templates import NODE_ID, template_errors, when_errors
 from workflows import actions
 
@@ -324,23 +325,6 @@ class _Errors:
             raise SpecError(self.items)
 
 
-def _json_depth(value: Any) -> int:
-    """Nesting depth of containers (a flat object is 1). Iterative: safe on hostile input."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: Iterable[Any] = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -530,7 +514,7 @@ def _check_envelope(spec: Any, *, max_bytes: int) -> int:
     if not isinstance(spec, Mapping):
         raise SpecError({"spec": ["spec: must be a JSON object with 'nodes'"]})
     max_depth = settings.DUCTOR_MAX_SPEC_DEPTH
-    depth = _json_depth(spec)
+    depth = json_depth(spec)
     if depth > max_depth:
         raise SpecError({"spec": [f"spec: is nested {depth} levels deep; the limit is {max_depth}"]})
     try:

@@ -1,0 +1,154 @@
+"""Bad input answers a 4xx with a stable code naming the field, never a 5xx, on every endpoint.
+
+Every operation of the OpenAPI schema that takes a body gets a body nested far
+deeper than the API accepts, on a real object of the caller; lists get bad
+``page_size`` and ``cursor`` values; names get control characters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import ApiError
+from scheduling import services as routing
+from tenants import services
+from tenants.models import Tenant
+from tests.conftest import ROOT, api_client, error_code
+from workflows import services as workflow_services
+
+DEEP = 1000  # levels: past the parser's limit, and past Python's recursion limit
+pytestmark = pytest.mark.django_db
+
+
+def deep_body() -> bytes:
+    return ('{"input": ' + "[" * DEEP + "]" * DEEP + "}").encode()
+
+
+@pytest.fixture
+def world(tenant_a: tuple[Tenant, str]) -> dict[str, str]:
+    """One object of each kind for tenant A: the path parameters of every detail operation."""
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        connection = routing.connection_create(name="api", kind="http", config={"base_url": "https://a.example"})
+        pool = routing.pool_create(name="main", members=[routing.MemberSpec("api")])
+        rule = routing.rule_create(name="r", priority=1, action={"pool": "main"})
+        key, _ = services.api_key_create(name="other", scopes=["read"])
+        workflow_services.workflow_put(name="wf", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+        run, _ = workflow_services.run_start(workflow="wf")
+    return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
+            "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf"}
+
+
+@pytest.fixture
+def platform(db: None) -> APIClient:
+    _, raw = services.platform_key_create(name="ops")
+    return api_client(raw)
+
+
+def schema(client: APIClient) -> dict[str, Any]:
+    return json.loads(client.get("/api/schema/?format=json").content)
+
+
+def concrete(path: str, world: dict[str, str], tenant: Tenant) -> str:
+    """The schema path with the ids of real objects (tenant A's; for the platform, tenant A)."""
+    collection = path.split("/")[3]
+    return (path.replace("{id}", world.get(collection, "x")).replace("{name}", world["workflows"])
+            .replace("{slug}", tenant.slug).replace("{field}", "max_pools"))
+
+
+def test_every_body_nested_too_deep_is_400_malformed_json_on_every_operation(
+    client_a: APIClient, platform: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
+) -> None:
+    checked = 0
+    for path, operations in schema(client_a)["paths"].items():
+        for method, operation in operations.items():
+            if method not in ("post", "put", "patch") or "requestBody" not in operation:
+                continue
+            client = platform if "/tenants" in path or "/plans" in path else client_a
+            url = concrete(path, world, tenant_a[0])
+            response = getattr(client, method)(url, deep_body(), content_type="application/json")
+            assert response.status_code == 400, (method, url, response.content[:300])
+            assert error_code(response) == "malformed_json", (method, url)
+            assert "nested" in response.json()["error"]["message"]
+            checked += 1
+    assert checked >= 15
+
+
+def test_a_body_just_within_the_depth_limit_is_read(client_a: APIClient, settings: Any) -> None:
+    body = {"workflow": "none", "input": {"x": json.loads("[" * 60 + "]" * 60)}}
+    response = client_a.post("/api/v1/runs", body, format="json")
+    assert response.status_code == 404  # parsed, then refused for the workflow it names
+
+
+def test_a_pool_patch_with_a_member_missing_its_connection_names_the_field(
+    client_a: APIClient, world: dict[str, str]
+) -> None:
+    response = client_a.patch(f"/api/v1/pools/{world['pools']}", {"members": [{}]}, format="json")
+    assert response.status_code == 400
+    assert error_code(response) == "invalid"
+    assert list(response.json()["error"]["details"]) == ["members[0].connection"]
+
+
+LISTS = ["/api/v1/api-keys", "/api/v1/connections", "/api/v1/pools", "/api/v1/rules", "/api/v1/workflows",
+         "/api/v1/runs"]
+
+
+@pytest.mark.parametrize("url", LISTS)
+@pytest.mark.parametrize(("query", "field"), [("page_size=abc", "page_size"), ("page_size=0", "page_size"),
+                                              ("page_size=501", "page_size"), ("page_size=-3", "page_size"),
+                                              ("cursor=not-a-cursor", "cursor")])
+def test_every_list_checks_page_size_and_cursor_alike(client_a: APIClient, url: str, query: str, field: str) -> None:
+    response = client_a.get(f"{url}?{query}")
+    assert response.status_code == 400, response.content[:300]
+    assert error_code(response) == "invalid"
+    assert field in response.json()["error"]["details"]
+    assert client_a.get(f"{url}?page_size=500").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "nul\x00", "bell\x07", "rtl\u202eevil", "zero\u200bwidth"])
+def test_names_refuse_control_and_invisible_characters(client_a: APIClient, name: str) -> None:
+    for url, body in (("/api/v1/api-keys", {"name": name}),
+                      ("/api/v1/rules", {"name": name, "priority": 9, "action": {"tier": "batch"}})):
+        response = client_a.post(url, body, format="json")
+        assert response.status_code == 400, (url, response.content[:300])
+        assert "name" in response.json()["error"]["details"]
+
+
+def test_a_description_keeps_newlines_but_not_other_control_characters(client_a: APIClient) -> None:
+    spec = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
+    ok = client_a.post("/api/v1/workflows", {"name": "d1", "description": "two\nlines", "spec": spec}, format="json")
+    assert ok.status_code == 201
+    bad = client_a.post("/api/v1/workflows", {"name": "d2", "description": "bell\x07", "spec": spec}, format="json")
+    assert bad.status_code == 400
+    assert "description" in bad.json()["error"]["details"]
+
+
+@pytest.mark.parametrize("slug", ["Upper", "ACME", "with space", "-lead", "a_b"])
+def test_tenant_slugs_are_lowercase_letters_digits_and_dashes(platform: APIClient, slug: str) -> None:
+    response = platform.post("/api/v1/tenants", {"slug": slug}, format="json")
+    assert response.status_code == 400
+    assert "slug" in response.json()["error"]["details"]
+    assert not Tenant.objects.filter(slug=slug).exists()
+    with pytest.raises(ApiError) as refused:
+        services.tenant_create(slug=slug)
+    assert list(refused.value.details) == ["slug"]
+
+
+def test_check_deploy_is_clean_with_the_production_settings_set(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(DUCTOR_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="ductor_project.settings",
+               SECRET_KEY="a-long-random-production-secret-key-" + "x" * 40, SECURE_SSL_REDIRECT="1",
+               SECURE_HSTS_SECONDS="31536000", SECURE_HSTS_INCLUDE_SUBDOMAINS="1", SECURE_HSTS_PRELOAD="1",
+               SESSION_COOKIE_SECURE="1", CSRF_COOKIE_SECURE="1")
+    done = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues" in done.stdout
