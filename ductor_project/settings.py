@@ -150,6 +150,11 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DUCTOR_MAX_REQUEST_BYTES", default=1024 * 1024)
 # JSON request bodies nested deeper than this are refused with 400 malformed_json.
 DUCTOR_MAX_JSON_DEPTH = env.int("DUCTOR_MAX_JSON_DEPTH", default=64)
+# A run's detail shows at most this many of its steps; /runs/{id}/steps lists them all.
+DUCTOR_RUN_DETAIL_MAX_STEPS = env.int("DUCTOR_RUN_DETAIL_MAX_STEPS", default=100)
+# The bytes of step inputs, outputs, errors and traces one response carries: the run
+# detail's steps, and each page of /runs/{id}/steps (which always holds at least one).
+DUCTOR_STEPS_MAX_BYTES = env.int("DUCTOR_STEPS_MAX_BYTES", default=1024 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

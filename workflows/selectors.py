@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, Func, IntegerField, QuerySet, TextField
+from django.db.models.functions import Cast, Coalesce
 
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
@@ -45,7 +48,62 @@ def get_run_for_tenant(run_id: Any) -> WorkflowRun:
 
 
 def run_steps(run: WorkflowRun) -> QuerySet[StepRun]:
-    return StepRun.objects.filter(run=run).order_by("created_at", "node_id", "attempt")
+    return StepRun.objects.filter(run=run).order_by("created_at", "id")
+
+
+# What a step row costs a response besides its payloads: ids, statuses, times, keys.
+STEP_ROW_BYTES = 400
+PAYLOADS = ("input", "output", "error", "routing")
+
+
+class _OctetLength(Func):
+    function = "octet_length"
+    output_field = IntegerField()
+
+
+def sized(steps: QuerySet[StepRun]) -> QuerySet[StepRun]:
+    """``steps`` with the bytes each would take in a response (``response_bytes``), their payloads
+    measured by the database and not loaded."""
+    total: Any = STEP_ROW_BYTES
+    for name in PAYLOADS:
+        total = total + Coalesce(_OctetLength(Cast(F(name), TextField())), 0)
+    return steps.defer(*PAYLOADS).annotate(response_bytes=total)
+
+
+def within_bytes(rows: Sequence[StepRun], max_bytes: int, *, at_least_one: bool = False) -> int:
+    """How many of ``rows`` (``sized``) fit in ``max_bytes``, in order."""
+    used = 0
+    for count, row in enumerate(rows):
+        used += row.response_bytes  # type: ignore[attr-defined]
+        if used > max_bytes:
+            return max(count, 1) if at_least_one else count
+    return len(rows)
+
+
+def loaded(rows: Sequence[StepRun]) -> list[StepRun]:
+    """The ``sized`` rows again, whole, in the same order (one query)."""
+    whole = StepRun.objects.in_bulk([row.pk for row in rows])
+    return [whole[row.pk] for row in rows]
+
+
+@dataclass(frozen=True)
+class StepsPreview:
+    """The first steps of a run that fit a response, and how many it has in all."""
+
+    steps: list[StepRun]
+    total: int
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.steps) < self.total
+
+
+def steps_preview(run: WorkflowRun, max_steps: int, max_bytes: int) -> StepsPreview:
+    """The run's first steps, at most ``max_steps`` of them and ``max_bytes`` in all."""
+    first = list(sized(run_steps(run))[:max_steps])
+    kept = first[:within_bytes(first, max_bytes)]
+    total = len(first) if len(first) < max_steps else run_steps(run).count()
+    return StepsPreview(steps=loaded(kept), total=total)
 
 
 def run_events(run: WorkflowRun) -> QuerySet[RunEvent]:

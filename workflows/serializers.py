@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.reverse import reverse
 
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
@@ -96,11 +98,30 @@ class RunSerializer(StrictModelSerializer):
 
 
 class RunDetailSerializer(RunSerializer):
-    steps = StepRunSerializer(many=True, read_only=True)
+    """A run with its first steps: as many as fit the response's bound (``context["preview"]``,
+    a ``selectors.StepsPreview``); ``steps_url`` lists them all."""
+
+    steps = serializers.SerializerMethodField(help_text="The first steps, oldest first, as many as fit.")
+    steps_total = serializers.SerializerMethodField(help_text="How many step attempts the run has.")
+    steps_truncated = serializers.SerializerMethodField(help_text="True when `steps` does not hold them all.")
+    steps_url = serializers.SerializerMethodField(help_text="Every step attempt, a page at a time.")
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "steps"]
+        fields = [*RunSerializer.Meta.fields, "steps", "steps_total", "steps_truncated", "steps_url"]
         read_only_fields = fields
+
+    @extend_schema_field(StepRunSerializer(many=True))
+    def get_steps(self, run: WorkflowRun) -> Any:
+        return StepRunSerializer(self.context["preview"].steps, many=True).data
+
+    def get_steps_total(self, run: WorkflowRun) -> int:
+        return int(self.context["preview"].total)
+
+    def get_steps_truncated(self, run: WorkflowRun) -> bool:
+        return bool(self.context["preview"].truncated)
+
+    def get_steps_url(self, run: WorkflowRun) -> str:
+        return str(reverse("run-steps", args=[run.pk], request=self.context.get("request")))
 
 
 class RunEventSerializer(StrictModelSerializer):

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ductor_project.pagination import CursorPagination
 from tenants.api import TenantViewSet
 from workflows import selectors, services
-from workflows.models import WorkflowDefinition, WorkflowRun
+from workflows.models import StepRun, WorkflowDefinition, WorkflowRun
 from workflows.serializers import (
     RunBulkResultSerializer,
     RunBulkStartSerializer,
@@ -20,6 +24,7 @@ from workflows.serializers import (
     RunFilterSerializer,
     RunSerializer,
     RunStartSerializer,
+    StepRunSerializer,
     WorkflowCreateSerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
@@ -29,6 +34,31 @@ from workflows.serializers import (
 
 class ByNamePagination(CursorPagination):
     ordering = ("name", "id")
+
+
+class StepPagination(CursorPagination):
+    """A run's steps, oldest first, forward only (``next`` links): each page holds at most
+    ``page_size`` steps and ``DUCTOR_STEPS_MAX_BYTES`` of them, but always one."""
+
+    ordering = ("created_at", "id")
+    max_page_size = 100
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any]:
+        page: list[StepRun] = super().paginate_queryset(selectors.sized(queryset), request, view) or []
+        fit = selectors.within_bytes(page, settings.DUCTOR_STEPS_MAX_BYTES, at_least_one=True)
+        if fit < len(page):
+            self.has_next, self.next_position = True, self._get_position_from_instance(page[fit], self.ordering)
+        self.page = selectors.loaded(page[:fit])
+        return self.page
+
+    def decode_cursor(self, request: Request) -> Any:
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.reverse:
+            raise ValidationError({"cursor": ["This list pages forward only: use the next link."]})
+        return cursor
+
+    def get_previous_link(self) -> None:
+        return None
 
 
 class WorkflowViewSet(TenantViewSet):
@@ -109,7 +139,17 @@ class RunViewSet(TenantViewSet):
 
     @extend_schema(responses=RunDetailSerializer)
     def retrieve(self, request: Request, pk: str) -> Response:
-        return Response(RunDetailSerializer(selectors.get_run_for_tenant(pk)).data)
+        """A run and its first steps, within a bound (``steps_truncated``; ``steps_url`` has them all)."""
+        run = selectors.get_run_for_tenant(pk)
+        preview = selectors.steps_preview(run, settings.DUCTOR_RUN_DETAIL_MAX_STEPS, settings.DUCTOR_STEPS_MAX_BYTES)
+        return Response(RunDetailSerializer(run, context={"preview": preview, "request": request}).data)
+
+    @extend_schema(responses=StepRunSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=StepPagination)
+    def steps(self, request: Request, pk: str) -> Response:
+        """Every step attempt of the run, oldest first, a bounded page at a time."""
+        page = self.paginate_queryset(selectors.run_steps(selectors.get_run_for_tenant(pk)))
+        return self.get_paginated_response(StepRunSerializer(page, many=True).data)
 
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])

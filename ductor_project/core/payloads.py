@@ -32,3 +32,16 @@ def json_size(value: Any) -> int:
     other objects as their text). ``value`` must be no deeper than what ``json`` can encode: the
     API refuses deeper bodies before anything measures them."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def payload_excess(value: Any, *, max_bytes: int, max_depth: int) -> str | None:
+    """Why ``value`` may not be kept as a payload, or None: nested deeper than ``max_depth``, or
+    larger than ``max_bytes`` as compact JSON. The depth is checked first, so a value too deep
+    for ``json`` is refused before anything encodes it."""
+    depth = json_depth(value)
+    if depth > max_depth:
+        return f"nested {depth} levels deep, over the limit of {max_depth}"
+    size = json_size(value)
+    if size > max_bytes:
+        return f"{size} bytes, over the plan's max_payload_bytes ({max_bytes})"
+    return None

@@ -10,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
+from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
+from ductor_project.core.payloads import payload_excess
+from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, remove_on_commit, step_item_id
 from workflows.models import StepRun, WorkflowRun
@@ -46,6 +50,17 @@ class Outcome:
         return cls(SStatus.FAILED, error=error)
 
 
+def payload_refusal(value: Any, what: str) -> Outcome | None:
+    """The failure of a step (or run) whose ``what`` (a rendered input, an output) is over the
+    tenant's plan: larger than its ``max_payload_bytes``, or nested deeper than
+    ``DUCTOR_MAX_JSON_DEPTH``. None when ``value`` is within both."""
+    excess = payload_excess(value, max_bytes=effective_entitlements(current_tenant()).max_payload_bytes,
+                            max_depth=settings.DUCTOR_MAX_JSON_DEPTH)
+    if excess is None:
+        return None
+    return Outcome.failed(StepErrorCode.PAYLOAD_TOO_LARGE, f"the {what} is {excess}", field=what)
+
+
 def nodes_of(run: WorkflowRun) -> list[dict[str, Any]]:
     """The nodes of the run's workflow version (normalized spec, topological order)."""
     return list(run.workflow.spec.get("nodes", []))
@@ -76,10 +91,13 @@ def finish(step: StepRun, outcome: Outcome | str) -> None:
                                               finished_at=step.finished_at)
 
 
-def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode, message: str, **details: Any) -> None:
-    """Fail a step that could not start, for good (not retried)."""
-    finish(step, Outcome.failed(code, message, **details))
-    record_event(run, "step_failed", step.node_id, reason=message)
+def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode | Outcome, message: str = "",
+           **details: Any) -> None:
+    """Fail a step that could not start, for good (not retried): with ``code`` and ``message``,
+    or with a failed ``Outcome`` such as ``payload_refusal`` gives."""
+    outcome = code if isinstance(code, Outcome) else Outcome.failed(code, message, **details)
+    finish(step, outcome)
+    record_event(run, "step_failed", step.node_id, reason=(outcome.error or {}).get("message", ""))
 
 
 def abort_active(latest: dict[str, StepRun], status: str) -> None:

@@ -1,5 +1,8 @@
 """Starting a ready node, by its type, inside the tick's transaction (run row locked).
 
+Every rendered input is held to the plan's payload limit first: one that is
+over it fails the step with ``payload_too_large`` and is not kept.
+
 - ``action``: routed once (``route_attempt``), recorded as a queued attempt with
   its decision, and enqueued as a step item where the decision sends it; a
   denied route fails the step at once.
@@ -26,7 +29,7 @@ from scheduling.routing import RoutingDecision, route
 from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements
 from tenants.usage import QuotaExceeded, quota_consume
-from workflows.engine.attempts import abort_active, refuse
+from workflows.engine.attempts import Outcome, abort_active, payload_refusal, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
 from workflows.models import StepRun, WorkflowRun, WorkflowVersion
@@ -57,8 +60,23 @@ def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], co
     return False
 
 
-def _start_action(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
+def _rendered_input(node: dict[str, Any], context: dict[str, Any]) -> tuple[Any, Outcome | None]:
+    """The node's input rendered, and the refusal of it when it is over the plan's payload limit."""
     rendered = templates.render(node.get("input", {}), context)
+    return rendered, payload_refusal(rendered, "input")
+
+
+def _refused(run: WorkflowRun, node: dict[str, Any], status: str, refusal: Outcome) -> StepRun:
+    """A step whose input was refused: recorded without it, failed for good."""
+    step = StepRun.objects.create(run=run, node_id=node["id"], node_type=node["type"], status=status)
+    refuse(run, step, refusal)
+    return step
+
+
+def _start_action(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
+    rendered, refusal = _rendered_input(node, context)
+    if refusal is not None:
+        return _refused(run, node, SStatus.QUEUED, refusal)
     decision = route_attempt(run, node, rendered)
     step = StepRun.objects.create(run=run, node_id=node["id"], node_type="action", status=SStatus.QUEUED,
                                   input=rendered, routing=decision.trace())
@@ -97,7 +115,9 @@ def _child_version(node: dict[str, Any]) -> WorkflowVersion | None:
 
 def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
     node_id, name = node["id"], node.get("workflow")
-    rendered = templates.render(node.get("input", {}), context)
+    rendered, refusal = _rendered_input(node, context)
+    if refusal is not None:
+        return _refused(run, node, SStatus.WAITING, refusal)
     step = StepRun.objects.create(run=run, node_id=node_id, node_type="subworkflow", status=SStatus.WAITING,
                                   input=rendered)
     limits = effective_entitlements(current_tenant())
@@ -136,7 +156,10 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
 def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],
                      now: datetime) -> bool:
     node_id = node["id"]
-    rendered = templates.render(node.get("input", {}), context)
+    rendered, refusal = _rendered_input(node, context)
+    if refusal is not None:
+        latest[node_id] = _refused(run, node, SStatus.QUEUED, refusal)
+        return False  # the failed step fails the run
     try:
         quota_consume(runs=1)
     except QuotaExceeded as exc:

@@ -25,7 +25,7 @@ from scheduling.dispatch.handlers import ItemContext
 from scheduling.models import Connection
 from scheduling.routing_table import routing_table
 from workflows.actions import ActionCall, get_action
-from workflows.engine.attempts import ON_WORKER, Outcome, finish, node_of
+from workflows.engine.attempts import ON_WORKER, Outcome, finish, node_of, payload_refusal
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.tick import tick_now
 from workflows.models import StepRun, WorkflowRun
@@ -97,7 +97,9 @@ def _call_action(name: str, step: StepRun, connection_id: str, run_id: str) -> O
     call = ActionCall(input=step.input, connection=connection, attempt=step.attempt,
                       idempotency_key=f"{run_id}:{step.node_id}:{step.attempt}")
     try:
-        return Outcome.succeeded(jsonable(get_action(name)(call)))
+        output = get_action(name)(call)
+        # An output over the plan's payload limit fails the step: a retry would return it again.
+        return payload_refusal(output, "output") or Outcome.succeeded(jsonable(output))
     except ActionError as exc:
         return Outcome.from_error(exc.describe())
     except Exception as exc:  # an action's own bug fails the step, never the worker

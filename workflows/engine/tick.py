@@ -4,7 +4,8 @@ Apply what happened since the last tick (finished child runs, failed attempts
 that their retry policy tries again), start every node whose dependencies are
 done (``nodes.start``; a false ``when`` or a skipped dependency skips it, and
 the skip propagates), and finish the run when nothing is left: failed with its
-first failed step, or succeeded with its rendered output, waking its parent.
+first failed step, or succeeded with its rendered output, waking its parent. An
+output over the plan's payload limit fails the run with ``payload_too_large``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ductor_project.core.errors import StepErrorCode
 from scheduling import templates
 from scheduling.dispatch.handlers import ItemContext
 from workflows.engine import nodes
-from workflows.engine.attempts import Outcome, abort_active, finish, latest_attempts, nodes_of
+from workflows.engine.attempts import Outcome, abort_active, finish, latest_attempts, nodes_of, payload_refusal
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick, wakeup_on_commit
 from workflows.models import StepRun, WorkflowRun
@@ -169,17 +170,25 @@ def _finish_if_done(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
     failed = [s for s in latest.values() if s.status == SStatus.FAILED]
     if failed:
         first = failed[0]
-        abort_active(latest, SStatus.CANCELLED)
-        run.status, run.finished_at = Status.FAILED, timezone.now()
-        run.error = {"node": first.node_id, "attempt": first.attempt, "error": first.error}
-        record_event(run, "failed", first.node_id)
-        _notify_parent(run)
+        _fail(run, latest, {"node": first.node_id, "attempt": first.attempt, "error": first.error})
         return
     if len(latest) < len(nodes_of(run)) or any(s.status not in StepRun.TERMINAL for s in latest.values()):
         return
-    run.output = jsonable(templates.render(run.workflow.spec.get("output"), context_of(run, latest)))
+    output = templates.render(run.workflow.spec.get("output"), context_of(run, latest))
+    refusal = payload_refusal(output, "output")
+    if refusal is not None:
+        _fail(run, latest, {"node": None, "attempt": None, "error": refusal.error})
+        return
+    run.output = jsonable(output)
     run.status, run.finished_at = Status.SUCCEEDED, timezone.now()
     record_event(run, "succeeded")
+    _notify_parent(run)
+
+
+def _fail(run: WorkflowRun, latest: dict[str, StepRun], error: dict[str, Any]) -> None:
+    abort_active(latest, SStatus.CANCELLED)
+    run.status, run.finished_at, run.error = Status.FAILED, timezone.now(), error
+    record_event(run, "failed", error["node"] or "")
     _notify_parent(run)
 
 
