@@ -1,8 +1,10 @@
 """``Coordinator``: the reaper and the reconcilers, in a loop that survives what it depends on.
 
-A failing pass (PostgreSQL or Redis away) is logged, the database connections
-it may have left unusable are closed, and the next pass starts afresh: the
-coordinator recovers like a Celery task does.
+Each pass first asks whether Redis lost its data (``epoch.RedisWatch``): if it
+did, every reconciler repairs everything at once. A failing pass (PostgreSQL
+or Redis away) is logged, the database connections it may have left unusable
+are closed, and the next pass starts afresh: the coordinator recovers like a
+Celery task does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import structlog
 from django.db import connections
 
+from scheduling.coordinator.epoch import RedisWatch
 from scheduling.coordinator.reaper import reap_all
 from scheduling.coordinator.reconcile import reconcile_all
 from tenants.tasking import refresh_db_connections
@@ -28,13 +31,15 @@ class Coordinator:
         self.interval_s = interval_s
         self.reconcile_every_s = reconcile_every_s
         self._last_reconcile = 0.0
+        self._redis = RedisWatch()
 
     def tick(self) -> dict[str, int]:
         refresh_db_connections()
+        full = self._redis.lost()
         reaped = reap_all()
         repaired = 0
-        if time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
-            repaired = reconcile_all()
+        if full or time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
+            repaired = reconcile_all(full=full)
             self._last_reconcile = time.monotonic()
         if reaped or repaired:
             log.info("coordinator_tick", reaped=reaped, repaired=repaired)

@@ -7,8 +7,11 @@ slots plus ``DUCTOR_DISPATCH_BUFFER``, so at most the buffer (plus the idle
 slots) waits unstarted in Celery. Workers register their slots per queue with
 a heartbeat; credits and registrations are Redis ZSET members scored by
 expiry, so a crashed worker's or a lost message's entries age out instead of
-leaking. A finished task signals its freed credit; a dispatcher without
-credits sleeps on that signal instead of polling.
+leaking. A reserved credit lives ``RESERVED_TTL_S`` until its message is
+published (``mark_sent``), so a dispatcher killed between the two loses its
+credits for seconds, not for a credit's lifetime. A finished task signals its
+freed credit; a dispatcher without credits sleeps on that signal instead of
+polling.
 
 Global keys (they cross tenants; all in shard 0's hash slot):
 
@@ -38,6 +41,8 @@ QUEUES = (SYSTEM_QUEUE, WORK_QUEUE)
 WORKER_TTL_S = 20.0
 # How long a credit of a published message lives if no worker ever starts it (a lost message).
 OUTSTANDING_TTL_S = 60.0
+# How long a reserved credit lives until its message is published (or it is given back).
+RESERVED_TTL_S = 5.0
 # Shortest blocking wait: Redis 6.2 truncates a timeout to whole ms, and 0 ms means "forever".
 MIN_WAIT_S = 0.01
 
@@ -117,12 +122,12 @@ def reserve_credits(
     """Take up to ``wanted[queue]`` credits per queue, atomically for all dispatchers.
 
     ``give_back`` frees a dispatcher's unused credits in the same step. One round
-    trip. Each credit is a new outstanding entry that lives ``credit_lifetime_s()``
-    unless a worker renews it; pass it in the message, or give it back.
+    trip. Each credit is a new outstanding entry that lives ``RESERVED_TTL_S``:
+    pass it in a message and ``mark_sent`` it, or give it back.
     """
     queues = list(wanted)
     keys = [key for queue in queues for key in _queue_keys(queue)] + [_key("credit-seq")]
-    args: list[Any] = [settings.DUCTOR_DISPATCH_BUFFER, credit_lifetime_s()]
+    args: list[Any] = [settings.DUCTOR_DISPATCH_BUFFER, RESERVED_TTL_S]
     for queue in queues:
         returned = (give_back or {}).get(queue, [])
         args += [wanted[queue], len(returned), *returned]
@@ -135,6 +140,14 @@ def credit_lifetime_s() -> float:
     """How long a credit counts before its task is seen running: the renewal thread's first
     renewal (a third of the lease after the start) moves it to ``running``."""
     return max(OUTSTANDING_TTL_S, settings.DUCTOR_LEASE_MS / 1000)
+
+
+def mark_sent(queue: str, credits: list[str]) -> None:
+    """The credits' messages were published: they count until a worker starts them, for
+    ``credit_lifetime_s()`` at most. One round trip."""
+    if credits:
+        keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
+        scripts.run(LUA_DIR / "broker_mark.lua", keys, ["sent", credit_lifetime_s(), *credits])
 
 
 def mark_running(queue: str, credits: list[str], lease_s: float) -> None:

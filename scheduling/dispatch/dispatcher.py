@@ -78,17 +78,23 @@ class Dispatcher:
         return dispatched
 
     def _publish_all(self, queue: str, items: list[fair_queue.Dequeued]) -> int:
-        """Publish ``items``, each with one of the credits held for ``queue``."""
+        """Publish ``items``, each with one of the credits held for ``queue``, then keep those
+        credits for as long as a published message may wait."""
         held = self._held[queue]
-        with execute_item.app.producer_or_acquire() as producer:
-            for item in items:
-                credit = held.pop()
-                try:
-                    self._publish(item, credit, producer)
-                except Exception:
-                    # The items stay leased and come back after their lease; the credits now.
-                    credits.free_credits(queue, [credit], signal=False)
-                    raise
+        sent: list[str] = []
+        try:
+            with execute_item.app.producer_or_acquire() as producer:
+                for item in items:
+                    credit = held.pop()
+                    try:
+                        self._publish(item, credit, producer)
+                    except Exception:
+                        # The items stay leased and come back after their lease; the credit now.
+                        credits.free_credits(queue, [credit], signal=False)
+                        raise
+                    sent.append(credit)
+        finally:
+            credits.mark_sent(queue, sent)
         return len(items)
 
     def _publish(self, item: fair_queue.Dequeued, credit: str, producer: Any) -> None:

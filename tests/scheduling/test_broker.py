@@ -180,6 +180,28 @@ def test_a_dispatcher_out_of_work_credits_sleeps_holding_none_so_two_never_split
     assert broker.busy(WORK_QUEUE) == 2  # the two messages published and not yet run
 
 
+@pytest.mark.django_db
+def test_a_reserved_credit_lives_seconds_until_its_message_is_sent_then_as_long_as_a_message_may_wait(
+    redis_client
+):
+    broker.register_worker("fake@host", [WORK_QUEUE], 2)
+    first, second = broker.reserve_credits({WORK_QUEUE: 2})[WORK_QUEUE]
+    outstanding = broker._key("outstanding", WORK_QUEUE)
+
+    def lives_s(credit: str) -> float:
+        return float(redis_client.zscore(outstanding, credit)) - broker._now()
+
+    # A dispatcher killed now, between reserve and publish, loses them for seconds only.
+    assert 0 < lives_s(first) <= broker.RESERVED_TTL_S
+    broker.mark_sent(WORK_QUEUE, [first])
+    assert broker.credit_lifetime_s() - 5 < lives_s(first) <= broker.credit_lifetime_s()
+    assert lives_s(second) <= broker.RESERVED_TTL_S
+    broker.mark_running(WORK_QUEUE, [second], 3.0)  # a fast worker started it before the mark
+    broker.mark_sent(WORK_QUEUE, [second])
+    assert redis_client.zscore(outstanding, second) is None  # it stays running, counted once
+    assert broker.busy(WORK_QUEUE) == 2
+
+
 # --- end to end -------------------------------------------------------------------------------
 
 

@@ -7,21 +7,27 @@ Redis on commit are really there; ``queued`` reads them back the way a dispatche
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, connections
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.keys import shard_of
+from ductor_project.core.redis import get_redis
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
+from scheduling.coordinator.epoch import RedisWatch, epoch_key
+from scheduling.coordinator.loop import Coordinator
 from scheduling.dispatch.handlers import ItemContext
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from workflows import services
+from workflows.actions import ActionCall, action
 from workflows.engine import items, reconcile, steps
 from workflows.engine import tick as engine_tick
 from workflows.models import StepRun, WorkflowRun
@@ -221,6 +227,85 @@ def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_
     assert reconcile.reconcile_runs() == 0
     ticks = {item for item in queued(tenant) if item.startswith("tick:")}
     assert ticks == {items.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
+
+
+def test_after_redis_lost_its_data_every_active_run_is_repaired_at_once_with_its_steps_items(
+    tenant, redis_client, monkeypatch
+):
+    put(tenant, "one", {"nodes": [echo("a", {})]})
+    fresh = [tick(tenant, start(tenant, "one")) for _ in range(4)]  # each with a queued step
+    redis_client.flushdb()  # everything the fair queue held, leases included, is gone
+    monkeypatch.setattr(reconcile, "RECONCILE_BATCH", 2)
+
+    assert reconcile.reconcile_runs() == 0  # none looks stale: they moved a moment ago
+    assert reconcile.reconcile_runs(full=True) == 4  # in batches, however recent
+
+    steps = {items.step_item_id(by_node(tenant, run)["a"].pk) for run in fresh}
+    ticks = {items.tick_item_id(run.pk) for run in fresh}
+    assert queued(tenant) == steps | ticks
+
+
+def test_the_coordinator_notices_a_flush_on_its_next_pass_and_repairs_everything_then(tenant, redis_client):
+    put(tenant, "one", {"nodes": [echo("a", {})]})
+    runs = [tick(tenant, start(tenant, "one")) for _ in range(2)]
+    coordinator = Coordinator(reconcile_every_s=3600)  # its periodic reconcile never comes
+    assert coordinator.tick()["repaired"] == 2  # the first look finds no epoch: a full repair
+    assert coordinator.tick()["repaired"] == 0
+    assert queued(tenant)  # drained: nothing waits any more
+
+    redis_client.flushdb()
+
+    assert coordinator.tick()["repaired"] == 2
+    assert coordinator.tick()["repaired"] == 0
+    assert queued(tenant) == {items.step_item_id(by_node(tenant, run)["a"].pk) for run in runs} | {
+        items.tick_item_id(run.pk) for run in runs}
+
+
+def test_the_redis_watch_says_lost_once_per_loss():
+    watch = RedisWatch()
+    get_redis().flushdb()
+    assert watch.lost() is True
+    assert watch.lost() is False
+    get_redis().delete(epoch_key(0))
+    assert watch.lost() is True
+    assert watch.lost() is False
+
+
+CALLS: list[int] = []
+
+
+@action("test.lose_connection")
+def lose_connection(call: ActionCall) -> Any:
+    """Counts its calls, then has PostgreSQL terminate this process's connection (as a failover or
+    an operator would) before the engine records the outcome."""
+    CALLS.append(call.attempt)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+
+    def terminate() -> None:  # from another connection: a thread has its own
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        connections.close_all()
+
+    killer = threading.Thread(target=terminate)
+    killer.start()
+    killer.join()
+    return {"ok": True}
+
+
+def test_an_outcome_is_kept_on_a_new_connection_when_the_database_dropped_it_during_the_action(tenant):
+    put(tenant, "drop", {"nodes": [{"id": "a", "type": "action", "action": "test.lose_connection"}]})
+    run = tick(tenant, start(tenant, "drop"))
+    CALLS.clear()
+
+    execute(tenant, by_node(tenant, run)["a"])
+
+    step = by_node(tenant, run)["a"]
+    assert (step.status, step.output, step.attempt) == ("succeeded", {"ok": True}, 1)
+    assert CALLS == [1]  # the action ran once: its outcome was not lost with the connection
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=run.pk).status == "succeeded"
 
 
 # -- ticks that skip the queue ------------------------------------------------------------------

@@ -9,8 +9,10 @@ timers of their sleeps, retry backoffs and step timeouts. Each of those is
 idempotent (an item already queued or in flight is coalesced, a waiting timer
 is kept), so repairing a run that was only slow costs at most a no-op
 delivery. A run whose tick is still waiting or in flight is moving: it is
-only touched, not repaired. Crosses tenants by design: it is the system's
-housekeeping.
+only touched, not repaired. After Redis lost its data (``full``), every
+active run is repaired at once, batch after batch, however recently it moved:
+their steps whose items and leases vanished with it among them. Crosses
+tenants by design: it is the system's housekeeping.
 """
 
 from __future__ import annotations
@@ -33,30 +35,46 @@ STALE_RUN_S = 30.0
 RECONCILE_BATCH = 500
 
 
-def reconcile_runs() -> int:
-    """Repair the stale active runs of every tenant (see the module docs); returns how many."""
+def reconcile_runs(*, full: bool = False) -> int:
+    """Repair the stale active runs of every tenant, or with ``full`` every active run (see the
+    module docs); returns how many."""
+    # One cutoff for the whole pass: a run it repaired or found moving is touched past it.
+    cutoff = timezone.now() - timedelta(seconds=0.0 if full else STALE_RUN_S)
+    count = 0
+    while True:
+        repaired, looked_at = _reconcile_batch(cutoff)
+        count += repaired
+        if not full or looked_at < RECONCILE_BATCH:
+            return count
+
+
+def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
+    """Repair the ``RECONCILE_BATCH`` runs unchanged the longest, if since before ``cutoff``;
+    each one repaired or found moving is touched, so the next batch takes others. Returns how
+    many it repaired and how many it looked at."""
     now = timezone.now()
     stale = list(
         WorkflowRun.all_tenants.select_related("tenant", "workflow")
         .exclude(status__in=WorkflowRun.TERMINAL)
-        .filter(updated_at__lt=now - timedelta(seconds=STALE_RUN_S))
+        .filter(updated_at__lt=cutoff)
         .order_by("updated_at")[:RECONCILE_BATCH]
     )
     moving = _ticks_pending(stale)
-    if moving:  # touched, so that the next passes look at other runs first
-        WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=now)
-    count = 0
+    if moving:
+        WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=timezone.now())
     for run in stale:
-        if run.pk in moving:
-            continue
-        with tenant_context(run.tenant), transaction.atomic():
-            enqueue_tick(run)
-            by_id = {n["id"]: n for n in nodes_of(run)}
-            for step in StepRun.objects.filter(run=run, status__in=ACTIVE):
-                _repair_step(step, run, by_id.get(step.node_id, {}), now)
-            WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
-        count += 1
-    return count
+        if run.pk not in moving:
+            _repair_run(run, now)
+    return len(stale) - len(moving), len(stale)
+
+
+def _repair_run(run: WorkflowRun, now: datetime) -> None:
+    with tenant_context(run.tenant), transaction.atomic():
+        enqueue_tick(run)
+        by_id = {n["id"]: n for n in nodes_of(run)}
+        for step in StepRun.objects.filter(run=run, status__in=ACTIVE):
+            _repair_step(step, run, by_id.get(step.node_id, {}), now)
+        WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
 
 
 def _ticks_pending(runs: list[WorkflowRun]) -> set[Any]:

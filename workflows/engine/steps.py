@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
@@ -59,7 +59,21 @@ def _execute(step_id: str, ctx: ItemContext) -> None:
         if _start(step, ctx):
             if node.get("timeout_s"):
                 schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
-            record_outcome(step, run, _call_action(node["action"], step, ctx.connection_id, str(run.id)))
+            _keep(step, run, _call_action(node["action"], step, ctx.connection_id, str(run.id)))
+
+
+def _keep(step: StepRun, run: WorkflowRun, outcome: Outcome) -> None:
+    """Record the outcome of an action that ran. Should the database connection have been lost
+    meanwhile (a terminated backend, a failover), it is recorded once more on a new one, rather
+    than the item put back and the action run again."""
+    try:
+        record_outcome(step, run, outcome)
+    except (OperationalError, InterfaceError):
+        if connection.in_atomic_block:
+            raise
+        log.warning("step_outcome_reconnecting", step_id=str(step.id))
+        connection.close()
+        record_outcome(step, run, outcome)
 
 
 def _start(step: StepRun, ctx: ItemContext) -> bool:
