@@ -185,6 +185,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Every operation declares the error responses it can answer, in the one error shape.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "ductor_project.core.errors.document_error_responses",
+    ],
     # Three models have a "status": each its own enum in the schema, by name.
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenants.models.Tenant.Status",

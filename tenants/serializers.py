@@ -70,7 +70,8 @@ class TenantCreateSerializer(StrictSerializer):
 
 
 class TenantCreatedSerializer(TenantSerializer):
-    api_key = serializers.CharField(read_only=True, required=False)
+    # Only with ``create_api_key``. Not read_only: the schema makes every read-only field required.
+    api_key = serializers.CharField(required=False, help_text="With create_api_key only: shown once.")
 
     class Meta(TenantSerializer.Meta):
         fields = [*TenantSerializer.Meta.fields, "api_key"]

@@ -147,7 +147,7 @@ class PlatformTenantViewSet(PlatformViewSet):
             return Response(EntitlementsSerializer(selectors.entitlements_report(tenant)).data)
 
     @extend_schema(responses={200: OverrideSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def overrides(self, request: Request, slug: str) -> Response:
         rows = selectors.override_list(selectors.get_tenant(slug))
         return Response(OverrideSerializer(rows, many=True).data)
@@ -171,6 +171,7 @@ class PlatformPlanViewSet(PlatformViewSet):
     serializer_class = PlanSerializer
     queryset = Plan.objects.none()
     lookup_field = "slug"
+    pagination_class = None  # a handful of plans: a plain array
 
     def list(self, request: Request) -> Response:
         return Response(PlanSerializer(selectors.plan_list(), many=True).data)

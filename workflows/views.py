@@ -73,7 +73,7 @@ class WorkflowViewSet(TenantViewSet):
         page = self.paginate_queryset(selectors.workflow_list())
         return self.get_paginated_response(WorkflowSerializer(page, many=True).data)
 
-    @extend_schema(request=WorkflowCreateSerializer, responses={201: WorkflowSerializer})
+    @extend_schema(request=WorkflowCreateSerializer, responses={201: WorkflowSerializer, 200: WorkflowSerializer})
     def create(self, request: Request) -> Response:
         params = WorkflowCreateSerializer(data=request.data)
         params.is_valid(raise_exception=True)
@@ -93,7 +93,7 @@ class WorkflowViewSet(TenantViewSet):
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
     @extend_schema(responses={200: WorkflowVersionSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def versions(self, request: Request, name: str) -> Response:
         rows = selectors.version_list(selectors.get_workflow_for_tenant(name))
         return Response(WorkflowVersionSerializer(rows, many=True).data)
@@ -158,7 +158,7 @@ class RunViewSet(TenantViewSet):
         return Response(RunSerializer(run).data)
 
     @extend_schema(responses=RunEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def events(self, request: Request, pk: str) -> Response:
         run = selectors.get_run_for_tenant(pk)
         return Response(RunEventSerializer(selectors.run_events(run), many=True).data)

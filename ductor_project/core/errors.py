@@ -4,7 +4,8 @@
 
 Validation errors name their fields in ``message`` and list them in
 ``details``. Anything not mapped here is a bug: it is logged with its traceback
-and answered with ``500 internal_error``.
+and answered with ``500 internal_error``. ``document_error_responses`` (a
+drf-spectacular hook) puts the error answers, in this shape, in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -259,6 +260,74 @@ def json_400(request: HttpRequest, exception: Exception | None = None) -> JsonRe
 
 def json_403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse(error_body(ErrorCode.PERMISSION_DENIED, "Forbidden."), status=403)
+
+
+# --- the error responses in the OpenAPI schema ---------------------------------------------------
+
+ERROR_COMPONENT = "Error"
+_ANY_OPERATION = {
+    401: "Not authenticated: no key, or a malformed, unknown, revoked or expired one.",
+    403: "The key lacks the scope, the tenant is suspended, or the caller may not use this endpoint.",
+    404: "No such object for this tenant, or an endpoint the caller may not see.",
+    406: "The Accept header asks for neither JSON nor HTML.",
+    429: "The tenant's API rate or monthly run quota is used up; see Retry-After.",
+    503: "A backing service is unavailable; retry after Retry-After.",
+}
+_WITH_INPUT = {400: "A parameter or a field is invalid, or the body is not valid JSON; details name them."}
+_WITH_BODY = {
+    413: "The body, or a payload in it, is larger than allowed.",
+    415: "The body is not application/json.",
+}
+_UNSAFE = {409: "A unique name or slug is taken, or the object cannot change this way now."}
+_UNSAFE_METHODS = frozenset({"post", "put", "patch", "delete"})
+
+
+def error_schema() -> dict[str, Any]:
+    """The OpenAPI schema of ``error_body``: a stable ``code``, a ``message``, ``details``."""
+    return {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {
+            "type": "object",
+            "required": ["code", "message", "details"],
+            "properties": {
+                "code": {"type": "string", "enum": [code.value for code in ErrorCode]},
+                "message": {"type": "string"},
+                "details": {"type": "object", "additionalProperties": True},
+            },
+        }},
+    }
+
+
+def _error_statuses(method: str, operation: dict[str, Any]) -> dict[int, str]:
+    """The error statuses an operation can answer: every one can refuse the caller; one with a
+    query or a body can find it invalid (a bad id in the path is a 404); a write can conflict;
+    a body can be refused."""
+    statuses = dict(_ANY_OPERATION)
+    takes_query = any(parameter.get("in") == "query" for parameter in operation.get("parameters", []))
+    if takes_query or "requestBody" in operation:
+        statuses |= _WITH_INPUT
+    if method in _UNSAFE_METHODS:
+        statuses |= _UNSAFE
+    if "requestBody" in operation:
+        statuses |= _WITH_BODY
+    return statuses
+
+
+def document_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: every operation declares the error responses it can
+    answer, each with the one error shape; responses a view declares itself are kept."""
+    result.setdefault("components", {}).setdefault("schemas", {})[ERROR_COMPONENT] = error_schema()
+    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}}}
+    for operations in result.get("paths", {}).values():
+        for method, operation in operations.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            responses = operation["responses"]
+            for status_code, description in _error_statuses(method, operation).items():
+                responses.setdefault(str(status_code), {"description": description, "content": content})
+            operation["responses"] = dict(sorted(responses.items()))
+    return result
 
 
 @contextmanager
