@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 STATE_FILE = "services.json"
 LOCK_FILE = ".services.lock"
@@ -43,8 +44,9 @@ class EmbeddedServiceError(RuntimeError):
 class ServiceState:
     """The recorded servers. A server that was not asked for has an empty URL and pid 0."""
 
-    database_url: str = ""
+    database_url: str = ""  # as the app role (row-level security binds it)
     redis_url: str = ""
+    owner_url: str = ""  # as the superuser that owns the tables and runs the migrations
     postgres_pid: int = 0
     redis_pid: int = 0
     redis_port: int = 0
@@ -62,7 +64,8 @@ class ServiceState:
         ) and bool(self.database_url or self.redis_url)
 
     def serves(self, *, postgres: bool, redis: bool) -> bool:
-        return (not postgres or self.postgres_alive()) and (not redis or self.redis_alive())
+        return (not postgres or (self.postgres_alive() and bool(self.owner_url))) and (
+            not redis or self.redis_alive())
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,6 +144,30 @@ def _start_postgres(data_dir: Path) -> tuple[str, int]:
     url = f"postgresql://postgres@/ductor?host={socket_dir}&port={info.port}"
     _ensure_database(server, "ductor")
     return url, int(info.pid or 0)
+
+
+# The roles of the second wall (``ductor_project/core/database/security.py``), as the settings
+# name them by default: the app logs in as the first, and switches to the second to cross tenants.
+APP_ROLE = "ductor_app"
+MAINTENANCE_ROLE = "ductor_maintenance"
+
+
+def _ensure_roles(owner_url: str) -> str:
+    """Create the app and maintenance roles once (neither superuser nor ``BYPASSRLS``, neither
+    owning anything); returns the app role's URL."""
+    import psycopg
+
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        for role, login in ((APP_ROLE, "LOGIN"), (MAINTENANCE_ROLE, "NOLOGIN")):
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                conn.execute(f'CREATE ROLE "{role}" {login} NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE')
+        # NOINHERIT before the grant (which takes its default from it): the maintenance role's
+        # policy binds the app role only once it switches to that role.
+        conn.execute(f'ALTER ROLE "{APP_ROLE}" NOINHERIT')
+        conn.execute(f'REVOKE "{MAINTENANCE_ROLE}" FROM "{APP_ROLE}"')
+        conn.execute(f'GRANT "{MAINTENANCE_ROLE}" TO "{APP_ROLE}"')
+    user = urlsplit(owner_url).username or ""
+    return owner_url.replace(f"//{user}@", f"//{APP_ROLE}@", 1)
 
 
 def _ensure_database(server: object, name: str) -> None:
@@ -230,8 +257,11 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
             return state
         if postgres and not state.postgres_alive():
             started_here = True
-            database_url, pg_pid = _start_postgres(data_dir)
-            state = replace(state, database_url=database_url, postgres_pid=pg_pid)
+            owner_url, pg_pid = _start_postgres(data_dir)
+            state = replace(state, owner_url=owner_url, postgres_pid=pg_pid)
+        if postgres:  # also for a server recorded before the roles existed: its URL is the owner's
+            owner_url = state.owner_url or state.database_url
+            state = replace(state, owner_url=owner_url, database_url=_ensure_roles(owner_url))
         if redis and not state.redis_alive():
             if state.redis_pid:
                 _wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
@@ -308,7 +338,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 NOT_STARTED_DATABASE_URL = "postgresql://postgres@embedded-postgres-not-started.invalid/ductor"
 NOT_STARTED_REDIS_URL = "redis://embedded-redis-not-started.invalid:6379/0"
 # manage.py commands that need neither server (nor does any command asked for its --help).
-COMMANDS_WITHOUT_SERVICES = frozenset({"help", "check", "makemigrations", "version", "diffsettings"})
+COMMANDS_WITHOUT_SERVICES = frozenset({"help", "check", "makemigrations", "version", "diffsettings", "rls_roles"})
 
 
 def default_data_dir() -> Path:

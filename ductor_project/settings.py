@@ -59,6 +59,12 @@ SECURE_PROXY_SSL_HEADER = (
 # not started, here: a process that needs them has booted them first).
 _embedded = embedded.recorded_urls(DUCTOR_DATA_DIR)
 DATABASE_URL = env.str("DATABASE_URL", default=_embedded.database_url)
+# The role that owns the tables and runs the migrations (which put row-level security on them).
+# Embedded mode records it. Unset, migrate runs as DATABASE_URL's role, and refuses: row-level
+# security would not bind the tables' owner (see docs/configuration.md, "Database roles").
+DATABASE_OWNER_URL = env.str(
+    "DATABASE_OWNER_URL", default="" if env.str("DATABASE_URL", default="") else _embedded.owner_url
+)
 REDIS_URL = env.str("REDIS_URL", default=_embedded.redis_url)
 
 INSTALLED_APPS = [
@@ -111,6 +117,15 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+# Django's PostgreSQL backend, which serves each query as its tenant (row-level security).
+DATABASES["default"]["ENGINE"] = "ductor_project.core.database"
+DUCTOR_DATABASE_OWNER = env.db_url_config(DATABASE_OWNER_URL) if DATABASE_OWNER_URL else None
+# The role the app logs in as, which the migrations grant the tables' rows to.
+DUCTOR_DB_APP_ROLE = DATABASES["default"]["USER"]
+# The role the app switches to for code that crosses tenants on purpose (its policy shows every row).
+DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="ductor_maintenance")
+# Off only to measure what the second wall costs (bench/row_security.py): never in production.
+DUCTOR_ROW_SECURITY = env.bool("DUCTOR_ROW_SECURITY", default=True)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(

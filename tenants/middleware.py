@@ -2,17 +2,20 @@
 
 A staff user with a membership acts for that tenant for the whole request;
 the context is reset when the response is built. Superusers get no tenant:
-the admin reads across tenants through ``all_tenants`` and enters a row's own
-tenant when it edits it. API requests set their context in ``tenants.api``.
+their request runs ``across_tenants`` (the database serves it as the
+maintenance role, so the rows it shows can be read, their links followed),
+and it enters a row's own tenant when it edits it. API requests set their
+context in ``tenants.api``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from django.http import HttpRequest, HttpResponse
 
-from ductor_project.core.context import tenant_context
+from ductor_project.core.context import across_tenants, tenant_context
 from tenants.models import Tenant
 from tenants.selectors import membership_for_user
 
@@ -34,9 +37,14 @@ class SessionTenantMiddleware:
             return self.get_response(request)
         tenant = admin_tenant_for(request.user)
         request.admin_tenant = tenant  # type: ignore[attr-defined]
-        if tenant is None:
+        scope: AbstractContextManager[object]
+        if tenant is not None:
+            scope = tenant_context(tenant)
+        elif getattr(request.user, "is_superuser", False):
+            scope = across_tenants("the admin, for a superuser")
+        else:
             return self.get_response(request)
-        with tenant_context(tenant):
+        with scope:
             response = self.get_response(request)
             # Render lazily-evaluated responses while the tenant is still in context.
             render = getattr(response, "render", None)

@@ -3,7 +3,10 @@
 ``Model.objects`` is scoped: every query is filtered by the tenant in context,
 and with no tenant in context it raises ``TenantScopeError`` (fail closed).
 ``Model.all_tenants`` crosses tenants on purpose; it is for the admin,
-migrations and maintenance, and its name is meant to be grepped for.
+migrations and maintenance, and its name is meant to be grepped for. Its
+queries run ``across_tenants``: under the database's row-level security (the
+second wall, ``tenants.row_security``) as the maintenance role, the only one
+that sees every tenant's rows.
 
 Guarantees, each covered by a test in ``tests/tenants/test_scoping.py``:
 - reverse related managers and ``prefetch_related`` are built on the default
@@ -27,6 +30,7 @@ Guarantees, each covered by a test in ``tests/tenants/test_scoping.py``:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
@@ -41,7 +45,13 @@ from django.db.models.fields.related_descriptors import (
 from django.db.models.query import ModelIterable
 from django.db.models.signals import class_prepared
 
-from ductor_project.core.context import TenantScopeError, current_tenant, peek_tenant, tenant_context
+from ductor_project.core.context import (
+    TenantScopeError,
+    across_tenants,
+    current_tenant,
+    peek_tenant,
+    tenant_context,
+)
 
 _TENANT_FIELDS = {"tenant", "tenant_id"}
 # Set while bulk_update() runs: it checked every row's links itself, and the
@@ -105,7 +115,8 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
             if hasattr(value, "resolve_expression"):
                 raise TenantScopeError(f"cannot check the tenant of an expression assigned to {name}")
             pk = value.pk if isinstance(value, models.Model) else value
-            target_tenant = target.all_tenants.filter(pk=pk).values_list("tenant_id", flat=True).first()
+            # Read as the rows are (row-level security hides another tenant's: it reads as None).
+            target_tenant = target._base_manager.filter(pk=pk).values_list("tenant_id", flat=True).first()
             if row_tenants is None:
                 row_tenants = set(self.values_list("tenant_id", flat=True).distinct())
             if target_tenant is None or row_tenants - {target_tenant}:
@@ -175,13 +186,62 @@ class TenantScopedManager(models.Manager[Any]):
         raise TenantScopeError("raw() is not scoped; use Model.all_tenants.raw() and filter by tenant")
 
 
+def _across(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of a queryset, run ``across_tenants``."""
+
+    @functools.wraps(method)
+    def run(self: models.QuerySet[Any], *args: Any, **kwargs: Any) -> Any:
+        with across_tenants(f"{self.model.__name__}.all_tenants"):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+class AcrossTenantsIterator:
+    """A queryset's ``iterator()``, each step of it ``across_tenants`` (never the caller's code
+    between two steps)."""
+
+    def __init__(self, rows: Iterator[Any], reason: str) -> None:
+        self.rows, self.reason = rows, reason
+
+    def __iter__(self) -> AcrossTenantsIterator:
+        return self
+
+    def __next__(self) -> Any:
+        with across_tenants(self.reason):
+            return next(self.rows)
+
+
+class AcrossTenantsQuerySet(TenantScopedQuerySet):
+    """What ``Model.all_tenants`` hands out: every query it runs crosses tenants on purpose."""
+
+    _fetch_all = _across(TenantScopedQuerySet._fetch_all)
+    count = _across(TenantScopedQuerySet.count)
+    exists = _across(TenantScopedQuerySet.exists)
+    contains = _across(TenantScopedQuerySet.contains)
+    aggregate = _across(TenantScopedQuerySet.aggregate)
+    explain = _across(TenantScopedQuerySet.explain)
+    update = _across(TenantScopedQuerySet.update)
+    _update = _across(TenantScopedQuerySet._update)  # type: ignore[attr-defined]
+    delete = _across(TenantScopedQuerySet.delete)
+    _raw_delete = _across(TenantScopedQuerySet._raw_delete)
+
+    def iterator(self, chunk_size: int | None = None) -> Iterator[Any]:
+        return AcrossTenantsIterator(super().iterator(chunk_size), f"{self.model.__name__}.all_tenants")
+
+
 class AllTenantsManager(models.Manager[Any]):
     """Crosses tenants. Only for admin, migrations and maintenance code."""
 
-    _queryset_class = TenantScopedQuerySet
+    _queryset_class = AcrossTenantsQuerySet
 
-    def get_queryset(self) -> TenantScopedQuerySet:
-        return TenantScopedQuerySet(self.model, using=self._db)
+    def get_queryset(self) -> AcrossTenantsQuerySet:
+        return AcrossTenantsQuerySet(self.model, using=self._db)
+
+    def raw(self, *args: Any, **kwargs: Any) -> Any:
+        """The rows of a raw query, read ``across_tenants`` (all at once)."""
+        with across_tenants(f"{self.model.__name__}.all_tenants.raw"):
+            return list(super().raw(*args, **kwargs))
 
 
 class TenantScopedModel(models.Model):
@@ -258,10 +318,11 @@ class TenantScopedModel(models.Model):
             cached: Any = field.get_cached_value(self, default=None)
             if cached is not None and cached.pk == value:
                 other_tenant = cached.tenant_id
-            else:
-                other_tenant = (
-                    target.all_tenants.filter(pk=value).values_list("tenant_id", flat=True).first()
-                )
+            else:  # read in the row's own tenant: row-level security hides the others' rows
+                with self._own_tenant():
+                    other_tenant = (
+                        target._base_manager.filter(pk=value).values_list("tenant_id", flat=True).first()
+                    )
             if other_tenant != self.tenant_id:
                 errors[field.name] = f"{target.__name__} {value} does not exist"
         return errors

@@ -19,11 +19,39 @@ from django.db import connection, connections
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
+from ductor_project.core.database.security import owner_credentials, use_credentials
 from ductor_project.stack import Child, Stack
 from tenants import services
 from tenants.models import ApiKey, Tenant
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> dict[str, Any] | None:
+    """The test database is created, migrated (which puts row-level security on its tenant tables)
+    and dropped by the tables' owner, as ``manage.py migrate`` is run: switch to it first. Returns
+    the app role's credentials, which the tests then connect with."""
+    owner = owner_credentials()
+    return use_credentials(connections["default"], owner) if owner else None
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(
+    django_db_setup: None, django_db_modify_db_settings: dict[str, Any] | None, django_db_blocker: Any
+) -> Iterator[None]:
+    """Every test connects as the app role, as the product does, under row-level security. In
+    this test database only, the owner lets that role truncate the tables too: a transactional
+    test's flush does."""
+    app = django_db_modify_db_settings
+    if app is None:
+        yield
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(f'GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO "{settings.DUCTOR_DB_APP_ROLE}"')
+    owner = use_credentials(connections["default"], app)
+    yield
+    use_credentials(connections["default"], owner)  # the owner drops the test database
 
 
 def seed_reference_data() -> None:

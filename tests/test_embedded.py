@@ -96,6 +96,15 @@ def test_ensure_running_starts_real_servers_and_records_them(data_dir: Path) -> 
     assert alive(state.redis_pid)
     with psycopg.connect(state.database_url) as conn:
         assert conn.execute("SELECT current_database()").fetchone() == ("ductor",)
+        # The app's role: bound by row-level security, a member of the maintenance role that does
+        # not inherit it (it must switch to it).
+        assert conn.execute(
+            "SELECT current_user, rolsuper, rolbypassrls, pg_has_role(current_user, %s, 'MEMBER'), "
+            "pg_has_role(current_user, %s, 'USAGE') FROM pg_roles WHERE rolname = current_user",
+            (embedded.MAINTENANCE_ROLE, embedded.MAINTENANCE_ROLE),
+        ).fetchone() == (embedded.APP_ROLE, False, False, True, False)
+    with psycopg.connect(state.owner_url) as conn:  # the migrations' role owns the tables
+        assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (True,)
     client = redis.Redis.from_url(state.redis_url)
     assert client.ping()
     assert client.info("server")["redis_version"]
@@ -104,7 +113,7 @@ def test_ensure_running_starts_real_servers_and_records_them(data_dir: Path) -> 
 
 def test_stop_stops_both_servers_and_data_survives_a_start(data_dir: Path) -> None:
     first = embedded.ensure_running(data_dir)
-    with psycopg.connect(first.database_url, autocommit=True) as conn:
+    with psycopg.connect(first.owner_url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS durable")
         conn.execute("CREATE TABLE durable (id int PRIMARY KEY, note text)")
         conn.execute("INSERT INTO durable VALUES (1, 'kept')")
@@ -120,7 +129,7 @@ def test_stop_stops_both_servers_and_data_survives_a_start(data_dir: Path) -> No
     second = embedded.ensure_running(data_dir)
     assert second.is_alive()
     assert second.postgres_pid != first.postgres_pid
-    with psycopg.connect(second.database_url) as conn:
+    with psycopg.connect(second.owner_url) as conn:
         assert conn.execute("SELECT note FROM durable WHERE id = 1").fetchone() == ("kept",)
     assert redis.Redis.from_url(second.redis_url).get("durable") == b"kept"
 

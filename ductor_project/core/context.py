@@ -37,6 +37,8 @@ T = TypeVar("T", bound=TenantLike)
 
 # The row put in by ``tenant_context`` (Any: callers read it as the Tenant model it is).
 _current: ContextVar[Any] = ContextVar("ductor_tenant", default=None)
+# Why the code in context reads across tenants (``across_tenants``), or "" when it does not.
+_across: ContextVar[str] = ContextVar("ductor_across_tenants", default="")
 
 
 class TenantScopeError(RuntimeError):
@@ -74,18 +76,46 @@ def tenant_context(tenant: T) -> Iterator[T]:
     """Act as ``tenant`` inside the block. The previous context is restored on exit, always."""
     if tenant is None or getattr(tenant, "pk", None) is None:
         raise TenantScopeError("tenant_context() needs a saved tenant")
-    token = _current.set(tenant)
+    token, across = _current.set(tenant), _across.set("")
     try:
         yield tenant
     finally:
+        _across.reset(across)
         _current.reset(token)
+
+
+@contextmanager
+def across_tenants(reason: str) -> Iterator[None]:
+    """Read and write across tenants inside the block, for ``reason`` (the admin, a reconciler,
+    a key lookup): the database then serves it as its maintenance role, which row-level
+    security lets see every tenant's rows. ``Model.all_tenants`` enters it by itself; a
+    ``tenant_context`` inside the block acts for its tenant alone again."""
+    if not reason:
+        raise ValueError("across_tenants() needs a reason")
+    token = _across.set(reason)
+    try:
+        yield
+    finally:
+        _across.reset(token)
+
+
+def database_scope() -> tuple[str, str]:
+    """Whom the database serves the code in context as: ``("across", reason)`` inside
+    ``across_tenants``, ``("tenant", id)`` inside a tenant's context, else ``("none", "")``
+    (which row-level security shows no tenant's rows)."""
+    reason = _across.get()
+    if reason:
+        return "across", reason
+    tenant = _current.get()
+    return ("tenant", str(tenant.pk)) if tenant is not None else ("none", "")
 
 
 @contextmanager
 def no_tenant() -> Iterator[None]:
     """Run the block with no tenant in context (used by workers between tasks)."""
-    token = _current.set(None)
+    token, across = _current.set(None), _across.set("")
     try:
         yield
     finally:
+        _across.reset(across)
         _current.reset(token)

@@ -39,6 +39,7 @@ class Scratch:
     database_url: str
     redis_url: str
     migrated: bool  # copied from the (migrated) project database
+    admin_url: str  # the tables' owner, who creates and drops it
 
 
 def _with_path(url: str, path: str) -> str:
@@ -64,15 +65,16 @@ def _scratch_redis_url(url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{(current + 1) % REDIS_DATABASES}"))
 
 
-def create(database_url: str, redis_url: str, *, copy: bool) -> Scratch:
-    """Create (or re-create) the scratch databases; ``copy``: from the project database, if it can.
+def create(database_url: str, redis_url: str, *, copy: bool, admin_url: str) -> Scratch:
+    """Create (or re-create) the scratch databases, as ``admin_url``'s role (the tables' owner);
+    ``copy``: from the project database, if it can (with its row-level security and grants).
 
     Any earlier scratch database is dropped first.
     """
     source = _database_name(database_url)
     target = source + SUFFIX
     migrated = False
-    with _admin(database_url) as conn:
+    with _admin(admin_url) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(target)))
         if copy:
             try:
@@ -85,7 +87,7 @@ def create(database_url: str, redis_url: str, *, copy: bool) -> Scratch:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(target)))
     scratch_redis = _scratch_redis_url(redis_url)
     redis.Redis.from_url(scratch_redis).flushdb()
-    return Scratch(_with_path(database_url, f"/{target}"), scratch_redis, migrated)
+    return Scratch(_with_path(database_url, f"/{target}"), scratch_redis, migrated, admin_url)
 
 
 def use(scratch: Scratch) -> None:
@@ -100,6 +102,6 @@ def drop(scratch: Scratch) -> None:
     """Drop the scratch database (closing every connection to it) and empty the scratch Redis database."""
     with contextlib.suppress(redis.RedisError):
         redis.Redis.from_url(scratch.redis_url).flushdb()
-    with _admin(scratch.database_url) as conn:
+    with _admin(scratch.admin_url) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(_database_name(scratch.database_url))))

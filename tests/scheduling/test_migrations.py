@@ -8,28 +8,40 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from ductor_project.core.context import tenant_context
+from ductor_project.core.database.security import as_owner
+
 BEFORE = [("scheduling", "0001_initial")]
 AFTER = [("scheduling", "0002_one_template_language")]
 
 
 def migrate(targets: list[tuple[str, str]]) -> Any:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
+    """Migrate to ``targets`` as ``manage.py migrate`` does: as the tables' owner, whom row-level
+    security does not bind (a data migration sees every tenant's rows)."""
+    with as_owner(connection):
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(targets)
+        return executor.loader.project_state(targets).apps
 
 
 @pytest.mark.django_db(transaction=True)
 def test_stored_rules_move_to_the_one_template_language_and_back(tenant_a: Any) -> None:
+    tenant = tenant_a[0]
     old = migrate(BEFORE)
-    rule = old.get_model("scheduling", "Rule").objects.create(
-        tenant_id=tenant_a[0].pk, name="r", priority=1,
-        match={"conditions": [{"path": "customer.tier", "op": "eq", "value": "gold"}]},
-        action={"partition_key": "c-{input.customer.id}-{workflow}"},
-    )
-    new = migrate(AFTER).get_model("scheduling", "Rule").objects.get(pk=rule.pk)
+    with tenant_context(tenant):  # the app's own reads and writes: row-level security binds them
+        rule = old.get_model("scheduling", "Rule").objects.create(
+            tenant_id=tenant.pk, name="r", priority=1,
+            match={"conditions": [{"path": "customer.tier", "op": "eq", "value": "gold"}]},
+            action={"partition_key": "c-{input.customer.id}-{workflow}"},
+        )
+    new_model = migrate(AFTER).get_model("scheduling", "Rule")
+    with tenant_context(tenant):
+        new = new_model.objects.get(pk=rule.pk)
     assert new.match == {"conditions": [{"path": "input.customer.tier", "op": "eq", "value": "gold"}]}
     assert new.action == {"partition_key": "c-{{ $input.customer.id }}-{{ $workflow }}"}
-    back = migrate(BEFORE).get_model("scheduling", "Rule").objects.get(pk=rule.pk)
+    back_model = migrate(BEFORE).get_model("scheduling", "Rule")
+    with tenant_context(tenant):
+        back = back_model.objects.get(pk=rule.pk)
     assert (back.match, back.action) == (rule.match, rule.action)
     migrate(AFTER)

@@ -16,7 +16,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from ductor_project.core import capacity
-from ductor_project.core.context import tenant_context
+from ductor_project.core.context import across_tenants, tenant_context
 from ductor_project.core.redis import get_redis
 from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.secrets import decrypt
@@ -62,7 +62,8 @@ def assert_invalid(response: Any, field: str, code: str = "invalid") -> None:
 
 
 def stored_token(connection_id: str) -> str:
-    with db.cursor() as cursor:
+    """The stored column, read as an operator would (the maintenance role: raw SQL, no tenant)."""
+    with across_tenants("a test reads the stored secret"), db.cursor() as cursor:
         cursor.execute("SELECT secret_token FROM scheduling_connection WHERE id = %s", [connection_id])
         return str(cursor.fetchone()[0])
 
@@ -244,7 +245,7 @@ def test_secret_never_appears_in_any_api_response(client_a: APIClient, tenant_a:
 
 def test_secret_is_encrypted_at_rest_and_decrypts_back(client_a: APIClient) -> None:
     created = create(client_a, "connections", http_body(secret=SECRET))
-    with db.cursor() as cursor:
+    with across_tenants("a test reads the stored row"), db.cursor() as cursor:
         cursor.execute(
             "SELECT secret_token, row_to_json(c)::text FROM scheduling_connection c WHERE id = %s",
             [created["id"]],

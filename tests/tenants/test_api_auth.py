@@ -12,7 +12,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from ductor_project.core.context import tenant_context
+from ductor_project.core.context import across_tenants, tenant_context
 from tenants import services
 from tenants.models import ApiKey, PlatformKey, Tenant, system_context
 from tests.conftest import api_client
@@ -156,7 +156,7 @@ def test_api_key_has_the_documented_form_and_is_stored_only_hashed(tenant_a: tup
     tenant, raw = tenant_a
     assert re.fullmatch(r"dct_[A-Za-z0-9]{10}_[A-Za-z0-9]{40}", raw)
     secret = raw.split("_")[2]
-    with connection.cursor() as cursor:
+    with across_tenants("a test reads the stored row"), connection.cursor() as cursor:
         cursor.execute("SELECT * FROM tenants_apikey WHERE tenant_id = %s", [tenant.pk])
         rows = cursor.fetchall()
     assert len(rows) == 1

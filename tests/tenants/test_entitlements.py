@@ -310,7 +310,8 @@ def test_changing_an_override_in_the_admin_invalidates_the_cached_limits(free_te
 
     assert response.status_code == 302, response.content.decode()[:2000]
     assert effective_entitlements(free_tenant).max_pools == 6
-    row.refresh_from_db()
+    with tenant_context(free_tenant):
+        row.refresh_from_db()
     assert (row.tenant_id, row.value, row.reason) == (free_tenant.pk, 6, "bigger deal")
 
 

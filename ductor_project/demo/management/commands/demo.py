@@ -42,7 +42,8 @@ class Command(BaseCommand):
         # Copy the project database only while it holds nothing of anyone's (a fresh checkout).
         pristine = not Tenant.objects.exclude(slug=SYSTEM_TENANT_SLUG).exists()
         connections.close_all()  # a template database must have no other session
-        box = scratch.create(settings.DATABASE_URL, settings.REDIS_URL, copy=pristine)
+        box = scratch.create(settings.DATABASE_URL, settings.REDIS_URL, copy=pristine,
+                             admin_url=settings.DATABASE_OWNER_URL or settings.DATABASE_URL)
         try:
             scratch.use(box)
             failures = runner.run(console, box)

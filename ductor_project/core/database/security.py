@@ -1,0 +1,154 @@
+"""The roles and policies of the second wall, and the owner's credentials that build it.
+
+Three roles:
+
+- the **app role** (``DATABASE_URL``): every web process, worker, dispatcher and
+  coordinator connects as it. It is neither a superuser nor ``BYPASSRLS``, and
+  it owns nothing, so the policies bind it;
+- the **maintenance role** (``DUCTOR_DB_MAINTENANCE_ROLE``, ``NOLOGIN``): the app
+  role is a member and switches to it (``SET ROLE``) for the code that crosses
+  tenants on purpose (``across_tenants``: the admin for superusers, the
+  reconciler, key lookups); its policy shows every row;
+- the **owner** (``DATABASE_OWNER_URL``): owns the tables and runs the
+  migrations, which build the wall (``secure_tables``) after every ``migrate``.
+  As their owner it is not bound by the policies, so a data migration sees
+  every row.
+
+Embedded mode creates all three. With ``DATABASE_URL``, an administrator runs
+``roles_sql()`` once (``manage.py rls_roles`` prints it). ``secure_tables``
+refuses an app role that would not be bound: a superuser, a ``BYPASSRLS``
+role, or the owner itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from django.conf import settings
+from psycopg import sql
+
+# The owner's part of a connection's settings; the database NAME stays (a test database).
+CREDENTIALS = ("USER", "PASSWORD", "HOST", "PORT", "OPTIONS")
+TENANT_SETTING = "ductor.tenant_id"
+TENANT_POLICY = "ductor_tenant_rows"
+MAINTENANCE_POLICY = "ductor_maintenance_rows"
+_building: ContextVar[bool] = ContextVar("ductor_building_the_wall", default=False)
+
+
+class RowSecurityError(RuntimeError):
+    """The database lacks a role the wall needs."""
+
+
+def roles_sql(app_role: str, maintenance_role: str, database: str) -> list[sql.Composed]:
+    """What an administrator runs once (as a superuser, or a role with ``CREATEROLE``), before
+    the first ``migrate``: the maintenance role, and the app role's membership of it. The app
+    role does not inherit it (``NOINHERIT``), or the maintenance policy would bind it always."""
+    app, maintenance = sql.Identifier(app_role), sql.Identifier(maintenance_role)
+    return [
+        sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS").format(maintenance),
+        sql.SQL("ALTER ROLE {} NOINHERIT").format(app),
+        sql.SQL("GRANT {} TO {}").format(maintenance, app),
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), app),
+    ]
+
+
+def owner_credentials() -> dict[str, Any] | None:
+    """The connection settings of ``DATABASE_OWNER_URL`` (None: the app role owns the tables)."""
+    owner: Mapping[str, Any] | None = settings.DUCTOR_DATABASE_OWNER
+    return {key: owner.get(key, "") for key in CREDENTIALS} if owner else None
+
+
+def use_credentials(connection: Any, credentials: Mapping[str, Any]) -> dict[str, Any]:
+    """Have ``connection`` log in with ``credentials`` from its next query on; returns the ones
+    it had."""
+    previous = {key: connection.settings_dict.get(key, "") for key in CREDENTIALS}
+    connection.close()
+    connection.settings_dict.update(credentials)
+    return previous
+
+
+@contextmanager
+def as_owner(connection: Any) -> Iterator[None]:
+    """Run the block (``migrate``) as the tables' owner, and let it build the wall
+    (``building_the_wall``)."""
+    owner = owner_credentials()
+    previous = use_credentials(connection, owner) if owner else None
+    token = _building.set(True)
+    try:
+        yield
+    finally:
+        _building.reset(token)
+        if previous is not None:
+            use_credentials(connection, previous)
+
+
+def building_the_wall() -> bool:
+    """Whether this is a ``migrate`` (``as_owner``): only then are roles granted and policies made."""
+    return _building.get()
+
+
+def secure_tables(connection: Any, tables: list[str], *, app_role: str, maintenance_role: str) -> None:
+    """Grant the two roles the rows of every table, and put row-level security on ``tables``
+    (each with a ``tenant_id``). Idempotent; in one transaction, so the tables are never left
+    half secured. Runs as the tables' owner."""
+    _require_bound(connection, app_role)
+    _require_roles(connection, app_role, maintenance_role)
+    roles = sql.SQL(", ").join([sql.Identifier(app_role), sql.Identifier(maintenance_role)])
+    tenant_row = sql.SQL("tenant_id = nullif(current_setting({}, true), '')::uuid").format(
+        sql.Literal(TENANT_SETTING))
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}")
+                       .format(roles).as_string(cursor.connection))
+        cursor.execute(sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {}")
+                       .format(roles).as_string(cursor.connection))
+        for table in tables:
+            for statement in _table_statements(sql.Identifier(table), tenant_row, sql.Identifier(maintenance_role)):
+                cursor.execute(statement.as_string(cursor.connection))
+
+
+def _table_statements(table: sql.Identifier, tenant_row: sql.Composable,
+                      maintenance: sql.Identifier) -> list[sql.Composed]:
+    tenant_policy, maintenance_policy = sql.Identifier(TENANT_POLICY), sql.Identifier(MAINTENANCE_POLICY)
+    return [
+        sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table),
+        sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(tenant_policy, table),
+        sql.SQL("CREATE POLICY {} ON {} USING ({}) WITH CHECK ({})").format(
+            tenant_policy, table, tenant_row, tenant_row),
+        sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(maintenance_policy, table),
+        sql.SQL("CREATE POLICY {} ON {} TO {} USING (true) WITH CHECK (true)").format(
+            maintenance_policy, table, maintenance),
+    ]
+
+
+def _require_bound(connection: Any, app_role: str) -> None:
+    """The app role is one the policies bind: no superuser, no ``BYPASSRLS``, not the owner."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rolsuper OR rolbypassrls, rolname = current_user FROM pg_roles WHERE rolname = %s",
+                       [app_role])
+        row = cursor.fetchone()
+    if row is None:
+        raise RowSecurityError(f"the app role {app_role!r} (DATABASE_URL) does not exist")
+    if row[0] or row[1]:
+        raise RowSecurityError(
+            f"row-level security would not bind the app role {app_role!r} (DATABASE_URL): it is a superuser, "
+            f"has BYPASSRLS, or owns the tables. Connect the app as a plain role, and migrate as the owner "
+            f"(DATABASE_OWNER_URL); see docs/configuration.md, 'Database roles'."
+        )
+
+
+def _require_roles(connection: Any, app_role: str, maintenance_role: str) -> None:
+    """The maintenance role exists, and the app role is a member that does not inherit it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_has_role(%s, oid, 'MEMBER'), pg_has_role(%s, oid, 'USAGE') FROM pg_roles "
+                       "WHERE rolname = %s", [app_role, app_role, maintenance_role])
+        row = cursor.fetchone()
+    if row is None or not row[0] or row[1]:
+        script = ";\n".join(s.as_string(None) for s in roles_sql(
+            app_role, maintenance_role, connection.settings_dict["NAME"]))
+        raise RowSecurityError(
+            f"role {maintenance_role!r} is missing, or {app_role!r} is not a member of it, or inherits it. "
+            f"As a superuser, run once:\n{script};"
+        )

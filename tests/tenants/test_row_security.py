@@ -1,0 +1,126 @@
+"""The second wall: PostgreSQL row-level security under the scoped managers.
+
+The tests connect as the app role, as the product does (``tests/conftest.py``);
+the raw SQL here bypasses the ORM and its scoping on purpose, so that only the
+database stands between one tenant and another's rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+
+from ductor_project.core.context import across_tenants, tenant_context
+from ductor_project.core.database.security import MAINTENANCE_POLICY, TENANT_POLICY
+from tenants.models import Tenant
+from tenants.row_security import tenant_tables
+from tests.scoped.models import Folder
+
+pytestmark = pytest.mark.django_db
+
+
+class Boom(Exception):
+    pass
+
+
+def raw(query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params or [])
+        return list(cursor.fetchall()) if cursor.description else []
+
+
+def folder_tenants() -> set[str]:
+    """The tenants of the folders the database shows this session, read with raw SQL."""
+    return {str(row[0]) for row in raw("SELECT tenant_id FROM scoped_folder")}
+
+
+@pytest.fixture
+def two(tenant_a: tuple[Tenant, str], tenant_b: tuple[Tenant, str]) -> tuple[Tenant, Tenant]:
+    a, b = tenant_a[0], tenant_b[0]
+    for tenant in (a, b):
+        with tenant_context(tenant):
+            Folder.objects.create(name=f"{tenant.slug}'s")
+    return a, b
+
+
+def test_the_app_connects_as_a_role_that_is_no_superuser_does_not_bypass_rls_and_owns_no_table():
+    [(user, superuser, bypass)] = raw(
+        "SELECT rolname, rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user")
+    assert user == settings.DUCTOR_DB_APP_ROLE
+    assert (superuser, bypass) == (False, False)
+    owned = raw("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tableowner = current_user")
+    assert owned == [(0,)]
+
+
+def test_every_tenant_table_has_row_level_security_and_the_two_policies():
+    tables = tenant_tables()
+    assert {"workflows_workflowrun", "workflows_steprun", "tenants_apikey", "scheduling_pool",
+            "scoped_folder"} <= set(tables)
+    for table in tables:
+        [(enabled,)] = raw("SELECT relrowsecurity FROM pg_class WHERE relname = %s", [table])
+        assert (table, enabled) == (table, True)
+        policies = {row[0] for row in raw("SELECT policyname FROM pg_policies WHERE tablename = %s", [table])}
+        assert policies == {TENANT_POLICY, MAINTENANCE_POLICY}, table
+
+
+def test_raw_sql_in_a_tenants_context_sees_only_its_rows_and_with_no_tenant_none(two):
+    a, b = two
+    with tenant_context(a):
+        assert folder_tenants() == {str(a.pk)}
+    with tenant_context(b):
+        assert folder_tenants() == {str(b.pk)}
+    assert folder_tenants() == set()  # no tenant in context: no tenant's rows
+    with across_tenants("a test of the maintenance role"):
+        assert folder_tenants() == {str(a.pk), str(b.pk)}
+        with tenant_context(a):  # a tenant's context inside acts for that tenant alone
+            assert folder_tenants() == {str(a.pk)}
+    assert folder_tenants() == set()
+
+
+def test_the_database_refuses_to_write_another_tenants_rows(two):
+    a, b = two
+    with tenant_context(a):
+        assert raw("UPDATE scoped_folder SET name = 'taken' WHERE tenant_id = %s RETURNING id", [b.pk]) == []
+        assert raw("DELETE FROM scoped_folder WHERE tenant_id = %s RETURNING id", [b.pk]) == []
+        with pytest.raises(DatabaseError, match="row-level security"), transaction.atomic():
+            raw("INSERT INTO scoped_folder (tenant_id, name) VALUES (%s, 'planted')", [b.pk])
+        with pytest.raises(DatabaseError, match="row-level security"), transaction.atomic():
+            raw("UPDATE scoped_folder SET tenant_id = %s", [b.pk])  # moving a row out of the tenant
+    with across_tenants("a test of the maintenance role"):
+        assert sorted(row[0] for row in raw("SELECT name FROM scoped_folder")) == ["tenant-a's", "tenant-b's"]
+
+
+def act_for_then_roll_back(tenant: Tenant) -> None:
+    """Switch the session to ``tenant`` inside a transaction (or a savepoint) that rolls back,
+    which undoes the switch in the database."""
+    with transaction.atomic(), tenant_context(tenant):
+        assert folder_tenants() == {str(tenant.pk)}
+        raise Boom
+
+
+def test_a_rolled_back_transaction_cannot_leave_the_session_acting_for_another_tenant(two):
+    a, b = two
+    with tenant_context(a):
+        assert folder_tenants() == {str(a.pk)}  # the session now acts for A
+    with pytest.raises(Boom):
+        act_for_then_roll_back(b)  # the session acts for A again
+    with tenant_context(b):
+        assert folder_tenants() == {str(b.pk)}
+    with tenant_context(a), transaction.atomic():
+        with pytest.raises(Boom):
+            act_for_then_roll_back(b)  # a savepoint this time
+        assert folder_tenants() == {str(a.pk)}
+
+
+def test_all_tenants_reads_across_tenants_and_its_iterator_keeps_that_to_itself(two):
+    assert Folder.all_tenants.count() == 2
+    assert {str(f.tenant_id) for f in Folder.all_tenants.all()} == {str(t.pk) for t in two}
+    seen = []
+    for folder in Folder.all_tenants.order_by("name").iterator(chunk_size=1):
+        seen.append(folder.name)
+        assert folder_tenants() == set()  # between two steps of it, the caller's own scope
+    assert seen == ["tenant-a's", "tenant-b's"]
+    assert [f.name for f in Folder.all_tenants.raw("SELECT * FROM scoped_folder ORDER BY name")] == seen
