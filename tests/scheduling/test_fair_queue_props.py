@@ -264,7 +264,13 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
                 assert report.in_flight == sum(1 for m in mine if m.in_flight)
                 for c in ("C", "D"):  # a connection's one slot is held exactly while its item runs
                     held = capacity.in_flight(capacity.connection_scope(c, 1), tenant=tenant)
-                    assert held == (1 if (t, c) in self.held() else 0)
+                    holders = [m for k, m in self.items.items() if k[0] == t and m.in_flight and m.connection == c]
+                    if not holders:
+                        assert held == 0
+                    elif holders[0].short_lease:  # its lease (and the slot's) may have run out by now
+                        assert held in (0, 1)
+                    else:
+                        assert held == 1
             assert fq.global_stats().in_flight == len(self.in_flight())
 
         def teardown(self) -> None:
