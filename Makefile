@@ -9,9 +9,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_DATA_DIR := .ductor/test
-# Tests use their own embedded servers unless TEST_DATABASE_URL / TEST_REDIS_URL name others.
-TEST_ENV := env -u DATABASE_URL -u REDIS_URL DUCTOR_DATA_DIR=$(TEST_DATA_DIR) \
+# Tests use their own embedded servers unless TEST_DATABASE_URL (with TEST_DATABASE_OWNER_URL, the
+# tables' owner) and TEST_REDIS_URL name others.
+TEST_ENV := env -u DATABASE_URL -u DATABASE_OWNER_URL -u REDIS_URL DUCTOR_DATA_DIR=$(TEST_DATA_DIR) \
 	$(if $(TEST_DATABASE_URL),DATABASE_URL=$(TEST_DATABASE_URL)) \
+	$(if $(TEST_DATABASE_OWNER_URL),DATABASE_OWNER_URL=$(TEST_DATABASE_OWNER_URL)) \
 	$(if $(TEST_REDIS_URL),REDIS_URL=$(TEST_REDIS_URL))
 
 .PHONY: install test lint typecheck pytest demo up down bench clean

@@ -173,22 +173,33 @@ def baseline_celery(count: int) -> float:
 
 
 def start_children(stack: Stack, *, port: int) -> tuple[Child, Child, Child]:
-    """The web server, one worker (with ``bench._worker_tasks``), one dispatcher and the coordinator;
-    returns the web server, the worker and the dispatcher. Not waited for: ``wait_ready``."""
+    """The web server, then ``start_pipeline``; returns the web server, the worker and the dispatcher.
+    Not waited for: ``wait_ready``."""
     web = stack.web(port=port)
+    return web, *start_pipeline(stack)
+
+
+def start_pipeline(stack: Stack) -> tuple[Child, Child]:
+    """One worker (with ``bench._worker_tasks``), one dispatcher and the coordinator; returns the worker
+    and the dispatcher. Not waited for: ``wait_pipeline``."""
     worker = bench_worker(stack, "worker-0", concurrency=CONCURRENCY)
     dispatcher = stack.dispatcher("dispatcher-0")
     stack.coordinator("coordinator-0")
-    return web, worker, dispatcher
+    return worker, dispatcher
 
 
-def wait_ready(stack: Stack, web: Child, worker: Child, dispatcher: Child) -> None:
-    """Until the dispatcher runs, the worker's slots are registered and the web server answers."""
+def wait_pipeline(stack: Stack, worker: Child, dispatcher: Child) -> None:
+    """Until the dispatcher runs and the worker's slots are registered."""
     from ductor_project.celery import WORK_QUEUE
     from scheduling.dispatch import credits as broker
 
     stack.wait_ready(dispatcher, worker)
     wait_until(lambda: broker.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the worker's slots")
+
+
+def wait_ready(stack: Stack, web: Child, worker: Child, dispatcher: Child) -> None:
+    """Until ``wait_pipeline`` is through and the web server answers."""
+    wait_pipeline(stack, worker, dispatcher)
     stack.wait_ready(web)  # the schema it polls is slow to build on a busy host
 
 

@@ -50,6 +50,8 @@ def roles_sql(app_role: str, maintenance_role: str, database: str) -> list[sql.C
     return [
         sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS").format(maintenance),
         sql.SQL("ALTER ROLE {} NOINHERIT").format(app),
+        # A membership made before keeps the inheritance it had: made again, it takes NOINHERIT.
+        sql.SQL("REVOKE {} FROM {}").format(maintenance, app),
         sql.SQL("GRANT {} TO {}").format(maintenance, app),
         sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), app),
     ]
