@@ -164,8 +164,11 @@ def _ensure_roles(owner_url: str) -> str:
         # NOINHERIT before the grant (which takes its default from it): the maintenance role's
         # policy binds the app role only once it switches to that role.
         conn.execute(f'ALTER ROLE "{APP_ROLE}" NOINHERIT')
-        conn.execute(f'REVOKE "{MAINTENANCE_ROLE}" FROM "{APP_ROLE}"')
-        conn.execute(f'GRANT "{MAINTENANCE_ROLE}" TO "{APP_ROLE}"')
+        membership = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER'), pg_has_role(%s, %s, 'USAGE')",
+                                  (APP_ROLE, MAINTENANCE_ROLE, APP_ROLE, MAINTENANCE_ROLE)).fetchone()
+        if membership != (True, False):  # made again only when it must be: running processes switch to it
+            conn.execute(f'REVOKE "{MAINTENANCE_ROLE}" FROM "{APP_ROLE}"')
+            conn.execute(f'GRANT "{MAINTENANCE_ROLE}" TO "{APP_ROLE}"')
     user = urlsplit(owner_url).username or ""
     return owner_url.replace(f"//{user}@", f"//{APP_ROLE}@", 1)
 
