@@ -68,6 +68,10 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("runs_per_s_1node_with", "runs_per_s_1node_without", "", None),
         ("cpu_ratio", None, "", None),
     ],
+    "recovery": [
+        ("recovery_s", "baseline_s", "<= 20 (idle machine)", lambda r: r["recovery_s"] <= 20),
+        ("noticed_s", None, "", None),
+    ],
 }
 
 
