@@ -1,8 +1,9 @@
 """The Celery app. ``celery -A ductor_project worker`` needs no other configuration.
 
-A plain worker consumes both the customer work queue and the reserved system
-queue (``ductor.system``); ``-Q ductor.system`` makes a worker serve only
-engine-internal work.
+A plain worker consumes the customer work queue, the reserved system queue
+(``ductor.system``) and the results of task nodes (``ductor.results``);
+``-Q ductor.system`` makes a worker serve only engine-internal work.
+
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 
 WORK_QUEUE = "ductor.work"
 SYSTEM_QUEUE = "ductor.system"
+# The outcomes of task nodes: the team's workers send them here (Celery's link / link_error).
+RESULTS_QUEUE = "ductor.results"
 
 app = Celery("ductor_project")
 # Lazy: nothing here reads the settings, so importing the package starts no server; the app's
@@ -28,6 +31,7 @@ app.conf.task_default_queue = WORK_QUEUE
 app.conf.task_queues = (
     Queue(WORK_QUEUE, Exchange(WORK_QUEUE), routing_key=WORK_QUEUE),
     Queue(SYSTEM_QUEUE, Exchange(SYSTEM_QUEUE), routing_key=SYSTEM_QUEUE),
+    Queue(RESULTS_QUEUE, Exchange(RESULTS_QUEUE), routing_key=RESULTS_QUEUE),
 )
 app.autodiscover_tasks()
 

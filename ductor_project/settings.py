@@ -246,6 +246,12 @@ DUCTOR_QUEUE_SHARDS = env.int("DUCTOR_QUEUE_SHARDS", default=1)
 
 # Modules whose @action functions workflows may call (the built-ins are always there).
 DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.actions"])
+# Task nodes: the brokers a celery connection may name besides "default" (Ductor's own broker),
+# as name=url pairs ("shop=redis://shop-redis:6379/0"), and a task step's timeout when neither its
+# node nor its catalog entry sets one (it is the task's lease: a worker that died with the task is
+# noticed then).
+DUCTOR_TASK_BROKERS = env.dict("DUCTOR_TASK_BROKERS", default={})
+DUCTOR_TASK_TIMEOUT_S = env.float("DUCTOR_TASK_TIMEOUT_S", default=300.0)
 # Largest number of nodes in one workflow spec, and deepest JSON nesting.
 DUCTOR_MAX_SPEC_NODES = env.int("DUCTOR_MAX_SPEC_NODES", default=500)
 DUCTOR_MAX_SPEC_DEPTH = env.int("DUCTOR_MAX_SPEC_DEPTH", default=32)

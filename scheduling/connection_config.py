@@ -4,6 +4,10 @@
   of header name to string value), ``timeout_s`` (0 < x <= 300, default 10)
   and ``max_response_bytes`` (1 .. 50 MiB, default 1 MiB).
 - ``python``: a free-form object of at most 64 KiB as JSON.
+- ``celery``: ``queue`` (required: the Celery queue the team's workers consume;
+  never a ``ductor.`` one) and ``broker`` (the name of a broker of
+  ``DUCTOR_TASK_BROKERS``, default ``"default"``: Ductor's own). A tenant names
+  brokers the platform configured; it never gives a URL.
 
 The API, the admin and the ``http.request`` action read the same rules from
 here. ``validate_config`` returns a normalized copy with the defaults filled in.
@@ -17,6 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 
@@ -27,6 +32,11 @@ HTTP_MAX_RESPONSE_BYTES = 50 * 1024 * 1024
 HTTP_MAX_HEADERS = 50
 PYTHON_MAX_CONFIG_BYTES = 64 * 1024
 HTTP_KEYS = ("base_url", "headers", "timeout_s", "max_response_bytes")
+CELERY_KEYS = ("queue", "broker")
+DEFAULT_BROKER = "default"
+# A Celery queue name as AMQP and Redis both take it; ``ductor.`` names are Ductor's own queues.
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
+INTERNAL_QUEUE_PREFIX = "ductor."
 
 # RFC 9110 field-name token; values may not carry CR/LF (no header injection).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
@@ -87,10 +97,33 @@ def _python(config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
+def queue_name_error(queue: Any) -> str | None:
+    """Why ``queue`` cannot be a team queue, or None when it can."""
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        return "must be a Celery queue name: letters, digits and _ . : - (at most 200)"
+    if queue.startswith(INTERNAL_QUEUE_PREFIX):
+        return "names one of Ductor's own queues (ductor.*), which no task may be sent to"
+    return None
+
+
+def _celery(config: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(config) - set(CELERY_KEYS))
+    if unknown:
+        raise ConfigError(f"config.{unknown[0]}", f"unknown field; use {', '.join(CELERY_KEYS)}")
+    problem = queue_name_error(config.get("queue"))
+    if problem:
+        raise ConfigError("config.queue", problem)
+    broker = config.get("broker", DEFAULT_BROKER)
+    known = [DEFAULT_BROKER, *settings.DUCTOR_TASK_BROKERS]
+    if broker not in known:
+        raise ConfigError("config.broker", f"unknown broker; use one of {', '.join(map(str, known))}")
+    return {"queue": config["queue"], "broker": broker}
+
+
 def validate_config(kind: str, config: Any) -> dict[str, Any]:
     """A normalized copy of ``config`` for a connection of ``kind``.
 
-    Raises ``ConfigError`` naming the offending field. Pure; no I/O.
+    Raises ``ConfigError`` naming the offending field. No I/O (reads the settings only).
     """
     if not isinstance(config, Mapping):
         raise ConfigError("config", "must be an object")
@@ -98,4 +131,6 @@ def validate_config(kind: str, config: Any) -> dict[str, Any]:
         return _http(config)
     if kind == "python":
         return _python(config)
-    raise ConfigError("kind", "must be http or python")
+    if kind == "celery":
+        return _celery(config)
+    raise ConfigError("kind", "must be http, python or celery")

@@ -719,6 +719,13 @@ def extend_lease(
     return bool(_tenant_call("fq_extend", _tenant(tenant), item_id, _delivery(delivery), lease_ms) == 1)
 
 
+def queue_extend_lease(batch: scripts.Batch, item_id: str, *, lease_ms: int, delivery: int | None,
+                       tenant: Tenant) -> None:
+    """``extend_lease`` queued on a script ``batch``: its reply is 1 when it renewed."""
+    _at_least("lease_ms", lease_ms, 1)
+    _tenant_call("fq_extend", tenant, item_id, _delivery(delivery), lease_ms, batch=batch)
+
+
 def remove(item_id: str, *, tenant: Tenant | None = None) -> bool:
     """Withdraw a waiting item (or cancel the re-run asked for an item in flight).
 

@@ -21,6 +21,7 @@ class Connection(TenantScopedModel):
     class Kind(models.TextChoices):
         HTTP = "http"
         PYTHON = "python"
+        CELERY = "celery"  # a queue of the team's own Celery workers (task nodes)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)

@@ -37,6 +37,9 @@ class MemberInfo:
     max_concurrency: int | None
     rate_per_s: float | None
     burst: int | None
+    # A celery connection's queue and broker name ("" for other kinds).
+    queue: str = ""
+    broker: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,13 +76,18 @@ class RoutingTable:
         """The pool with this id, or None (pools are keyed by name)."""
         return next((pool for pool in self.pools.values() if pool.id == pool_id), None)
 
-    def connection_name(self, connection_id: str) -> str:
-        """The name of one of the tenant's pooled connections ("" when none has this id)."""
+    def member(self, connection_id: str) -> MemberInfo | None:
+        """One of the tenant's pooled connections, by id (None when no pool has it)."""
         for pool in self.pools.values():
             for member in pool.members:
                 if member.connection_id == connection_id:
-                    return member.name
-        return ""
+                    return member
+        return None
+
+    def connection_name(self, connection_id: str) -> str:
+        """The name of one of the tenant's pooled connections ("" when none has this id)."""
+        member = self.member(connection_id)
+        return member.name if member else ""
 
 
 # Process-local copies: tenant id -> table (checked against the version in Redis).
@@ -123,6 +131,8 @@ def build(version: str) -> RoutingTable:
             MemberInfo(
                 connection_id=str(c.id), name=c.name, kind=c.kind, weight=m.weight, priority=m.priority,
                 max_concurrency=c.max_concurrency, rate_per_s=c.rate_per_s, burst=c.burst,
+                queue=str(c.config.get("queue", "")) if c.kind == "celery" else "",
+                broker=str(c.config.get("broker", "default")) if c.kind == "celery" else "",
             )
         )
     pools: dict[str, PoolInfo] = {}

@@ -3,15 +3,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from scheduling.connection_config import queue_name_error
+from tenants.admin import SuperuserOnlyMixin
 from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
+from tenants.models import Plan
+from workflows import catalog
 from workflows.dag_svg import render_dag
-from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import RunEvent, StepRun, TaskCatalogEntry, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 
 def _pretty(value: Any) -> SafeString:
@@ -128,3 +133,40 @@ class StepRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
 class RunEventAdmin(ReadOnlyMixin, TenantScopedAdmin):
     list_display = ["run", "seq", "type", "node_id", "created_at"]
     list_filter = ["type"]
+
+
+class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
+    """The API's checks: a callable task name, a team queue, a valid JSON Schema, known plans."""
+
+    class Meta:
+        model = TaskCatalogEntry
+        fields = ["name", "description", "queue", "arguments", "input_schema", "timeout_s", "plans", "tenants",
+                  "enabled"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        checks = {
+            "name": catalog.name_problem(data.get("name")),
+            "queue": queue_name_error(data["queue"]) if data.get("queue") else None,
+            "input_schema": catalog.schema_problem(data.get("input_schema") or {}),
+        }
+        plans = data.get("plans") or []
+        if not isinstance(plans, list) or set(plans) - set(Plan.objects.values_list("slug", flat=True)):
+            checks["plans"] = "must be a list of plan slugs"
+        tenants = data.get("tenants") or []
+        if not isinstance(tenants, list) or not all(isinstance(slug, str) for slug in tenants):
+            checks["tenants"] = "must be a list of tenant slugs"
+        for name, problem in checks.items():
+            if problem:
+                self.add_error(name, problem)
+        return data
+
+
+@admin.register(TaskCatalogEntry)
+class TaskCatalogEntryAdmin(SuperuserOnlyMixin, admin.ModelAdmin[TaskCatalogEntry]):
+    """The team's Celery tasks tenants may call as task nodes (platform data: superusers only)."""
+
+    form = TaskCatalogEntryForm
+    list_display = ["name", "queue", "arguments", "timeout_s", "enabled", "updated_at"]
+    list_filter = ["enabled", "arguments"]
+    search_fields = ["name", "description", "queue"]

@@ -8,14 +8,15 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from scheduling.coordinator.reconcile import register_reconciler
         from scheduling.coordinator.wakeups import register_wakeup
-        from scheduling.dispatch.handlers import register_handler
+        from scheduling.dispatch.handlers import register_handler, register_publisher
         from tenants.usage import register_ceiling_counter
-        from workflows.engine import items, reconcile, steps, tick, timers
+        from workflows.engine import items, reconcile, steps, task_nodes, tick, timers
         from workflows.models import WorkflowDefinition
 
         register_ceiling_counter("workflows", lambda: WorkflowDefinition.objects.count())
         register_handler(items.TICK, tick.execute_tick)
         register_handler(items.STEP, steps.execute_step)
+        register_publisher(items.TASK, task_nodes.publish)
         for kind, wake in timers.WAKEUPS.items():
             register_wakeup(kind, wake)
         register_reconciler(reconcile.reconcile_runs)

@@ -174,3 +174,48 @@ class RunEvent(TenantScopedModel):
         if not self._state.adding:
             raise ValueError("run events are append-only")
         super().save(*args, **kwargs)
+
+
+class TaskCatalogEntry(models.Model):
+    """A Celery task of the team's own that tenants may call as a ``task`` node.
+
+    Platform data, not a tenant's: the platform decides what may be called, on
+    which queue by default, with what input, and by whom (``workflows.catalog``).
+    """
+
+    class Arguments(models.TextChoices):
+        KWARGS = "kwargs", "the input object as keyword arguments"
+        SINGLE = "single", "the input as one positional argument"
+
+    name = models.CharField(max_length=200, unique=True, help_text="The Celery task name, e.g. billing.tasks.charge.")
+    description = models.CharField(max_length=500, blank=True, default="")
+    queue = models.CharField(
+        max_length=200, blank=True, default="",
+        help_text="Where the task goes when the step's routing chose no celery connection.",
+    )
+    arguments = models.CharField(max_length=8, choices=Arguments.choices, default=Arguments.KWARGS)
+    input_schema = models.JSONField(default=dict, blank=True, help_text="A JSON Schema the rendered input must match.")
+    timeout_s = models.FloatField(null=True, blank=True, help_text="The step's timeout when its node sets none.")
+    plans = models.JSONField(default=list, blank=True, help_text="Plan names that may call it; empty: every plan.")
+    tenants = models.JSONField(
+        default=list, blank=True, help_text="Slugs of tenants that may call it besides those plans.",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "task catalog entry"
+        verbose_name_plural = "task catalog"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows(self, *, plan: str, slug: str) -> bool:
+        """Whether a tenant of ``plan`` with ``slug`` may call this task."""
+        if not self.enabled:
+            return False
+        if not self.plans and not self.tenants:
+            return True
+        return plan in self.plans or slug in self.tenants

@@ -24,8 +24,8 @@ Top level: ``nodes`` (required, 1 to ``DUCTOR_MAX_SPEC_NODES``) and ``output``
 
 Every node:
 
-- ``id``: unique, ``^[a-z][a-z0-9_]{0,62}$``; ``type``: ``action``, ``sleep``,
-  ``subworkflow`` or ``continue_as_new``;
+- ``id``: unique, ``^[a-z][a-z0-9_]{0,62}$``; ``type``: ``action``, ``task``,
+  ``sleep``, ``subworkflow`` or ``continue_as_new``;
 - ``depends_on``: ids of other nodes (default ``[]``; no self, no repeats, no cycle);
 - ``when``: optional condition (see ``workflows.templates``); false skips the node;
 - ``retry``: ``max_attempts`` 1..100 (default 1), ``backoff_s`` > 0 (default 1),
@@ -37,6 +37,9 @@ By type:
 
 - ``action``: ``action`` (a name registered in ``workflows.actions``) and
   ``input`` (template, default ``{}``);
+- ``task``: ``task`` (a Celery task of the team's, named in the task catalog
+  and available to the tenant: ``workflows.catalog``) and ``input`` (template,
+  default ``{}``; a literal one must match the entry's input schema);
 - ``sleep``: exactly one of ``duration_s`` (0 < x ≤ 366 days) or ``until``
   (ISO 8601 with a timezone); no ``input``;
 - ``subworkflow``: ``workflow`` (a definition name), ``version`` (optional int ≥ 1,
@@ -74,13 +77,15 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from ductor_project.core.payloads import json_depth
+from scheduling import templates
 from scheduling.templates import NODE_ID, template_errors, when_errors
-from workflows import actions
+from workflows import actions, catalog
 
-NODE_TYPES = ("action", "sleep", "subworkflow", "continue_as_new")
+NODE_TYPES = ("action", "task", "sleep", "subworkflow", "continue_as_new")
 COMMON_FIELDS = ("id", "type", "depends_on", "when", "retry", "timeout_s", "tags", "pool")
 TYPE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "action": ("action", "input"),
+    "task": ("task", "input"),
     "sleep": ("duration_s", "until"),
     "subworkflow": ("workflow", "version", "input", "wait"),
     "continue_as_new": ("input",),
@@ -138,6 +143,7 @@ class Node:
     tags: tuple[str, ...] = ()
     pool: str | None = None
     action: str | None = None
+    task: str | None = None
     duration_s: float | None = None
     until: datetime | None = None
     workflow: str | None = None
@@ -164,6 +170,8 @@ class Node:
             data["pool"] = self.pool
         if self.type == "action":
             data["action"] = self.action
+        if self.type == "task":
+            data["task"] = self.task
         if self.type == "sleep":
             if self.duration_s is not None:
                 data["duration_s"] = self.duration_s
@@ -389,11 +397,13 @@ class _NodeParser:
         fields: dict[str, Any] = {}
         if node_type == "action":
             fields["action"] = self._action()
+        elif node_type == "task":
+            fields["task"] = self._task()
         elif node_type == "sleep":
             fields.update(self._sleep())
         elif node_type == "subworkflow":
             fields.update(self._subworkflow())
-        if node_type in ("action", "subworkflow", "continue_as_new"):
+        if node_type in ("action", "task", "subworkflow", "continue_as_new"):
             fields["input"] = self.raw.get("input", {})
         return fields
 
@@ -469,6 +479,24 @@ class _NodeParser:
             listed = ", ".join(known[:20]) + (", …" if len(known) > 20 else "")
             self.error("action", f"unknown action '{name[:100]}'; registered: {listed}")
             return None
+        return name
+
+    def _task(self) -> str | None:
+        """``task`` names a catalog task the tenant may call; a literal ``input`` matches its schema."""
+        name = self.raw.get("task")
+        if not isinstance(name, str) or not name:
+            self.error("task", "is required: the name of a task in the task catalog")
+            return None
+        check = catalog.callable_task(name)
+        if check.entry is None:
+            self.error("task", check.problem)
+            return None
+        value = self.raw.get("input", {})
+        if catalog.is_literal(value):
+            problem = catalog.input_problem(check.entry, templates.render(value, {}))
+            if problem is not None:
+                path, message = problem
+                self.error(f"input.{path}" if path else "input", message)
         return name
 
     def _sleep(self) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 from rest_framework.routers import SimpleRouter
 
-from workflows import views
+from workflows import catalog_api, views
 
 router = SimpleRouter()
 router.trailing_slash = "/?"
 router.register("workflows", views.WorkflowViewSet, basename="workflow")
 router.register("runs", views.RunViewSet, basename="run")
+router.register("tasks", catalog_api.TaskViewSet, basename="task")
+router.register("task-catalog", catalog_api.PlatformTaskCatalogViewSet, basename="platform-task-catalog")
 
 urlpatterns = router.urls

@@ -82,6 +82,11 @@ class StepErrorCode(enum.StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"  # a rendered input, an output or a run output past the plan
     CHILD_FAILED = "child_failed"
     CHILD_CANCELLED = "child_cancelled"
+    # Task nodes (the team's own Celery tasks):
+    TASK_FAILED = "task_failed"  # the task raised (its exception's type and message kept)
+    TASK_NOT_ALLOWED = "task_not_allowed"  # not in the catalog, or not for this tenant's plan
+    INVALID_INPUT = "invalid_input"  # the rendered input does not match the task's input schema
+    PUBLISH_FAILED = "publish_failed"  # the task could not be sent to its queue
 
 
 class ApiError(exceptions.APIException):

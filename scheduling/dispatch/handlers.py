@@ -1,8 +1,13 @@
-"""What runs a fair-queue item: one handler per item kind.
+"""What runs a fair-queue item: one handler per item kind, or a publisher.
 
 The apps register their kinds in ``AppConfig.ready()`` (the engine: ``tick``
 and ``step``; the coordinator: ``wakeup``), so every process that loads Django
 knows them and importing a module registers nothing.
+
+A kind with a *publisher* (the engine's ``task``: a team's own Celery task) is
+not run by a Ductor worker: the dispatcher hands the items it dequeued of that
+kind to the publisher, which sends them on (to the team's queue) and keeps them
+leased until their outcome comes back. They use no dispatch credit.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from scheduling.fair_queue import Dequeued
 
 
 @dataclass(frozen=True)
@@ -43,3 +50,23 @@ def register_handler(kind: str, handler: Handler) -> None:
 def handler_for(kind: str) -> Handler | None:
     """The handler of ``kind``, or None when no app registered one."""
     return _handlers.get(kind)
+
+
+Publisher = Callable[[list[Dequeued]], None]
+_publishers: dict[str, Publisher] = {}
+
+
+def register_publisher(kind: str, publisher: Publisher) -> None:
+    """Have the dispatcher pass the items of ``kind`` it dequeued to ``publisher`` (in dequeue
+    order, a list per round) instead of a Ductor worker."""
+    _publishers[kind] = publisher
+
+
+def publisher_for(kind: str) -> Publisher | None:
+    """The publisher of ``kind``, or None when its items run on Ductor's workers."""
+    return _publishers.get(kind)
+
+
+def kind_of(item: Dequeued) -> str:
+    """The kind an item's payload names ("" when none)."""
+    return str(item.payload.get("kind", "")) if isinstance(item.payload, dict) else ""

@@ -18,7 +18,7 @@ from ductor_project.core.errors import StepErrorCode
 from ductor_project.core.payloads import payload_excess
 from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
-from workflows.engine.items import enqueue_tick, remove_on_commit, step_item_id
+from workflows.engine.items import enqueue_tick, release_on_commit
 from workflows.models import StepRun, WorkflowRun
 
 SStatus = StepRun.Status
@@ -107,7 +107,7 @@ def abort_active(latest: dict[str, StepRun], status: str) -> None:
         if step.status not in ACTIVE:
             continue
         finish(step, status)
-        remove_on_commit(step_item_id(step.id))
+        release_on_commit(step)
         if step.child_run_id is not None:
             WorkflowRun.objects.filter(pk=step.child_run_id).exclude(status__in=WorkflowRun.TERMINAL).update(
                 cancel_requested=True

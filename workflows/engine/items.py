@@ -5,6 +5,9 @@
 - A step attempt: item ``step:<step id>``, in the tier and partition of its
   routing decision (its own partition ``step:<step id>`` by default) and with
   its pool as the scope the dequeue admits, with the pool's current limits.
+  An action's item (kind ``step``) runs on a Ductor worker; a task node's (kind
+  ``task``, with the call its routing kept) is published by the dispatcher to
+  the team's queue (``workflows.engine.task_nodes``).
 - Timers (sleeps, retry backoffs, step timeouts): coordinator wake-ups.
 """
 
@@ -24,6 +27,7 @@ from workflows.models import StepRun, WorkflowRun
 
 TICK = "tick"
 STEP = "step"
+TASK = "task"
 
 
 def tick_item_id(run_id: Any) -> str:
@@ -53,13 +57,17 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
     tier = routing.get("tier") or run.tier
     partition = routing.get("partition_key") or f"step:{step_id}"
     pool_id = (routing.get("pool") or {}).get("id")
+    payload: dict[str, Any] = {"kind": STEP, "step_id": step_id}
+    if step.node_type == TASK:
+        payload = {"kind": TASK, "step_id": step_id, "run_id": str(run.id), "workflow": run.workflow_name,
+                   **(routing.get("task") or {})}
 
     def push() -> None:
         table = routing_table()
         pool = table.pool_by_id(pool_id) if pool_id else None  # None: deleted since it was routed
         scopes = admission.scope_confs(pool, table) if pool else {}
         fair_queue.enqueue(step_item_id(step_id), tier=tier, partition=partition,
-                           payload={"kind": STEP, "step_id": step_id}, scope=pool.id if pool else None,
+                           payload=payload, scope=pool.id if pool else None,
                            scopes=scopes)
 
     transaction.on_commit(push)
@@ -73,6 +81,21 @@ def remove_on_commit(item_id: str) -> None:
 def _remove(tenant: Tenant, item_id: str) -> None:
     with tenant_context(tenant):
         fair_queue.remove(item_id)
+
+
+def release_on_commit(step: StepRun) -> None:
+    """The step ended before its item did: withdraw the item if it waits, and, for a task node's
+    (whose item is held while the team's worker runs it, not by a Ductor worker), end its lease,
+    freeing its slots. Once the surrounding transaction commits."""
+    tenant, item_id, held = current_tenant(), step_item_id(step.id), step.node_type == TASK
+
+    def release() -> None:
+        with tenant_context(tenant):
+            fair_queue.remove(item_id)
+            if held:
+                fair_queue.ack(item_id)
+
+    transaction.on_commit(release)
 
 
 def wakeup_on_commit(ref: str, *, kind: str, delay_s: float) -> None:

@@ -6,6 +6,9 @@ over it fails the step with ``payload_too_large`` and is not kept.
 - ``action``: routed once (``route_attempt``), recorded as a queued attempt with
   its decision, and enqueued as a step item where the decision sends it; a
   denied route fails the step at once.
+- ``task``: the same, once the task catalog allows the call and the rendered
+  input matches the task's schema (else the step fails for good); the decision
+  also keeps what the dispatcher publishes it with (``task_call``).
 - ``sleep``: a scheduled attempt and a coordinator wake-up at its end.
 - ``subworkflow``: a child run (refused past the plan's ``max_nesting_depth`` or
   the monthly run quota, which it is charged to).
@@ -18,6 +21,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -29,26 +33,52 @@ from scheduling.routing import RoutingDecision, route
 from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements
 from tenants.usage import QuotaExceeded, quota_consume
+from workflows import catalog
 from workflows.engine.attempts import Outcome, abort_active, payload_refusal, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
 from workflows.models import StepRun, WorkflowRun, WorkflowVersion
 
 SStatus = StepRun.Status
+# The node types whose attempts are routed and go through the fair queue as step items.
+ROUTED = ("action", "task")
 
 
 def route_attempt(run: WorkflowRun, node: dict[str, Any], rendered: Any) -> RoutingDecision:
-    """Route one attempt of an action node: the one routing decision it keeps."""
-    return route(Step(workflow=run.workflow_name, action=node["action"], tags=tuple(node.get("tags", [])),
-                      input=rendered, tier=run.tier, pool=node.get("pool")))
+    """Route one attempt of an action or task node: the one routing decision it keeps. Rules match
+    a task node's task name as its action."""
+    return route(Step(workflow=run.workflow_name, action=node.get("action") or node["task"],
+                      tags=tuple(node.get("tags", [])), input=rendered, tier=run.tier, pool=node.get("pool")))
+
+
+def attempt_routing(run: WorkflowRun, node: dict[str, Any], rendered: Any) -> tuple[RoutingDecision, dict[str, Any]]:
+    """The routing decision of one attempt, and the trace its step keeps: for a task node, with
+    the call the dispatcher publishes (``task_call``)."""
+    decision = route_attempt(run, node, rendered)
+    trace = decision.trace()
+    if node["type"] == "task":
+        trace["task"] = task_call(node)
+    return decision, trace
+
+
+def task_call(node: dict[str, Any]) -> dict[str, Any]:
+    """How a task node's attempt is published: the task, how it takes its input, the catalog's
+    default queue, and its timeout (which is its lease)."""
+    found = catalog.entry(node["task"])
+    return {
+        "name": node["task"],
+        "arguments": found.arguments if found else "kwargs",
+        "queue": found.queue if found else "",
+        "timeout_s": catalog.timeout_s(found, node.get("timeout_s"), settings.DUCTOR_TASK_TIMEOUT_S),
+    }
 
 
 def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],
           now: datetime) -> bool:
     """Start ``node``, recording its attempt in ``latest``. Returns True if the run continued as new."""
     kind = node["type"]
-    if kind == "action":
-        latest[node["id"]] = _start_action(run, node, context)
+    if kind in ROUTED:
+        latest[node["id"]] = _start_routed(run, node, context)
     elif kind == "sleep":
         latest[node["id"]] = _start_sleep(run, node, now)
     elif kind == "subworkflow":
@@ -73,13 +103,32 @@ def _refused(run: WorkflowRun, node: dict[str, Any], status: str, refusal: Outco
     return step
 
 
-def _start_action(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
+def task_refusal(node: dict[str, Any], rendered: Any) -> Outcome | None:
+    """Why a task node's attempt may not be published (the catalog does not allow it to this
+    tenant, or the rendered input does not match its schema), or None."""
+    check = catalog.callable_task(node["task"])
+    if check.entry is None:
+        return Outcome.failed(StepErrorCode.TASK_NOT_ALLOWED, check.problem, field="task")
+    problem = catalog.input_problem(check.entry, rendered)
+    if problem is None:
+        return None
+    path, message = problem
+    field = f"input.{path}" if path else "input"
+    return Outcome.failed(StepErrorCode.INVALID_INPUT, f"{field}: {message}", field=field)
+
+
+def _start_routed(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
     rendered, refusal = _rendered_input(node, context)
     if refusal is not None:
         return _refused(run, node, SStatus.QUEUED, refusal)
-    decision = route_attempt(run, node, rendered)
-    step = StepRun.objects.create(run=run, node_id=node["id"], node_type="action", status=SStatus.QUEUED,
-                                  input=rendered, routing=decision.trace())
+    kind = node["type"]
+    refusal = task_refusal(node, rendered) if kind == "task" else None
+    decision, trace = attempt_routing(run, node, rendered)
+    step = StepRun.objects.create(run=run, node_id=node["id"], node_type=kind, status=SStatus.QUEUED,
+                                  input=rendered, routing=trace)
+    if refusal is not None:
+        refuse(run, step, refusal)
+        return step
     if not decision.allowed:
         refuse(run, step, StepErrorCode.ROUTING_DENIED, decision.reason)
         return step

@@ -76,30 +76,41 @@ def _keep(step: StepRun, run: WorkflowRun, outcome: Outcome) -> None:
         record_outcome(step, run, outcome)
 
 
+def admitted_routing(routing: dict[str, Any] | None, connection_id: str, admitted: str) -> dict[str, Any]:
+    """A step's routing trace with what its admission chose: the connection, and why."""
+    routing = dict(routing or {})
+    if connection_id:
+        routing["connection"] = {"id": connection_id, "name": routing_table().connection_name(connection_id)}
+    if admitted:
+        routing["admitted"] = admitted
+    return routing
+
+
 def _start(step: StepRun, ctx: ItemContext) -> bool:
     """Mark the attempt running, with the connection its admission chose on its trace. False when
     it was cancelled or timed out since it was read: the action must not be called."""
-    routing = dict(step.routing or {})
-    if ctx.connection_id:
-        routing["connection"] = {"id": ctx.connection_id, "name": routing_table().connection_name(ctx.connection_id)}
-    if ctx.admitted:
-        routing["admitted"] = ctx.admitted
+    routing = admitted_routing(step.routing, ctx.connection_id, ctx.admitted)
     return bool(StepRun.objects.filter(pk=step.id, status__in=ON_WORKER).update(
         status=SStatus.RUNNING, started_at=timezone.now(), routing=routing
     ))
 
 
-def record_outcome(step: StepRun, run: WorkflowRun, outcome: Outcome) -> None:
+def record_outcome(step: StepRun, run: WorkflowRun, outcome: Outcome, *,
+                   routing: dict[str, Any] | None = None) -> None:
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
-    has moved on meanwhile (cancelled, timed out): then the outcome is discarded."""
+    has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
+    history records. ``routing``, when given, replaces the step's routing trace with it."""
     with transaction.atomic():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
         run = WorkflowRun.objects.select_for_update().get(pk=run.pk)
         locked = StepRun.objects.select_for_update().filter(pk=step.id, status__in=ON_WORKER).first()
         if locked is None:
             log.info("step_result_discarded", step_id=str(step.id))
+            record_event(run, "step_result_discarded", step.node_id, attempt=step.attempt, result=outcome.status)
             return
         finish(locked, outcome)
+        if routing is not None:
+            StepRun.objects.filter(pk=locked.pk).update(routing=routing)
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", locked.node_id, attempt=locked.attempt,
                      error=error.get("code") if error else None)

@@ -112,7 +112,7 @@ def _retry_failed(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -
         retry_after = (step.error or {}).get("retry_after_s")
         if isinstance(retry_after, int | float):
             delay = max(delay, float(retry_after))
-        routing = nodes.route_attempt(run, node, step.input).trace() if node["type"] == "action" else None
+        routing = nodes.attempt_routing(run, node, step.input)[1] if node["type"] in nodes.ROUTED else None
         nxt = StepRun.objects.create(
             run=run, node_id=node_id, node_type=step.node_type, attempt=step.attempt + 1,
             status=SStatus.SCHEDULED, input=step.input, scheduled_for=now + timedelta(seconds=delay),

@@ -16,9 +16,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from ductor_project.core.errors import StepErrorCode
-from workflows.engine.attempts import Outcome, finish, refuse
+from workflows.engine.attempts import ON_WORKER, Outcome, finish, node_of, refuse
 from workflows.engine.events import record_event
-from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
+from workflows.engine.items import TASK, enqueue_step, enqueue_tick, release_on_commit, wakeup_on_commit
+from workflows.engine.nodes import task_refusal
 from workflows.models import StepRun, WorkflowRun
 
 SStatus = StepRun.Status
@@ -49,6 +50,12 @@ def retry_due(ref: str, data: dict[str, Any]) -> None:
             refuse(run, step, StepErrorCode.ROUTING_DENIED, str(step.routing.get("reason", "")))
             enqueue_tick(run)
             return
+        if step.node_type == TASK:
+            refusal = task_refusal(node_of(run, step.node_id), step.input)
+            if refusal is not None:  # the catalog changed since the first attempt
+                refuse(run, step, refusal)
+                enqueue_tick(run)
+                return
         step.status = SStatus.QUEUED
         StepRun.objects.filter(pk=step.pk).update(status=step.status)
         enqueue_step(step, run)
@@ -72,13 +79,17 @@ def sleep_done(ref: str, data: dict[str, Any]) -> None:
 
 
 def step_timeout(ref: str, data: dict[str, Any]) -> None:
-    """A running step passed its ``timeout_s``: it fails as retryable; its late result is discarded."""
+    """A running step passed its ``timeout_s``: it fails as retryable; its late result is discarded.
+    A task node's item is released too: its slots were held for the team's worker, which may have
+    died with the task."""
 
     def go(step: StepRun, run: WorkflowRun) -> None:
-        if step.status != SStatus.RUNNING:
+        if step.status not in ON_WORKER or (step.status == SStatus.QUEUED and step.node_type != TASK):
             return
         finish(step, Outcome.failed(StepErrorCode.TIMEOUT, "step timed out", retryable=True))
         record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
+        if step.node_type == TASK:
+            release_on_commit(step)
         enqueue_tick(run)
 
     _with_step(ref, go)

@@ -1,0 +1,188 @@
+"""The task catalog (platform API, admin), what tenants see of it, task nodes in specs, celery connections.
+
+The platform decides which of the team's Celery tasks tenants may call; a
+tenant sees only what its plan or slug is allowed, and another tenant's entry
+answers 404. A refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from tenants import services
+from tests.conftest import api_client, error_code
+from workflows.models import TaskCatalogEntry, WorkflowDefinition
+
+pytestmark = pytest.mark.django_db
+
+SCHEMA = {"type": "object", "required": ["amount"], "additionalProperties": False,
+          "properties": {"amount": {"type": "integer", "minimum": 1}, "currency": {"type": "string"}}}
+
+
+@pytest.fixture
+def platform() -> APIClient:
+    _, raw = services.platform_key_create(name="ops")
+    return api_client(raw)
+
+
+def entry(platform: APIClient, **fields: Any) -> dict[str, Any]:
+    response = platform.post("/api/v1/task-catalog", {"queue": "billing", **fields}, format="json")
+    assert response.status_code == 201, response.content
+    return dict(response.json())
+
+
+def task_node(name: str, input: Any = None) -> dict[str, Any]:
+    return {"id": "charge", "type": "task", "task": name, "input": {} if input is None else input}
+
+
+def create_workflow(client: APIClient, *nodes: dict[str, Any]) -> Any:
+    return client.post("/api/v1/workflows", {"name": "pay", "spec": {"nodes": list(nodes)}}, format="json")
+
+
+# -- the platform's catalog ---------------------------------------------------------------------
+
+
+def test_the_platform_creates_reads_changes_and_deletes_catalog_entries(platform):
+    created = entry(platform, name="billing.tasks.charge", input_schema=SCHEMA, timeout_s=30, plans=["pro"])
+    assert created["arguments"] == "kwargs"
+    assert created["plans"] == ["pro"]
+    assert platform.get("/api/v1/task-catalog").json()[0]["name"] == "billing.tasks.charge"
+    changed = platform.patch("/api/v1/task-catalog/billing.tasks.charge", {"queue": "billing-eu", "plans": []},
+                             format="json")
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["queue"] == "billing-eu"
+    assert TaskCatalogEntry.objects.get().plans == []
+    assert platform.delete("/api/v1/task-catalog/billing.tasks.charge").status_code == 204
+    assert platform.get("/api/v1/task-catalog/billing.tasks.charge").status_code == 404
+
+
+@pytest.mark.parametrize(("fields", "field", "says"), [
+    ({"name": "ductor.execute_item"}, "name", "internal task"),
+    ({"name": "celery.chord_unlock"}, "name", "internal task"),
+    ({"name": "not a task"}, "name", "Celery task name"),
+    ({"name": "a.b", "queue": "ductor.work"}, "queue", "Ductor's own queues"),
+    ({"name": "a.b", "input_schema": {"type": "no-such-type"}}, "input_schema", "not a valid JSON Schema"),
+    ({"name": "a.b", "plans": ["platinum"]}, "plans", "unknown plan"),
+    ({"name": "a.b", "tenants": ["nobody"]}, "tenants", "unknown tenant"),
+    ({"name": "a.b", "timeout_s": 0}, "timeout_s", ""),
+    ({"name": "a.b", "arguments": "both"}, "arguments", ""),
+    ({"name": "a.b", "secret": 1}, "secret", ""),
+])
+def test_a_bad_catalog_entry_is_refused_naming_its_field_and_nothing_is_stored(platform, fields, field, says):
+    response = platform.post("/api/v1/task-catalog", fields, format="json")
+    assert response.status_code == 400, response.content
+    assert field in str(response.json()["error"])
+    assert says in str(response.json()["error"])
+    assert not TaskCatalogEntry.objects.exists()
+
+
+def test_a_second_entry_of_a_name_is_a_conflict(platform):
+    entry(platform, name="billing.tasks.charge")
+    response = platform.post("/api/v1/task-catalog", {"name": "billing.tasks.charge"}, format="json")
+    assert response.status_code == 409
+    assert TaskCatalogEntry.objects.count() == 1
+
+
+def test_a_tenant_key_is_told_the_catalog_does_not_exist(platform, client_a):
+    entry(platform, name="billing.tasks.charge")
+    assert client_a.get("/api/v1/task-catalog").status_code == 404
+    assert client_a.post("/api/v1/task-catalog", {"name": "x.y"}, format="json").status_code == 404
+    assert client_a.delete("/api/v1/task-catalog/billing.tasks.charge").status_code == 404
+    assert TaskCatalogEntry.objects.count() == 1
+
+
+def test_the_admin_lists_and_checks_entries(platform):
+    entry(platform, name="billing.tasks.charge")
+    admin = APIClient()
+    admin.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    assert b"billing.tasks.charge" in admin.get("/admin/workflows/taskcatalogentry/").content
+    page = admin.post("/admin/workflows/taskcatalogentry/add/", {
+        "name": "ductor.execute_item", "queue": "q", "arguments": "kwargs", "input_schema": "{}",
+        "plans": "[]", "tenants": "[]", "enabled": "on"})
+    assert page.status_code == 200  # the form again, with the error
+    assert b"internal task" in page.content
+    assert TaskCatalogEntry.objects.count() == 1
+
+
+# -- what a tenant sees -------------------------------------------------------------------------
+
+
+def test_a_tenant_sees_only_the_tasks_its_plan_or_slug_may_call(platform, make_tenant):
+    _, pro_key = make_tenant("pro-co", plan="pro")
+    _, free_key = make_tenant("free-co", plan="free")
+    entry(platform, name="shop.ship")  # every plan
+    entry(platform, name="shop.charge", plans=["pro"])
+    entry(platform, name="shop.refund", tenants=["free-co"])
+    entry(platform, name="shop.old", enabled=False)
+    pro, free = api_client(pro_key), api_client(free_key)
+    assert [t["name"] for t in pro.get("/api/v1/tasks").json()] == ["shop.charge", "shop.ship"]
+    assert [t["name"] for t in free.get("/api/v1/tasks").json()] == ["shop.refund", "shop.ship"]
+    # Another tenant's entry, and a disabled one, do not exist for this tenant.
+    assert pro.get("/api/v1/tasks/shop.refund").status_code == 404
+    assert free.get("/api/v1/tasks/shop.charge").status_code == 404
+    assert free.get("/api/v1/tasks/shop.old").status_code == 404
+    assert free.get("/api/v1/tasks/shop.refund").json()["queue"] == "billing"
+    assert "plans" not in free.get("/api/v1/tasks/shop.refund").json()  # who else may call it is not theirs
+
+
+def test_a_spec_calling_another_tenants_task_is_refused_and_stores_nothing(platform, make_tenant):
+    _, a_key = make_tenant("co-a")
+    _, b_key = make_tenant("co-b")
+    entry(platform, name="shop.refund", tenants=["co-b"])
+    response = create_workflow(api_client(a_key), task_node("shop.refund"))
+    assert response.status_code == 400
+    assert "nodes[0].task" in str(response.json()["error"])
+    assert not WorkflowDefinition.all_tenants.exists()
+    assert create_workflow(api_client(b_key), task_node("shop.refund")).status_code == 201
+
+
+def test_a_literal_input_that_does_not_match_the_tasks_schema_is_refused_naming_the_field(platform, client_a):
+    entry(platform, name="billing.tasks.charge", input_schema=SCHEMA)
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 0}))
+    assert response.status_code == 400
+    assert error_code(response) == "invalid"
+    errors = str(response.json()["error"])
+    assert "nodes[0].input.amount" in errors
+    assert "minimum" in errors
+    assert create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 5})).status_code == 201
+
+
+def test_a_templated_input_is_checked_when_its_attempt_starts_not_at_validation(platform, client_a):
+    entry(platform, name="billing.tasks.charge", input_schema=SCHEMA)
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": "$input.amount"}))
+    assert response.status_code == 201, response.content
+
+
+def test_a_kwargs_task_needs_an_object_input(platform, client_a):
+    entry(platform, name="billing.tasks.charge")
+    response = create_workflow(client_a, task_node("billing.tasks.charge", [1, 2]))
+    assert response.status_code == 400
+    assert "keyword arguments" in str(response.json()["error"])
+
+
+# -- celery connections -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({}, "config.queue"),
+    ({"queue": "ductor.results"}, "config.queue"),
+    ({"queue": "bad queue"}, "config.queue"),
+    ({"queue": "shop", "broker": "elsewhere"}, "config.broker"),
+    ({"queue": "shop", "url": "redis://x"}, "config.url"),
+])
+def test_a_celery_connection_names_a_team_queue_and_a_configured_broker(client_a, config, field):
+    response = client_a.post("/api/v1/connections", {"name": "shop", "kind": "celery", "config": config},
+                             format="json")
+    assert response.status_code == 400, response.content
+    assert field in str(response.json()["error"])
+
+
+def test_a_celery_connection_defaults_to_ductors_own_broker(client_a):
+    response = client_a.post("/api/v1/connections", {"name": "shop", "kind": "celery",
+                                                      "config": {"queue": "shop"}}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["config"] == {"queue": "shop", "broker": "default"}

@@ -1,0 +1,252 @@
+"""Task nodes end to end: a team's own Celery app and worker run the steps of Ductor workflows.
+
+The team's project (``tests.teamapp``) is not Ductor: its own module, its own
+Celery app instance, its own worker process, no Django. Ductor's worker,
+dispatcher and coordinator serve the module, as in ``test_engine_e2e``; the
+team's worker is started per test where a test kills it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from ductor_project.stack import Child
+from scheduling import services as scheduling_services
+from scheduling.services import MemberSpec
+from tenants.models import Tenant
+from tests.conftest import api_client, error_code, service_env
+from tests.workflows.test_engine_e2e import (
+    Processes,
+    by_node,
+    drained,
+    finished,
+    put,
+    start,
+    steps,
+    types,
+    wait_for,
+)
+from workflows.models import TaskCatalogEntry
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+LEASE_MS = 3000
+
+
+def team_env() -> dict[str, str]:
+    """The team's worker's environment: Ductor's broker and result backend, and nothing of Django."""
+    env = {k: v for k, v in service_env().items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(TEAM_BROKER_URL=settings.CELERY_BROKER_URL, TEAM_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND)
+    return env
+
+
+class TeamWorkers:
+    def __init__(self, processes: Processes) -> None:
+        self.stack = processes.stack
+        self.count = 0
+
+    def start(self, concurrency: int = 2) -> Child:
+        self.count += 1
+        name = f"team-{os.getpid()}-{self.count}"
+        worker = self.stack.worker(name, app="tests.teamapp", concurrency=concurrency, env=team_env(),
+                                   hostname=f"{name}@localhost",
+                                   extra=["-Q", "team", "--pool", "prefork", "--without-heartbeat"])
+        self.stack.wait_ready(worker, timeout_s=60)
+        return worker
+
+    def kill(self, worker: Child) -> None:
+        worker.kill()
+        self.stack.stop(worker)
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup: None) -> Iterator[Processes]:
+    from ductor_project.core.redis import get_redis
+
+    get_redis().flushdb()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
+        mp.setenv("DUCTOR_LOG_FORMAT", "json")
+        running = Processes()
+        try:
+            running.start()
+            yield running
+        finally:
+            running.stop()
+
+
+@pytest.fixture
+def team(stack: Processes) -> Iterator[TeamWorkers]:
+    workers = TeamWorkers(stack)
+    try:
+        yield workers
+    finally:
+        for child in list(stack.stack.children):
+            if child.name.startswith("team-"):
+                stack.stack.stop(child, grace_s=10)
+
+
+@pytest.fixture
+def catalogued(transactional_db: None) -> Callable[..., TaskCatalogEntry]:
+    def add(name: str, **fields: Any) -> TaskCatalogEntry:
+        fields.setdefault("queue", "team")
+        return TaskCatalogEntry.objects.create(name=name, **fields)
+
+    return add
+
+
+def task(node_id: str, name: str, input: Any = None, *deps: str, **extra: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "task", "task": name, "input": {} if input is None else input,
+            "depends_on": list(deps), **extra}
+
+
+def test_two_tenants_run_team_tasks_whose_outputs_flow_on_and_which_see_their_tenant_in_the_headers(
+        stack, team, catalogued, make_tenant):
+    catalogued("team.add")
+    catalogued("team.whoami")
+    team.start()
+    tenants = [make_tenant()[0], make_tenant()[0]]
+    runs: list[tuple[Tenant, Any]] = []
+    for n, tenant in enumerate(tenants):
+        put(tenant, "sum", {"nodes": [
+            task("add", "team.add", {"a": "$input.a", "b": n}),
+            task("who", "team.whoami", {}, "add"),
+            {"id": "out", "type": "action", "action": "echo", "input": {"sum": "$nodes.add.output.sum"},
+             "depends_on": ["who"]},
+        ], "output": {"sum": "$nodes.out.output.sum", "who": "$nodes.who.output"}})
+        runs.append((tenant, start(tenant, "sum", {"a": 40}).pk))
+    for n, (tenant, run_id) in enumerate(runs):
+        run = finished(tenant, run_id)
+        assert run.status == "succeeded", run.error
+        assert run.output["sum"] == 40 + n
+        who = run.output["who"]
+        step = by_node(tenant, run)["who"]
+        assert who["ductor_tenant_id"] == str(tenant.pk)
+        assert who["ductor_run_id"] == str(run.pk)
+        assert who["ductor_step_id"] == str(step.id)
+        assert who["ductor_node_id"] == "who"
+        assert int(who["ductor_attempt"]) == 1
+        assert who["ductor_idempotency_key"] == f"{run.pk}:who:1"
+        assert who["ductor_workflow"] == "sum"
+        assert step.routing["task"]["name"] == "team.whoami"
+        assert step.started_at is not None
+        assert step.finished_at is not None
+    drained(*tenants)
+
+
+def test_a_task_that_takes_its_input_as_one_argument(stack, team, catalogued, make_tenant):
+    catalogued("team.total", arguments="single", input_schema={"type": "array", "items": {"type": "integer"}})
+    team.start()
+    tenant = make_tenant()[0]
+    put(tenant, "total", {"nodes": [task("sum", "team.total", "$input.values")],
+                          "output": "$nodes.sum.output"})
+    run = finished(tenant, start(tenant, "total", {"values": [1, 2, 3]}).pk)
+    assert run.status == "succeeded"
+    assert run.output == 6
+    bad = finished(tenant, start(tenant, "total", {"values": ["x"]}).pk)
+    assert bad.status == "failed"
+    step = by_node(tenant, bad)["sum"]
+    assert step.error["code"] == "invalid_input"
+    assert step.error["field"] == "input.0"
+    drained(tenant)
+
+
+def test_an_exception_in_the_task_follows_the_retry_policy_with_its_type_and_message(
+        stack, team, catalogued, make_tenant):
+    catalogued("team.fail")
+    team.start()
+    tenant = make_tenant()[0]
+    put(tenant, "fails", {"nodes": [task("boom", "team.fail", {"message": "card declined"},
+                                         retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})]})
+    run = finished(tenant, start(tenant, "fails").pk)
+    assert run.status == "failed"
+    attempts = steps(tenant, run)
+    assert [(s.attempt, s.status) for s in attempts] == [(1, "failed"), (2, "failed")]
+    for step in attempts:
+        assert step.error["code"] == "task_failed"
+        assert step.error["message"] == "ValueError: card declined"
+        assert step.error["exception"]["type"] == "ValueError"
+    drained(tenant)
+
+
+def test_a_team_worker_killed_mid_task_is_caught_by_the_timeout_and_the_retry_runs_elsewhere(
+        stack, team, catalogued, make_tenant):
+    catalogued("team.slow_first")
+    first = team.start(concurrency=1)
+    tenant = make_tenant()[0]
+    put(tenant, "slow", {"nodes": [task("slow", "team.slow_first", {"seconds": 60}, timeout_s=3,
+                                        retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})],
+                         "output": "$nodes.slow.output"})
+    run = start(tenant, "slow")
+    wait_for(lambda: "Task team.slow_first" in first.output(), timeout=30, what="the team's worker to start the task")
+    team.kill(first)
+    team.start(concurrency=1)
+    run = finished(tenant, run.pk, timeout=40)
+    assert run.status == "succeeded"
+    assert run.output == {"attempt": 2}
+    attempts = steps(tenant, run)
+    assert [(s.attempt, s.status, (s.error or {}).get("code")) for s in attempts] == [
+        (1, "failed", "timeout"), (2, "succeeded", None)]
+    assert "step_timed_out" in types(tenant, run)
+    drained(tenant)
+
+
+def test_a_result_after_the_timeout_is_recorded_in_the_history_and_changes_nothing_else(
+        stack, team, catalogued, make_tenant):
+    catalogued("team.slow_first")
+    team.start()
+    tenant = make_tenant()[0]
+    put(tenant, "late", {"nodes": [task("slow", "team.slow_first", {"seconds": 3}, timeout_s=1,
+                                        retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})],
+                         "output": "$nodes.slow.output"})
+    run = start(tenant, "late")
+    run = finished(tenant, run.pk)
+    assert run.status == "succeeded"
+    assert run.output == {"attempt": 2}
+    wait_for(lambda: "step_result_discarded" in types(tenant, run), timeout=20,
+             what="the first attempt's late result")
+    first, second = steps(tenant, run)
+    assert (first.status, first.error["code"], first.output) == ("failed", "timeout", None)
+    assert second.status == "succeeded"
+    drained(tenant)
+
+
+def test_a_tenant_cannot_call_a_task_outside_the_catalog_or_its_plan(stack, catalogued, make_tenant):
+    catalogued("team.add", plans=["enterprise"])
+    _free, free_key = make_tenant(plan="free")
+    client = api_client(free_key)
+    for name, why in (("team.add", "not available"), ("team.unknown", "not in the task catalog"),
+                      ("ductor.execute_item", "internal task")):
+        response = client.post("/api/v1/workflows", {"name": "w", "spec": {"nodes": [task("a", name)]}},
+                               format="json")
+        assert response.status_code == 400, response.content
+        assert error_code(response) == "invalid"
+        body = response.json()["error"]
+        assert why in str(body), body
+        assert "nodes[0].task" in str(body)
+
+
+def test_a_celery_pool_balances_two_queues_round_robin(stack, team, catalogued, make_tenant):
+    catalogued("team.whoami", queue="")
+    tenant = make_tenant()[0]
+    from ductor_project.core.context import tenant_context
+
+    with tenant_context(tenant):
+        first = scheduling_services.connection_create(name="team-a", kind="celery", config={"queue": "team"})
+        second = scheduling_services.connection_create(name="team-b", kind="celery", config={"queue": "team"})
+        scheduling_services.pool_create(name="team", strategy="round_robin", is_default=False,
+                                        members=[MemberSpec(first.name), MemberSpec(second.name)])
+    team.start()
+    put(tenant, "rr", {"nodes": [task(f"s{i}", "team.whoami", {}, *([f"s{i - 1}"] if i else []), pool="team")
+                                 for i in range(4)]})
+    run = finished(tenant, start(tenant, "rr").pk)
+    assert run.status == "succeeded", run.error
+    chosen = [by_node(tenant, run)[f"s{i}"].routing["connection"]["name"] for i in range(4)]
+    assert chosen.count("team-a") == 2
+    assert chosen.count("team-b") == 2
+    drained(tenant)

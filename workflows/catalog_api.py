@@ -1,0 +1,144 @@
+"""The task catalog's endpoints: the platform manages it, a tenant lists what it may call.
+
+- ``/api/v1/task-catalog`` (platform admin): create, list, read, change and
+  delete entries, by task name.
+- ``/api/v1/tasks`` (a tenant): the enabled entries its plan or slug may call,
+  by name; any other name answers 404, like another tenant's object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ductor_project.core.errors import NotFound, conflict_on_duplicate
+from scheduling.connection_config import queue_name_error
+from tenants.api import PlatformViewSet, StrictModelSerializer, TenantViewSet, TextField
+from tenants.models import Plan, Tenant
+from workflows import catalog
+from workflows.models import TaskCatalogEntry
+from workflows.spec import MAX_TIMEOUT_S
+
+LOOKUP = r"[A-Za-z0-9_.]+"
+
+
+class TaskCatalogEntrySerializer(StrictModelSerializer):
+    # Declared: a taken name is a 409 conflict (conflict_on_duplicate), as everywhere else.
+    name = serializers.CharField(max_length=200, help_text="The Celery task name, e.g. billing.tasks.charge.")
+    description = TextField(max_length=500, required=False, allow_blank=True)
+    input_schema = serializers.JSONField(required=False, help_text="A JSON Schema the rendered input must match.")
+    plans = serializers.ListField(child=serializers.CharField(max_length=50), required=False, max_length=100)
+    tenants = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=1000)
+    timeout_s = serializers.FloatField(min_value=0.001, max_value=MAX_TIMEOUT_S, required=False, allow_null=True)
+
+    class Meta:
+        model = TaskCatalogEntry
+        fields = ["name", "description", "queue", "arguments", "input_schema", "timeout_s", "plans", "tenants",
+                  "enabled", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate_name(self, value: str) -> str:
+        problem = catalog.name_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        if self.instance is not None and value != self.instance.name:
+            raise serializers.ValidationError("cannot be changed; create another entry")
+        return value
+
+    def validate_queue(self, value: str) -> str:
+        problem = queue_name_error(value) if value else None
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_input_schema(self, value: Any) -> Any:
+        problem = catalog.schema_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_plans(self, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(Plan.objects.filter(slug__in=value).values_list("slug", flat=True)))
+        if unknown:
+            raise serializers.ValidationError(f"unknown plan '{unknown[0]}'")
+        return sorted(set(value))
+
+    def validate_tenants(self, value: list[str]) -> list[str]:
+        found = set(Tenant.objects.filter(slug__in=value).values_list("slug", flat=True))
+        unknown = sorted(set(value) - found)
+        if unknown:
+            raise serializers.ValidationError(f"unknown tenant '{unknown[0]}'")
+        return sorted(set(value))
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    """A catalog task as a tenant sees it: what to call and with what input."""
+
+    class Meta:
+        model = TaskCatalogEntry
+        fields = ["name", "description", "queue", "arguments", "input_schema", "timeout_s"]
+        read_only_fields = fields
+
+
+def _entry(name: str) -> TaskCatalogEntry:
+    found = TaskCatalogEntry.objects.filter(name=name).first()
+    if found is None:
+        raise NotFound()
+    return found
+
+
+class PlatformTaskCatalogViewSet(PlatformViewSet):
+    """Platform admin: the team's Celery tasks tenants may call as task nodes."""
+
+    serializer_class = TaskCatalogEntrySerializer
+    queryset = TaskCatalogEntry.objects.none()
+    lookup_field = "name"
+    lookup_value_regex = LOOKUP
+    pagination_class = None  # a catalog is short: a plain array
+
+    def list(self, request: Request) -> Response:
+        return Response(TaskCatalogEntrySerializer(TaskCatalogEntry.objects.order_by("name"), many=True).data)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(TaskCatalogEntrySerializer(_entry(name)).data)
+
+    @extend_schema(request=TaskCatalogEntrySerializer, responses={201: TaskCatalogEntrySerializer})
+    def create(self, request: Request) -> Response:
+        params = TaskCatalogEntrySerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        with conflict_on_duplicate("name", f"a catalog entry named '{params.validated_data['name']}' exists"):
+            found = params.save()
+        return Response(TaskCatalogEntrySerializer(found).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=TaskCatalogEntrySerializer, responses={200: TaskCatalogEntrySerializer})
+    def partial_update(self, request: Request, name: str) -> Response:
+        params = TaskCatalogEntrySerializer(_entry(name), data=request.data, partial=True)
+        params.is_valid(raise_exception=True)
+        return Response(TaskCatalogEntrySerializer(params.save()).data)
+
+    def destroy(self, request: Request, name: str) -> Response:
+        _entry(name).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TaskViewSet(TenantViewSet):
+    """The catalog tasks this tenant may call as task nodes."""
+
+    serializer_class = TaskSerializer
+    queryset = TaskCatalogEntry.objects.none()
+    lookup_field = "name"
+    lookup_value_regex = LOOKUP
+    pagination_class = None
+
+    def list(self, request: Request) -> Response:
+        return Response(TaskSerializer(catalog.visible(), many=True).data)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        check = catalog.callable_task(name)
+        if check.entry is None:
+            raise NotFound()
+        return Response(TaskSerializer(check.entry).data)

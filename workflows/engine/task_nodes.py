@@ -1,0 +1,223 @@
+"""Task nodes: the team's own Celery tasks as steps, published once the fair queue admitted them.
+
+A task node's attempt is a fair-queue item of kind ``task``, routed like an
+action (its pool balances the tenant's celery connections, and the pool's and
+connection's concurrency bound its messages in flight). The dispatcher hands
+the items it dequeued to ``publish``, which, per tenant:
+
+1. marks their steps running (one ``UPDATE``), skipping those that moved on
+   (cancelled meanwhile: their items are acked);
+2. sends each with ``send_task`` to the queue of the connection its admission
+   chose (else the catalog's default queue), on that connection's broker, with
+   the rendered input as keyword arguments (or one argument), the step's
+   identity in the headers (``HEADERS``) and Celery's own ``link`` /
+   ``link_error`` callbacks to ``ductor.task_succeeded`` / ``ductor.task_failed``
+   on ``ductor.results``;
+3. extends each item's lease to the step's timeout (plus one lease), so the
+   slots it holds stay held while the team's worker runs it, and schedules the
+   step's timeout.
+
+The callbacks record the outcome and tick the run in one transaction
+(``steps.record_outcome``), then ack the item, which frees its slots. A task
+that raised fails the step as retryable, with its exception's type and
+message: given by ``ductor_sdk``'s worker hook, else read from the result
+backend. A worker that died with the task is noticed by the timeout, which
+fails the step as retryable and acks the item. A result that arrives after a
+timeout or a cancel is recorded in the history and changes nothing else.
+Delivery is at least once: an item whose publish was not confirmed (the
+dispatcher died, the broker was away) is published again after its lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import structlog
+from celery import Celery
+from django.conf import settings
+from django.utils import timezone
+
+from ductor_project.celery import RESULTS_QUEUE
+from ductor_project.celery import app as ductor_app
+from ductor_project.core import scripts
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import StepErrorCode
+from scheduling import fair_queue
+from scheduling.connection_config import DEFAULT_BROKER
+from scheduling.coordinator.wakeups import schedule_wakeup
+from scheduling.fair_queue import Dequeued
+from scheduling.routing_table import routing_table
+from tenants.tasking import UnknownTenant, acting_for, restore_tenant
+from workflows.engine.attempts import ON_WORKER, Outcome, payload_refusal
+from workflows.engine.events import jsonable
+from workflows.engine.steps import admitted_routing, record_outcome
+from workflows.models import StepRun
+
+log = structlog.get_logger(__name__)
+
+SStatus = StepRun.Status
+# The headers of a task node's message; the team's task reads them (``ductor_sdk.worker``).
+HEADERS = ("ductor_tenant_id", "ductor_run_id", "ductor_step_id", "ductor_node_id", "ductor_attempt",
+           "ductor_idempotency_key", "ductor_workflow")
+
+
+class NoQueue(LookupError):
+    """Neither the step's connection nor its catalog entry names a queue."""
+
+
+def publish(items: list[Dequeued]) -> None:
+    """The dispatcher's publisher of ``task`` items: each tenant's, in its context."""
+    by_tenant: dict[str, list[Dequeued]] = {}
+    for item in items:
+        by_tenant.setdefault(item.tenant_id, []).append(item)
+    for tenant_id, group in by_tenant.items():
+        try:
+            tenant = restore_tenant(tenant_id)
+        except UnknownTenant:
+            log.error("task_items_of_unknown_tenant", tenant_id=tenant_id, items=len(group))
+            continue
+        with acting_for(tenant, tenant_id=tenant_id):
+            _publish_tenant(group)
+
+
+def _publish_tenant(group: list[Dequeued]) -> None:
+    steps = _start_steps([str(item.payload["step_id"]) for item in group])
+    batch = scripts.Batch()
+    tenant = current_tenant()
+    timeouts: list[tuple[str, float]] = []
+    for item in group:
+        step = steps.get(str(item.payload["step_id"]))
+        if step is None:  # cancelled or finished since it was queued
+            fair_queue.queue_ack(batch, item.item_id, delivery=item.delivery, tenant=tenant)
+            continue
+        try:
+            queue = _send(item, step)
+        except NoQueue as exc:
+            _fail_unsent(step, item, str(exc))
+            continue
+        except Exception:
+            # Not confirmed: the item stays leased and is published again after its lease.
+            log.exception("task_publish_failed", step_id=str(step.id), task=item.payload.get("name"))
+            continue
+        timeout_s = float(item.payload.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
+        fair_queue.queue_extend_lease(batch, item.item_id, lease_ms=int(timeout_s * 1000) + settings.DUCTOR_LEASE_MS,
+                                      delivery=item.delivery, tenant=tenant)
+        timeouts.append((str(step.id), timeout_s))
+        log.info("task_published", item_id=item.item_id, step_id=str(step.id), run_id=str(step.run_id),
+                 task=item.payload.get("name"), queue=queue, delivery=item.delivery, waited_ms=item.waited_ms)
+    if len(batch):
+        batch.execute()
+    for step_id, timeout_s in timeouts:
+        schedule_wakeup(tenant, step_id, kind="step_timeout", delay_s=timeout_s)
+
+
+def _start_steps(step_ids: list[str]) -> dict[str, StepRun]:
+    """Mark these steps running (those still queued or running: a redelivered item is sent
+    again) and read what their messages need. Two statements for the whole group."""
+    StepRun.objects.filter(pk__in=step_ids, status__in=ON_WORKER).update(status=SStatus.RUNNING,
+                                                                          started_at=timezone.now())
+    rows = StepRun.objects.filter(pk__in=step_ids, status=SStatus.RUNNING).only(
+        "id", "run_id", "node_id", "attempt", "input")
+    return {str(step.id): step for step in rows}
+
+
+def _send(item: Dequeued, step: StepRun) -> str:
+    """Send the step's task to its queue; the queue's name."""
+    call = item.payload
+    member = routing_table().member(item.connection_id) if item.connection_id else None
+    queue = (member.queue if member else "") or str(call.get("queue") or "")
+    if not queue:
+        raise NoQueue(f"task '{call.get('name')}' has no queue: its catalog entry names none and its "
+                      f"routing chose no celery connection")
+    app = broker_app(member.broker if member and member.broker else DEFAULT_BROKER)
+    tenant_id = str(current_tenant().pk)
+    ids = {"tenant_id": tenant_id, "step_id": str(step.id), "item_id": item.item_id, "delivery": item.delivery,
+           "connection_id": item.connection_id, "admitted": item.admitted}
+    value = step.input
+    args, kwargs = ([], dict(value or {})) if call.get("arguments", "kwargs") == "kwargs" else ([value], {})
+    app.send_task(
+        str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
+        headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
+                                   f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
+                         strict=True)),
+        link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, queue=RESULTS_QUEUE),
+        link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, queue=RESULTS_QUEUE),
+    )
+    return queue
+
+
+@cache
+def _named_broker(name: str) -> Celery:
+    url = settings.DUCTOR_TASK_BROKERS[name]
+    return Celery(f"ductor-broker-{name}", broker=url, set_as_current=False,
+                  config_source={"task_serializer": "json", "accept_content": ["json"]})
+
+
+def broker_app(name: str) -> Celery:
+    """The Celery app that publishes to the broker ``name`` (``default``: Ductor's own)."""
+    if name == DEFAULT_BROKER:
+        return ductor_app
+    if name not in settings.DUCTOR_TASK_BROKERS:
+        raise NoQueue(f"broker '{name}' is not configured (DUCTOR_TASK_BROKERS)")
+    return _named_broker(name)
+
+
+def _fail_unsent(step: StepRun, item: Dequeued, message: str) -> None:
+    record_outcome(step, step.run, Outcome.failed(StepErrorCode.PUBLISH_FAILED, message))
+    fair_queue.ack(item.item_id, delivery=item.delivery)
+
+
+# -- the outcome, from Celery's callbacks (``workflows.tasks``) ---------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    """Which message a callback answers: its step, its item's delivery, its admission."""
+
+    step_id: str
+    item_id: str
+    delivery: int
+    connection_id: str = ""
+    admitted: str = ""
+
+
+def task_succeeded(result: Any, sent: Sent) -> None:
+    """The team's task returned ``result``: the step's output (held to the plan's payload limit)."""
+    _keep(sent, payload_refusal(result, "output") or Outcome.succeeded(jsonable(result)))
+
+
+def task_failed(task_id: str, sent: Sent, error: Mapping[str, Any] | None = None) -> None:
+    """The team's task raised: the step fails as retryable, with the exception's type and message
+    (``error``, from ``ductor_sdk``'s worker hook, else the result backend's record of it)."""
+    found = dict(error) if isinstance(error, Mapping) else exception_of(task_id)
+    kind, message = str(found.get("type") or "Exception"), str(found.get("message") or "")[:2000]
+    outcome = Outcome.failed(StepErrorCode.TASK_FAILED, f"{kind}: {message}" if message else kind,
+                             retryable=True, exception={"type": kind, "module": str(found.get("module") or "")})
+    _keep(sent, outcome)
+
+
+def exception_of(task_id: str) -> dict[str, str]:
+    """The exception a failed task left in Ductor's result backend (shared with the team's app),
+    or an unknown one."""
+    try:
+        meta = ductor_app.backend.get_task_meta(task_id)
+    except Exception:
+        log.warning("task_exception_unreadable", celery_task_id=task_id)
+        meta = {}
+    exc = meta.get("result") if meta.get("status") == "FAILURE" else None
+    if isinstance(exc, BaseException):
+        return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
+    return {"type": "TaskFailed", "message": "the task raised; its exception is not known here (install "
+                                             "ductor_sdk's worker hook, or share Ductor's result backend)"}
+
+
+def _keep(sent: Sent, outcome: Outcome) -> None:
+    step = StepRun.objects.select_related("run").filter(pk=sent.step_id).first()
+    if step is not None:
+        record_outcome(step, step.run, outcome,
+                       routing=admitted_routing(step.routing, sent.connection_id, sent.admitted))
+    # Its slots free once the outcome is kept (a late result's ack changes nothing).
+    fair_queue.ack(sent.item_id, delivery=sent.delivery)
