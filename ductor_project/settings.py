@@ -252,6 +252,12 @@ DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.ac
 # noticed then).
 DUCTOR_TASK_BROKERS = env.dict("DUCTOR_TASK_BROKERS", default={})
 DUCTOR_TASK_TIMEOUT_S = env.float("DUCTOR_TASK_TIMEOUT_S", default=300.0)
+# The slots of the team's worker queues that tenants share ("shop=8,eu/billing=4": queue, or
+# broker/queue, = how many of its tasks may be in flight at once, across every tenant): task steps
+# for such a queue are admitted in the fair order within them, so that the order holds where the
+# team's workers start the work. A queue not listed is bounded by its pools' and connections'
+# concurrency only.
+DUCTOR_TASK_QUEUE_SLOTS = env.dict("DUCTOR_TASK_QUEUE_SLOTS", default={})
 # Largest number of nodes in one workflow spec, and deepest JSON nesting.
 DUCTOR_MAX_SPEC_NODES = env.int("DUCTOR_MAX_SPEC_NODES", default=500)
 DUCTOR_MAX_SPEC_DEPTH = env.int("DUCTOR_MAX_SPEC_DEPTH", default=32)

@@ -9,6 +9,13 @@ a free slot and whose rate admits a start. A head that cannot be admitted is
 parked (a freed slot of its pool or connection wakes it) or looked at again
 when its rate or breaker allows; it is never dispatched only to come back.
 
+**Queue shares.** The team's worker queues listed in ``DUCTOR_TASK_QUEUE_SLOTS``
+have slots that every tenant's task steps share: a celery connection to such a
+queue carries the share (``queue_share``) in its conf, and a task step with no
+pool is admitted by a pool of its own for its catalog queue (``queue_scope``).
+The dequeue takes a slot of the share with the others, or parks the head among
+the share's waiters, woken in the fair order as slots free (``admit_lib.lua``).
+
 The fair queue reads the limits from its own copy, kept here from the routing
 table: written with every enqueue of a routed item (``scope_confs``) and, when
 a tenant's routing changes, for all its pools and connections at once
@@ -23,14 +30,59 @@ import json
 from typing import Any
 
 import structlog
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
+from scheduling.connection_config import DEFAULT_BROKER
 from scheduling.routing_table import MemberInfo, PoolInfo, RoutingTable, routing_table
 from tenants.models import Tenant
 
 log = structlog.get_logger(__name__)
+
+# The pool and connection ids of a catalog queue's own admission scope (a task step with no pool).
+QUEUE_SCOPE_PREFIX = "queue:"
+
+
+def queue_slots() -> dict[str, int]:
+    """``DUCTOR_TASK_QUEUE_SLOTS`` as share name (``<broker>/<queue>``) -> slots."""
+    slots: dict[str, int] = {}
+    for name, value in settings.DUCTOR_TASK_QUEUE_SLOTS.items():
+        try:
+            count = int(value)
+        except ValueError:
+            count = -1
+        if count < 0:
+            raise ImproperlyConfigured(f"DUCTOR_TASK_QUEUE_SLOTS: {name}={value} is not a number of slots")
+        slots[name if "/" in name else f"{DEFAULT_BROKER}/{name}"] = count
+    return slots
+
+
+def queue_share(broker: str, queue: str) -> tuple[str, int] | None:
+    """The share of a team queue (its name and slots), or None when its slots are not shared."""
+    name = f"{broker or DEFAULT_BROKER}/{queue}"
+    slots = queue_slots().get(name)
+    return None if slots is None else (name, slots)
+
+
+def _share_fields(share: tuple[str, int] | None) -> dict[str, Any]:
+    return {} if share is None else {"share": share[0], "share_limit": share[1]}
+
+
+def queue_scope(queue: str) -> tuple[str, dict[str, str]] | None:
+    """The admission scope of a task step with no pool, for its catalog queue on Ductor's broker:
+    its pool id and confs (one member, the queue itself, carrying the share). None when the
+    queue's slots are not shared."""
+    share = queue_share(DEFAULT_BROKER, queue)
+    if share is None:
+        return None
+    scope = f"{QUEUE_SCOPE_PREFIX}{share[0]}"
+    pool = {**_limits(None, None, None), "strategy": "failover", "members": [[scope, 1, 0]]}
+    member = {**_limits(None, None, None), "pools": [scope], **_share_fields(share)}
+    return scope, {f"pool:{scope}": json.dumps(pool, separators=(",", ":")),
+                   f"connection:{scope}": json.dumps(member, separators=(",", ":"))}
 
 
 def _limits(max_concurrency: int | None, rate_per_s: float | None, burst: int | None) -> dict[str, Any]:
@@ -57,8 +109,9 @@ def connection_conf(member: MemberInfo, table: RoutingTable) -> str:
     """A connection's conf as the dequeue reads it (``"connection:<id>"``), with the pools it serves."""
     pools = sorted(p.id for p in table.pools.values() if any(m.connection_id == member.connection_id
                                                              for m in p.members))
-    return json.dumps({**_limits(member.max_concurrency, member.rate_per_s, member.burst), "pools": pools},
-                      separators=(",", ":"))
+    share = queue_share(member.broker, member.queue) if member.queue else None
+    return json.dumps({**_limits(member.max_concurrency, member.rate_per_s, member.burst), "pools": pools,
+                       **_share_fields(share)}, separators=(",", ":"))
 
 
 def scope_confs(pool: PoolInfo, table: RoutingTable) -> dict[str, str]:
@@ -70,10 +123,16 @@ def scope_confs(pool: PoolInfo, table: RoutingTable) -> dict[str, str]:
 
 
 def all_scope_confs(table: RoutingTable) -> dict[str, str]:
-    """The confs of every pool and connection of the tenant's routing table."""
+    """The confs of every pool and connection of the tenant's routing table, and of the shared
+    queues' own scopes."""
     confs: dict[str, str] = {}
     for pool in table.pools.values():
         confs.update(scope_confs(pool, table))
+    for name in queue_slots():
+        broker, queue = name.split("/", 1)
+        found = queue_scope(queue) if broker == DEFAULT_BROKER else None
+        if found is not None:
+            confs.update(found[1])
     return confs
 
 

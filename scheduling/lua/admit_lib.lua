@@ -9,6 +9,13 @@
 --   1. the pool has a free slot and its rate admits a start;
 --   2. one of its connections is eligible (breaker not open, a free slot, its rate admits a
 --      start), chosen by the pool's strategy among the eligible ones.
+-- A connection may also name a *queue share* (a celery connection to a queue of the team's
+-- workers that has a number of slots: its conf's share and share_limit): the slots of that
+-- queue, counted across every tenant of the shard (key <gprefix>cap:<share>). A connection
+-- whose queue is at its slots is not eligible; the head is parked on the pool and recorded in
+-- the share's waiters (<gprefix>sw:<tier>:<share>: "<tenant>|<pool>" -> the tenant's start tag),
+-- and a freed slot of the queue wakes the waiter with the smallest tag (fq_wake_share), so the
+-- queue's slots go to tenants in the fair order, where the team's workers start the work.
 -- Then the dispatch takes the slots (with the tenant's, in one cap_acquire: all or none),
 -- charges the rates and advances the strategy (ad_commit): a round-robin turn is used once
 -- per dispatched attempt, never by a look.
@@ -61,6 +68,14 @@ local function ad_member(tid, member, conf_of)
   if c.limit >= 0 and c.live >= c.limit then
     c.eligible, c.full, c.why = false, true, 'at its concurrency limit (' .. c.limit .. ')'
     return c
+  end
+  if c.conf.share then
+    c.share_key, c.share_limit = fq_gkey('cap:' .. c.conf.share), tonumber(c.conf.share_limit) or -1
+    if c.share_limit >= 0 and cap_in_flight(c.share_key, fq.now) >= c.share_limit then
+      c.eligible, c.full, c.share_full = false, true, c.conf.share
+      c.why = 'its queue ' .. c.conf.share .. ' at its slots (' .. c.share_limit .. ')'
+      return c
+    end
   end
   local wait = ad_rate_wait(ad_rate_key(tid, 'connection', c.id), c.conf)
   if wait > 0 then
@@ -119,8 +134,10 @@ end
 -- Why a pool with no eligible connection waits, and how: parked (a member is only full) and/or
 -- looked at again at the earliest time a time-blocked member (breaker, rate) could pass.
 local function ad_no_connection(d, cands)
+  d.shares = {}
   for _, c in ipairs(cands) do
     if c.full then d.park = true end
+    if c.share_full then d.shares[#d.shares + 1] = c.share_full end
     if c.wait_at and (d.at == nil or c.wait_at < d.at) then d.at = c.wait_at end
   end
   if not d.park and d.at == nil then d.at = fq.now + AD_RECHECK_MS end
@@ -163,6 +180,11 @@ local function ad_decide(tid, pool, p, conf_of)
   if chosen == nil then return ad_no_connection(d, d.cands) end
   d.ok, d.conn, d.store = true, chosen.id, store
   d.scopes[#d.scopes + 1], d.limits[#d.limits + 1] = chosen.key, (chosen.limit >= 0) and chosen.limit or AD_UNLIMITED
+  if chosen.share_key then
+    d.share = chosen.conf.share
+    d.scopes[#d.scopes + 1] = chosen.share_key
+    d.limits[#d.limits + 1] = (chosen.share_limit >= 0) and chosen.share_limit or AD_UNLIMITED
+  end
   if (tonumber(chosen.conf.rate) or 0) > 0 then
     d.rates[#d.rates + 1] = {ad_rate_key(tid, 'connection', chosen.id), chosen.conf}
   end

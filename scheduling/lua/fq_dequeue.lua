@@ -33,10 +33,14 @@ local function scopes_of(tid)
 end
 
 -- A head its pool or connection cannot admit now waits: parked on the pool (a freed slot wakes
--- it) and/or looked at again at `d.at`. The tenant's other partitions are served meanwhile.
-local function park(tid, tier, part, due, pool, d)
+-- it) and/or looked at again at `d.at`; among the waiters of each queue share it waits on, at
+-- the tenant's start tag `tag`. The tenant's other partitions are served meanwhile.
+local function park(tid, tier, tag, part, due, pool, d)
   local parts = fq_tkey(tid, 'parts:' .. tier)
   if d.park then redis.call('ZADD', fq_tkey(tid, 'w:' .. pool), fq_num(due), tier .. '|' .. part) end
+  for _, share in ipairs(d.shares or {}) do
+    redis.call('ZADD', fq_gkey('sw:' .. tier .. ':' .. share), fq_num(tag), tid .. '|' .. pool)
+  end
   if d.at then
     redis.call('ZADD', parts, fq_num(d.at), part)
   else
@@ -72,6 +76,7 @@ local function dispatch(tid, tier, tag, conf, part, id, it, d)
   it.state, it.n, it.lease = 'inflight', (it.n or 0) + 1, expiry
   it.token = redis.call('INCR', fq_tkey(tid, 'seq'))
   it.conn = d and d.conn
+  it.share = d and d.share
   fq_save(tid, id, it)
   redis.call('ZADD', fq_gkey('inflight'), expiry, tid .. '|' .. id)
   redis.call('HINCRBY', fq_tkey(tid, 'flight'), tier, 1)
@@ -125,7 +130,7 @@ local function serve(tid, tier, tag, part, due, conf_of)
   local pool = it.scope and conf_of('pool:' .. it.scope)
   local d = pool and ad_decide(tid, it.scope, pool, conf_of)
   if d and not d.ok then
-    park(tid, tier, part, it.due, it.scope, d)
+    park(tid, tier, tag, part, it.due, it.scope, d)
     return nil
   end
   local taken = take(tid, id, conf, d)

@@ -31,7 +31,8 @@
 --                            JSON {limit, rate, burst, pools: [pool ids]} (-1 / 0: none);
 --                            written from the routing table by enqueue and configure
 --   w:<pool>           ZSET  "<tier>|<partition>" -> head due: partitions parked until a slot
---                            of the pool (or of one of its connections) frees
+--                            of the pool (or of one of its connections, or of a connection's
+--                            queue share) frees
 -- Global keys of the shard (<gprefix>...), the only ones that cross tenants:
 --   ready:<tier>       ZSET  tenant -> start tag (backlogged, due and, last we looked, admitted)
 --   timers             ZSET  "<tier>|<tenant>" -> when to look at that tenant's tier again
@@ -39,6 +40,9 @@
 --   finish:<tier>      HASH  tenant -> finish tag of its last service (while not ready)
 --   vtime:<tier>       STRING virtual time: the start tag of the last dispatch
 --   inflight           ZSET  "<tenant>|<item>" -> lease expiry
+--   cap:<share>        ZSET  the slots of a queue share in flight (a capacity scope, admit_lib.lua)
+--   sw:<tier>:<share>  ZSET  "<tenant>|<pool>" -> start tag: tenants with heads parked on that
+--                            pool because the share's queue was at its slots
 --   wake               LIST  one token while there is new ready work (dispatchers BLPOP it)
 --
 -- Times are ms of Redis TIME. Tags and times always reach Redis through fq_num: Lua's own
@@ -307,9 +311,32 @@ local function fq_wake_parked(tid, pool, n)
   return woken
 end
 
+-- A slot of a queue share freed: the waiter with the smallest start tag, in the highest tier
+-- that has one, has one partition parked on its pool woken. A waiter with more parked there
+-- stays, its tag advanced by one item's share (1 / weight), as its service would advance it.
+-- O(log n); waiters whose parked partitions are gone are dropped (a few per call).
+local function fq_wake_share(share)
+  for _, tier in ipairs(fq.tiers) do
+    local key = fq_gkey('sw:' .. tier .. ':' .. share)
+    for _ = 1, 8 do
+      local top = redis.call('ZPOPMIN', key)
+      if top[1] == nil then break end
+      local wtid, pool = fq_split(top[1])
+      if fq_wake_parked(wtid, pool, 1) > 0 then
+        if redis.call('ZCARD', fq_tkey(wtid, 'w:' .. pool)) > 0 then
+          redis.call('ZADD', key, fq_num(tonumber(top[2]) + 1 / fq_conf(wtid).weight), top[1])
+        end
+        return
+      end
+    end
+  end
+end
+
 -- A slot an item held freed: one partition parked on its pool wakes, and one of every other
--- pool its connection serves (a connection may be a member of several of the tenant's pools).
+-- pool its connection serves (a connection may be a member of several of the tenant's pools);
+-- for a slot of a queue share, the share's next waiter of any tenant.
 local function fq_wake_for(tid, it)
+  if it.share ~= nil then fq_wake_share(it.share) end
   if it.scope == nil then return end
   fq_wake_parked(tid, it.scope, 1)
   if it.conn == nil then return end
@@ -360,7 +387,7 @@ local function fq_requeue(tid, id, it, due)
     if it.again_payload ~= nil then it.payload = it.again_payload end
   end
   it.state, it.due, it.lease, it.token, it.again, it.again_payload = 'waiting', due, nil, nil, nil, nil
-  it.conn = nil
+  it.conn, it.share = nil, nil
   fq_save(tid, id, it)
   redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), fq_num(due), id)
   redis.call('ZADD', fq_tkey(tid, 'wait:' .. it.tier), fq_num(due), id)

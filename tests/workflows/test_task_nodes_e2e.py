@@ -25,6 +25,7 @@ from tests.workflows.test_engine_e2e import (
     by_node,
     drained,
     finished,
+    fresh,
     put,
     start,
     steps,
@@ -36,6 +37,8 @@ from workflows.models import TaskCatalogEntry
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 LEASE_MS = 3000
+# The team's queue has two slots that every tenant shares (the team's worker runs two at a time).
+TEAM_SLOTS = "team=2"
 
 
 def team_env() -> dict[str, str]:
@@ -72,12 +75,19 @@ def stack(django_db_setup: None) -> Iterator[Processes]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
         mp.setenv("DUCTOR_LOG_FORMAT", "json")
+        mp.setenv("DUCTOR_TASK_QUEUE_SLOTS", TEAM_SLOTS)
         running = Processes()
         try:
             running.start()
             yield running
         finally:
             running.stop()
+
+
+@pytest.fixture(autouse=True)
+def team_slots(settings: Any) -> None:
+    """This process enqueues too (a run's first tick runs in the request): the same slots."""
+    settings.DUCTOR_TASK_QUEUE_SLOTS = dict([TEAM_SLOTS.split("=")])
 
 
 @pytest.fixture
@@ -250,3 +260,20 @@ def test_a_celery_pool_balances_two_queues_round_robin(stack, team, catalogued, 
     assert chosen.count("team-a") == 2
     assert chosen.count("team-b") == 2
     drained(tenant)
+
+
+def test_the_team_queues_slots_bound_the_tasks_in_flight_across_tenants(stack, team, catalogued, make_tenant):
+    catalogued("team.slow_first")
+    team.start(concurrency=4)
+    tenants = [make_tenant()[0] for _ in range(3)]
+    runs = []
+    for tenant in tenants:
+        put(tenant, "slow", {"nodes": [task("slow", "team.slow_first", {"seconds": 0.4})]})
+        runs += [(tenant, start(tenant, "slow").pk) for _ in range(3)]
+    for tenant, run_id in runs:
+        assert finished(tenant, run_id).status == "succeeded"
+    spans = sorted((s.started_at, s.finished_at)
+                   for tenant, run_id in runs for s in steps(tenant, fresh(tenant, run_id)))
+    most = max(sum(1 for start_, end in spans if start_ <= moment < end) for moment, _ in spans)
+    assert most <= 2  # never more than the queue's slots, though the team's worker could run four
+    drained(*tenants)

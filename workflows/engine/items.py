@@ -65,10 +65,12 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
     def push() -> None:
         table = routing_table()
         pool = table.pool_by_id(pool_id) if pool_id else None  # None: deleted since it was routed
-        scopes = admission.scope_confs(pool, table) if pool else {}
+        scope, scopes = (pool.id, admission.scope_confs(pool, table)) if pool else (None, {})
+        if pool is None and payload["kind"] == TASK:
+            # No pool: the catalog queue's own scope, when its slots are shared.
+            scope, scopes = admission.queue_scope(str(payload.get("queue") or "")) or (None, {})
         fair_queue.enqueue(step_item_id(step_id), tier=tier, partition=partition,
-                           payload=payload, scope=pool.id if pool else None,
-                           scopes=scopes)
+                           payload=payload, scope=scope, scopes=scopes)
 
     transaction.on_commit(push)
 

@@ -127,6 +127,7 @@ def _start_steps(step_ids: list[str]) -> dict[str, StepRun]:
 def _send(item: Dequeued, step: StepRun) -> str:
     """Send the step's task to its queue; the queue's name."""
     call = item.payload
+    # A connection its admission chose, unless the catalog queue's own scope admitted it.
     member = routing_table().member(item.connection_id) if item.connection_id else None
     queue = (member.queue if member else "") or str(call.get("queue") or "")
     if not queue:
@@ -135,7 +136,7 @@ def _send(item: Dequeued, step: StepRun) -> str:
     app = broker_app(member.broker if member and member.broker else DEFAULT_BROKER)
     tenant_id = str(current_tenant().pk)
     ids = {"tenant_id": tenant_id, "step_id": str(step.id), "item_id": item.item_id, "delivery": item.delivery,
-           "connection_id": item.connection_id, "admitted": item.admitted}
+           "connection_id": member.connection_id if member else "", "admitted": item.admitted}
     value = step.input
     args, kwargs = ([], dict(value or {})) if call.get("arguments", "kwargs") == "kwargs" else ([value], {})
     app.send_task(
