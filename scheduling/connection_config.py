@@ -71,7 +71,7 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(headers, Mapping) or len(headers) > HTTP_MAX_HEADERS:
         raise ConfigError("config.headers", f"must be an object of at most {HTTP_MAX_HEADERS} headers")
     for name, value in headers.items():
-        if not _HEADER_NAME.match(name):
+        if not _HEADER_NAME.fullmatch(name):
             raise ConfigError("config.headers", "header names must be HTTP tokens")
         if not isinstance(value, str) or "\r" in value or "\n" in value or len(value) > 8192:
             raise ConfigError(f"config.headers.{name}", "must be a string without line breaks")
@@ -99,7 +99,7 @@ def _python(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def queue_name_error(queue: Any) -> str | None:
     """Why ``queue`` cannot be a team queue, or None when it can."""
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         return "must be a Celery queue name: letters, digits and _ . : - (at most 200)"
     if queue.startswith(INTERNAL_QUEUE_PREFIX):
         return "names one of Ductor's own queues (ductor.*), which no task may be sent to"

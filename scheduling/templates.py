@@ -107,7 +107,7 @@ class Language:
 
 
 def _node_shape(parts: tuple[str, ...]) -> str | None:
-    if len(parts) < 2 or not NODE_ID.match(parts[0]) or parts[1] not in ("output", "status") or (
+    if len(parts) < 2 or not NODE_ID.fullmatch(parts[0]) or parts[1] not in ("output", "status") or (
         parts[1] == "status" and len(parts) > 2
     ):
         return "use $nodes.<id>.output… or $nodes.<id>.status"
@@ -156,7 +156,7 @@ def parse_reference(text: str, language: Language = NODES) -> tuple[str, ...]:
 
     Raises ``TemplateError`` naming what is wrong. Pure and cached.
     """
-    found = _REFERENCE.match(text)
+    found = _REFERENCE.fullmatch(text)
     if not found:
         raise TemplateError(f"malformed reference '{text}'; {language.hint}")
     name = found.group(1)
@@ -280,7 +280,7 @@ def _render_string(text: str, context: Mapping[str, Any]) -> Any:
 @lru_cache(maxsize=4096)
 def _parts(text: str) -> tuple[str, ...]:
     """A validated reference's path (its language was checked at validation: any root parses here)."""
-    found = _REFERENCE.match(text)
+    found = _REFERENCE.fullmatch(text)
     if not found:
         raise TemplateError(f"malformed reference '{text}'")
     return (found.group(1), *found.group(2).split(".")[1:])
@@ -333,7 +333,7 @@ def _path_problem(path: str, language: Language) -> str | None:
 def _check_path(field: str, path: Any, language: Language, legacy_root: str | None) -> str:
     """The condition's path, normalized; a deprecated root-less path gets ``legacy_root``."""
     parts = path.split(".") if isinstance(path, str) else []
-    if not parts or len(parts) > MAX_PATH_SEGMENTS or not all(_SEGMENT.match(p) for p in parts):
+    if not parts or len(parts) > MAX_PATH_SEGMENTS or not all(_SEGMENT.fullmatch(p) for p in parts):
         raise FieldError(f"{field}.path", "must be a dotted path such as 'input.customer.id'")
     if legacy_root is not None and language.root(parts[0]) is None:
         path = f"{legacy_root}.{path}"  # deprecated: a path into the step input, without its root
@@ -478,7 +478,7 @@ def upgrade_legacy_placeholders(field: str, template: str) -> str:
 
     def upgrade(found: re.Match[str]) -> str:
         name = found.group(1)
-        legacy_input = name.startswith("input.") and _LEGACY_PATH.match(name[len("input."):])
+        legacy_input = name.startswith("input.") and _LEGACY_PATH.fullmatch(name[len("input."):])
         if name not in ("workflow", "action") and not legacy_input:
             raise FieldError(field, f"unknown placeholder '{{{name}}}'; use {{{{ $workflow }}}}, "
                                     f"{{{{ $action }}}} or {{{{ $input.<path> }}}}")

@@ -42,7 +42,7 @@ _lock = threading.Lock()
 
 def name_problem(name: Any) -> str | None:
     """Why ``name`` cannot be a catalog task's name, or None."""
-    if not isinstance(name, str) or not TASK_NAME.match(name) or len(name) > MAX_TASK_NAME:
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name) or len(name) > MAX_TASK_NAME:
         return f"must be a Celery task name: dotted identifiers, at most {MAX_TASK_NAME} characters"
     if name.startswith(RESERVED_PREFIXES):
         return "names an internal task (ductor.*, celery.*), which is never callable"

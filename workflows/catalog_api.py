@@ -23,7 +23,7 @@ from workflows import catalog
 from workflows.models import TaskCatalogEntry
 from workflows.spec import MAX_TIMEOUT_S
 
-LOOKUP = r"[A-Za-z0-9_.]+"
+LOOKUP = r"[^/]+"
 
 
 class TaskCatalogEntrySerializer(StrictModelSerializer):

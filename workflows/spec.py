@@ -348,7 +348,7 @@ class _NodeParser:
     def __init__(self, raw: Mapping[str, Any], index: int, errors: _Errors) -> None:
         self.raw, self.index, self.errors = raw, index, errors
         node_id = raw.get("id")
-        self.id = node_id if isinstance(node_id, str) and NODE_ID.match(node_id) else None
+        self.id = node_id if isinstance(node_id, str) and NODE_ID.fullmatch(node_id) else None
         self.label = f"node '{self.id}'" if self.id else f"nodes[{index}]"
 
     def error(self, name: str, message: str) -> None:

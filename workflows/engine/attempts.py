@@ -79,16 +79,20 @@ def latest_attempts(run: WorkflowRun) -> dict[str, StepRun]:
     return latest
 
 
-def finish(step: StepRun, outcome: Outcome | str) -> None:
-    """End ``step`` with ``outcome`` (or just a terminal status, such as cancelled or skipped)."""
+def finish(step: StepRun, outcome: Outcome | str, *, routing: dict[str, Any] | None = None) -> None:
+    """End ``step`` with ``outcome`` (or just a terminal status, such as cancelled or skipped),
+    and with ``routing`` as its routing trace when given."""
     if isinstance(outcome, str):
         outcome = Outcome(outcome)
     step.status, step.output, step.error = outcome.status, outcome.output, outcome.error
     step.finished_at = timezone.now()
+    fields: dict[str, Any] = {"status": step.status, "output": step.output, "error": step.error,
+                              "finished_at": step.finished_at}
+    if routing is not None:
+        step.routing = fields["routing"] = routing
     # A scoped UPDATE of the row (no foreign key changes): one round trip, where save() would
     # first re-check the tenant of the step's run.
-    StepRun.objects.filter(pk=step.pk).update(status=step.status, output=step.output, error=step.error,
-                                              finished_at=step.finished_at)
+    StepRun.objects.filter(pk=step.pk).update(**fields)
 
 
 def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode | Outcome, message: str = "",

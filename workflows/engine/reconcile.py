@@ -90,9 +90,8 @@ def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: dat
     if step.status in (SStatus.QUEUED, SStatus.RUNNING):
         # A running step's item may be gone with its worker and the queue (a crash and a flush).
         enqueue_step(step, run)
-    timeout_s = node.get("timeout_s") or ((step.routing or {}).get("task") or {}).get("timeout_s")
-    if step.status == SStatus.RUNNING and timeout_s and step.started_at:
-        deadline = step.started_at + timedelta(seconds=float(timeout_s))
+    if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
+        deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
         wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=due_in(deadline))
     if step.status == SStatus.SCHEDULED:
         kind = "sleep_done" if step.node_type == "sleep" else "step_retry"

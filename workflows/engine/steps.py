@@ -108,9 +108,7 @@ def record_outcome(step: StepRun, run: WorkflowRun, outcome: Outcome, *,
             log.info("step_result_discarded", step_id=str(step.id))
             record_event(run, "step_result_discarded", step.node_id, attempt=step.attempt, result=outcome.status)
             return
-        finish(locked, outcome)
-        if routing is not None:
-            StepRun.objects.filter(pk=locked.pk).update(routing=routing)
+        finish(locked, outcome, routing=routing)
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", locked.node_id, attempt=locked.attempt,
                      error=error.get("code") if error else None)

@@ -7,22 +7,24 @@ the items it dequeued to ``publish``, which, per tenant:
 
 1. marks their steps running (one ``UPDATE``), skipping those that moved on
    (cancelled meanwhile: their items are acked);
-2. sends each with ``send_task`` to the queue of the connection its admission
+2. sends each (a first delivery, or a delivery again within the step's timeout:
+   its publish was not confirmed) with ``send_task`` to the queue of the connection its admission
    chose (else the catalog's default queue), on that connection's broker, with
    the rendered input as keyword arguments (or one argument), the step's
    identity in the headers (``HEADERS``) and Celery's own ``link`` /
    ``link_error`` callbacks to ``ductor.task_succeeded`` / ``ductor.task_failed``
    on ``ductor.results``;
-3. extends each item's lease to the step's timeout (plus one lease), so the
-   slots it holds stay held while the team's worker runs it, and schedules the
-   step's timeout.
+3. extends each item's lease to the end of the step's timeout, so the slots it
+   holds stay held while the team's worker runs it: the timeout is the lease.
+   An item delivered again once its step's timeout has passed (the reaper
+   returned it: no result came) times the step out (``timers.step_timeout``).
 
 The callbacks record the outcome and tick the run in one transaction
 (``steps.record_outcome``), then ack the item, which frees its slots. A task
 that raised fails the step as retryable, with its exception's type and
 message: given by ``ductor_sdk``'s worker hook, else read from the result
 backend. A worker that died with the task is noticed by the timeout, which
-fails the step as retryable and acks the item. A result that arrives after a
+fails the step as retryable and acks the item (a cancel acks it at once). A result that arrives after a
 timeout or a cancel is recorded in the history and changes nothing else.
 Delivery is at least once: an item whose publish was not confirmed (the
 dispatcher died, the broker was away) is published again after its lease.
@@ -47,13 +49,13 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import fair_queue
 from scheduling.connection_config import DEFAULT_BROKER
-from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.fair_queue import Dequeued
 from scheduling.routing_table import routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
-from workflows.engine.attempts import ON_WORKER, Outcome, payload_refusal
+from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
 from workflows.engine.steps import admitted_routing, record_outcome
+from workflows.engine.timers import step_timeout
 from workflows.models import StepRun
 
 log = structlog.get_logger(__name__)
@@ -87,11 +89,16 @@ def _publish_tenant(group: list[Dequeued]) -> None:
     steps = _start_steps([str(item.payload["step_id"]) for item in group])
     batch = scripts.Batch()
     tenant = current_tenant()
-    timeouts: list[tuple[str, float]] = []
+    now = timezone.now()
     for item in group:
         step = steps.get(str(item.payload["step_id"]))
         if step is None:  # cancelled or finished since it was queued
             fair_queue.queue_ack(batch, item.item_id, delivery=item.delivery, tenant=tenant)
+            continue
+        timeout_s = float(item.payload.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
+        left_ms = int((timeout_s - (now - (step.started_at or now)).total_seconds()) * 1000)
+        if left_ms <= 0:  # its lease, the timeout, ended with no result
+            step_timeout(str(step.id), {})
             continue
         try:
             queue = _send(item, step)
@@ -102,25 +109,21 @@ def _publish_tenant(group: list[Dequeued]) -> None:
             # Not confirmed: the item stays leased and is published again after its lease.
             log.exception("task_publish_failed", step_id=str(step.id), task=item.payload.get("name"))
             continue
-        timeout_s = float(item.payload.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
-        fair_queue.queue_extend_lease(batch, item.item_id, lease_ms=int(timeout_s * 1000) + settings.DUCTOR_LEASE_MS,
-                                      delivery=item.delivery, tenant=tenant)
-        timeouts.append((str(step.id), timeout_s))
+        fair_queue.queue_extend_lease(batch, item.item_id, lease_ms=left_ms, delivery=item.delivery, tenant=tenant)
         log.info("task_published", item_id=item.item_id, step_id=str(step.id), run_id=str(step.run_id),
                  task=item.payload.get("name"), queue=queue, delivery=item.delivery, waited_ms=item.waited_ms)
     if len(batch):
         batch.execute()
-    for step_id, timeout_s in timeouts:
-        schedule_wakeup(tenant, step_id, kind="step_timeout", delay_s=timeout_s)
 
 
 def _start_steps(step_ids: list[str]) -> dict[str, StepRun]:
-    """Mark these steps running (those still queued or running: a redelivered item is sent
-    again) and read what their messages need. Two statements for the whole group."""
-    StepRun.objects.filter(pk__in=step_ids, status__in=ON_WORKER).update(status=SStatus.RUNNING,
-                                                                          started_at=timezone.now())
+    """Mark the queued ones of these steps running, and read what the messages of those running
+    need (a step running already was published before: its item is delivered again). Two
+    statements for the whole group."""
+    StepRun.objects.filter(pk__in=step_ids, status=SStatus.QUEUED).update(status=SStatus.RUNNING,
+                                                                           started_at=timezone.now())
     rows = StepRun.objects.filter(pk__in=step_ids, status=SStatus.RUNNING).only(
-        "id", "run_id", "node_id", "attempt", "input")
+        "id", "run_id", "node_id", "attempt", "input", "started_at")
     return {str(step.id): step for step in rows}
 
 
