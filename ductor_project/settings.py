@@ -200,17 +200,40 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    # Every operation declares the error responses it can answer, in the one error shape.
+    # Every operation declares the error responses it can answer, in the one error shape; gets
+    # one tag, tenant or platform (by its view's permission classes); and has Markdown descriptions.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "ductor_project.core.errors.document_error_responses",
+        "ductor_project.core.openapi.tag_operations",
+        "ductor_project.core.openapi.render_descriptions",
     ],
+    # A schema that inherits its docstring from a project base serializer gets no description.
+    "GET_LIB_DOC_EXCLUDES": "ductor_project.core.openapi.doc_excluded_bases",
     # Three models have a "status": each its own enum in the schema, by name.
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenants.models.Tenant.Status",
         "RunStatusEnum": "workflows.models.WorkflowRun.Status",
         "StepStatusEnum": "workflows.models.StepRun.Status",
+        "ConditionOpEnum": "scheduling.templates.OPERATORS",
     },
+    # The tags ductor_project.core.openapi.tag_operations gives: the tenant API (a tenant's key),
+    # then the platform API (platform keys and superusers). Only the tags in use are listed.
+    "TAGS": [
+        {"name": "workflows", "description": "Workflow definitions and their immutable versions (the spec: "
+                                             "`WorkflowSpec`)."},
+        {"name": "runs", "description": "Start runs (idempotent with a key), list and read them, their steps, "
+                                        "events and lineage; cancel them."},
+        {"name": "tasks", "description": "The catalog's tasks this tenant may call from `task` nodes."},
+        {"name": "routing", "description": "Connections, pools and routing rules, and the routing dry run."},
+        {"name": "queue", "description": "The tenant's own fair-queue backlog."},
+        {"name": "tenant", "description": "The tenant the key acts for: its entitlements, usage and API keys."},
+        {"name": "platform: tenants", "description": "Create, suspend and re-plan tenants; their overrides."},
+        {"name": "platform: plans", "description": "The plans and their ceilings."},
+        {"name": "platform: task catalog", "description": "Which Celery tasks tenants may call, and on which "
+                                                          "plans."},
+        {"name": "platform: queue", "description": "The global fair queue, every shard."},
+    ],
 }
 
 # Celery: Redis is the broker. Workers take one message at a time so that the

@@ -19,8 +19,11 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from ductor_project.core.errors import UnknownFields
+from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.rules import MAX_PARTITION_KEY
 from scheduling.services import MemberSpec
+from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS, OPERATORS
 from tenants.api import NameField, StrictModelSerializer, StrictSerializer
 from tenants.models import Tier
 
@@ -197,8 +200,102 @@ class PoolWriteSerializer(LimitsWriteMixin, StrictSerializer):
 
 # --- rules -----------------------------------------------------------------------------------
 
+# One segment of a condition's path, as scheduling.templates reads it.
+PATH_SEGMENT = r"[A-Za-z0-9_\-]+"
+
+
+def condition_schema(path: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI schema of one condition of ``scheduling.templates`` whose path is ``path``."""
+    return {
+        "type": "object",
+        "description": "Holds when the value at `path` compares with `value` by `op`.",
+        "required": ["path", "op"],
+        "properties": {
+            "path": path,
+            "op": {"type": "string", "enum": list(OPERATORS)},
+            "value": {"description": "Required but for `exists` (true or false; default true): a list for "
+                                     "`in`, a number for `gt` and `lt`, a string for `prefix`, any JSON for "
+                                     "`eq` and `ne`."},
+        },
+        "additionalProperties": False,
+    }
+
+
+def rule_components() -> dict[str, dict[str, Any]]:
+    """``RuleMatch``, ``RuleAction`` and their parts: what ``scheduling.rules`` validates. Pure."""
+    glob = "A glob on the {} name: letters, digits, `._-:/` and the wildcards `*?[]!`."
+    return {
+        "RuleMatch": {
+            "type": "object",
+            "description": "What a step must be for the rule to apply; `{}` matches every step.",
+            "properties": {
+                "workflow": {"type": "string", "minLength": 1, "description": glob.format("workflow")},
+                "action": {"type": "string", "minLength": 1, "description": glob.format("action")},
+                "tags": {"type": "array", "items": {"type": "string", "minLength": 1},
+                         "description": "Tags the step must all have."},
+                "conditions": {"type": "array", "items": component_ref("RuleCondition"), "maxItems": MAX_CONDITIONS,
+                               "description": "Conditions on the step that must all hold."},
+            },
+            "additionalProperties": False,
+        },
+        "RuleCondition": condition_schema({
+            "type": "string", "pattern": rf"^{PATH_SEGMENT}(?:\.{PATH_SEGMENT}){{0,{MAX_PATH_SEGMENTS}}}$",
+            "description": "`input.<path>` (the step's input), `workflow` or `action`. A path without one of "
+                           "these roots is read under `input.` (deprecated).",
+        }),
+        "RuleAction": {
+            "description": "Where a matching step goes (`RuleRoute`), or that it is refused (`RuleDeny`).",
+            "oneOf": [component_ref("RuleRoute"), component_ref("RuleDeny")],
+        },
+        "RuleRoute": {
+            "type": "object",
+            "description": "Any of a pool, a tier and a partition key for the step; at least one.",
+            "properties": {
+                "pool": {"type": "string", "minLength": 1, "description": "The name of one of your pools."},
+                "tier": {"type": "string", "enum": list(Tier.values), "description": "A tier your plan allows."},
+                "partition_key": {
+                    "type": "string", "minLength": 1,
+                    "description": f"A template of the routing language, at most {MAX_PARTITION_KEY} characters "
+                                   "as sent, such as `customer-{{ $input.customer.id }}`.",
+                },
+            },
+            "minProperties": 1,
+            "additionalProperties": False,
+        },
+        "RuleDeny": {
+            "type": "object",
+            "description": "Refuse the step, for this reason.",
+            "required": ["deny"],
+            "properties": {"deny": {"type": "string", "minLength": 1}},
+            "additionalProperties": False,
+        },
+    }
+
+
+class RuleMatchField(ComponentJSONField):
+    """A rule's ``match``: a ``JSONField`` whose schema is ``RuleMatch``."""
+
+    component = "RuleMatch"
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return rule_components()
+
+
+class RuleActionField(ComponentJSONField):
+    """A rule's ``action``: a ``JSONField`` whose schema is ``RuleAction``."""
+
+    component = "RuleAction"
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return rule_components()
+
 
 class RuleSerializer(StrictModelSerializer):
+    match = RuleMatchField(read_only=True)
+    action = RuleActionField(read_only=True)
+
     class Meta:
         model = Rule
         fields = ["id", "name", "priority", "enabled", "match", "action", "created_at", "updated_at"]
@@ -211,14 +308,14 @@ class RuleWriteSerializer(StrictSerializer):
         min_value=-INT_MAX, max_value=INT_MAX, help_text="Lower is evaluated first; unique per tenant."
     )
     enabled = serializers.BooleanField(default=True)
-    match = serializers.JSONField(
+    match = RuleMatchField(
         default=dict,
         help_text=(
             'Any of {"workflow": glob, "action": glob, "tags": [...], "conditions": '
             '[{"path": "a.b", "op": "eq|ne|in|exists|prefix|gt|lt", "value": ...}]}; {} matches every step.'
         ),
     )
-    action = serializers.JSONField(
+    action = RuleActionField(
         help_text='Any of {"pool": name, "tier": tier, "partition_key": template}, or {"deny": reason} alone.'
     )
 

@@ -45,7 +45,7 @@ from workflows import services as workflow_services
 
 MAX_EXAMPLES = 15  # generated examples per operation, on top of the coverage phase's cases
 SEED = 20_260_101
-PLATFORM_COLLECTIONS = frozenset({"tenants", "plans", "platform"})
+PLATFORM_COLLECTIONS = frozenset({"tenants", "plans", "platform", "task-catalog"})
 PARAM = re.compile(r"\{([^}]+)\}")
 SPEC = {"nodes": [{"id": "a", "type": "action", "action": "echo", "input": {"x": "$input.x"}}]}
 

@@ -8,9 +8,12 @@ from rest_framework.reverse import reverse
 
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.spec_schema import SpecField
 
 
 class WorkflowVersionSerializer(StrictModelSerializer):
+    spec = SpecField(read_only=True)
+
     class Meta:
         model = WorkflowVersion
         fields = ["number", "spec", "created_at"]
@@ -25,6 +28,7 @@ class WorkflowSerializer(StrictModelSerializer):
         fields = ["id", "name", "description", "latest_version", "spec", "created_at", "updated_at"]
         read_only_fields = fields
 
+    @extend_schema_field(SpecField(allow_null=True, help_text="The latest version's spec."))
     def get_spec(self, obj: WorkflowDefinition) -> Any:
         latest = obj.versions.order_by("-number").first()
         return latest.spec if latest else None
@@ -33,12 +37,12 @@ class WorkflowSerializer(StrictModelSerializer):
 class WorkflowCreateSerializer(StrictSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9_.\-]{1,100}$", help_text="Letters, digits, '_', '.', '-'.")
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
-    spec = serializers.JSONField()
+    spec = SpecField()
 
 
 class WorkflowUpdateSerializer(StrictSerializer):
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
-    spec = serializers.JSONField()
+    spec = SpecField()
 
 
 class RunStartSerializer(StrictSerializer):

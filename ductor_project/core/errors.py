@@ -270,9 +270,12 @@ def json_403(request: HttpRequest, exception: Exception | None = None) -> JsonRe
 # --- the error responses in the OpenAPI schema ---------------------------------------------------
 
 ERROR_COMPONENT = "Error"
+ERROR_INFO_COMPONENT = "ErrorInfo"
+ERROR_CODE_COMPONENT = "ErrorCodeEnum"
 _ANY_OPERATION = {
     401: "Not authenticated: no key, or a malformed, unknown, revoked or expired one.",
-    403: "The key lacks the scope, the tenant is suspended, or the caller may not use this endpoint.",
+    403: "The key lacks the scope, the tenant is suspended, the plan's limit is reached, or the caller "
+         "may not use this endpoint.",
     404: "No such object for this tenant, or an endpoint the caller may not see.",
     406: "The Accept header asks for neither JSON nor HTML.",
     429: "The tenant's API rate or monthly run quota is used up; see Retry-After.",
@@ -285,22 +288,50 @@ _WITH_BODY = {
 }
 _UNSAFE = {409: "A unique name or slug is taken, or the object cannot change this way now."}
 _UNSAFE_METHODS = frozenset({"post", "put", "patch", "delete"})
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
+                                "schema": {"type": "integer", "minimum": 1}}}
+# The headers that come with an error status, always (``_drf_to_body``, ``exception_handler``).
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "`Bearer`: send `Authorization: Bearer dct_...`.",
+                               "schema": {"type": "string"}}},
+    429: _RETRY_AFTER,
+    503: _RETRY_AFTER,
+}
 
 
-def error_schema() -> dict[str, Any]:
-    """The OpenAPI schema of ``error_body``: a stable ``code``, a ``message``, ``details``."""
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def error_components() -> dict[str, dict[str, Any]]:
+    """The OpenAPI schemas of ``error_body``: ``Error`` holds an ``ErrorInfo``, which has a stable
+    ``code`` (``ErrorCodeEnum``: every ``ErrorCode``), a ``message`` and ``details``."""
     return {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": {
+        ERROR_COMPONENT: {
+            "type": "object",
+            "description": "Every error answer of the API has this shape.",
+            "required": ["error"],
+            "properties": {"error": _ref(ERROR_INFO_COMPONENT)},
+        },
+        ERROR_INFO_COMPONENT: {
             "type": "object",
             "required": ["code", "message", "details"],
             "properties": {
-                "code": {"type": "string", "enum": [code.value for code in ErrorCode]},
-                "message": {"type": "string"},
-                "details": {"type": "object", "additionalProperties": True},
+                "code": _ref(ERROR_CODE_COMPONENT),
+                "message": {"type": "string", "description": "For people; names the invalid fields, if any."},
+                "details": {
+                    "type": "object", "additionalProperties": True,
+                    "description": "For `invalid` and `unknown_field`: each field's dotted path → its messages; "
+                                   "for `rate_limited`: `retry_after` (seconds); for `plan_limit_reached` and "
+                                   "`quota_exceeded`: the limit, the plan and the usage; otherwise often empty.",
+                },
             },
-        }},
+        },
+        ERROR_CODE_COMPONENT: {
+            "type": "string",
+            "description": "A stable code: clients branch on it, never on the message.",
+            "enum": [code.value for code in ErrorCode],
+        },
     }
 
 
@@ -321,16 +352,20 @@ def _error_statuses(method: str, operation: dict[str, Any]) -> dict[int, str]:
 
 def document_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: every operation declares the error responses it can
-    answer, each with the one error shape; responses a view declares itself are kept."""
-    result.setdefault("components", {}).setdefault("schemas", {})[ERROR_COMPONENT] = error_schema()
-    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}}}
+    answer, each with the one error shape and the headers that come with it; responses a view
+    declares itself are kept."""
+    result.setdefault("components", {}).setdefault("schemas", {}).update(error_components())
+    content = {"application/json": {"schema": _ref(ERROR_COMPONENT)}}
     for operations in result.get("paths", {}).values():
         for method, operation in operations.items():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             responses = operation["responses"]
             for status_code, description in _error_statuses(method, operation).items():
-                responses.setdefault(str(status_code), {"description": description, "content": content})
+                response: dict[str, Any] = {"description": description, "content": content}
+                if status_code in _HEADERS:
+                    response["headers"] = _HEADERS[status_code]
+                responses.setdefault(str(status_code), response)
             operation["responses"] = dict(sorted(responses.items()))
     return result
 

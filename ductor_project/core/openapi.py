@@ -1,0 +1,297 @@
+"""The OpenAPI schema's project-wide rules: tags, Markdown descriptions, typed JSON fields.
+
+drf-spectacular builds the schema from the views; this module holds what holds for every
+operation, in one place, so no view module has to repeat it:
+
+- ``tag_operations`` (a postprocessing hook) gives every operation exactly one tag. A view
+  whose permission classes include ``tenants.permissions.IsPlatformAdmin`` is a platform
+  operation, tagged ``platform: <collection>``; any other is a tenant operation, tagged by
+  its collection (``TENANT_TAGS`` groups some collections under one tag). The collection is
+  the first segment of the path after ``/api/v1/`` (and after ``platform/``), so an
+  endpoint added later is tagged without touching this module.
+- ``render_descriptions`` (a postprocessing hook) turns the reStructuredText of docstrings
+  into Markdown (``rst_to_markdown``), which Swagger UI and Redoc render.
+- ``ComponentJSONField``: a ``JSONField`` whose schema is a named component (a workflow
+  spec, a routing rule's ``match``), so a JSON field can be typed without a serializer.
+- ``doc_excluded_bases`` (``GET_LIB_DOC_EXCLUDES``): the project's base serializers' own
+  docstrings describe the base class, not each schema that inherits them.
+
+This layer imports no app: the permission class and the base serializers are named by
+their dotted path.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
+from typing import Any, ClassVar
+
+from django.utils.module_loading import import_string
+from drf_spectacular.drainage import warn
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent, get_lib_doc_excludes
+from rest_framework import serializers
+
+PLATFORM_PERMISSION = "tenants.permissions.IsPlatformAdmin"
+API_PREFIX = "/api/v1/"
+PLATFORM_SEGMENT = "platform"  # /api/v1/platform/queue: a platform view of the collection "queue"
+PLATFORM_TAG_PREFIX = "platform: "
+# Tenant collections that share a tag; any other collection is tagged by its own name.
+TENANT_TAGS: Mapping[str, str] = {
+    "api-keys": "tenant",
+    "entitlements": "tenant",
+    "connections": "routing",
+    "pools": "routing",
+    "rules": "routing",
+}
+TAG_GROUPS = (("Tenant API", False), ("Platform API", True))  # x-tagGroups: name, holds platform tags
+# Base serializers whose docstrings say how the base behaves: a schema that inherits one
+# gets no description rather than the base's.
+UNDOCUMENTED_BASES = ("tenants.api.StrictSerializer", "tenants.api.StrictModelSerializer")
+_PATH_PARAMETER = re.compile(r"\{[^}]*\}")
+
+
+# --- tags ------------------------------------------------------------------------------------
+
+
+def collection_of(path: str) -> str:
+    """The collection a path belongs to: ``runs`` for ``/api/v1/runs/{id}/events/``, ``queue`` for
+    ``/api/v1/platform/queue/``; ``""`` for a path outside the API."""
+    if not path.startswith(API_PREFIX):
+        return ""
+    segments = [segment for segment in path.removeprefix(API_PREFIX).split("/") if segment]
+    if segments[:1] == [PLATFORM_SEGMENT] and len(segments) > 1:
+        segments = segments[1:]
+    return segments[0] if segments else ""
+
+
+def tag_for(path: str, *, platform: bool) -> str:
+    """The one tag of an operation on ``path``. Pure.
+
+    Platform operations: ``platform: <collection>`` with dashes read as spaces
+    (``/api/v1/task-catalog`` → ``platform: task catalog``); tenant operations: the
+    collection's entry in ``TENANT_TAGS``, else the collection (``/api/v1/tasks`` → ``tasks``).
+    """
+    collection = collection_of(path) or "other"
+    if platform:
+        return PLATFORM_TAG_PREFIX + collection.replace("-", " ")
+    return TENANT_TAGS.get(collection, collection)
+
+
+def is_platform_view(permission_classes: Iterable[Any]) -> bool:
+    """Whether any of ``permission_classes`` is ``PLATFORM_PERMISSION`` or a subclass of it."""
+    return any(
+        f"{base.__module__}.{base.__qualname__}" == PLATFORM_PERMISSION
+        for permission in permission_classes
+        for base in getattr(permission, "__mro__", ())
+    )
+
+
+def _path_key(path: str) -> str:
+    # The generator renames path parameters ({pk} → {id}); their positions are what identify a route.
+    return _PATH_PARAMETER.sub("{}", path.rstrip("/"))
+
+
+def _platform_routes(generator: Any) -> dict[tuple[str, str], bool]:
+    """(path key, method) → whether the view behind it is a platform view, for every route."""
+    routes: dict[tuple[str, str], bool] = {}
+    for path, _regex, method, callback in generator.endpoints or ():
+        # An @action's own permission_classes travel in the callback's initkwargs.
+        classes = callback.initkwargs.get("permission_classes", callback.cls.permission_classes)
+        routes[_path_key(path), method.lower()] = is_platform_view(classes)
+    return routes
+
+
+def _operations(result: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if isinstance(operation, dict) and "responses" in operation:
+                yield path, method, operation
+
+
+def tag_operations(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: every operation gets exactly one tag (``tag_for``).
+
+    The schema's ``tags`` keeps the described tags (``SPECTACULAR_SETTINGS["TAGS"]``) that
+    some operation uses, in their order, tenant tags first; ``x-tagGroups`` sorts them into
+    the tenant API and the platform API (Redoc shows those groups). A tag that no entry
+    describes is a warning, and so is an operation no route explains.
+    """
+    routes = _platform_routes(generator)
+    used: dict[str, bool] = {}
+    for path, method, operation in _operations(result):
+        platform = routes.get((_path_key(path), method))
+        if platform is None:
+            warn(f"no view found for {method.upper()} {path}: it is tagged as a tenant operation")
+        tag = tag_for(path, platform=bool(platform))
+        operation["tags"] = [tag]
+        used.setdefault(tag, tag.startswith(PLATFORM_TAG_PREFIX))
+    described = {entry["name"]: entry for entry in result.get("tags", [])}
+    for tag in used.keys() - described.keys():
+        warn(f'the tag "{tag}" has no description: add it to SPECTACULAR_SETTINGS["TAGS"]')
+    order = [*described, *sorted(used.keys() - described.keys())]
+    tags = [tag for tag in order if tag in used]
+    tags.sort(key=lambda tag: used[tag])  # stable: tenant tags first, each group in its order
+    result["tags"] = [described.get(tag, {"name": tag}) for tag in tags]
+    result["x-tagGroups"] = [
+        {"name": name, "tags": [tag for tag in tags if used[tag] is platform]}
+        for name, platform in TAG_GROUPS
+        if any(used[tag] is platform for tag in tags)
+    ]
+    return result
+
+
+# --- descriptions ----------------------------------------------------------------------------
+
+_ROLE = re.compile(r":(?:[A-Za-z][\w-]*:)?[A-Za-z][\w-]*:`([^`]+)`")
+_LINK = re.compile(r"`([^`<]+?)\s*<([^`>]+)>`__?")
+_LITERAL = re.compile(r"``(.+?)``")
+_CODE_DIRECTIVE = re.compile(r"^\s*\.\.\s+(?:code-block|code|sourcecode)::\s*(\S*)\s*$")
+_NOT_PROSE = frozenset({"example", "examples", "default", "enum"})
+
+
+def _role(found: re.Match[str]) -> str:
+    """``:class:`~a.B``` → `B`; ``:ref:`Title <target>``` → `Title`; ``:func:`a.b``` → `a.b`."""
+    text = found.group(1)
+    titled = re.fullmatch(r"(.+?)\s*<[^>]+>", text)
+    if titled:
+        text = titled.group(1)
+    elif text.startswith("~"):
+        text = text[1:].rsplit(".", 1)[-1]
+    return f"`{text}`"
+
+
+def _literal(found: re.Match[str]) -> str:
+    text = found.group(1)
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _inline(line: str) -> str:
+    return _LITERAL.sub(_literal, _LINK.sub(r"[\1](\2)", _ROLE.sub(_role, line)))
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _indented_block(lines: list[str], start: int, base: int) -> tuple[list[str], int]:
+    """The lines from ``start`` indented deeper than ``base`` (blank ones inside kept), dedented;
+    and the index of the first line after them."""
+    end = start
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > base):
+        end += 1
+    while end > start and not lines[end - 1].strip():
+        end -= 1
+    block = textwrap.dedent("\n".join(lines[start:end])).strip("\n")
+    return (block.split("\n") if block else []), end
+
+
+def _fence_end(lines: list[str], start: int) -> int:
+    """The index after the Markdown fence opened at ``start`` (or the end of the text)."""
+    for index in range(start + 1, len(lines)):
+        if lines[index].lstrip().startswith("```"):
+            return index + 1
+    return len(lines)
+
+
+def rst_to_markdown(text: str) -> str:
+    """The reStructuredText of a docstring as Markdown. Pure; Markdown passes through unchanged.
+
+    ````x```` → `` `x` ``; roles (``:class:`~a.B```, ``:func:`f```) → `` `B` ``, `` `f` ``;
+    ```text <url>`_`` → ``[text](url)``; a paragraph ending in ``::`` and the indented block
+    after it → the paragraph ending in ``:`` and a fenced code block, as does a
+    ``.. code-block:: lang`` directive (with its language). Existing fences are kept as they are.
+    """
+    lines = text.split("\n")
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if line.lstrip().startswith("```"):
+            end = _fence_end(lines, index)
+            out.extend(lines[index:end])
+            index = end
+            continue
+        directive = _CODE_DIRECTIVE.match(line)
+        if not directive and not line.rstrip().endswith("::"):
+            out.append(_inline(line))
+            index += 1
+            continue
+        block, index = _indented_block(lines, index + 1, _indent(line))
+        if directive:
+            language = directive.group(1)
+        else:
+            language = ""
+            lead = line.rstrip()[:-2]
+            lead = lead.rstrip() if lead.endswith((" ", "\t")) or not lead.strip() else lead + ":"
+            if lead.strip():
+                out.append(_inline(lead))
+        if block:
+            if out and out[-1].strip():
+                out.append("")
+            out.extend([" " * _indent(line) + "```" + language, *block, " " * _indent(line) + "```"])
+            if index < len(lines) and lines[index].strip():
+                out.append("")
+    return "\n".join(out)
+
+
+def _render(node: Any) -> None:
+    """Every ``description`` of the schema, converted in place (examples and defaults are data, not prose)."""
+    if isinstance(node, list):
+        for item in node:
+            _render(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and isinstance(value, str):
+                node[key] = rst_to_markdown(value)
+            elif key not in _NOT_PROSE:
+                _render(value)
+
+
+def render_descriptions(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: every description in Markdown (``rst_to_markdown``)."""
+    _render(result)
+    return result
+
+
+@cache
+def doc_excluded_bases() -> list[type]:
+    """drf-spectacular's ``GET_LIB_DOC_EXCLUDES``: its own list, and ``UNDOCUMENTED_BASES``."""
+    return [*get_lib_doc_excludes(), *(import_string(name) for name in UNDOCUMENTED_BASES)]
+
+
+# --- JSON fields with a schema ---------------------------------------------------------------
+
+
+class ComponentJSONField(serializers.JSONField):
+    """A ``JSONField`` (it parses and renders exactly like one) whose OpenAPI schema is the
+    component named ``component``."""
+
+    component: ClassVar[str] = ""
+
+    @classmethod
+    def components(cls) -> Mapping[str, dict[str, Any]]:
+        """The component ``component`` and every component it refers to, by name."""
+        raise NotImplementedError
+
+
+def component_ref(name: str) -> dict[str, str]:
+    """A ``$ref`` to the schema component ``name``."""
+    return {"$ref": f"#/components/{ResolvedComponent.SCHEMA}/{name}"}
+
+
+class ComponentJSONFieldSchema(OpenApiSerializerFieldExtension):
+    """Registers a ``ComponentJSONField``'s components (once per schema); the field is a ``$ref``."""
+
+    target_class = ComponentJSONField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        field = type(self.target)
+        for name, schema in field.components().items():
+            auto_schema.registry.register_on_missing(
+                ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=schema)
+            )
+        return component_ref(field.component)

@@ -1,0 +1,374 @@
+"""The OpenAPI schema: generated without a warning, valid OpenAPI 3, typed where the server knows
+the shape (the workflow spec, routing rules, the one error shape), one tag per operation that
+tells the tenant API from the platform API, and Markdown descriptions.
+
+The JSON Schemas are checked with ``jsonschema``'s Draft 4 validator: OpenAPI 3.0's schema
+objects are Draft 4's keywords (``exclusiveMinimum`` a boolean), plus annotations it ignores.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from django.core.management import call_command
+from django.urls import resolve
+from drf_spectacular.generators import SchemaGenerator
+from rest_framework import exceptions
+from rest_framework.test import APIClient
+
+from ductor_project.core.errors import ErrorCode, error_body, exception_handler
+from ductor_project.core.openapi import collection_of, render_descriptions, rst_to_markdown, tag_for
+from scheduling import rules
+from tenants.models import Tier
+from tenants.permissions import IsPlatformAdmin
+from workflows import spec as spec_module
+from workflows.spec import COMMON_FIELDS, NODE_TYPES, TYPE_FIELDS, validate_spec
+from workflows.spec_schema import NODE_SCHEMAS
+
+METHODS = ("get", "post", "put", "patch", "delete")
+TASK_NODE = {"id": "charge", "type": "task", "task": "billing.tasks.charge", "depends_on": ["fetch"],
+             "input": {"user": "$nodes.fetch.output.body"}, "retry": {"max_attempts": 2}, "pool": "main"}
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    generated = SchemaGenerator().get_schema(request=None, public=True)
+    # As served: plain JSON types (lazy strings, tuples and the like rendered).
+    return json.loads(json.dumps(generated, default=str))
+
+
+def operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in schema["paths"].items():
+        for method in METHODS:
+            if method in item:
+                yield path, method, item[method]
+
+
+def validator(schema: dict[str, Any], component: str) -> jsonschema.Draft4Validator:
+    """A validator for the component ``component`` of ``schema``, its ``$ref`` resolved in the schema."""
+    root = {"$ref": f"#/components/schemas/{component}", "components": schema["components"]}
+    return jsonschema.Draft4Validator(root)
+
+
+def docstring_example() -> dict[str, Any]:
+    """The example spec of ``workflows/spec.py``'s docstring: the parser's own documentation."""
+    doc = spec_module.__doc__ or ""
+    start = doc.index("A spec is a JSON object::") + len("A spec is a JSON object::")
+    return json.loads(doc[start:doc.index("\nTop level:")])
+
+
+# --- generation ------------------------------------------------------------------------------
+
+
+def test_the_schema_generates_without_a_warning_and_validates_against_the_openapi_3_meta_schema(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "schema.json"
+    call_command("spectacular", "--fail-on-warn", "--validate", "--format", "openapi-json", "--file", str(target))
+    assert json.loads(target.read_text())["openapi"].startswith("3.0")
+
+
+# --- the workflow spec -----------------------------------------------------------------------
+
+
+def test_a_node_of_each_type_of_the_docstring_example_validates_against_the_spec_schema(
+    schema: dict[str, Any],
+) -> None:
+    example = docstring_example()
+    example["nodes"].append(TASK_NODE)
+    assert {node["type"] for node in example["nodes"]} == set(NODE_TYPES)
+    spec_validator = validator(schema, "WorkflowSpec")
+    spec_validator.validate(example)
+    for node in example["nodes"]:
+        spec_validator.validate({"nodes": [node]})
+        validator(schema, NODE_SCHEMAS[node["type"]]).validate(node)
+
+
+def test_the_normalized_spec_the_api_stores_and_returns_validates_against_the_spec_schema(
+    schema: dict[str, Any],
+) -> None:
+    stored = validate_spec(docstring_example(), max_bytes=1_000_000).to_dict()
+    validator(schema, "WorkflowSpec").validate(stored)
+
+
+def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
+    return {name: value for name, value in data.items() if name != key}
+
+
+INVALID_NODES = {
+    "an unknown field": {"id": "a", "type": "action", "action": "echo", "colour": "red"},
+    "another type's field": {"id": "a", "type": "action", "action": "echo", "duration_s": 1},
+    "an id with a capital": {"id": "Fetch", "type": "action", "action": "echo"},
+    "an id starting with a digit": {"id": "1a", "type": "action", "action": "echo"},
+    "an id with a dash": {"id": "a-b", "type": "action", "action": "echo"},
+    "both duration_s and until": {"id": "a", "type": "sleep", "duration_s": 5, "until": "2027-01-01T00:00:00Z"},
+    "neither duration_s nor until": {"id": "a", "type": "sleep"},
+    "a sleep with an input": {"id": "a", "type": "sleep", "duration_s": 5, "input": {}},
+    "an unknown type": {"id": "a", "type": "shell", "command": "true"},
+    "no type": {"id": "a", "action": "echo"},
+    "an action node without its action": {"id": "a", "type": "action"},
+    "too many attempts": {"id": "a", "type": "action", "action": "echo",
+                          "retry": {"max_attempts": spec_module.MAX_ATTEMPTS + 1}},
+    "an unknown retry field": {"id": "a", "type": "action", "action": "echo", "retry": {"tries": 2}},
+    "a zero timeout": {"id": "a", "type": "action", "action": "echo", "timeout_s": 0},
+    "a timeout past the bound": {"id": "a", "type": "action", "action": "echo",
+                                 "timeout_s": spec_module.MAX_TIMEOUT_S + 1},
+    "a sleep past the bound": {"id": "a", "type": "sleep", "duration_s": spec_module.MAX_SLEEP_S + 1},
+    "a repeated dependency": {"id": "b", "type": "action", "action": "echo", "depends_on": ["a", "a"]},
+    "an empty tag": {"id": "a", "type": "action", "action": "echo", "tags": [""]},
+    "a when with an unknown operator": {"id": "a", "type": "action", "action": "echo",
+                                        "when": {"path": "input.x", "op": "like", "value": 1}},
+    "a when on an unknown root": {"id": "a", "type": "action", "action": "echo",
+                                  "when": {"path": "env.x", "op": "eq", "value": 1}},
+    "a when with an empty all": {"id": "a", "type": "action", "action": "echo", "when": {"all": []}},
+    "a subworkflow version 0": {"id": "a", "type": "subworkflow", "workflow": "w", "version": 0},
+    "a task that is no task name": {"id": "a", "type": "task", "task": "not a task!"},
+}
+
+
+@pytest.mark.parametrize("case", INVALID_NODES)
+def test_an_invalid_node_fails_the_spec_schema_and_the_parser_alike(schema: dict[str, Any], case: str) -> None:
+    spec = {"nodes": [INVALID_NODES[case]]}
+    assert not validator(schema, "WorkflowSpec").is_valid(spec), case
+    with pytest.raises(spec_module.SpecError):
+        validate_spec(spec, max_bytes=1_000_000)
+
+
+@pytest.mark.parametrize("spec", [
+    {"nodes": [{"id": "a", "type": "action", "action": "echo"}], "colour": "red"},
+    {"nodes": []},
+    {"output": 1},
+])
+def test_an_invalid_spec_fails_the_spec_schema_and_the_parser_alike(schema: dict[str, Any], spec: Any) -> None:
+    assert not validator(schema, "WorkflowSpec").is_valid(spec)
+    with pytest.raises(spec_module.SpecError):
+        validate_spec(spec, max_bytes=1_000_000)
+
+
+def test_every_node_type_has_a_schema_with_exactly_the_fields_the_parser_allows(schema: dict[str, Any]) -> None:
+    assert tuple(NODE_SCHEMAS) == NODE_TYPES
+    components = schema["components"]["schemas"]
+    node = components["WorkflowNode"]
+    assert node["discriminator"]["propertyName"] == "type"
+    assert node["discriminator"]["mapping"] == {
+        kind: f"#/components/schemas/{name}" for kind, name in NODE_SCHEMAS.items()
+    }
+    for kind, name in NODE_SCHEMAS.items():
+        assert set(components[name]["properties"]) == set(COMMON_FIELDS) | set(TYPE_FIELDS[kind]), kind
+        assert components[name]["additionalProperties"] is False
+
+
+def test_the_workflow_serializers_show_the_spec_schema(schema: dict[str, Any]) -> None:
+    components = schema["components"]["schemas"]
+    ref = "#/components/schemas/WorkflowSpec"
+    for name in ("WorkflowCreateRequest", "WorkflowUpdateRequest", "Workflow", "WorkflowVersion"):
+        spec = components[name]["properties"]["spec"]
+        assert ref in (spec.get("$ref"), *(part.get("$ref") for part in spec.get("allOf", []))), name
+    assert components["Workflow"]["properties"]["spec"]["nullable"] is True
+
+
+@pytest.mark.django_db
+def test_a_workflow_the_api_returns_validates_against_its_response_schema(
+    client_a: APIClient, redis_client: Any, schema: dict[str, Any]
+) -> None:
+    created = client_a.post("/api/v1/workflows", {"name": "doc", "spec": docstring_example()}, format="json")
+    assert created.status_code == 201, created.content[:300]
+    validator(schema, "Workflow").validate(created.json())
+    for version in client_a.get("/api/v1/workflows/doc/versions").json():
+        validator(schema, "WorkflowVersion").validate(version)
+
+
+# --- routing rules ---------------------------------------------------------------------------
+
+
+def test_a_rules_normalized_match_and_action_validate_against_their_schemas(schema: dict[str, Any]) -> None:
+    match = rules.validate_match({
+        "workflow": "billing.*", "action": "http.*", "tags": ["b", "a", "a"],
+        "conditions": [{"path": "customer.tier", "op": "eq", "value": "gold"},  # the deprecated root-less path
+                       {"path": "input.amount", "op": "gt", "value": 10}, {"path": "workflow", "op": "exists"}],
+    })
+    validator(schema, "RuleMatch").validate(match)
+    validator(schema, "RuleMatch").validate({})
+    tiers = tuple(Tier.values)
+    for action in ({"pool": "main", "tier": "batch", "partition_key": "c-{input.customer}"}, {"deny": " no "}):
+        validator(schema, "RuleAction").validate(rules.validate_action(action, allowed_tiers=tiers))
+
+
+@pytest.mark.parametrize(("component", "value"), [
+    ("RuleMatch", {"workflow": "a", "colour": "red"}),
+    ("RuleMatch", {"conditions": [{"path": "input.x", "op": "like", "value": 1}]}),
+    ("RuleAction", {}),
+    ("RuleAction", {"deny": "no", "pool": "main"}),
+    ("RuleAction", {"tier": "platinum"}),
+])
+def test_an_invalid_rule_fails_its_schema(schema: dict[str, Any], component: str, value: Any) -> None:
+    assert not validator(schema, component).is_valid(value)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_every_operation_declares_its_error_responses_in_the_one_error_shape(schema: dict[str, Any]) -> None:
+    for path, method, operation in operations(schema):
+        expected = {"401", "403", "404", "406", "429", "503"}
+        if "requestBody" in operation or any(p["in"] == "query" for p in operation.get("parameters", [])):
+            expected.add("400")
+        if "requestBody" in operation:
+            expected |= {"413", "415"}
+        if method != "get":
+            expected.add("409")
+        responses = operation["responses"]
+        assert expected <= set(responses), (method, path, expected - set(responses))
+        for status in expected:
+            content = responses[status]["content"]["application/json"]["schema"]
+            assert content == {"$ref": "#/components/schemas/Error"}, (method, path, status)
+        assert "Retry-After" in responses["429"]["headers"]
+        assert "WWW-Authenticate" in responses["401"]["headers"]
+
+
+def _answer(exc: Exception) -> Any:
+    return exception_handler(exc, {})
+
+
+@pytest.mark.parametrize("exc", [
+    exceptions.ValidationError({"spec": {"nodes": [{"id": ["Bad id."]}]}, "name": ["Required."]}),
+    exceptions.ValidationError(["Not an object."]),
+    exceptions.ParseError("Expecting value"),
+    exceptions.NotAuthenticated(),
+    exceptions.AuthenticationFailed("Invalid API key."),
+    exceptions.PermissionDenied(),
+    exceptions.NotFound(),
+    exceptions.UnsupportedMediaType("text/plain"),
+    exceptions.NotAcceptable(),
+    exceptions.Throttled(wait=3),
+], ids=lambda exc: type(exc).__name__)
+def test_what_the_exception_handler_answers_validates_against_the_error_schema(
+    schema: dict[str, Any], exc: Exception
+) -> None:
+    response = _answer(exc)
+    validator(schema, "Error").validate(json.loads(json.dumps(response.data)))
+    declared = schema["paths"]["/api/v1/runs/"]["post"]["responses"][str(response.status_code)]
+    assert set(declared.get("headers", {})) <= set(response.headers), response.status_code
+
+
+def test_every_error_code_is_in_the_error_schema(schema: dict[str, Any]) -> None:
+    error = validator(schema, "Error")
+    for code in ErrorCode:
+        error.validate(error_body(code, "message", {"field": ["problem"]}))
+    assert not error.is_valid(error_body("no_such_code", "message"))
+
+
+# --- tags ------------------------------------------------------------------------------------
+
+
+def _view_of(path: str) -> Any:
+    """The callback Django routes the schema path to (its parameters filled with a dummy value)."""
+    return resolve(re.sub(r"\{[^}]+\}", "x", path)).func
+
+
+def test_every_operation_has_exactly_one_tag_and_platform_operations_a_platform_tag(schema: dict[str, Any]) -> None:
+    described = [tag["name"] for tag in schema["tags"]]
+    used: set[str] = set()
+    for path, method, operation in operations(schema):
+        assert len(operation["tags"]) == 1, (method, path, operation["tags"])
+        tag = operation["tags"][0]
+        used.add(tag)
+        callback = _view_of(path)
+        classes = callback.initkwargs.get("permission_classes", callback.cls.permission_classes)
+        platform = any(issubclass(permission, IsPlatformAdmin) for permission in classes)
+        assert tag.startswith("platform: ") is platform, (method, path, tag)
+        assert tag in described, (method, path, tag)
+    assert set(described) == used
+    assert all(tag.get("description") for tag in schema["tags"])
+    groups = {group["name"]: group["tags"] for group in schema["x-tagGroups"]}
+    assert groups["Platform API"] == [tag for tag in described if tag.startswith("platform: ")]
+    assert groups["Tenant API"] == [tag for tag in described if not tag.startswith("platform: ")]
+
+
+@pytest.mark.parametrize(("path", "platform", "tag"), [
+    ("/api/v1/runs/{id}/events/", False, "runs"),
+    ("/api/v1/routing/explain/", False, "routing"),
+    ("/api/v1/pools/", False, "routing"),
+    ("/api/v1/api-keys/{id}/revoke/", False, "tenant"),
+    ("/api/v1/tasks/", False, "tasks"),
+    ("/api/v1/tenants/{slug}/plan/", True, "platform: tenants"),
+    ("/api/v1/task-catalog/{name}/", True, "platform: task catalog"),
+    ("/api/v1/platform/queue/", True, "platform: queue"),
+])
+def test_a_tag_follows_from_the_path_and_whether_the_view_is_a_platform_one(
+    path: str, platform: bool, tag: str
+) -> None:
+    assert tag_for(path, platform=platform) == tag
+
+
+def test_the_collection_of_a_path_skips_the_platform_segment() -> None:
+    assert collection_of("/api/v1/platform/queue/") == "queue"
+    assert collection_of("/api/v1/platform/") == "platform"
+    assert collection_of("/admin/") == ""
+
+
+# --- descriptions ----------------------------------------------------------------------------
+
+
+def _descriptions(node: Any) -> Iterator[str]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _descriptions(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and isinstance(value, str):
+                yield value
+            else:
+                yield from _descriptions(value)
+
+
+def test_no_description_in_the_schema_is_restructured_text(schema: dict[str, Any]) -> None:
+    for description in _descriptions(schema):
+        assert "``" not in description, description
+        assert not re.search(r":[a-z]+:`", description), description
+        assert not description.rstrip().endswith("::"), description
+    assert "description" not in schema["components"]["schemas"]["ApiKey"]  # no base class's docstring
+
+
+@pytest.mark.parametrize(("rst", "markdown"), [
+    ("Reads show ``has_secret``.", "Reads show `has_secret`."),
+    ("``a`` and ``b``", "`a` and `b`"),
+    ("A ``x`b`` literal", "A `` x`b `` literal"),
+    ("See :class:`~workflows.spec.Spec` and :func:`validate_spec`.", "See `Spec` and `validate_spec`."),
+    ("The :py:meth:`Spec.to_dict` form", "The `Spec.to_dict` form"),
+    ("See :ref:`the API <api>`.", "See `the API`."),
+    ("Read `the docs <https://example.com/a>`_ first.", "Read [the docs](https://example.com/a) first."),
+    ("Already `Markdown` and **bold**.", "Already `Markdown` and **bold**."),
+    ("A spec::\n\n    {\"nodes\": []}\n\nThen more.", "A spec:\n\n```\n{\"nodes\": []}\n```\n\nThen more."),
+    ("A spec ::\n\n    x = 1\n    y = 2", "A spec\n\n```\nx = 1\ny = 2\n```"),
+    ("Text.\n\n::\n\n    x = ``1``\n\nEnd.", "Text.\n\n```\nx = ``1``\n```\n\nEnd."),
+    (".. code-block:: json\n\n    {\"a\": 1}", "```json\n{\"a\": 1}\n```"),
+    ("Keep\n```\n``x``\n```", "Keep\n```\n``x``\n```"),
+    ("Ends with a colon::", "Ends with a colon:"),
+    ("C++ like a::b stays", "C++ like a::b stays"),
+])
+def test_restructured_text_becomes_markdown(rst: str, markdown: str) -> None:
+    assert rst_to_markdown(rst) == markdown
+
+
+def test_markdown_passes_through_unchanged() -> None:
+    text = "- a `list`\n- of [links](https://example.com)\n\n```json\n{\"a\": 1}\n```"
+    assert rst_to_markdown(text) == text
+    assert rst_to_markdown(rst_to_markdown("Use ``x``::\n\n    y")) == rst_to_markdown("Use ``x``::\n\n    y")
+
+
+def test_the_descriptions_hook_leaves_examples_and_defaults_as_they_are() -> None:
+    result = {"components": {"schemas": {"A": {"description": "``x``", "example": {"description": "``y``"},
+                                               "default": {"description": "``z``"}}}}}
+    rendered = render_descriptions(copy.deepcopy(result), generator=None)
+    schema = rendered["components"]["schemas"]["A"]
+    assert schema["description"] == "`x`"
+    assert schema["example"] == {"description": "``y``"}
+    assert schema["default"] == {"description": "``z``"}
