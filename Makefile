@@ -18,12 +18,12 @@ TEST_ENV := env -u DATABASE_URL -u DATABASE_OWNER_URL -u REDIS_URL DUCTOR_DATA_D
 
 .PHONY: install test lint typecheck pytest demo up down bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sdk/python/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Ductor needs Python >= 3.11; set PYTHON=/path/to/python3.11"; exit 1; }
-	@echo "==> creating $(VENV) and installing Ductor with its dev tools"
+	@echo "==> creating $(VENV) and installing Ductor with its dev tools and its SDK"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --progress-bar on -e '.[dev]'
+	$(BIN)/pip install --quiet --progress-bar on -e '.[dev]' -e './sdk/python[worker]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -37,6 +37,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	@echo "==> mypy"
 	$(BIN)/mypy .
+	@echo "==> mypy --strict (the SDK)"
+	$(BIN)/mypy --strict sdk/python/ductor_sdk
 
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 pytest: $(STAMP)

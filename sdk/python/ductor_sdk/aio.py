@@ -1,0 +1,430 @@
+"""The asynchronous client: ``AsyncClient(base_url, api_key)``, the API of ``ductor_sdk.client`` awaited.
+
+Each resource here has the methods of its synchronous twin, with the same
+parameters (a test holds them to it); ``iter`` returns an async iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import httpx
+
+from ductor_sdk import calls, models
+from ductor_sdk.errors import NotFound, WaitTimeout
+from ductor_sdk.models import Page
+from ductor_sdk.transport import AsyncSender, Call, Config, RetryPolicy
+from ductor_sdk.workflow import Workflow
+
+T = TypeVar("T")
+
+
+class _Resource:
+    def __init__(self, sender: AsyncSender) -> None:
+        self._sender = sender
+
+    async def _send(self, call: Call[T]) -> T:
+        return await self._sender.send(call)
+
+    async def _iterate(self, call: Call[Page[T]]) -> AsyncIterator[T]:
+        """Every item of the list ``call`` asks for, page after page (following ``next``)."""
+        while True:
+            page = await self._send(call)
+            for item in page.items:
+                yield item
+            if page.next is None:
+                return
+            call = call.following(page.next)
+
+
+class TenantResource(_Resource):
+    async def get(self) -> models.Tenant:
+        """The tenant the API key acts for."""
+        return await self._send(calls.tenant_current())
+
+
+class EntitlementsResource(_Resource):
+    async def get(self) -> models.Entitlements:
+        """The effective limits (plan and overrides), the usage and the reset times."""
+        return await self._send(calls.entitlements_current())
+
+
+class ApiKeys(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.ApiKey]:
+        return await self._send(calls.API_KEYS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.ApiKey]:
+        return self._iterate(calls.API_KEYS.list(page_size=page_size))
+
+    async def get(self, key_id: str) -> models.ApiKey:
+        return await self._send(calls.API_KEYS.get(key_id))
+
+    async def create(
+        self, name: str, *, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
+    ) -> models.ApiKeyCreated:
+        """A new key; its raw ``api_key`` is in this answer only."""
+        body = calls.compact(name=name, scopes=list(scopes) if scopes is not None else None, expires_at=expires_at)
+        return await self._send(calls.API_KEYS.create_as(body, models.ApiKeyCreated))
+
+    async def revoke(self, key_id: str) -> models.ApiKey:
+        """Revoke a key (idempotent; the row is kept)."""
+        return await self._send(calls.API_KEYS.act(key_id, "revoke", idempotent=True))
+
+
+class Connections(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Connection]:
+        return await self._send(calls.CONNECTIONS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.Connection]:
+        return self._iterate(calls.CONNECTIONS.list(page_size=page_size))
+
+    async def get(self, connection_id: str) -> models.Connection:
+        return await self._send(calls.CONNECTIONS.get(connection_id))
+
+    async def create(
+        self, name: str, kind: str, *, config: Mapping[str, Any] | None = None, secret: str | None = None,
+        max_concurrency: int | None = None, rate_per_s: float | None = None, burst: int | None = None,
+    ) -> models.Connection:
+        body = calls.compact(name=name, kind=kind, config=config, secret=secret, max_concurrency=max_concurrency,
+                             rate_per_s=rate_per_s, burst=burst)
+        return await self._send(calls.CONNECTIONS.create(body))
+
+    async def update(self, connection_id: str, **changes: Any) -> models.Connection:
+        """Change the fields given (PATCH); None clears a limit."""
+        return await self._send(calls.CONNECTIONS.update(connection_id, changes))
+
+    async def delete(self, connection_id: str) -> None:
+        await self._send(calls.CONNECTIONS.delete(connection_id))
+
+    async def rotate_secret(self, connection_id: str, secret: str) -> models.Connection:
+        call = calls.CONNECTIONS.act(connection_id, "rotate-secret", {"secret": secret}, idempotent=True)
+        return await self._send(call)
+
+
+class Pools(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Pool]:
+        return await self._send(calls.POOLS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.Pool]:
+        return self._iterate(calls.POOLS.list(page_size=page_size))
+
+    async def get(self, pool_id: str) -> models.Pool:
+        return await self._send(calls.POOLS.get(pool_id))
+
+    async def create(
+        self, name: str, *, members: Sequence[Mapping[str, Any] | str] = (), strategy: str | None = None,
+        is_default: bool | None = None, max_concurrency: int | None = None, rate_per_s: float | None = None,
+        burst: int | None = None,
+    ) -> models.Pool:
+        """A pool; each member is a connection's id or name, or ``{"connection", "weight", "priority"}``."""
+        body = calls.compact(name=name, members=[calls.member(m) for m in members], strategy=strategy,
+                             is_default=is_default, max_concurrency=max_concurrency, rate_per_s=rate_per_s,
+                             burst=burst)
+        return await self._send(calls.POOLS.create(body))
+
+    async def update(self, pool_id: str, **changes: Any) -> models.Pool:
+        """Change the fields given (PATCH); ``members`` given replaces them all."""
+        if "members" in changes:
+            changes["members"] = [calls.member(m) for m in changes["members"]]
+        return await self._send(calls.POOLS.update(pool_id, changes))
+
+    async def delete(self, pool_id: str) -> None:
+        await self._send(calls.POOLS.delete(pool_id))
+
+
+class Rules(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Rule]:
+        return await self._send(calls.RULES.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.Rule]:
+        return self._iterate(calls.RULES.list(page_size=page_size))
+
+    async def get(self, rule_id: str) -> models.Rule:
+        return await self._send(calls.RULES.get(rule_id))
+
+    async def create(
+        self, name: str, *, priority: int, action: Mapping[str, Any], match: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+    ) -> models.Rule:
+        body = calls.compact(name=name, priority=priority, action=action, match=match, enabled=enabled)
+        return await self._send(calls.RULES.create(body))
+
+    async def update(self, rule_id: str, **changes: Any) -> models.Rule:
+        """Change the fields given (PATCH)."""
+        return await self._send(calls.RULES.update(rule_id, changes))
+
+    async def delete(self, rule_id: str) -> None:
+        await self._send(calls.RULES.delete(rule_id))
+
+
+class Routing(_Resource):
+    async def explain(
+        self, workflow: str, action: str, *, tags: Sequence[str] | None = None, input: Any = None,
+        tier: str | None = None, pool: str | None = None,
+    ) -> models.RoutingExplanation:
+        """How a step would be routed and admitted now; takes no capacity and writes nothing."""
+        body = calls.compact(workflow=workflow, action=action, tags=list(tags) if tags is not None else None,
+                             input=input, tier=tier, pool=pool)
+        return await self._send(calls.routing_explain(body))
+
+
+class Workflows(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.WorkflowDefinition]:
+        return await self._send(calls.WORKFLOWS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.WorkflowDefinition]:
+        return self._iterate(calls.WORKFLOWS.list(page_size=page_size))
+
+    async def get(self, name: str) -> models.WorkflowDefinition:
+        return await self._send(calls.WORKFLOWS.get(name))
+
+    async def create(self, name: str, spec: Mapping[str, Any], *, description: str = "") -> models.WorkflowDefinition:
+        """Create the workflow, or add a version to it when the name exists (what the server does)."""
+        return await self._send(calls.WORKFLOWS.create({"name": name, "spec": spec, "description": description}))
+
+    async def update(self, name: str, spec: Mapping[str, Any], *, description: str = "") -> models.WorkflowDefinition:
+        """Add a version (always, even with the same spec)."""
+        return await self._send(calls.WORKFLOWS.replace(name, {"spec": spec, "description": description}))
+
+    async def versions(self, name: str) -> builtins.list[models.WorkflowVersion]:
+        """Every version, newest first."""
+        return await self._send(calls.workflow_versions(name))
+
+    async def apply(self, workflow: Workflow) -> models.Applied:
+        """Make the server hold ``workflow``: create it, add a version if its spec changed, else nothing.
+
+        The description is sent with a new version only. Two concurrent applies may both add one.
+        """
+        try:
+            stored: models.WorkflowDefinition | None = await self.get(workflow.name)
+        except NotFound:
+            stored = None
+        call, outcome = calls.workflow_apply(workflow, stored)
+        if call is None:
+            assert stored is not None
+            return models.Applied(stored, outcome)
+        return models.Applied(await self._send(call), outcome)
+
+
+class Runs(_Resource):
+    async def list(
+        self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None, page_size: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[models.Run]:
+        """One page of runs, newest first, filtered."""
+        return await self._send(calls.RUNS.list(status=status, workflow=workflow, created_after=created_after,
+                                          created_before=created_before, root_run_id=root_run_id,
+                                          page_size=page_size, cursor=cursor))
+
+    def iter(
+        self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None, page_size: int | None = None,
+    ) -> AsyncIterator[models.Run]:
+        """Every run that matches, newest first, across pages."""
+        return self._iterate(calls.RUNS.list(status=status, workflow=workflow, created_after=created_after,
+                                             created_before=created_before, root_run_id=root_run_id,
+                                             page_size=page_size))
+
+    async def get(self, run_id: str) -> models.Run:
+        """A run, with its first steps."""
+        return await self._send(calls.RUNS.get(run_id))
+
+    async def start(
+        self, workflow: str | Workflow, input: Any = None, *, idempotency_key: str | None = None,
+        tags: Sequence[str] | None = None, tier: str | None = None, version: int | None = None,
+    ) -> models.Run:
+        """Start a run (of the latest version unless ``version``). Idempotent: with a key already
+        used, the run of that key is returned; without one a key is made, so a retry never starts twice."""
+        body = calls.run_request(workflow, input, idempotency_key=idempotency_key, tags=tags, tier=tier,
+                                 version=version)
+        return await self._send(calls.run_start(body))
+
+    async def start_many(self, runs: Sequence[Mapping[str, Any]]) -> models.BulkStarted:
+        """Start 1 to 500 runs, all or none; each item takes ``start``'s fields (``workflow``, ``input``,
+        ``idempotency_key``, ``tags``, ``tier``, ``version``) and gets a key when it has none."""
+        return await self._send(calls.runs_start_many(runs))
+
+    async def wait(self, run_id: str, *, timeout: float = 60.0, poll_interval: float = 0.5) -> models.Run:
+        """Poll until the run is terminal and return it; ``WaitTimeout`` (a ``TimeoutError``) after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run = await self.get(run_id)
+            left = deadline - time.monotonic()
+            if run.is_terminal:
+                return run
+            if left <= 0:
+                raise WaitTimeout(f"run {run_id} is still {run.status} after {timeout:g}s", run=run)
+            await asyncio.sleep(min(poll_interval, left))
+
+    async def cancel(self, run_id: str) -> models.Run:
+        """Ask the run (and the children it waits for) to stop. Idempotent."""
+        return await self._send(calls.RUNS.act(run_id, "cancel", idempotent=True))
+
+    async def events(self, run_id: str) -> builtins.list[models.RunEvent]:
+        """The run's history, in order."""
+        return await self._send(calls.run_events(run_id))
+
+    async def steps(self, run_id: str, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Step]:
+        """One page of the run's step attempts, oldest first."""
+        return await self._send(calls.run_steps(run_id, page_size=page_size, cursor=cursor))
+
+    def iter_steps(self, run_id: str, *, page_size: int | None = None) -> AsyncIterator[models.Step]:
+        """Every step attempt of the run, oldest first, across pages."""
+        return self._iterate(calls.run_steps(run_id, page_size=page_size))
+
+    async def lineage(self, run_id: str) -> models.Lineage:
+        """The tree of the run's root: children and ContinueAsNew successors."""
+        return await self._send(calls.run_lineage(run_id))
+
+
+class Queue(_Resource):
+    async def stats(self) -> models.QueueStats:
+        """The tenant's fair-queue backlog, due items, items in flight and oldest wait, per tier."""
+        return await self._send(calls.queue_current())
+
+
+class Tasks(_Resource):
+    async def list(self) -> builtins.list[models.TaskEntry]:
+        """The task catalog entries this tenant may call from ``task`` nodes, by name."""
+        return [entry async for entry in self._iterate(calls.TASKS.list())]
+
+    async def get(self, name: str) -> models.TaskEntry:
+        """One task this tenant may call; ``NotFound`` for any other name."""
+        return await self._send(calls.TASKS.get(name))
+
+
+class PlatformTenants(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Tenant]:
+        return await self._send(calls.TENANTS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.Tenant]:
+        return self._iterate(calls.TENANTS.list(page_size=page_size))
+
+    async def get(self, slug: str) -> models.Tenant:
+        """A tenant by slug or id."""
+        return await self._send(calls.TENANTS.get(slug))
+
+    async def create(
+        self, slug: str, *, name: str | None = None, plan: str | None = None, create_api_key: bool = False
+    ) -> models.TenantCreated:
+        """A new tenant; with ``create_api_key`` the answer carries its first key (shown once)."""
+        body = calls.compact(slug=slug, name=name, plan=plan, create_api_key=create_api_key)
+        return await self._send(calls.TENANTS.create_as(body, models.TenantCreated))
+
+    async def suspend(self, slug: str) -> models.Tenant:
+        return await self._send(calls.TENANTS.act(slug, "suspend", idempotent=True))
+
+    async def activate(self, slug: str) -> models.Tenant:
+        return await self._send(calls.TENANTS.act(slug, "activate", idempotent=True))
+
+    async def set_plan(self, slug: str, plan: str) -> models.Tenant:
+        return await self._send(calls.TENANTS.act(slug, "plan", {"plan": plan}, idempotent=True))
+
+    async def entitlements(self, slug: str) -> models.Entitlements:
+        return await self._send(calls.tenant_entitlements(slug))
+
+    async def overrides(self, slug: str) -> builtins.list[models.Override]:
+        return await self._send(calls.tenant_overrides(slug))
+
+    async def set_override(self, slug: str, field: str, value: Any, *, reason: str = "") -> models.Override:
+        return await self._send(calls.tenant_override_set(slug, field, value, reason))
+
+    async def clear_override(self, slug: str, field: str) -> None:
+        """Remove an override (nothing changes if there is none)."""
+        await self._send(calls.tenant_override_clear(slug, field))
+
+
+class PlatformPlans(_Resource):
+    async def list(self) -> builtins.list[models.Plan]:
+        return await self._send(calls.plans())
+
+    async def get(self, slug: str) -> models.Plan:
+        return await self._send(calls.plan(slug))
+
+
+class PlatformQueue(_Resource):
+    async def stats(self) -> builtins.list[dict[str, Any]]:
+        """The fair queue of every shard, with the worker slots and busy credits per Celery queue."""
+        return await self._send(calls.platform_queue())
+
+
+class PlatformTaskCatalog(_Resource):
+    async def list(self) -> builtins.list[models.CatalogEntry]:
+        """Every entry of the task catalog, by name."""
+        return [entry async for entry in self._iterate(calls.TASK_CATALOG.list())]
+
+    async def get(self, name: str) -> models.CatalogEntry:
+        return await self._send(calls.TASK_CATALOG.get(name))
+
+    async def create(
+        self, name: str, *, description: str | None = None, queue: str | None = None, arguments: str | None = None,
+        input_schema: Mapping[str, Any] | None = None, timeout_s: float | None = None,
+        plans: Sequence[str] | None = None, tenants: Sequence[str] | None = None, enabled: bool | None = None,
+    ) -> models.CatalogEntry:
+        """Let tenants call the Celery task ``name`` as a ``task`` node: those of ``plans`` (none: every
+        plan) and the ``tenants`` named besides them."""
+        body = calls.compact(name=name, description=description, queue=queue, arguments=arguments,
+                             input_schema=input_schema, timeout_s=timeout_s, enabled=enabled,
+                             plans=list(plans) if plans is not None else None,
+                             tenants=list(tenants) if tenants is not None else None)
+        return await self._send(calls.TASK_CATALOG.create(body))
+
+    async def update(self, name: str, **changes: Any) -> models.CatalogEntry:
+        """Change the fields given (PATCH); the name cannot change."""
+        return await self._send(calls.TASK_CATALOG.update(name, changes))
+
+    async def delete(self, name: str) -> None:
+        await self._send(calls.TASK_CATALOG.delete(name))
+
+
+class Platform:
+    """The platform-admin API; it answers platform keys (``dctp_…``) only."""
+
+    def __init__(self, sender: AsyncSender) -> None:
+        self.tenants = PlatformTenants(sender)
+        self.plans = PlatformPlans(sender)
+        self.queue = PlatformQueue(sender)
+        self.task_catalog = PlatformTaskCatalog(sender)
+
+
+class AsyncClient:
+    """The async Ductor API client; see ``ductor_sdk.Client``. ``base_url`` and ``api_key`` default to
+    ``DUCTOR_URL`` and ``DUCTOR_API_KEY``.
+
+    Calls that are safe to repeat are retried on connection errors, 429 and 502-504 (``retry``);
+    ``timeout`` is httpx's, per request. Use it as an async context manager, or ``await close()`` it.
+    """
+
+    def __init__(
+        self, base_url: str | None = None, api_key: str | None = None, *, timeout: float | httpx.Timeout = 30.0,
+        retry: RetryPolicy | None = None, http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = Config.resolve(base_url, api_key, timeout, retry or RetryPolicy())
+        self._sender = AsyncSender(self.config, http_client)
+        self.tenant = TenantResource(self._sender)
+        self.entitlements = EntitlementsResource(self._sender)
+        self.api_keys = ApiKeys(self._sender)
+        self.connections = Connections(self._sender)
+        self.pools = Pools(self._sender)
+        self.rules = Rules(self._sender)
+        self.routing = Routing(self._sender)
+        self.workflows = Workflows(self._sender)
+        self.runs = Runs(self._sender)
+        self.queue = Queue(self._sender)
+        self.tasks = Tasks(self._sender)
+        self.platform = Platform(self._sender)
+
+    async def close(self) -> None:
+        await self._sender.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,211 @@
+"""Every endpoint of the API as a ``Call``: its path, its body and how its answer is read.
+
+The one place that knows the server's URLs and bodies; the sync and the async
+clients only send these. Optional arguments left as None are not sent, so the
+server's defaults apply.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from ductor_sdk import models
+from ductor_sdk.models import Model, Page
+from ductor_sdk.spec import same_spec
+from ductor_sdk.transport import NO_BODY, Call, path
+from ductor_sdk.workflow import Workflow
+
+M = TypeVar("M", bound=Model)
+N = TypeVar("N", bound=Model)
+
+
+def compact(**values: Any) -> dict[str, Any]:
+    """The values that are not None, datetimes as ISO 8601 (a query string or a body)."""
+    return {key: value.isoformat() if isinstance(value, datetime) else value
+            for key, value in values.items() if value is not None}
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+def _many(model: type[M]) -> Callable[[Any], list[M]]:
+    """A plain JSON array of ``model`` objects."""
+    return lambda data: [model.from_json(item) for item in data]
+
+
+def _page(model: type[M]) -> Callable[[Any], Page[M]]:
+    """A page of ``model`` objects; a plain array reads as one last page."""
+
+    def parse(data: Any) -> Page[M]:
+        if isinstance(data, list):
+            return Page(tuple(model.from_json(item) for item in data))
+        return Page.from_json(data, model.from_json)
+
+    return parse
+
+
+class Collection(Generic[M]):
+    """A collection of the API at ``name`` whose items are ``model`` objects, addressed by id,
+    name or slug; its list is paginated."""
+
+    def __init__(self, name: str, model: type[M]) -> None:
+        self.name, self.model = name, model
+
+    def list(self, **params: Any) -> Call[Page[M]]:
+        return Call("GET", self.name, _page(self.model), params=compact(**params))
+
+    def get(self, key: str) -> Call[M]:
+        return Call("GET", path(self.name, key), self.model.from_json)
+
+    def create(self, body: Mapping[str, Any]) -> Call[M]:
+        return Call("POST", self.name, self.model.from_json, body=dict(body))
+
+    def create_as(self, body: Mapping[str, Any], model: type[N]) -> Call[N]:
+        """A create answered with more than the item (a raw key shown once): read as ``model``."""
+        return Call("POST", self.name, model.from_json, body=dict(body))
+
+    def update(self, key: str, changes: Mapping[str, Any]) -> Call[M]:
+        """PATCH: only the fields given change."""
+        return Call("PATCH", path(self.name, key), self.model.from_json, body=dict(changes))
+
+    def replace(self, key: str, body: Mapping[str, Any]) -> Call[M]:
+        return Call("PUT", path(self.name, key), self.model.from_json, body=dict(body))
+
+    def delete(self, key: str) -> Call[None]:
+        return Call("DELETE", path(self.name, key), _nothing)
+
+    def act(self, key: str, verb: str, body: Any = NO_BODY, *, idempotent: bool) -> Call[M]:
+        """``POST <name>/<key>/<verb>``, answered with the item."""
+        return Call("POST", path(self.name, key, verb), self.model.from_json, body=body, idempotent=idempotent)
+
+
+API_KEYS = Collection("api-keys", models.ApiKey)
+CONNECTIONS = Collection("connections", models.Connection)
+POOLS = Collection("pools", models.Pool)
+RULES = Collection("rules", models.Rule)
+WORKFLOWS = Collection("workflows", models.WorkflowDefinition)
+RUNS = Collection("runs", models.Run)
+TENANTS = Collection("tenants", models.Tenant)
+TASKS = Collection("tasks", models.TaskEntry)
+TASK_CATALOG = Collection("task-catalog", models.CatalogEntry)
+
+
+def tenant_current() -> Call[models.Tenant]:
+    return Call("GET", "tenant", models.Tenant.from_json)
+
+
+def entitlements_current() -> Call[models.Entitlements]:
+    return Call("GET", "entitlements", models.Entitlements.from_json)
+
+
+def queue_current() -> Call[models.QueueStats]:
+    return Call("GET", "queue", models.QueueStats.from_json)
+
+
+def routing_explain(body: Mapping[str, Any]) -> Call[models.RoutingExplanation]:
+    """The dry run changes nothing, so it may be sent again."""
+    return Call("POST", "routing/explain", models.RoutingExplanation.from_json, body=dict(body), idempotent=True)
+
+
+def member(spec: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A pool member: a connection's id or name, or ``{"connection", "weight", "priority"}``."""
+    return {"connection": spec} if isinstance(spec, str) else dict(spec)
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+def new_idempotency_key() -> str:
+    """A fresh key: a start sent again with it (a retry) finds its run instead of starting another."""
+    return f"sdk-{uuid.uuid4().hex}"
+
+
+def run_request(
+    workflow: str | Workflow, input: Any = None, *, idempotency_key: str | None = None,
+    tags: Sequence[str] | None = None, tier: str | None = None, version: int | None = None,
+) -> dict[str, Any]:
+    """The body of a run start, with an idempotency key always (a new one when not given)."""
+    name = workflow.name if isinstance(workflow, Workflow) else workflow
+    return compact(workflow=name, version=version, input={} if input is None else input,
+                   idempotency_key=idempotency_key or new_idempotency_key(), tier=tier,
+                   tags=list(tags) if tags is not None else None)
+
+
+def run_start(body: Mapping[str, Any]) -> Call[models.Run]:
+    """Idempotent through the body's ``idempotency_key``."""
+    return Call("POST", "runs", models.Run.from_json, body=dict(body), idempotent=bool(body.get("idempotency_key")))
+
+
+def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStarted]:
+    """Every item gets an idempotency key (a new one when it has none), so the call may be sent again."""
+    runs = [{**item, "idempotency_key": item.get("idempotency_key") or new_idempotency_key()} for item in items]
+    return Call("POST", "runs/bulk", models.BulkStarted.from_json, body={"runs": runs}, idempotent=True)
+
+
+def run_steps(run_id: str, **params: Any) -> Call[Page[models.Step]]:
+    return Call("GET", path("runs", run_id, "steps"), _page(models.Step), params=compact(**params))
+
+
+def run_events(run_id: str) -> Call[list[models.RunEvent]]:
+    return Call("GET", path("runs", run_id, "events"), _many(models.RunEvent))
+
+
+def run_lineage(run_id: str) -> Call[models.Lineage]:
+    return Call("GET", path("runs", run_id, "lineage"), models.Lineage.from_json)
+
+
+# --- workflows -------------------------------------------------------------------------------
+
+
+def workflow_versions(name: str) -> Call[list[models.WorkflowVersion]]:
+    return Call("GET", path("workflows", name, "versions"), _many(models.WorkflowVersion))
+
+
+def workflow_apply(
+    workflow: Workflow, stored: models.WorkflowDefinition | None
+) -> tuple[Call[models.WorkflowDefinition] | None, str]:
+    """What ``apply`` sends, given the stored workflow (None: there is none), and its outcome:
+    create it, add a version when its latest spec differs (``PUT`` adds one), or nothing."""
+    spec = workflow.to_spec()
+    if stored is None:
+        body = {"name": workflow.name, "spec": spec, "description": workflow.description}
+        return WORKFLOWS.create(body), "created"
+    if stored.spec is not None and same_spec(spec, stored.spec):
+        return None, "unchanged"
+    return WORKFLOWS.replace(workflow.name, {"spec": spec, "description": workflow.description}), "updated"
+
+
+# --- the platform ----------------------------------------------------------------------------
+
+
+def tenant_overrides(slug: str) -> Call[list[models.Override]]:
+    return Call("GET", path("tenants", slug, "overrides"), _many(models.Override))
+
+
+def tenant_override_set(slug: str, field: str, value: Any, reason: str) -> Call[models.Override]:
+    body = {"value": value, "reason": reason}
+    return Call("PUT", path("tenants", slug, "overrides", field), models.Override.from_json, body=body)
+
+
+def tenant_override_clear(slug: str, field: str) -> Call[None]:
+    return Call("DELETE", path("tenants", slug, "overrides", field), _nothing)
+
+
+def tenant_entitlements(slug: str) -> Call[models.Entitlements]:
+    return Call("GET", path("tenants", slug, "entitlements"), models.Entitlements.from_json)
+
+
+def plans() -> Call[list[models.Plan]]:
+    return Call("GET", "plans", _many(models.Plan))
+
+
+def plan(slug: str) -> Call[models.Plan]:
+    return Call("GET", path("plans", slug), models.Plan.from_json)
+
+
+def platform_queue() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "platform/queue", list)

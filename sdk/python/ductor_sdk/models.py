@@ -1,0 +1,400 @@
+"""The API's objects as frozen dataclasses.
+
+Each is read from the server's JSON by ``from_json``: known fields become
+attributes (timestamps as ``datetime``, nested objects as models), a field the
+server does not send keeps its default, and every field the SDK does not know
+yet is tolerated and kept, with the rest, in ``raw``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+M = TypeVar("M", bound="Model")
+T = TypeVar("T")
+
+TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "continued"})
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _timestamp(value: Any) -> Any:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+# Fields annotated ``datetime | None`` hold ISO 8601 times: read as aware datetimes.
+_BY_ANNOTATION: Mapping[str, Callable[[Any], Any]] = {"datetime | None": _timestamp}
+
+
+def many(model: type[Model]) -> Any:
+    """A field holding a list of ``model`` objects, read as a tuple of them."""
+
+    def parse(value: Any) -> Any:
+        return tuple(model.from_json(item) for item in value) if isinstance(value, list) else ()
+
+    return dataclasses.field(default=(), metadata={"parse": parse})
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def tupled() -> Any:
+    """A field holding a JSON list, read as a tuple of its items."""
+    return dataclasses.field(default=(), metadata={"parse": _as_tuple})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Model:
+    """Base of every API object; ``raw`` is the JSON object it was read from."""
+
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls: type[M], data: Mapping[str, Any]) -> M:
+        """The model of ``data``; fields it lacks keep their defaults, fields the model lacks stay in ``raw``."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            if field.name != "raw" and field.name in data:
+                parse: Callable[[Any], Any] = field.metadata.get("parse") or _BY_ANNOTATION.get(
+                    str(field.type), _identity
+                )
+                values[field.name] = parse(data[field.name])
+        return cls(**values, raw=data)
+
+
+# --- tenancy ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tenant(Model):
+    id: str = ""
+    slug: str = ""
+    name: str = ""
+    status: str = ""
+    plan: str = ""
+    created_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TenantCreated(Tenant):
+    """A tenant just created; ``api_key`` (shown once) only with ``create_api_key``."""
+
+    api_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan(Model):
+    slug: str = ""
+    name: str = ""
+    max_concurrency: int = 0
+    step_rate_per_s: float = 0.0
+    step_burst: int = 0
+    monthly_run_quota: int = 0
+    max_workflows: int = 0
+    max_pools: int = 0
+    max_connections: int = 0
+    max_rules: int = 0
+    max_nesting_depth: int = 0
+    max_payload_bytes: int = 0
+    api_rate_per_s: float = 0.0
+    api_burst: int = 0
+    weight: int = 1
+    allowed_tiers: tuple[str, ...] = tupled()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Override(Model):
+    """A per-tenant override of one plan limit."""
+
+    field: str = ""
+    value: Any = None
+    reason: str = ""
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Entitlements(Model):
+    """Effective limits (plan plus overrides; ``limits["overridden"]`` names them), usage and reset times."""
+
+    tenant: str = ""
+    limits: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    usage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    resets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ApiKey(Model):
+    id: str = ""
+    name: str = ""
+    display: str = ""
+    scopes: tuple[str, ...] = tupled()
+    state: str = ""
+    created_at: datetime | None = None
+    last_used_at: datetime | None = None
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ApiKeyCreated(ApiKey):
+    """A key just created: ``api_key`` is the raw key, shown this once."""
+
+    api_key: str = ""
+
+
+# --- routing ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Connection(Model):
+    """A connection; its secret is write-only (``has_secret`` says whether one is set)."""
+
+    id: str = ""
+    name: str = ""
+    kind: str = ""
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    has_secret: bool = False
+    max_concurrency: int | None = None
+    rate_per_s: float | None = None
+    burst: int | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolMember(Model):
+    connection: str = ""
+    connection_name: str = ""
+    weight: int = 1
+    priority: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Pool(Model):
+    id: str = ""
+    name: str = ""
+    strategy: str = ""
+    is_default: bool = False
+    max_concurrency: int | None = None
+    rate_per_s: float | None = None
+    burst: int | None = None
+    members: tuple[PoolMember, ...] = many(PoolMember)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rule(Model):
+    id: str = ""
+    name: str = ""
+    priority: int = 0
+    enabled: bool = True
+    match: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    action: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoutingExplanation(Model):
+    """The routing dry run: the decision, and how admission would treat the step now."""
+
+    allowed: bool = False
+    reason: str = ""
+    rule: Any = None
+    tier: str = ""
+    partition_key: str | None = None
+    pool: Mapping[str, Any] | None = None
+    candidates: tuple[Mapping[str, Any], ...] = tupled()
+    connection: Mapping[str, Any] | None = None
+    admission: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueStats(Model):
+    """The tenant's own fair-queue backlog, per tier (``tiers``) and in total."""
+
+    tiers: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    backlog: int = 0
+    due: int = 0
+    in_flight: int = 0
+    oldest_waiting_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskEntry(Model):
+    """A Celery task a ``task`` node of this tenant may call, as the task catalog lists it.
+
+    ``arguments``: ``kwargs`` (the input object as keyword arguments) or ``single`` (the input as
+    one positional argument); ``input_schema``: the JSON Schema the rendered input must match.
+    """
+
+    name: str = ""
+    description: str = ""
+    queue: str = ""
+    arguments: str = "kwargs"
+    input_schema: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    timeout_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CatalogEntry(TaskEntry):
+    """A task catalog entry as the platform manages it: who may call it (``plans``, ``tenants``;
+    no plans: every plan) and whether it is ``enabled``."""
+
+    plans: tuple[str, ...] = tupled()
+    tenants: tuple[str, ...] = tupled()
+    enabled: bool = True
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+# --- workflows and runs ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkflowVersion(Model):
+    number: int = 0
+    spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkflowDefinition(Model):
+    """A workflow as the server stores it; ``spec`` is its latest version's, normalized."""
+
+    id: str = ""
+    name: str = ""
+    description: str = ""
+    latest_version: int = 0
+    spec: Mapping[str, Any] | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """What ``workflows.apply`` did: ``created``, ``updated`` (a new version) or ``unchanged``."""
+
+    workflow: WorkflowDefinition
+    outcome: str
+
+    @property
+    def version(self) -> int:
+        return self.workflow.latest_version
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Step(Model):
+    """One attempt of a node."""
+
+    id: str = ""
+    node_id: str = ""
+    node_type: str = ""
+    attempt: int = 1
+    status: str = ""
+    input: Any = None
+    output: Any = None
+    error: Mapping[str, Any] | None = None
+    routing: Mapping[str, Any] | None = None
+    child_run: str | None = None
+    created_at: datetime | None = None
+    scheduled_for: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run(Model):
+    """A run. Read by id it also carries its first steps (``steps``, ``steps_truncated``)."""
+
+    id: str = ""
+    workflow_name: str = ""
+    version: int = 0
+    status: str = ""
+    input: Any = None
+    output: Any = None
+    error: Mapping[str, Any] | None = None
+    idempotency_key: str | None = None
+    tier: str = ""
+    tags: tuple[str, ...] = tupled()
+    parent_run: str | None = None
+    parent_node_id: str | None = None
+    root_run_id: str | None = None
+    nesting_depth: int = 0
+    continued_from: str | None = None
+    cancel_requested: bool = False
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    steps: tuple[Step, ...] = many(Step)
+    steps_total: int | None = None
+    steps_truncated: bool = False
+    steps_url: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the run has ended: succeeded, failed, cancelled, or continued as a new run."""
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunEvent(Model):
+    seq: int = 0
+    type: str = ""
+    node_id: str = ""
+    data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BulkItem(Model):
+    id: str = ""
+    idempotency_key: str | None = None
+    status: str = ""
+    created: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BulkStarted(Model):
+    """A bulk start: ``created`` runs started now, and one item per run asked for, in order."""
+
+    created: int = 0
+    runs: tuple[BulkItem, ...] = many(BulkItem)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lineage(Model):
+    """The tree of a run's root: ``tree`` nodes hold ``children`` and a ``successor``."""
+
+    root_run_id: str = ""
+    runs: int = 0
+    tree: tuple[Mapping[str, Any], ...] = tupled()
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a cursor-paginated list; ``next`` is the link to the following page, or None."""
+
+    items: tuple[T, ...]
+    next: str | None = None
+    previous: str | None = None
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], item: Callable[[Mapping[str, Any]], T]) -> Page[T]:
+        return cls(tuple(item(row) for row in data.get("results", [])), data.get("next"), data.get("previous"))

@@ -1,0 +1,214 @@
+"""How a request reaches Ductor: configuration, the retry policy, and the senders.
+
+A request is described once, as a ``Call`` (method, path, body, how to read the
+answer, whether it may be sent twice); ``SyncSender`` and ``AsyncSender`` send
+it with httpx and the same ``RetryPolicy``. Only a call that is safe to repeat
+is retried: GET, PUT and DELETE, and the POSTs that the server makes idempotent
+(a run start with its idempotency key, a cancel, a revoke, a dry run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import httpx
+
+from ductor_sdk.errors import DuctorError, RateLimited, ServerError, TransportError, from_response
+from ductor_sdk.version import __version__
+
+T = TypeVar("T")
+
+NO_BODY: Any = object()
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+RETRIED_STATUSES = frozenset({502, 503, 504})
+API_PREFIX = "/api/v1"
+
+
+def path(*segments: str) -> str:
+    """A path under ``/api/v1/`` with each segment quoted (an id is never read as a path)."""
+    return "/".join(quote(str(segment), safe="") for segment in segments)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API request and how to read its answer. ``idempotent`` None: decided by the method."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    params: Mapping[str, Any] | None = None
+    body: Any = NO_BODY
+    idempotent: bool | None = None
+
+    @property
+    def safe_to_repeat(self) -> bool:
+        if self.idempotent is not None:
+            return self.idempotent
+        return self.method in IDEMPOTENT_METHODS
+
+    def following(self, link: str) -> Call[T]:
+        """This list call for the page that ``link`` (a ``next`` link) points at: its query string
+        (cursor, page size, filters) on this call's own path, whatever host the server named."""
+        return dataclasses.replace(self, params=dict(parse_qsl(urlsplit(link).query)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of calls safe to repeat, after a transport error, a 429 ``rate_limited`` or a 502/503/504.
+
+    The wait before retry ``n`` (from 1) is ``min(backoff_s * 2**(n-1), max_backoff_s)``, drawn
+    uniformly from its upper half, and at least the server's ``Retry-After``. A ``Retry-After``
+    longer than ``max_retry_after_s`` is not waited for: the error is raised. A used-up monthly
+    quota (``quota_exceeded``) is never retried.
+    """
+
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    max_retry_after_s: float = 60.0
+
+    def delay(self, call: Call[Any], retries_done: int, error: DuctorError) -> float | None:
+        """Seconds to wait before sending ``call`` again after ``error``, or None: raise it."""
+        if retries_done >= self.max_retries or not call.safe_to_repeat or not _retryable(error):
+            return None
+        wait = min(self.backoff_s * 2.0**retries_done, self.max_backoff_s) * random.uniform(0.5, 1.0)
+        if isinstance(error, RateLimited) and error.retry_after is not None:
+            if error.retry_after > self.max_retry_after_s:
+                return None
+            wait = max(wait, error.retry_after)
+        return wait
+
+
+def _retryable(error: DuctorError) -> bool:
+    if isinstance(error, TransportError):
+        return True
+    if isinstance(error, RateLimited):
+        return error.code == "rate_limited"
+    return isinstance(error, ServerError) and error.status in RETRIED_STATUSES
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Where the API is and how to call it. ``api_root`` ends with ``/api/v1/``."""
+
+    api_root: str
+    api_key: str
+    timeout: float | httpx.Timeout = 30.0
+    retry: RetryPolicy = RetryPolicy()
+
+    @classmethod
+    def resolve(
+        cls, base_url: str | None, api_key: str | None, timeout: float | httpx.Timeout, retry: RetryPolicy
+    ) -> Config:
+        """The config from the arguments, else from ``DUCTOR_URL`` and ``DUCTOR_API_KEY``.
+
+        ``base_url`` is the server's root (``https://ductor.example.com``); a URL that already
+        ends with ``/api/v1`` is accepted as well. Raises ``ValueError`` when either is missing.
+        """
+        url = base_url or os.environ.get("DUCTOR_URL", "")
+        key = api_key or os.environ.get("DUCTOR_API_KEY", "")
+        if not url:
+            raise ValueError("No Ductor URL: pass base_url= or set DUCTOR_URL.")
+        if not key:
+            raise ValueError("No API key: pass api_key= or set DUCTOR_API_KEY.")
+        root = url.rstrip("/").removesuffix(API_PREFIX)
+        return cls(api_root=f"{root}{API_PREFIX}/", api_key=key, timeout=timeout, retry=retry)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {self.api_key}",
+            "Accept": "application/json",
+            "User-Agent": f"ductor-sdk-python/{__version__}",
+        }
+
+    def request_args(self, call: Call[Any]) -> dict[str, Any]:
+        """The keyword arguments of ``httpx.Client.request`` for ``call``."""
+        args: dict[str, Any] = {
+            "method": call.method, "url": self.api_root + call.path, "headers": self.headers,
+            "params": call.params, "timeout": self.timeout,
+        }
+        if call.body is not NO_BODY:
+            args["json"] = call.body
+        return args
+
+
+def read(call: Call[T], response: httpx.Response) -> T:
+    """The answer of ``call`` parsed, or the ``DuctorError`` it stands for raised."""
+    if response.status_code >= 400:
+        raise from_response(response)
+    try:
+        body = response.json() if response.content else None
+    except ValueError as exc:  # a proxy's page, say: not Ductor's answer
+        raise DuctorError(f"{call.method} {call.path}: the answer is not JSON", status=response.status_code,
+                          code="invalid_response") from exc
+    return call.parse(body)
+
+
+def _transport_error(call: Call[Any], exc: httpx.TransportError) -> TransportError:
+    return TransportError(f"{call.method} {call.path}: {type(exc).__name__}: {exc}", code="transport_error")
+
+
+class SyncSender:
+    """Sends calls with an ``httpx.Client`` (its own unless one is given), retrying as the policy says."""
+
+    def __init__(self, config: Config, http: httpx.Client | None = None) -> None:
+        self.config = config
+        self._http = http or httpx.Client()
+        self._owns_http = http is None
+
+    def send(self, call: Call[T]) -> T:
+        retries = 0
+        while True:
+            try:
+                try:
+                    response = self._http.request(**self.config.request_args(call))
+                except httpx.TransportError as exc:
+                    raise _transport_error(call, exc) from exc
+                return read(call, response)
+            except DuctorError as error:
+                wait = self.config.retry.delay(call, retries, error)
+                if wait is None:
+                    raise
+            time.sleep(wait)
+            retries += 1
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+
+class AsyncSender:
+    """``SyncSender`` for ``httpx.AsyncClient``."""
+
+    def __init__(self, config: Config, http: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self._http = http or httpx.AsyncClient()
+        self._owns_http = http is None
+
+    async def send(self, call: Call[T]) -> T:
+        retries = 0
+        while True:
+            try:
+                try:
+                    response = await self._http.request(**self.config.request_args(call))
+                except httpx.TransportError as exc:
+                    raise _transport_error(call, exc) from exc
+                return read(call, response)
+            except DuctorError as error:
+                wait = self.config.retry.delay(call, retries, error)
+                if wait is None:
+                    raise
+            await asyncio.sleep(wait)
+            retries += 1
+
+    async def close(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()

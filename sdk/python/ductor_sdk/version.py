@@ -1,0 +1,3 @@
+"""The version of the SDK, sent in its User-Agent."""
+
+__version__ = "0.1.0"

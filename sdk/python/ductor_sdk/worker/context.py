@@ -1,0 +1,88 @@
+"""The Ductor step a Celery task is running for, read from its message headers.
+
+Ductor publishes a ``task`` node's message with the headers ``ductor_tenant_id``,
+``ductor_run_id``, ``ductor_step_id``, ``ductor_node_id``, ``ductor_attempt``,
+``ductor_idempotency_key`` and ``ductor_workflow``. Celery 5 shows custom
+headers as attributes of ``task.request``, or inside ``task.request.headers``:
+both are read. The step is held in a ``ContextVar`` that the signal handlers of
+``ductor_sdk.worker.install`` set before each task and reset after it, so a
+task never sees the previous task's step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
+from typing import Any
+
+HEADER_PREFIX = "ductor_"
+FIELDS = ("tenant_id", "run_id", "step_id", "node_id", "attempt", "idempotency_key", "workflow")
+
+
+class NotInStep(LookupError):
+    """``current_step()`` outside a task that Ductor started (or in a worker without ``install(app)``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """The step a task runs for. ``idempotency_key`` is the same for every delivery of one attempt
+    and differs between attempts: use it to make the task's side effects happen once."""
+
+    tenant_id: str
+    run_id: str
+    step_id: str
+    node_id: str
+    attempt: int
+    idempotency_key: str
+    workflow: str
+
+
+_current: ContextVar[StepContext | None] = ContextVar("ductor_step", default=None)
+
+
+def _header(request: Any, name: str) -> Any:
+    value = getattr(request, name, None)
+    if value is None:
+        nested = getattr(request, "headers", None)
+        if isinstance(nested, Mapping):
+            value = nested.get(name)
+    return value
+
+
+def from_request(request: Any) -> StepContext | None:
+    """The step of a task request (``task.request``) that carries Ductor's headers, else None."""
+    values = {name: _header(request, HEADER_PREFIX + name) for name in FIELDS}
+    if values["run_id"] is None or values["step_id"] is None:
+        return None
+    attempt = values.pop("attempt")
+    strings = {name: "" if value is None else str(value) for name, value in values.items()}
+    return StepContext(attempt=int(attempt) if attempt is not None else 1, **strings)
+
+
+def enter(step: StepContext | None) -> Token[StepContext | None]:
+    """Make ``step`` the current one (None: no step); ``leave`` the token afterwards."""
+    return _current.set(step)
+
+
+def leave(token: Token[StepContext | None]) -> None:
+    try:
+        _current.reset(token)
+    except ValueError:  # set in another context: the step must still not outlive its task
+        _current.set(None)
+
+
+def current_step_or_none() -> StepContext | None:
+    """The step the running task works for, or None outside a Ductor step."""
+    return _current.get()
+
+
+def current_step() -> StepContext:
+    """The step the running task works for; raises ``NotInStep`` (a ``LookupError``) outside one."""
+    step = _current.get()
+    if step is None:
+        raise NotInStep(
+            "current_step() was called outside a Ductor step: the running task (if any) was not started "
+            "by Ductor, or ductor_sdk.worker.install(app) was not called in this worker"
+        )
+    return step

@@ -1,0 +1,60 @@
+"""The ``ductor.task_failed`` errback, registered in the team's app by ``install``.
+
+Ductor attaches ``link_error=signature("ductor.task_failed", ...)`` to a task
+node's message. A worker that has a task of that name whose function takes
+``(request, exc, traceback, **kwargs)`` calls it synchronously, where the task
+failed, with the exception itself. This one forwards the exception's type,
+module and message to Ductor on the ``ductor.results`` queue, with the
+signature's own kwargs. It never raises: a failing errback must not hide the
+task's failure. Without it, Celery publishes the errback as a plain task
+holding only the task id, and Ductor reads the exception from the result backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+ERRBACK_TASK = "ductor.task_failed"
+TENANT_HEADER = "ductor_tenant_id"
+RESULTS_QUEUE = "ductor.results"
+MAX_MESSAGE_CHARS = 2000
+
+log = logging.getLogger(__name__)
+_registered: weakref.WeakSet[Celery] = weakref.WeakSet()  # the apps that have the errback
+
+
+def error_of(exc: BaseException) -> dict[str, str]:
+    """What Ductor records of a task's exception."""
+    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)[:MAX_MESSAGE_CHARS]}
+
+
+def forwarder(app: Celery) -> Callable[..., None]:
+    """The errback function of ``app``: forwards the failure to Ductor, never raises."""
+
+    def task_failed(request: Any, exc: BaseException, traceback: Any, **kwargs: Any) -> None:
+        try:
+            tenant = kwargs.get("tenant_id")
+            app.send_task(
+                ERRBACK_TASK, args=[request.id], kwargs={**kwargs, "error": error_of(exc)}, queue=RESULTS_QUEUE,
+                serializer="json",  # what Ductor's workers accept, whatever the team's app defaults to
+                # Ductor's tasks carry their tenant as an argument and a header, which must agree.
+                headers={TENANT_HEADER: str(tenant)} if tenant else None,
+            )
+        except Exception:
+            log.exception("ductor_task_failed_not_forwarded", extra={"task_id": getattr(request, "id", None)})
+
+    return task_failed
+
+
+def register_errback(app: Celery) -> None:
+    """Register ``ductor.task_failed`` in ``app``, once per app (a second call changes nothing)."""
+    if app in _registered:
+        return
+    app.task(name=ERRBACK_TASK, shared=False)(forwarder(app))
+    _registered.add(app)

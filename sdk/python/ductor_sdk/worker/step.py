@@ -1,0 +1,61 @@
+"""``@step(app)``: a plain Celery task whose result is checked to be JSON, as Ductor stores it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+
+
+def _unsafe(value: Any, where: str, seen: set[int]) -> tuple[str, str] | None:
+    """The first part of ``value`` that is not JSON, as ``(where, its type)``, or None."""
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, f"float ({value!r}: JSON has no such number)")
+    if id(value) in seen:
+        return (where, f"circular reference to a {type(value).__name__}")
+    if isinstance(value, list | tuple):
+        seen = seen | {id(value)}
+        return next((found for i, item in enumerate(value) if (found := _unsafe(item, f"{where}[{i}]", seen))), None)
+    if isinstance(value, dict):
+        seen = seen | {id(value)}
+        for key, item in value.items():
+            if key is not None and not isinstance(key, str | int | float | bool):
+                return (f"a key of {where}", type(key).__name__)
+            if found := _unsafe(item, f"{where}[{key!r}]", seen):
+                return found
+        return None
+    return (where, type(value).__name__)
+
+
+def check_json_safe(value: Any, *, task: str) -> None:
+    """Raises ``TypeError`` naming the task and the offending type unless ``value`` dumps as strict JSON."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        where, kind = _unsafe(value, "result", set()) or ("result", type(value).__name__)
+        raise TypeError(f"task {task!r} returned a value that is not JSON-safe: {where} is of type {kind}") from None
+
+
+def step(app: Celery, name: str | None = None, **task_options: Any) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
+    """Make a function a task of ``app`` (``app.task(name=name, **task_options)``) whose return value
+    must be JSON-safe. It is a plain Celery task: called outside Ductor it works the same."""
+
+    def decorate(fun: Callable[..., Any]) -> Task[Any, Any]:
+        @functools.wraps(fun)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = fun(*args, **kwargs)
+            check_json_safe(result, task=task.name)
+            return result
+
+        options = {**task_options, **({"name": name} if name else {})}
+        task: Task[Any, Any] = app.task(**options)(run)
+        return task
+
+    return decorate

@@ -1,0 +1,337 @@
+"""The SDK client against a live server: CRUD, errors, tenant isolation, pagination, runs, platform.
+
+Runs finish without workers when every node is skipped (a false ``when``): the
+start's inline tick skips them and succeeds the run with its output. A run with
+an ``echo`` step waits in the fair queue, as no worker runs here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from ductor_sdk import (
+    AsyncClient,
+    AuthenticationError,
+    BadRequest,
+    Client,
+    Conflict,
+    Input,
+    NotFound,
+    PermissionDenied,
+    WaitTimeout,
+    Workflow,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finishing(name: str = "greet", nodes: int = 1) -> Workflow:
+    """A workflow whose nodes are all skipped unless ``input.loud``: its runs succeed inline."""
+    wf = Workflow(name, description="says hello, quietly")
+    for index in range(nodes):
+        wf.action(f"say_{index}", "echo", input={"to": Input["name"]}, when=Input["loud"].eq(True))
+    wf.output({"name": Input["name"], "said": wf.input["loud"]})
+    return wf
+
+
+def waiting(name: str = "slow") -> Workflow:
+    """A workflow whose ``echo`` step waits for a worker."""
+    wf = Workflow(name)
+    wf.action("say", "echo", input={"to": Input["name"]})
+    return wf
+
+
+# --- the tenant, keys and errors -------------------------------------------------------------
+
+
+def test_the_tenant_and_its_entitlements_are_the_key_s(sdk: Client) -> None:
+    tenant = sdk.tenant.get()
+    entitlements = sdk.entitlements.get()
+
+    assert (tenant.slug, tenant.status, tenant.plan) == ("sdk-a", "active", "enterprise")
+    assert tenant.created_at is not None
+    assert tenant.created_at.tzinfo is not None
+    assert entitlements.tenant == "sdk-a"
+    assert entitlements.limits["plan"] == "enterprise"
+    assert "runs_this_month" in entitlements.usage
+
+
+def test_an_api_key_is_shown_once_works_and_once_revoked_is_refused(sdk: Client, connect) -> None:
+    created = sdk.api_keys.create("ci", scopes=["read"])
+    ci = connect(created.api_key)
+
+    assert created.api_key.startswith("dct_")
+    assert created.scopes == ("read",)
+    assert ci.tenant.get().slug == "sdk-a"
+    assert sdk.api_keys.get(created.id).name == "ci"
+    assert "api_key" not in sdk.api_keys.get(created.id).raw
+    with pytest.raises(PermissionDenied) as denied:
+        ci.api_keys.create("more")
+    assert denied.value.code == "insufficient_scope"
+
+    assert sdk.api_keys.revoke(created.id).state == "revoked"
+    assert sdk.api_keys.revoke(created.id).state == "revoked"  # idempotent
+    with pytest.raises(AuthenticationError) as refused:
+        ci.tenant.get()
+    assert (refused.value.status, refused.value.code) == (401, "api_key_revoked")
+
+
+def test_a_bad_key_is_an_authentication_error(connect) -> None:
+    with pytest.raises(AuthenticationError) as refused:
+        connect("dct_nope_nope").tenant.get()
+    assert refused.value.code == "invalid_api_key"
+
+
+def test_an_invalid_field_is_a_bad_request_naming_the_field(sdk: Client) -> None:
+    sdk.workflows.apply(finishing())
+
+    with pytest.raises(BadRequest) as invalid:
+        sdk.runs.start("greet", {"name": "Ada"}, tier="turbo")
+    conn = sdk.connections.create("crm", "http", config={"base_url": "https://crm.example.com"})
+    with pytest.raises(BadRequest) as unknown:
+        sdk.connections.update(conn.id, colour="red")
+
+    assert (invalid.value.status, invalid.value.code, invalid.value.field) == (400, "invalid", "tier")
+    assert "tier" in invalid.value.message
+    assert (unknown.value.code, unknown.value.field, unknown.value.fields) == ("unknown_field", "colour", ("colour",))
+    assert unknown.value.details == {"colour": ["Unknown field."]}
+
+
+def test_a_taken_name_is_a_conflict_naming_the_field(sdk: Client) -> None:
+    with pytest.raises(Conflict) as taken:
+        sdk.api_keys.create("test")  # make_tenant's key is named "test"
+    assert (taken.value.status, taken.value.code, taken.value.field) == (409, "conflict", "name")
+
+
+# --- tenant isolation ------------------------------------------------------------------------
+
+
+def test_idor_run_of_another_tenant_is_not_found_on_every_verb(sdk: Client, other: Client) -> None:
+    other.workflows.apply(finishing())
+    theirs = other.runs.start("greet", {"name": "Bo"})
+    sdk.workflows.apply(finishing())
+    ours = sdk.runs.start("greet", {"name": "Ada"})
+
+    for verb in (sdk.runs.get, sdk.runs.cancel, sdk.runs.events, sdk.runs.steps, sdk.runs.lineage):
+        with pytest.raises(NotFound) as hidden:
+            verb(theirs.id)
+        assert (hidden.value.status, hidden.value.code) == (404, "not_found")
+    assert [run.id for run in sdk.runs.iter()] == [ours.id]
+    assert other.runs.get(theirs.id).status == "succeeded"
+
+
+def test_idor_api_key_and_workflow_of_another_tenant_are_not_found(sdk: Client, other: Client) -> None:
+    other.workflows.apply(finishing("theirs"))
+    their_key = other.api_keys.list().items[0]
+
+    with pytest.raises(NotFound):
+        sdk.api_keys.revoke(their_key.id)
+    with pytest.raises(NotFound):
+        sdk.workflows.get("theirs")
+    with pytest.raises(NotFound):
+        sdk.runs.start("theirs", {})
+    assert other.api_keys.get(their_key.id).state == "active"
+
+
+# --- routing resources -----------------------------------------------------------------------
+
+
+def test_connections_pools_and_rules_are_created_changed_listed_explained_and_deleted(sdk: Client) -> None:
+    conn = sdk.connections.create("crm", "http", config={"base_url": "https://crm.example.com"}, secret="s3cret",
+                                  max_concurrency=4)
+    conn = sdk.connections.update(conn.id, max_concurrency=8)
+    pool = sdk.pools.create("main", members=["crm"])
+    pool = sdk.pools.update(pool.id, members=[{"connection": conn.id, "weight": 3}])
+    rule = sdk.rules.create("vip", priority=10, match={"tags": ["vip"]}, action={"pool": "main"})
+
+    explained = sdk.routing.explain("order", "http.request", tags=["vip"])
+
+    assert (conn.kind, conn.has_secret, conn.max_concurrency) == ("http", True, 8)
+    assert "secret" not in conn.raw
+    assert sdk.connections.rotate_secret(conn.id, "n3w").has_secret
+    assert [(m.connection_name, m.weight) for m in pool.members] == [("crm", 3)]
+    assert explained.allowed
+    assert explained.pool is not None
+    assert explained.pool["name"] == "main"
+    assert explained.rule["name"] == "vip"
+    assert [c["name"] for c in explained.candidates] == ["crm"]
+    assert sdk.rules.update(rule.id, enabled=False).enabled is False
+    assert [p.name for p in sdk.pools.iter()] == ["main"]
+    assert sdk.queue.stats().backlog == 0
+
+    sdk.rules.delete(rule.id)
+    sdk.pools.delete(pool.id)
+    sdk.connections.delete(conn.id)
+    for get, key in ((sdk.rules.get, rule.id), (sdk.pools.get, pool.id), (sdk.connections.get, conn.id)):
+        with pytest.raises(NotFound):
+            get(key)
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+def test_a_start_with_the_same_idempotency_key_starts_one_run(sdk: Client) -> None:
+    sdk.workflows.apply(finishing())
+
+    first = sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="order-1", tags=["web"])
+    again = sdk.runs.start("greet", {"name": "Someone else"}, idempotency_key="order-1")
+    keyed_by_sdk = sdk.runs.start(finishing(), {"name": "Bo"})
+
+    assert again.id == first.id
+    assert again.input == {"name": "Ada"}
+    assert first.tags == ("web",)
+    assert first.version == 1
+    assert keyed_by_sdk.idempotency_key is not None
+    assert keyed_by_sdk.idempotency_key.startswith("sdk-")
+    assert sorted(run.id for run in sdk.runs.iter()) == sorted([first.id, keyed_by_sdk.id])
+
+
+def test_a_bulk_start_starts_each_key_once(sdk: Client) -> None:
+    sdk.workflows.apply(finishing())
+    sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="k1")
+
+    started = sdk.runs.start_many([
+        {"workflow": "greet", "input": {"name": "Ada"}, "idempotency_key": "k1"},
+        {"workflow": "greet", "input": {"name": "Bo"}},
+        {"workflow": "greet", "input": {"name": "Cy"}, "idempotency_key": "k3"},
+    ])
+
+    assert started.created == 2
+    assert [item.created for item in started.runs] == [False, True, True]
+    assert started.runs[1].idempotency_key is not None
+    assert started.runs[1].idempotency_key.startswith("sdk-")
+    assert len(list(sdk.runs.iter())) == 3
+
+
+def test_wait_returns_the_finished_run_with_its_output_steps_events_and_lineage(sdk: Client) -> None:
+    sdk.workflows.apply(finishing(nodes=3))
+    run = sdk.runs.start("greet", {"name": "Ada", "loud": False})
+
+    done = sdk.runs.wait(run.id, timeout=10, poll_interval=0.05)
+
+    assert done.status == "succeeded"
+    assert done.is_terminal
+    assert done.output == {"name": "Ada", "said": False}
+    assert [step.status for step in done.steps] == ["skipped"] * 3
+    assert done.finished_at is not None
+    assert [step.node_id for step in sdk.runs.iter_steps(run.id, page_size=1)] == ["say_0", "say_1", "say_2"]
+    page = sdk.runs.steps(run.id, page_size=2)
+    assert len(page) == 2
+    assert page.next is not None
+    events = sdk.runs.events(run.id)
+    assert events[0].type == "created"
+    assert events[-1].type == "succeeded"
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    lineage = sdk.runs.lineage(run.id)
+    assert (lineage.root_run_id, lineage.runs, lineage.tree[0]["id"]) == (run.id, 1, run.id)
+
+
+def test_wait_times_out_on_a_run_waiting_for_a_worker_and_cancel_asks_it_to_stop(sdk: Client) -> None:
+    sdk.workflows.apply(waiting())
+    run = sdk.runs.start("slow", {"name": "Ada"})
+
+    with pytest.raises(WaitTimeout) as late:
+        sdk.runs.wait(run.id, timeout=0.3, poll_interval=0.1)
+    cancelled = sdk.runs.cancel(run.id)
+
+    assert isinstance(late.value, TimeoutError)
+    assert late.value.run.id == run.id
+    assert not late.value.run.is_terminal
+    assert cancelled.cancel_requested is True
+    assert sdk.runs.cancel(run.id).cancel_requested is True  # idempotent
+
+
+def test_runs_list_one_page_and_iter_every_run_across_pages_newest_first(sdk: Client) -> None:
+    sdk.workflows.apply(finishing())
+    started = [sdk.runs.start("greet", {"name": f"n{i}"}).id for i in range(5)]
+
+    page = sdk.runs.list(page_size=2)
+    every = [run.id for run in sdk.runs.iter(page_size=2)]
+    second = sdk.runs.list(page_size=2, cursor=_cursor(page.next))
+
+    assert len(page) == 2
+    assert page.next is not None
+    assert page.previous is None
+    assert every == started[::-1]
+    assert [run.id for run in second] == every[2:4]
+    assert [run.id for run in sdk.runs.iter(status="succeeded", workflow="greet")] == every
+    assert list(sdk.runs.iter(status="failed")) == []
+
+
+def _cursor(link: str | None) -> str:
+    assert link is not None
+    return parse_qs(urlsplit(link).query)["cursor"][0]
+
+
+# --- the platform API ------------------------------------------------------------------------
+
+
+def test_the_platform_manages_tenants_plans_and_overrides(platform: Client, connect) -> None:
+    admin = platform.platform
+    created = admin.tenants.create("sdk-new", plan="pro", create_api_key=True)
+    new = connect(created.api_key or "")
+
+    assert {"free", "pro", "enterprise"} <= {plan.slug for plan in admin.plans.list()}
+    assert admin.plans.get("pro").max_concurrency > 0
+    assert (new.tenant.get().slug, new.tenant.get().plan) == ("sdk-new", "pro")
+    assert admin.tenants.set_plan("sdk-new", "enterprise").plan == "enterprise"
+    assert admin.tenants.set_override("sdk-new", "max_pools", 7, reason="trial").value == 7
+    assert [o.field for o in admin.tenants.overrides("sdk-new")] == ["max_pools"]
+    assert admin.tenants.entitlements("sdk-new").limits["max_pools"] == 7
+    admin.tenants.clear_override("sdk-new", "max_pools")
+    assert admin.tenants.overrides("sdk-new") == []
+    assert "sdk-new" in {tenant.slug for tenant in admin.tenants.iter(page_size=1)}
+    assert isinstance(admin.queue.stats()[0]["shard"], int)
+
+    assert admin.tenants.suspend("sdk-new").status == "suspended"
+    with pytest.raises(PermissionDenied) as suspended:
+        new.tenant.get()
+    assert suspended.value.code == "tenant_suspended"
+    assert admin.tenants.activate("sdk-new").status == "active"
+    assert new.tenant.get().status == "active"
+
+
+def test_a_taken_slug_and_an_unknown_plan_are_refused_by_the_platform(platform: Client) -> None:
+    platform.platform.tenants.create("sdk-taken")
+
+    with pytest.raises(Conflict) as taken:
+        platform.platform.tenants.create("sdk-taken")
+    with pytest.raises(BadRequest) as unknown:
+        platform.platform.tenants.create("sdk-other", plan="platinum")
+
+    assert taken.value.field == "slug"
+    assert unknown.value.code == "invalid"
+
+
+def test_each_kind_of_key_is_refused_by_the_other_kind_of_endpoint(sdk: Client, platform: Client) -> None:
+    with pytest.raises(NotFound):
+        sdk.platform.tenants.list()
+    with pytest.raises(PermissionDenied) as denied:
+        platform.tenant.get()
+    assert denied.value.code == "permission_denied"
+
+
+# --- the async client ------------------------------------------------------------------------
+
+
+def test_the_async_client_starts_waits_pages_and_raises_like_the_sync_one(server_url: str, make_tenant) -> None:
+    _, key = make_tenant("sdk-async")
+
+    async def scenario() -> tuple[str, str, list[str], list[str], str]:
+        async with AsyncClient(server_url, key) as client:
+            applied = await client.workflows.apply(finishing())
+            started = [(await client.runs.start("greet", {"name": f"n{i}"})).id for i in range(3)]
+            done = await client.runs.wait(started[0], timeout=10, poll_interval=0.05)
+            listed = [run.id async for run in client.runs.iter(page_size=2)]
+            try:
+                await client.runs.get("00000000-0000-0000-0000-000000000000")
+            except NotFound as exc:
+                missing = exc.code
+            return applied.outcome, done.status, started, listed, missing
+
+    outcome, status, started, listed, missing = asyncio.run(scenario())
+
+    assert (outcome, status, missing) == ("created", "succeeded", "not_found")
+    assert listed == started[::-1]

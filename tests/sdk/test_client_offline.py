@@ -1,0 +1,128 @@
+"""The client's parts that need no server: configuration, the retry policy, the error mapping,
+the models, and the async client's likeness to the sync one."""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+
+import httpx
+import pytest
+from ductor_sdk import BadRequest, Client, RateLimited, RetryPolicy, ServerError, TransportError
+from ductor_sdk import aio as async_api
+from ductor_sdk import client as sync_api
+from ductor_sdk.errors import from_response
+from ductor_sdk.models import Run
+from ductor_sdk.transport import Call
+
+
+def _public_classes(module: ModuleType) -> dict[str, type]:
+    return {name: cls for name, cls in vars(module).items()
+            if inspect.isclass(cls) and cls.__module__ == module.__name__ and not name.startswith("_")}
+
+
+def _methods(cls: type) -> dict[str, list[str]]:
+    return {name: list(inspect.signature(fn).parameters) for name, fn in vars(cls).items()
+            if inspect.isfunction(fn) and not name.startswith("_")}
+
+
+def test_the_async_client_has_every_method_of_the_sync_one_with_the_same_parameters() -> None:
+    sync, asynchronous = _public_classes(sync_api), _public_classes(async_api)
+    asynchronous["Client"] = asynchronous.pop("AsyncClient")
+
+    assert set(sync) == set(asynchronous)
+    for name, cls in sync.items():
+        assert _methods(cls) == _methods(asynchronous[name]), name
+
+
+def test_the_client_reads_its_url_and_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DUCTOR_URL", "https://ductor.example.com/api/v1/")
+    monkeypatch.setenv("DUCTOR_API_KEY", "dct_x_y")
+
+    with Client() as client:
+        assert client.config.api_root == "https://ductor.example.com/api/v1/"
+        assert client.config.api_key == "dct_x_y"
+    monkeypatch.delenv("DUCTOR_API_KEY")
+    with pytest.raises(ValueError, match="DUCTOR_API_KEY"):
+        Client()
+
+
+def _error(status: int, body: object, headers: dict[str, str] | None = None) -> object:
+    return from_response(httpx.Response(status, json=body, headers=headers))
+
+
+def test_only_calls_safe_to_repeat_are_retried_and_only_after_errors_that_pass() -> None:
+    policy = RetryPolicy(max_retries=2, backoff_s=0.1, max_retry_after_s=5)
+    get = Call("GET", "runs", dict)
+    create = Call("POST", "pools", dict)
+    start = Call("POST", "runs", dict, idempotent=True)
+    busy = _error(503, {"error": {"code": "service_unavailable", "message": "retry", "details": {}}})
+    throttled = _error(429, {"error": {"code": "rate_limited", "message": "slow", "details": {"retry_after": 2}}},
+                       {"Retry-After": "2"})
+    quota = _error(429, {"error": {"code": "quota_exceeded", "message": "used up", "details": {}}},
+                   {"Retry-After": "86400"})
+    broken = TransportError("connection refused")
+
+    assert isinstance(busy, ServerError)
+    assert isinstance(throttled, RateLimited)
+    assert throttled.retry_after == 2
+    assert 0.05 <= (policy.delay(get, 0, busy) or 0) <= 0.1
+    assert policy.delay(start, 0, throttled) == 2
+    assert policy.delay(start, 1, broken) is not None
+    assert policy.delay(start, 2, broken) is None  # out of retries
+    assert policy.delay(create, 0, broken) is None  # not safe to repeat
+    assert policy.delay(get, 0, quota) is None
+    assert policy.delay(get, 0, _error(500, {"error": {"code": "internal_error", "message": "bug"}})) is None
+
+
+def test_an_answer_not_in_the_error_shape_is_still_an_error_with_its_status() -> None:
+    error = from_response(httpx.Response(413, text="<html>too big</html>"))
+
+    assert isinstance(error, BadRequest)
+    assert (error.status, error.code, error.field) == (413, "http_413", None)
+
+
+def test_a_model_keeps_fields_it_does_not_know_and_defaults_those_it_lacks() -> None:
+    run = Run.from_json({"id": "r1", "status": "running", "created_at": "2026-01-02T03:04:05.123456Z",
+                         "steps": [{"id": "s1", "node_id": "a"}], "colour": "red"})
+
+    assert (run.id, run.status, run.output, run.tags) == ("r1", "running", None, ())
+    assert run.created_at is not None
+    assert run.created_at.year == 2026
+    assert run.created_at.tzinfo is not None
+    assert run.steps[0].node_id == "a"
+    assert run.raw["colour"] == "red"
+    assert not run.is_terminal
+
+
+def _answers(*statuses: int) -> tuple[httpx.MockTransport, list[str]]:
+    """An HTTP transport answering ``statuses`` in turn (then 200), and the methods it was sent."""
+    sent: list[str] = []
+    bodies = {429: {"error": {"code": "rate_limited", "message": "slow down", "details": {"retry_after": 0}}},
+              503: {"error": {"code": "service_unavailable", "message": "Redis is down", "details": {}}}}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.method)
+        status = statuses[len(sent) - 1] if len(sent) <= len(statuses) else 200
+        return httpx.Response(status, json=bodies.get(status, {"id": "x", "slug": "acme"}))
+
+    return httpx.MockTransport(answer), sent
+
+
+def test_the_client_sends_a_call_safe_to_repeat_again_and_another_once() -> None:
+    retry = RetryPolicy(max_retries=3, backoff_s=0.001)
+    transport, sent = _answers(503, 429)
+    with Client("http://ductor.test", "dct_x_y", retry=retry, http_client=httpx.Client(transport=transport)) as sdk:
+        assert sdk.tenant.get().slug == "acme"
+    assert sent == ["GET", "GET", "GET"]
+
+    transport, sent = _answers(503)
+    with (Client("http://ductor.test", "dct_x_y", retry=retry, http_client=httpx.Client(transport=transport)) as sdk,
+          pytest.raises(ServerError)):
+        sdk.pools.create("main")
+    assert sent == ["POST"]
+
+    transport, sent = _answers(503)
+    with Client("http://ductor.test", "dct_x_y", retry=retry, http_client=httpx.Client(transport=transport)) as sdk:
+        sdk.runs.start("greet")  # idempotent: it carries an idempotency key
+    assert sent == ["POST", "POST"]

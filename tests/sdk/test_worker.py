@@ -1,0 +1,173 @@
+"""The worker helpers on a real Celery app (not eager): the step context from the headers, the
+``ductor.task_failed`` errback forwarding to the real Redis broker, and ``@step``'s JSON check."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.signals import task_postrun, task_prerun
+from django.conf import settings
+from ductor_sdk.worker import (
+    ERRBACK_TASK,
+    RESULTS_QUEUE,
+    NotInStep,
+    StepContext,
+    current_step,
+    current_step_or_none,
+    install,
+    step,
+)
+
+HEADERS = {
+    "ductor_tenant_id": "t-1", "ductor_run_id": "r-1", "ductor_step_id": "s-1", "ductor_node_id": "charge",
+    "ductor_attempt": 2, "ductor_idempotency_key": "s-1:2", "ductor_workflow": "billing",
+}
+EXPECTED = StepContext(tenant_id="t-1", run_id="r-1", step_id="s-1", node_id="charge", attempt=2,
+                       idempotency_key="s-1:2", workflow="billing")
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """The team's own Celery app, on this run's Redis as its broker."""
+    team = Celery("team", set_as_current=False)
+    team.conf.update(task_always_eager=False, broker_url=settings.REDIS_URL, broker_connection_retry=False)
+    install(team)
+    install(team)
+    yield team
+    team.close()
+
+
+class FakeTask:
+    """What the signal handlers read of a task: its request."""
+
+    def __init__(self, request: object) -> None:
+        self.request = request
+
+
+def send(signal: Any, task: Any, task_id: str) -> None:
+    """Send a task signal as Celery's tracer does; a handler that raised is a failure here."""
+    responses = signal.send(sender=task, task_id=task_id, task=task, args=(), kwargs={}, retval=None, state="SUCCESS")
+    assert [response for _, response in responses if isinstance(response, Exception)] == []
+
+
+def test_current_step_outside_a_ductor_step_raises_a_lookup_error() -> None:
+    assert current_step_or_none() is None
+    with pytest.raises(NotInStep, match="outside a Ductor step") as outside:
+        current_step()
+    assert isinstance(outside.value, LookupError)
+
+
+def test_the_signal_handlers_set_the_step_from_the_headers_and_reset_it_after_the_task(app: Celery) -> None:
+    seen: list[StepContext | None] = []
+
+    @step(app, name="team.charge")
+    def charge() -> dict[str, str]:
+        seen.append(current_step_or_none())
+        return {"key": current_step().idempotency_key}
+
+    for request in ({"id": "task-1", **HEADERS}, {"id": "task-2", "headers": HEADERS}):
+        charge.push_request(**request)
+        send(task_prerun, charge, request["id"])
+        assert charge.run() == {"key": "s-1:2"}
+        send(task_postrun, charge, request["id"])
+        charge.pop_request()
+        assert current_step_or_none() is None
+
+    assert seen == [EXPECTED, EXPECTED]
+
+
+def test_a_task_without_ductor_headers_never_sees_the_previous_task_s_step(app: Celery) -> None:
+    ductor_task, plain_task = FakeTask(SimpleNamespace(**HEADERS)), FakeTask(None)
+
+    send(task_prerun, ductor_task, "task-1")  # its postrun never comes (the worker lost it)
+    assert current_step() == EXPECTED
+    send(task_prerun, plain_task, "task-2")
+    assert current_step_or_none() is None
+    send(task_postrun, plain_task, "task-2")
+    send(task_postrun, ductor_task, "task-1")
+    assert current_step_or_none() is None
+
+
+def test_celery_s_own_tracer_gives_the_task_its_step_from_nested_headers(app: Celery) -> None:
+    @step(app, name="team.whoami")
+    def whoami() -> dict[str, Any]:
+        return {"node": current_step().node_id, "attempt": current_step().attempt}
+
+    assert whoami.apply(headers=HEADERS).get() == {"node": "charge", "attempt": 2}
+    assert whoami.apply().failed()  # not a Ductor step: current_step() raised
+    assert current_step_or_none() is None
+
+
+def test_install_connects_each_handler_once_and_registers_the_errback(app: Celery) -> None:
+    uids = [key[0] for key, _ in task_prerun.receivers + task_postrun.receivers]
+
+    assert uids.count("ductor_sdk.worker.prerun") == 1
+    assert uids.count("ductor_sdk.worker.postrun") == 1
+    assert ERRBACK_TASK in app.tasks
+
+
+def _messages(redis: Any, queue: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in redis.lrange(queue, 0, -1)]
+
+
+def test_a_failed_task_s_errback_runs_where_it_failed_and_forwards_the_exception(app: Celery, redis_client) -> None:
+    @step(app, name="team.decline")
+    def decline(order: str) -> None:
+        raise ValueError(f"card declined for {order}")
+
+    errback = app.signature(ERRBACK_TASK, kwargs={"step_id": "s-1"})
+    result = decline.apply(args=["o-7"], task_id="task-7", link_error=errback)
+
+    messages = _messages(redis_client, RESULTS_QUEUE)
+    assert result.failed()
+    assert len(messages) == 1
+    args, kwargs, _ = json.loads(base64.b64decode(messages[0]["body"]))
+    assert messages[0]["headers"]["task"] == ERRBACK_TASK
+    assert args == ["task-7"]
+    assert kwargs == {"step_id": "s-1",
+                      "error": {"type": "ValueError", "module": "builtins", "message": "card declined for o-7"}}
+    assert _messages(redis_client, "celery") == []  # not published as a plain task with the task id only
+
+
+def test_the_errback_never_raises(app: Celery, redis_client) -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no message")
+
+    app.tasks[ERRBACK_TASK](SimpleNamespace(id="task-8"), Unprintable(), None, step_id="s-8")
+
+    assert _messages(redis_client, RESULTS_QUEUE) == []
+
+
+def test_step_refuses_a_result_that_is_not_json_naming_the_task_and_the_type(app: Celery) -> None:
+    @step(app, name="team.report")
+    def report(value: Any) -> Any:
+        return value
+
+    @step(app)
+    def unnamed() -> object:
+        return object()
+
+    assert report({"a": [1, 2.5, None, True, "x"]}) == {"a": [1, 2.5, None, True, "x"]}  # plain call, no Ductor
+    with pytest.raises(TypeError, match=r"task 'team.report' .* result\['a'\]\[1\]\['b'\] is of type set"):
+        report({"a": [1, {"b": {2}}]})
+    with pytest.raises(TypeError, match="JSON has no such number"):
+        report.run(float("nan"))
+    with pytest.raises(TypeError, match=r"task 'tests\.sdk\.test_worker\.unnamed' .* result is of type object"):
+        unnamed()
+
+
+def test_the_client_and_the_worker_helpers_import_without_celery() -> None:
+    code = ("import sys; sys.modules['celery'] = None\n"
+            "import ductor_sdk, ductor_sdk.worker\n"
+            "ductor_sdk.Client('http://localhost', 'dct_x_y').close()\n"
+            "assert ductor_sdk.worker.current_step_or_none() is None")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

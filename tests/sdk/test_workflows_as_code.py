@@ -1,0 +1,155 @@
+"""Workflows as code: the builder compiles to the documented spec, applies idempotently, and the
+server refuses a compiled spec exactly as it refuses the same spec written by hand."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from ductor_sdk import BadRequest, Client, Input, Retry, RunId, StepRef, Workflow, all_of, any_of
+from ductor_sdk.spec import normalized, same_spec
+
+from workflows import spec as server_spec
+
+
+def documented_example() -> dict[str, Any]:
+    """The example spec of the server's ``workflows/spec.py`` docstring."""
+    doc = server_spec.__doc__ or ""
+    start = doc.index("{", doc.index("A spec is a JSON object::"))
+    return dict(json.loads(doc[start:doc.index("Top level:")]))
+
+
+def documented_example_as_code(timeout_s: float = 30) -> Workflow:
+    wf = Workflow("users", description="the example of workflows/spec.py")
+    fetch = wf.action(
+        "fetch", "http.request", input={"path": f"/users/{Input['user_id'].interpolated}", "method": "GET"},
+        when=Input["enabled"].eq(True), retry=Retry(max_attempts=3, backoff_s=1.0, max_backoff_s=60),
+        timeout_s=timeout_s, tags=["crm"], pool="main",
+    )
+    wf.sleep("pause", depends_on=[fetch], duration_s=10)
+    wf.sleep("until", until="2027-01-01T00:00:00Z")
+    child = wf.subworkflow("child", depends_on=[fetch], workflow="enrich", version=2,
+                           input={"user": fetch.output["body"]})
+    wf.continue_as_new("again", depends_on=[child], input={"cursor": child.output["next"]})
+    wf.output(user=fetch.output["body"], done=True)
+    return wf
+
+
+# --- compiling -------------------------------------------------------------------------------
+
+
+def test_the_builder_compiles_the_documented_example_to_the_documented_spec() -> None:
+    expected = documented_example()
+    expected["nodes"][2]["depends_on"] = []  # the builder writes depends_on on every node
+
+    assert documented_example_as_code().to_spec() == expected
+
+
+def test_references_and_conditions_are_the_template_language_s_strings() -> None:
+    wf = Workflow("refs")
+    fetch = wf.action("fetch", "echo")
+
+    assert str(Input["a"]["b"]) == "$input.a.b"
+    assert str(wf.input["x"]) == "$input.x"
+    assert str(fetch.output["items"][0]["name"]) == "$nodes.fetch.output.items.0.name"
+    assert str(fetch.status) == "$nodes.fetch.status"
+    assert RunId.interpolated == "{{ $run.id }}"
+    assert fetch.output["code"].gt(199) == {"path": "nodes.fetch.output.code", "op": "gt", "value": 199}
+    assert any_of(Input["force"].eq(True), all_of(Input["tier"].in_(["a", "b"]))) == {"any": [
+        {"path": "input.force", "op": "eq", "value": True},
+        {"all": [{"path": "input.tier", "op": "in", "value": ["a", "b"]}]},
+    ]}
+    with pytest.raises(ValueError, match="segments are letters"):
+        Input["a.b"]
+    wf.action("use", "echo", input={"v": fetch})
+    with pytest.raises(TypeError, match="output"):
+        wf.to_spec()
+
+
+def test_a_reference_in_an_input_adds_no_dependency() -> None:
+    wf = Workflow("explicit")
+    fetch = wf.action("fetch", "echo")
+    wf.action("use", "echo", input={"v": fetch.output})
+    wf.action("after", "echo", depends_on=[fetch, "use"])
+
+    nodes = {node["id"]: node for node in wf.to_spec()["nodes"]}
+
+    assert nodes["use"]["depends_on"] == []
+    assert nodes["use"]["input"] == {"v": "$nodes.fetch.output"}
+    assert nodes["after"]["depends_on"] == ["fetch", "use"]
+
+
+def test_a_task_node_compiles_to_the_task_node_shape() -> None:
+    wf = Workflow("billing")
+    charge = wf.task("charge", task="billing.tasks.charge", input={"order": Input["order_id"]},
+                     retry=Retry(max_attempts=5), timeout_s=120, tags=["billing"], pool="team-workers")
+    wf.action("notify", "echo", depends_on=[charge], when=charge.output["ok"].eq(True))
+
+    assert wf.to_spec()["nodes"][0] == {
+        "id": "charge", "type": "task", "task": "billing.tasks.charge", "input": {"order": "$input.order_id"},
+        "depends_on": [], "retry": {"max_attempts": 5, "backoff_s": 1.0, "jitter": True}, "timeout_s": 120,
+        "tags": ["billing"], "pool": "team-workers",
+    }
+
+
+def test_the_sdk_normalizes_a_spec_as_the_server_stores_it() -> None:
+    specs = [documented_example(), documented_example_as_code().to_spec(), {"nodes": [
+        {"id": "b", "type": "action", "action": "noop", "depends_on": ["a"], "retry": {"backoff_s": 500}},
+        {"id": "a", "type": "sleep", "until": "2027-01-01T01:00:00+01:00"},
+        {"id": "c", "type": "subworkflow", "workflow": "x", "when": {"path": "input.x", "op": "exists"}},
+    ]}]
+
+    for spec in specs:
+        stored = server_spec.validate_spec(spec, max_bytes=1_000_000).to_dict()
+        assert normalized(spec) == normalized(stored)
+        assert [node["id"] for node in normalized(spec)["nodes"]] == [node["id"] for node in stored["nodes"]]
+    assert not same_spec(specs[1], documented_example_as_code(timeout_s=31).to_spec())
+
+
+# --- on the server ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_apply_creates_the_workflow_then_changes_nothing_then_adds_a_version_when_the_spec_changes(
+    sdk: Client,
+) -> None:
+    created = sdk.workflows.apply(documented_example_as_code())
+    again = sdk.workflows.apply(documented_example_as_code())
+    changed = sdk.workflows.apply(documented_example_as_code(timeout_s=31))
+
+    assert (created.outcome, created.version) == ("created", 1)
+    assert created.workflow.description == "the example of workflows/spec.py"
+    assert (again.outcome, again.version) == ("unchanged", 1)
+    assert (changed.outcome, changed.version) == ("updated", 2)
+    assert [v.number for v in sdk.workflows.versions("users")] == [2, 1]
+    assert sdk.workflows.get("users").spec == sdk.workflows.versions("users")[0].spec
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_compiled_spec_is_refused_like_the_same_spec_written_by_hand(sdk: Client) -> None:
+    wf = Workflow("broken")
+    wf.action("a", "echo", depends_on=["c"])
+    wf.action("b", "echo", depends_on=["a"])
+    wf.action("c", "nope", depends_on=["b"])
+    wf.action("d", "echo", input={"v": wf.input["x"], "w": StepRef("zz").output})
+    by_hand = {"nodes": [
+        {"id": "a", "type": "action", "action": "echo", "depends_on": ["c"]},
+        {"id": "b", "type": "action", "action": "echo", "depends_on": ["a"]},
+        {"id": "c", "type": "action", "action": "nope", "depends_on": ["b"]},
+        {"id": "d", "type": "action", "action": "echo", "input": {"v": "$input.x", "w": "$nodes.zz.output"}},
+    ]}
+
+    with pytest.raises(BadRequest) as compiled:
+        sdk.workflows.apply(wf)
+    with pytest.raises(BadRequest) as written:
+        sdk.workflows.create("broken", by_hand)
+
+    assert (compiled.value.code, compiled.value.message, compiled.value.details) == (
+        written.value.code, written.value.message, written.value.details)
+    details = compiled.value.details
+    assert details["spec.nodes[2].action"][0].startswith("node 'c': action: unknown action 'nope'")
+    assert "cycle: a → b → c → a" in details["spec.nodes[0].depends_on"][0]
+    assert details["spec.nodes[3].input.w"] == ["node 'd': input.w: '$nodes.zz.output' names unknown node 'zz'"]
+    assert compiled.value.field in compiled.value.fields
+    assert "spec.nodes[2].action" in compiled.value.fields
