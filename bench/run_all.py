@@ -68,6 +68,10 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("runs_per_s_1node_with", "runs_per_s_1node_without", "", None),
         ("cpu_ratio", None, "", None),
     ],
+    "tasks": [
+        ("task_steps_per_s", "baseline_send_task_per_s", "ratio >= 0.3", lambda r: r["ratio"] >= 0.3),
+        ("worst_share_per_weight", None, ">= 0.95", lambda r: r["worst_share_per_weight"] >= 0.95),
+    ],
     "recovery": [
         ("recovery_s", "baseline_s", "<= 20 (idle machine)", lambda r: r["recovery_s"] <= 20),
         ("noticed_s", None, "", None),

@@ -1,0 +1,236 @@
+"""Task nodes end to end: the team's own Celery tasks as steps, against plain send_task.
+
+On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis): one Ductor
+worker, one dispatcher and the coordinator, and the team's own Celery worker
+(``bench/_team_tasks.py``: its own app, no Django, queue ``team``), all of concurrency
+``CONCURRENCY``, children of ``ductor_project.stack.Stack``.
+
+1. **Throughput.** ``RUNS`` runs of a ``CHAIN``-step chain of ``team.noop`` task nodes,
+   at most ``OUTSTANDING`` unfinished at a time: ``task_steps_per_s`` is the task steps
+   completed (published by the dispatcher, run by the team's worker, their outcome
+   recorded by a Ductor worker and the run ticked) per second, from the first start until
+   every run succeeded. The same-run baseline, ``baseline_send_task_per_s``, is
+   ``BASELINE_TASKS`` plain ``send_task`` calls of the same task on the same team
+   worker, timed until each has run. ``ratio`` = the first over the second (goal >= 0.3).
+2. **Fair where the work starts.** Three tenants of weights 1, 2 and 4 each start
+   ``FAIR_RUNS`` one-node runs of ``team.record`` (``FAIR_MS`` ms) on the team queue
+   ``team-fair``, whose slots are shared (``DUCTOR_TASK_QUEUE_SLOTS=team-fair=CONCURRENCY``;
+   the throughput phase's queue ``team`` is bounded by the tenant's plan only), before the
+   team's worker is up: all three are backlogged from its first task. The worker logs
+   which tenant each task started for; over starts ``FAIR_SKIP`` to
+   ``FAIR_SKIP + FAIR_WINDOW`` (every tenant still backlogged), each tenant's share of
+   the starts over its weight's share: ``worst_share_per_weight`` is the smallest (goal
+   >= 0.95; 1.0 is exact).
+
+Needs its own data dir: ``DUCTOR_DATA_DIR=.ductor/bench-t .venv/bin/python bench/tasks.py``.
+Progress on stderr; the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import bench_stack, bench_worker, log, redis_client, setup_django
+from ductor_project.stack import Child, Stack
+
+CONCURRENCY = 2
+CHAIN, RUNS, OUTSTANDING = 10, 40, 8
+BASELINE_TASKS = 1000
+FAIR_RUNS, FAIR_MS, FAIR_SKIP, FAIR_WINDOW = 150, 20, 10, 140
+WEIGHTS = (1, 2, 4)
+TEAM_QUEUE, FAIR_QUEUE = "team", "team-fair"
+SLOTS = f"{FAIR_QUEUE}={CONCURRENCY}"
+COUNT_KEY, STARTS_KEY = "bench:team:count", "bench:team:starts"
+DONE_TIMEOUT_S = 120.0
+POLL_S = 0.05
+
+
+def wait_until(done: Callable[[], Any], what: str, timeout: float = DONE_TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := done()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(POLL_S)
+    return value
+
+
+def team_env() -> dict[str, str]:
+    from django.conf import settings
+
+    from bench._common import child_env
+
+    env = {k: v for k, v in child_env().items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(TEAM_BROKER_URL=settings.CELERY_BROKER_URL, TEAM_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
+               BENCH_COUNT_KEY=COUNT_KEY, BENCH_STARTS_KEY=STARTS_KEY)
+    return env
+
+
+def team_worker(stack: Stack, name: str) -> Child:
+    return stack.worker(name, app="bench._team_tasks", concurrency=CONCURRENCY, hostname=f"{name}@bench",
+                        env=team_env(),
+                        extra=["-Q", f"{TEAM_QUEUE},{FAIR_QUEUE}", "--pool", "prefork", "--without-heartbeat"])
+
+
+def tenant(weight: int, spec: dict[str, Any]) -> Any:
+    from ductor_project.core.context import tenant_context
+    from tenants import services
+    from workflows.services import workflow_put
+
+    created = services.tenant_create(slug=f"bench-t-{uuid.uuid4().hex[:8]}", plan="enterprise")
+    services.override_set(tenant=created, field="weight", value=weight)
+    with tenant_context(created):
+        workflow_put(name="w", spec=spec)
+    return created
+
+
+def throughput(stack: Stack) -> dict[str, Any]:
+    """Task steps completed per second: chains of team.noop, a fixed number outstanding."""
+    from ductor_project.core.context import tenant_context
+    from workflows.models import WorkflowRun
+    from workflows.services import run_start
+
+    chain = [{"id": f"n{i}", "type": "task", "task": "team.noop", "depends_on": [f"n{i - 1}"] if i else []}
+             for i in range(CHAIN)]
+    owner = tenant(1, {"nodes": chain})
+    active: set[Any] = set()
+    started_ids: list[Any] = []
+    done = 0
+    with tenant_context(owner):
+        began = time.perf_counter()
+        while done < RUNS:
+            while len(active) < OUTSTANDING and len(started_ids) < RUNS:
+                run = run_start(workflow="w")[0]
+                active.add(run.pk)
+                started_ids.append(run.pk)
+            ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
+                        .values_list("pk", flat=True))
+            active -= ended
+            done += len(ended)
+            if time.perf_counter() - began > DONE_TIMEOUT_S:
+                raise RuntimeError("the task chains did not finish")
+            time.sleep(POLL_S)
+        elapsed = time.perf_counter() - began
+        failed = WorkflowRun.objects.filter(pk__in=started_ids).exclude(status="succeeded").count()
+    if failed:
+        raise RuntimeError(f"{failed} task chains did not succeed")
+    return {"task_steps_per_s": round(RUNS * CHAIN / elapsed, 1), "steps": RUNS * CHAIN,
+            "seconds": round(elapsed, 2)}
+
+
+def baseline() -> float:
+    """Plain send_task of team.noop on the same team worker: tasks run per second."""
+    from ductor_project.celery import app  # the same broker the team's worker consumes
+
+    redis = redis_client()
+    redis.delete(COUNT_KEY)
+    began = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for _ in range(BASELINE_TASKS):
+            app.send_task("team.noop", queue=TEAM_QUEUE, producer=producer)
+    wait_until(lambda: int(redis.get(COUNT_KEY) or 0) >= BASELINE_TASKS, what="the plain tasks")
+    return BASELINE_TASKS / (time.perf_counter() - began)
+
+
+def fairness(stack: Stack) -> dict[str, Any]:
+    """Shares of the team worker's task starts, per weight, of three backlogged tenants."""
+    from ductor_project.core.context import tenant_context
+    from workflows.services import run_start
+
+    redis = redis_client()
+    redis.delete(STARTS_KEY)
+    tenants = []
+    for weight in WEIGHTS:
+        slug_spec = {"nodes": [{"id": "r", "type": "task", "task": "team.record",
+                                "input": {"slug": "$input.slug", "ms": FAIR_MS}}]}
+        tenants.append((tenant(weight, slug_spec), weight))
+    for _ in range(FAIR_RUNS):  # interleaved: no tenant's backlog starts first
+        for owner, _weight in tenants:
+            with tenant_context(owner):
+                run_start(workflow="w", input={"slug": owner.slug})
+    log("backlogs queued; starting the team's worker")
+    worker = team_worker(stack, "team-fair")
+    stack.wait_ready(worker)
+    wait_until(lambda: redis.llen(STARTS_KEY) >= FAIR_SKIP + FAIR_WINDOW, what="the fair window's starts")
+    window = [s.decode() for s in redis.lrange(STARTS_KEY, FAIR_SKIP, FAIR_SKIP + FAIR_WINDOW - 1)]
+    counts = Counter(window)
+    total_weight = sum(WEIGHTS)
+    shares = {owner.slug: (counts[owner.slug] / len(window)) / (weight / total_weight) for owner, weight in tenants}
+    stack.stop(worker)
+    for owner, _weight in tenants:
+        cancel_active(owner)
+    return {"worst_share_per_weight": round(min(shares.values()), 3),
+            "starts": {str(w): counts[o.slug] for o, w in tenants}, "window": len(window)}
+
+
+def cancel_active(owner: Any) -> None:
+    """Cancel the tenant's unfinished runs and wait for them to end (a later phase, or a later run
+    of the benchmark on this data dir, must not find them)."""
+    from ductor_project.core.context import tenant_context
+    from workflows.models import WorkflowRun
+    from workflows.services import run_cancel
+
+    with tenant_context(owner):
+        for run in WorkflowRun.objects.exclude(status__in=WorkflowRun.TERMINAL):
+            run_cancel(run=run)
+        wait_until(lambda: not WorkflowRun.objects.exclude(status__in=WorkflowRun.TERMINAL).exists(),
+                   what="the cancellations")
+
+
+def catalog() -> None:
+    from workflows.models import TaskCatalogEntry
+
+    TaskCatalogEntry.objects.update_or_create(name="team.noop", defaults={"queue": TEAM_QUEUE})
+    TaskCatalogEntry.objects.update_or_create(name="team.record", defaults={"queue": FAIR_QUEUE})
+
+
+def main() -> int:
+    os.environ["DUCTOR_TASK_QUEUE_SLOTS"] = SLOTS
+    setup_django("bench/tasks.py")
+    began = time.monotonic()
+    redis_client().flushdb()
+    catalog()
+    stack = bench_stack("tasks", DUCTOR_TASK_QUEUE_SLOTS=SLOTS)
+    try:
+        worker = bench_worker(stack, "worker-0", concurrency=CONCURRENCY, tasks=False)
+        dispatcher = stack.dispatcher("dispatcher-0")
+        stack.coordinator("coordinator-0")
+        team = team_worker(stack, "team-0")
+        stack.wait_ready(worker, dispatcher, team)
+        log(f"up in {time.monotonic() - began:.1f}s; task chains")
+        steps = throughput(stack)
+        log(f"task steps: {json.dumps(steps)}")
+        plain = baseline()
+        log(f"plain send_task: {plain:.0f} tasks/s")
+        stack.stop(team)
+        fair = fairness(stack)
+        log(f"fairness at task start: {json.dumps(fair)}")
+    finally:
+        stack.stop_all()
+    load = os.getloadavg()
+    log(f"done in {time.monotonic() - began:.0f}s (load average {load[0]:.1f})")
+    print(json.dumps({
+        "task_steps_per_s": steps["task_steps_per_s"],
+        "baseline_send_task_per_s": round(plain, 1),
+        "ratio": round(steps["task_steps_per_s"] / plain, 3),
+        "worst_share_per_weight": fair["worst_share_per_weight"],
+        "fairness": fair,
+        "throughput": steps,
+        "config": {"concurrency": CONCURRENCY, "chain": CHAIN, "runs": RUNS, "outstanding": OUTSTANDING,
+                   "baseline_tasks": BASELINE_TASKS, "weights": list(WEIGHTS), "fair_task_ms": FAIR_MS,
+                   "load_average_1m": round(load[0], 2), "cpus": os.cpu_count()},
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
