@@ -103,6 +103,18 @@ def fair_broker(stack: Stack, prefix: str, *, workers: int, concurrency: int, di
     return running + started
 
 
+def wait_until(done: Callable[[], Any], what: str, timeout: float = 120.0, every: float = 0.05) -> Any:
+    """Poll ``done`` every ``every`` s until it gives something true, and return that; a
+    ``RuntimeError`` naming ``what`` after ``timeout`` s. Lazy: the benchmarks' own polling shares
+    the CPUs with what they measure."""
+    deadline = time.monotonic() + timeout
+    while not (value := done()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(every)
+    return value
+
+
 def percentile(values: list[int], q: float) -> int:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
     ordered = sorted(values)

@@ -28,14 +28,13 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, log, redis_client, setup_django
+from bench._common import bench_stack, bench_worker, log, redis_client, setup_django, wait_until
 from ductor_project.stack import Stack
 
 CONCURRENCY = 2
@@ -45,14 +44,6 @@ SUSPENDED_RUNS = 20
 HOLD_S = 3.0
 DONE_TIMEOUT_S = 120.0
 
-
-def wait_until(done: Callable[[], Any], what: str, timeout: float = DONE_TIMEOUT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := done()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def set_up() -> tuple[Any, Any]:

@@ -34,13 +34,12 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, log, redis_client, setup_django
+from bench._common import bench_stack, bench_worker, log, redis_client, setup_django, wait_until
 from ductor_project.stack import Child, Stack
 
 CONCURRENCY = 2
@@ -54,14 +53,6 @@ COUNT_KEY, STARTS_KEY = "bench:team:count", "bench:team:starts"
 DONE_TIMEOUT_S = 120.0
 POLL_S = 0.05
 
-
-def wait_until(done: Callable[[], Any], what: str, timeout: float = DONE_TIMEOUT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := done()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(POLL_S)
-    return value
 
 
 def team_env() -> dict[str, str]:

@@ -37,14 +37,13 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, log, plain_celery_noops, redis_client, setup_django
+from bench._common import bench_stack, bench_worker, log, plain_celery_noops, redis_client, setup_django, wait_until
 from ductor_project.stack import Child, Stack, free_port
 
 CONCURRENCY = 2
@@ -59,14 +58,6 @@ DONE_TIMEOUT_S = 60.0
 POLL_S = 0.05  # the bench's own polling shares the 2 CPUs with what it measures: keep it lazy
 GOAL_P50_MS = 50.0
 
-
-def wait_until(done: Callable[[], Any], what: str, timeout: float = DONE_TIMEOUT_S, every: float = POLL_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := done()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(every)
-    return value
 
 
 def ms(later: datetime, earlier: datetime | float) -> float:
