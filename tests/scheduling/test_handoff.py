@@ -19,6 +19,7 @@ from ductor_project.core.context import TenantScopeError, tenant_context
 from scheduling import fair_queue as fq
 from scheduling.dispatch import credits as broker
 from scheduling.dispatch.finisher import finisher
+from scheduling.dispatch.handlers import _publishers, register_publisher
 from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
@@ -124,6 +125,30 @@ def test_a_message_runs_the_next_items_of_every_tenant_in_the_fair_order_each_in
     first_six = [owner[r["item"]] for r in starts[:6]]
     assert first_six.count(str(b.pk)) == 4
     assert_drained(a, b)
+
+
+@pytest.mark.django_db
+def test_a_handed_off_item_of_a_kind_with_a_publisher_goes_to_it_and_stays_leased(
+    make_tenant, redis_client, settings
+):
+    settings.DUCTOR_HANDOFF_MS = 60_000
+    tenant, _ = make_tenant("chain-pub")
+    published: list[fq.Dequeued] = []
+    register_publisher("test.published", published.extend)
+    try:
+        enqueue(tenant, 1, kind="test.ran", prefix="ran")
+        enqueue(tenant, 2, kind="test.published", partitions=2, prefix="pub")
+        first = fq.dequeue(lease_ms=LEASE_MS)
+        assert first is not None
+
+        assert run_message(first) == "ok"
+    finally:
+        _publishers.pop("test.published")
+    # Not dropped as an item without a handler: handed to its publisher, in flight until its outcome.
+    assert sorted(item.item_id for item in published) == ["pub0", "pub1"]
+    assert fq.stats(tenant).in_flight == 2
+    for item in published:
+        assert fq.ack(item.item_id, delivery=item.delivery, tenant=tenant)
 
 
 @pytest.mark.django_db(transaction=True)
