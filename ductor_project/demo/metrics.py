@@ -19,6 +19,10 @@ tenant was too, its *share* is what it got of them, and ``share / fair`` is 1.0
 for an exactly weighted-fair scheduler. Jain's index of ``share / fair`` over
 the tenants is 1.0 when all got the same fraction of what they were owed.
 
+**Task starts.** A task step published to a team's Celery queue is logged by
+the dispatcher as one ``task_published`` line (tenant, task, queue,
+``waited_ms``) instead: ``task_shares`` counts a queue's starts the same way.
+
 Runs (counts, latency) come from PostgreSQL, each tenant under its own context.
 """
 
@@ -69,6 +73,17 @@ class Dispatch:
     waited_ms: float
 
 
+@dataclass(frozen=True)
+class TaskStart:
+    """A task step published to a team's Celery queue."""
+
+    slug: str
+    at: datetime
+    waited_ms: float
+    task: str
+    queue: str
+
+
 class DispatchLog:
     """Follows the dispatchers' log files from where they ended when this was made."""
 
@@ -77,9 +92,11 @@ class DispatchLog:
         self._offsets = {path: path.stat().st_size if path.exists() else 0 for path in paths}
         self._partial = {path: b"" for path in paths}
         self.dispatches: list[Dispatch] = []
+        self.task_starts: list[TaskStart] = []
 
     def read(self) -> list[Dispatch]:
-        """The dispatches logged since the last call (also kept in ``dispatches``)."""
+        """The dispatches logged since the last call (also kept in ``dispatches``); the task starts
+        are kept in ``task_starts``."""
         new: list[Dispatch] = []
         for path, offset in self._offsets.items():
             if not path.exists():
@@ -92,20 +109,27 @@ class DispatchLog:
             self._partial[path] = lines.pop()  # an unfinished last line waits for the next read
             for line in lines:
                 found = self._parse(line)
-                if found is not None:
+                if isinstance(found, Dispatch):
                     new.append(found)
+                elif found is not None:
+                    self.task_starts.append(found)
         self.dispatches.extend(new)
         return new
 
-    def _parse(self, line: bytes) -> Dispatch | None:
-        if b'"dispatched"' not in line:
+    def _parse(self, line: bytes) -> Dispatch | TaskStart | None:
+        if b'"dispatched"' not in line and b'"task_published"' not in line:
             return None
         try:
             record = json.loads(line)
             slug = self.slugs.get(str(record.get("tenant_id")))
-            if record.get("event") != "dispatched" or slug is None:
+            if slug is None:
                 return None
-            return Dispatch(slug, datetime.fromisoformat(record["timestamp"]), float(record.get("waited_ms", 0)))
+            at, waited_ms = datetime.fromisoformat(record["timestamp"]), float(record.get("waited_ms", 0))
+            if record.get("event") == "dispatched":
+                return Dispatch(slug, at, waited_ms)
+            if record.get("event") == "task_published":
+                return TaskStart(slug, at, waited_ms, str(record.get("task")), str(record.get("queue")))
+            return None
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -134,6 +158,28 @@ def live(tenant: Tenant, recent: Sequence[Dispatch]) -> Live:
     mine = [d.waited_ms for d in recent if d.slug == tenant.slug]
     return Live(counts["started"], counts["finished"], counts["failed"], counts["running"], len(mine) / RECENT_S,
                 percentile(mine, 50))
+
+
+@dataclass(frozen=True)
+class Runs:
+    started: int
+    succeeded: int
+    failed: int  # failed or cancelled
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed
+
+
+def runs_of(tenant: Tenant, workflow: str) -> Runs:
+    """The tenant's runs of ``workflow`` so far (one query)."""
+    with tenant_context(tenant):
+        counts = WorkflowRun.objects.filter(workflow_name=workflow).aggregate(
+            started=Count("id"),
+            succeeded=Count("id", filter=Q(status="succeeded")),
+            failed=Count("id", filter=Q(status__in=["failed", "cancelled"])),
+        )
+    return Runs(counts["started"], counts["succeeded"], counts["failed"])
 
 
 def recent(dispatches: Sequence[Dispatch], now: datetime) -> list[Dispatch]:
@@ -227,6 +273,21 @@ def shares(data: Mapping[str, TenantData], weights: Mapping[str, int], until: fl
                 owed[s] += weights[s] / total
             got[slug] += 1
     return {slug: Share(got[slug], contested[slug], owed[slug]) for slug in data}
+
+
+def task_shares(starts: Sequence[TaskStart], weights: Mapping[str, int], *, queue: str,
+                t0: datetime) -> tuple[dict[str, Share], dict[str, int]]:
+    """Each tenant's starts of ``queue``'s tasks against its weighted share while it and another
+    tenant both had one waiting (counted as ``shares`` counts dispatches), and how many it had in
+    all. An item is waiting from ``waited_ms`` before its start; only started items are known (the
+    log has no line for one still waiting), so the demo reads this once every task has started."""
+    data: dict[str, TenantData] = defaultdict(TenantData)
+    for start in starts:
+        if start.queue == queue:
+            at = (start.at - t0).total_seconds()
+            data[start.slug].items.append((at - start.waited_ms / 1000, at))
+    until = max((at for row in data.values() for _, at in row.items if at is not None), default=0.0)
+    return shares(data, weights, until), {slug: len(row.items) for slug, row in data.items()}
 
 
 def shares_per_bucket(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float,

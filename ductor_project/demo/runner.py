@@ -23,7 +23,7 @@ from django.utils import timezone
 from rich.console import Console
 from rich.table import Table
 
-from ductor_project.demo import chart, metrics, scenario, scratch
+from ductor_project.demo import chart, metrics, scenario, scratch, shop
 from ductor_project.demo.checks import print_checks, run_checks
 from ductor_project.demo.scenario import TENANTS, Api, DemoApiError, Workload
 from ductor_project.demo.service import DemoService
@@ -52,10 +52,10 @@ def run(console: Console, box: scratch.Scratch) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     view = DemoView(console, f"web {base} · {WORKERS} worker x {WORKER_CONCURRENCY} · {DISPATCHERS} dispatcher "
-                             f"· coordinator · local service {service.url}")
+                             f"· coordinator · local service {service.url} · shop worker x {shop.CONCURRENCY}")
     started = _Started(Stack(settings.DUCTOR_DATA_DIR / "logs", env=_child_env(box), say=view.note), service)
     try:
-        setup = _bring_up(console, started, port, phases)
+        setup = _bring_up(console, started, port, phases, box)
         tenants = {t.slug: Tenant.objects.get(slug=t.slug) for t in TENANTS}
         weights = _weights(base, setup.keys)
         log = _dispatch_log(started.stack, tenants)
@@ -64,7 +64,7 @@ def run(console: Console, box: scratch.Scratch) -> int:
         _watch(view, started.stack, workload, tenants, log, weights, base, setup.keys)
         until = (timezone.now() - t0).total_seconds()
         phases.done("workload")
-        checks = run_checks(base, setup.keys, workload, service, tenants)
+        checks = run_checks(base, setup.keys, workload, service, tenants, box.shop_database_url)
         with console.status("stopping the stack..."):
             workload.join()
             started.stack.say = lambda _: None  # a child cut short after the grace period loses nothing here
@@ -72,6 +72,7 @@ def run(console: Console, box: scratch.Scratch) -> int:
         phases.done("checks and stop")
         log.read()
         _summary(console, tenants, log.dispatches, weights, t0, until, workload, settings.DUCTOR_DATA_DIR)
+        _print_shop(console, tenants, log.task_starts, weights, t0)
         print_checks(console, checks)
         phases.done("summary")
         console.print(f"Demo took {phases}.", highlight=False)
@@ -103,9 +104,10 @@ class _Started:
 def _intro(console: Console, box: scratch.Scratch) -> None:
     """Say what the demo does; migrate the scratch database unless it was copied from a migrated one."""
     console.rule("[bold]Ductor demo")
-    console.print("Four tenants share one worker pool while one of them floods it. Everything goes through "
-                  "the public HTTP API of a real gunicorn server, Celery workers, a fair-queue dispatcher "
-                  "and the coordinator.", highlight=False)
+    console.print("Four tenants share one worker pool while one of them floods it, and two of them order from "
+                  "a team's own Django project (examples/shop), whose Celery tasks run as workflow steps. "
+                  "Everything goes through the public HTTP API of a real gunicorn server, Celery workers, a "
+                  "fair-queue dispatcher and the coordinator.", highlight=False)
     if not box.migrated:
         with console.status("migrating the scratch database..."):
             call_command("migrate", interactive=False, verbosity=0)
@@ -114,18 +116,29 @@ def _intro(console: Console, box: scratch.Scratch) -> None:
 def _child_env(box: scratch.Scratch) -> dict[str, str]:
     """The children's environment: the scratch databases, private addresses allowed for http.request (the
     demo's own local service is on 127.0.0.1), and INFO in JSON (the summary reads the "dispatched" lines,
-    ``ductor_project.demo.metrics``)."""
+    ``ductor_project.demo.metrics``), and the shop's queue's slots shared by every tenant
+    (``ductor_project.demo.shop``)."""
     return dict(os.environ, DATABASE_URL=box.database_url, REDIS_URL=box.redis_url, DUCTOR_HTTP_ALLOW_PRIVATE="1",
-                DUCTOR_LOG_LEVEL="INFO", DUCTOR_LOG_FORMAT="json")
+                DUCTOR_LOG_LEVEL="INFO", DUCTOR_LOG_FORMAT="json", DUCTOR_TASK_QUEUE_SLOTS=shop.SLOTS)
 
 
-def _bring_up(console: Console, started: _Started, port: int, phases: _Phases) -> scenario.Setup:
-    """Start the local service and the stack, then set the tenants up through the API (a platform key of its
-    own, revoked by ``_Started.close``)."""
+def _bring_up(console: Console, started: _Started, port: int, phases: _Phases,
+              box: scratch.Scratch) -> scenario.Setup:
+    """Start the local service, the shop's migration and the stack with the shop's worker, then set the
+    tenants up through the API (a platform key of its own, revoked by ``_Started.close``)."""
     started.service.start()
-    with console.status("starting gunicorn, a Celery worker, a dispatcher and the coordinator..."):
+    shop_env = shop.child_env(database_url=box.shop_database_url, broker_url=box.redis_url,
+                              secret_key=secrets.token_urlsafe(32))
+    with console.status("starting gunicorn, a Celery worker, a dispatcher, the coordinator and the shop's "
+                        "worker; migrating the shop's database..."):
+        migrate = shop.start_migrate(started.stack, shop_env)
         web = _start_stack(started.stack, port)
-        _wait_ready(started.stack, web)
+        shop_worker = shop.start_worker(started.stack, shop_env)
+        try:
+            shop.finish_migrate(started.stack, migrate)
+        except shop.ShopError as exc:
+            raise DemoApiError(str(exc)) from exc
+        _wait_ready(started.stack, web, shop_worker)
     phases.done("stack up")
     started.key_row, platform_key = tenant_services.platform_key_create(name=f"demo-{secrets.token_hex(4)}")
     with console.status("creating tenants, connections, pools, rules and workflows through the API..."):
@@ -167,12 +180,14 @@ class _Phases:
         return f"{time.monotonic() - self._start:.0f} s ({', '.join(self._parts)})"
 
 
-def _wait_ready(stack: Stack, web: Child) -> None:
-    """Until the web server answers; restarts children that died meanwhile. Raises ``DemoApiError``."""
+def _wait_ready(stack: Stack, web: Child, shop_worker: Child) -> None:
+    """Until the web server answers and the shop's worker is ready; restarts children that died meanwhile.
+    Raises ``DemoApiError``."""
     try:
-        stack.wait_ready(web, timeout_s=READY_TIMEOUT_S, restart=True)
+        stack.wait_ready(web, shop_worker, timeout_s=READY_TIMEOUT_S, restart=True)
     except ChildError as exc:
-        raise DemoApiError(f"the web server did not answer within {READY_TIMEOUT_S:.0f} s (see its log)") from exc
+        raise DemoApiError(f"the web server or the shop's worker was not ready within {READY_TIMEOUT_S:.0f} s "
+                           "(see their logs)") from exc
 
 
 def _weights(base: str, keys: dict[str, str]) -> dict[str, int]:
@@ -208,6 +223,7 @@ def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, 
     workload.start()
     flood_total = scenario.FLOOD_RUNS
     others_done_at: float | None = None
+    orders_noted = False
     try:
         with view:
             while True:
@@ -225,8 +241,14 @@ def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, 
                 flood = snaps["floodco"]
                 done = (workload.done_submitting() and flood.started >= flood_total
                         and all(s.finished == s.started for s in others))
+                orders = ({slug: metrics.runs_of(tenants[slug], shop.WORKFLOW) for slug in shop.SHOPPERS}
+                          if workload.order_runs else {})
                 view.update([Row(t.slug, labels[t.slug], snaps[t.slug], queues.get(t.slug)) for t in TENANTS],
-                            _status(workload, flood, flood_total))
+                            _status(workload, flood, flood_total, orders))
+                if orders and not orders_noted and all(
+                        r.finished == r.started == len(workload.order_runs[slug]) for slug, r in orders.items()):
+                    orders_noted = True
+                    workload.event("shop orders done", f"shop orders done: {_orders_text(orders)}")
                 if workload.errors:
                     for error in workload.errors:
                         view.note(f"[error] {error}")
@@ -248,7 +270,7 @@ def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, 
             api.close()
 
 
-def _status(workload: Workload, flood: metrics.Live, flood_total: int) -> str:
+def _status(workload: Workload, flood: metrics.Live, flood_total: int, orders: dict[str, metrics.Runs]) -> str:
     if flood.started:
         parts = [f"floodco: {flood.finished:,} of {flood_total:,} runs done"]
     else:
@@ -261,7 +283,16 @@ def _status(workload: Workload, flood: metrics.Live, flood_total: int) -> str:
         parts.append(f"latecomer arrives {scenario.TRICKLE_AFTER_S:g} s in")
     else:
         parts.append(f"latecomer: {workload.submitted.get('latecomer', 0)}/{scenario.TRICKLE_RUNS} runs started")
+    if orders:
+        parts.append(f"shop orders: {_orders_text(orders)}")
+    else:
+        parts.append(f"acme, globex order from the shop {scenario.ORDERS_AFTER_S:g} s in")
     return " · ".join(parts)
+
+
+def _orders_text(orders: dict[str, metrics.Runs]) -> str:
+    return ", ".join(f"{slug} {r.succeeded}/{r.started} shipped" + (f" ({r.failed} failed)" if r.failed else "")
+                     for slug, r in orders.items())
 
 
 # -- the summary (from PostgreSQL) -------------------------------------------------------------
@@ -284,6 +315,28 @@ def _summary(console: Console, tenants: dict[str, Tenant], dispatches: list[metr
     ) + f"; Jain's index {jain}"
     path = _write_chart(data_dir / "demo-throughput.png", data, weights, until, workload, headline)
     console.print(f"Chart: [bold]{path}[/bold]", highlight=False)
+
+
+def _print_shop(console: Console, tenants: dict[str, Tenant], starts: list[metrics.TaskStart],
+                weights: dict[str, int], t0: datetime) -> None:
+    """The shop's orders per tenant (PostgreSQL), and how the tenants shared its worker: each one's share of
+    the shop's task starts while both had one waiting, against its weighted share (the dispatchers'
+    ``task_published`` lines)."""
+    runs = {slug: metrics.runs_of(tenants[slug], shop.WORKFLOW) for slug in shop.SHOPPERS}
+    shares, totals = metrics.task_shares(starts, weights, queue=shop.QUEUE, t0=t0)
+    mine = [s.at for s in starts if s.queue == shop.QUEUE]
+    span = (max(mine) - min(mine)).total_seconds() if mine else 0.0
+    console.print(
+        f"Shop (examples/shop: its own Django project, database and Celery worker x {shop.CONCURRENCY}; queue "
+        f"'{shop.QUEUE}' with {shop.CONCURRENCY} slots shared by every tenant): orders {_orders_text(runs)}"
+        + ("; the failed order is the one out of stock" if any(r.failed for r in runs.values()) else "")
+        + f"; {sum(totals.values())} task starts in {span:.1f} s.", highlight=False)
+    contested = max((s.contested for s in shares.values()), default=0)
+    console.print(
+        f"Shop task starts while acme and globex both had one waiting ({contested}): " + ", ".join(
+            f"{slug} [bold]{_pct(shares[slug].share)}[/bold] (fair {_pct(shares[slug].fair)}, weight "
+            f"{weights[slug]}; share ÷ fair {_ratio(shares[slug].ratio)})"
+            for slug in shop.SHOPPERS if slug in shares), highlight=False)
 
 
 def _print_shares(console: Console, data: dict[str, metrics.TenantData], shares: dict[str, metrics.Share],
@@ -336,6 +389,7 @@ def _write_chart(path: Path, data: dict[str, metrics.TenantData], weights: dict[
     got, fair = metrics.shares_per_bucket(data, weights, until, BUCKET_S)
     flood_runs = len(data["floodco"].runs)
     names = {"floodco floods": f"floodco floods ({flood_runs:,} runs)", "latecomer arrives": "latecomer arrives",
+             "shop orders": "acme, globex order from the shop",
              "latecomer done": "latecomer's last run", "acme, globex stop": "acme, globex add no more work (shaded)",
              "others done": "others done"}
     markers = [(at, names[label]) for at, label in workload.events if label in names]
@@ -354,6 +408,10 @@ def _pct(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 100:.1f}%" if value < 0.095 else f"{value * 100:.0f}%"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _seconds(value: float | None) -> str:

@@ -21,6 +21,11 @@ Four tenants on three plans:
   nothing more and their queues drain.
 - ``latecomer`` (enterprise, weight 16) arrives ``TRICKLE_AFTER_S`` seconds
   in and starts one run every ``TRICKLE_EVERY_S`` seconds.
+- acme and globex also order from the example shop (``ductor_project.demo.shop``):
+  the platform puts the shop's Celery tasks in the task catalog, both create the
+  workflow ``order`` of three task nodes, with a rule that sends the shop's tasks
+  to the interactive tier; ``ORDERS_AFTER_S`` seconds in, while both keep their
+  queues topped up, each starts its orders in one bulk call.
 
 The platform lifts floodco's step rate and concurrency (overrides, set through
 the platform API, as an operator would): fair sharing, not its plan's
@@ -42,10 +47,13 @@ from typing import Any
 
 import httpx
 
+from ductor_project.demo import shop
+
 # Seconds from the workload's start.
 FLOOD_AFTER_S = 4.0  # acme and globex first have the workers to themselves
 TRICKLE_AFTER_S = 14.0
 FEED_FOR_S = 40.0  # acme and globex keep their queues topped up until then
+ORDERS_AFTER_S = 8.0  # acme and globex order from the shop
 
 FLOOD_RUNS = 2_000
 BULK_MAX = 500  # runs per bulk call (the API's most)
@@ -199,10 +207,15 @@ def _connection(name: str, base_url: str, secret: str) -> dict[str, Any]:
             "secret": secret}
 
 
+SHOP_ORDER_WORKFLOW = "workflow order (shop tasks: reserve → charge → ship)"
+
+
 def set_up(base_url: str, platform_key: str, service_url: str, service_token: str) -> Setup:
-    """Create the tenants and everything they own, through the API. Raises ``DemoApiError``."""
+    """Create the tenants, the shop's catalog tasks and everything the tenants own, through the API.
+    Raises ``DemoApiError``."""
     setup = Setup()
     _create_tenants(base_url, platform_key, setup)
+    _create_catalog(base_url, platform_key, setup)
     for slug, calls in _tenant_objects(service_url, service_token).items():
         _post_all(base_url, setup, slug, calls)
     return setup
@@ -222,6 +235,18 @@ def _create_tenants(base_url: str, platform_key: str, setup: Setup) -> None:
                               {"value": value, "reason": "demo: only fair sharing holds the flood back"})
                 setup.calls.append((tenant.slug, f"override {limit} = {value} (platform admin)",
                                     f"PUT /api/v1/tenants/{tenant.slug}/overrides/{limit}"))
+    finally:
+        platform.close()
+
+
+def _create_catalog(base_url: str, platform_key: str, setup: Setup) -> None:
+    """The shop's Celery tasks in the platform's task catalog, as the platform admin."""
+    platform = Api(base_url, platform_key)
+    try:
+        for entry in shop.CATALOG:
+            platform.call("POST", "/api/v1/task-catalog", entry)
+            setup.calls.append(("platform", f"catalog task {entry['name']} (queue {entry['queue']})",
+                                "POST /api/v1/task-catalog"))
     finally:
         platform.close()
 
@@ -254,7 +279,9 @@ def _tenant_objects(service_url: str, token: str) -> dict[str, list[tuple[str, s
             ("workflow quote (diamond)", "/api/v1/workflows", {"name": "quote", "spec": QUOTE}),
             ("workflow checkout (sub-workflow)", "/api/v1/workflows", {"name": "checkout", "spec": CHECKOUT}),
             ("workflow countdown (ContinueAsNew)", "/api/v1/workflows", {"name": "countdown", "spec": COUNTDOWN}),
-            ("workflow order (one step)", "/api/v1/workflows", {"name": "order", "spec": ONE_STEP}),
+            ("workflow refresh (one step)", "/api/v1/workflows", {"name": "refresh", "spec": ONE_STEP}),
+            *shop.ROUTING,
+            (SHOP_ORDER_WORKFLOW, "/api/v1/workflows", {"name": shop.WORKFLOW, "spec": shop.ORDER}),
         ],
         "globex": [
             ("connection payments-api", "/api/v1/connections",
@@ -274,6 +301,8 @@ def _tenant_objects(service_url: str, token: str) -> dict[str, list[tuple[str, s
             ("workflow charge (retries)", "/api/v1/workflows", {"name": "charge", "spec": CHARGE}),
             ("workflow report (concurrency ceiling)", "/api/v1/workflows", {"name": "report", "spec": REPORT}),
             ("workflow sync (one step)", "/api/v1/workflows", {"name": "sync", "spec": ONE_STEP}),
+            *shop.ROUTING,
+            (SHOP_ORDER_WORKFLOW, "/api/v1/workflows", {"name": shop.WORKFLOW, "spec": shop.ORDER}),
         ],
         "floodco": [
             ("workflow poll (one step, skipped unless the input changed)", "/api/v1/workflows",
@@ -299,6 +328,7 @@ class Workload:
     say: Callable[[str], None]
     stop: threading.Event = field(default_factory=threading.Event)
     feature_runs: dict[str, tuple[str, str]] = field(default_factory=dict)  # check -> (tenant, run id)
+    order_runs: dict[str, dict[str, str]] = field(default_factory=dict)  # tenant -> order -> run id
     submitted: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
@@ -310,7 +340,7 @@ class Workload:
     def start(self) -> None:
         self._started_at = time.monotonic()
         for name, target in (("flood", self._flood), ("acme", self._acme), ("globex", self._globex),
-                             ("trickle", self._trickle)):
+                             ("trickle", self._trickle), ("shop", self._shop)):
             thread = threading.Thread(target=self._guard, args=(target,), name=f"demo-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -410,7 +440,7 @@ class Workload:
             self._feature(api, "acme", "diamond", "quote", {"order": "A-1001"})
             self._feature(api, "acme", "sub-workflow", "checkout", {"order": "A-1002"})
             self._feature(api, "acme", "continue-as-new", "countdown", {"n": COUNTDOWN_FROM})
-            self._feed(api, "acme", "order")
+            self._feed(api, "acme", "refresh")
         finally:
             api.close()
 
@@ -424,6 +454,25 @@ class Workload:
                 self.event("acme, globex stop", "acme and globex stop adding work; their queues drain")
         finally:
             api.close()
+
+    def _shop(self) -> None:
+        """acme and globex each start their orders from the shop in one bulk call."""
+        if not self._wait_until(ORDERS_AFTER_S):
+            return
+        apis = {slug: Api(self.base_url, self.keys[slug]) for slug in shop.SHOPPERS}
+        try:
+            self.event("shop orders", f"acme and globex order from the shop: {shop.ORDERS_EACH} orders each, and "
+                                      "globex one the warehouse cannot fill")
+            for slug, api in apis.items():
+                runs = shop.order_runs(slug)
+                body = api.call("POST", "/api/v1/runs/bulk", {"runs": runs})
+                self._count(slug, int(body["created"]))
+                with self._lock:
+                    self.order_runs[slug] = {run["input"]["order"]: str(made["id"])
+                                             for run, made in zip(runs, body["runs"], strict=True)}
+        finally:
+            for api in apis.values():
+                api.close()
 
     def _trickle(self) -> None:
         if not self._wait_until(TRICKLE_AFTER_S):

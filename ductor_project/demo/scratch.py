@@ -16,6 +16,12 @@ The demo's own process switches its default database to the scratch one the
 way Django's test runner switches to its test database (``use``); its
 children (web, workers, dispatcher, coordinator) get both URLs in their
 environment. The demo's process never uses Redis itself.
+
+The example shop (``examples/shop``), a Django project of its own, gets a
+database of its own beside it, ``<database>_demo_shop``, created empty (the
+shop's own ``manage.py migrate`` fills it: ``ductor_project.demo.shop``) and
+dropped with the other. The shop connects as the role that created it (the
+tables' owner): on a server of its own, a team's project would have its own role.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from django.db import connections
 from psycopg import errors, sql
 
 SUFFIX = "_demo"
+SHOP_SUFFIX = "_shop"
 REDIS_DATABASES = 16
 
 
@@ -40,6 +47,7 @@ class Scratch:
     redis_url: str
     migrated: bool  # copied from the (migrated) project database
     admin_url: str  # the tables' owner, who creates and drops it
+    shop_database_url: str  # the example shop's own database, as its owner (``admin_url``'s role)
 
 
 def _with_path(url: str, path: str) -> str:
@@ -67,15 +75,19 @@ def _scratch_redis_url(url: str) -> str:
 
 def create(database_url: str, redis_url: str, *, copy: bool, admin_url: str) -> Scratch:
     """Create (or re-create) the scratch databases, as ``admin_url``'s role (the tables' owner);
-    ``copy``: from the project database, if it can (with its row-level security and grants).
+    ``copy``: from the project database, if it can (with its row-level security and grants). The
+    shop's database is created empty.
 
     Any earlier scratch database is dropped first.
     """
     source = _database_name(database_url)
     target = source + SUFFIX
+    shop = target + SHOP_SUFFIX
     migrated = False
     with _admin(admin_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(target)))
+        for name in (target, shop):
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(shop)))
         if copy:
             try:
                 conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
@@ -87,7 +99,8 @@ def create(database_url: str, redis_url: str, *, copy: bool, admin_url: str) -> 
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(target)))
     scratch_redis = _scratch_redis_url(redis_url)
     redis.Redis.from_url(scratch_redis).flushdb()
-    return Scratch(_with_path(database_url, f"/{target}"), scratch_redis, migrated, admin_url)
+    return Scratch(_with_path(database_url, f"/{target}"), scratch_redis, migrated, admin_url,
+                   _with_path(admin_url, f"/{shop}"))
 
 
 def use(scratch: Scratch) -> None:
@@ -99,9 +112,11 @@ def use(scratch: Scratch) -> None:
 
 
 def drop(scratch: Scratch) -> None:
-    """Drop the scratch database (closing every connection to it) and empty the scratch Redis database."""
+    """Drop the scratch databases, the shop's too (closing every connection to them), and empty the scratch
+    Redis database."""
     with contextlib.suppress(redis.RedisError):
         redis.Redis.from_url(scratch.redis_url).flushdb()
     with _admin(scratch.admin_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(_database_name(scratch.database_url))))
+        for url in (scratch.database_url, scratch.shop_database_url):
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(_database_name(url))))

@@ -1,12 +1,13 @@
 """``python manage.py demo``: the whole platform under a noisy neighbour, live in the terminal.
 
 Brings the stack up (gunicorn, a Celery worker, a dispatcher, the
-coordinator) and a small local HTTP service, creates four tenants on three
-plans through the public API, floods the platform from one of them while two
-others run the feature workflows and keep themselves backlogged and a
-latecomer trickles in, shows it live, then prints a fairness summary, writes a
-PNG chart to the data dir, checks that every feature worked, and stops
-everything. Exits non-zero if a check failed.
+coordinator), the example shop's worker (``examples/shop``) and a small local
+HTTP service, creates four tenants on three plans through the public API,
+floods the platform from one of them while two others run the feature
+workflows, keep themselves backlogged and order from the shop, and a latecomer
+trickles in, shows it live, then prints a fairness summary, writes a PNG chart
+to the data dir, checks that every feature worked, and stops everything. Exits
+non-zero if a check failed.
 
 The demo works in scratch databases that it drops at the end, whatever
 happens (``ductor_project.demo.scratch`` says why).

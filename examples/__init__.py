@@ -1,0 +1,1 @@
+"""Example projects that use Ductor from the outside (each its own project, on its own path)."""
