@@ -137,9 +137,13 @@ def test_a_handed_off_item_of_a_kind_with_a_publisher_goes_to_it_and_stays_lease
     register_publisher("test.published", published.extend)
     try:
         enqueue(tenant, 1, kind="test.ran", prefix="ran")
-        enqueue(tenant, 2, kind="test.published", partitions=2, prefix="pub")
+        for n in range(2):  # due a little later: the message's first item is the one that runs here
+            fq.enqueue(f"pub{n}", tier="standard", partition=f"q{n}", payload={"kind": "test.published"},
+                       delay_ms=50, tenant=tenant)
         first = fq.dequeue(lease_ms=LEASE_MS)
         assert first is not None
+        assert first.item_id == "ran0"
+        time.sleep(0.1)
 
         assert run_message(first) == "ok"
     finally:
