@@ -1,0 +1,86 @@
+"""Task nodes' outcomes and publishing, in this process: each acts for the tenant it names only.
+
+The callbacks (``ductor.task_succeeded`` / ``ductor.task_failed``, run here
+through Celery's ``apply``: the worker's code path without a broker) and the
+dispatcher's publisher act in the tenant of the message or item; another
+tenant's step is out of their reach.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ductor_project.core.context import tenant_context
+from scheduling.fair_queue import Dequeued
+from tenants.models import Tenant
+from workflows import services
+from workflows.engine import task_nodes
+from workflows.models import StepRun, TaskCatalogEntry
+from workflows.tasks import task_failed, task_succeeded
+
+# Transactional: a run's first tick runs once its start commits.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
+
+
+def running_task_step(tenant: Tenant) -> StepRun:
+    """A run of a one-task workflow of ``tenant``, its step marked running (as once published)."""
+    TaskCatalogEntry.objects.get_or_create(name="team.add", defaults={"queue": "team"})
+    with tenant_context(tenant):
+        services.workflow_put(name="w", spec={"nodes": [{"id": "t", "type": "task", "task": "team.add"}]})
+        run, _ = services.run_start(workflow="w")
+        step = StepRun.objects.get(run=run)
+        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.RUNNING)
+        return step
+
+
+def status_of(tenant: Tenant, step: StepRun) -> str:
+    with tenant_context(tenant):
+        return StepRun.objects.get(pk=step.pk).status
+
+
+def ids(step: StepRun) -> dict[str, Any]:
+    return {"step_id": str(step.pk), "item_id": f"step:{step.pk}", "delivery": 1}
+
+
+def test_a_result_naming_another_tenant_changes_nothing_of_the_step(tenant_a, tenant_b):
+    victim = running_task_step(tenant_b[0])
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_a[0].pk), **ids(victim)}).get()
+    task_failed.apply(args=["celery-id"], kwargs={"tenant_id": str(tenant_a[0].pk), **ids(victim),
+                                                  "error": {"type": "ValueError", "message": "x"}}).get()
+    assert status_of(tenant_b[0], victim) == "running"
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(victim)}).get()
+    assert status_of(tenant_b[0], victim) == "succeeded"
+
+
+def test_a_result_with_no_tenant_is_refused_without_running(tenant_b):
+    victim = running_task_step(tenant_b[0])
+    result = task_succeeded.apply(args=[{"sum": 1}], kwargs=ids(victim))
+    assert result.state != "SUCCESS"  # refused (rejected), never run
+    assert status_of(tenant_b[0], victim) == "running"
+
+
+def test_a_failure_keeps_the_exceptions_type_and_message_and_may_be_retried(tenant_b):
+    step = running_task_step(tenant_b[0])
+    task_failed.apply(args=["celery-id"], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                                  "error": {"type": "OutOfStock", "module": "shop.services",
+                                                            "message": "2 in stock"}}).get()
+    with tenant_context(tenant_b[0]):
+        error = StepRun.objects.get(pk=step.pk).error
+    assert error["code"] == "task_failed"
+    assert error["message"] == "OutOfStock: 2 in stock"
+    assert error["retryable"] is True
+    assert error["exception"] == {"type": "OutOfStock", "module": "shop.services"}
+
+
+def test_the_publisher_acts_for_the_items_tenant_only(tenant_a, tenant_b):
+    victim = running_task_step(tenant_b[0])
+    with tenant_context(tenant_b[0]):
+        StepRun.objects.filter(pk=victim.pk).update(status=StepRun.Status.QUEUED)
+    forged = Dequeued(tenant_id=str(tenant_a[0].pk), item_id=f"step:{victim.pk}", tier="standard",
+                      partition="p", payload={"kind": "task", "step_id": str(victim.pk), "name": "team.add",
+                                              "queue": "team", "timeout_s": 30},
+                      waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)  # tenant B's step, "tenant A's" item
+    task_nodes.publish([forged])
+    assert status_of(tenant_b[0], victim) == "queued"  # not marked running, not sent
