@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, Func, IntegerField, QuerySet, TextField
+from django.db.models import F, Func, IntegerField, JSONField, OuterRef, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast, Coalesce
 
 from tenants.selectors import first_or_404, parse_uuid
@@ -14,7 +14,9 @@ from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun,
 
 
 def workflow_list() -> QuerySet[WorkflowDefinition]:
-    return WorkflowDefinition.objects.order_by("name")
+    """The tenant's workflows by name, each with its latest spec (``latest_spec``): one query."""
+    latest = WorkflowVersion.objects.filter(definition=OuterRef("pk")).order_by("-number").values("spec")[:1]
+    return WorkflowDefinition.objects.annotate(latest_spec=Subquery(latest, output_field=JSONField())).order_by("name")
 
 
 def get_workflow_for_tenant(name: str) -> WorkflowDefinition:

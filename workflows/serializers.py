@@ -30,6 +30,8 @@ class WorkflowSerializer(StrictModelSerializer):
 
     @extend_schema_field(SpecField(allow_null=True, help_text="The latest version's spec."))
     def get_spec(self, obj: WorkflowDefinition) -> Any:
+        if hasattr(obj, "latest_spec"):  # annotated by selectors.workflow_list: no query per row
+            return obj.latest_spec
         latest = obj.versions.order_by("-number").first()
         return latest.spec if latest else None
 

@@ -349,3 +349,13 @@ def test_the_admin_run_page_renders_the_dag_as_svg(client_a, tenant_a):
     assert "second" in html
     assert admin.get("/admin/workflows/workflowrun/").status_code == 200
     assert admin.get(f"/admin/workflows/workflowrun/?q={run['id']}").status_code == 200
+
+
+def test_the_workflow_list_reads_the_latest_specs_in_its_one_query(client_a, django_assert_max_num_queries):
+    for name in ("one", "two", "three", "four"):
+        create(client_a, name)
+    client_a.put("/api/v1/workflows/two", {"spec": spec(node("b"))}, format="json")
+    with django_assert_max_num_queries(3):  # the page and its count at most: not one more per workflow
+        listed = client_a.get("/api/v1/workflows").json()["results"]
+    assert {w["name"]: w["spec"]["nodes"][0]["id"] for w in listed} == {"four": "a", "one": "a", "three": "a",
+                                                                         "two": "b"}
