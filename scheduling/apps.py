@@ -1,4 +1,19 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+
+def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``DUCTOR_TASK_QUEUE_SLOTS`` is read when work is enqueued; a bad value is told at start."""
+    from scheduling import admission
+
+    try:
+        admission.queue_slots()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="ductor.E001")]
+    return []
 
 
 class SchedulingConfig(AppConfig):
@@ -28,3 +43,4 @@ class SchedulingConfig(AppConfig):
         register_ceiling_counter("rules", lambda: Rule.objects.count())
         register_handler(wakeups.ITEM_KIND, wakeups.run_wakeup)
         worker.install()
+        checks.register(check_task_settings)

@@ -186,3 +186,12 @@ def test_a_celery_connection_defaults_to_ductors_own_broker(client_a):
                                                       "config": {"queue": "shop"}}, format="json")
     assert response.status_code == 201, response.content
     assert response.json()["config"] == {"queue": "shop", "broker": "default"}
+
+
+def test_a_bad_queue_slots_setting_is_told_by_the_system_checks(settings):
+    from scheduling.apps import check_task_settings
+
+    settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": "many"}
+    assert [e.id for e in check_task_settings()] == ["ductor.E001"]
+    settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": "4", "eu/billing": "2"}
+    assert check_task_settings() == []
