@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -22,7 +21,6 @@ from ductor_project.core.context import current_tenant, tenant_context
 from scheduling import admission, fair_queue
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.routing_table import routing_table
-from tenants.models import Tenant
 from workflows.models import StepRun, WorkflowRun
 
 TICK = "tick"
@@ -73,16 +71,6 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
                            payload=payload, scope=scope, scopes=scopes)
 
     transaction.on_commit(push)
-
-
-def remove_on_commit(item_id: str) -> None:
-    """Withdraw the tenant's waiting item ``item_id`` once the surrounding transaction commits."""
-    transaction.on_commit(partial(_remove, current_tenant(), item_id))
-
-
-def _remove(tenant: Tenant, item_id: str) -> None:
-    with tenant_context(tenant):
-        fair_queue.remove(item_id)
 
 
 def release_on_commit(step: StepRun) -> None:

@@ -7,13 +7,13 @@ the items it dequeued to ``publish``, which, per tenant:
 
 1. marks their steps running (one ``UPDATE``), skipping those that moved on
    (cancelled meanwhile: their items are acked);
-2. sends each (a first delivery, or a delivery again within the step's timeout:
-   its publish was not confirmed) with ``send_task`` to the queue of the connection its admission
-   chose (else the catalog's default queue), on that connection's broker, with
-   the rendered input as keyword arguments (or one argument), the step's
-   identity in the headers (``HEADERS``) and Celery's own ``link`` /
-   ``link_error`` callbacks to ``ductor.task_succeeded`` / ``ductor.task_failed``
-   on ``ductor.results``;
+2. sends each (a first delivery, or a delivery again within the step's
+   timeout: its publish was not confirmed) with ``send_task`` to the queue of
+   the connection its admission chose (else the catalog's default queue), on
+   that connection's broker, with the rendered input as keyword arguments (or
+   one argument), the step's identity in the headers (``HEADERS``) and
+   Celery's own ``link`` / ``link_error`` callbacks to
+   ``ductor.task_succeeded`` / ``ductor.task_failed`` on ``ductor.results``;
 3. extends each item's lease to the end of the step's timeout, so the slots it
    holds stay held while the team's worker runs it: the timeout is the lease.
    An item delivered again once its step's timeout has passed (the reaper
@@ -24,8 +24,9 @@ The callbacks record the outcome and tick the run in one transaction
 that raised fails the step as retryable, with its exception's type and
 message: given by ``ductor_sdk``'s worker hook, else read from the result
 backend. A worker that died with the task is noticed by the timeout, which
-fails the step as retryable and acks the item (a cancel acks it at once). A result that arrives after a
-timeout or a cancel is recorded in the history and changes nothing else.
+fails the step as retryable and acks the item (a cancel acks it at once). A
+result that arrives after a timeout or a cancel is recorded in the history and
+changes nothing else.
 Delivery is at least once: an item whose publish was not confirmed (the
 dispatcher died, the broker was away) is published again after its lease.
 """
