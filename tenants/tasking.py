@@ -161,6 +161,9 @@ class TenantTask(Task):
 
 
 def tenant_task(*args: Any, **options: Any) -> Callable[..., Any]:
-    """Declare a Celery task that carries its tenant (see module docs)."""
+    """Declare a Celery task that carries its tenant (see module docs), on Ductor's app only: not
+    shared with another Celery app created in the same process (a team's, whose own task of the
+    same name, such as ``ductor_sdk``'s ``ductor.task_failed`` errback, must stay its own)."""
     options.setdefault("base", TenantTask)
+    options.setdefault("shared", False)
     return app.task(*args, **options)

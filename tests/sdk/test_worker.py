@@ -171,3 +171,16 @@ def test_the_client_and_the_worker_helpers_import_without_celery() -> None:
             "ductor_sdk.Client('http://localhost', 'dct_x_y').close()\n"
             "assert ductor_sdk.worker.current_step_or_none() is None")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_ductors_own_tasks_stay_off_a_team_app_made_in_the_same_process():
+    """A team's app that shares a process with Ductor (a test, a monolith) keeps its own
+    ``ductor.task_failed`` errback: Ductor's tasks are not shared with other apps."""
+    from celery import Celery
+    from ductor_sdk.worker import install
+
+    import workflows.tasks  # noqa: F401  (Ductor's own ductor.task_failed, registered on Ductor's app)
+
+    team = Celery("team-shared-process", set_as_current=False)
+    install(team)
+    assert "forwarder" in team.tasks["ductor.task_failed"].run.__qualname__
