@@ -33,6 +33,8 @@ app.conf.task_queues = (
     Queue(SYSTEM_QUEUE, Exchange(SYSTEM_QUEUE), routing_key=SYSTEM_QUEUE),
     Queue(RESULTS_QUEUE, Exchange(RESULTS_QUEUE), routing_key=RESULTS_QUEUE),
 )
+# The outcomes of task nodes, wherever they are sent from (the team's workers name the queue too).
+app.conf.task_routes = {name: {"queue": RESULTS_QUEUE} for name in ("ductor.task_succeeded", "ductor.task_failed")}
 app.autodiscover_tasks()
 
 

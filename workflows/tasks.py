@@ -10,20 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ductor_project.celery import RESULTS_QUEUE
 from tenants.tasking import tenant_task
 from workflows.engine import task_nodes
 from workflows.engine.task_nodes import Sent
 
 
-@tenant_task(name="ductor.task_succeeded", queue=RESULTS_QUEUE, ignore_result=True)
+@tenant_task(name="ductor.task_succeeded", ignore_result=True)
 def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                    admitted: str = "") -> None:
     """A task node's Celery task returned ``result``."""
     task_nodes.task_succeeded(result, Sent(step_id, item_id, delivery, connection_id, admitted))
 
 
-@tenant_task(name="ductor.task_failed", queue=RESULTS_QUEUE, ignore_result=True)
+@tenant_task(name="ductor.task_failed", ignore_result=True)
 def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                 admitted: str = "", error: Mapping[str, Any] | None = None) -> None:
     """A task node's Celery task raised (Celery sends its id; ``ductor_sdk``'s hook adds the error)."""
