@@ -67,13 +67,13 @@ def _keep(step: StepRun, run: WorkflowRun, outcome: Outcome) -> None:
     meanwhile (a terminated backend, a failover), it is recorded once more on a new one, rather
     than the item put back and the action run again."""
     try:
-        record_outcome(step, run, outcome)
+        record_outcome(step.id, run.pk, outcome)
     except (OperationalError, InterfaceError):
         if connection.in_atomic_block:
             raise
         log.warning("step_outcome_reconnecting", step_id=str(step.id))
         connection.close()
-        record_outcome(step, run, outcome)
+        record_outcome(step.id, run.pk, outcome)
 
 
 def admitted_routing(routing: dict[str, Any] | None, connection_id: str, admitted: str) -> dict[str, Any]:
@@ -95,19 +95,24 @@ def _start(step: StepRun, ctx: ItemContext) -> bool:
     ))
 
 
-def record_outcome(step: StepRun, run: WorkflowRun, outcome: Outcome, *,
-                   routing: dict[str, Any] | None = None) -> None:
+def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
+                   admission: tuple[str, str] | None = None) -> None:
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
     has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
-    history records. ``routing``, when given, replaces the step's routing trace with it."""
+    history records. ``admission`` (the connection its admission chose, and why), when given, goes
+    on the step's routing trace in the same ``UPDATE``."""
     with transaction.atomic():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
-        run = WorkflowRun.objects.select_for_update().get(pk=run.pk)
-        locked = StepRun.objects.select_for_update().filter(pk=step.id, status__in=ON_WORKER).first()
-        if locked is None:
-            log.info("step_result_discarded", step_id=str(step.id))
-            record_event(run, "step_result_discarded", step.node_id, attempt=step.attempt, result=outcome.status)
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+        locked = StepRun.objects.select_for_update().filter(pk=step_id, run_id=run_id).first()
+        if run is None or locked is None:
             return
+        if locked.status not in ON_WORKER:
+            log.info("step_result_discarded", step_id=str(step_id))
+            record_event(run, "step_result_discarded", locked.node_id, attempt=locked.attempt,
+                         result=outcome.status)
+            return
+        routing = admitted_routing(locked.routing, *admission) if admission else None
         finish(locked, outcome, routing=routing)
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", locked.node_id, attempt=locked.attempt,

@@ -55,7 +55,7 @@ from scheduling.routing_table import routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
-from workflows.engine.steps import admitted_routing, record_outcome
+from workflows.engine.steps import record_outcome
 from workflows.engine.timers import step_timeout
 from workflows.models import StepRun
 
@@ -139,8 +139,9 @@ def _send(item: Dequeued, step: StepRun) -> str:
                       f"routing chose no celery connection")
     app = broker_app(member.broker if member and member.broker else DEFAULT_BROKER)
     tenant_id = str(current_tenant().pk)
-    ids = {"tenant_id": tenant_id, "step_id": str(step.id), "item_id": item.item_id, "delivery": item.delivery,
-           "connection_id": member.connection_id if member else "", "admitted": item.admitted}
+    ids = {"tenant_id": tenant_id, "step_id": str(step.id), "run_id": str(step.run_id), "item_id": item.item_id,
+           "delivery": item.delivery, "connection_id": member.connection_id if member else "",
+           "admitted": item.admitted}
     value = step.input
     args, kwargs = ([], dict(value or {})) if call.get("arguments", "kwargs") == "kwargs" else ([value], {})
     app.send_task(
@@ -171,7 +172,7 @@ def broker_app(name: str) -> Celery:
 
 
 def _fail_unsent(step: StepRun, item: Dequeued, message: str) -> None:
-    record_outcome(step, step.run, Outcome.failed(StepErrorCode.PUBLISH_FAILED, message))
+    record_outcome(step.id, step.run_id, Outcome.failed(StepErrorCode.PUBLISH_FAILED, message))
     fair_queue.ack(item.item_id, delivery=item.delivery)
 
 
@@ -187,6 +188,7 @@ class Sent:
     delivery: int
     connection_id: str = ""
     admitted: str = ""
+    run_id: str = ""  # "" in a message published before it was sent: then read from the step
 
 
 def task_succeeded(result: Any, sent: Sent) -> None:
@@ -220,9 +222,8 @@ def exception_of(task_id: str) -> dict[str, str]:
 
 
 def _keep(sent: Sent, outcome: Outcome) -> None:
-    step = StepRun.objects.select_related("run").filter(pk=sent.step_id).first()
-    if step is not None:
-        record_outcome(step, step.run, outcome,
-                       routing=admitted_routing(step.routing, sent.connection_id, sent.admitted))
+    run_id = sent.run_id or StepRun.objects.filter(pk=sent.step_id).values_list("run_id", flat=True).first()
+    if run_id is not None:
+        record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
     # Its slots free once the outcome is kept (a late result's ack changes nothing).
     fair_queue.ack(sent.item_id, delivery=sent.delivery)
