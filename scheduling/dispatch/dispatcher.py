@@ -25,7 +25,7 @@ from scheduling import fair_queue
 from scheduling.dispatch import credits
 from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
 from scheduling.dispatch.delivery import Delivery
-from scheduling.dispatch.handlers import kind_of, publisher_for
+from scheduling.dispatch.handlers import hand_to_publishers
 from scheduling.dispatch.handoff import log_dispatch
 from scheduling.dispatch.worker import execute_item, message_kwargs
 
@@ -84,7 +84,7 @@ class Dispatcher:
         credits for as long as a published message may wait. Items of a kind with a publisher
         go to it, without a credit."""
         total = len(items)
-        items = self._hand_to_publishers(items)
+        items = hand_to_publishers(items)
         held = self._held[queue]
         sent: list[str] = []
         try:
@@ -101,25 +101,6 @@ class Dispatcher:
         finally:
             credits.mark_sent(queue, sent)
         return total
-
-    def _hand_to_publishers(self, items: list[fair_queue.Dequeued]) -> list[fair_queue.Dequeued]:
-        """Pass the items of kinds with a publisher to it; the others, to publish here."""
-        mine: list[fair_queue.Dequeued] = []
-        theirs: dict[str, list[fair_queue.Dequeued]] = {}
-        for item in items:
-            if publisher_for(kind_of(item)) is None:
-                mine.append(item)
-            else:
-                theirs.setdefault(kind_of(item), []).append(item)
-        for kind, group in theirs.items():
-            publisher = publisher_for(kind)
-            assert publisher is not None
-            try:
-                publisher(group)
-            except Exception:
-                # They stay leased and come back after their lease.
-                log.exception("publisher_failed", kind=kind, items=len(group))
-        return mine
 
     def _publish(self, item: fair_queue.Dequeued, credit: str, producer: Any) -> None:
         execute_item.apply_async(

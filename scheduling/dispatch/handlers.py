@@ -16,7 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from scheduling.fair_queue import Dequeued
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,26 @@ def register_publisher(kind: str, publisher: Publisher) -> None:
     _publishers[kind] = publisher
 
 
-def publisher_for(kind: str) -> Publisher | None:
-    """The publisher of ``kind``, or None when its items run on Ductor's workers."""
-    return _publishers.get(kind)
-
-
 def kind_of(item: Dequeued) -> str:
     """The kind an item's payload names ("" when none)."""
     return str(item.payload.get("kind", "")) if isinstance(item.payload, dict) else ""
+
+
+def hand_to_publishers(items: list[Dequeued]) -> list[Dequeued]:
+    """Pass the items of kinds with a publisher to it (per kind, in order); the others are left,
+    to run on Ductor's workers. What a dispatcher and a handoff both do with the items they take.
+    A publisher that fails is logged: its items stay leased and come back after their lease."""
+    left: list[Dequeued] = []
+    theirs: dict[str, list[Dequeued]] = {}
+    for item in items:
+        kind = kind_of(item)
+        if kind in _publishers:
+            theirs.setdefault(kind, []).append(item)
+        else:
+            left.append(item)
+    for kind, group in theirs.items():
+        try:
+            _publishers[kind](group)
+        except Exception:
+            log.exception("publisher_failed", kind=kind, items=len(group))
+    return left

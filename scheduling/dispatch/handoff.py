@@ -26,7 +26,7 @@ from ductor_project.core.context import no_tenant
 from scheduling import fair_queue
 from scheduling.dispatch import credits
 from scheduling.dispatch.delivery import Delivery, Outcome, run_delivery
-from scheduling.dispatch.handlers import kind_of, publisher_for
+from scheduling.dispatch.handlers import hand_to_publishers
 from scheduling.fair_queue import Finished
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 
@@ -80,9 +80,7 @@ def _run(item: fair_queue.Dequeued, queue: str, credit: str) -> tuple[Outcome, F
     """Run a handed-off item the way ``@tenant_task`` runs a message: in its own tenant's context
     alone. An item of a kind with a publisher (a task node's) is handed to it, as the dispatcher
     would: it stays leased until its outcome acks it."""
-    publisher = publisher_for(kind_of(item))
-    if publisher is not None:
-        publisher([item])
+    if not hand_to_publishers([item]):
         return Outcome.OK, None
     try:
         tenant = restore_tenant(item.tenant_id)
