@@ -57,8 +57,7 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
     pool_id = (routing.get("pool") or {}).get("id")
     payload: dict[str, Any] = {"kind": STEP, "step_id": step_id}
     if step.node_type == TASK:
-        payload = {"kind": TASK, "step_id": step_id, "run_id": str(run.id), "workflow": run.workflow_name,
-                   **(routing.get("task") or {})}
+        payload = {"kind": TASK, "step_id": step_id, "workflow": run.workflow_name, **(routing.get("task") or {})}
 
     def push() -> None:
         table = routing_table()

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ductor_project.core.errors import StepErrorCode
-from workflows.engine.attempts import ON_WORKER, Outcome, finish, node_of, refuse
+from workflows.engine.attempts import Outcome, finish, node_of, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, release_on_commit, wakeup_on_commit
 from workflows.engine.nodes import task_refusal
@@ -84,7 +84,7 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
     died with the task."""
 
     def go(step: StepRun, run: WorkflowRun) -> None:
-        if step.status not in ON_WORKER or (step.status == SStatus.QUEUED and step.node_type != TASK):
+        if step.status != SStatus.RUNNING:
             return
         finish(step, Outcome.failed(StepErrorCode.TIMEOUT, "step timed out", retryable=True))
         record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
