@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_stack, bench_worker, log, redis_client, setup_django, wait_until
+from bench.workflows import runs_per_s
 from ductor_project.stack import Child, Stack
 
 CONCURRENCY = 2
@@ -85,37 +86,13 @@ def tenant(weight: int, spec: dict[str, Any]) -> Any:
 
 
 def throughput(stack: Stack) -> dict[str, Any]:
-    """Task steps completed per second: chains of team.noop, a fixed number outstanding."""
-    from ductor_project.core.context import tenant_context
-    from workflows.models import WorkflowRun
-    from workflows.services import run_start
-
+    """Task steps completed per second: chains of team.noop, a fixed number outstanding (the
+    workflow benchmark's ``runs_per_s``, counted in steps)."""
     chain = [{"id": f"n{i}", "type": "task", "task": "team.noop", "depends_on": [f"n{i - 1}"] if i else []}
              for i in range(CHAIN)]
-    owner = tenant(1, {"nodes": chain})
-    active: set[Any] = set()
-    started_ids: list[Any] = []
-    done = 0
-    with tenant_context(owner):
-        began = time.perf_counter()
-        while done < RUNS:
-            while len(active) < OUTSTANDING and len(started_ids) < RUNS:
-                run = run_start(workflow="w")[0]
-                active.add(run.pk)
-                started_ids.append(run.pk)
-            ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
-                        .values_list("pk", flat=True))
-            active -= ended
-            done += len(ended)
-            if time.perf_counter() - began > DONE_TIMEOUT_S:
-                raise RuntimeError("the task chains did not finish")
-            time.sleep(POLL_S)
-        elapsed = time.perf_counter() - began
-        failed = WorkflowRun.objects.filter(pk__in=started_ids).exclude(status="succeeded").count()
-    if failed:
-        raise RuntimeError(f"{failed} task chains did not succeed")
-    return {"task_steps_per_s": round(RUNS * CHAIN / elapsed, 1), "steps": RUNS * CHAIN,
-            "seconds": round(elapsed, 2)}
+    runs = runs_per_s(tenant(1, {"nodes": chain}), "w", RUNS, OUTSTANDING)
+    return {"task_steps_per_s": round(runs["runs_per_s"] * CHAIN, 1), "steps": runs["completed"] * CHAIN,
+            "seconds": runs["seconds"]}
 
 
 def baseline() -> float:
