@@ -24,6 +24,7 @@ from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
 from tests.scheduling.broker_handlers import records
+from tests.scheduling.helpers import redis_now_ms, sleep_until
 from tests.scheduling.test_broker import HANDLERS, assert_drained, dispatching, enqueue, events, wait_for
 
 LEASE_MS = 30_000
@@ -140,10 +141,11 @@ def test_a_handed_off_item_of_a_kind_with_a_publisher_goes_to_it_and_stays_lease
         for n in range(2):  # due a little later: the message's first item is the one that runs here
             fq.enqueue(f"pub{n}", tier="standard", partition=f"q{n}", payload={"kind": "test.published"},
                        delay_ms=50, tenant=tenant)
+        due_ms = redis_now_ms(redis_client) + 50  # no earlier than theirs
         first = fq.dequeue(lease_ms=LEASE_MS)
         assert first is not None
         assert first.item_id == "ran0"
-        time.sleep(0.1)
+        sleep_until(redis_client, due_ms + 1)  # they are due when the message runs
 
         assert run_message(first) == "ok"
     finally:

@@ -18,6 +18,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -71,21 +72,28 @@ class Processes:
         self.stack.stop_all(grace_s=20)
 
 
-@pytest.fixture(scope="module")
-def stack(django_db_setup: None) -> Iterator[Processes]:
+@contextmanager
+def module_processes(**env: str) -> Iterator[Processes]:
+    """A flushed Redis and the module's processes, with the short lease, JSON logs and ``env``."""
     from ductor_project.core.redis import get_redis
 
     get_redis().flushdb()
     # For the module's lifetime: service_env() copies os.environ into every process started.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
-        mp.setenv("DUCTOR_LOG_FORMAT", "json")  # log_lines() reads the processes' JSON logs
+        for name, value in {"DUCTOR_LEASE_MS": str(LEASE_MS), "DUCTOR_LOG_FORMAT": "json", **env}.items():
+            mp.setenv(name, value)  # JSON: log_lines() reads the processes' logs
         running = Processes()
         try:
             running.start()
             yield running
         finally:
             running.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup: None) -> Iterator[Processes]:
+    with module_processes() as running:
+        yield running
 
 
 # -- helpers ------------------------------------------------------------------------------------

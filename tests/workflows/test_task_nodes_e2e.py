@@ -26,6 +26,7 @@ from tests.workflows.test_engine_e2e import (
     drained,
     finished,
     fresh,
+    module_processes,
     put,
     start,
     steps,
@@ -36,7 +37,6 @@ from workflows.models import TaskCatalogEntry
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-LEASE_MS = 3000
 # The team's queue has two slots that every tenant shares (the team's worker runs two at a time).
 TEAM_SLOTS = "team=2"
 
@@ -69,19 +69,8 @@ class TeamWorkers:
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None) -> Iterator[Processes]:
-    from ductor_project.core.redis import get_redis
-
-    get_redis().flushdb()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))
-        mp.setenv("DUCTOR_LOG_FORMAT", "json")
-        mp.setenv("DUCTOR_TASK_QUEUE_SLOTS", TEAM_SLOTS)
-        running = Processes()
-        try:
-            running.start()
-            yield running
-        finally:
-            running.stop()
+    with module_processes(DUCTOR_TASK_QUEUE_SLOTS=TEAM_SLOTS) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
