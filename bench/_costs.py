@@ -1,0 +1,142 @@
+"""What a phase of a benchmark cost the whole system: PostgreSQL statements and round trips, Redis
+commands, and CPU time by process kind, read before and after it.
+
+- **PostgreSQL**, from ``pg_stat_statements`` (the embedded server loads it; a server given by
+  ``DATABASE_URL`` must too, else these figures are absent): every call of every statement of
+  Ductor's database, by every role. ``roundtrips`` counts them all, since each is one round trip
+  outside pipeline mode; ``statements`` leaves out transaction control (``BEGIN``, ``COMMIT``,
+  savepoints) and the session's tenant and role settings.
+- **Redis**, from ``INFO stats``: ``roundtrips`` are the requests the server read from its
+  clients (``total_reads_processed``: a pipeline or a script is one), ``commands`` the commands it
+  ran (``total_commands_processed``, each command inside a script included).
+- **CPU**, from each process's user and system time (``psutil``), grouped by kind: the Celery
+  worker (its pool processes included), the dispatcher, the coordinator, the web server, the
+  PostgreSQL backends, Redis, and this benchmark process itself (which starts the runs and
+  polls for their end).
+
+The benchmark's own polling would count too: ``Costs.exclude()`` wraps it and takes its
+statements (counted in this process) back out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "SET ", "SELECT set_config(")
+
+
+def _kind(process: psutil.Process) -> str | None:
+    """Which part of the system ``process`` is, or None for none of it."""
+    try:
+        name, cmdline = process.name(), " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    if process.pid == os.getpid():
+        return "bench"
+    if name.startswith("postgres") or cmdline.startswith("postgres:"):
+        return "postgres"
+    if "redis-server" in name or "redis-server" in cmdline:
+        return "redis"
+    for marker, kind in (("celery", "worker"), ("run_dispatcher", "dispatcher"),
+                         ("run_coordinator", "coordinator"), ("gunicorn", "web")):
+        if marker in cmdline:
+            return kind
+    return None
+
+
+def cpu_seconds() -> dict[tuple[str, int], float]:
+    """The CPU seconds each process of the system has used so far, by (kind, pid)."""
+    seen: dict[tuple[str, int], float] = {}
+    for process in psutil.process_iter():
+        kind = _kind(process)
+        if kind is None:
+            continue
+        try:
+            times = process.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        seen[(kind, process.pid)] = times.user + times.system
+    return seen
+
+
+def pg_calls() -> tuple[int, int] | None:
+    """(all statement calls, those that are not transaction control or session settings) so far
+    in Ductor's database; None when ``pg_stat_statements`` is not there to ask."""
+    import psycopg
+    from django.conf import settings
+
+    url = settings.DATABASE_OWNER_URL or settings.DATABASE_URL
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT query, calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+                "WHERE d.datname = current_database()"
+            ).fetchall()
+    except psycopg.Error:
+        return None
+    every = sum(int(calls) for _, calls in rows)
+    control = sum(int(calls) for query, calls in rows if str(query).lstrip().upper().startswith(
+        tuple(c.upper() for c in CONTROL)))
+    return every, every - control
+
+
+def redis_requests() -> tuple[int, int]:
+    """(the requests read from clients, the commands run) by the queue's Redis so far."""
+    from ductor_project.core.redis import get_redis
+
+    stats = get_redis().info("stats")
+    return int(stats["total_reads_processed"]), int(stats["total_commands_processed"])
+
+
+@dataclass
+class Costs:
+    """The costs of the system between ``start()`` and ``per(units)``."""
+
+    cpu: dict[tuple[str, int], float] = field(default_factory=dict)
+    pg: tuple[int, int] | None = None
+    redis: tuple[int, int] = (0, 0)
+    excluded_statements: int = 0
+
+    @classmethod
+    def start(cls) -> Costs:
+        return cls(cpu=cpu_seconds(), pg=pg_calls(), redis=redis_requests())
+
+    @contextmanager
+    def exclude(self) -> Iterator[None]:
+        """Leave the statements this process runs inside the block out of the figures."""
+        from django.db import connection
+
+        def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            self.excluded_statements += 1
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(count):
+            yield
+
+    def per(self, units: int) -> dict[str, Any]:
+        """The costs since ``start()`` per unit (a step), as the benchmark's JSON prints them."""
+        units = max(units, 1)
+        now_cpu, now_pg, now_redis = cpu_seconds(), pg_calls(), redis_requests()
+        by_kind: dict[str, float] = {}
+        for key, seconds in now_cpu.items():
+            by_kind[key[0]] = by_kind.get(key[0], 0.0) + seconds - self.cpu.get(key, 0.0)
+        figures: dict[str, Any] = {
+            # Less the two INFO requests that read the figures.
+            "redis_roundtrips_per_step": round((now_redis[0] - self.redis[0] - 2) / units, 2),
+            "redis_commands_per_step": round((now_redis[1] - self.redis[1] - 2) / units, 2),
+            "cpu_ms_per_step": {kind: round(s * 1000 / units, 2) for kind, s in sorted(by_kind.items())},
+            "cpu_ms_per_step_total": round(sum(by_kind.values()) * 1000 / units, 2),
+        }
+        if self.pg is not None and now_pg is not None:
+            # Less the benchmark's own: its polling, and the one query that read the figures at start.
+            every = now_pg[0] - self.pg[0] - self.excluded_statements - 1
+            statements = now_pg[1] - self.pg[1] - self.excluded_statements - 1
+            figures["pg_roundtrips_per_step"] = round(every / units, 2)
+            figures["pg_statements_per_step"] = round(statements / units, 2)
+        return figures
