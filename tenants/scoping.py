@@ -37,7 +37,7 @@ from contextvars import ContextVar
 from typing import Any, ClassVar, TypeGuard
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.db import models
+from django.db import connections, models
 from django.db.models.fields.related_descriptors import (
     ForwardManyToOneDescriptor,
     ForwardOneToOneDescriptor,
@@ -167,6 +167,48 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
             return super().bulk_update(objs, fields, *args, **kwargs)
         finally:
             _links_checked.reset(token)
+
+
+_columns: dict[tuple[type[models.Model], str], str] = {}
+_converted: dict[tuple[type[models.Model], str], tuple[tuple[Any, list[Any]], ...]] = {}
+
+
+def row_columns(model: type[models.Model], alias: str = "") -> str:
+    """Every column of ``model``'s rows (of ``alias``, else its table), in the order
+    ``instances_of`` reads them: for the ``SELECT`` or ``RETURNING`` of a hand-written statement."""
+    found = _columns.get((model, alias))
+    if found is None:
+        quote = connections["default"].ops.quote_name
+        table = quote(alias or model._meta.db_table)
+        found = ", ".join(f"{table}.{quote(str(field.column))}" for field in model._meta.concrete_fields)
+        _columns[(model, alias)] = found
+    return found
+
+
+def _converters(model: type[models.Model], using: str) -> tuple[tuple[Any, list[Any]], ...]:
+    found = _converted.get((model, using))
+    if found is None:
+        connection = connections[using]
+        columns = [field.get_col(model._meta.db_table) for field in model._meta.concrete_fields]
+        found = tuple((col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+                      for col in columns)
+        _converted[(model, using)] = found
+    return found
+
+
+def instances_of(model: type[models.Model], rows: Iterable[Sequence[Any]], *, using: str = "default") -> list[Any]:
+    """``model`` instances of ``rows`` read with ``row_columns(model)``, as a queryset would make
+    them (each column converted, the stored tenant remembered)."""
+    connection, converters = connections[using], _converters(model, using)
+    names = [field.attname for field in model._meta.concrete_fields]
+    found = []
+    for row in rows:
+        values = list(row)
+        for i, (col, convert) in enumerate(converters):
+            for converter in convert:
+                values[i] = converter(values[i], col, connection)
+        found.append(model.from_db(using, names, values))
+    return found
 
 
 class TenantScopedManager(models.Manager[Any]):

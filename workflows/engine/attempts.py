@@ -7,19 +7,24 @@ node's retry policy may try again.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachetools import LRUCache
 from django.conf import settings
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
+from ductor_project.core.keys import tenant_key
 from ductor_project.core.payloads import payload_excess
 from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, release_on_commit
-from workflows.models import StepRun, WorkflowRun
+from workflows.engine.journal import add_step
+from workflows.engine.statements import attempts_of
+from workflows.models import StepRun, WorkflowRun, WorkflowVersion
 
 SStatus = StepRun.Status
 ACTIVE = frozenset({SStatus.SCHEDULED, SStatus.QUEUED, SStatus.RUNNING, SStatus.WAITING})
@@ -61,38 +66,79 @@ def payload_refusal(value: Any, what: str) -> Outcome | None:
     return Outcome.failed(StepErrorCode.PAYLOAD_TOO_LARGE, f"the {what} is {excess}", field=what)
 
 
+# Workflow versions never change, so a process keeps the specs it read (by tenant and version).
+_specs: LRUCache[str, dict[str, Any]] = LRUCache(maxsize=2048)
+_specs_lock = threading.Lock()
+
+
+def spec_of(run: WorkflowRun) -> dict[str, Any]:
+    """The normalized spec of the run's workflow version (``version_spec``)."""
+    if "workflow" in run._state.fields_cache:
+        return version_spec(run.workflow_id, known=run.workflow.spec)
+    return version_spec(run.workflow_id)
+
+
+def version_spec(version_id: Any, *, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The normalized spec of the tenant's workflow version ``version_id``, from this process's
+    cache (versions are immutable), else ``known`` or read once."""
+    key = tenant_key("spec", version_id)
+    with _specs_lock:
+        spec = _specs.get(key)
+    if spec is None:
+        spec = known if known is not None else (
+            WorkflowVersion.objects.filter(pk=version_id).values_list("spec", flat=True).get())
+        with _specs_lock:
+            _specs[key] = spec
+    return spec
+
+
 def nodes_of(run: WorkflowRun) -> list[dict[str, Any]]:
     """The nodes of the run's workflow version (normalized spec, topological order)."""
-    return list(run.workflow.spec.get("nodes", []))
+    return list(spec_of(run).get("nodes", []))
 
 
 def node_of(run: WorkflowRun, node_id: str) -> dict[str, Any]:
     """The spec node ``node_id`` of the run's version."""
-    return next(node for node in nodes_of(run) if node["id"] == node_id)
+    return node_in(spec_of(run), node_id)
+
+
+def node_in(spec: dict[str, Any], node_id: str) -> dict[str, Any]:
+    """The node ``node_id`` of ``spec``."""
+    return next(node for node in spec.get("nodes", []) if node["id"] == node_id)
 
 
 def latest_attempts(run: WorkflowRun) -> dict[str, StepRun]:
     """Each node's latest attempt, by node id (one query)."""
-    latest: dict[str, StepRun] = {}
-    for step in StepRun.objects.filter(run=run).order_by("node_id", "attempt"):
-        latest[step.node_id] = step
-    return latest
+    return {step.node_id: step for step in attempts_of(run.pk)}
+
+
+def new_step(run: WorkflowRun, node_id: str, node_type: str, status: str, **fields: Any) -> StepRun:
+    """A new attempt of ``node_id``: written with the tick's journal (``journal.add_step``)."""
+    return add_step(StepRun(run=run, node_id=node_id, node_type=node_type, status=status, **fields))
 
 
 def finish(step: StepRun, outcome: Outcome | str, *, routing: dict[str, Any] | None = None) -> None:
     """End ``step`` with ``outcome`` (or just a terminal status, such as cancelled or skipped),
-    and with ``routing`` as its routing trace when given."""
-    if isinstance(outcome, str):
-        outcome = Outcome(outcome)
-    step.status, step.output, step.error = outcome.status, outcome.output, outcome.error
-    step.finished_at = timezone.now()
-    fields: dict[str, Any] = {"status": step.status, "output": step.output, "error": step.error,
-                              "finished_at": step.finished_at}
+    and with ``routing`` as its routing trace when given. An attempt the journal has not written
+    yet is written so."""
+    fields = outcome_fields(outcome)
+    step.status, step.output, step.error, step.finished_at = (
+        fields["status"], fields["output"], fields["error"], fields["finished_at"])
     if routing is not None:
         step.routing = fields["routing"] = routing
+    if step._state.adding:
+        return
     # A scoped UPDATE of the row (no foreign key changes): one round trip, where save() would
     # first re-check the tenant of the step's run.
     StepRun.objects.filter(pk=step.pk).update(**fields)
+
+
+def outcome_fields(outcome: Outcome | str) -> dict[str, Any]:
+    """The columns of an attempt that ends with ``outcome`` (or just a terminal status)."""
+    if isinstance(outcome, str):
+        outcome = Outcome(outcome)
+    return {"status": outcome.status, "output": outcome.output, "error": outcome.error,
+            "finished_at": timezone.now()}
 
 
 def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode | Outcome, message: str = "",

@@ -22,7 +22,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -34,9 +33,10 @@ from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements
 from tenants.usage import QuotaExceeded, quota_consume
 from workflows import catalog
-from workflows.engine.attempts import Outcome, abort_active, payload_refusal, refuse
+from workflows.engine.attempts import Outcome, abort_active, new_step, payload_refusal, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
+from workflows.engine.statements import save_state
 from workflows.models import StepRun, WorkflowRun, WorkflowVersion
 
 SStatus = StepRun.Status
@@ -98,7 +98,7 @@ def _rendered_input(node: dict[str, Any], context: dict[str, Any]) -> tuple[Any,
 
 def _refused(run: WorkflowRun, node: dict[str, Any], status: str, refusal: Outcome) -> StepRun:
     """A step whose input was refused: recorded without it, failed for good."""
-    step = StepRun.objects.create(run=run, node_id=node["id"], node_type=node["type"], status=status)
+    step = new_step(run, node["id"], node["type"], status)
     refuse(run, step, refusal)
     return step
 
@@ -124,8 +124,7 @@ def _start_routed(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any
     kind = node["type"]
     refusal = task_refusal(node, rendered) if kind == "task" else None
     decision, trace = attempt_routing(run, node, rendered)
-    step = StepRun.objects.create(run=run, node_id=node["id"], node_type=kind, status=SStatus.QUEUED,
-                                  input=rendered, routing=trace)
+    step = new_step(run, node["id"], kind, SStatus.QUEUED, input=rendered, routing=trace)
     if refusal is not None:
         refuse(run, step, refusal)
         return step
@@ -133,7 +132,7 @@ def _start_routed(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any
         refuse(run, step, StepErrorCode.ROUTING_DENIED, decision.reason)
         return step
     enqueue_step(step, run)
-    record_event(run, "step_queued", node["id"], tier=decision.tier, rule=step.routing["rule"],
+    record_event(run, "step_queued", node["id"], tier=decision.tier, rule=trace["rule"],
                  pool=decision.pool.name if decision.pool else None)
     return step
 
@@ -148,8 +147,7 @@ def _sleep_until(node: dict[str, Any], now: datetime) -> datetime:
 
 def _start_sleep(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepRun:
     until = _sleep_until(node, now)
-    step = StepRun.objects.create(run=run, node_id=node["id"], node_type="sleep", status=SStatus.SCHEDULED,
-                                  scheduled_for=until)
+    step = new_step(run, node["id"], "sleep", SStatus.SCHEDULED, scheduled_for=until)
     record_event(run, "step_sleeping", node["id"], until=until.isoformat())
     wakeup_on_commit(str(step.id), kind="sleep_done", delay_s=max(0.0, (until - now).total_seconds()))
     return step
@@ -167,8 +165,7 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     rendered, refusal = _rendered_input(node, context)
     if refusal is not None:
         return _refused(run, node, SStatus.WAITING, refusal)
-    step = StepRun.objects.create(run=run, node_id=node_id, node_type="subworkflow", status=SStatus.WAITING,
-                                  input=rendered)
+    step = new_step(run, node_id, "subworkflow", SStatus.WAITING, input=rendered)
     limits = effective_entitlements(current_tenant())
     depth = run.nesting_depth + 1
     if depth > limits.max_nesting_depth:
@@ -191,12 +188,9 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
         parent_run=run, parent_node_id=node_id, root_run_id=run.root_run_id, nesting_depth=depth,
     )
     record_event(child, "created", parent=str(run.id), node_id=node_id)
-    step.child_run = child
-    if node.get("wait", True):
-        step.save(update_fields=["child_run"])
-    else:
+    step.child_run = child  # the journal writes the attempt with its child
+    if not node.get("wait", True):
         step.status, step.output, step.finished_at = SStatus.SUCCEEDED, {"run_id": str(child.id)}, timezone.now()
-        step.save(update_fields=["child_run", "status", "output", "finished_at"])
     record_event(run, "child_started", node_id, child_run=str(child.id))
     enqueue_tick(child)
     return step
@@ -212,8 +206,7 @@ def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, S
     try:
         quota_consume(runs=1)
     except QuotaExceeded as exc:
-        step = StepRun.objects.create(run=run, node_id=node_id, node_type="continue_as_new", status=SStatus.QUEUED,
-                                      input=rendered)
+        step = new_step(run, node_id, "continue_as_new", SStatus.QUEUED, input=rendered)
         latest[node_id] = step
         refuse(run, step, StepErrorCode.QUOTA_EXCEEDED, f"no successor run started: {exc.detail}",
                details=exc.details)
@@ -224,23 +217,20 @@ def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, S
         tags=run.tags, parent_run=run.parent_run, parent_node_id=run.parent_node_id,
         root_run_id=run.root_run_id, nesting_depth=run.nesting_depth, continued_from=run,
     )
-    latest[node_id] = StepRun.objects.create(run=run, node_id=node_id, node_type="continue_as_new",
-                                             status=SStatus.SUCCEEDED, input=rendered,
-                                             output={"run_id": str(successor.id)}, finished_at=now)
+    latest[node_id] = new_step(run, node_id, "continue_as_new", SStatus.SUCCEEDED, input=rendered,
+                               output={"run_id": str(successor.id)}, finished_at=now)
     record_event(successor, "created", continued_from=str(run.id))
     run.status, run.finished_at = WorkflowRun.Status.CONTINUED, now
     run.output = {"continued_as": str(successor.id)}
     record_event(run, "continued", node_id, successor=str(successor.id))
-    run.lock_version = F("lock_version") + 1
-    run.save()
+    save_state(run)
     enqueue_tick(successor)
     return True
 
 
 def finish_skipped(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepRun:
     """Record ``node`` as skipped (a false ``when``, or a skipped or cancelled dependency)."""
-    step = StepRun.objects.create(run=run, node_id=node["id"], node_type=node["type"], status=SStatus.SKIPPED,
-                                  finished_at=now)
+    step = new_step(run, node["id"], node["type"], SStatus.SKIPPED, finished_at=now)
     record_event(run, "step_skipped", node["id"])
     return step
 

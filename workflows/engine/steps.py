@@ -7,6 +7,13 @@ worker runs the action at once, without routing again, and records which
 connection the attempt uses and why on the attempt's routing trace. A
 duplicate or stale delivery, or an attempt cancelled or timed out meanwhile,
 does nothing; a result that arrives after that is discarded.
+
+The path is short on purpose (``docs/performance.md``): the attempt is started by
+one conditional ``UPDATE ... RETURNING`` (its spec node comes from the process's
+cache, by the version its item names); its outcome is one transaction that
+locks the run by touching it, finishes the attempt by another conditional
+``UPDATE``, and ticks the run in a savepoint, with the events and the new
+attempts in one ``INSERT`` each.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 
 import structlog
 from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
@@ -25,9 +33,11 @@ from scheduling.dispatch.handlers import ItemContext
 from scheduling.models import Connection
 from scheduling.routing_table import routing_table
 from workflows.actions import ActionCall, get_action
-from workflows.engine.attempts import ON_WORKER, Outcome, finish, node_of, payload_refusal
+from workflows.engine.attempts import ON_WORKER, Outcome, node_in, outcome_fields, payload_refusal, version_spec
 from workflows.engine.events import jsonable, record_event
-from workflows.engine.tick import tick_now
+from workflows.engine.journal import journal
+from workflows.engine.statements import Started, finish_running, lock_run, start_attempt
+from workflows.engine.tick import advance_locked
 from workflows.models import StepRun, WorkflowRun
 
 log = structlog.get_logger(__name__)
@@ -42,38 +52,39 @@ def execute_step(ctx: ItemContext, body: dict[str, Any]) -> None:
 
 
 def _execute(step_id: str, ctx: ItemContext) -> None:
-    # A plain read, no lock: every write below is conditional on the step's status (one round
-    # trip each, on the start path of every step).
-    step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
-    if step is None or step.status not in ON_WORKER:
+    step = start_attempt(step_id, admitted_routing(None, ctx.connection_id, ctx.admitted))
+    if step is None:
+        _cancel_if_run_ended(step_id)
         return
-    run = step.run
-    if run.is_terminal or run.cancel_requested:
-        StepRun.objects.filter(pk=step.pk, status__in=ON_WORKER).update(
-            status=SStatus.CANCELLED, finished_at=timezone.now()
-        )
-        return
-    node = node_of(run, step.node_id)
+    node = node_in(version_spec(step.version_id), step.node_id)
     # Bound for this step only: a plain bind would leak into the next task of the worker process.
-    with structlog.contextvars.bound_contextvars(run_id=str(run.id), node_id=step.node_id):
-        if _start(step, ctx):
-            if node.get("timeout_s"):
-                schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
-            _keep(step, run, _call_action(node["action"], step, ctx.connection_id, str(run.id)))
+    with structlog.contextvars.bound_contextvars(run_id=str(step.run_id), node_id=step.node_id):
+        if node.get("timeout_s"):
+            schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
+        _keep(step, _call_action(node["action"], step, ctx.connection_id, str(step.run_id)))
 
 
-def _keep(step: StepRun, run: WorkflowRun, outcome: Outcome) -> None:
+def _cancel_if_run_ended(step_id: str) -> None:
+    """The attempt did not start: cancel it if its run ended or is cancelled (a duplicate or a
+    stale delivery, or an attempt that moved on, is left as it is)."""
+    ended = Q(run__status__in=WorkflowRun.TERMINAL) | Q(run__cancel_requested=True)
+    StepRun.objects.filter(ended, pk=step_id, status__in=ON_WORKER).update(
+        status=SStatus.CANCELLED, finished_at=timezone.now()
+    )
+
+
+def _keep(step: Started, outcome: Outcome) -> None:
     """Record the outcome of an action that ran. Should the database connection have been lost
     meanwhile (a terminated backend, a failover), it is recorded once more on a new one, rather
     than the item put back and the action run again."""
     try:
-        record_outcome(step.id, run.pk, outcome)
+        record_outcome(step.id, step.run_id, outcome)
     except (OperationalError, InterfaceError):
         if connection.in_atomic_block:
             raise
         log.warning("step_outcome_reconnecting", step_id=str(step.id))
         connection.close()
-        record_outcome(step.id, run.pk, outcome)
+        record_outcome(step.id, step.run_id, outcome)
 
 
 def admitted_routing(routing: dict[str, Any] | None, connection_id: str, admitted: str) -> dict[str, Any]:
@@ -86,41 +97,32 @@ def admitted_routing(routing: dict[str, Any] | None, connection_id: str, admitte
     return routing
 
 
-def _start(step: StepRun, ctx: ItemContext) -> bool:
-    """Mark the attempt running, with the connection its admission chose on its trace. False when
-    it was cancelled or timed out since it was read: the action must not be called."""
-    routing = admitted_routing(step.routing, ctx.connection_id, ctx.admitted)
-    return bool(StepRun.objects.filter(pk=step.id, status__in=ON_WORKER).update(
-        status=SStatus.RUNNING, started_at=timezone.now(), routing=routing
-    ))
-
-
 def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
                    admission: tuple[str, str] | None = None) -> None:
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
     has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
     history records. ``admission`` (the connection its admission chose, and why), when given, goes
     on the step's routing trace in the same ``UPDATE``."""
-    with transaction.atomic():
+    with transaction.atomic(), journal():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
-        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
-        locked = StepRun.objects.select_for_update().filter(pk=step_id, run_id=run_id).first()
-        if run is None or locked is None:
+        run = lock_run(run_id)
+        if run is None:
             return
-        if locked.status not in ON_WORKER:
-            log.info("step_result_discarded", step_id=str(step_id))
-            record_event(run, "step_result_discarded", locked.node_id, attempt=locked.attempt,
-                         result=outcome.status)
+        added = admitted_routing(None, *admission) if admission else None
+        finished = finish_running(step_id, run_id, outcome_fields(outcome), added)
+        if finished is None:
+            found = StepRun.objects.filter(pk=step_id, run_id=run_id).values_list("node_id", "attempt").first()
+            if found is not None:
+                log.info("step_result_discarded", step_id=str(step_id))
+                record_event(run, "step_result_discarded", found[0], attempt=found[1], result=outcome.status)
             return
-        routing = admitted_routing(locked.routing, *admission) if admission else None
-        finish(locked, outcome, routing=routing)
         error = outcome.error or {}
-        record_event(run, f"step_{outcome.status}", locked.node_id, attempt=locked.attempt,
+        record_event(run, f"step_{outcome.status}", finished[0], attempt=finished[1],
                      error=error.get("code") if error else None)
-        tick_now(run)
+        advance_locked(run)
 
 
-def _call_action(name: str, step: StepRun, connection_id: str, run_id: str) -> Outcome:
+def _call_action(name: str, step: Started, connection_id: str, run_id: str) -> Outcome:
     connection = Connection.objects.filter(pk=connection_id).first() if connection_id else None
     call = ActionCall(input=step.input, connection=connection, attempt=step.attempt,
                       idempotency_key=f"{run_id}:{step.node_id}:{step.attempt}")

@@ -15,16 +15,26 @@ from typing import Any
 
 import structlog
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from ductor_project.core.errors import StepErrorCode
 from scheduling import templates
 from scheduling.dispatch.handlers import ItemContext
 from workflows.engine import nodes
-from workflows.engine.attempts import Outcome, abort_active, finish, latest_attempts, nodes_of, payload_refusal
+from workflows.engine.attempts import (
+    Outcome,
+    abort_active,
+    finish,
+    latest_attempts,
+    new_step,
+    nodes_of,
+    payload_refusal,
+    spec_of,
+)
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick, wakeup_on_commit
+from workflows.engine.journal import current_journal, journal
+from workflows.engine.statements import lock_run, save_state, state_of
 from workflows.models import StepRun, WorkflowRun
 from workflows.spec import backoff_delay
 
@@ -36,30 +46,31 @@ SStatus = StepRun.Status
 
 def tick(run_id: Any) -> None:
     """Advance one run. Idempotent; runs in the run's tenant context with the run row locked."""
-    with structlog.contextvars.bound_contextvars(run_id=str(run_id)), transaction.atomic():
-        run = (
-            WorkflowRun.objects.select_for_update(of=("self",))  # not the shared version row
-            .select_related("workflow")
-            .filter(pk=run_id)
-            .first()
-        )
-        if run is None or run.is_terminal:
-            return
-        if run.cancel_requested:
-            _cancel(run)
-            return
-        now = timezone.now()
-        if run.status == Status.PENDING:
-            run.status, run.started_at = Status.RUNNING, now
-            record_event(run, "started")
-        latest = latest_attempts(run)
-        _apply_children(run, latest)
-        _retry_failed(run, latest, now)
-        if _start_ready(run, latest, now):
-            return  # continued as new
-        _finish_if_done(run, latest)
-        run.lock_version = F("lock_version") + 1
-        run.save()
+    with structlog.contextvars.bound_contextvars(run_id=str(run_id)), transaction.atomic(), journal():
+        run = lock_run(run_id)
+        if run is not None:
+            advance(run)
+
+
+def advance(run: WorkflowRun) -> None:
+    """The tick's work on ``run``, whose row ``lock_run`` locked, inside a journal."""
+    if run.is_terminal:
+        return
+    if run.cancel_requested:
+        _cancel(run)
+        return
+    before, now = state_of(run), timezone.now()
+    if run.status == Status.PENDING:
+        run.status, run.started_at = Status.RUNNING, now
+        record_event(run, "started")
+    latest = latest_attempts(run)
+    _apply_children(run, latest)
+    _retry_failed(run, latest, now)
+    if _start_ready(run, latest, now):
+        return  # continued as new
+    _finish_if_done(run, latest)
+    if state_of(run) != before:
+        save_state(run)
 
 
 def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
@@ -68,16 +79,29 @@ def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
 
 
 def tick_now(run: WorkflowRun) -> None:
-    """Advance ``run`` at once, in this process, instead of through the queue: a hop saved.
-
-    Inside a transaction that holds the run's row lock (a step recording its
-    outcome), the tick runs in a savepoint of it and its writes commit with it.
-    Should the tick fail, its writes are rolled back and the tick is enqueued.
-    """
+    """Advance ``run`` at once, in this process, instead of through the queue: a hop saved
+    (the first tick of a run just started). Should the tick fail, the tick is enqueued."""
     try:
         tick(run.pk)
     except Exception:
         log.exception("inline_tick_failed", run_id=str(run.pk))
+        enqueue_tick(run)
+
+
+def advance_locked(run: WorkflowRun) -> None:
+    """Advance ``run`` inside the transaction that locked it (``lock_run``) and its journal: a
+    step recording its outcome. The tick runs in a savepoint, and its writes commit with the
+    outcome; should it fail, its writes are rolled back alone (the outcome's are kept) and the
+    tick is enqueued."""
+    gathered = current_journal()
+    mark = gathered.mark()
+    try:
+        with transaction.atomic():
+            advance(run)
+            gathered.flush()
+    except Exception:
+        log.exception("inline_tick_failed", run_id=str(run.pk))
+        gathered.rollback_to(mark)
         enqueue_tick(run)
 
 
@@ -113,11 +137,8 @@ def _retry_failed(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -
         if isinstance(retry_after, int | float):
             delay = max(delay, float(retry_after))
         routing = nodes.attempt_routing(run, node, step.input)[1] if node["type"] in nodes.ROUTED else None
-        nxt = StepRun.objects.create(
-            run=run, node_id=node_id, node_type=step.node_type, attempt=step.attempt + 1,
-            status=SStatus.SCHEDULED, input=step.input, scheduled_for=now + timedelta(seconds=delay),
-            routing=routing,
-        )
+        nxt = new_step(run, node_id, step.node_type, SStatus.SCHEDULED, attempt=step.attempt + 1, input=step.input,
+                       scheduled_for=now + timedelta(seconds=delay), routing=routing)
         latest[node_id] = nxt
         record_event(run, "step_retry_scheduled", node_id, attempt=nxt.attempt, delay_s=round(delay, 3))
         wakeup_on_commit(str(nxt.id), kind="step_retry", delay_s=delay)
@@ -174,7 +195,7 @@ def _finish_if_done(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
         return
     if len(latest) < len(nodes_of(run)) or any(s.status not in StepRun.TERMINAL for s in latest.values()):
         return
-    output = templates.render(run.workflow.spec.get("output"), context_of(run, latest))
+    output = templates.render(spec_of(run).get("output"), context_of(run, latest))
     refusal = payload_refusal(output, "output")
     if refusal is not None:
         _fail(run, latest, {"node": None, "attempt": None, "error": refusal.error})
@@ -196,8 +217,7 @@ def _cancel(run: WorkflowRun) -> None:
     abort_active(latest_attempts(run), SStatus.CANCELLED)
     run.status, run.finished_at = Status.CANCELLED, timezone.now()
     record_event(run, "cancelled")
-    run.lock_version = F("lock_version") + 1
-    run.save()
+    save_state(run)
     _notify_parent(run)
 
 

@@ -1,0 +1,132 @@
+"""A tick's writes, gathered: the step attempts it creates and the events it appends reach
+PostgreSQL in one multi-row ``INSERT`` each when the tick ends, in its transaction, rather than
+one round trip per row.
+
+Inside ``with journal():`` a new attempt (``add_step``) is kept in memory until the block ends:
+it can still be changed (``attempts.finish`` of an unsaved attempt sets its fields only), and
+its id is known at once. An event (``add_event``) is numbered when it is written: its ``seq``
+follows the run's last one in the same statement (the run's row lock orders the writers).
+Outside a block each write goes at once. A nested block joins the outer one; ``mark()`` and
+``rollback_to()`` drop what was gathered since a mark, as a savepoint rolled back drops what was
+written since it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from ductor_project.core.context import current_tenant
+from workflows.models import RunEvent, StepRun, WorkflowRun
+
+
+@dataclass(frozen=True)
+class _Event:
+    run_id: Any
+    type: str
+    node_id: str
+    data: Any
+    at: datetime
+
+
+@dataclass
+class Journal:
+    """The attempts and events written inside one ``journal()`` block, not yet in PostgreSQL."""
+
+    steps: list[StepRun] = field(default_factory=list)
+    events: list[_Event] = field(default_factory=list)
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.steps), len(self.events)
+
+    def rollback_to(self, mark: tuple[int, int]) -> None:
+        del self.steps[mark[0]:]
+        del self.events[mark[1]:]
+
+    def flush(self) -> None:
+        """Write what was gathered: the attempts in one ``INSERT``, then the events in one. Should
+        a write fail, nothing is forgotten (``rollback_to`` then drops what must go)."""
+        if self.steps:
+            StepRun.objects.bulk_create(self.steps)
+        if self.events:
+            _insert_events(self.events)
+        self.steps, self.events = [], []
+
+
+_current: ContextVar[Journal | None] = ContextVar("ductor_engine_journal", default=None)
+
+
+@contextmanager
+def journal() -> Iterator[Journal]:
+    """Gather the writes of the block and make them when it ends without an error (see the
+    module docs). Inside a transaction: what it writes commits or rolls back with it."""
+    outer = _current.get()
+    if outer is not None:
+        yield outer
+        return
+    gathered = Journal()
+    token = _current.set(gathered)
+    try:
+        yield gathered
+        gathered.flush()
+    finally:
+        _current.reset(token)
+
+
+def current_journal() -> Journal:
+    """The journal of the block in progress; raises outside one."""
+    gathered = _current.get()
+    if gathered is None:
+        raise RuntimeError("no journal in progress")
+    return gathered
+
+
+def add_step(step: StepRun) -> StepRun:
+    """Create the attempt ``step`` (an unsaved row): at the end of the journal, else at once."""
+    gathered = _current.get()
+    if gathered is None:
+        step.save(force_insert=True)
+    else:
+        gathered.steps.append(step)
+    return step
+
+
+def add_event(run: WorkflowRun, type_: str, node_id: str, data: Any) -> None:
+    """Append an event to ``run``'s history: at the end of the journal, else at once. ``data``
+    is stored as JSON carries it (dates and other objects as text)."""
+    event = _Event(run.pk, type_, node_id, data, timezone.now())
+    gathered = _current.get()
+    if gathered is None:
+        _insert_events([event])
+    else:
+        gathered.events.append(event)
+
+
+def _insert_events(events: list[_Event]) -> None:
+    """One ``INSERT`` of ``events``: each run's numbered on from its last ``seq``, read in the
+    same statement (which does not see its own rows, hence the offsets ``n``)."""
+    tenant_id = current_tenant().pk
+    offsets: dict[Any, int] = {}
+    values, params = [], []
+    for event in events:
+        offsets[event.run_id] = n = offsets.get(event.run_id, 0) + 1
+        values.append("(%s::uuid, %s::integer, %s, %s, %s::jsonb, %s::timestamptz)")
+        params += [event.run_id, n, event.type, event.node_id, json.dumps(event.data, default=str), event.at]
+    table = RunEvent._meta.db_table
+    # The table is the model's, and every value a placeholder.
+    sql = (
+        f"INSERT INTO {table} (tenant_id, run_id, seq, type, node_id, data, created_at) "  # noqa: S608
+        f"SELECT %s::uuid, v.run_id, COALESCE((SELECT max(e.seq) FROM {table} e "
+        "WHERE e.tenant_id = %s::uuid AND e.run_id = v.run_id), 0) + v.n, v.type, v.node_id, v.data, v.created_at "
+        f"FROM (VALUES {', '.join(values)}) AS v (run_id, n, type, node_id, data, created_at)"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant_id, tenant_id, *params])

@@ -1,0 +1,137 @@
+"""The step path's statements, written out: each one round trip, each scoped to the tenant.
+
+Every step runs these, so they are plain SQL rather than querysets (a queryset costs more to
+build than the statement costs PostgreSQL to run; ``docs/performance.md``). Each names the
+tenant in context (``current_tenant()``, which raises without one, so they fail closed as the
+scoped managers do) and row-level security holds them to it as it holds every query.
+
+- ``lock_run``: one ``UPDATE ... RETURNING`` takes the run's row lock (as ``SELECT ... FOR
+  UPDATE`` would), marks it as moving (``updated_at``, which the reconciler reads, and
+  ``lock_version``) and reads it.
+- ``start_attempt``: a queued attempt whose run is still going becomes running, and is read
+  with its run's version.
+- ``finish_running``: a running attempt ends with its outcome; nothing happens to one that
+  moved on (cancelled, timed out).
+- ``attempts_of``: every attempt of a run.
+- ``save_state``: what a tick changed of the run's state (status, times, output, error).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from ductor_project.core.context import current_tenant
+from tenants.scoping import instances_of, row_columns
+from workflows.models import StepRun, WorkflowRun
+
+STATE = ("status", "started_at", "finished_at", "output", "error")
+RUNS, STEPS = WorkflowRun._meta.db_table, StepRun._meta.db_table
+# The statuses of a step that a worker may (still) run, and of a run that ended.
+ON_WORKER = [StepRun.Status.QUEUED.value, StepRun.Status.RUNNING.value]
+ENDED = [str(status) for status in WorkflowRun.TERMINAL]
+
+
+@dataclass(frozen=True)
+class Started:
+    """An attempt a worker started: what it needs to call the action and record the outcome."""
+
+    id: Any
+    run_id: Any
+    node_id: str
+    attempt: int
+    input: Any
+    version_id: Any
+
+
+def _json(value: Any) -> str | None:
+    """A JSON column's parameter: SQL NULL for None (as a ``JSONField`` stores it)."""
+    return None if value is None else json.dumps(value)
+
+
+def _loaded(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _routing_update(added: dict[str, Any] | None, alias: str = "") -> tuple[str, list[Any]]:
+    """The ``SET`` clause part that adds ``added`` to an attempt's routing trace, if any."""
+    if not added:
+        return "", []
+    column = f"{alias}.routing" if alias else "routing"
+    return f", routing = COALESCE({column}, '{{}}'::jsonb) || %s::jsonb", [json.dumps(added)]
+
+
+def lock_run(run_id: Any) -> WorkflowRun | None:
+    """The run ``run_id`` of the tenant in context, its row locked until the transaction ends
+    and touched; None when there is no such run."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {RUNS} SET updated_at = %s, lock_version = lock_version + 1 "  # noqa: S608 - no value in the text
+            f"WHERE tenant_id = %s AND id = %s RETURNING {row_columns(WorkflowRun)}",
+            [timezone.now(), current_tenant().pk, run_id],
+        )
+        rows = instances_of(WorkflowRun, cursor.fetchall())
+    return rows[0] if rows else None
+
+
+def start_attempt(step_id: Any, added: dict[str, Any] | None) -> Started | None:
+    """Mark the attempt ``step_id`` running (with ``added`` on its routing trace) and read it,
+    if a worker may run it: it is queued (or running: a delivery again after a lost lease) and
+    its run has neither ended nor been asked to cancel. None otherwise."""
+    routing, routing_params = _routing_update(added, "s")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {STEPS} s SET status = %s, started_at = %s{routing} FROM {RUNS} r "  # noqa: S608
+            "WHERE s.tenant_id = %s AND s.id = %s AND s.status = ANY(%s) "
+            "AND r.tenant_id = s.tenant_id AND r.id = s.run_id AND NOT r.status = ANY(%s) AND NOT r.cancel_requested "
+            "RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, r.workflow_id",
+            [StepRun.Status.RUNNING.value, timezone.now(), *routing_params, current_tenant().pk, step_id,
+             ON_WORKER, ENDED],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return Started(row[0], row[1], row[2], row[3], _loaded(row[4]), row[5])
+
+
+def finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: dict[str, Any] | None,
+                   ) -> tuple[str, int] | None:
+    """End the attempt ``step_id`` of run ``run_id`` with ``fields`` (``attempts.outcome_fields``)
+    and ``added`` on its trace, if a worker may still run it; its node and attempt number, or
+    None when it moved on (cancelled, timed out) or is not there."""
+    routing, routing_params = _routing_update(added)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {STEPS} SET status = %s, output = %s::jsonb, error = %s::jsonb, "  # noqa: S608
+            f"finished_at = %s{routing} "
+            "WHERE tenant_id = %s AND id = %s AND run_id = %s AND status = ANY(%s) RETURNING node_id, attempt",
+            [fields["status"], _json(fields["output"]), _json(fields["error"]), fields["finished_at"],
+             *routing_params, current_tenant().pk, step_id, run_id, ON_WORKER],
+        )
+        row = cursor.fetchone()
+    return (row[0], row[1]) if row is not None else None
+
+
+def attempts_of(run_id: Any) -> list[StepRun]:
+    """Every attempt of the run ``run_id``, by node and attempt number."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {row_columns(StepRun)} FROM {STEPS} "  # noqa: S608
+            "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt",
+            [current_tenant().pk, run_id],
+        )
+        return instances_of(StepRun, cursor.fetchall())
+
+
+def state_of(run: WorkflowRun) -> tuple[Any, ...]:
+    return tuple(getattr(run, name) for name in STATE)
+
+
+def save_state(run: WorkflowRun) -> None:
+    """Write the run's state (status, times, output, error) as it is in memory."""
+    WorkflowRun.objects.filter(pk=run.pk).update(**{name: getattr(run, name) for name in STATE})
+
