@@ -1,0 +1,147 @@
+"""The step path's hand-written statements and the tick's journal, against the real PostgreSQL.
+
+Each statement is scoped like a scoped manager: it sees only the rows of the tenant in context
+(another tenant's run or attempt is not there for it, and is left as it was) and refuses to run
+without a tenant. The journal writes a tick's attempts and events in one ``INSERT`` each, in
+order, and forgets what a rolled-back savepoint wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from ductor_project.core.context import TenantScopeError, tenant_context
+from tenants.models import Tenant
+from workflows import services
+from workflows.engine import statements
+from workflows.engine.attempts import outcome_fields
+from workflows.engine.events import record_event
+from workflows.engine.journal import journal
+from workflows.models import RunEvent, StepRun, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ONE = {"nodes": [{"id": "a", "type": "action", "action": "echo", "input": {"n": 1}}]}
+
+
+def started_run(tenant: Tenant) -> tuple[WorkflowRun, StepRun]:
+    """A run of ``tenant`` whose one step is queued (its first tick ran in ``run_start``)."""
+    with tenant_context(tenant):
+        services.workflow_put(name="one", spec=ONE)
+        run = services.run_start(workflow="one")[0]
+        return WorkflowRun.objects.get(pk=run.pk), StepRun.objects.get(run=run)
+
+
+@pytest.fixture
+def two(redis_client: Any, tenant_a: tuple[Tenant, str], tenant_b: tuple[Tenant, str],
+        ) -> tuple[Tenant, Tenant, WorkflowRun, StepRun]:
+    """Tenants a and b, and b's run with its queued step."""
+    run, step = started_run(tenant_b[0])
+    return tenant_a[0], tenant_b[0], run, step
+
+
+def stored(step: StepRun) -> tuple[Any, ...]:
+    return tuple(StepRun.all_tenants.filter(pk=step.pk).values_list("status", "output", "routing").get())
+
+
+def test_a_started_attempt_is_read_with_its_runs_version_and_its_admission_on_its_trace(two: Any) -> None:
+    _, b, run, step = two
+    with tenant_context(b):
+        started = statements.start_attempt(step.pk, {"admitted": "pool p"})
+        assert started is not None
+        assert (started.id, started.run_id, started.node_id, started.attempt, started.input, started.version_id) == (
+            step.pk, run.pk, "a", 1, {"n": 1}, run.workflow_id)
+        again = StepRun.objects.get(pk=step.pk)
+    assert again.status == "running"
+    assert again.started_at is not None
+    assert again.routing == {**(step.routing or {}), "admitted": "pool p"}
+
+
+def test_no_attempt_starts_once_its_run_is_asked_to_cancel(two: Any) -> None:
+    _, b, run, step = two
+    WorkflowRun.all_tenants.filter(pk=run.pk).update(cancel_requested=True)
+    with tenant_context(b):
+        assert statements.start_attempt(step.pk, None) is None
+    assert stored(step)[0] == "queued"
+
+
+def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
+    a, _, run, step = two
+    before_run = WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get()
+    before_step = stored(step)
+    with tenant_context(a):
+        assert statements.lock_run(run.pk) is None
+        assert statements.start_attempt(step.pk, {"admitted": "stolen"}) is None
+        assert statements.finish_running(step.pk, run.pk, outcome_fields("succeeded"), None) is None
+        assert statements.attempts_of(run.pk) == []
+    assert WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get() == before_run
+    assert stored(step) == before_step
+
+
+def test_the_statements_refuse_to_run_without_a_tenant(two: Any) -> None:
+    _, _, run, step = two
+    for call in (lambda: statements.lock_run(run.pk), lambda: statements.start_attempt(step.pk, None),
+                 lambda: statements.finish_running(step.pk, run.pk, outcome_fields("succeeded"), None),
+                 lambda: statements.attempts_of(run.pk)):
+        with pytest.raises(TenantScopeError):
+            call()
+
+
+def test_a_running_attempt_finishes_once_and_one_that_moved_on_is_left_alone(two: Any) -> None:
+    _, b, run, step = two
+    with tenant_context(b):
+        assert statements.start_attempt(step.pk, None) is not None
+        done = outcome_fields("succeeded") | {"output": {"x": [1, None]}}
+        assert statements.finish_running(step.pk, run.pk, done, {"admitted": "ok"}) == ("a", 1)
+        assert statements.finish_running(step.pk, run.pk, outcome_fields("failed"), None) is None
+        assert statements.finish_running(step.pk, "00000000-0000-0000-0000-000000000000", done, None) is None
+        (attempt,) = statements.attempts_of(run.pk)
+    assert (attempt.status, attempt.output, attempt.error) == ("succeeded", {"x": [1, None]}, None)
+    assert attempt.routing["admitted"] == "ok"
+    assert attempt.stored_tenant_id() == b.pk
+
+
+def test_a_locked_run_is_touched_and_read_as_a_query_would_read_it(two: Any) -> None:
+    _, b, run, _ = two
+    with tenant_context(b), transaction.atomic():
+        locked = statements.lock_run(run.pk)
+        assert locked is not None
+        assert locked.lock_version == run.lock_version + 1
+        assert locked.updated_at > run.updated_at
+        fresh = WorkflowRun.objects.get(pk=run.pk)
+        assert {f.attname: getattr(locked, f.attname) for f in WorkflowRun._meta.concrete_fields} == {
+            f.attname: getattr(fresh, f.attname) for f in WorkflowRun._meta.concrete_fields}
+
+
+def test_a_journal_numbers_each_runs_events_after_its_last_in_one_insert(two: Any, django_assert_num_queries: Any,
+                                                                         ) -> None:
+    _, b, run, _ = two
+    other, _ = started_run(b)
+    with tenant_context(b):
+        last = {r.pk: RunEvent.objects.filter(run=r).order_by("-seq").values_list("seq", flat=True)[0]
+                for r in (run, other)}
+        with transaction.atomic(), django_assert_num_queries(1), journal():
+            record_event(run, "one", "a", n=1)
+            record_event(other, "two", "a")
+            record_event(run, "three", "a", when=run.created_at)
+        got = {r.pk: list(RunEvent.objects.filter(run=r, seq__gt=last[r.pk]).order_by("seq")
+                          .values_list("seq", "type", "data")) for r in (run, other)}
+    assert got[run.pk] == [(last[run.pk] + 1, "one", {"n": 1}),
+                           (last[run.pk] + 2, "three", {"when": str(run.created_at)})]
+    assert got[other.pk] == [(last[other.pk] + 1, "two", {})]
+
+
+def test_a_journal_forgets_what_was_gathered_after_a_mark_it_rolls_back_to(two: Any) -> None:
+    _, b, run, _ = two
+    with tenant_context(b):
+        before = RunEvent.objects.filter(run=run).count()
+        with transaction.atomic(), journal() as gathered:
+            record_event(run, "kept")
+            mark = gathered.mark()
+            record_event(run, "dropped")
+            gathered.rollback_to(mark)
+        assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))[before:] == [
+            "kept"]
