@@ -5,7 +5,9 @@ commands, and CPU time by process kind, read before and after it.
   ``DATABASE_URL`` must too, else these figures are absent): every call of every statement of
   Ductor's database, by every role. ``roundtrips`` counts them all, since each is one round trip
   outside pipeline mode; ``statements`` leaves out transaction control (``BEGIN``, ``COMMIT``,
-  savepoints) and the session's tenant and role settings.
+  savepoints) and the session's tenant and role settings. The foreign-key checks PostgreSQL
+  runs inside an ``INSERT`` (``SELECT 1 FROM ONLY ... FOR KEY SHARE``) are no round trips: they
+  are counted apart, as ``fk_checks``.
 - **Redis**, from ``INFO stats``: ``roundtrips`` are the requests the server read from its
   clients (``total_reads_processed``: a pipeline or a script is one), ``commands`` the commands it
   ran (``total_commands_processed``, each command inside a script included).
@@ -65,9 +67,14 @@ def cpu_seconds() -> dict[tuple[str, int], float]:
     return seen
 
 
-def pg_calls() -> tuple[int, int] | None:
-    """(all statement calls, those that are not transaction control or session settings) so far
-    in Ductor's database; None when ``pg_stat_statements`` is not there to ask."""
+def _is_fk_check(query: str) -> bool:
+    return "FROM ONLY" in query and "FOR KEY SHARE OF" in query
+
+
+def pg_calls() -> tuple[int, int, int] | None:
+    """(the statements clients sent, those of them that are not transaction control or session
+    settings, the foreign-key checks inside them) so far in Ductor's database; None when
+    ``pg_stat_statements`` is not there to ask."""
     import psycopg
     from django.conf import settings
 
@@ -80,10 +87,11 @@ def pg_calls() -> tuple[int, int] | None:
             ).fetchall()
     except psycopg.Error:
         return None
-    every = sum(int(calls) for _, calls in rows)
+    checks = sum(int(calls) for query, calls in rows if _is_fk_check(str(query)))
+    every = sum(int(calls) for _, calls in rows) - checks
     control = sum(int(calls) for query, calls in rows if str(query).lstrip().upper().startswith(
         tuple(c.upper() for c in CONTROL)))
-    return every, every - control
+    return every, every - control, checks
 
 
 def redis_requests() -> tuple[int, int]:
@@ -99,7 +107,7 @@ class Costs:
     """The costs of the system between ``start()`` and ``per(units)``."""
 
     cpu: dict[tuple[str, int], float] = field(default_factory=dict)
-    pg: tuple[int, int] | None = None
+    pg: tuple[int, int, int] | None = None
     redis: tuple[int, int] = (0, 0)
     excluded_statements: int = 0
 
@@ -139,4 +147,5 @@ class Costs:
             statements = now_pg[1] - self.pg[1] - self.excluded_statements - 1
             figures["pg_roundtrips_per_step"] = round(every / units, 2)
             figures["pg_statements_per_step"] = round(statements / units, 2)
+            figures["pg_fk_checks_per_step"] = round((now_pg[2] - self.pg[2]) / units, 2)
         return figures

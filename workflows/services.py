@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import structlog
@@ -15,7 +14,8 @@ from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick
-from workflows.engine.tick import tick_now
+from workflows.engine.journal import journal
+from workflows.engine.tick import advance_locked
 from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec import SpecError, validate_spec
 
@@ -82,8 +82,9 @@ def run_start(
     With an ``idempotency_key`` already used by this tenant, returns that run
     and starts nothing. Charges the monthly run quota (429 when used up) in the
     same transaction that creates the run: a refused start leaves nothing. The
-    run's first tick runs right after the commit, in this process
-    (``workflows.engine.tick.tick_now``).
+    run's first tick runs in that transaction too, in a savepoint of it
+    (``workflows.engine.tick.advance_locked``): the run commits with its first
+    steps queued, its events in one ``INSERT``.
     """
     tenant = current_tenant()
     limits = effective_entitlements(tenant)
@@ -105,14 +106,14 @@ def run_start(
     if found is None:
         raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
     try:
-        with transaction.atomic():
+        with transaction.atomic(), journal():
             quota_consume(runs=1)
             run = WorkflowRun(workflow=found, workflow_name=found.definition.name, input=input or {},
                               idempotency_key=idempotency_key or None, tier=tier, tags=tags or [])
             run.root_run_id = run.id
-            run.save()
+            run.save()  # its row is this transaction's until it commits: the tick's lock
             record_event(run, "created", version=found.number)
-            transaction.on_commit(partial(tick_now, run))
+            advance_locked(run, fresh=True)
     except IntegrityError:
         # Another request with the same idempotency key won the race.
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()

@@ -224,7 +224,7 @@ def test_run_input_tags_and_idempotency_key_are_stored(client_a):
     run = start(client_a, workflow="w", input={"x": [1, {"y": None}]}, tags=["t1"], idempotency_key="abc",
                 tier="interactive")
     assert (run["input"], run["tags"], run["idempotency_key"], run["tier"], run["status"]) == (
-        {"x": [1, {"y": None}]}, ["t1"], "abc", "interactive", "pending")
+        {"x": [1, {"y": None}]}, ["t1"], "abc", "interactive", "running")  # its first tick ran in the start
     assert run["root_run_id"] == run["id"]
     assert run["nesting_depth"] == 0
     assert run["parent_run"] is None
@@ -256,9 +256,9 @@ def test_run_list_filters_by_status_workflow_created_range_and_root(client_a, te
 
     assert ids() == {a["id"], b["id"], c["id"]}
     assert ids(status="succeeded") == {b["id"]}
-    assert ids(status="pending") == {a["id"], c["id"]}
+    assert ids(status="running") == {a["id"], c["id"]}  # started: their first tick ran in the start
     assert ids(workflow="two") == {b["id"], c["id"]}
-    assert ids(workflow="two", status="pending") == {c["id"]}
+    assert ids(workflow="two", status="running") == {c["id"]}
     assert ids(created_after=(now - timedelta(days=2)).isoformat()) == {b["id"], c["id"]}
     assert ids(created_before=(now - timedelta(days=2)).isoformat()) == {a["id"]}
     assert ids(created_after=(now - timedelta(days=2)).isoformat(),

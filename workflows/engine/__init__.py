@@ -19,8 +19,8 @@
 
 A run's queued ticks share one fair-queue partition (``run:<id>``), and its
 row lock keeps any two ticks of it from overlapping, wherever they run: the
-first tick runs in the request that started the run, and the tick after a
-step's outcome in the transaction that records it (``tick_now``); other ticks
+first tick runs in the transaction that starts the run, and the tick after a
+step's outcome in the transaction that records it (``advance_locked``); other ticks
 (timers, children, cancellation) go through the queue. Rows are written in
 the transaction of the state change; fair-queue items are enqueued on commit.
 The workflows app registers the handlers, wake-ups and reconciler in

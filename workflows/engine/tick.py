@@ -52,8 +52,9 @@ def tick(run_id: Any) -> None:
             advance(run)
 
 
-def advance(run: WorkflowRun) -> None:
-    """The tick's work on ``run``, whose row ``lock_run`` locked, inside a journal."""
+def advance(run: WorkflowRun, *, fresh: bool = False) -> None:
+    """The tick's work on ``run``, whose row ``lock_run`` locked, inside a journal. A ``fresh``
+    run (created in this transaction) has no attempts to read."""
     if run.is_terminal:
         return
     if run.cancel_requested:
@@ -63,7 +64,7 @@ def advance(run: WorkflowRun) -> None:
     if run.status == Status.PENDING:
         run.status, run.started_at = Status.RUNNING, now
         record_event(run, "started")
-    latest = latest_attempts(run)
+    latest = {} if fresh else latest_attempts(run)
     _apply_children(run, latest)
     _retry_failed(run, latest, now)
     if _start_ready(run, latest, now):
@@ -78,26 +79,17 @@ def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
     tick(body["run_id"])
 
 
-def tick_now(run: WorkflowRun) -> None:
-    """Advance ``run`` at once, in this process, instead of through the queue: a hop saved
-    (the first tick of a run just started). Should the tick fail, the tick is enqueued."""
-    try:
-        tick(run.pk)
-    except Exception:
-        log.exception("inline_tick_failed", run_id=str(run.pk))
-        enqueue_tick(run)
-
-
-def advance_locked(run: WorkflowRun) -> None:
-    """Advance ``run`` inside the transaction that locked it (``lock_run``) and its journal: a
-    step recording its outcome. The tick runs in a savepoint, and its writes commit with the
-    outcome; should it fail, its writes are rolled back alone (the outcome's are kept) and the
-    tick is enqueued."""
+def advance_locked(run: WorkflowRun, *, fresh: bool = False) -> None:
+    """Advance ``run`` at once, in this process, instead of through the queue (a hop saved):
+    inside the transaction that locked it and its journal, where a step records its outcome or
+    a run is started (``fresh``). The tick runs in a savepoint, and its writes commit with the
+    rest; should it fail, its writes are rolled back alone (the outcome's, or the new run, are
+    kept) and the tick is enqueued."""
     gathered = current_journal()
     mark = gathered.mark()
     try:
         with transaction.atomic():
-            advance(run)
+            advance(run, fresh=fresh)
             gathered.flush()
     except Exception:
         log.exception("inline_tick_failed", run_id=str(run.pk))
