@@ -169,38 +169,72 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
             _links_checked.reset(token)
 
 
-_columns: dict[tuple[type[models.Model], str], str] = {}
-_converted: dict[tuple[type[models.Model], str], tuple[tuple[Any, list[Any]], ...]] = {}
+_columns: dict[tuple[type[models.Model], str, tuple[str, ...]], str] = {}
+_converted: dict[tuple[type[models.Model], str, tuple[str, ...]], tuple[tuple[Any, list[Any]], ...]] = {}
 
 
-def row_columns(model: type[models.Model], alias: str = "") -> str:
-    """Every column of ``model``'s rows (of ``alias``, else its table), in the order
-    ``instances_of`` reads them: for the ``SELECT`` or ``RETURNING`` of a hand-written statement."""
-    found = _columns.get((model, alias))
+def _fields(model: type[models.Model], defer: tuple[str, ...]) -> list[Any]:
+    return [field for field in model._meta.concrete_fields if field.attname not in defer]
+
+
+def row_columns(model: type[models.Model], alias: str = "", *, defer: tuple[str, ...] = ()) -> str:
+    """The columns of ``model``'s rows (of ``alias``, else its table; all but the fields in
+    ``defer``), in the order ``instances_of`` reads them: for the ``SELECT`` or ``RETURNING`` of a
+    hand-written statement."""
+    found = _columns.get((model, alias, defer))
     if found is None:
         quote = connections["default"].ops.quote_name
         table = quote(alias or model._meta.db_table)
-        found = ", ".join(f"{table}.{quote(str(field.column))}" for field in model._meta.concrete_fields)
-        _columns[(model, alias)] = found
+        found = ", ".join(f"{table}.{quote(str(field.column))}" for field in _fields(model, defer))
+        _columns[(model, alias, defer)] = found
     return found
 
 
-def _converters(model: type[models.Model], using: str) -> tuple[tuple[Any, list[Any]], ...]:
-    found = _converted.get((model, using))
+def _converters(model: type[models.Model], using: str, defer: tuple[str, ...]) -> tuple[tuple[Any, list[Any]], ...]:
+    found = _converted.get((model, using, defer))
     if found is None:
         connection = connections[using]
-        columns = [field.get_col(model._meta.db_table) for field in model._meta.concrete_fields]
+        columns = [field.get_col(model._meta.db_table) for field in _fields(model, defer)]
         found = tuple((col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
                       for col in columns)
-        _converted[(model, using)] = found
+        _converted[(model, using, defer)] = found
     return found
 
 
-def instances_of(model: type[models.Model], rows: Iterable[Sequence[Any]], *, using: str = "default") -> list[Any]:
-    """``model`` instances of ``rows`` read with ``row_columns(model)``, as a queryset would make
-    them (each column converted, the stored tenant remembered)."""
-    connection, converters = connections[using], _converters(model, using)
-    names = [field.attname for field in model._meta.concrete_fields]
+def insert_rows(objs: Sequence[TenantScopedModel], *, using: str = "default") -> None:
+    """Insert new rows of one scoped model in one plain ``INSERT``: what ``bulk_create`` does for
+    rows whose every column is set in Python (primary keys included), at a fraction of its cost.
+    Each row is stamped with the tenant in context and its links checked, as ``bulk_create``
+    does, and is then a saved instance."""
+    if not objs:
+        return
+    model, tenant, connection = type(objs[0]), current_tenant(), connections[using]
+    fields = model._meta.concrete_fields
+    quote = connection.ops.quote_name
+    params: list[Any] = []
+    for obj in objs:
+        if type(obj) is not model or not obj._state.adding or obj.pk is None:
+            raise ValueError("insert_rows() takes new rows of one model, their primary keys set")
+        obj.bind_tenant(tenant)
+        obj.check_tenant_links()
+        params += [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    row = f"({', '.join(['%s'] * len(fields))})"
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608 - placeholders only
+                       f"VALUES {', '.join([row] * len(objs))}", params)
+    for obj in objs:
+        obj._state.adding, obj._state.db = False, using
+        obj._loaded_tenant_id = obj.tenant_id
+
+
+def instances_of(model: type[models.Model], rows: Iterable[Sequence[Any]], *, using: str = "default",
+                 defer: tuple[str, ...] = ()) -> list[Any]:
+    """``model`` instances of ``rows`` read with ``row_columns(model, defer=defer)``, as a queryset
+    would make them (each column converted, the stored tenant remembered, the fields in ``defer``
+    read when first used)."""
+    connection, converters = connections[using], _converters(model, using, defer)
+    names = [field.attname for field in _fields(model, defer)]
     found = []
     for row in rows:
         values = list(row)

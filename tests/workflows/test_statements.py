@@ -15,6 +15,7 @@ from django.db import transaction
 
 from ductor_project.core.context import TenantScopeError, tenant_context
 from tenants.models import Tenant
+from tenants.scoping import insert_rows
 from workflows import services
 from workflows.engine import statements
 from workflows.engine.attempts import outcome_fields
@@ -99,8 +100,8 @@ def test_a_running_attempt_finishes_once_and_one_that_moved_on_is_left_alone(two
         assert statements.finish_running(step.pk, run.pk, outcome_fields("failed"), None) is None
         assert statements.finish_running(step.pk, "00000000-0000-0000-0000-000000000000", done, None) is None
         (attempt,) = statements.attempts_of(run.pk)
+        assert attempt.routing["admitted"] == "ok"  # not read with the attempt, read when asked for
     assert (attempt.status, attempt.output, attempt.error) == ("succeeded", {"x": [1, None]}, None)
-    assert attempt.routing["admitted"] == "ok"
     assert attempt.stored_tenant_id() == b.pk
 
 
@@ -145,3 +146,20 @@ def test_a_journal_forgets_what_was_gathered_after_a_mark_it_rolls_back_to(two: 
             gathered.rollback_to(mark)
         assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))[before:] == [
             "kept"]
+
+
+def test_insert_rows_writes_new_attempts_as_the_tenant_in_context_and_refuses_a_link_to_another(two: Any) -> None:
+    a, b, run, _ = two
+    with tenant_context(b):
+        new = [StepRun(run=run, node_id=f"x{i}", node_type="action", status="queued", input={"i": i})
+               for i in range(3)]
+        insert_rows(new)
+        assert all(not s._state.adding and s.tenant_id == b.pk for s in new)
+        stored_rows = {s.node_id: (s.input, s.created_at is not None)
+                       for s in StepRun.objects.filter(pk__in=[s.pk for s in new])}
+    assert stored_rows == {f"x{i}": ({"i": i}, True) for i in range(3)}
+    with tenant_context(a), pytest.raises(TenantScopeError):
+        insert_rows([StepRun(run=run, node_id="stolen", node_type="action", status="queued")])
+    with pytest.raises(TenantScopeError):
+        insert_rows([StepRun(run=run, node_id="nobody", node_type="action", status="queued")])
+    assert not StepRun.all_tenants.filter(node_id__in=["stolen", "nobody"]).exists()

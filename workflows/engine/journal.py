@@ -25,6 +25,7 @@ from django.db import connection
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
+from tenants.scoping import insert_rows
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
 
@@ -55,7 +56,7 @@ class Journal:
         """Write what was gathered: the attempts in one ``INSERT``, then the events in one. Should
         a write fail, nothing is forgotten (``rollback_to`` then drops what must go)."""
         if self.steps:
-            StepRun.objects.bulk_create(self.steps)
+            insert_rows(self.steps)
         if self.events:
             _insert_events(self.events)
         self.steps, self.events = [], []

@@ -34,6 +34,7 @@ RUNS, STEPS = WorkflowRun._meta.db_table, StepRun._meta.db_table
 # The statuses of a step that a worker may (still) run, and of a run that ended.
 ON_WORKER = [StepRun.Status.QUEUED.value, StepRun.Status.RUNNING.value]
 ENDED = [str(status) for status in WorkflowRun.TERMINAL]
+TRACE = ("routing",)
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,15 @@ def finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: dic
 
 
 def attempts_of(run_id: Any) -> list[StepRun]:
-    """Every attempt of the run ``run_id``, by node and attempt number."""
+    """Every attempt of the run ``run_id``, by node and attempt number; their routing traces,
+    which a tick does not read, only if asked for."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {row_columns(StepRun)} FROM {STEPS} "  # noqa: S608
+            f"SELECT {row_columns(StepRun, defer=TRACE)} FROM {STEPS} "  # noqa: S608
             "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt",
             [current_tenant().pk, run_id],
         )
-        return instances_of(StepRun, cursor.fetchall())
+        return instances_of(StepRun, cursor.fetchall(), defer=TRACE)
 
 
 def state_of(run: WorkflowRun) -> tuple[Any, ...]:
