@@ -113,7 +113,7 @@ def run_start(
             run.root_run_id = run.id
             run.save()  # its row is this transaction's until it commits: the tick's lock
             record_event(run, "created", version=found.number)
-            advance_locked(run, fresh=True)
+            advance_locked(run, latest={})  # a new run: no attempts yet
     except IntegrityError:
         # Another request with the same idempotency key won the race.
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()

@@ -109,7 +109,12 @@ def node_in(spec: dict[str, Any], node_id: str) -> dict[str, Any]:
 
 def latest_attempts(run: WorkflowRun) -> dict[str, StepRun]:
     """Each node's latest attempt, by node id (one query)."""
-    return {step.node_id: step for step in attempts_of(run.pk)}
+    return latest_of(attempts_of(run.pk))
+
+
+def latest_of(attempts: list[StepRun]) -> dict[str, StepRun]:
+    """Each node's latest attempt, by node id, of ``attempts`` (by node and attempt number)."""
+    return {step.node_id: step for step in attempts}
 
 
 def new_step(run: WorkflowRun, node_id: str, node_type: str, status: str, **fields: Any) -> StepRun:

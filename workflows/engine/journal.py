@@ -25,7 +25,9 @@ from django.db import connection
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
+from ductor_project.core.database.pipeline import pipelined
 from tenants.scoping import insert_rows
+from workflows.engine.statements import save_state
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
 
@@ -44,22 +46,28 @@ class Journal:
 
     steps: list[StepRun] = field(default_factory=list)
     events: list[_Event] = field(default_factory=list)
+    states: list[WorkflowRun] = field(default_factory=list)
 
-    def mark(self) -> tuple[int, int]:
-        return len(self.steps), len(self.events)
+    def mark(self) -> tuple[int, int, int]:
+        return len(self.steps), len(self.events), len(self.states)
 
-    def rollback_to(self, mark: tuple[int, int]) -> None:
+    def rollback_to(self, mark: tuple[int, int, int]) -> None:
         del self.steps[mark[0]:]
         del self.events[mark[1]:]
+        del self.states[mark[2]:]
 
     def flush(self) -> None:
-        """Write what was gathered: the attempts in one ``INSERT``, then the events in one. Should
-        a write fail, nothing is forgotten (``rollback_to`` then drops what must go)."""
-        if self.steps:
-            insert_rows(self.steps)
-        if self.events:
-            _insert_events(self.events)
-        self.steps, self.events = [], []
+        """Write what was gathered, in one round trip: the attempts in one ``INSERT``, the events
+        in one, the runs' new states. Should a write fail, nothing is forgotten (``rollback_to``
+        then drops what must go)."""
+        with pipelined():
+            if self.steps:
+                insert_rows(self.steps)
+            if self.events:
+                _insert_events(self.events)
+            for run in {run.pk: run for run in self.states}.values():  # each run once, as last seen
+                save_state(run)
+        self.steps, self.events, self.states = [], [], []
 
 
 _current: ContextVar[Journal | None] = ContextVar("ductor_engine_journal", default=None)
@@ -98,6 +106,15 @@ def add_step(step: StepRun) -> StepRun:
     else:
         gathered.steps.append(step)
     return step
+
+
+def add_state(run: WorkflowRun) -> None:
+    """Write the run's state (``statements.save_state``): at the end of the journal, else at once."""
+    gathered = _current.get()
+    if gathered is None:
+        save_state(run)
+    else:
+        gathered.states.append(run)
 
 
 def add_event(run: WorkflowRun, type_: str, node_id: str, data: Any) -> None:

@@ -36,7 +36,7 @@ from workflows import catalog
 from workflows.engine.attempts import Outcome, abort_active, new_step, payload_refusal, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
-from workflows.engine.statements import save_state
+from workflows.engine.journal import add_state
 from workflows.models import StepRun, WorkflowRun, WorkflowVersion
 
 SStatus = StepRun.Status
@@ -223,7 +223,7 @@ def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, S
     run.status, run.finished_at = WorkflowRun.Status.CONTINUED, now
     run.output = {"continued_as": str(successor.id)}
     record_event(run, "continued", node_id, successor=str(successor.id))
-    save_state(run)
+    add_state(run)
     enqueue_tick(successor)
     return True
 

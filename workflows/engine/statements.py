@@ -13,6 +13,7 @@ scoped managers do) and row-level security holds them to it as it holds every qu
 - ``finish_running``: a running attempt ends with its outcome; nothing happens to one that
   moved on (cancelled, timed out).
 - ``attempts_of``: every attempt of a run.
+- ``lock_and_finish``: the three above an outcome needs, sent together (``pipelined``).
 - ``save_state``: what a tick changed of the run's state (status, times, output, error).
 """
 
@@ -26,6 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
+from ductor_project.core.database.pipeline import pipelined
 from tenants.scoping import instances_of, row_columns
 from workflows.models import StepRun, WorkflowRun
 
@@ -66,17 +68,49 @@ def _routing_update(added: dict[str, Any] | None, alias: str = "") -> tuple[str,
     return f", routing = COALESCE({column}, '{{}}'::jsonb) || %s::jsonb", [json.dumps(added)]
 
 
+Statement = tuple[str, list[Any]]
+
+
+def _lock_run(run_id: Any) -> Statement:
+    return (f"UPDATE {RUNS} SET updated_at = %s, lock_version = lock_version + 1 "  # noqa: S608 - no value in the text
+            f"WHERE tenant_id = %s AND id = %s RETURNING {row_columns(WorkflowRun)}",
+            [timezone.now(), current_tenant().pk, run_id])
+
+
+def _finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: dict[str, Any] | None) -> Statement:
+    routing, routing_params = _routing_update(added)
+    return (f"UPDATE {STEPS} SET status = %s, output = %s::jsonb, error = %s::jsonb, "  # noqa: S608
+            f"finished_at = %s{routing} "
+            "WHERE tenant_id = %s AND id = %s AND run_id = %s AND status = ANY(%s) RETURNING node_id, attempt",
+            [fields["status"], _json(fields["output"]), _json(fields["error"]), fields["finished_at"],
+             *routing_params, current_tenant().pk, step_id, run_id, ON_WORKER])
+
+
+def _attempts_of(run_id: Any) -> Statement:
+    return (f"SELECT {row_columns(StepRun, defer=TRACE)} FROM {STEPS} "  # noqa: S608
+            "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt",
+            [current_tenant().pk, run_id])
+
+
+def _runs(rows: list[Any]) -> WorkflowRun | None:
+    found = instances_of(WorkflowRun, rows)
+    return found[0] if found else None
+
+
+def _finished(row: Any) -> tuple[str, int] | None:
+    return (row[0], row[1]) if row is not None else None
+
+
+def _one(statement: Statement) -> list[Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        return list(cursor.fetchall())
+
+
 def lock_run(run_id: Any) -> WorkflowRun | None:
     """The run ``run_id`` of the tenant in context, its row locked until the transaction ends
     and touched; None when there is no such run."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {RUNS} SET updated_at = %s, lock_version = lock_version + 1 "  # noqa: S608 - no value in the text
-            f"WHERE tenant_id = %s AND id = %s RETURNING {row_columns(WorkflowRun)}",
-            [timezone.now(), current_tenant().pk, run_id],
-        )
-        rows = instances_of(WorkflowRun, cursor.fetchall())
-    return rows[0] if rows else None
+    return _runs(_one(_lock_run(run_id)))
 
 
 def start_attempt(step_id: Any, added: dict[str, Any] | None) -> Started | None:
@@ -84,18 +118,17 @@ def start_attempt(step_id: Any, added: dict[str, Any] | None) -> Started | None:
     if a worker may run it: it is queued (or running: a delivery again after a lost lease) and
     its run has neither ended nor been asked to cancel. None otherwise."""
     routing, routing_params = _routing_update(added, "s")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {STEPS} s SET status = %s, started_at = %s{routing} FROM {RUNS} r "  # noqa: S608
-            "WHERE s.tenant_id = %s AND s.id = %s AND s.status = ANY(%s) "
-            "AND r.tenant_id = s.tenant_id AND r.id = s.run_id AND NOT r.status = ANY(%s) AND NOT r.cancel_requested "
-            "RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, r.workflow_id",
-            [StepRun.Status.RUNNING.value, timezone.now(), *routing_params, current_tenant().pk, step_id,
-             ON_WORKER, ENDED],
-        )
-        row = cursor.fetchone()
-    if row is None:
+    rows = _one((
+        f"UPDATE {STEPS} s SET status = %s, started_at = %s{routing} FROM {RUNS} r "  # noqa: S608
+        "WHERE s.tenant_id = %s AND s.id = %s AND s.status = ANY(%s) "
+        "AND r.tenant_id = s.tenant_id AND r.id = s.run_id AND NOT r.status = ANY(%s) AND NOT r.cancel_requested "
+        "RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, r.workflow_id",
+        [StepRun.Status.RUNNING.value, timezone.now(), *routing_params, current_tenant().pk, step_id,
+         ON_WORKER, ENDED],
+    ))
+    if not rows:
         return None
+    row = rows[0]
     return Started(row[0], row[1], row[2], row[3], _loaded(row[4]), row[5])
 
 
@@ -104,36 +137,42 @@ def finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: dic
     """End the attempt ``step_id`` of run ``run_id`` with ``fields`` (``attempts.outcome_fields``)
     and ``added`` on its trace, if a worker may still run it; its node and attempt number, or
     None when it moved on (cancelled, timed out) or is not there."""
-    routing, routing_params = _routing_update(added)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {STEPS} SET status = %s, output = %s::jsonb, error = %s::jsonb, "  # noqa: S608
-            f"finished_at = %s{routing} "
-            "WHERE tenant_id = %s AND id = %s AND run_id = %s AND status = ANY(%s) RETURNING node_id, attempt",
-            [fields["status"], _json(fields["output"]), _json(fields["error"]), fields["finished_at"],
-             *routing_params, current_tenant().pk, step_id, run_id, ON_WORKER],
-        )
-        row = cursor.fetchone()
-    return (row[0], row[1]) if row is not None else None
+    rows = _one(_finish_running(step_id, run_id, fields, added))
+    return _finished(rows[0] if rows else None)
 
 
 def attempts_of(run_id: Any) -> list[StepRun]:
     """Every attempt of the run ``run_id``, by node and attempt number; their routing traces,
     which a tick does not read, only if asked for."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {row_columns(StepRun, defer=TRACE)} FROM {STEPS} "  # noqa: S608
-            "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt",
-            [current_tenant().pk, run_id],
-        )
-        return instances_of(StepRun, cursor.fetchall(), defer=TRACE)
+    return instances_of(StepRun, _one(_attempts_of(run_id)), defer=TRACE)
+
+
+def lock_and_finish(run_id: Any, step_id: Any, fields: dict[str, Any], added: dict[str, Any] | None,
+                    ) -> tuple[WorkflowRun | None, tuple[str, int] | None, list[StepRun]]:
+    """``lock_run``, ``finish_running`` and ``attempts_of`` (which sees the attempt finished), in
+    that order and in one round trip: what recording an outcome reads before its tick."""
+    with pipelined(), connection.cursor() as run, connection.cursor() as step, connection.cursor() as every:
+        run.execute(*_lock_run(run_id))
+        step.execute(*_finish_running(step_id, run_id, fields, added))
+        every.execute(*_attempts_of(run_id))
+        locked, finished, attempts = run.fetchall(), step.fetchone(), every.fetchall()
+    return _runs(locked), _finished(finished), instances_of(StepRun, attempts, defer=TRACE)
 
 
 def state_of(run: WorkflowRun) -> tuple[Any, ...]:
     return tuple(getattr(run, name) for name in STATE)
 
 
+def state_statement(run: WorkflowRun) -> Statement:
+    """The ``UPDATE`` of the run's state (status, times, output, error) as it is in memory."""
+    return (f"UPDATE {RUNS} SET status = %s, started_at = %s, finished_at = %s, "  # noqa: S608
+            "output = %s::jsonb, error = %s::jsonb WHERE tenant_id = %s AND id = %s",
+            [run.status, run.started_at, run.finished_at, _json(run.output), _json(run.error),
+             current_tenant().pk, run.pk])
+
+
 def save_state(run: WorkflowRun) -> None:
     """Write the run's state (status, times, output, error) as it is in memory."""
-    WorkflowRun.objects.filter(pk=run.pk).update(**{name: getattr(run, name) for name in STATE})
+    with connection.cursor() as cursor:
+        cursor.execute(*state_statement(run))
 

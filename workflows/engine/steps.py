@@ -33,10 +33,18 @@ from scheduling.dispatch.handlers import ItemContext
 from scheduling.models import Connection
 from scheduling.routing_table import routing_table
 from workflows.actions import ActionCall, get_action
-from workflows.engine.attempts import ON_WORKER, Outcome, node_in, outcome_fields, payload_refusal, version_spec
+from workflows.engine.attempts import (
+    ON_WORKER,
+    Outcome,
+    latest_of,
+    node_in,
+    outcome_fields,
+    payload_refusal,
+    version_spec,
+)
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.journal import journal
-from workflows.engine.statements import Started, finish_running, lock_run, start_attempt
+from workflows.engine.statements import Started, lock_and_finish, start_attempt
 from workflows.engine.tick import advance_locked
 from workflows.models import StepRun, WorkflowRun
 
@@ -105,11 +113,10 @@ def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
     on the step's routing trace in the same ``UPDATE``."""
     with transaction.atomic(), journal():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
-        run = lock_run(run_id)
+        added = admitted_routing(None, *admission) if admission else None
+        run, finished, attempts = lock_and_finish(run_id, step_id, outcome_fields(outcome), added)
         if run is None:
             return
-        added = admitted_routing(None, *admission) if admission else None
-        finished = finish_running(step_id, run_id, outcome_fields(outcome), added)
         if finished is None:
             found = StepRun.objects.filter(pk=step_id, run_id=run_id).values_list("node_id", "attempt").first()
             if found is not None:
@@ -119,7 +126,7 @@ def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", finished[0], attempt=finished[1],
                      error=error.get("code") if error else None)
-        advance_locked(run)
+        advance_locked(run, latest=latest_of(attempts))
 
 
 def _call_action(name: str, step: Started, connection_id: str, run_id: str) -> Outcome:

@@ -33,8 +33,8 @@ from workflows.engine.attempts import (
 )
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick, wakeup_on_commit
-from workflows.engine.journal import current_journal, journal
-from workflows.engine.statements import lock_run, save_state, state_of
+from workflows.engine.journal import add_state, current_journal, journal
+from workflows.engine.statements import lock_run, state_of
 from workflows.models import StepRun, WorkflowRun
 from workflows.spec import backoff_delay
 
@@ -52,9 +52,9 @@ def tick(run_id: Any) -> None:
             advance(run)
 
 
-def advance(run: WorkflowRun, *, fresh: bool = False) -> None:
-    """The tick's work on ``run``, whose row ``lock_run`` locked, inside a journal. A ``fresh``
-    run (created in this transaction) has no attempts to read."""
+def advance(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> None:
+    """The tick's work on ``run``, whose row ``lock_run`` locked, inside a journal; ``latest``,
+    each node's latest attempt, when the caller read them in this transaction (else read here)."""
     if run.is_terminal:
         return
     if run.cancel_requested:
@@ -64,14 +64,14 @@ def advance(run: WorkflowRun, *, fresh: bool = False) -> None:
     if run.status == Status.PENDING:
         run.status, run.started_at = Status.RUNNING, now
         record_event(run, "started")
-    latest = {} if fresh else latest_attempts(run)
+    latest = latest_attempts(run) if latest is None else latest
     _apply_children(run, latest)
     _retry_failed(run, latest, now)
     if _start_ready(run, latest, now):
         return  # continued as new
     _finish_if_done(run, latest)
     if state_of(run) != before:
-        save_state(run)
+        add_state(run)
 
 
 def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
@@ -79,17 +79,17 @@ def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
     tick(body["run_id"])
 
 
-def advance_locked(run: WorkflowRun, *, fresh: bool = False) -> None:
+def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> None:
     """Advance ``run`` at once, in this process, instead of through the queue (a hop saved):
     inside the transaction that locked it and its journal, where a step records its outcome or
-    a run is started (``fresh``). The tick runs in a savepoint, and its writes commit with the
-    rest; should it fail, its writes are rolled back alone (the outcome's, or the new run, are
-    kept) and the tick is enqueued."""
+    a run is started (its ``latest`` attempts: none). The tick runs in a savepoint, and its
+    writes commit with the rest; should it fail, its writes are rolled back alone (the
+    outcome's, or the new run, are kept) and the tick is enqueued."""
     gathered = current_journal()
     mark = gathered.mark()
     try:
         with transaction.atomic():
-            advance(run, fresh=fresh)
+            advance(run, latest=latest)
             gathered.flush()
     except Exception:
         log.exception("inline_tick_failed", run_id=str(run.pk))
@@ -209,7 +209,7 @@ def _cancel(run: WorkflowRun) -> None:
     abort_active(latest_attempts(run), SStatus.CANCELLED)
     run.status, run.finished_at = Status.CANCELLED, timezone.now()
     record_event(run, "cancelled")
-    save_state(run)
+    add_state(run)
     _notify_parent(run)
 
 
