@@ -21,7 +21,12 @@ On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis), with on
    ``PHASE_BUDGET_S`` on a slow or shared host: the runs completed by then count, the
    rest are cancelled. What each phase cost the system per step (``bench/_costs.py``):
    PostgreSQL round trips and statements, Redis commands, and CPU milliseconds by process kind.
-3. **Baseline**: plain Celery no-op tasks per second on the same worker
+3. **The step path's round trips**, in this process before the stack starts (so that no worker
+   takes the items): ``PATH_RUNS`` runs of the 10-node chain, each step's item dequeued, its
+   handler run and the item acked as a worker does, counting the PostgreSQL round trips of a
+   step (``bench/_costs.py``'s ``RoundTrips``: each statement alone, each pipelined batch, each
+   ``BEGIN`` and ``COMMIT``) and of a run's start, and Redis's (requests it read).
+4. **Baseline**: plain Celery no-op tasks per second on the same worker
    (``bench.noop`` of ``bench/_worker_tasks.py``, passed with ``--include``):
    ``BASELINE_TASKS`` published, timed until the queue is empty and nothing unacked.
 
@@ -45,7 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_stack, bench_worker, log, plain_celery_noops, redis_client, setup_django, wait_until
-from bench._costs import Costs
+from bench._costs import Costs, RoundTrips, redis_requests
 from ductor_project.stack import Child, Stack, free_port
 
 CONCURRENCY = 2
@@ -57,6 +62,7 @@ RUNS_10NODE, OUTSTANDING_10NODE = 40, 10
 PHASE_BUDGET_S = 20.0
 BASELINE_TASKS = 1000
 DONE_TIMEOUT_S = 60.0
+PATH_RUNS = 20
 POLL_S = 0.05  # the bench's own polling shares the 2 CPUs with what it measures: keep it lazy
 GOAL_P50_MS = 15.0  # idle system
 GOAL_P99_MS = 40.0
@@ -169,6 +175,43 @@ def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int, steps_p
             "steps_per_s": round(done * steps_per_run / elapsed, 1), "costs": cost}
 
 
+def step_path(tenant: Any) -> dict[str, Any]:
+    """The round trips of one step, and of a run's start, driven in this process (see the module
+    docs); no worker may be running."""
+    from ductor_project.core.context import no_tenant, tenant_context
+    from ductor_project.core.keys import shard_of
+    from scheduling import fair_queue
+    from scheduling.dispatch.delivery import Delivery
+    from scheduling.dispatch.handlers import handler_for
+    from workflows.services import run_start
+
+    steps, starts = RoundTrips(), RoundTrips()
+    count = redis_steps = 0
+
+    def dequeued() -> Any:
+        with no_tenant():  # the dispatcher's side of the queue
+            return fair_queue.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000)
+
+    with tenant_context(tenant):
+        for _ in range(PATH_RUNS):
+            with starts.counting():
+                run_start(workflow="ten")
+            while item := dequeued():
+                delivery = Delivery.of(item)
+                before = redis_requests()[0]
+                with steps.counting():
+                    handler_for(delivery.kind)(delivery.context(tenant), delivery.body)  # type: ignore[misc]
+                redis_steps += redis_requests()[0] - before - 1  # less the INFO that read it
+                fair_queue.ack(item.item_id, delivery=item.delivery, tenant=tenant)
+                count += 1
+    return {"pg_roundtrips_per_step": round(steps.count / max(count, 1), 2),
+            "pg_statements_per_step": round(steps.statements / max(count, 1), 2),
+            "pg_roundtrips_per_start": round(starts.count / PATH_RUNS, 2),
+            # A worker's handoff that acks the item and takes the next is one more.
+            "redis_roundtrips_per_step": round(redis_steps / max(count, 1), 2),
+            "items": count, "runs": PATH_RUNS}
+
+
 def baseline_celery(count: int) -> float:
     """Plain Celery no-op tasks per second on the same worker."""
     return count / plain_celery_noops(count, lambda done: wait_until(done, what="the no-op tasks"))
@@ -212,10 +255,12 @@ def main() -> int:
 
     began = time.monotonic()
     redis_client().flushdb()
+    tenant, key = make_tenant()
+    path = step_path(tenant)
+    log(f"the step path: {json.dumps(path)}")
     stack = bench_stack("workflows")
     try:
         web, worker, dispatcher = start_children(stack, port=free_port())
-        tenant, key = make_tenant()
         wait_ready(stack, web, worker, dispatcher)
         log(f"up in {time.monotonic() - began:.1f}s; measuring start latency ({LATENCY_RUNS} runs)")
         latency = start_latency(tenant, key, str(web.url))
@@ -240,10 +285,12 @@ def main() -> int:
         "step_ratio": round(ten["steps_per_s"] / baseline, 3),
         "run_ratio": round(one["runs_per_s"] / baseline, 3),
         **latency,
-        # The 10-node chain's costs per step (the 1-node phase's are under "phases").
-        "pg_roundtrips_per_step": ten["costs"].get("pg_roundtrips_per_step"),
+        # The step path's round trips, counted in this process; what the 10-node chain cost the
+        # whole system per step (the 1-node phase's costs are under "phases").
+        "pg_roundtrips_per_step": path["pg_roundtrips_per_step"],
+        "redis_roundtrips_per_step": path["redis_roundtrips_per_step"],
+        "step_path": path,
         "pg_statements_per_step": ten["costs"].get("pg_statements_per_step"),
-        "redis_roundtrips_per_step": ten["costs"]["redis_roundtrips_per_step"],
         "cpu_ms_per_step": ten["costs"]["cpu_ms_per_step"],
         "goals": {"step_ratio": GOAL_STEP_RATIO, "run_ratio": GOAL_RUN_RATIO,
                   "start_latency_ms_p50": GOAL_P50_MS, "start_latency_ms_p99": GOAL_P99_MS},

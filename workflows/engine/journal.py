@@ -60,6 +60,8 @@ class Journal:
         """Write what was gathered, in one round trip: the attempts in one ``INSERT``, the events
         in one, the runs' new states. Should a write fail, nothing is forgotten (``rollback_to``
         then drops what must go)."""
+        if not (self.steps or self.events or self.states):
+            return
         with pipelined():
             if self.steps:
                 insert_rows(self.steps)

@@ -151,10 +151,11 @@ def lock_and_finish(run_id: Any, step_id: Any, fields: dict[str, Any], added: di
                     ) -> tuple[WorkflowRun | None, tuple[str, int] | None, list[StepRun]]:
     """``lock_run``, ``finish_running`` and ``attempts_of`` (which sees the attempt finished), in
     that order and in one round trip: what recording an outcome reads before its tick."""
-    with pipelined(), connection.cursor() as run, connection.cursor() as step, connection.cursor() as every:
-        run.execute(*_lock_run(run_id))
-        step.execute(*_finish_running(step_id, run_id, fields, added))
-        every.execute(*_attempts_of(run_id))
+    with connection.cursor() as run, connection.cursor() as step, connection.cursor() as every:
+        with pipelined():  # the results are read once the batch is answered, in one round trip
+            run.execute(*_lock_run(run_id))
+            step.execute(*_finish_running(step_id, run_id, fields, added))
+            every.execute(*_attempts_of(run_id))
         locked, finished, attempts = run.fetchall(), step.fetchone(), every.fetchall()
     return _runs(locked), _finished(finished), instances_of(StepRun, attempts, defer=TRACE)
 
