@@ -1,6 +1,6 @@
 """A tick's writes, gathered: the step attempts it creates and the events it appends reach
-PostgreSQL in one multi-row ``INSERT`` each when the tick ends, in its transaction, rather than
-one round trip per row.
+PostgreSQL in one multi-row ``INSERT`` each when the tick ends, in its transaction, with the
+run's new state (``add_state``), all in one pipelined round trip rather than one per row.
 
 Inside ``with journal():`` a new attempt (``add_step``) is kept in memory until the block ends:
 it can still be changed (``attempts.finish`` of an unsaved attempt sets its fields only), and

@@ -9,11 +9,11 @@ duplicate or stale delivery, or an attempt cancelled or timed out meanwhile,
 does nothing; a result that arrives after that is discarded.
 
 The path is short on purpose (``docs/performance.md``): the attempt is started by
-one conditional ``UPDATE ... RETURNING`` (its spec node comes from the process's
-cache, by the version its item names); its outcome is one transaction that
-locks the run by touching it, finishes the attempt by another conditional
-``UPDATE``, and ticks the run in a savepoint, with the events and the new
-attempts in one ``INSERT`` each.
+one conditional ``UPDATE ... RETURNING``, which also reads its run's version (the
+spec comes from the process's cache); its outcome is one transaction that locks
+the run by touching it, finishes the attempt by another conditional ``UPDATE``
+and reads the run's attempts, in one round trip (``statements``), then ticks the
+run in a savepoint, whose writes go in one more (``journal``).
 """
 
 from __future__ import annotations
