@@ -128,6 +128,19 @@ def redis_client() -> Any:
     return get_redis()
 
 
+def flush_state() -> None:
+    """Flush the benchmark's Redis, and end the runs of earlier runs of it that the flush leaves
+    without their queue state (otherwise the coordinator's reconciler would put them back, and
+    their steps would run during the measurement)."""
+    from django.utils import timezone
+
+    from workflows.models import WorkflowRun
+
+    redis_client().flushdb()
+    WorkflowRun.all_tenants.exclude(status__in=WorkflowRun.TERMINAL).update(
+        status=WorkflowRun.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now())
+
+
 def plain_celery_noops(count: int, wait: Callable[[Callable[[], bool]], object]) -> float:
     """Seconds that ``count`` plain Celery no-op tasks (``bench.noop``, results ignored) take on
     the running workers: from the first publish until the work queue is empty and no message is

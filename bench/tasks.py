@@ -1,7 +1,8 @@
 """Task nodes end to end: the team's own Celery tasks as steps, against plain send_task.
 
-On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis): one Ductor
-worker, one dispatcher and the coordinator, and the team's own Celery worker
+On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis and ends the
+runs left unfinished there: ``flush_state``): one Ductor worker, one dispatcher and the
+coordinator, and the team's own Celery worker
 (``bench/_team_tasks.py``: its own app, no Django, queue ``team``), all of concurrency
 ``CONCURRENCY``, children of ``ductor_project.stack.Stack``.
 
@@ -39,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, log, redis_client, setup_django, wait_until
+from bench._common import bench_stack, bench_worker, flush_state, log, redis_client, setup_django, wait_until
 from bench.workflows import runs_per_s
 from ductor_project.stack import Child, Stack
 
@@ -165,7 +166,7 @@ def main() -> int:
     os.environ["DUCTOR_TASK_QUEUE_SLOTS"] = SLOTS
     setup_django("bench/tasks.py")
     began = time.monotonic()
-    redis_client().flushdb()
+    flush_state()
     catalog()
     stack = bench_stack("tasks", DUCTOR_TASK_QUEUE_SLOTS=SLOTS)
     try:

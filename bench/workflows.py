@@ -1,6 +1,7 @@
 """Workflow runs end to end: real web server, Celery worker, dispatcher and coordinator.
 
-On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis), with one
+On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis and ends the
+runs left unfinished there: ``flush_state``), with one
 ``celery -A ductor_project worker`` (concurrency ``CONCURRENCY``), one
 ``manage.py run_dispatcher``, one ``manage.py run_coordinator`` and gunicorn, all children of
 ``ductor_project.stack.Stack``, for one enterprise-plan tenant:
@@ -49,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, log, plain_celery_noops, redis_client, setup_django, wait_until
+from bench._common import bench_stack, bench_worker, flush_state, log, plain_celery_noops, setup_django, wait_until
 from bench._costs import Costs, RoundTrips, redis_requests
 from ductor_project.stack import Child, Stack, free_port
 
@@ -254,7 +255,7 @@ def main() -> int:
     from ductor_project.core.context import tenant_context
 
     began = time.monotonic()
-    redis_client().flushdb()
+    flush_state()
     tenant, key = make_tenant()
     path = step_path(tenant)
     log(f"the step path: {json.dumps(path)}")
