@@ -128,6 +128,14 @@ DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="duct
 DUCTOR_ROW_SECURITY = env.bool("DUCTOR_ROW_SECURITY", default=True)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Parameters bound by the server, so that psycopg prepares the statements a connection runs often
+# (after DATABASE_PREPARE_THRESHOLD runs: parsed and planned once, not on every call; about half
+# of PostgreSQL's CPU per step, docs/performance.md). Off (false) behind a pooler in transaction
+# mode that cannot keep a connection's prepared statements (PgBouncer before 1.21).
+if env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=env.int("DATABASE_PREPARE_THRESHOLD", default=5)
+    )
 DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(
     "DATABASE_TEST_NAME", default=f"test_{DATABASES['default']['NAME']}"
 )
