@@ -91,9 +91,9 @@ def throughput(stack: Stack) -> dict[str, Any]:
     workflow benchmark's ``runs_per_s``, counted in steps)."""
     chain = [{"id": f"n{i}", "type": "task", "task": "team.noop", "depends_on": [f"n{i - 1}"] if i else []}
              for i in range(CHAIN)]
-    runs = runs_per_s(tenant(1, {"nodes": chain}), "w", RUNS, OUTSTANDING)
+    runs = runs_per_s(tenant(1, {"nodes": chain}), "w", RUNS, OUTSTANDING, steps_per_run=CHAIN)
     return {"task_steps_per_s": round(runs["runs_per_s"] * CHAIN, 1), "steps": runs["completed"] * CHAIN,
-            "seconds": runs["seconds"]}
+            "seconds": runs["seconds"], "costs": runs["costs"]}
 
 
 def baseline() -> float:
