@@ -76,7 +76,7 @@ def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
     with tenant_context(a):
         assert statements.lock_run(run.pk) is None
         assert statements.start_attempt(step.pk, {"admitted": "stolen"}) is None
-        assert statements.finish_running(step.pk, run.pk, outcome_fields("succeeded"), None) is None
+        assert statements.lock_and_finish(run.pk, step.pk, outcome_fields("succeeded"), None) == (None, None, [])
         assert statements.attempts_of(run.pk) == []
     assert WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get() == before_run
     assert stored(step) == before_step
@@ -85,7 +85,7 @@ def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
 def test_the_statements_refuse_to_run_without_a_tenant(two: Any) -> None:
     _, _, run, step = two
     for call in (lambda: statements.lock_run(run.pk), lambda: statements.start_attempt(step.pk, None),
-                 lambda: statements.finish_running(step.pk, run.pk, outcome_fields("succeeded"), None),
+                 lambda: statements.lock_and_finish(run.pk, step.pk, outcome_fields("succeeded"), None),
                  lambda: statements.attempts_of(run.pk)):
         with pytest.raises(TenantScopeError):
             call()
@@ -96,9 +96,10 @@ def test_a_running_attempt_finishes_once_and_one_that_moved_on_is_left_alone(two
     with tenant_context(b):
         assert statements.start_attempt(step.pk, None) is not None
         done = outcome_fields("succeeded") | {"output": {"x": [1, None]}}
-        assert statements.finish_running(step.pk, run.pk, done, {"admitted": "ok"}) == ("a", 1)
-        assert statements.finish_running(step.pk, run.pk, outcome_fields("failed"), None) is None
-        assert statements.finish_running(step.pk, "00000000-0000-0000-0000-000000000000", done, None) is None
+        assert statements.lock_and_finish(run.pk, step.pk, done, {"admitted": "ok"})[1] == ("a", 1)
+        assert statements.lock_and_finish(run.pk, step.pk, outcome_fields("failed"), None)[1] is None
+        missing_run = "00000000-0000-0000-0000-000000000000"
+        assert statements.lock_and_finish(missing_run, step.pk, done, None)[:2] == (None, None)
         (attempt,) = statements.attempts_of(run.pk)
         assert attempt.routing["admitted"] == "ok"  # not read with the attempt, read when asked for
     assert (attempt.status, attempt.output, attempt.error) == ("succeeded", {"x": [1, None]}, None)

@@ -10,10 +10,10 @@ scoped managers do) and row-level security holds them to it as it holds every qu
   ``lock_version``) and reads it.
 - ``start_attempt``: a queued attempt whose run is still going becomes running, and is read
   with its run's version.
-- ``finish_running``: a running attempt ends with its outcome; nothing happens to one that
-  moved on (cancelled, timed out).
 - ``attempts_of``: every attempt of a run.
-- ``lock_and_finish``: the three above an outcome needs, sent together (``pipelined``).
+- ``lock_and_finish``: what an outcome needs, sent together (``pipelined``): its run locked,
+  the running attempt ended with it (nothing happens to one that moved on: cancelled, timed
+  out), and the run's attempts.
 - ``save_state``: what a tick changed of the run's state (status, times, output, error).
 """
 
@@ -132,15 +132,6 @@ def start_attempt(step_id: Any, added: dict[str, Any] | None) -> Started | None:
     return Started(row[0], row[1], row[2], row[3], _loaded(row[4]), row[5])
 
 
-def finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: dict[str, Any] | None,
-                   ) -> tuple[str, int] | None:
-    """End the attempt ``step_id`` of run ``run_id`` with ``fields`` (``attempts.outcome_fields``)
-    and ``added`` on its trace, if a worker may still run it; its node and attempt number, or
-    None when it moved on (cancelled, timed out) or is not there."""
-    rows = _one(_finish_running(step_id, run_id, fields, added))
-    return _finished(rows[0] if rows else None)
-
-
 def attempts_of(run_id: Any) -> list[StepRun]:
     """Every attempt of the run ``run_id``, by node and attempt number; their routing traces,
     which a tick does not read, only if asked for."""
@@ -149,8 +140,11 @@ def attempts_of(run_id: Any) -> list[StepRun]:
 
 def lock_and_finish(run_id: Any, step_id: Any, fields: dict[str, Any], added: dict[str, Any] | None,
                     ) -> tuple[WorkflowRun | None, tuple[str, int] | None, list[StepRun]]:
-    """``lock_run``, ``finish_running`` and ``attempts_of`` (which sees the attempt finished), in
-    that order and in one round trip: what recording an outcome reads before its tick."""
+    """``lock_run``, then the end of the attempt ``step_id`` of run ``run_id`` with ``fields``
+    (``attempts.outcome_fields``) and ``added`` on its trace if a worker may still run it, then
+    ``attempts_of`` (which sees it ended): in that order, in one round trip. The run (None if
+    there is none), the ended attempt's node and number (None when it moved on: cancelled,
+    timed out), and the attempts."""
     with connection.cursor() as run, connection.cursor() as step, connection.cursor() as every:
         with pipelined():  # the results are read once the batch is answered, in one round trip
             run.execute(*_lock_run(run_id))
@@ -164,7 +158,7 @@ def state_of(run: WorkflowRun) -> tuple[Any, ...]:
     return tuple(getattr(run, name) for name in STATE)
 
 
-def state_statement(run: WorkflowRun) -> Statement:
+def _state(run: WorkflowRun) -> Statement:
     """The ``UPDATE`` of the run's state (status, times, output, error) as it is in memory."""
     return (f"UPDATE {RUNS} SET status = %s, started_at = %s, finished_at = %s, "  # noqa: S608
             "output = %s::jsonb, error = %s::jsonb WHERE tenant_id = %s AND id = %s",
@@ -175,5 +169,5 @@ def state_statement(run: WorkflowRun) -> Statement:
 def save_state(run: WorkflowRun) -> None:
     """Write the run's state (status, times, output, error) as it is in memory."""
     with connection.cursor() as cursor:
-        cursor.execute(*state_statement(run))
+        cursor.execute(*_state(run))
 
