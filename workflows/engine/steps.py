@@ -60,7 +60,7 @@ def execute_step(ctx: ItemContext, body: dict[str, Any]) -> None:
 
 
 def _execute(step_id: str, ctx: ItemContext) -> None:
-    step = start_attempt(step_id, admitted_routing(None, ctx.connection_id, ctx.admitted))
+    step = start_attempt(step_id, admission_trace(ctx.connection_id, ctx.admitted))
     if step is None:
         _cancel_if_run_ended(step_id)
         return
@@ -95,14 +95,15 @@ def _keep(step: Started, outcome: Outcome) -> None:
         record_outcome(step.id, step.run_id, outcome)
 
 
-def admitted_routing(routing: dict[str, Any] | None, connection_id: str, admitted: str) -> dict[str, Any]:
-    """A step's routing trace with what its admission chose: the connection, and why."""
-    routing = dict(routing or {})
+def admission_trace(connection_id: str, admitted: str) -> dict[str, Any]:
+    """What an attempt's admission chose (the connection, and why), as its routing trace takes it:
+    added to the trace by the statement that starts or ends the attempt."""
+    added: dict[str, Any] = {}
     if connection_id:
-        routing["connection"] = {"id": connection_id, "name": routing_table().connection_name(connection_id)}
+        added["connection"] = {"id": connection_id, "name": routing_table().connection_name(connection_id)}
     if admitted:
-        routing["admitted"] = admitted
-    return routing
+        added["admitted"] = admitted
+    return added
 
 
 def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
@@ -113,7 +114,7 @@ def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
     on the step's routing trace in the same ``UPDATE``."""
     with transaction.atomic(), journal():
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
-        added = admitted_routing(None, *admission) if admission else None
+        added = admission_trace(*admission) if admission else None
         run, finished, attempts = lock_and_finish(run_id, step_id, outcome_fields(outcome), added)
         if run is None:
             return
