@@ -97,6 +97,7 @@ class Child:
     url: str | None = None  # where a server child serves
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    started_at: float = 0.0  # time.monotonic() of its last start
     _log: IO[bytes] | None = field(default=None, repr=False)
     _log_from: int = field(default=0, repr=False)
 
@@ -107,6 +108,7 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb" if fresh_log else "ab")  # noqa: SIM115 - closed in close()
         self._log_from = self.log_path.stat().st_size
+        self.started_at = time.monotonic()
         self.proc = subprocess.Popen(  # noqa: S603 - our own commands
             self.argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
@@ -216,6 +218,14 @@ class Stack:
                          f"{child.log_path})")
                 child.start()
 
+    def restart(self, child: Child, why: str, *, grace_s: float = 15.0) -> None:
+        """Stop a supervised child that is alive but not working (``why`` says how), as ``stop`` does,
+        and start it again; reported through ``say``."""
+        child.restarts += 1
+        self.say(f"{child.name} {why}; restarting it (restart #{child.restarts}, log: {child.log_path})")
+        child.stop(grace_s=grace_s)
+        child.start()
+
     def wait_ready(self, *children: Child, timeout_s: float = 90.0, restart: bool = False) -> None:
         """Return once every one of ``children`` (by default all) is ready. Raises ``ChildError`` when
         ``timeout_s`` passes first, or when one exits, unless ``restart``: then ``check`` restarts it and
@@ -269,21 +279,32 @@ class Stack:
         return self.start(name, argv, env=env, ready_url=url + ready_path, url=url)
 
     def worker(self, name: str, *, app: str = "ductor_project", concurrency: int = 2, hostname: str | None = None,
-               extra: Iterable[str] = (), env: Mapping[str, str] | None = None) -> Child:
+               task_events: bool = True, extra: Iterable[str] = (), env: Mapping[str, str] | None = None) -> Child:
         """``celery -A <app> worker`` at INFO with ``concurrency`` processes, without gossip or mingle, plus
         ``extra`` arguments (``--include bench._worker_tasks``). Its hostname is ``hostname``, by default
-        ``<name>-<this pid>@%h``. Ready once it logs `` ready.``."""
+        ``<name>-<this pid>@%h``. With ``task_events`` it sends task events (``-E``: Flower and ``celery
+        events`` see its tasks). Ready once it logs `` ready.``."""
         argv = [sys.executable, "-m", "celery", "-A", app, "worker", "--concurrency", str(concurrency),
                 "--hostname", hostname or f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
-                "--loglevel", "INFO", *extra]
+                *(["--task-events"] if task_events else []), "--loglevel", "INFO", *extra]
         return self.start(name, argv, env=env, ready_text=" ready.")
 
     def dispatcher(self, name: str = "dispatcher", *, env: Mapping[str, str] | None = None) -> Child:
-        """``manage.py run_dispatcher``. Ready once it logs ``dispatcher_started`` (at INFO)."""
-        return self.start(name, [sys.executable, "manage.py", "run_dispatcher"], env=env,
+        """``manage.py run_dispatcher``. Ready once it logs ``dispatcher_started`` (at INFO). Its
+        heartbeats carry ``process_name(name)``."""
+        return self.start(name, [sys.executable, "manage.py", "run_dispatcher"], env=self._named(name, env),
                           ready_text="dispatcher_started")
 
     def coordinator(self, name: str = "coordinator", *, env: Mapping[str, str] | None = None) -> Child:
-        """``manage.py run_coordinator``. Ready once it logs ``coordinator_started`` (at INFO)."""
-        return self.start(name, [sys.executable, "manage.py", "run_coordinator"], env=env,
+        """``manage.py run_coordinator``. Ready once it logs ``coordinator_started`` (at INFO). Its
+        heartbeats carry ``process_name(name)``."""
+        return self.start(name, [sys.executable, "manage.py", "run_coordinator"], env=self._named(name, env),
                           ready_text="coordinator_started")
+
+    def process_name(self, name: str) -> str:
+        """The ``DUCTOR_PROCESS_NAME`` of this stack's child ``name``: unique across the stacks of
+        one deployment, as a Celery worker's hostname is."""
+        return f"{name}-{os.getpid()}@{socket.gethostname()}"
+
+    def _named(self, name: str, env: Mapping[str, str] | None) -> dict[str, str]:
+        return {**(self.env if env is None else env), "DUCTOR_PROCESS_NAME": self.process_name(name)}

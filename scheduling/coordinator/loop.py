@@ -9,12 +9,14 @@ Celery task does.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import structlog
 from django.db import connections
 
+from ductor_project.core import heartbeats, metrics
 from scheduling.coordinator.epoch import RedisWatch
 from scheduling.coordinator.reaper import reap_all
 from scheduling.coordinator.reconcile import reconcile_all
@@ -34,6 +36,7 @@ class Coordinator:
         self._redis = RedisWatch()
 
     def tick(self) -> dict[str, int]:
+        started = time.perf_counter()
         refresh_db_connections()
         full = self._redis.lost()
         reaped = reap_all()
@@ -43,14 +46,25 @@ class Coordinator:
             self._last_reconcile = time.monotonic()
         if reaped or repaired:
             log.info("coordinator_tick", reaped=reaped, repaired=repaired)
+        metrics.REAPED.inc(reaped)
+        metrics.REPAIRS.inc(repaired)
+        metrics.LOOP_PASS.labels(heartbeats.COORDINATOR).observe(time.perf_counter() - started)
         return {"reaped": reaped, "repaired": repaired}
 
     def run_forever(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:
-                log.exception("coordinator_tick_failed")
-                # A connection the failure broke would fail every later pass: the next one reconnects.
-                connections.close_all()
-            stop.wait(self.interval_s)
+        """Tick every ``interval_s`` until ``stop`` is set; each pass that worked beats
+        (``heartbeats``), one that failed does not."""
+        beater = heartbeats.Beater(heartbeats.COORDINATOR)
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                    beater.passed()
+                except Exception:
+                    log.exception("coordinator_tick_failed")
+                    # A connection the failure broke would fail every later pass: the next one reconnects.
+                    connections.close_all()
+                stop.wait(self.interval_s)
+        finally:
+            with contextlib.suppress(Exception):
+                beater.stop()

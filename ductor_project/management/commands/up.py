@@ -3,7 +3,9 @@
 Starts (or attaches to) PostgreSQL and Redis, migrates, then runs the web
 server (gunicorn; ``--dev`` for runserver), Celery workers, dispatchers and the
 coordinator as children of ``ductor_project.stack.Stack``. A child that dies is
-reported and restarted. Ctrl-C stops every child cleanly, then the embedded
+reported and restarted, and so is a coordinator or dispatcher that lives but
+has not beaten for ``DUCTOR_HEARTBEAT_STALE_S`` (its loop is stuck, or cannot
+reach PostgreSQL). Ctrl-C stops every child cleanly, then the embedded
 PostgreSQL and Redis if this command started them (``--keep-services`` keeps
 them; servers that were already running are left alone, ``make down`` stops
 those).
@@ -11,10 +13,13 @@ those).
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
@@ -23,6 +28,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from ductor_project import embedded
+from ductor_project.core import heartbeats
 from ductor_project.stack import Child, Stack, free_port
 
 READY_TIMEOUT_S = 60.0
@@ -44,16 +50,18 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         password = _admin_password()
         port = options["port"] if _port_free(options["port"]) else free_port()
-        stack = Stack(settings.DUCTOR_DATA_DIR / "logs", say=self.stdout.write)
+        stack = Stack(settings.DUCTOR_DATA_DIR / "logs", env=_metrics_env(), say=self.stdout.write)
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
-            web = _start_children(stack, port=port, options=options)
+            web, loops = _start_children(stack, port=port, options=options)
             stack.wait_ready(web, timeout_s=READY_TIMEOUT_S)
             self._print_urls(str(web.url), password)
+            watch = HeartbeatWatch(stack, loops)
             while not stop.wait(1.0):
                 stack.check()
+                watch.check()
         finally:
             self.stdout.write("Stopping every child...")
             stack.stop_all()
@@ -79,15 +87,55 @@ class Command(BaseCommand):
             self.stdout.write("Stopped. PostgreSQL and Redis were running before and keep running.")
 
 
-def _start_children(stack: Stack, *, port: int, options: dict[str, Any]) -> Child:
-    """Start the web server, the workers, the dispatchers and the coordinator; returns the web server."""
+def _start_children(stack: Stack, *, port: int, options: dict[str, Any]) -> tuple[Child, list[tuple[Child, str]]]:
+    """Start the web server, the workers, the dispatchers and the coordinator; returns the web server,
+    and the children that beat with their heartbeat kinds."""
     web = stack.web(port=port, dev=options["dev"])
     for i in range(options["workers"]):
         stack.worker(f"worker-{i + 1}", concurrency=options["concurrency"])
-    for i in range(options["dispatchers"]):
-        stack.dispatcher(f"dispatcher-{i + 1}")
-    stack.coordinator()
-    return web
+    loops = [(stack.dispatcher(f"dispatcher-{i + 1}"), heartbeats.DISPATCHER) for i in range(options["dispatchers"])]
+    loops.append((stack.coordinator(), heartbeats.COORDINATOR))
+    return web, loops
+
+
+class HeartbeatWatch:
+    """Restarts a looping child (coordinator, dispatcher) that lives but has not beaten for
+    ``DUCTOR_HEARTBEAT_STALE_S``. A child is judged from its last (re)start, and a beat missing
+    for a moment (Redis lost its data) is not a stale one: only the time since it was last seen
+    beating counts. While Redis cannot be read, nobody is judged."""
+
+    def __init__(self, stack: Stack, loops: list[tuple[Child, str]]) -> None:
+        self.stack = stack
+        self.loops = loops
+        self._seen: dict[str, float] = {}  # child name -> time.monotonic() of its last seen beat
+
+    def check(self) -> None:
+        stale_s = settings.DUCTOR_HEARTBEAT_STALE_S
+        try:
+            ages = {kind: heartbeats.ages(kind) for kind in {kind for _, kind in self.loops}}
+        except Exception:
+            return
+        now = time.monotonic()
+        for child, kind in self.loops:
+            age = ages[kind].get(self.stack.process_name(child.name))
+            seen = max(self._seen.get(child.name, 0.0), child.started_at)
+            if age is not None:
+                seen = max(seen, now - age)
+            self._seen[child.name] = seen
+            if child.alive() and now - seen > stale_s:
+                self.stack.restart(child, f"has not beaten for {now - seen:.1f} s")
+
+
+def _metrics_env() -> dict[str, str]:
+    """The children's environment: with ``PROMETHEUS_MULTIPROC_DIR`` (unless it is set already), a fresh
+    directory in the data dir, where every child process writes its metrics for ``/metrics`` to merge."""
+    env = dict(os.environ)
+    if not env.get("PROMETHEUS_MULTIPROC_DIR"):
+        directory = settings.DUCTOR_DATA_DIR / "metrics"
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    return env
 
 
 def _port_free(port: int) -> bool:

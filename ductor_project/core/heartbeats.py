@@ -1,0 +1,81 @@
+"""Heartbeats of the long-running loops: the coordinator's and the dispatchers'.
+
+A loop beats after each pass that worked (it reached PostgreSQL and Redis as it
+needed), so a coordinator whose database went away stops beating though its
+process lives: ``/readyz`` reports it, and ``manage.py up`` restarts a child
+whose beat went stale. Beats are stamped with Redis ``TIME`` (one clock for
+every machine) in one global ZSET per kind (``g:hb:<kind>``: process name ->
+last beat); beats older than ``FORGET_MS`` are dropped, and a process that
+stops cleanly withdraws its own.
+
+A process is named by ``DUCTOR_PROCESS_NAME`` (``up`` sets it per child), else
+``<host>-<pid>``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+from ductor_project.core.keys import global_redis_key
+from ductor_project.core.redis import get_redis
+from ductor_project.core.scripts import run
+
+COORDINATOR = "coordinator"
+DISPATCHER = "dispatcher"
+KINDS = (COORDINATOR, DISPATCHER)
+FORGET_MS = 3600 * 1000
+_SCRIPT = Path(__file__).parent / "lua" / "heartbeat.lua"
+
+
+def process_name() -> str:
+    """This process's name in the heartbeats."""
+    return os.environ.get("DUCTOR_PROCESS_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _key(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown heartbeat kind {kind!r}")
+    return global_redis_key("hb", kind)
+
+
+def beat(kind: str, name: str | None = None) -> None:
+    """Record that ``name``'s (by default this process's) loop of ``kind`` completed a pass now."""
+    run(_SCRIPT, [_key(kind)], [name or process_name(), FORGET_MS])
+
+
+def forget(kind: str, name: str | None = None) -> None:
+    """Withdraw a stopping process's heartbeat."""
+    get_redis().zrem(_key(kind), name or process_name())
+
+
+def ages(kind: str) -> dict[str, float]:
+    """Seconds since each process of ``kind`` last beat, by Redis's clock (one round trip)."""
+    with get_redis().pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.zrange(_key(kind), 0, -1, withscores=True)
+        (seconds, micros), beats = pipe.execute()
+    now_ms = seconds * 1000 + micros / 1000
+    return {(m.decode() if isinstance(m, bytes) else str(m)): max(0.0, (now_ms - score) / 1000)
+            for m, score in beats}
+
+
+class Beater:
+    """Beats for a loop at most once per ``every_s`` (a busy dispatcher passes far more often)."""
+
+    def __init__(self, kind: str, *, every_s: float = 1.0) -> None:
+        self.kind = kind
+        self.every_s = every_s
+        self._last = float("-inf")
+
+    def passed(self) -> None:
+        """The loop completed a pass: beat, unless it did less than ``every_s`` ago."""
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            beat(self.kind)
+            self._last = now
+
+    def stop(self) -> None:
+        forget(self.kind)

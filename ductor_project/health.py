@@ -1,0 +1,77 @@
+"""``/healthz`` (liveness) and ``/readyz`` (readiness), for load balancers and orchestrators.
+
+``/healthz`` answers 200 while the web process serves requests; it checks
+nothing else, so a database outage does not get every web process restarted.
+``/readyz`` answers 200 only when PostgreSQL and Redis answer and at least one
+coordinator and one dispatcher beat within ``DUCTOR_HEARTBEAT_STALE_S``
+(``ductor_project.core.heartbeats``); else 503. Both answer JSON, need no
+credentials and show no tenant data: what is checked, whether it passed, how
+long it took, and the heartbeat ages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+from ductor_project.core import heartbeats
+from ductor_project.core.redis import get_redis
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks = {
+        "database": _timed(_database),
+        "redis": _timed(_redis),
+        **{kind: _timed(partial(_loop, kind)) for kind in heartbeats.KINDS},
+    }
+    ready = all(check["ok"] for check in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+
+
+def _timed(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        result = {"ok": True, **check()}
+    except Exception as exc:  # a health check reports a failure, it does not raise it
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    result["ms"] = round((time.perf_counter() - started) * 1000, 2)
+    return result
+
+
+def _database() -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return {}
+
+
+def _redis() -> dict[str, Any]:
+    get_redis().ping()
+    return {}
+
+
+def _loop(kind: str) -> dict[str, Any]:
+    """Fresh when at least one process of ``kind`` beat within the stale bound."""
+    stale_s = settings.DUCTOR_HEARTBEAT_STALE_S
+    ages = heartbeats.ages(kind)
+    fresh = sorted(name for name, age in ages.items() if age <= stale_s)
+    newest = min(ages.values(), default=None)
+    result: dict[str, Any] = {"ok": bool(fresh), "fresh": len(fresh), "stale": len(ages) - len(fresh),
+                              "newest_age_s": None if newest is None else round(newest, 3)}
+    if not fresh:
+        result["error"] = (f"no {kind} beat in the last {stale_s:g} s" if ages
+                           else f"no {kind} has ever beaten (or its beat was lost with Redis's data)")
+    return result

@@ -1,0 +1,291 @@
+"""Metrics, health and heartbeats on the real PostgreSQL and Redis: ``/metrics`` parsed with
+``prometheus_client``'s own parser, ``/healthz``, ``/readyz`` against a real coordinator loop,
+and the supervisor's restart of a child whose heartbeat went stale."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from ductor_project.core import heartbeats
+from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.management.commands.up import HeartbeatWatch
+from ductor_project.stack import Stack
+from scheduling import fair_queue as fq
+from scheduling.coordinator.loop import Coordinator
+from scheduling.dispatch.dispatcher import Dispatcher
+from tenants.models import Tenant
+from workflows import services
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = {"nodes": [{"id": "work", "type": "action", "action": "noop"}]}
+TIER = "standard"
+
+
+def wait_for(condition: Callable[[], Any], *, what: str, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return found
+
+
+def scrape(client: Client | None = None, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` as {(sample name, sorted labels): value}."""
+    response = (client or Client()).get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.content.decode())
+            for sample in family.samples}
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def fresh_metrics(settings: Any, redis_client: Any) -> Any:
+    settings.DUCTOR_METRICS_QUEUE_EVERY_S = 0  # every scrape reads Redis
+    return settings
+
+
+# --- /metrics -----------------------------------------------------------------------------------
+
+
+def test_the_queue_gauges_match_the_tenants_queue_api(fresh_metrics, tenant_a, tenant_b, client_a):
+    for tenant, runs in ((tenant_a[0], 5), (tenant_b[0], 2)):
+        with tenant_context(tenant):
+            services.workflow_put(name="w", spec=NOOP)
+            for _ in range(runs):
+                services.run_start(workflow="w", input={})
+    with no_tenant():
+        assert fq.dequeue(shard=0, lease_ms=60_000) is not None  # one in flight
+    queue = client_a.get("/api/v1/queue").json()
+    queue_b = {"backlog": 0, "due": 0, "in_flight": 0}
+    with tenant_context(tenant_b[0]):
+        stats_b = fq.stats()
+        queue_b = {"backlog": stats_b.backlog, "due": stats_b.due, "in_flight": stats_b.in_flight}
+    samples = scrape()
+    tenant = str(tenant_a[0].pk)
+    assert value(samples, "ductor_tenant_queue_waiting", tenant_id=tenant) == queue["backlog"]
+    assert value(samples, "ductor_tenant_queue_due", tenant_id=tenant) == queue["due"]
+    assert value(samples, "ductor_tenant_queue_in_flight", tenant_id=tenant) == queue["in_flight"]
+    assert queue["backlog"] + queue["in_flight"] + queue_b["backlog"] + queue_b["in_flight"] == 7
+    tier = queue["tiers"][TIER]
+    assert value(samples, "ductor_queue_waiting", shard="0", tier=TIER) == tier["backlog"] + queue_b["backlog"]
+    assert value(samples, "ductor_queue_in_flight", shard="0", tier=TIER) == 1
+    assert value(samples, "ductor_leases_in_flight", shard="0") == 1
+    assert value(samples, "ductor_queue_tenants_with_items", shard="0") == 2
+    assert value(samples, "ductor_tenant_queue_waiting", tenant_id="other") == 0  # both are named
+    assert value(samples, "ductor_shared_state_up") == 1
+
+
+def test_per_tenant_series_stay_bounded_with_ten_thousand_tenants(fresh_metrics):
+    fresh_metrics.DUCTOR_METRICS_TOP_TENANTS = 20
+    conf = fq.TenantConf(weight=1, max_concurrency=None, rate_per_s=None, burst=1, tiers=(TIER,))
+    tenants = [Tenant(id=uuid.uuid4(), slug=f"load-{n}") for n in range(10_000)]
+    batches = [fq.TenantBatch(tenant, [fq.NewItem(f"i{j}", TIER, f"p{j}", {"kind": "test.noop"})
+                                       for j in range(1 + n % 3)], conf)
+               for n, tenant in enumerate(tenants)]
+    with no_tenant():
+        queued = fq.bulk_enqueue(batches)
+    samples = scrape()
+    tenant_series = {labels for name, labels in samples if name == "ductor_tenant_queue_waiting"}
+    assert len(tenant_series) == 21  # the 20 largest and "other"
+    largest = {dict(labels)["tenant_id"] for labels in tenant_series} - {"other"}
+    assert all(len(batches[n].items) == 3 for n, tenant in enumerate(tenants) if str(tenant.pk) in largest)
+    named = sum(value(samples, "ductor_tenant_queue_waiting", tenant_id=t) for t in largest)
+    assert named + value(samples, "ductor_tenant_queue_waiting", tenant_id="other") == queued
+    assert value(samples, "ductor_queue_waiting", shard="0", tier=TIER) == queued
+    assert value(samples, "ductor_queue_tenants_with_items", shard="0") == 10_000
+    assert len(samples) < 1_000  # the whole scrape: fixed by shards, tiers and N, not by tenants
+
+
+def test_the_metrics_can_need_a_token_or_be_off(settings, redis_client):
+    settings.DUCTOR_METRICS_TOKEN = "s3cret-metrics"
+    client = Client()
+    refused = client.get("/metrics")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "not_authenticated"
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert scrape(client, HTTP_AUTHORIZATION="Bearer s3cret-metrics")
+    settings.DUCTOR_METRICS_ENABLED = False
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-metrics").status_code == 404
+
+
+def test_requests_are_timed_by_url_pattern_and_status_not_by_path(fresh_metrics, client_a):
+    client_a.get(f"/api/v1/runs/{uuid.uuid4()}")
+    client_a.get(f"/api/v1/runs/{uuid.uuid4()}")
+    samples = scrape()
+    counts = {dict(labels)["route"]: v for (name, labels), v in samples.items()
+              if name == "ductor_http_request_duration_seconds_count" and dict(labels)["status"] == "404"}
+    [(route, count)] = [(route, count) for route, count in counts.items() if "runs" in route]
+    assert count >= 2
+    assert "(?P<pk>" in route  # the pattern, never the id
+
+
+def test_a_scrape_merges_what_every_process_of_the_host_recorded(fresh_metrics, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    record = ("from ductor_project.core import metrics; metrics.REAPED.inc(3); "
+              "metrics.STEP_DURATION.labels('action', 'failed').observe(0.2)")
+    for _ in range(2):  # two processes, as two prefork children
+        subprocess.run([sys.executable, "-c", record], check=True, env={**_env(), "PROMETHEUS_MULTIPROC_DIR":
+                                                                        str(tmp_path)})
+    samples = scrape()
+    assert value(samples, "ductor_reaped_leases_total") == 6
+    assert value(samples, "ductor_step_duration_seconds_count", node_type="action", outcome="failed") == 2
+    assert value(samples, "ductor_shared_state_up") == 1
+
+
+def _env() -> dict[str, str]:
+    return {key: val for key, val in os.environ.items() if key != "PROMETHEUS_MULTIPROC_DIR"}
+
+
+def test_an_unreadable_redis_is_a_gauge_not_a_failed_scrape(fresh_metrics, monkeypatch):
+    def unreachable() -> Any:
+        raise ConnectionError("redis is away")
+
+    monkeypatch.setattr("scheduling.metrics.read_snapshot", unreachable)
+    samples = scrape()
+    assert value(samples, "ductor_shared_state_up") == 0
+
+
+# --- health -------------------------------------------------------------------------------------
+
+
+def test_healthz_answers_while_the_process_serves(db):
+    response = Client().get("/healthz")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+    assert Client().post("/healthz").status_code == 405
+
+
+@pytest.fixture
+def loops(settings: Any, redis_client: Any) -> Iterator[Callable[[], None]]:
+    """A real coordinator loop and dispatcher loop in threads, until the test ends; the coordinator's
+    passes can be held (``hold``/``resume``), as a stuck or disconnected one would be."""
+    settings.DUCTOR_HEARTBEAT_STALE_S = 1.0
+    stop = threading.Event()
+    gate = threading.Event()
+    gate.set()
+    coordinator = Coordinator(interval_s=0.05)
+    real_tick = coordinator.tick
+
+    def tick() -> dict[str, int]:
+        gate.wait()
+        return real_tick()
+
+    coordinator.tick = tick  # type: ignore[method-assign]
+    threads = [threading.Thread(target=coordinator.run_forever, args=(stop,), daemon=True),
+               threading.Thread(target=Dispatcher().run_forever, args=(stop,), daemon=True)]
+    for thread in threads:
+        thread.start()
+    yield gate
+    stop.set()
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+
+
+def ready() -> tuple[int, dict[str, Any]]:
+    response = Client().get("/readyz")
+    return response.status_code, response.json()
+
+
+def test_readyz_is_unavailable_until_a_coordinator_and_a_dispatcher_beat(settings, redis_client):
+    status, body = ready()
+    assert status == 503
+    assert body["status"] == "unavailable"
+    assert body["checks"]["database"]["ok"]
+    assert body["checks"]["redis"]["ok"]
+    assert not body["checks"]["coordinator"]["ok"]
+    assert not body["checks"]["dispatcher"]["ok"]
+    heartbeats.beat(heartbeats.COORDINATOR, "c1")
+    assert ready()[1]["checks"]["coordinator"] | {"ms": 0, "newest_age_s": 0} == {
+        "ok": True, "fresh": 1, "stale": 0, "ms": 0, "newest_age_s": 0}
+    assert ready()[0] == 503  # no dispatcher yet
+    heartbeats.beat(heartbeats.DISPATCHER, "d1")
+    assert ready()[0] == 200
+
+
+def test_readyz_turns_unhealthy_when_the_coordinators_heartbeat_stops_and_healthy_when_it_resumes(loops):
+    wait_for(lambda: ready()[0] == 200, what="both loops beating")
+    loops.clear()  # the coordinator's next pass hangs: it beats no more, though its thread lives
+    _status, body = wait_for(lambda: (found := ready())[0] == 503 and found, what="the stale coordinator")
+    assert not body["checks"]["coordinator"]["ok"]
+    assert body["checks"]["dispatcher"]["ok"]
+    assert "no coordinator beat in the last 1 s" in body["checks"]["coordinator"]["error"]
+    loops.set()
+    wait_for(lambda: ready()[0] == 200, what="the coordinator beating again")
+
+
+def test_a_coordinator_whose_passes_fail_stops_beating(settings, redis_client, monkeypatch):
+    failed: list[int] = []
+
+    def broken(**kwargs: Any) -> int:
+        failed.append(1)
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr("scheduling.coordinator.loop.reconcile_all", broken)
+    coordinator = Coordinator(interval_s=0.01, reconcile_every_s=0)  # every pass reconciles, and fails
+    stop = threading.Event()
+    thread = threading.Thread(target=coordinator.run_forever, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(failed) >= 3, what="three failed passes")
+        assert heartbeats.ages(heartbeats.COORDINATOR) == {}
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_stopping_loop_withdraws_its_heartbeat(redis_client):
+    stop = threading.Event()
+    thread = threading.Thread(target=Dispatcher().run_forever, args=(stop,), daemon=True)
+    thread.start()
+    wait_for(lambda: heartbeats.ages(heartbeats.DISPATCHER), what="the dispatcher's first beat")
+    stop.set()
+    thread.join(10)
+    assert heartbeats.ages(heartbeats.DISPATCHER) == {}
+
+
+# --- the supervisor restarts a stale loop ------------------------------------------------------
+
+
+def test_up_restarts_a_living_child_whose_heartbeat_went_stale(settings, redis_client, tmp_path: Path):
+    settings.DUCTOR_HEARTBEAT_STALE_S = 0.5
+    said: list[str] = []
+    stack = Stack(tmp_path, say=said.append)
+    try:
+        stuck = stack.start("coordinator", [sys.executable, "-c", "import time; time.sleep(120)"])
+        beating = stack.start("dispatcher-1", [sys.executable, "-c", "import time; time.sleep(120)"])
+        watch = HeartbeatWatch(stack, [(stuck, heartbeats.COORDINATOR), (beating, heartbeats.DISPATCHER)])
+        first_pid = stuck.proc.pid
+        deadline = time.monotonic() + 0.7
+        while time.monotonic() < deadline:  # the dispatcher keeps beating, the coordinator never does
+            heartbeats.beat(heartbeats.DISPATCHER, stack.process_name("dispatcher-1"))
+            watch.check()
+            time.sleep(0.05)
+        assert (stuck.restarts, beating.restarts) == (1, 0)
+        assert stuck.alive()
+        assert stuck.proc.pid != first_pid
+        [restart] = said
+        assert restart.startswith("coordinator has not beaten for ")
+        assert restart.endswith(f" s; restarting it (restart #1, log: {stuck.log_path})")
+        watch.check()
+        assert stuck.restarts == 1  # judged from its restart again: not restarted at once
+    finally:
+        stack.stop_all(grace_s=2)
