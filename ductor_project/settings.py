@@ -86,6 +86,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "ductor_project.core.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -301,6 +302,17 @@ DUCTOR_HTTP_ALLOW_PRIVATE = env.bool("DUCTOR_HTTP_ALLOW_PRIVATE", default=False)
 # Consecutive failures that open a connection's circuit breaker, and its cooldown.
 DUCTOR_BREAKER_FAILURES = env.int("DUCTOR_BREAKER_FAILURES", default=5)
 DUCTOR_BREAKER_COOLDOWN_S = env.float("DUCTOR_BREAKER_COOLDOWN_S", default=30.0)
+
+# Observability (docs/operations.md). A loop (coordinator, dispatcher) whose last heartbeat is older
+# than this is stale: /readyz says so and `manage.py up` restarts it.
+DUCTOR_HEARTBEAT_STALE_S = env.float("DUCTOR_HEARTBEAT_STALE_S", default=15.0)
+# /metrics (Prometheus): served while on; with a token, only to "Authorization: Bearer <token>".
+DUCTOR_METRICS_ENABLED = env.bool("DUCTOR_METRICS_ENABLED", default=True)
+DUCTOR_METRICS_TOKEN = env.str("DUCTOR_METRICS_TOKEN", default="")
+# Per-tenant series: the N tenants with the largest backlog, the others summed as tenant_id="other".
+DUCTOR_METRICS_TOP_TENANTS = env.int("DUCTOR_METRICS_TOP_TENANTS", default=20)
+# The queue's gauges are read from Redis at most this often; a scrape in between reuses them.
+DUCTOR_METRICS_QUEUE_EVERY_S = env.float("DUCTOR_METRICS_QUEUE_EVERY_S", default=5.0)
 
 DUCTOR_LOG_FORMAT = env.str("DUCTOR_LOG_FORMAT", default="json")
 DUCTOR_LOG_LEVEL = env.str("DUCTOR_LOG_LEVEL", default="INFO")

@@ -13,14 +13,20 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from ductor_project.core import scripts
-from ductor_project.core.keys import redis_key
+from ductor_project.core import metrics, scripts
+from ductor_project.core.context import named_or_current
+from ductor_project.core.keys import global_redis_key, redis_key
+from ductor_project.core.redis import get_redis
 from scheduling import LUA_DIR
 
 if TYPE_CHECKING:
     from tenants.models import Tenant
 
 KEY_TTL_S = 7 * 24 * 3600
+# The platform's index of opened breakers (tenant|connection -> open until, ms); an entry whose
+# breaker never closed again is dropped a day after its cooldown.
+OPEN_INDEX = global_redis_key("breakers", "opened")
+INDEX_KEEP_MS = 24 * 3600 * 1000
 
 
 class BreakerState(enum.StrEnum):
@@ -47,7 +53,40 @@ def _record(connection_id: object, ok: bool, tenant: Tenant | None) -> BreakerSt
             KEY_TTL_S,
         ],
     )
-    return BreakerState.OPEN if int(state) == 1 else BreakerState.CLOSED
+    if int(state) > 0:
+        metrics.BREAKER_OPENED.inc()
+        _index(connection_id, tenant, open_until_ms=int(state))
+        return BreakerState.OPEN
+    if int(state) < 0:
+        _index(connection_id, tenant, open_until_ms=None)
+    return BreakerState.CLOSED
+
+
+def _index(connection_id: object, tenant: Tenant | None, *, open_until_ms: int | None) -> None:
+    """Keep the platform's index of breakers that opened (``open_breakers``): written only when a
+    breaker opens or closes again, never on the path of a call through a closed one."""
+    member = f"{named_or_current(tenant, what='breakers').pk}|{connection_id}"
+    redis = get_redis()
+    if open_until_ms is None:
+        redis.zrem(OPEN_INDEX, member)
+        return
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.zadd(OPEN_INDEX, {member: open_until_ms})
+        pipe.zremrangebyscore(OPEN_INDEX, "-inf", open_until_ms - INDEX_KEEP_MS)
+        pipe.execute()
+
+
+def open_breakers() -> tuple[int, int]:
+    """How many breakers are open now, and how many are half-open (cooldown over, no success
+    since), across tenants: for the platform's metrics. One round trip."""
+    redis = get_redis()
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.zrange(OPEN_INDEX, 0, -1, withscores=True)
+        (seconds, micros), entries = pipe.execute()
+    now_ms = seconds * 1000 + micros // 1000
+    opened = sum(1 for _, until in entries if until > now_ms)
+    return opened, len(entries) - opened
 
 
 def record_success(connection_id: object, *, tenant: Tenant | None = None) -> BreakerState:

@@ -3,9 +3,12 @@
 -- ARGV[3] = cooldown in ms, ARGV[4] = key TTL in seconds.
 -- A success closes the breaker. The threshold-th consecutive failure opens it for the
 -- cooldown; a failure while half-open (cooldown over) opens it again.
--- Returns the state after the call: 0 closed, 1 open.
+-- Returns the state after the call: 0 closed (and it was closed), -1 closed by this success
+-- (it had been open), or the time (ms) until which it is open.
 if ARGV[1] == '1' then
+  local was_open = redis.call('HEXISTS', KEYS[1], 'open_until')
   redis.call('DEL', KEYS[1])
+  if was_open == 1 then return -1 end
   return 0
 end
 local t = redis.call('TIME')
@@ -13,7 +16,8 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
 if failures >= tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], 'open_until', now_ms + tonumber(ARGV[3]))
-  return 1
+  local open_until = now_ms + tonumber(ARGV[3])
+  redis.call('HSET', KEYS[1], 'open_until', open_until)
+  return open_until
 end
 return 0

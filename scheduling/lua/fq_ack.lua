@@ -13,7 +13,7 @@ fq_end_lease(tid, id, it)
 if it.again ~= nil then
   fq_requeue(tid, id, it, it.again)
 else
-  redis.call('HDEL', fq_tkey(tid, 'items'), id)
+  fq_delete(tid, id)
 end
 fq_unlock(tid, it.partition)
 fq_unblock(tid)

@@ -44,6 +44,7 @@
 --   sw:<tier>:<share>  ZSET  "<tenant>|<pool>" -> start tag: tenants with heads parked on that
 --                            pool because the share's queue was at its slots
 --   wake               LIST  one token while there is new ready work (dispatchers BLPOP it)
+--   backlog            ZSET  tenant -> its items (waiting or in flight), for tenants that have any
 --
 -- Times are ms of Redis TIME. Tags and times always reach Redis through fq_num: Lua's own
 -- number-to-string conversion keeps 14 digits only.
@@ -102,8 +103,24 @@ local function fq_item(tid, id)
   return fq_json(tid, 'items', id)
 end
 
+-- The shard's index of tenants with items (backlog: tenant -> its items, waiting or in flight), kept
+-- as items are created and deleted: the metrics find the tenants with work, and the largest, in it.
+local function fq_count(tid)
+  local n = redis.call('HLEN', fq_tkey(tid, 'items'))
+  if n > 0 then
+    redis.call('ZADD', fq_gkey('backlog'), n, tid)
+  else
+    redis.call('ZREM', fq_gkey('backlog'), tid)
+  end
+end
+
 local function fq_save(tid, id, it)
-  redis.call('HSET', fq_tkey(tid, 'items'), id, cjson.encode(it))
+  if redis.call('HSET', fq_tkey(tid, 'items'), id, cjson.encode(it)) == 1 then fq_count(tid) end
+end
+
+local function fq_delete(tid, id)
+  redis.call('HDEL', fq_tkey(tid, 'items'), id)
+  fq_count(tid)
 end
 
 local function fq_conf(tid)

@@ -16,7 +16,7 @@ if it.state ~= 'waiting' then
 end
 local tier, part = it.tier, it.partition
 local pkey, parts = fq_pkey(tid, tier, part), fq_tkey(tid, 'parts:' .. tier)
-redis.call('HDEL', fq_tkey(tid, 'items'), id)
+fq_delete(tid, id)
 redis.call('ZREM', pkey, id)
 redis.call('ZREM', fq_tkey(tid, 'wait:' .. tier), id)
 local head = redis.call('ZRANGE', pkey, 0, 0, 'WITHSCORES')
