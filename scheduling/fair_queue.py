@@ -376,7 +376,7 @@ def global_key(name: str, *, shard: int = 0) -> str:
 
 
 def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None) -> Any:
-    libraries = _ADMISSION if name in ("fq_dequeue", "fq_admit_peek") else _LIBRARIES
+    libraries = _ADMISSION if name in ("fq_dequeue", "fq_admit_peek", "fq_why") else _LIBRARIES
     return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=libraries, batch=batch)
 
 
@@ -765,6 +765,7 @@ class MemberView:
     limit: int | None
     eligible: bool
     why: str
+    open_until_ms: int | None = None  # while its breaker is open (``hold_of`` only)
 
 
 @dataclass(frozen=True)
@@ -802,6 +803,57 @@ def admission_peek(
                        limit=None if int(cap) < 0 else int(cap), eligible=bool(ok_), why=_text(reason))
             for cid, state, n, cap, ok_, reason in members
         ),
+    )
+
+
+@dataclass(frozen=True)
+class ItemHold:
+    """What the dequeue would look at for one waiting item of the tenant, now (``hold_of``)."""
+
+    state: str  # "waiting" or "inflight"
+    due_ms: int
+    tier: str
+    partition: str
+    partition_holder: str  # the partition's item in flight, "" for none (or this one)
+    ahead: int  # items before it in its partition
+    suspended: bool
+    tenant_limit: int | None
+    tenant_in_flight: int
+    rate_wait_ms: int
+    admission: AdmissionView | None  # None for an item of no pool
+    ready_tenants: int  # tenants with due work in its tier, itself included
+    now_ms: int
+
+
+def hold_of(item_id: str, *, tenant: Tenant | None = None) -> ItemHold | None:
+    """Everything the dequeue would weigh for the tenant's item ``item_id`` now, in its order: due
+    time, partition, suspension, ceiling, rate, and the admission of its pool (from the limits the
+    fair queue holds). None when the item is not in the queue. One round trip, read only."""
+    tenant = _tenant(tenant)
+    reply = _tenant_call("fq_why", tenant, item_id)
+    if not int(reply[0]):
+        return None
+    (_, state, due, tier, part, holder, ahead, suspended, limit, live, rate_wait, admission, ready,
+     now) = reply
+    view = None
+    if admission:
+        ok, why, at, pool_live, pool_limit, members = admission
+        view = AdmissionView(
+            admitted=bool(ok), connection_id="", why=_text(why), parked=False,
+            retry_at_ms=None if int(at) < 0 else int(at), pool_in_flight=int(pool_live),
+            pool_limit=None if int(pool_limit) < 0 else int(pool_limit),
+            members=tuple(
+                MemberView(connection_id=_text(cid), breaker=_text(state_), in_flight=int(n),
+                           limit=None if int(cap) < 0 else int(cap), eligible=bool(ok_), why=_text(reason),
+                           open_until_ms=None if int(until) < 0 else int(until))
+                for cid, state_, n, cap, ok_, reason, until in members
+            ),
+        )
+    return ItemHold(
+        state=_text(state), due_ms=int(float(_text(due))), tier=_text(tier), partition=_text(part),
+        partition_holder=_text(holder), ahead=int(ahead), suspended=bool(int(suspended)),
+        tenant_limit=None if int(limit) < 0 else int(limit), tenant_in_flight=int(live),
+        rate_wait_ms=int(rate_wait), admission=view, ready_tenants=int(ready), now_ms=int(now),
     )
 
 
@@ -878,6 +930,56 @@ def stats(tenant: Tenant | None = None) -> QueueStats:
         in_flight=sum(s.in_flight for s in tiers.values()),
         oldest_waiting_ms=max(s.oldest_waiting_ms for s in tiers.values()),
     )
+
+
+@dataclass(frozen=True)
+class TenantDepth:
+    tenant_id: str
+    backlog: int  # items waiting
+    due: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class ShardDepth:
+    """A shard's queue summed over its tenants, and its largest tenants (``depth``)."""
+
+    shard: int
+    tiers: dict[str, TierStats]
+    tenants: int  # tenants with items
+    largest: list[TenantDepth]
+
+
+DEPTH_CHUNK = 500  # tenants summed per script call: each call stays short
+
+
+def depth(shard: int = 0, *, top: int = 0) -> ShardDepth:
+    """The shard's items per tier summed over every tenant that has any (waiting, due, in flight,
+    oldest due age), and its ``top`` tenants with the most items. Read only; dispatcher side.
+
+    Reads the shard's backlog index (tenant -> items, kept by the scripts that create and delete
+    items) in calls of ``DEPTH_CHUNK`` tenants: the cost grows with the tenants that have work, and
+    no call holds Redis for long. Counts of one scrape may mix moments (a few milliseconds apart).
+    """
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    sums = {tier: [0, 0, 0, -1] for tier in TIERS}
+    largest: list[TenantDepth] = []
+    first, total, now = 0, 1, 0
+    while first < total:
+        rows, _, total, now, named = _run(
+            "fq_depth", [global_key("backlog", shard=shard)],
+            [*_header(shard), first, first + DEPTH_CHUNK - 1, top if first == 0 else 0])
+        for tier, waiting, due, flight, earliest in rows:
+            s = sums[_text(tier)]
+            s[0], s[1], s[2] = s[0] + int(waiting), s[1] + int(due), s[2] + int(flight)
+            if int(earliest) >= 0 and (s[3] < 0 or int(earliest) < s[3]):
+                s[3] = int(earliest)
+        largest += [TenantDepth(_text(tid), int(w), int(d), int(f)) for tid, w, d, f in named]
+        first += DEPTH_CHUNK
+    tiers = {tier: TierStats(w, d, f, max(0, int(now) - e) if e >= 0 and d else 0)
+             for tier, (w, d, f, e) in sums.items()}
+    return ShardDepth(shard, tiers, int(total), largest)
 
 
 def global_stats(shard: int = 0) -> GlobalStats:

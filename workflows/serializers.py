@@ -9,6 +9,7 @@ from rest_framework.reverse import reverse
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec_schema import SpecField
+from workflows.why import Cause
 
 
 class WorkflowVersionSerializer(StrictModelSerializer):
@@ -135,3 +136,24 @@ class RunEventSerializer(StrictModelSerializer):
         model = RunEvent
         fields = ["seq", "type", "node_id", "data", "created_at"]
         read_only_fields = fields
+
+
+class WaitingSerializer(serializers.Serializer[Any]):
+    """One waiting step (or the run's tick, node ``""``) and what holds it now."""
+
+    node_id = serializers.CharField(read_only=True)
+    attempt = serializers.IntegerField(read_only=True, help_text="0 for a node not started (or the tick).")
+    step_id = serializers.CharField(read_only=True, help_text="The attempt's id; empty for the tick or a node "
+                                                              "not started.")
+    status = serializers.CharField(read_only=True)
+    cause = serializers.ChoiceField(choices=[(cause.value, cause.value) for cause in Cause], read_only=True)
+    message = serializers.CharField(read_only=True)
+    until = serializers.DateTimeField(read_only=True, allow_null=True,
+                                      help_text="When the cause lifts, where that is known.")
+    details = serializers.DictField(read_only=True)
+
+
+class RunWhySerializer(serializers.Serializer[Any]):
+    run_id = serializers.UUIDField(read_only=True)
+    status = serializers.CharField(read_only=True)
+    waiting = WaitingSerializer(many=True, read_only=True)

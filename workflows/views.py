@@ -24,12 +24,14 @@ from workflows.serializers import (
     RunFilterSerializer,
     RunSerializer,
     RunStartSerializer,
+    RunWhySerializer,
     StepRunSerializer,
     WorkflowCreateSerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
     WorkflowVersionSerializer,
 )
+from workflows.why import why_waiting
 
 
 class ByNamePagination(CursorPagination):
@@ -100,7 +102,7 @@ class WorkflowViewSet(TenantViewSet):
 
 
 class RunViewSet(TenantViewSet):
-    """Runs: start (idempotent with a key), list with filters, detail, cancel, steps, events, lineage."""
+    """Runs: start (idempotent with a key), list with filters, detail, cancel, steps, events, lineage, why."""
 
     serializer_class = RunSerializer
     queryset = WorkflowRun.all_tenants.none()
@@ -162,6 +164,17 @@ class RunViewSet(TenantViewSet):
     def events(self, request: Request, pk: str) -> Response:
         run = selectors.get_run_for_tenant(pk)
         return Response(RunEventSerializer(selectors.run_events(run), many=True).data)
+
+    @extend_schema(responses=RunWhySerializer)
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def why(self, request: Request, pk: str) -> Response:
+        """Why is it waiting? For each waiting step of the run (and its tick, node ``""``), what holds it
+        now: not due until T, behind N items of its partition, the tenant's concurrency k of k, a rate
+        until T, its pool or connections full, their breakers open until T, the tenant suspended, or the
+        monthly run quota used up; ``in_line`` when it is due and admissible and waits for its turn.
+        Read only: nothing is taken or charged."""
+        run = selectors.get_run_for_tenant(pk)
+        return Response(RunWhySerializer({"run_id": run.id, "status": run.status, "waiting": why_waiting(run)}).data)
 
     @extend_schema(responses=inline_serializer("Lineage", {"root_run_id": serializers.UUIDField(),
                                                            "runs": serializers.IntegerField(),

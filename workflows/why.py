@@ -1,19 +1,47 @@
 """Why is it waiting? For each waiting step of a run, what holds it now.
 
-``why_waiting(run)`` reads the step rows, the step's fair-queue item and the
-limits its admission checks (its tenant's ceiling and rate, its pool's and
-connections' slots, rates and breakers, the tenant's status and quota), taking
-nothing. Each answer names one cause from ``Cause``, in words and as data.
+``why_waiting(run)`` reads the run's attempts, then asks the fair queue about
+each queued attempt's item (``fair_queue.hold_of``: one read-only round trip
+each) and names the first thing that holds it, in the order the dequeue looks:
+
+1. not due until T (a sleep, a retry's backoff, a delayed item);
+2. behind N items of its partition (one item in flight per partition);
+3. its tenant suspended;
+4. its tenant's step rate: rate-limited until T;
+5. its tenant's concurrency ceiling: k of k;
+6. its pool: the pool's slots (pool full), the pool's rate (until T), its
+   connections' breakers (open until T), their slots (connection full) or
+   rates (until T);
+7. none of these: it is due and admissible, and waits for its turn among the
+   tenants ready in its tier (``in_line``).
+
+A step waiting for its child run says so, and a sub-workflow or
+continue-as-new node yet to start, while the tenant's monthly run quota is
+used up, is reported as held by the quota (it cannot start a run). The run's
+own tick, when it waits in the queue, is reported too (node ``""``). Nothing is
+taken or charged: the fair queue's own copy of the limits is read, as the
+dequeue will read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from workflows.models import WorkflowRun
+from ductor_project.core.context import current_tenant
+from scheduling import fair_queue
+from scheduling.fair_queue import AdmissionView, ItemHold
+from scheduling.routing_table import routing_table
+from tenants.entitlements import effective_entitlements
+from tenants.usage import next_reset, runs_this_month
+from workflows.engine.attempts import latest_attempts, spec_of
+from workflows.engine.items import step_item_id, tick_item_id
+from workflows.models import StepRun, WorkflowRun
+
+SStatus = StepRun.Status
+RUN_STARTING_NODES = ("subworkflow", "continue_as_new")
 
 
 class Cause(StrEnum):
@@ -22,13 +50,14 @@ class Cause(StrEnum):
     TENANT_CONCURRENCY = "tenant_concurrency"  # tenant concurrency k of k
     RATE_LIMITED = "rate_limited"  # rate-limited until ``until``
     POOL_FULL = "pool_full"  # the pool's slots are all taken
-    CONNECTION_FULL = "connection_full"  # every connection of the pool is full
-    BREAKER_OPEN = "breaker_open"  # every usable connection's breaker is open until ``until``
+    CONNECTION_FULL = "connection_full"  # every usable connection of the pool is full
+    BREAKER_OPEN = "breaker_open"  # every connection's breaker is open until ``until``
     SUSPENDED = "suspended"  # the tenant is suspended
-    QUOTA_EXHAUSTED = "quota_exhausted"  # the monthly run quota is used up (a child run cannot start)
+    QUOTA_EXHAUSTED = "quota_exhausted"  # the monthly run quota is used up: the node cannot start its run
     CHILD_RUN = "child_run"  # waiting for its child run to finish
-    DISPATCHING = "dispatching"  # admitted, on its way to a worker
+    DISPATCHING = "dispatching"  # admitted and dispatched: a worker is starting it
     IN_LINE = "in_line"  # due and admissible: waiting for its turn in the fair order
+    LOST = "lost"  # its queue item is missing: the coordinator's reconciler enqueues it again
 
 
 @dataclass(frozen=True)
@@ -47,4 +76,119 @@ class Waiting:
 
 def why_waiting(run: WorkflowRun) -> list[Waiting]:
     """What holds each waiting step of ``run`` (in the tenant's context), taking nothing."""
-    return []
+    if run.is_terminal:
+        return []
+    latest = latest_attempts(run)
+    found: list[Waiting] = []
+    tick = fair_queue.hold_of(tick_item_id(run.pk))
+    if tick is not None:
+        found.append(_held(Waiting("", 0, "", "tick", Cause.IN_LINE, "the run's next tick"), tick))
+    for step in latest.values():
+        waiting = _of_step(step)
+        if waiting is not None:
+            found.append(waiting)
+    return found + _quota_holds(run, latest)
+
+
+def _of_step(step: StepRun) -> Waiting | None:
+    base = Waiting(step.node_id, step.attempt, str(step.pk), step.status, Cause.IN_LINE, "")
+    if step.status == SStatus.SCHEDULED:
+        until = step.scheduled_for
+        return _with(base, Cause.NOT_DUE, f"not due until {_iso(until)} (a sleep or a retry's backoff)", until)
+    if step.status == SStatus.WAITING:
+        child = step.child_run
+        if child is None:
+            return _with(base, Cause.CHILD_RUN, "waiting for its child run to start")
+        return _with(base, Cause.CHILD_RUN, f"waiting for its child run {child.pk} ({child.status})",
+                     details={"child_run_id": str(child.pk), "child_status": child.status})
+    if step.status != SStatus.QUEUED:
+        return None
+    hold = fair_queue.hold_of(step_item_id(step.pk))
+    if hold is None:
+        return _with(base, Cause.LOST, "its queue item is missing (Redis lost it?); the coordinator's reconciler "
+                                       "enqueues it again")
+    return _held(base, hold, pool_name=((step.routing or {}).get("pool") or {}).get("name", ""))
+
+
+def _held(base: Waiting, hold: ItemHold, *, pool_name: str = "") -> Waiting:
+    """The first thing that holds an item, in the dequeue's order (see the module docs)."""
+    if hold.state != "waiting":
+        return _with(base, Cause.DISPATCHING, "admitted and dispatched: a worker is starting it")
+    if hold.due_ms > hold.now_ms:
+        return _with(base, Cause.NOT_DUE, f"not due until {_iso(_at(hold.due_ms))}", _at(hold.due_ms))
+    ahead = hold.ahead + (1 if hold.partition_holder else 0)
+    if ahead:
+        return _with(base, Cause.PARTITION, f"behind {ahead} item{'s' if ahead > 1 else ''} of its partition "
+                     f"{hold.partition!r} (one runs at a time)",
+                     details={"partition": hold.partition, "ahead": ahead,
+                              "in_flight": hold.partition_holder or None})
+    if hold.suspended or not current_tenant().is_active:
+        return _with(base, Cause.SUSPENDED, "the tenant is suspended: nothing of it is dispatched")
+    if hold.rate_wait_ms > 0:
+        until = _at(hold.now_ms + hold.rate_wait_ms)
+        return _with(base, Cause.RATE_LIMITED, f"the tenant's step rate admits its next start at {_iso(until)}",
+                     until, {"scope": "tenant"})
+    if hold.tenant_limit is not None and hold.tenant_in_flight >= hold.tenant_limit:
+        return _with(base, Cause.TENANT_CONCURRENCY, f"tenant concurrency {hold.tenant_in_flight} of "
+                     f"{hold.tenant_limit}", details={"in_flight": hold.tenant_in_flight, "limit": hold.tenant_limit})
+    if hold.admission is not None and not hold.admission.admitted:
+        return _pool_hold(base, hold.admission, pool_name)
+    return _with(base, Cause.IN_LINE, "due and admissible: it waits for its turn among the "
+                 f"{hold.ready_tenants} tenant{'s' if hold.ready_tenants != 1 else ''} with due work in tier "
+                 f"{hold.tier!r}", details={"tier": hold.tier, "ready_tenants": hold.ready_tenants})
+
+
+def _pool_hold(base: Waiting, view: AdmissionView, pool_name: str) -> Waiting:
+    pool = f"pool {pool_name!r}" if pool_name else "its pool"
+    until = _at(view.retry_at_ms) if view.retry_at_ms is not None else None
+    if view.pool_limit is not None and view.pool_in_flight >= view.pool_limit:
+        return _with(base, Cause.POOL_FULL, f"{pool} is full: {view.pool_in_flight} of {view.pool_limit} slots",
+                     details={"in_flight": view.pool_in_flight, "limit": view.pool_limit})
+    if not view.members:  # the pool itself waits for its rate
+        return _with(base, Cause.RATE_LIMITED, f"{pool}'s rate admits its next start at {_iso(until)}", until,
+                     {"scope": "pool"})
+    names = routing_table()
+    members = [{"connection_id": m.connection_id, "name": names.connection_name(m.connection_id),
+                "breaker": m.breaker, "in_flight": m.in_flight, "limit": m.limit, "why": m.why} for m in view.members]
+    blocked = [m for m in view.members if not m.eligible]
+    if blocked and all(m.breaker == "open" for m in blocked):
+        opens = [m.open_until_ms for m in blocked if m.open_until_ms is not None]
+        until = _at(min(opens)) if opens else until
+        return _with(base, Cause.BREAKER_OPEN, f"every connection of {pool} has its breaker open, the first "
+                     f"until {_iso(until)}", until, {"connections": members})
+    if any(m.limit is not None and m.in_flight >= m.limit for m in blocked):
+        return _with(base, Cause.CONNECTION_FULL, f"every usable connection of {pool} is full",
+                     details={"connections": members})
+    return _with(base, Cause.RATE_LIMITED, f"the connections of {pool} admit their next start at {_iso(until)}",
+                 until, {"scope": "connection", "connections": members})
+
+
+def _quota_holds(run: WorkflowRun, latest: dict[str, StepRun]) -> list[Waiting]:
+    """Nodes that would start a run (sub-workflow, continue-as-new) and have not started, while the
+    tenant's monthly run quota is used up: they cannot start it until the quota resets."""
+    pending = [node for node in spec_of(run).get("nodes", [])
+               if node.get("type") in RUN_STARTING_NODES and node["id"] not in latest]
+    if not pending:
+        return []
+    quota = effective_entitlements(current_tenant()).monthly_run_quota
+    used = runs_this_month()
+    if used < quota:
+        return []
+    reset = next_reset()
+    return [Waiting(node["id"], 0, "", "pending", Cause.QUOTA_EXHAUSTED,
+                    f"the monthly run quota is used up ({used} of {quota}): it cannot start its run until "
+                    f"{_iso(reset)}", reset, {"used": used, "quota": quota}) for node in pending]
+
+
+def _with(base: Waiting, cause: Cause, message: str, until: datetime | None = None,
+          details: dict[str, Any] | None = None) -> Waiting:
+    return Waiting(base.node_id, base.attempt, base.step_id, base.status, cause,
+                   f"{base.message}: {message}" if base.message else message, until, details or {})
+
+
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _iso(moment: datetime | None) -> str:
+    return moment.isoformat(timespec="milliseconds") if moment is not None else "an unknown time"

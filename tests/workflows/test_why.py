@@ -1,0 +1,232 @@
+"""``GET /api/v1/runs/{id}/why``: what holds each waiting step, every cause produced for real.
+
+The engine runs in this process (no workers): a run's start creates its first attempts and, once
+committed, their items in the real fair queue; a dispatcher's dequeue (``take``) then leaves the
+items in flight that hold a partition, a slot or a rate, as a worker running them would.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.core.keys import shard_of
+from scheduling import fair_queue as fq
+from scheduling import services as scheduling_services
+from scheduling.circuit import record_failure
+from scheduling.models import Connection, Pool, PoolMember
+from tenants import services as tenant_services
+from tenants.models import Tenant
+from tests.conftest import api_client
+from workflows import services
+from workflows.models import WorkflowRun
+from workflows.why import Cause, why_waiting
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = {"nodes": [{"id": "work", "type": "action", "action": "noop"}]}
+LEASE_MS = 60_000
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: tuple[Tenant, str]) -> Tenant:
+    return tenant_a[0]
+
+
+def put(tenant: Tenant, spec: dict[str, Any], name: str = "w") -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name=name, spec=spec)
+
+
+def start(tenant: Tenant, name: str = "w", input: dict[str, Any] | None = None) -> WorkflowRun:
+    with tenant_context(tenant):
+        run, created = services.run_start(workflow=name, input=input or {})
+    assert created
+    return run
+
+
+def take(tenant: Tenant) -> fq.Dequeued | None:
+    """The next dispatch of the tenant's shard, as a dispatcher takes it (the item stays in flight)."""
+    with no_tenant():
+        return fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=LEASE_MS)
+
+
+def why(client: Any, run: WorkflowRun) -> list[dict[str, Any]]:
+    response = client.get(f"/api/v1/runs/{run.pk}/why")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["run_id"], body["status"]) == (str(run.pk), run.status)
+    return [w for w in body["waiting"] if w["node_id"]]  # the steps (a run's tick has no node)
+
+
+def only(client: Any, run: WorkflowRun) -> dict[str, Any]:
+    [waiting] = why(client, run)
+    return waiting
+
+
+def until(waiting: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(waiting["until"])
+
+
+def in_pool(tenant: Tenant, *, pool_limit: int | None = None, conn_limit: int | None = None) -> Connection:
+    """A pool ``main`` of one connection, and the workflow ``w`` whose one step runs through it."""
+    with tenant_context(tenant):
+        connection = Connection.objects.create(name="api", kind="http", config={"base_url": "https://api.example.com"},
+                                               max_concurrency=conn_limit)
+        pool = Pool.objects.create(name="main", max_concurrency=pool_limit)
+        PoolMember.objects.create(pool=pool, connection=connection, weight=1, priority=0)
+    put(tenant, {"nodes": [{"id": "work", "type": "action", "action": "noop", "pool": "main"}]})
+    return connection
+
+
+def test_a_due_step_with_nothing_holding_it_waits_in_line(tenant, client_a):
+    put(tenant, NOOP)
+    waiting = only(client_a, start(tenant))
+    assert (waiting["node_id"], waiting["attempt"], waiting["status"], waiting["cause"]) == (
+        "work", 1, "queued", Cause.IN_LINE)
+    assert waiting["details"] == {"tier": "standard", "ready_tenants": 1}
+
+
+def test_a_dispatched_step_is_on_its_way_and_a_finished_run_waits_for_nothing(tenant, client_a):
+    put(tenant, NOOP)
+    run = start(tenant)
+    assert take(tenant) is not None
+    assert only(client_a, run)["cause"] == Cause.DISPATCHING
+    with tenant_context(tenant):
+        services.run_cancel(run=run)
+    WorkflowRun.all_tenants.filter(pk=run.pk).update(status=WorkflowRun.Status.CANCELLED)
+    response = client_a.get(f"/api/v1/runs/{run.pk}/why").json()
+    assert (response["status"], response["waiting"]) == ("cancelled", [])
+
+
+def test_a_sleeping_step_is_not_due_until_its_end(tenant, client_a):
+    put(tenant, {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 600}]})
+    before = timezone.now()
+    waiting = only(client_a, start(tenant))
+    assert (waiting["node_id"], waiting["status"], waiting["cause"]) == ("nap", "scheduled", Cause.NOT_DUE)
+    assert before + timedelta(seconds=599) < until(waiting) < timezone.now() + timedelta(seconds=601)
+
+
+def test_a_step_behind_its_partition_counts_what_is_ahead_of_it(tenant, client_a):
+    with tenant_context(tenant):
+        scheduling_services.rule_create(name="per-account", priority=1, match={"action": "noop"},
+                                        action={"partition_key": "acct-{{ $input.account }}"})
+    put(tenant, {"nodes": [{"id": "work", "type": "action", "action": "noop",
+                            "input": {"account": "$input.account"}}]})
+    first, second, third = (start(tenant, input={"account": 7}) for _ in range(3))
+    assert take(tenant).item_id.endswith(str(only(client_a, first)["step_id"]))  # in flight: holds acct-7
+    held = only(client_a, second)
+    assert (held["cause"], held["details"]["partition"], held["details"]["ahead"]) == (
+        Cause.PARTITION, "acct-7", 1)
+    assert only(client_a, third)["details"]["ahead"] == 2
+    other = start(tenant, input={"account": 8})  # another partition is not held
+    assert only(client_a, other)["cause"] == Cause.IN_LINE
+
+
+def test_a_step_of_a_tenant_at_its_ceiling_shows_k_of_k(tenant, client_a):
+    tenant_services.override_set(tenant=tenant, field="max_concurrency", value=1)
+    put(tenant, NOOP)
+    start(tenant)
+    second = start(tenant)
+    assert take(tenant) is not None
+    held = only(client_a, second)
+    assert (held["cause"], held["details"]) == (Cause.TENANT_CONCURRENCY, {"in_flight": 1, "limit": 1})
+    assert "1 of 1" in held["message"]
+
+
+def test_a_step_of_a_tenant_at_its_rate_waits_until_the_rate_admits_it(tenant, client_a, redis_client):
+    tenant_services.override_set(tenant=tenant, field="step_rate_per_s", value=0.01)
+    tenant_services.override_set(tenant=tenant, field="step_burst", value=1)
+    put(tenant, NOOP)
+    start(tenant)
+    second = start(tenant)
+    assert take(tenant) is not None
+    held = only(client_a, second)
+    assert (held["cause"], held["details"]) == (Cause.RATE_LIMITED, {"scope": "tenant"})
+    now = datetime.fromtimestamp(redis_client.time()[0], tz=UTC)
+    assert now + timedelta(seconds=90) < until(held) <= now + timedelta(seconds=101)
+
+
+def test_a_step_whose_pool_is_full_says_so(tenant, client_a):
+    in_pool(tenant, pool_limit=1)
+    start(tenant)
+    second = start(tenant)
+    assert take(tenant) is not None
+    held = only(client_a, second)
+    assert (held["cause"], held["details"]) == (Cause.POOL_FULL, {"in_flight": 1, "limit": 1})
+    assert "pool 'main'" in held["message"]
+
+
+def test_a_step_whose_connections_are_full_says_so(tenant, client_a):
+    in_pool(tenant, conn_limit=1)
+    start(tenant)
+    second = start(tenant)
+    assert take(tenant) is not None
+    held = only(client_a, second)
+    assert held["cause"] == Cause.CONNECTION_FULL
+    [member] = held["details"]["connections"]
+    assert (member["name"], member["in_flight"], member["limit"]) == ("api", 1, 1)
+
+
+def test_a_step_whose_connections_breakers_are_open_waits_until_the_first_closes(tenant, client_a, settings,
+                                                                                  redis_client):
+    settings.DUCTOR_BREAKER_FAILURES = 1
+    settings.DUCTOR_BREAKER_COOLDOWN_S = 300
+    connection = in_pool(tenant)
+    with tenant_context(tenant):
+        record_failure(connection.pk)
+    opened = datetime.fromtimestamp(redis_client.time()[0], tz=UTC)
+    held = only(client_a, start(tenant))
+    assert held["cause"] == Cause.BREAKER_OPEN
+    assert opened + timedelta(seconds=290) < until(held) <= opened + timedelta(seconds=301)
+    assert held["details"]["connections"][0]["breaker"] == "open"
+
+
+def test_a_suspended_tenants_step_says_the_tenant_is_suspended(tenant, django_capture_on_commit_callbacks):
+    put(tenant, NOOP)
+    run = start(tenant)
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_services.tenant_set_status(tenant=tenant, status=Tenant.Status.SUSPENDED)
+    tenant.refresh_from_db()
+    with tenant_context(tenant):
+        [held] = [w for w in why_waiting(run) if w.node_id]
+    assert held.cause == Cause.SUSPENDED
+
+
+def test_a_node_that_would_start_a_run_is_held_by_a_used_up_quota(tenant, client_a):
+    put(tenant, NOOP, name="child")
+    put(tenant, {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 600},
+                           {"id": "spawn", "type": "subworkflow", "workflow": "child", "depends_on": ["nap"]}]})
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=1)
+    run = start(tenant)  # the quota's one run
+    held = {w["node_id"]: w for w in why(client_a, run)}
+    assert held["nap"]["cause"] == Cause.NOT_DUE
+    spawn = held["spawn"]
+    assert (spawn["cause"], spawn["status"], spawn["attempt"], spawn["details"]) == (
+        Cause.QUOTA_EXHAUSTED, "pending", 0, {"used": 1, "quota": 1})
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
+    assert [w["node_id"] for w in why(client_a, run)] == ["nap"]
+
+
+def test_a_step_waiting_for_its_child_run_names_it(tenant, client_a):
+    put(tenant, NOOP, name="child")
+    put(tenant, {"nodes": [{"id": "spawn", "type": "subworkflow", "workflow": "child"}]})
+    run = start(tenant)
+    waiting = {w["node_id"]: w for w in why(client_a, run)}["spawn"]
+    child = WorkflowRun.all_tenants.get(parent_run_id=run.pk)
+    assert (waiting["cause"], waiting["details"]["child_run_id"]) == (Cause.CHILD_RUN, str(child.pk))
+    [tick] = client_a.get(f"/api/v1/runs/{child.pk}/why").json()["waiting"]  # its first tick, not run yet
+    assert (tick["node_id"], tick["status"], tick["cause"]) == ("", "tick", Cause.IN_LINE)
+
+
+def test_another_tenants_run_is_not_found(tenant, tenant_b, client_a):
+    put(tenant, NOOP)
+    run = start(tenant)
+    response = api_client(tenant_b[1]).get(f"/api/v1/runs/{run.pk}/why")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    assert client_a.get("/api/v1/runs/not-a-uuid/why").status_code == 404
