@@ -8,6 +8,7 @@ an ``echo`` step waits in the fair queue, as no worker runs here.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -114,12 +115,29 @@ def test_idor_run_of_another_tenant_is_not_found_on_every_verb(sdk: Client, othe
     sdk.workflows.apply(finishing())
     ours = sdk.runs.start("greet", {"name": "Ada"})
 
-    for verb in (sdk.runs.get, sdk.runs.cancel, sdk.runs.events, sdk.runs.steps, sdk.runs.lineage):
+    for verb in (sdk.runs.get, sdk.runs.cancel, sdk.runs.events, sdk.runs.steps, sdk.runs.lineage, sdk.runs.why):
         with pytest.raises(NotFound) as hidden:
             verb(theirs.id)
         assert (hidden.value.status, hidden.value.code) == (404, "not_found")
     assert [run.id for run in sdk.runs.iter()] == [ours.id]
     assert other.runs.get(theirs.id).status == "succeeded"
+
+
+def test_why_names_what_holds_a_waiting_step(sdk: Client) -> None:
+    wf = Workflow("napper")
+    wf.sleep("nap", duration_s=600)
+    sdk.workflows.apply(wf)
+    run = sdk.runs.start("napper", {})
+
+    why = sdk.runs.why(run.id)
+
+    assert (why.run_id, why.status) == (run.id, "running")
+    [waiting] = why.waiting
+    assert (waiting.node_id, waiting.status, waiting.cause) == ("nap", "scheduled", "not_due")
+    assert waiting.until is not None
+    assert waiting.until > datetime.now(UTC)
+    sdk.workflows.apply(finishing())
+    assert sdk.runs.why(sdk.runs.start("greet", {"name": "Ada"}).id).waiting == ()  # it ended inline
 
 
 def test_idor_api_key_and_workflow_of_another_tenant_are_not_found(sdk: Client, other: Client) -> None:

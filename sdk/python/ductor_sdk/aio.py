@@ -282,6 +282,10 @@ class Runs(_Resource):
         """The tree of the run's root: children and ContinueAsNew successors."""
         return await self._send(calls.run_lineage(run_id))
 
+    async def why(self, run_id: str) -> models.WhyWaiting:
+        """Why is it waiting? What holds each waiting step of the run now (read only)."""
+        return await self._send(calls.run_why(run_id))
+
 
 class Queue(_Resource):
     async def stats(self) -> models.QueueStats:

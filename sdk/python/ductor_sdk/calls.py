@@ -158,6 +158,10 @@ def run_lineage(run_id: str) -> Call[models.Lineage]:
     return Call("GET", path("runs", run_id, "lineage"), models.Lineage.from_json)
 
 
+def run_why(run_id: str) -> Call[models.WhyWaiting]:
+    return Call("GET", path("runs", run_id, "why"), models.WhyWaiting.from_json)
+
+
 # --- workflows -------------------------------------------------------------------------------
 
 

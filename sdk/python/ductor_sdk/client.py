@@ -280,6 +280,10 @@ class Runs(_Resource):
         """The tree of the run's root: children and ContinueAsNew successors."""
         return self._send(calls.run_lineage(run_id))
 
+    def why(self, run_id: str) -> models.WhyWaiting:
+        """Why is it waiting? What holds each waiting step of the run now (read only)."""
+        return self._send(calls.run_why(run_id))
+
 
 class Queue(_Resource):
     def stats(self) -> models.QueueStats:

@@ -370,6 +370,31 @@ class BulkStarted(Model):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Waiting(Model):
+    """One waiting step (or the run's tick: ``node_id`` ""), and what holds it now: ``cause`` is one
+    of not_due, partition, tenant_concurrency, rate_limited, pool_full, connection_full,
+    breaker_open, suspended, quota_exhausted, child_run, dispatching, in_line, lost."""
+
+    node_id: str = ""
+    attempt: int = 0
+    step_id: str = ""
+    status: str = ""
+    cause: str = ""
+    message: str = ""
+    until: datetime | None = None
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WhyWaiting(Model):
+    """``GET /runs/{id}/why``: what holds each waiting step of a run."""
+
+    run_id: str = ""
+    status: str = ""
+    waiting: tuple[Waiting, ...] = many(Waiting)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Lineage(Model):
     """The tree of a run's root: ``tree`` nodes hold ``children`` and a ``successor``."""
 
