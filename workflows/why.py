@@ -156,8 +156,9 @@ def _pool_hold(base: Waiting, view: AdmissionView, pool_name: str) -> Waiting:
         until = _at(min(opens)) if opens else until
         return _with(base, Cause.BREAKER_OPEN, f"every connection of {pool} has its breaker open, the first "
                      f"until {_iso(until)}", until, {"connections": members})
-    if any(m.limit is not None and m.in_flight >= m.limit for m in blocked):
-        return _with(base, Cause.CONNECTION_FULL, f"every usable connection of {pool} is full",
+    if any((m.limit is not None and m.in_flight >= m.limit) or m.why.startswith("its queue") for m in blocked):
+        reasons = "; ".join(f"{names.connection_name(m.connection_id) or m.connection_id} {m.why}" for m in blocked)
+        return _with(base, Cause.CONNECTION_FULL, f"every usable connection of {pool} is full: {reasons}",
                      details={"connections": members})
     return _with(base, Cause.RATE_LIMITED, f"the connections of {pool} admit their next start at {_iso(until)}",
                  until, {"scope": "connection", "connections": members})
