@@ -6,6 +6,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
 from ductor_project.core.context import tenant_context
 from tenants import services
@@ -57,11 +59,19 @@ class TenantForm(forms.ModelForm[Tenant]):
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin[Tenant]):
     form = TenantForm
-    list_display = ["slug", "name", "status", "plan", "created_at"]
+    list_display = ["slug", "name", "status", "plan", "created_at", "console"]
     list_filter = ["status", "plan"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["id", "created_at", "updated_at"]
+    readonly_fields = ["id", "console", "created_at", "updated_at"]
     actions = ["suspend", "activate"]
+
+    @admin.display(description="usage and queue")
+    def console(self, obj: Tenant) -> str:
+        """A link to the run console's tenant page (served by the workflows admin, named by URL only)."""
+        if obj._state.adding:
+            return "—"
+        return format_html('<a href="{}">usage, queue and fairness</a>',
+                           reverse("admin:workflows_tenant_console", args=[obj.pk]))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         qs = super().get_queryset(request)
@@ -73,7 +83,7 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if request.user.is_superuser:
             return self.readonly_fields
-        return ["id", "slug", "status", "plan", "created_at", "updated_at"]
+        return ["id", "slug", "status", "plan", "console", "created_at", "updated_at"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_superuser)

@@ -1,20 +1,28 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from django import forms
-from django.contrib import admin
-from django.http import HttpRequest
-from django.urls import reverse
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from ductor_project.core.context import tenant_context
 from scheduling.connection_config import queue_name_error
 from tenants.admin import SuperuserOnlyMixin
-from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
-from tenants.models import Plan
-from workflows import catalog
+from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline, admin_tenant
+from tenants.models import Plan, Tenant
+from tenants.permissions import READ_ONLY_ROLES
+from tenants.selectors import membership_for_user
+from workflows import catalog, console, services
 from workflows.dag_svg import render_dag
 from workflows.models import RunEvent, StepRun, TaskCatalogEntry, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
@@ -55,34 +63,121 @@ class WorkflowVersionAdmin(ReadOnlyMixin, TenantScopedAdmin):
         return _pretty(obj.spec)
 
 
-class StepInline(ReadOnlyMixin, TenantScopedInline):
-    model = StepRun
-    fk_name = "run"
-    fields = readonly_fields = (
-        "node_id", "node_type", "attempt", "status", "routing_trace", "error", "started_at", "finished_at"
-    )
-
-    @admin.display(description="routing")
-    def routing_trace(self, obj: StepRun) -> SafeString:
-        return _pretty(obj.routing) if obj.routing else mark_safe("—")
-
-
 class EventInline(ReadOnlyMixin, TenantScopedInline):
     model = RunEvent
     fields = readonly_fields = ("seq", "type", "node_id", "data", "created_at")
 
 
+def _run_url(run_id: Any) -> str:
+    return reverse("admin:workflows_workflowrun_change", args=[run_id])
+
+
+def _details(label: str, value: Any, *, opened: bool = False) -> SafeString:
+    """``value`` as pretty JSON under a ``<details>`` that opens it; ``—`` when there is none."""
+    if value is None:
+        return mark_safe("—")
+    text = console.pretty_json(value)
+    return format_html('<details class="ductor-payload"{}><summary>{} ({} bytes)</summary><pre>{}</pre></details>',
+                       mark_safe(" open") if opened else "", label, len(text.encode()), text)
+
+
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    list_display = ["id", "workflow_name", "status", "tier", "nesting_depth", "created_at", "finished_at"]
-    list_filter = ["status", "tier", "workflow_name"]
+    """The run console (``workflows.console``): the run list, the run page with its timeline, routing,
+    why-waiting and lineage, the cancel action, and the tenant page (usage, queue, fairness).
+
+    Runs are never deleted here: they are a tenant's history (no delete permission, no bulk delete).
+    """
+
+    list_display = ["short_id", "workflow_column", "status_badge", "tier", "created", "duration"]
+    list_filter = ["status", "tier", "workflow_name", ("created_at", admin.DateFieldListFilter)]
     search_fields = ["id", "workflow_name", "idempotency_key"]
-    fields = readonly_fields = (
-        "dag", "lineage_links", "workflow", "status", "input_pretty", "output_pretty", "error_pretty",
-        "idempotency_key", "tier", "tags", "nesting_depth", "cancel_requested", "created_at", "started_at",
-        "finished_at",
+    search_help_text = "A run's id or idempotency key, or a workflow name."
+    show_full_result_count = False
+    fieldsets = (
+        (None, {"fields": ("status_badge", "workflow_link", "tenant_link", "tier", "tag_list", "idempotency_key",
+                           "nesting_depth")}),
+        ("Timing", {"fields": ("created", "started", "finished", "duration")}),
+        ("Lineage", {"fields": ("lineage_links",)}),
+        ("DAG", {"fields": ("dag",)}),
+        ("Input, output and error", {"fields": ("input_pretty", "output_pretty", "error_pretty")}),
     )
-    inlines = [StepInline, EventInline]
+    readonly_fields = (
+        "status_badge", "workflow_link", "tenant_link", "tier", "tag_list", "idempotency_key", "nesting_depth",
+        "created", "started", "finished", "duration", "lineage_links", "dag", "input_pretty", "output_pretty",
+        "error_pretty",
+    )
+    inlines = [EventInline]
+
+    # --- the run list --------------------------------------------------------------------------
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if "tenant" in columns:  # a superuser's: next to the run
+            columns.remove("tenant")
+            columns.insert(1, "tenant")
+        return columns
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        tenant = admin_tenant(request)
+        url = reverse("admin:workflows_tenant_console", args=[tenant.pk]) if tenant is not None else ""
+        return super().changelist_view(request, {**(extra_context or {}), "tenant_console_url": url})
+
+    @admin.display(description="run", ordering="id")
+    def short_id(self, obj: WorkflowRun) -> SafeString:
+        return format_html('<span class="ductor-id" title="{}">{}…</span>', obj.pk, str(obj.pk)[:8])
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: WorkflowRun) -> SafeString:
+        if obj.cancel_requested and not obj.is_terminal:
+            return format_html("{} cancellation requested", console.status_badge(obj.status))
+        return console.status_badge(obj.status)
+
+    @admin.display(description="workflow", ordering="workflow_name")
+    def workflow_column(self, obj: WorkflowRun) -> SafeString:
+        if not obj.nesting_depth:
+            return format_html("{}", obj.workflow_name)
+        return format_html('{} <span class="ductor-quiet">child, depth {}</span>', obj.workflow_name, obj.nesting_depth)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: WorkflowRun) -> str:
+        return console.moment(obj.created_at)
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj: WorkflowRun) -> str:
+        return console.moment(obj.started_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: WorkflowRun) -> str:
+        return console.moment(obj.finished_at)
+
+    @admin.display(description="duration")
+    def duration(self, obj: WorkflowRun) -> str:
+        return console.run_duration(obj)
+
+    # --- the run page --------------------------------------------------------------------------
+
+    @admin.display(description="workflow")
+    def workflow_link(self, obj: WorkflowRun) -> SafeString:
+        url = reverse("admin:workflows_workflowversion_change", args=[obj.workflow_id])
+        return format_html('<a href="{}">{} v{}</a>', url, obj.workflow_name, obj.workflow.number)
+
+    @admin.display(description="tenant")
+    def tenant_link(self, obj: WorkflowRun) -> SafeString:
+        url = reverse("admin:workflows_tenant_console", args=[obj.tenant_id])
+        return format_html('{} (<a href="{}">usage, queue and fairness</a>)', obj.tenant, url)
+
+    @admin.display(description="tags")
+    def tag_list(self, obj: WorkflowRun) -> str:
+        return ", ".join(str(tag) for tag in obj.tags) if obj.tags else "—"
 
     @admin.display(description="DAG")
     def dag(self, obj: WorkflowRun) -> SafeString:
@@ -91,36 +186,113 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
             statuses[step.node_id] = step.status
         return mark_safe(render_dag(obj.workflow.spec, statuses))  # noqa: S308 - every label is escaped
 
-    @admin.display(description="lineage")
+    @admin.display(description="related runs")
     def lineage_links(self, obj: WorkflowRun) -> SafeString:
-        def link(run_id: Any, label: str) -> tuple[str, str]:
-            return (reverse("admin:workflows_workflowrun_change", args=[run_id]), f"{label} {run_id}")
-
-        links = []
-        if obj.parent_run_id:
-            links.append(link(obj.parent_run_id, "parent"))
-        if obj.continued_from_id:
-            links.append(link(obj.continued_from_id, "continued from"))
-        successor = WorkflowRun.all_tenants.filter(continued_from_id=obj.pk).values_list("id", flat=True).first()
-        if successor:
-            links.append(link(successor, "successor"))
-        for child in WorkflowRun.all_tenants.filter(parent_run_id=obj.pk).values_list("id", flat=True)[:50]:
-            links.append(link(child, "child"))
+        links = console.lineage(obj)
         if not links:
             return mark_safe("—")
-        return format_html_join(mark_safe("<br>"), '<a href="{}">{}</a>', links)
+        rows = format_html_join(
+            "", '<li>{}{}: <a href="{}">{} {}</a> {}</li>',
+            ((link.relation, f" (node {link.node_id})" if link.node_id else "", _run_url(link.run_id),
+              link.workflow_name, str(link.run_id), link.badge) for link in links),
+        )
+        return format_html('<ul class="ductor-lineage">{}</ul>', rows)
 
     @admin.display(description="input")
     def input_pretty(self, obj: WorkflowRun) -> SafeString:
-        return _pretty(obj.input)
+        return _details("input", obj.input)
 
     @admin.display(description="output")
     def output_pretty(self, obj: WorkflowRun) -> SafeString:
-        return _pretty(obj.output)
+        return _details("output", obj.output)
 
     @admin.display(description="error")
     def error_pretty(self, obj: WorkflowRun) -> SafeString:
-        return _pretty(obj.error)
+        return _details("error", obj.error, opened=True)
+
+    def _run_or_404(self, request: HttpRequest, object_id: str) -> WorkflowRun:
+        """The run, if this user's admin shows it: another tenant's run is simply not found."""
+        run = self.get_object(request, unquote(object_id))
+        if run is None:
+            raise Http404("No such run.")
+        return run
+
+    def may_act(self, request: HttpRequest, run: WorkflowRun) -> bool:
+        """Whether the user may act on ``run`` (cancel it): a superuser, or staff of the run's tenant
+        with the change permission on runs and a role that may write."""
+        if request.user.is_superuser:
+            return True
+        tenant = admin_tenant(request)
+        if tenant is None or tenant.pk != run.tenant_id or not request.user.has_perm("workflows.change_workflowrun"):
+            return False
+        membership = membership_for_user(request.user)
+        return membership is not None and membership.role not in READ_ONLY_ROLES
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        run = self._run_or_404(request, object_id)
+        allowed = self.may_act(request, run)
+        actions = [{"label": action.label, "url": reverse(action.url_name, args=[run.pk])}
+                   for action in console.RUN_ACTIONS if allowed and action.offered(run)]
+        context = {**(extra_context or {}), "timeline": console.timeline(run), "waiting": console.waiting(run),
+                   "run_actions": actions}
+        return super().change_view(request, object_id, form_url, context)
+
+    # --- actions and the tenant page ---------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/cancel/", view(self.cancel_view), name="workflows_workflowrun_cancel"),
+            path("tenant/<uuid:tenant_id>/", view(self.tenant_view), name="workflows_tenant_console"),
+            *super().get_urls(),
+        ]
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Ask the run to stop (``run_cancel``), then back to its page with what happened."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        run = self._run_or_404(request, object_id)
+        if not self.may_act(request, run):
+            raise PermissionDenied
+        already = run.is_terminal or run.cancel_requested
+        with tenant_context(run.tenant):
+            cancelled = services.run_cancel(run=run)
+        if already:
+            messages.warning(request, f"Run {run.pk} is {cancelled.status}"
+                             f"{'' if cancelled.is_terminal else ' and already asked to stop'}: nothing to do.")
+        else:
+            self.log_change(request, cancelled, "Cancellation requested.")
+            messages.success(request, f"Cancellation of run {run.pk} requested: it stops at its next tick, "
+                                      "and so do its waiting children.")
+        return redirect(_run_url(run.pk))
+
+    def tenant_view(self, request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+        """The tenant page: usage against the plan, the queue now, the recent fairness share. Staff see
+        their own tenant only (another one is not found)."""
+        tenant = self._tenant_or_404(request, tenant_id)
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        everyone = bool(request.user.is_superuser)
+        context = {
+            **self.admin_site.each_context(request), **console.tenant_page(tenant, everyone=everyone),
+            "title": f"{tenant.slug}: usage, queue and fairness", "tenant": tenant, "opts": self.model._meta,
+            "everyone": everyone, "runs_url": reverse("admin:workflows_workflowrun_changelist")
+            + (f"?tenant__id__exact={tenant.pk}" if everyone else ""),
+            "tenant_url": reverse("admin:tenants_tenant_change", args=[tenant.pk])
+            if request.user.has_perm("tenants.view_tenant") else "",
+        }
+        return TemplateResponse(request, "admin/workflows/tenant_console.html", context)
+
+    def _tenant_or_404(self, request: HttpRequest, tenant_id: uuid.UUID) -> Tenant:
+        if request.user.is_superuser:
+            tenant = Tenant.objects.filter(pk=tenant_id).first()
+        else:
+            own = admin_tenant(request)
+            tenant = own if own is not None and own.pk == tenant_id else None
+        if tenant is None:
+            raise Http404("No such tenant.")
+        return tenant
 
 
 @admin.register(StepRun)
