@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import ApiError
 from scheduling.connection_config import queue_name_error
 from tenants.admin import SuperuserOnlyMixin
 from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline, admin_tenant
@@ -244,17 +245,58 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
         view = self.admin_site.admin_view
         return [
             path("<path:object_id>/cancel/", view(self.cancel_view), name="workflows_workflowrun_cancel"),
+            path("<path:object_id>/retry/", view(self.retry_view), name="workflows_workflowrun_retry"),
+            path("<path:object_id>/rerun/", view(self.rerun_view), name="workflows_workflowrun_rerun"),
             path("tenant/<uuid:tenant_id>/", view(self.tenant_view), name="workflows_tenant_console"),
             *super().get_urls(),
         ]
 
-    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Ask the run to stop (``run_cancel``), then back to its page with what happened."""
+    def _acted_on(self, request: HttpRequest, object_id: str) -> WorkflowRun | HttpResponse:
+        """The run a POST of the run page acts on, once the user may act on it (404 for a run this
+        admin does not show, 403 without the right); a response refusing anything but a POST."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         run = self._run_or_404(request, object_id)
         if not self.may_act(request, run):
             raise PermissionDenied
+        return run
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Resume the failed run where it failed (``run_retry``), then back to its page."""
+        run = self._acted_on(request, object_id)
+        if isinstance(run, HttpResponse):
+            return run
+        try:
+            with tenant_context(run.tenant):
+                retried = services.run_retry(run=run)
+        except ApiError as exc:
+            messages.warning(request, str(exc.detail))
+            return redirect(_run_url(run.pk))
+        self.log_change(request, retried, "Retried.")
+        messages.success(request, f"Run {run.pk} resumes: its failed and cancelled steps run again, then what "
+                                  "never ran.")
+        return redirect(_run_url(run.pk))
+
+    def rerun_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Start a new run of the run's version with its input (``run_rerun``), then to the new run's page."""
+        run = self._acted_on(request, object_id)
+        if isinstance(run, HttpResponse):
+            return run
+        try:
+            with tenant_context(run.tenant):
+                new, _ = services.run_rerun(run=run)
+        except ApiError as exc:
+            messages.warning(request, str(exc.detail))
+            return redirect(_run_url(run.pk))
+        self.log_addition(request, new, f"Rerun of run {run.pk}.")
+        messages.success(request, f"Run {new.pk} started: a rerun of run {run.pk}.")
+        return redirect(_run_url(new.pk))
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Ask the run to stop (``run_cancel``), then back to its page with what happened."""
+        run = self._acted_on(request, object_id)
+        if isinstance(run, HttpResponse):
+            return run
         already = run.is_terminal or run.cancel_requested
         with tenant_context(run.tenant):
             cancelled = services.run_cancel(run=run)

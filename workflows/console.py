@@ -283,21 +283,25 @@ def _relation(run: WorkflowRun, row: dict[str, Any]) -> str:
         return "continued from"
     if row["continued_from_id"] == run.pk:
         return "successor"
+    if row["id"] == run.rerun_of_id:
+        return "rerun of"
+    if row["rerun_of_id"] == run.pk:
+        return "rerun"
     return "child"
 
 
 def lineage(run: WorkflowRun) -> list[RunLink]:
-    """The parent, the predecessor (ContinueAsNew), the successor and the first children of
-    ``run``: one query, in the run's tenant context."""
-    related = Q(parent_run_id=run.pk) | Q(continued_from_id=run.pk)
-    known = [pk for pk in (run.parent_run_id, run.continued_from_id) if pk]
+    """The parent, the predecessor (ContinueAsNew), the successor, the run it reruns, and the first
+    children and reruns of ``run``: one query, in the run's tenant context."""
+    related = Q(parent_run_id=run.pk) | Q(continued_from_id=run.pk) | Q(rerun_of_id=run.pk)
+    known = [pk for pk in (run.parent_run_id, run.continued_from_id, run.rerun_of_id) if pk]
     if known:
         related |= Q(pk__in=known)
     with tenant_context(run.tenant):
         rows = list(WorkflowRun.objects.filter(related).order_by("created_at").values(
-            "id", "workflow_name", "status", "parent_run_id", "parent_node_id", "continued_from_id",
+            "id", "workflow_name", "status", "parent_run_id", "parent_node_id", "continued_from_id", "rerun_of_id",
         )[:MAX_CHILD_LINKS + len(known) + 1])
-    order = {"parent": 0, "continued from": 1, "successor": 2, "child": 3}
+    order = {"parent": 0, "continued from": 1, "rerun of": 2, "successor": 3, "child": 4, "rerun": 5}
     links = [RunLink(_relation(run, row), row["id"], row["workflow_name"], row["status"],
                      row["parent_node_id"] if row["parent_run_id"] == run.pk else "") for row in rows]
     return sorted(links, key=lambda link: order[link.relation])
@@ -345,10 +349,13 @@ class RunAction:
 
 
 # The run page's actions. An action joins this list together with the service that carries it
-# out and its admin view; a rerun or a retry of a failed step would, when the product has one.
+# out and its admin view.
 RUN_ACTIONS: tuple[RunAction, ...] = (
     RunAction("cancel", "Cancel run", "admin:workflows_workflowrun_cancel",
               lambda run: not run.is_terminal and not run.cancel_requested),
+    RunAction("retry", "Retry run", "admin:workflows_workflowrun_retry",
+              lambda run: run.status == WorkflowRun.Status.FAILED and run.parent_run_id is None),
+    RunAction("rerun", "Rerun", "admin:workflows_workflowrun_rerun", lambda run: True),
 )
 
 

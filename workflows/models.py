@@ -84,6 +84,10 @@ class WorkflowRun(TenantScopedModel):
     continued_from = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="successor"
     )
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns",
+        help_text="The run this one is a rerun of (POST /runs/{id}/rerun).",
+    )
     cancel_requested = models.BooleanField(default=False)
     lock_version = models.PositiveIntegerField(default=0, help_text="Optimistic lock, bumped by each tick.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

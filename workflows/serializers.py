@@ -59,6 +59,12 @@ class RunStartSerializer(StrictSerializer):
                                  max_length=50)
 
 
+class RunRerunSerializer(StrictSerializer):
+    input = serializers.JSONField(required=False, default=None, allow_null=True,
+                                  help_text="The new run's input; by default the run's own.")
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
+
+
 class RunBulkStartSerializer(StrictSerializer):
     runs = RunStartSerializer(many=True, help_text="1 to 500 runs, each as POST /runs takes it.")
 
@@ -100,7 +106,7 @@ class RunSerializer(StrictModelSerializer):
         model = WorkflowRun
         fields = ["id", "workflow_name", "version", "status", "input", "output", "error", "idempotency_key",
                   "tier", "tags", "parent_run", "parent_node_id", "root_run_id", "nesting_depth",
-                  "continued_from", "cancel_requested", "created_at", "started_at", "finished_at"]
+                  "continued_from", "rerun_of", "cancel_requested", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 
 

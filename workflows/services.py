@@ -1,4 +1,4 @@
-"""Writes of the workflow engine: definitions, starting and cancelling runs."""
+"""Writes of the workflow engine: definitions; starting, cancelling, rerunning and retrying runs."""
 
 from __future__ import annotations
 
@@ -7,16 +7,19 @@ from typing import Any
 import structlog
 from django.db import IntegrityError, transaction
 
+from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant
-from ductor_project.core.errors import ApiError, ErrorCode, NotFound
+from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
+from workflows.engine.attempts import latest_attempts, resume
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick
-from workflows.engine.journal import journal
+from workflows.engine.journal import add_state, journal
+from workflows.engine.statements import lock_run
 from workflows.engine.tick import advance_locked
-from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
@@ -84,7 +87,8 @@ def run_start(
     same transaction that creates the run: a refused start leaves nothing. The
     run's first tick runs in that transaction too, in a savepoint of it
     (``workflows.engine.tick.advance_locked``): the run commits with its first
-    steps queued, its events in one ``INSERT``.
+    steps queued, its events in one ``INSERT``. Its trace starts here (a
+    ``ductor.run.start`` span, in the request's).
     """
     tenant = current_tenant()
     limits = effective_entitlements(tenant)
@@ -105,14 +109,25 @@ def run_start(
     found = versions.select_related("definition").order_by("-number").first()
     if found is None:
         raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
+    return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags)
+
+
+def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, tier: str, tags: list[str] | None,
+           rerun_of: WorkflowRun | None = None) -> tuple[WorkflowRun, bool]:
+    """Create and start a run of ``found`` (checked by the caller), charging the quota: see ``run_start``."""
+    workflow = found.definition.name
     try:
-        with transaction.atomic(), journal():
+        with tracing.span("ductor.run.start", workflow=workflow) as span, transaction.atomic(), journal():
             quota_consume(runs=1)
-            run = WorkflowRun(workflow=found, workflow_name=found.definition.name, input=input or {},
-                              idempotency_key=idempotency_key or None, tier=tier, tags=tags or [])
+            run = WorkflowRun(workflow=found, workflow_name=workflow, input=input or {},
+                              idempotency_key=idempotency_key or None, tier=tier, tags=tags or [], rerun_of=rerun_of)
             run.root_run_id = run.id
+            span.set_attribute("run_id", str(run.id))
             run.save()  # its row is this transaction's until it commits: the tick's lock
-            record_event(run, "created", version=found.number)
+            if rerun_of is None:
+                record_event(run, "created", version=found.number)
+            else:
+                record_event(run, "created", version=found.number, rerun_of=str(rerun_of.pk))
             advance_locked(run, latest={})  # a new run: no attempts yet
     except IntegrityError:
         # Another request with the same idempotency key won the race.
@@ -120,8 +135,60 @@ def run_start(
         if existing is None:
             raise
         return existing, False
-    log.info("run_started", run_id=str(run.id), workflow=workflow, version=found.number)
+    log.info("run_started", run_id=str(run.id), workflow=workflow, version=found.number,
+             rerun_of=str(rerun_of.pk) if rerun_of else None)
     return run, True
+
+
+def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | None = None) -> tuple[WorkflowRun, bool]:
+    """Start a new run of ``run``'s version, with its input (or ``input``), tier and tags; the new run
+    records that it is a rerun of ``run`` (``rerun_of``, and its ``created`` event). Charged to the
+    quota like any start; idempotent with ``idempotency_key``. Returns ``(run, created)``."""
+    if idempotency_key:
+        existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+    given = run.input if input is None else input
+    limits = effective_entitlements(current_tenant())
+    size = json_size(given)
+    if size > limits.max_payload_bytes:
+        raise _payload_too_large("input", size, limits.max_payload_bytes)
+    found = WorkflowVersion.objects.select_related("definition").get(pk=run.workflow_id)
+    return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run)
+
+
+# Attempts a retry starts again: those that failed, and those the failure cancelled.
+RETRIED = frozenset({StepRun.Status.FAILED, StepRun.Status.CANCELLED})
+
+
+def run_retry(*, run: WorkflowRun) -> WorkflowRun:
+    """Resume a failed run where it failed: the same run, running again, with a new attempt of each
+    node that failed or that the failure cancelled, and then the nodes that never ran, as their
+    dependencies finish. The nodes that succeeded (or were skipped) keep their attempts and outputs,
+    and are not run again. One transaction, with the run's row locked: a run retried twice at once
+    is retried once. A run that has not failed (409), or a child run (409: retry its parent, which
+    starts the child again), is refused."""
+    with transaction.atomic(), journal():
+        locked = lock_run(run.pk)
+        if locked is None:
+            raise NotFound("Run not found.")
+        if locked.parent_run_id is not None:
+            raise Conflict(f"Run {locked.pk} is a child of run {locked.parent_run_id}: retry that run, which starts "
+                           "this node's child again.", details={"parent_run_id": [str(locked.parent_run_id)]})
+        if locked.status != WorkflowRun.Status.FAILED:
+            raise Conflict(f"Run {locked.pk} is {locked.status}: only a failed run can be retried.",
+                           details={"status": [f"Is {locked.status}, not failed."]})
+        latest = latest_attempts(locked)
+        again = {node: step.attempt for node, step in latest.items() if step.status in RETRIED}
+        for node in again:
+            del latest[node]
+        resume(locked, again)
+        locked.status, locked.finished_at, locked.error, locked.output = WorkflowRun.Status.RUNNING, None, None, None
+        add_state(locked)
+        record_event(locked, "retried", nodes=sorted(again))
+        advance_locked(locked, latest=latest)
+    log.info("run_retried", run_id=str(locked.pk), nodes=sorted(again))
+    return locked
 
 
 def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, bool]]:

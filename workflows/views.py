@@ -22,6 +22,7 @@ from workflows.serializers import (
     RunDetailSerializer,
     RunEventSerializer,
     RunFilterSerializer,
+    RunRerunSerializer,
     RunSerializer,
     RunStartSerializer,
     RunWhySerializer,
@@ -102,7 +103,8 @@ class WorkflowViewSet(TenantViewSet):
 
 
 class RunViewSet(TenantViewSet):
-    """Runs: start (idempotent with a key), list with filters, detail, cancel, steps, events, lineage, why."""
+    """Runs: start (idempotent with a key), list with filters, detail, cancel, rerun, retry, steps, events, lineage,
+    why."""
 
     serializer_class = RunSerializer
     queryset = WorkflowRun.all_tenants.none()
@@ -157,6 +159,25 @@ class RunViewSet(TenantViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         run = services.run_cancel(run=selectors.get_run_for_tenant(pk))
+        return Response(RunSerializer(run).data)
+
+    @extend_schema(request=RunRerunSerializer, responses={201: RunSerializer, 200: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def rerun(self, request: Request, pk: str) -> Response:
+        """Start a new run of this run's version, with its input (or ``input``), tier and tags. The new
+        run's ``rerun_of`` names this one. Idempotent with an ``idempotency_key``; charged to the quota."""
+        params = RunRerunSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        run, created = services.run_rerun(run=selectors.get_run_for_tenant(pk), **params.validated_data)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=None, responses=RunSerializer)
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str) -> Response:
+        """Resume a failed run: a new attempt of each node that failed (or that the failure cancelled),
+        then the nodes that never ran; the nodes that succeeded keep their outputs and do not run again.
+        ``409`` for a run that has not failed, and for a child run (retry its parent)."""
+        run = services.run_retry(run=selectors.get_run_for_tenant(pk))
         return Response(RunSerializer(run).data)
 
     @extend_schema(responses=RunEventSerializer(many=True))

@@ -115,7 +115,8 @@ def test_idor_run_of_another_tenant_is_not_found_on_every_verb(sdk: Client, othe
     sdk.workflows.apply(finishing())
     ours = sdk.runs.start("greet", {"name": "Ada"})
 
-    for verb in (sdk.runs.get, sdk.runs.cancel, sdk.runs.events, sdk.runs.steps, sdk.runs.lineage, sdk.runs.why):
+    for verb in (sdk.runs.get, sdk.runs.cancel, sdk.runs.events, sdk.runs.steps, sdk.runs.lineage, sdk.runs.why,
+                 sdk.runs.retry, sdk.runs.rerun):
         with pytest.raises(NotFound) as hidden:
             verb(theirs.id)
         assert (hidden.value.status, hidden.value.code) == (404, "not_found")
@@ -138,6 +139,26 @@ def test_why_names_what_holds_a_waiting_step(sdk: Client) -> None:
     assert waiting.until > datetime.now(UTC)
     sdk.workflows.apply(finishing())
     assert sdk.runs.why(sdk.runs.start("greet", {"name": "Ada"}).id).waiting == ()  # it ended inline
+
+
+def test_a_failed_run_is_retried_where_it_failed_and_rerun_as_a_new_run(sdk: Client) -> None:
+    wf = Workflow("parent")
+    wf.subworkflow("kid", workflow="later")  # no such workflow yet: the node is refused, the run fails at once
+    sdk.workflows.apply(wf)
+    run = sdk.runs.start("parent", {"order": 1})
+    assert run.status == "failed"
+    sdk.workflows.apply(finishing("later"))
+
+    retried = sdk.runs.retry(run.id)
+    rerun = sdk.runs.rerun(run.id, {"order": 2})
+
+    assert (retried.id, retried.status, retried.error) == (run.id, "running", None)
+    assert [(s.node_id, s.attempt, s.status) for s in sdk.runs.iter_steps(run.id)] == [
+        ("kid", 1, "failed"), ("kid", 2, "waiting")]
+    assert (rerun.rerun_of, rerun.input, rerun.version) == (run.id, {"order": 2}, 1)
+    with pytest.raises(Conflict) as refused:
+        sdk.runs.retry(run.id)
+    assert refused.value.status == 409
 
 
 def test_idor_api_key_and_workflow_of_another_tenant_are_not_found(sdk: Client, other: Client) -> None:

@@ -412,3 +412,63 @@ def test_superusers_see_every_tenants_share_on_any_tenant_page(world: SimpleName
 def test_the_tenant_admin_links_to_the_tenant_page(world: SimpleNamespace, staff_a: Client) -> None:
     html = page(staff_a, reverse("admin:tenants_tenant_change", args=[world.a.pk]))
     assert tenant_url(world.a) in html
+
+
+# --- retry and rerun ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def failed_run(world: SimpleNamespace) -> WorkflowRun:
+    """A run of tenant A whose ``charge`` failed for good, which failed the run."""
+    now = timezone.now()
+    with tenant_context(world.a):
+        run = make_run(WorkflowVersion.objects.get(definition__name="orders"), "failed", now, started_at=now,
+                       finished_at=now, error={"node": "charge", "attempt": 1}, input={"order": 7})
+        make_step(run, "charge", 1, "failed", now, now, now, error={"code": "action_failed", "message": "no"})
+    return run
+
+
+def test_staff_retry_a_failed_run_from_its_page(world: SimpleNamespace, failed_run: WorkflowRun,
+                                                staff_a: Client) -> None:
+    assert 'class="ductor-action">Retry run</button>' in page(staff_a, run_url(failed_run))
+    assert "Retry run</button>" not in page(staff_a, run_url(world.run))  # running: nothing to retry
+
+    response = staff_a.post(run_url(failed_run, "retry"))
+
+    assert (response.status_code, response["Location"]) == (302, run_url(failed_run))
+    retried = WorkflowRun.all_tenants.get(pk=failed_run.pk)
+    assert (retried.status, retried.error, retried.finished_at) == ("running", None, None)
+    assert list(StepRun.all_tenants.filter(run_id=failed_run.pk, node_id="charge")
+                .order_by("attempt").values_list("attempt", "status")) == [(1, "failed"), (2, "queued")]
+    assert "resumes" in page(staff_a, run_url(failed_run))
+    again = staff_a.post(run_url(failed_run, "retry"), follow=True)
+    assert "only a failed run can be retried" in again.content.decode()
+
+
+def test_staff_rerun_a_run_and_land_on_the_new_runs_page(world: SimpleNamespace, failed_run: WorkflowRun,
+                                                         staff_a: Client) -> None:
+    response = staff_a.post(run_url(failed_run, "rerun"))
+
+    new = WorkflowRun.all_tenants.get(rerun_of_id=failed_run.pk)
+    assert (response.status_code, response["Location"]) == (302, run_url(new))
+    assert (new.input, new.workflow_id, new.tenant_id) == ({"order": 7}, failed_run.workflow_id, world.a.pk)
+    new_page = page(staff_a, run_url(new))
+    assert f"a rerun of run {failed_run.pk}" in new_page
+    assert f'<li>rerun of: <a href="{run_url(failed_run)}">orders {failed_run.pk}</a>' in new_page
+    assert f'<li>rerun: <a href="{run_url(new)}">orders {new.pk}</a>' in page(staff_a, run_url(failed_run))
+
+
+def test_staff_of_another_tenant_get_404_for_retry_and_rerun(world: SimpleNamespace, failed_run: WorkflowRun,
+                                                             staff_b: Client) -> None:
+    for action in ("retry", "rerun"):
+        assert staff_b.post(run_url(failed_run, action)).status_code == 404
+    assert WorkflowRun.all_tenants.get(pk=failed_run.pk).status == "failed"
+    assert not WorkflowRun.all_tenants.filter(rerun_of_id=failed_run.pk).exists()
+
+
+def test_a_viewer_cannot_retry_or_rerun(world: SimpleNamespace, failed_run: WorkflowRun) -> None:
+    viewer = staff_client("viewer-r", world.a, *RUN_PERMS, role=TenantMembership.Role.VIEWER)
+    assert "Retry run</button>" not in page(viewer, run_url(failed_run))
+    for action in ("retry", "rerun"):
+        assert viewer.post(run_url(failed_run, action)).status_code == 403
+    assert not WorkflowRun.all_tenants.filter(rerun_of_id=failed_run.pk).exists()

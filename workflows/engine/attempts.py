@@ -118,8 +118,22 @@ def latest_of(attempts: list[StepRun]) -> dict[str, StepRun]:
 
 
 def new_step(run: WorkflowRun, node_id: str, node_type: str, status: str, **fields: Any) -> StepRun:
-    """A new attempt of ``node_id``: written with the tick's journal (``journal.add_step``)."""
+    """A new attempt of ``node_id``: written with the tick's journal (``journal.add_step``). Its
+    number is the next after the node's attempts before a retry of the run (``resumed_from``)
+    when the caller does not give one."""
+    fields.setdefault("attempt", resumed_from(run).get(node_id, 0) + 1)
     return add_step(StepRun(run=run, node_id=node_id, node_type=node_type, status=status, **fields))
+
+
+def resumed_from(run: WorkflowRun) -> dict[str, int]:
+    """The last attempt of each node a retry of ``run`` starts again (``workflows.services.run_retry``
+    sets it on the run it resumes, for the tick that does so): their new attempts number on."""
+    return getattr(run, "_resumed_from", {})
+
+
+def resume(run: WorkflowRun, attempts: dict[str, int]) -> None:
+    """Number the next attempts of these nodes after ``attempts`` (node -> its last attempt)."""
+    run._resumed_from = attempts  # type: ignore[attr-defined]
 
 
 def finish(step: StepRun, outcome: Outcome | str, *, routing: dict[str, Any] | None = None) -> None:

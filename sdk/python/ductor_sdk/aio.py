@@ -266,6 +266,14 @@ class Runs(_Resource):
         """Ask the run (and the children it waits for) to stop. Idempotent."""
         return await self._send(calls.RUNS.act(run_id, "cancel", idempotent=True))
 
+    async def retry(self, run_id: str) -> models.Run:
+        """Resume a failed run where it failed (see ``Runs.retry``)."""
+        return await self._send(calls.RUNS.act(run_id, "retry", idempotent=False))
+
+    async def rerun(self, run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> models.Run:
+        """Start a new run of the run's version (see ``Runs.rerun``)."""
+        return await self._send(calls.run_rerun(run_id, input, idempotency_key=idempotency_key))
+
     async def events(self, run_id: str) -> builtins.list[models.RunEvent]:
         """The run's history, in order."""
         return await self._send(calls.run_events(run_id))

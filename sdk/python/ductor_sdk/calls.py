@@ -140,6 +140,12 @@ def run_start(body: Mapping[str, Any]) -> Call[models.Run]:
     return Call("POST", "runs", models.Run.from_json, body=dict(body), idempotent=bool(body.get("idempotency_key")))
 
 
+def run_rerun(run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> Call[models.Run]:
+    """Idempotent through its key (a new one when not given), as a start is."""
+    body = compact(input=input, idempotency_key=idempotency_key or new_idempotency_key())
+    return RUNS.act(run_id, "rerun", body, idempotent=True)
+
+
 def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStarted]:
     """Every item gets an idempotency key (a new one when it has none), so the call may be sent again."""
     runs = [{**item, "idempotency_key": item.get("idempotency_key") or new_idempotency_key()} for item in items]

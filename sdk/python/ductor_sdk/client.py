@@ -264,6 +264,16 @@ class Runs(_Resource):
         """Ask the run (and the children it waits for) to stop. Idempotent."""
         return self._send(calls.RUNS.act(run_id, "cancel", idempotent=True))
 
+    def retry(self, run_id: str) -> models.Run:
+        """Resume a failed run where it failed: its failed (and cancelled) nodes run again, then the nodes
+        that never ran; what succeeded is kept. ``Conflict`` for a run that has not failed, or a child run."""
+        return self._send(calls.RUNS.act(run_id, "retry", idempotent=False))
+
+    def rerun(self, run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> models.Run:
+        """Start a new run of the run's version with its input (or ``input``); its ``rerun_of`` names it.
+        Idempotent: without a key one is made, so a retried call never starts two."""
+        return self._send(calls.run_rerun(run_id, input, idempotency_key=idempotency_key))
+
     def events(self, run_id: str) -> builtins.list[models.RunEvent]:
         """The run's history, in order."""
         return self._send(calls.run_events(run_id))

@@ -329,6 +329,7 @@ class Run(Model):
     root_run_id: str | None = None
     nesting_depth: int = 0
     continued_from: str | None = None
+    rerun_of: str | None = None
     cancel_requested: bool = False
     created_at: datetime | None = None
     started_at: datetime | None = None
