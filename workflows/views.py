@@ -166,9 +166,10 @@ class RunViewSet(TenantViewSet):
     def rerun(self, request: Request, pk: str) -> Response:
         """Start a new run of this run's version, with its input (or ``input``), tier and tags. The new
         run's ``rerun_of`` names this one. Idempotent with an ``idempotency_key``; charged to the quota."""
+        original = selectors.get_run_for_tenant(pk)  # another tenant's run is not found, whatever the body
         params = RunRerunSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        run, created = services.run_rerun(run=selectors.get_run_for_tenant(pk), **params.validated_data)
+        run, created = services.run_rerun(run=original, **params.validated_data)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=None, responses=RunSerializer)
