@@ -4,6 +4,10 @@ A plain worker consumes the customer work queue, the reserved system queue
 (``ductor.system``) and the results of task nodes (``ductor.results``);
 ``-Q ductor.system`` makes a worker serve only engine-internal work.
 
+A worker traces (``ductor_project.core.tracing``, when the environment asks for
+it) in each process that runs tasks: every prefork pool process from its start,
+after the fork, flushing its spans before it exits; or the worker's own process
+for a pool without processes (solo, threads).
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Queue
 
 from ductor_project import embedded
+from ductor_project.core import tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 
@@ -43,3 +48,26 @@ def _boot_services(sender: Any = None, **kwargs: Any) -> None:
     """The first use of the app's configuration (a worker booting, a task sent) needs the broker:
     start the embedded servers the environment does not replace, before the settings are read."""
     embedded.boot()
+
+
+@signals.worker_init.connect
+def _trace_worker(sender: Any = None, **kwargs: Any) -> None:
+    """A pool that runs tasks in the worker's own process (solo, threads) traces from here; a
+    prefork pool's processes do from their own start (below)."""
+    from celery import concurrency
+    from celery.concurrency.prefork import TaskPool
+
+    pool = concurrency.get_implementation(getattr(sender, "pool_cls", None) or "prefork")
+    if not (isinstance(pool, type) and issubclass(pool, TaskPool)):
+        tracing.configure()
+
+
+@signals.worker_process_init.connect
+def _trace_pool_process(**kwargs: Any) -> None:
+    tracing.configure()
+
+
+@signals.worker_process_shutdown.connect
+def _flush_pool_process(**kwargs: Any) -> None:
+    """A pool process exits without running its atexit hooks: its buffered spans go now."""
+    tracing.shutdown()

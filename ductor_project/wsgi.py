@@ -1,13 +1,20 @@
-"""The WSGI entry point (gunicorn): boots the embedded servers it needs, then Django."""
+"""The WSGI entry point (gunicorn, runserver): boots the embedded servers it needs, then Django.
+
+Each gunicorn worker imports it after its fork (the stack runs gunicorn without
+``--preload``), so each sets up its own tracing, before Django loads its
+middleware: the request spans' is one of them.
+"""
 
 import os
 
 from django.core.wsgi import get_wsgi_application
 
 from ductor_project import embedded
+from ductor_project.core import tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 embedded.boot()
+tracing.configure()
 application = get_wsgi_application()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from django.utils import timezone
 
+from ductor_project.core import tracing
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
 from scheduling.dispatch.credits import SYSTEM_TIER
@@ -56,7 +57,9 @@ def schedule_wakeup(
         delay_s = max(0.0, ((at or timezone.now()) - timezone.now()).total_seconds())
     item_id = f"wake:{tenant.pk}:{kind}:{ref}"
     partition = f"wake:{zlib.crc32(item_id.encode()) % WAKEUP_PARTITIONS}"
-    payload = {"kind": ITEM_KIND, "tenant_id": str(tenant.pk), "wake": kind, "ref": ref, "data": data or {}}
+    # With the trace of what schedules it: the work it wakes (a retry, a tick) goes on in that trace.
+    payload = tracing.inject({"kind": ITEM_KIND, "tenant_id": str(tenant.pk), "wake": kind, "ref": ref,
+                              "data": data or {}})
     with system_context():
         fair_queue.enqueue(item_id, tier=SYSTEM_TIER, partition=partition, payload=payload,
                            delay_ms=int(delay_s * 1000))

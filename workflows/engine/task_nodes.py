@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from ductor_project.celery import RESULTS_QUEUE
 from ductor_project.celery import app as ductor_app
-from ductor_project.core import scripts
+from ductor_project.core import scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import fair_queue
@@ -144,14 +144,19 @@ def _send(item: Dequeued, step: StepRun) -> str:
            "admitted": item.admitted}
     value = step.input
     args, kwargs = ([], dict(value or {})) if call.get("arguments", "kwargs") == "kwargs" else ([value], {})
-    app.send_task(
-        str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
-        headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
-                                   f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
-                         strict=True)),
-        link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, queue=RESULTS_QUEUE),
-        link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, queue=RESULTS_QUEUE),
-    )
+    # In the step's trace: Celery's instrumentation puts it in the message's headers, and the callbacks
+    # carry it too, so that the outcome goes on in it even from a team's worker that does not trace.
+    with tracing.item_span("ductor.task.publish", call, item_id=item.item_id, run_id=str(step.run_id),
+                           node_id=step.node_id, attempt=step.attempt, queue=queue):
+        traced = {"headers": tracing.headers()} if tracing.enabled else {}
+        app.send_task(
+            str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
+            headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
+                                       f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
+                             strict=True)),
+            link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, queue=RESULTS_QUEUE, **traced),
+            link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, queue=RESULTS_QUEUE, **traced),
+        )
     return queue
 
 

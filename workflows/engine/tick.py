@@ -6,6 +6,7 @@ done (``nodes.start``; a false ``when`` or a skipped dependency skips it, and
 the skip propagates), and finish the run when nothing is left: failed with its
 first failed step, or succeeded with its rendered output, waking its parent. An
 output over the plan's payload limit fails the run with ``payload_too_large``.
+Each tick, queued or inline, is a ``ductor.tick`` span of the run's trace.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import structlog
 from django.db import transaction
 from django.utils import timezone
 
+from ductor_project.core import tracing
 from ductor_project.core.errors import StepErrorCode
 from scheduling import templates
 from scheduling.dispatch.handlers import ItemContext
@@ -46,7 +48,8 @@ SStatus = StepRun.Status
 
 def tick(run_id: Any) -> None:
     """Advance one run. Idempotent; runs in the run's tenant context with the run row locked."""
-    with structlog.contextvars.bound_contextvars(run_id=str(run_id)), transaction.atomic(), journal():
+    with (structlog.contextvars.bound_contextvars(run_id=str(run_id)), tracing.span("ductor.tick", run_id=str(run_id)),
+          transaction.atomic(), journal()):
         run = lock_run(run_id)
         if run is not None:
             advance(run)
@@ -88,7 +91,7 @@ def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None
     gathered = current_journal()
     mark = gathered.mark()
     try:
-        with transaction.atomic():
+        with tracing.span("ductor.tick", run_id=str(run.pk)), transaction.atomic():
             advance(run, latest=latest)
             gathered.flush()
     except Exception:

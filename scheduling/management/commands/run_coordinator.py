@@ -7,6 +7,7 @@ from typing import Any
 import structlog
 from django.core.management.base import BaseCommand, CommandParser
 
+from ductor_project.core import tracing
 from scheduling.coordinator.loop import Coordinator
 from scheduling.management.commands._loop import run_until_signalled
 
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=1.0)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        tracing.configure()
         coordinator = Coordinator(interval_s=options["interval"])
         log.info("coordinator_started")
         run_until_signalled(coordinator.run_forever)

@@ -7,6 +7,7 @@ from typing import Any
 import structlog
 from django.core.management.base import BaseCommand, CommandParser
 
+from ductor_project.core import tracing
 from scheduling.dispatch.dispatcher import Dispatcher
 from scheduling.management.commands._loop import run_until_signalled
 
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--shards", default="", help="comma-separated shards (default: all)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        tracing.configure()
         shards = [int(s) for s in options["shards"].split(",") if s.strip()] or None
         dispatcher = Dispatcher(shards=shards)
         log.info("dispatcher_started", shards=dispatcher.shards)
