@@ -279,14 +279,13 @@ class Stack:
         return self.start(name, argv, env=env, ready_url=url + ready_path, url=url)
 
     def worker(self, name: str, *, app: str = "ductor_project", concurrency: int = 2, hostname: str | None = None,
-               task_events: bool = True, extra: Iterable[str] = (), env: Mapping[str, str] | None = None) -> Child:
+               extra: Iterable[str] = (), env: Mapping[str, str] | None = None) -> Child:
         """``celery -A <app> worker`` at INFO with ``concurrency`` processes, without gossip or mingle, plus
         ``extra`` arguments (``--include bench._worker_tasks``). Its hostname is ``hostname``, by default
-        ``<name>-<this pid>@%h``. With ``task_events`` it sends task events (``-E``: Flower and ``celery
-        events`` see its tasks). Ready once it logs `` ready.``."""
+        ``<name>-<this pid>@%h``. Ready once it logs `` ready.``."""
         argv = [sys.executable, "-m", "celery", "-A", app, "worker", "--concurrency", str(concurrency),
                 "--hostname", hostname or f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
-                *(["--task-events"] if task_events else []), "--loglevel", "INFO", *extra]
+                "--loglevel", "INFO", *extra]
         return self.start(name, argv, env=env, ready_text=" ready.")
 
     def dispatcher(self, name: str = "dispatcher", *, env: Mapping[str, str] | None = None) -> Child:

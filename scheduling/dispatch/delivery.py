@@ -11,6 +11,11 @@ While the handler runs, the process's renewal thread renews the item's lease,
 and with it every slot its admission took.
 A handler that returns has its item acked (by the caller, off the task's
 path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later.
+Either way what it reports (``Failed``, or the exception) goes to the task's
+``task_events.Report``, which shows it to Celery's tools.
+The handler runs in the item's span (``ductor.item.<kind>``), a child of the
+trace context its payload carries, however the item came (a Celery message or
+a handoff): never of the task that happens to be running it.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from typing import Any
 import structlog
 from django.conf import settings
 
+from ductor_project.core import metrics, tracing
 from ductor_project.core.renewals import renewals
 from scheduling import fair_queue
-from scheduling.dispatch import credits
+from scheduling.dispatch import credits, task_events
 from scheduling.dispatch.handlers import ItemContext, handler_for
 from scheduling.fair_queue import Finished
 from tenants.models import Tenant
@@ -91,15 +97,20 @@ def run_delivery(
     lease_ms = settings.DUCTOR_LEASE_MS
     hold = renewals.hold(partial(_renew, finished, lease_ms, queue, credit), every_s=lease_ms / 3000,
                          first_in_s=renew_in_s)
+    started = time.perf_counter()
     try:
-        with structlog.contextvars.bound_contextvars(item_id=item.item_id, kind=item.kind):
-            handler(item.context(tenant), item.body)
+        with (tracing.item_span(f"ductor.item.{item.kind}", item.body, item_id=item.item_id, delivery=item.delivery),
+              structlog.contextvars.bound_contextvars(item_id=item.item_id, kind=item.kind),
+              task_events.running(str(tenant.pk), item.item_id, item.delivery, item.body) as shown):
+            shown.failed = handler(item.context(tenant), item.body)
     except Exception:
         renewals.release(hold)
+        metrics.ITEM_DURATION.labels(item.kind, Outcome.FAILED).observe(time.perf_counter() - started)
         log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)
         fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=item.delivery)
         return Outcome.FAILED, None
     renewals.release(hold)
+    metrics.ITEM_DURATION.labels(item.kind, Outcome.OK).observe(time.perf_counter() - started)
     return Outcome.OK, finished
 
 

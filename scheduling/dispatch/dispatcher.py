@@ -5,8 +5,8 @@ dequeue is atomic. Each round reserves credits for both Celery queues (one
 call, which also gives back the ones held since the last round), dequeues per
 shard the system tier with the system credits and the customer tiers with
 the work credits (one round trip), and publishes one ``ductor.execute_item``
-message per item: ``ductor.system`` for the system tier, ``ductor.work`` for
-the rest. Items of a kind with a publisher (task nodes) go to it instead, and
+message per item (shown as what it runs: ``task_events``): ``ductor.system``
+for the system tier, ``ductor.work`` for the rest. Items of a kind with a publisher (task nodes) go to it instead, and
 use no credit. An item it dequeued was admitted already (every slot and rate it
 needs taken), so a published message runs when a worker slot takes it.
 """
@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 import structlog
 from django.conf import settings
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
+from ductor_project.core import heartbeats, metrics, tracing
 from scheduling import fair_queue
-from scheduling.dispatch import credits
+from scheduling.dispatch import credits, task_events
 from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
 from scheduling.dispatch.delivery import Delivery
 from scheduling.dispatch.handlers import hand_to_publishers
@@ -103,16 +105,19 @@ class Dispatcher:
         return total
 
     def _publish(self, item: fair_queue.Dequeued, credit: str, producer: Any) -> None:
-        execute_item.apply_async(
-            kwargs=message_kwargs(Delivery.of(item), tenant_id=item.tenant_id, credit=credit),
-            queue=credits.queue_for(item.tier),
-            producer=producer,
-            # Celery would saferepr() the whole payload for these headers (monitoring only):
-            # most of a publish's CPU. The ids say which item it is.
-            argsrepr="()",
-            kwargsrepr=f"{{'tenant_id': '{item.tenant_id}', 'item_id': {item.item_id!r}, "
-                       f"'delivery': {item.delivery}}}",
-        )
+        delivery = Delivery.of(item)
+        # In the item's trace: the message's headers carry it on (Celery's instrumentation).
+        with tracing.item_span("ductor.dispatch", item.payload, tenant_id=item.tenant_id, item_id=item.item_id):
+            execute_item.apply_async(
+                kwargs=message_kwargs(delivery, tenant_id=item.tenant_id, credit=credit),
+                queue=credits.queue_for(item.tier),
+                producer=producer,
+                # What Celery's tools show (task_events): what the item runs, and its ids. Celery would
+                # saferepr() the whole payload for the arguments: most of a publish's CPU.
+                shadow=task_events.task_name(delivery.body),
+                argsrepr="()",
+                kwargsrepr=task_events.task_kwargs(item.tenant_id, item.item_id, item.delivery, delivery.body),
+            )
         log_dispatch(item)
 
     def give_back(self) -> None:
@@ -139,15 +144,23 @@ class Dispatcher:
                                  timeout_s=credits.blocking_wait_s(wait_s))
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried."""
+        """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried; the
+        rounds that work beat (``heartbeats``, at most once a second)."""
+        beater = heartbeats.Beater(heartbeats.DISPATCHER)
         try:
             while not stop.is_set():
                 try:
-                    if not self.run_once() or self._starved:
+                    started = time.perf_counter()
+                    dispatched = self.run_once()
+                    metrics.LOOP_PASS.labels(heartbeats.DISPATCHER).observe(time.perf_counter() - started)
+                    if not dispatched or self._starved:
                         self._idle()
+                    beater.passed()
                 except Exception:
                     log.exception("dispatcher_round_failed")
                     stop.wait(ERROR_BACKOFF_S)
         finally:
             with contextlib.suppress(Exception):
                 self.give_back()
+            with contextlib.suppress(Exception):
+                beater.stop()

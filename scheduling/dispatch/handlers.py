@@ -41,7 +41,17 @@ class ItemContext:
     admitted: str = ""
 
 
-Handler = Callable[[ItemContext, dict[str, Any]], None]
+@dataclass(frozen=True)
+class Failed:
+    """What a handler returns when the work its item carried failed though the item is done: a step
+    whose action failed, which the engine recorded, so the item is acked rather than put back.
+    Celery's tools then show the item's task failed, with ``error`` (``task_events``)."""
+
+    error: str
+
+
+# A handler returns None, or ``Failed``; one that raises has its item put back (``delivery``).
+Handler = Callable[[ItemContext, dict[str, Any]], Failed | None]
 _handlers: dict[str, Handler] = {}
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 from django.conf import settings
 
+from ductor_project.core import metrics
 from ductor_project.core.context import no_tenant
 from scheduling import fair_queue
 from scheduling.dispatch import credits
@@ -37,6 +38,7 @@ def log_dispatch(item: fair_queue.Dequeued, **extra: Any) -> None:
     """The one ``dispatched`` record of each item leaving the fair queue (the demo counts them)."""
     log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
              partition=item.partition, waited_ms=item.waited_ms, **extra)
+    metrics.DISPATCH_WAIT.labels(item.tier).observe(item.waited_ms / 1000)
 
 
 def deadline() -> float:

@@ -5,7 +5,9 @@ Workers run with prefetch disabled, ``acks_late`` and ``reject_on_worker_lost``.
 runs its delivery (``delivery.run``), then the next items of its Celery queue
 by handoff (``handoff.chain``); the last ack and the dispatch credit go to the
 process's finisher, sent right after the task whatever happened. Its Celery
-result is not stored: the fair queue is the record of what ran.
+result is not stored: the fair queue is the record of what ran. What Celery's
+tools show of it (its name, a failed item as a failed task, the handed-off
+items as tasks of their own) is ``task_events``'s.
 
 A worker registers its slots per queue with a heartbeat (``credits``), and
 withdraws them at a warm shutdown after flushing the finisher. ``install()``
@@ -26,7 +28,7 @@ from ductor_project.celery import WORK_QUEUE
 from ductor_project.core.context import current_tenant
 from ductor_project.core.keys import shard_of
 from ductor_project.core.renewals import renewals
-from scheduling.dispatch import credits, handoff
+from scheduling.dispatch import credits, handoff, task_events
 from scheduling.dispatch.delivery import Delivery, run_delivery
 from scheduling.dispatch.finisher import finisher
 from tenants.tasking import tenant_task
@@ -36,13 +38,15 @@ log = structlog.get_logger(__name__)
 HEARTBEAT_S = 5.0
 
 
-@tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@tenant_task(name="ductor.execute_item", acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             throws=(task_events.ItemFailed,), Request=task_events.ItemRequest)
 def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
                  waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0, connection_id: str = "",
                  admitted: str = "") -> str:
     """Run one fair-queue item on a worker, inside its tenant context; then the next items of the
     same Celery queue, until nothing is due or the task has run for ``DUCTOR_HANDOFF_MS``.
-    Returns the outcome of the last one."""
+    Returns the outcome of the last one; raises ``ItemFailed`` at the very end if its own item
+    failed (``task_events``)."""
     queue = credits.queue_for(tier)
     tenant = current_tenant()
     # A message Celery delivers again (its worker process died) may be of an item this worker
@@ -52,12 +56,16 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
                     admitted)
     until = handoff.deadline()
     ack = None
+    report = task_events.Report(execute_item.request, item_id=item_id, delivery=delivery)
     try:
-        outcome, ack = run_delivery(tenant, item, queue=queue, credit=credit, check_lease=redelivered)
-        last, ack = handoff.chain(ack, queue=queue, credit=credit, shard=shard_of(str(tenant.pk)), until=until)
-        return str(last or outcome)
+        with report.active():
+            outcome, ack = run_delivery(tenant, item, queue=queue, credit=credit, check_lease=redelivered)
+            last, ack = handoff.chain(ack, queue=queue, credit=credit, shard=shard_of(str(tenant.pk)), until=until)
     finally:
         finisher.later(queue, credit, ack)
+        report.publish()
+    report.raise_if_failed()
+    return str(last or outcome)
 
 
 def message_kwargs(item: Delivery, *, tenant_id: str, credit: str) -> dict[str, Any]:

@@ -63,7 +63,8 @@ def run_step(tenant: Tenant, run: WorkflowRun, node_id: str) -> None:
     """Run the latest attempt of ``node_id`` as a worker does once its item is dispatched."""
     with tenant_context(tenant):
         step = StepRun.objects.filter(run_id=run.pk, node_id=node_id).order_by("-attempt").first()
-        assert step is not None and step.status == "queued", (node_id, step and step.status)
+        assert step is not None, node_id
+        assert step.status == "queued", (node_id, step.status)
         ctx = ItemContext(tenant_id=str(tenant.pk), item_id=items.step_item_id(step.pk), tier="standard",
                           partition=f"step:{step.pk}", delivery=1, waited_ms=0)
         steps.execute_step(ctx, {"step_id": str(step.pk)})

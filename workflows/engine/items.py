@@ -9,6 +9,9 @@
   ``task``, with the call its routing kept) is published by the dispatcher to
   the team's queue (``workflows.engine.task_nodes``).
 - Timers (sleeps, retry backoffs, step timeouts): coordinator wake-ups.
+
+Each carries the trace context of whatever enqueued it, taken when it is
+enqueued (``ductor_project.core.tracing``; nothing while tracing is off).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant, tenant_context
 from scheduling import admission, fair_queue
 from scheduling.coordinator.wakeups import schedule_wakeup
@@ -39,10 +43,11 @@ def step_item_id(step_id: Any) -> str:
 def enqueue_tick(run: WorkflowRun) -> None:
     """Enqueue a tick of ``run`` once the surrounding transaction commits (coalesced if one waits)."""
     run_id, tier = str(run.id), run.tier
+    # The trace context now, not at the commit: the span of what enqueues it may have ended by then.
+    payload = tracing.inject({"kind": TICK, "run_id": run_id})
 
     def push() -> None:
-        fair_queue.enqueue(tick_item_id(run_id), tier=tier, partition=f"run:{run_id}",
-                           payload={"kind": TICK, "run_id": run_id})
+        fair_queue.enqueue(tick_item_id(run_id), tier=tier, partition=f"run:{run_id}", payload=payload)
 
     transaction.on_commit(push)
 
@@ -55,9 +60,12 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
     tier = routing.get("tier") or run.tier
     partition = routing.get("partition_key") or f"step:{step_id}"
     pool_id = (routing.get("pool") or {}).get("id")
-    payload: dict[str, Any] = {"kind": STEP, "step_id": step_id}
+    # The run, node, attempt and workflow only name the item in Celery's tools (task_events).
+    payload: dict[str, Any] = {"kind": STEP, "step_id": step_id, "run_id": str(step.run_id), "node_id": step.node_id,
+                               "attempt": step.attempt, "workflow": run.workflow_name}
     if step.node_type == TASK:
         payload = {"kind": TASK, "step_id": step_id, "workflow": run.workflow_name, **(routing.get("task") or {})}
+    tracing.inject(payload)
 
     def push() -> None:
         table = routing_table()
@@ -90,4 +98,4 @@ def release_on_commit(step: StepRun) -> None:
 def wakeup_on_commit(ref: str, *, kind: str, delay_s: float) -> None:
     """Schedule a coordinator wake-up for the tenant in context once the transaction commits."""
     tenant = current_tenant()
-    transaction.on_commit(lambda: schedule_wakeup(tenant, ref, kind=kind, delay_s=delay_s))
+    transaction.on_commit(tracing.bound(lambda: schedule_wakeup(tenant, ref, kind=kind, delay_s=delay_s)))

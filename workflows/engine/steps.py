@@ -6,7 +6,9 @@ all leased like the item and renewed with it while the action runs. So the
 worker runs the action at once, without routing again, and records which
 connection the attempt uses and why on the attempt's routing trace. A
 duplicate or stale delivery, or an attempt cancelled or timed out meanwhile,
-does nothing; a result that arrives after that is discarded.
+does nothing; a result that arrives after that is discarded. An attempt that
+failed is reported to the item's Celery task (``Failed``), which Celery's tools
+then show failed.
 
 The path is short on purpose (``docs/performance.md``): the attempt is started by
 one conditional ``UPDATE ... RETURNING``, which also reads its run's version (the
@@ -25,11 +27,12 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from ductor_project.core import metrics
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling.action_errors import ActionError
 from scheduling.coordinator.wakeups import schedule_wakeup
-from scheduling.dispatch.handlers import ItemContext
+from scheduling.dispatch.handlers import Failed, ItemContext
 from scheduling.models import Connection
 from scheduling.routing_table import routing_table
 from workflows.actions import ActionCall, get_action
@@ -53,23 +56,34 @@ log = structlog.get_logger(__name__)
 SStatus = StepRun.Status
 
 
-def execute_step(ctx: ItemContext, body: dict[str, Any]) -> None:
-    """The ``step`` item handler: run one action attempt. A duplicate or stale delivery does nothing."""
+def execute_step(ctx: ItemContext, body: dict[str, Any]) -> Failed | None:
+    """The ``step`` item handler: run one action attempt; an attempt that failed is reported
+    (``Failed``: Celery's tools show its task failed). A duplicate or stale delivery does nothing."""
     with structlog.contextvars.bound_contextvars(step_id=str(body["step_id"])):
-        _execute(str(body["step_id"]), ctx)
+        return _execute(str(body["step_id"]), ctx)
 
 
-def _execute(step_id: str, ctx: ItemContext) -> None:
+def _execute(step_id: str, ctx: ItemContext) -> Failed | None:
     step = start_attempt(step_id, admission_trace(ctx.connection_id, ctx.admitted))
     if step is None:
         _cancel_if_run_ended(step_id)
-        return
+        return None
     node = node_in(version_spec(step.version_id), step.node_id)
     # Bound for this step only: a plain bind would leak into the next task of the worker process.
     with structlog.contextvars.bound_contextvars(run_id=str(step.run_id), node_id=step.node_id):
         if node.get("timeout_s"):
             schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
-        _keep(step, _call_action(node["action"], step, ctx.connection_id, str(step.run_id)))
+        outcome = _call_action(node["action"], step, ctx.connection_id, str(step.run_id))
+        _keep(step, outcome)
+    return _failed(step, outcome)
+
+
+def _failed(step: Started, outcome: Outcome) -> Failed | None:
+    """What the item's task reports of an attempt that failed (its node, number and error)."""
+    if outcome.status != SStatus.FAILED:
+        return None
+    error = outcome.error or {}
+    return Failed(f"{step.node_id} attempt {step.attempt}: {error.get('code')}: {error.get('message')}"[:500])
 
 
 def _cancel_if_run_ended(step_id: str) -> None:
@@ -127,7 +141,18 @@ def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", finished[0], attempt=finished[1],
                      error=error.get("code") if error else None)
+        _observe(attempts, finished, outcome.status)
         advance_locked(run, latest=latest_of(attempts))
+
+
+def _observe(attempts: list[StepRun], finished: tuple[str, int], status: str) -> None:
+    """The ended attempt's run time into ``metrics.STEP_DURATION`` (read from the attempts the
+    outcome's statement returned: no query more)."""
+    node_id, number = finished
+    step = next((s for s in attempts if s.node_id == node_id and s.attempt == number), None)
+    if step is not None and step.started_at is not None and step.finished_at is not None:
+        metrics.STEP_DURATION.labels(step.node_type, status).observe(
+            max(0.0, (step.finished_at - step.started_at).total_seconds()))
 
 
 def _call_action(name: str, step: Started, connection_id: str, run_id: str) -> Outcome:
