@@ -25,6 +25,7 @@ from ductor_project.stack import Stack
 from scheduling import fair_queue as fq
 from scheduling.coordinator.loop import Coordinator
 from scheduling.dispatch.dispatcher import Dispatcher
+from scheduling.metrics import SharedStateCollector
 from tenants.models import Tenant
 from workflows import services
 
@@ -112,7 +113,19 @@ def test_per_tenant_series_stay_bounded_with_ten_thousand_tenants(fresh_metrics)
     assert named + value(samples, "ductor_tenant_queue_waiting", tenant_id="other") == queued
     assert value(samples, "ductor_queue_waiting", shard="0", tier=TIER) == queued
     assert value(samples, "ductor_queue_tenants_with_items", shard="0") == 10_000
-    assert len(samples) < 1_000  # the whole scrape: fixed by shards, tiers and N, not by tenants
+    # What the scrape reads of the shared state: fixed by shards, tiers, processes and N, not by tenants.
+    shared = [sample for family in SharedStateCollector().collect() for sample in family.samples]
+    assert len(shared) < 200
+    assert all(not name.startswith("ductor_") or name.startswith(RECORDED) or (name, labels) in shared_keys(shared)
+               for name, labels in samples)
+
+
+RECORDED = ("ductor_dispatch_wait", "ductor_item_duration", "ductor_step_duration", "ductor_reaped",
+            "ductor_reconciler", "ductor_loop_pass", "ductor_breaker_opened", "ductor_http_request")
+
+
+def shared_keys(shared: list[Any]) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    return {(sample.name, tuple(sorted(sample.labels.items()))) for sample in shared}
 
 
 def test_the_metrics_can_need_a_token_or_be_off(settings, redis_client):
@@ -128,14 +141,19 @@ def test_the_metrics_can_need_a_token_or_be_off(settings, redis_client):
 
 
 def test_requests_are_timed_by_url_pattern_and_status_not_by_path(fresh_metrics, client_a):
-    client_a.get(f"/api/v1/runs/{uuid.uuid4()}")
-    client_a.get(f"/api/v1/runs/{uuid.uuid4()}")
-    samples = scrape()
-    counts = {dict(labels)["route"]: v for (name, labels), v in samples.items()
-              if name == "ductor_http_request_duration_seconds_count" and dict(labels)["status"] == "404"}
-    [(route, count)] = [(route, count) for route, count in counts.items() if "runs" in route]
-    assert count >= 2
-    assert "(?P<pk>" in route  # the pattern, never the id
+    def not_found_counts() -> dict[str, float]:
+        return {dict(labels)["route"]: v for (name, labels), v in scrape().items()
+                if name == "ductor_http_request_duration_seconds_count" and dict(labels)["status"] == "404"}
+
+    before = not_found_counts()
+    missing = [uuid.uuid4(), uuid.uuid4()]
+    for run_id in missing:
+        client_a.get(f"/api/v1/runs/{run_id}/lineage")
+    after = not_found_counts()
+    [(route, added)] = [(route, n - before.get(route, 0)) for route, n in after.items() if n != before.get(route, 0)]
+    assert added == 2  # both requests in one series: the pattern's
+    assert "lineage" in route
+    assert all(str(run_id) not in route for run_id in missing)  # the pattern, never the id
 
 
 def test_a_scrape_merges_what_every_process_of_the_host_recorded(fresh_metrics, tmp_path, monkeypatch):

@@ -27,6 +27,9 @@ log = structlog.get_logger(__name__)
 class Finisher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Held while a flush sends: a flush returns once what was pending at its call is sent, even
+        # when another thread (the renewal thread) took it to send a moment before.
+        self._sending = threading.Lock()
         self._frees: dict[str, list[str]] = {}
         self._acks: list[Finished] = []
         self._pid = os.getpid()
@@ -37,6 +40,7 @@ class Finisher:
             if self._pid != os.getpid():  # a fork's copy of the parent's pending work is not ours
                 self._pid = os.getpid()
                 self._frees, self._acks = {}, []
+                self._sending = threading.Lock()
             if ack is not None:
                 self._acks.append(ack)
             if credit:
@@ -44,7 +48,13 @@ class Finisher:
         renewals.wake()
 
     def flush(self) -> None:
-        """Send the pending acks, then free the pending credits: one round trip, from the calling thread."""
+        """Send the pending acks, then free the pending credits: one round trip, from the calling thread.
+        Returns once everything pending when it was called has been sent, by it or by a flush of another
+        thread that was sending it (a warm shutdown, and a test, can count on that)."""
+        with self._sending:
+            self._send()
+
+    def _send(self) -> None:
         with self._lock:
             acks, self._acks = self._acks, []
             frees, self._frees = self._frees, {}
