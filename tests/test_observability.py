@@ -143,7 +143,8 @@ def test_the_metrics_can_need_a_token_or_be_off(settings, redis_client):
 def test_requests_are_timed_by_url_pattern_and_status_not_by_path(fresh_metrics, client_a):
     def not_found_counts() -> dict[str, float]:
         return {dict(labels)["route"]: v for (name, labels), v in scrape().items()
-                if name == "ductor_http_request_duration_seconds_count" and dict(labels)["status"] == "404"}
+                if name == "ductor_http_request_duration_seconds_count"
+                and (dict(labels)["method"], dict(labels)["status"]) == ("GET", "404")}
 
     before = not_found_counts()
     missing = [uuid.uuid4(), uuid.uuid4()]
