@@ -78,6 +78,7 @@ def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
         assert statements.start_attempt(step.pk, {"admitted": "stolen"}) is None
         assert statements.lock_and_finish(run.pk, step.pk, outcome_fields("succeeded"), None) == (None, None, [])
         assert statements.attempts_of(run.pk) == []
+        assert statements.start_tasks([str(step.pk)]) == {}
     assert WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get() == before_run
     assert stored(step) == before_step
 
@@ -86,9 +87,25 @@ def test_the_statements_refuse_to_run_without_a_tenant(two: Any) -> None:
     _, _, run, step = two
     for call in (lambda: statements.lock_run(run.pk), lambda: statements.start_attempt(step.pk, None),
                  lambda: statements.lock_and_finish(run.pk, step.pk, outcome_fields("succeeded"), None),
-                 lambda: statements.attempts_of(run.pk)):
+                 lambda: statements.attempts_of(run.pk), lambda: statements.start_tasks([str(step.pk)])):
         with pytest.raises(TenantScopeError):
             call()
+
+
+def test_task_attempts_start_once_and_a_redelivered_one_keeps_its_start(two: Any) -> None:
+    _, b, run, step = two
+    with tenant_context(b):
+        first = statements.start_tasks([str(step.pk)])
+        again = statements.start_tasks([str(step.pk)])  # its item delivered again: running already
+        StepRun.objects.filter(pk=step.pk).update(status="succeeded")
+        ended = statements.start_tasks([str(step.pk)])
+    started = first[str(step.pk)]
+    assert (started.run_id, started.node_id, started.attempt, started.input, started.status) == (
+        run.pk, "a", 1, {"n": 1}, "running")
+    assert started.started_at is not None
+    assert again[str(step.pk)].started_at == started.started_at
+    assert ended == {}
+    assert StepRun.all_tenants.get(pk=step.pk).started_at == started.started_at
 
 
 def test_a_running_attempt_finishes_once_and_one_that_moved_on_is_left_alone(two: Any) -> None:

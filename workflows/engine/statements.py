@@ -15,6 +15,7 @@ scoped managers do) and row-level security holds them to it as it holds every qu
   the running attempt ended with it (nothing happens to one that moved on: cancelled, timed
   out), and the run's attempts.
 - ``save_state``: what a tick changed of the run's state (status, times, output, error).
+- ``start_tasks``: the dispatcher's start of a group of task attempts before it publishes them.
 """
 
 from __future__ import annotations
@@ -105,6 +106,25 @@ def _one(statement: Statement) -> list[Any]:
     with connection.cursor() as cursor:
         cursor.execute(*statement)
         return list(cursor.fetchall())
+
+
+def start_tasks(step_ids: list[str]) -> dict[str, StepRun]:
+    """Mark the queued ones of these attempts running (now), and read the ones running, with what
+    their messages need: one ``UPDATE ... RETURNING`` for the group. An attempt running already
+    (its item delivered again) keeps its start time; one that ended is left out."""
+    if not step_ids:
+        return {}
+    queued, running = StepRun.Status.QUEUED.value, StepRun.Status.RUNNING.value
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {STEPS} SET status = %s, "  # noqa: S608 - no value in the text
+            "started_at = CASE WHEN status = %s THEN %s ELSE started_at END "
+            "WHERE tenant_id = %s AND id = ANY(%s::uuid[]) AND status = ANY(%s) "
+            "RETURNING id, run_id, node_id, attempt, input, started_at",
+            [running, queued, timezone.now(), current_tenant().pk, step_ids, ON_WORKER])
+        rows = cursor.fetchall()
+    return {str(row[0]): StepRun(id=row[0], run_id=row[1], node_id=row[2], attempt=row[3], input=_loaded(row[4]),
+                                 started_at=row[5], status=running) for row in rows}
 
 
 def lock_run(run_id: Any) -> WorkflowRun | None:

@@ -55,13 +55,13 @@ from scheduling.routing_table import routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
+from workflows.engine.statements import start_tasks
 from workflows.engine.steps import record_outcome
 from workflows.engine.timers import step_timeout
 from workflows.models import StepRun
 
 log = structlog.get_logger(__name__)
 
-SStatus = StepRun.Status
 # The headers of a task node's message; the team's task reads them (``ductor_sdk.worker``).
 HEADERS = ("ductor_tenant_id", "ductor_run_id", "ductor_step_id", "ductor_node_id", "ductor_attempt",
            "ductor_idempotency_key", "ductor_workflow")
@@ -87,7 +87,7 @@ def publish(items: list[Dequeued]) -> None:
 
 
 def _publish_tenant(group: list[Dequeued]) -> None:
-    steps = _start_steps([str(item.payload["step_id"]) for item in group])
+    steps = start_tasks([str(item.payload["step_id"]) for item in group])
     batch = scripts.Batch()
     tenant = current_tenant()
     now = timezone.now()
@@ -115,17 +115,6 @@ def _publish_tenant(group: list[Dequeued]) -> None:
                  task=item.payload.get("name"), queue=queue, delivery=item.delivery, waited_ms=item.waited_ms)
     if len(batch):
         batch.execute()
-
-
-def _start_steps(step_ids: list[str]) -> dict[str, StepRun]:
-    """Mark the queued ones of these steps running, and read what the messages of those running
-    need (a step running already was published before: its item is delivered again). Two
-    statements for the whole group."""
-    StepRun.objects.filter(pk__in=step_ids, status=SStatus.QUEUED).update(status=SStatus.RUNNING,
-                                                                           started_at=timezone.now())
-    rows = StepRun.objects.filter(pk__in=step_ids, status=SStatus.RUNNING).only(
-        "id", "run_id", "node_id", "attempt", "input", "started_at")
-    return {str(step.id): step for step in rows}
 
 
 def _send(item: Dequeued, step: StepRun) -> str:
