@@ -24,6 +24,7 @@ from tenants.models import Tenant
 from tests.conftest import ROOT, api_client, error_code
 from workflows import services as workflow_services
 from workflows.models import TaskCatalogEntry
+from workflows.triggers import services as schedule_services
 
 DEEP = 1000  # levels: past the parser's limit, and past Python's recursion limit
 pytestmark = pytest.mark.django_db
@@ -44,9 +45,10 @@ def world(tenant_a: tuple[Tenant, str]) -> dict[str, str]:
         key, _ = services.api_key_create(name="other", scopes=["read"])
         workflow_services.workflow_put(name="wf", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
         run, _ = workflow_services.run_start(workflow="wf")
+        schedule = schedule_services.schedule_create(name="hourly", workflow="wf", interval_s=3600)
     TaskCatalogEntry.objects.create(name="wf", queue="q")  # {name} on the catalog's paths too
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
-            "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf"}
+            "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf", "schedules": str(schedule.pk)}
 
 
 @pytest.fixture
@@ -84,6 +86,19 @@ def test_every_body_nested_too_deep_is_400_malformed_json_on_every_operation(
     assert checked >= 15
 
 
+@pytest.mark.parametrize("body", [
+    '{"workflow": "w", "input": {"name": "a\\u0000b"}}',
+    '{"workflow": "w", "input": {"list": [1, {"k\\u0000": 2}]}}',
+])
+def test_a_nul_character_anywhere_is_400_invalid_naming_where(client_a: APIClient, body: str) -> None:
+    response = client_a.post("/api/v1/runs", body, content_type="application/json")
+    assert (response.status_code, error_code(response)) == (400, "invalid")
+    [where] = response.json()["error"]["details"]
+    assert where in ("input.name", "input.list[1].k\x00")
+    assert "NUL" in response.json()["error"]["message"]
+    assert client_a.get("/api/v1/runs").json()["results"] == []
+
+
 def test_a_body_just_within_the_depth_limit_is_read(client_a: APIClient, settings: Any) -> None:
     body = {"workflow": "none", "input": {"x": json.loads("[" * 60 + "]" * 60)}}
     response = client_a.post("/api/v1/runs", body, format="json")
@@ -100,7 +115,7 @@ def test_a_pool_patch_with_a_member_missing_its_connection_names_the_field(
 
 
 LISTS = ["/api/v1/api-keys", "/api/v1/connections", "/api/v1/pools", "/api/v1/rules", "/api/v1/workflows",
-         "/api/v1/runs"]
+         "/api/v1/runs", "/api/v1/schedules"]
 
 
 @pytest.mark.parametrize("url", LISTS)

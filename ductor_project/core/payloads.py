@@ -27,6 +27,26 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
+def nul_path(value: Any) -> str | None:
+    """The path (``input.name``, ``nodes[2]``) of the first string or key of ``value`` that holds a NUL
+    character, which PostgreSQL's ``jsonb`` cannot store; None when there is none. Iterative."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return path or "(the body)"
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                where = f"{path}.{key}" if path else str(key)
+                if "\x00" in str(key):
+                    return where
+                stack.append((child, where))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(item))
+    return None
+
+
 def json_size(value: Any) -> int:
     """Compact UTF-8 JSON size in bytes, as a plan's ``max_payload_bytes`` counts it (dates and
     other objects as their text). ``value`` must be no deeper than what ``json`` can encode: the
