@@ -74,6 +74,12 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("task_steps_per_s", "baseline_send_task_per_s", "ratio >= 0.3", lambda r: r["ratio"] >= 0.3),
         ("worst_share_per_weight", None, ">= 0.95", lambda r: r["worst_share_per_weight"] >= 0.95),
     ],
+    "triggers": [
+        ("schedule_fire_lag_ms_p99", None, "<= 1000", lambda r: r["schedule_fire_lag_ms_p99"] <= 1000),
+        ("schedule_duplicates", None, "== 0", lambda r: r["schedule_duplicates"] == 0),
+        ("schedule_lost", None, "== 0", lambda r: r["schedule_lost"] == 0),
+        ("schedule_fire_lag_ms_p50", None, "", None),
+    ],
     "recovery": [
         ("recovery_s", "baseline_s", "<= 20 (idle machine)", lambda r: r["recovery_s"] <= 20),
         ("noticed_s", None, "", None),

@@ -234,6 +234,8 @@ SPECTACULAR_SETTINGS = {
         {"name": "runs", "description": "Start runs (idempotent with a key), list and read them, their steps, "
                                         "events and lineage; cancel them."},
         {"name": "tasks", "description": "The catalog's tasks this tenant may call from `task` nodes."},
+        {"name": "schedules", "description": "Cron and interval schedules that start runs; pause, resume, and "
+                                             "the next fire times."},
         {"name": "routing", "description": "Connections, pools and routing rules, and the routing dry run."},
         {"name": "queue", "description": "The tenant's own fair-queue backlog."},
         {"name": "tenant", "description": "The tenant the key acts for: its entitlements, usage and API keys."},
@@ -293,6 +295,10 @@ DUCTOR_TASK_QUEUE_SLOTS = env.dict("DUCTOR_TASK_QUEUE_SLOTS", default={})
 # Largest number of nodes in one workflow spec, and deepest JSON nesting.
 DUCTOR_MAX_SPEC_NODES = env.int("DUCTOR_MAX_SPEC_NODES", default=500)
 DUCTOR_MAX_SPEC_DEPTH = env.int("DUCTOR_MAX_SPEC_DEPTH", default=32)
+# Schedules: the most due schedules of one tenant that one wake-up fires (the rest follow in the
+# next, at once), and how often a schedule holding a buffered fire looks whether its run ended.
+DUCTOR_SCHEDULE_FIRE_BATCH = env.int("DUCTOR_SCHEDULE_FIRE_BATCH", default=500)
+DUCTOR_SCHEDULE_BUFFER_CHECK_S = env.float("DUCTOR_SCHEDULE_BUFFER_CHECK_S", default=1.0)
 
 # Fernet keys for connection secrets (comma-separated; first encrypts, all decrypt).
 # Empty: one key is generated once into the data dir.

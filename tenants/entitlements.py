@@ -51,6 +51,7 @@ class Entitlements:
     max_pools: int
     max_connections: int
     max_rules: int
+    max_schedules: int
     max_nesting_depth: int
     max_payload_bytes: int
     api_rate_per_s: float
@@ -74,6 +75,7 @@ CEILING_FIELDS = {
     "pools": "max_pools",
     "connections": "max_connections",
     "rules": "max_rules",
+    "schedules": "max_schedules",
 }
 
 

@@ -97,6 +97,7 @@ class EntitlementLimitsSerializer(serializers.Serializer):
     max_pools = serializers.IntegerField()
     max_connections = serializers.IntegerField()
     max_rules = serializers.IntegerField()
+    max_schedules = serializers.IntegerField()
     max_nesting_depth = serializers.IntegerField()
     max_payload_bytes = serializers.IntegerField()
     api_rate_per_s = serializers.FloatField()

@@ -59,8 +59,10 @@ def seed_reference_data() -> None:
     from ductor_project.core.context import SYSTEM_TENANT_SLUG
     from tenants.models import Plan
 
+    max_schedules = import_module("tenants.migrations.0004_plan_max_schedules").MAX_SCHEDULES
     for plan in import_module("tenants.migrations.0003_plans").PLANS:
-        Plan.objects.update_or_create(slug=plan["slug"], defaults=plan)
+        defaults = {**plan, "max_schedules": max_schedules[plan["slug"]]}
+        Plan.objects.update_or_create(slug=plan["slug"], defaults=defaults)
     Tenant.objects.get_or_create(
         slug=SYSTEM_TENANT_SLUG,
         defaults={"id": import_module("tenants.migrations.0002_system_tenant").SYSTEM_TENANT_ID,

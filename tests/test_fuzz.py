@@ -42,6 +42,7 @@ from tenants import services as tenancy
 from tenants.models import Tenant
 from tenants.scoping import TenantScopedModel
 from workflows import services as workflow_services
+from workflows.triggers import services as schedule_services
 
 MAX_EXAMPLES = 15  # generated examples per operation, on top of the coverage phase's cases
 SEED = 20_260_101
@@ -74,8 +75,11 @@ def seed_objects(tenant: Tenant, prefix: str) -> dict[str, str]:
         key, _ = tenancy.api_key_create(name=f"{prefix}-second", scopes=["read"])
         workflow_services.workflow_put(name=f"{prefix}-flow", spec=SPEC)
         run, _ = workflow_services.run_start(workflow=f"{prefix}-flow", input={"x": 1})
+        schedule = schedule_services.schedule_create(name=f"{prefix}-hourly", workflow=f"{prefix}-flow",
+                                                     interval_s=3600)
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
-            "api-keys": str(key.pk), "workflows": f"{prefix}-flow", "runs": str(run.pk), "tenants": tenant.slug}
+            "api-keys": str(key.pk), "workflows": f"{prefix}-flow", "runs": str(run.pk), "tenants": tenant.slug,
+            "schedules": str(schedule.pk)}
 
 
 def rows_of(tenant: Tenant) -> dict[str, list[dict[str, Any]]]:
@@ -142,6 +146,11 @@ def real_bodies(world: World, label: str) -> list[dict[str, Any]]:
                                 {"name": "mine-rule-3", "priority": 3, "action": {"pool": "theirs-pool"}}],
         "POST /api/v1/routing/explain/": [{"workflow": "mine-flow", "action": "echo", "pool": "mine-pool"},
                                           {"workflow": "theirs-flow", "action": "echo", "pool": "theirs-pool"}],
+        "POST /api/v1/schedules/": [{"name": "mine-daily", "workflow": "mine-flow", "cron": "0 6 * * *",
+                                     "timezone": "Europe/Paris", "input": {"x": 3}},
+                                    {"name": "mine-theirs", "workflow": "theirs-flow", "interval_s": 60}],
+        "PATCH /api/v1/schedules/{id}/": [{"cron": "*/5 * * * *", "overlap": "buffer_one"},
+                                          {"workflow": "theirs-flow"}],
     }
     return bodies.get(label, [])
 

@@ -25,7 +25,15 @@ from tenants.permissions import READ_ONLY_ROLES
 from tenants.selectors import membership_for_user
 from workflows import catalog, console, services
 from workflows.dag_svg import render_dag
-from workflows.models import RunEvent, StepRun, TaskCatalogEntry, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import (
+    RunEvent,
+    Schedule,
+    StepRun,
+    TaskCatalogEntry,
+    WorkflowDefinition,
+    WorkflowRun,
+    WorkflowVersion,
+)
 
 
 def _pretty(value: Any) -> SafeString:
@@ -384,3 +392,33 @@ class TaskCatalogEntryAdmin(SuperuserOnlyMixin, admin.ModelAdmin[TaskCatalogEntr
     list_display = ["name", "queue", "arguments", "timeout_s", "enabled", "updated_at"]
     list_filter = ["enabled", "arguments"]
     search_fields = ["name", "description", "queue"]
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """A tenant's schedules, read only: they change through the API, which keeps their next fire times
+    computed. Deleting one here stops it (the runs it started are kept)."""
+
+    list_display = ["name", "workflow", "timing", "overlap", "paused", "next_fire_at", "last_fire_at", "fired_count",
+                    "missed_count"]
+    list_filter = ["paused", "overlap"]
+    search_fields = ["name", "workflow"]
+    readonly_fields = ["name", "workflow", "version", "input_pretty", "cron", "interval_s", "timezone", "overlap",
+                       "catchup_window_s", "jitter_s", "paused", "next_fire_at", "buffered_fire_at", "last_fire_at",
+                       "last_run_link", "fired_count", "skipped_count", "missed_count", "failed_count",
+                       "last_missed_at", "last_error", "created_at", "updated_at"]
+    exclude = ["input", "last_run_id", "wake_at"]
+
+    @admin.display(description="timing")
+    def timing(self, obj: Schedule) -> str:
+        return f"cron {obj.cron} ({obj.timezone})" if obj.cron else f"every {obj.interval_s} s"
+
+    @admin.display(description="input")
+    def input_pretty(self, obj: Schedule) -> SafeString:
+        return _pretty(obj.input)
+
+    @admin.display(description="last run")
+    def last_run_link(self, obj: Schedule) -> SafeString:
+        if obj.last_run_id is None:
+            return mark_safe("—")
+        return format_html('<a href="{}">{}</a>', _run_url(obj.last_run_id), obj.last_run_id)

@@ -11,12 +11,17 @@ class WorkflowsConfig(AppConfig):
         from scheduling.dispatch.handlers import register_handler, register_publisher
         from tenants.usage import register_ceiling_counter
         from workflows.engine import items, reconcile, steps, task_nodes, tick, timers
-        from workflows.models import WorkflowDefinition
+        from workflows.models import Schedule, WorkflowDefinition
+        from workflows.triggers import arming, firing
+        from workflows.triggers import reconcile as schedules_reconcile
 
         register_ceiling_counter("workflows", lambda: WorkflowDefinition.objects.count())
+        register_ceiling_counter("schedules", lambda: Schedule.objects.count())
         register_handler(items.TICK, tick.execute_tick)
         register_handler(items.STEP, steps.execute_step)
         register_publisher(items.TASK, task_nodes.publish)
         for kind, wake in timers.WAKEUPS.items():
             register_wakeup(kind, wake)
         register_reconciler(reconcile.reconcile_runs)
+        register_wakeup(arming.WAKE_KIND, firing.fire_due)
+        register_reconciler(schedules_reconcile.reconcile_schedules)

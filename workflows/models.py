@@ -1,4 +1,4 @@
-"""Workflow definitions (immutable numbered versions), runs, step attempts and run events."""
+"""Workflow definitions (immutable numbered versions), runs, step attempts, run events and schedules."""
 
 from __future__ import annotations
 
@@ -223,3 +223,65 @@ class TaskCatalogEntry(models.Model):
         if not self.plans and not self.tenants:
             return True
         return plan in self.plans or slug in self.tenants
+
+
+class Schedule(TenantScopedModel):
+    """A tenant's schedule: runs of a workflow started at the fire times of a cron expression (in a
+    time zone) or of an interval, by coordinator wake-ups (``workflows.triggers``).
+
+    ``next_fire_at`` is the next nominal fire time not yet handled, and ``wake_at`` when the
+    schedule is looked at next: that fire plus its jitter, or sooner while a fire is buffered
+    (both null while paused). PostgreSQL holds them: a lost wake-up is put back from them.
+    """
+
+    class Overlap(models.TextChoices):
+        SKIP = "skip", "skip a fire while a run it started is active"
+        BUFFER_ONE = "buffer_one", "keep one fire until the active run ends"
+        ALLOW_ALL = "allow_all", "start every fire"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100)
+    workflow = models.CharField(max_length=100, help_text="The name of the workflow whose runs it starts.")
+    version = models.PositiveIntegerField(null=True, blank=True, help_text="Its version; none: the latest.")
+    input = models.JSONField(default=dict, blank=True)
+    cron = models.CharField(max_length=200, blank=True, default="")
+    interval_s = models.PositiveIntegerField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC", help_text="The IANA time zone of the cron fields.")
+    overlap = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.SKIP)
+    catchup_window_s = models.PositiveIntegerField(
+        default=60, help_text="How late a fire may still start; an older one is missed.")
+    jitter_s = models.FloatField(default=0.0, help_text="Each fire starts up to this much after its time.")
+    paused = models.BooleanField(default=False)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    buffered_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True, help_text="The fire time of the last run started.")
+    last_run_id = models.UUIDField(null=True, blank=True, help_text="The last run it started (not a foreign key: "
+                                   "the run's retention is its own).")
+    fired_count = models.PositiveBigIntegerField(default=0, help_text="Fires that started a run.")
+    skipped_count = models.PositiveBigIntegerField(default=0, help_text="Fires the overlap policy skipped.")
+    missed_count = models.PositiveBigIntegerField(
+        default=0, help_text="Fires past the catch-up window, or while the tenant was suspended.")
+    failed_count = models.PositiveBigIntegerField(default=0, help_text="Fires whose run start was refused.")
+    last_missed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.JSONField(null=True, blank=True, help_text="Why the last refused start was refused.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="schedule_unique_name"),
+            models.CheckConstraint(
+                condition=(models.Q(cron="") & models.Q(interval_s__isnull=False))
+                | (~models.Q(cron="") & models.Q(interval_s__isnull=True)),
+                name="schedule_cron_or_interval",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "wake_at"], condition=models.Q(paused=False), name="schedule_tenant_wake"),
+            models.Index(fields=["wake_at"], condition=models.Q(paused=False), name="schedule_wake"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -7,8 +8,10 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
-from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import RunEvent, Schedule, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec_schema import SpecField
+from workflows.triggers.selectors import next_fires
+from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_INTERVAL_S, MAX_JITTER_S
 from workflows.why import Cause
 
 
@@ -163,3 +166,69 @@ class RunWhySerializer(serializers.Serializer[Any]):
     run_id = serializers.UUIDField(read_only=True)
     status = serializers.CharField(read_only=True)
     waiting = WaitingSerializer(many=True, read_only=True)
+
+
+# --- schedules -------------------------------------------------------------------------------
+
+SCHEDULE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$"
+
+
+class ScheduleSerializer(StrictModelSerializer):
+    last_run_id = serializers.UUIDField(read_only=True, allow_null=True, help_text="The last run it started.")
+
+    class Meta:
+        model = Schedule
+        fields = ["id", "name", "workflow", "version", "input", "cron", "interval_s", "timezone", "overlap",
+                  "catchup_window_s", "jitter_s", "paused", "next_fire_at", "buffered_fire_at", "last_fire_at",
+                  "last_run_id", "fired_count", "skipped_count", "missed_count", "failed_count", "last_missed_at",
+                  "last_error", "created_at", "updated_at"]
+        read_only_fields = fields
+        extra_kwargs = {
+            "next_fire_at": {"help_text": "The next fire time (nominal, UTC); null while paused."},
+            "buffered_fire_at": {"help_text": "The fire `buffer_one` keeps until the active run ends."},
+        }
+
+
+class ScheduleDetailSerializer(ScheduleSerializer):
+    next_fires = serializers.SerializerMethodField(help_text="The next fire times (nominal, UTC), the next first; "
+                                                             "none while paused.")
+
+    class Meta(ScheduleSerializer.Meta):
+        fields = [*ScheduleSerializer.Meta.fields, "next_fires"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.DateTimeField()))
+    def get_next_fires(self, schedule: Schedule) -> list[str]:
+        field = serializers.DateTimeField()
+        return [field.to_representation(fire) for fire in next_fires(schedule)]
+
+
+class ScheduleWriteSerializer(StrictSerializer):
+    name = serializers.RegexField(SCHEDULE_NAME, max_length=100, help_text="Letters, digits and '_.:-' (starting "
+                                  "with a letter or digit), at most 100; unique per tenant.")
+    workflow = serializers.CharField(max_length=100, help_text="The name of one of your workflows.")
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True, default=None,
+                                       help_text="The workflow version its runs start on; null: the latest.")
+    input = serializers.JSONField(default=dict, help_text="The input of every run it starts.")
+    cron = serializers.CharField(max_length=MAX_CRON_CHARS, allow_blank=True, allow_null=True, default="",
+                                 help_text="5 fields (minute hour day month weekday) or 6 (seconds first), read "
+                                           "in `timezone`. Give this or `interval_s`.")
+    interval_s = serializers.IntegerField(min_value=1, max_value=MAX_INTERVAL_S, allow_null=True, default=None,
+                                          help_text="Fire every this many seconds, at its whole multiples since "
+                                                    "the Unix epoch. Give this or `cron`.")
+    timezone = serializers.CharField(max_length=64, default="UTC", help_text="An IANA time zone name.")
+    overlap = serializers.ChoiceField(choices=Schedule.Overlap.choices, default=Schedule.Overlap.SKIP)
+    catchup_window_s = serializers.IntegerField(min_value=1, max_value=MAX_CATCHUP_WINDOW_S, default=60,
+                                                help_text="How late a fire may still start, in seconds; an "
+                                                          "older one is missed.")
+    jitter_s = serializers.FloatField(min_value=0.0, max_value=MAX_JITTER_S, default=0.0,
+                                      help_text="Each fire starts up to this many seconds after its time.")
+    paused = serializers.BooleanField(default=False)
+
+    def validate_cron(self, value: str | None) -> str:
+        return value or ""
+
+    def validate_jitter_s(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("Must be a finite number.")
+        return value

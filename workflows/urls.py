@@ -6,6 +6,7 @@ router = SimpleRouter()
 router.trailing_slash = "/?"
 router.register("workflows", views.WorkflowViewSet, basename="workflow")
 router.register("runs", views.RunViewSet, basename="run")
+router.register("schedules", views.ScheduleViewSet, basename="schedule")
 router.register("tasks", catalog_api.TaskViewSet, basename="task")
 router.register("task-catalog", catalog_api.PlatformTaskCatalogViewSet, basename="platform-task-catalog")
 

@@ -1,4 +1,4 @@
-"""Workflow and run endpoints. Views parse, call one service or selector, and serialize."""
+"""Workflow, run and schedule endpoints. Views parse, call one service or selector, and serialize."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ductor_project.pagination import CursorPagination
+from scheduling.serializers import parse
 from tenants.api import TenantViewSet
 from workflows import selectors, services
-from workflows.models import StepRun, WorkflowDefinition, WorkflowRun
+from workflows.models import Schedule, StepRun, WorkflowDefinition, WorkflowRun
 from workflows.serializers import (
     RunBulkResultSerializer,
     RunBulkStartSerializer,
@@ -26,12 +27,17 @@ from workflows.serializers import (
     RunSerializer,
     RunStartSerializer,
     RunWhySerializer,
+    ScheduleDetailSerializer,
+    ScheduleSerializer,
+    ScheduleWriteSerializer,
     StepRunSerializer,
     WorkflowCreateSerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
     WorkflowVersionSerializer,
 )
+from workflows.triggers import selectors as schedule_selectors
+from workflows.triggers import services as schedule_services
 from workflows.why import why_waiting
 
 
@@ -204,3 +210,56 @@ class RunViewSet(TenantViewSet):
     @action(detail=True, methods=["get"])
     def lineage(self, request: Request, pk: str) -> Response:
         return Response(selectors.lineage(selectors.get_run_for_tenant(pk)))
+
+
+class ScheduleViewSet(TenantViewSet):
+    """Schedules: a workflow's runs started at the fire times of a cron expression (in a time zone) or of an
+    interval, with an overlap policy, a catch-up window and jitter; pause and resume."""
+
+    serializer_class = ScheduleSerializer
+    queryset = Schedule.all_tenants.none()  # schema introspection only; reads go through selectors
+    pagination_class = ByNamePagination
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(schedule_selectors.schedule_list())
+        return self.get_paginated_response(ScheduleSerializer(page, many=True).data)
+
+    @extend_schema(request=ScheduleWriteSerializer, responses={201: ScheduleDetailSerializer})
+    def create(self, request: Request) -> Response:
+        schedule = schedule_services.schedule_create(**parse(ScheduleWriteSerializer, request.data))
+        return Response(ScheduleDetailSerializer(schedule).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=ScheduleDetailSerializer)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        """A schedule with its next fire times (``next_fires``)."""
+        return Response(ScheduleDetailSerializer(schedule_selectors.get_schedule_for_tenant(pk)).data)
+
+    @extend_schema(request=ScheduleWriteSerializer, responses={200: ScheduleDetailSerializer})
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        """Change it; a new timing (``cron``, ``interval_s``, ``timezone``) fires from now on."""
+        schedule = schedule_selectors.get_schedule_for_tenant(pk)  # another tenant's is not found, whatever the body
+        changes = parse(ScheduleWriteSerializer, request.data, partial=partial)
+        schedule = schedule_services.schedule_update(schedule=schedule, changes=changes)
+        return Response(ScheduleDetailSerializer(schedule).data)
+
+    @extend_schema(request=ScheduleWriteSerializer, responses={200: ScheduleDetailSerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        schedule_services.schedule_delete(schedule=schedule_selectors.get_schedule_for_tenant(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=ScheduleDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str) -> Response:
+        """Pause: nothing fires until it resumes (a buffered fire is dropped). Idempotent."""
+        schedule = schedule_services.schedule_pause(schedule=schedule_selectors.get_schedule_for_tenant(pk))
+        return Response(ScheduleDetailSerializer(schedule).data)
+
+    @extend_schema(request=None, responses=ScheduleDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        """Resume: it fires again from the first fire time after now (the pause is not caught up). Idempotent."""
+        schedule = schedule_services.schedule_resume(schedule=schedule_selectors.get_schedule_for_tenant(pk))
+        return Response(ScheduleDetailSerializer(schedule).data)

@@ -374,3 +374,35 @@ def test_the_async_client_starts_waits_pages_and_raises_like_the_sync_one(server
 
     assert (outcome, status, missing) == ("created", "succeeded", "not_found")
     assert listed == started[::-1]
+
+
+# --- schedules -------------------------------------------------------------------------------
+
+
+def test_a_schedule_is_created_read_changed_paused_resumed_and_deleted_and_hidden_from_others(
+    sdk: Client, other: Client
+) -> None:
+    sdk.workflows.apply(finishing())
+    made = sdk.schedules.create("mornings", finishing(), cron="0 7 * * *", timezone="Asia/Tokyo",
+                                input={"name": "Ada"}, overlap="buffer_one", jitter_s=1.5)
+    assert (made.workflow, made.cron, made.overlap, made.input) == ("greet", "0 7 * * *", "buffer_one", {"name": "Ada"})
+    assert len(made.next_fires) == 5
+    assert all(isinstance(fire, datetime) and fire.astimezone(UTC).hour == 22 for fire in made.next_fires)
+    assert made.next_fire_at == made.next_fires[0]
+    assert sdk.schedules.get(made.id).next_fires == made.next_fires
+    assert [s.name for s in sdk.schedules.iter()] == ["mornings"]
+
+    hourly = sdk.schedules.update(made.id, interval_s=3600)
+    assert (hourly.cron, hourly.interval_s) == ("", 3600)
+    assert sdk.schedules.pause(made.id).next_fires == ()
+    assert len(sdk.schedules.resume(made.id).next_fires) == 5
+    with pytest.raises(BadRequest) as bad:
+        sdk.schedules.create("broken", "greet", cron="0 7 * *", timezone="Asia/Tokyo")
+    assert (bad.value.code, bad.value.field) == ("invalid", "cron")
+    for verb in (other.schedules.get, other.schedules.pause, other.schedules.resume, other.schedules.delete):
+        with pytest.raises(NotFound):
+            verb(made.id)
+    assert list(other.schedules.iter()) == []
+    sdk.schedules.delete(made.id)
+    with pytest.raises(NotFound):
+        sdk.schedules.get(made.id)

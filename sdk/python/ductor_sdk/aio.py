@@ -295,6 +295,48 @@ class Runs(_Resource):
         return await self._send(calls.run_why(run_id))
 
 
+class Schedules(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Schedule]:
+        """One page of the tenant's schedules, by name."""
+        return await self._send(calls.SCHEDULES.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.Schedule]:
+        return self._iterate(calls.SCHEDULES.list(page_size=page_size))
+
+    async def get(self, schedule_id: str) -> models.Schedule:
+        """A schedule, with its next fire times (``next_fires``)."""
+        return await self._send(calls.SCHEDULES.get(schedule_id))
+
+    async def create(
+        self, name: str, workflow: str | Workflow, *, cron: str | None = None, interval_s: int | None = None,
+        timezone: str | None = None, input: Any = None, version: int | None = None, overlap: str | None = None,
+        catchup_window_s: int | None = None, jitter_s: float | None = None, paused: bool | None = None,
+    ) -> models.Schedule:
+        """A schedule starting runs of ``workflow`` with ``input``: at the fire times of ``cron`` (5 fields,
+        or 6 with seconds first, read in ``timezone``) or every ``interval_s`` seconds. ``overlap``:
+        ``skip`` (the default), ``buffer_one`` or ``allow_all``."""
+        body = calls.schedule_request(name, workflow, cron=cron, interval_s=interval_s, timezone=timezone,
+                                      input=input, version=version, overlap=overlap,
+                                      catchup_window_s=catchup_window_s, jitter_s=jitter_s, paused=paused)
+        return await self._send(calls.SCHEDULES.create(body))
+
+    async def update(self, schedule_id: str, **changes: Any) -> models.Schedule:
+        """Change the fields given (PATCH); a new ``cron`` or ``interval_s`` replaces the other and fires from now."""
+        return await self._send(calls.SCHEDULES.update(schedule_id, changes))
+
+    async def delete(self, schedule_id: str) -> None:
+        """Delete it; the runs it started are kept."""
+        await self._send(calls.SCHEDULES.delete(schedule_id))
+
+    async def pause(self, schedule_id: str) -> models.Schedule:
+        """Nothing fires until it resumes. Idempotent."""
+        return await self._send(calls.SCHEDULES.act(schedule_id, "pause", idempotent=True))
+
+    async def resume(self, schedule_id: str) -> models.Schedule:
+        """It fires again from the first fire time after now (the pause is not caught up). Idempotent."""
+        return await self._send(calls.SCHEDULES.act(schedule_id, "resume", idempotent=True))
+
+
 class Queue(_Resource):
     async def stats(self) -> models.QueueStats:
         """The tenant's fair-queue backlog, due items, items in flight and oldest wait, per tier."""
@@ -428,6 +470,7 @@ class AsyncClient:
         self.routing = Routing(self._sender)
         self.workflows = Workflows(self._sender)
         self.runs = Runs(self._sender)
+        self.schedules = Schedules(self._sender)
         self.queue = Queue(self._sender)
         self.tasks = Tasks(self._sender)
         self.platform = Platform(self._sender)

@@ -89,6 +89,7 @@ POOLS = Collection("pools", models.Pool)
 RULES = Collection("rules", models.Rule)
 WORKFLOWS = Collection("workflows", models.WorkflowDefinition)
 RUNS = Collection("runs", models.Run)
+SCHEDULES = Collection("schedules", models.Schedule)
 TENANTS = Collection("tenants", models.Tenant)
 TASKS = Collection("tasks", models.TaskEntry)
 TASK_CATALOG = Collection("task-catalog", models.CatalogEntry)
@@ -166,6 +167,20 @@ def run_lineage(run_id: str) -> Call[models.Lineage]:
 
 def run_why(run_id: str) -> Call[models.WhyWaiting]:
     return Call("GET", path("runs", run_id, "why"), models.WhyWaiting.from_json)
+
+
+# --- schedules -------------------------------------------------------------------------------
+
+
+def schedule_request(
+    name: str, workflow: str | Workflow, *, cron: str | None = None, interval_s: int | None = None,
+    timezone: str | None = None, input: Any = None, version: int | None = None, overlap: str | None = None,
+    catchup_window_s: int | None = None, jitter_s: float | None = None, paused: bool | None = None,
+) -> dict[str, Any]:
+    """The body of a schedule's create: ``cron`` or ``interval_s``, and the options given."""
+    return compact(name=name, workflow=workflow.name if isinstance(workflow, Workflow) else workflow, cron=cron,
+                   interval_s=interval_s, timezone=timezone, input=input, version=version, overlap=overlap,
+                   catchup_window_s=catchup_window_s, jitter_s=jitter_s, paused=paused)
 
 
 # --- workflows -------------------------------------------------------------------------------

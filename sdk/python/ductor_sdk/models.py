@@ -49,6 +49,15 @@ def tupled() -> Any:
     return dataclasses.field(default=(), metadata={"parse": _as_tuple})
 
 
+def _as_timestamps(value: Any) -> Any:
+    return tuple(_timestamp(item) for item in value) if isinstance(value, list) else value
+
+
+def timestamps() -> Any:
+    """A field holding a JSON list of ISO 8601 times, read as a tuple of aware datetimes."""
+    return dataclasses.field(default=(), metadata={"parse": _as_timestamps})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Model:
     """Base of every API object; ``raw`` is the JSON object it was read from."""
@@ -100,6 +109,7 @@ class Plan(Model):
     max_pools: int = 0
     max_connections: int = 0
     max_rules: int = 0
+    max_schedules: int = 0
     max_nesting_depth: int = 0
     max_payload_bytes: int = 0
     api_rate_per_s: float = 0.0
@@ -251,6 +261,42 @@ class CatalogEntry(TaskEntry):
     plans: tuple[str, ...] = tupled()
     tenants: tuple[str, ...] = tupled()
     enabled: bool = True
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+# --- schedules -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule(Model):
+    """A schedule: runs of ``workflow`` started at the fire times of ``cron`` (read in ``timezone``) or
+    every ``interval_s`` seconds. Fire times are nominal, in UTC. ``next_fires`` (the next ones) comes
+    with a single schedule, not with a list of them; both are empty while it is ``paused``."""
+
+    id: str = ""
+    name: str = ""
+    workflow: str = ""
+    version: int | None = None
+    input: Any = None
+    cron: str = ""
+    interval_s: int | None = None
+    timezone: str = "UTC"
+    overlap: str = "skip"
+    catchup_window_s: int = 60
+    jitter_s: float = 0.0
+    paused: bool = False
+    next_fire_at: datetime | None = None
+    next_fires: tuple[datetime, ...] = timestamps()
+    buffered_fire_at: datetime | None = None
+    last_fire_at: datetime | None = None
+    last_run_id: str | None = None
+    fired_count: int = 0
+    skipped_count: int = 0
+    missed_count: int = 0
+    failed_count: int = 0
+    last_missed_at: datetime | None = None
+    last_error: Mapping[str, Any] | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

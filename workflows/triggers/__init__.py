@@ -1,0 +1,9 @@
+"""Triggers: what starts a tenant's runs without an API call of its own.
+
+- ``timing``: when a schedule fires (a cron expression in a time zone, or an interval), its
+  jitter and the idempotency key of each fire;
+- ``services`` / ``selectors``: writes and reads of schedules, for the tenant in context;
+- ``firing``: the coordinator wake-up that fires due schedules, and its reconciler.
+
+See ``docs/triggers.md``.
+"""

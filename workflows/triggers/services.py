@@ -1,0 +1,155 @@
+"""Writes of schedules: create, change, pause, resume, delete.
+
+Guarantees of every function here:
+- it acts for the tenant in context (``TenantScopeError`` without one) and is one
+  transaction: a refused request (``ApiError``) leaves no row behind;
+- bad input is ``400 invalid`` naming the field (``cron``, ``interval_s``, ``timezone``,
+  ``workflow``, ``version``, ``name``); an ``input`` over the plan's ``max_payload_bytes``
+  is ``413 payload_too_large``; a create past ``max_schedules`` is ``403 plan_limit_reached``;
+- the next fire time is computed here, from now, when a schedule is created, when its
+  timing changes and when it resumes (the fires of an old timing not yet started are
+  dropped; a resumed schedule does not catch up on its pause), and the tenant's wake-up is
+  armed once the change commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import ApiError, ErrorCode, NotFound
+from ductor_project.core.payloads import json_size
+from tenants.entitlements import effective_entitlements
+from tenants.usage import enforce_ceiling
+from workflows.models import Schedule, WorkflowVersion
+from workflows.triggers.arming import arm_on_commit, timing_of, wake_of
+from workflows.triggers.timing import TimingError, checked_timing
+
+log = structlog.get_logger(__name__)
+
+# The fields a write may set; changing one of the first group moves the next fire time.
+TIMING_FIELDS = frozenset({"cron", "interval_s", "timezone"})
+FIELDS = frozenset({"name", "workflow", "version", "input", "overlap", "catchup_window_s", "jitter_s", "paused"}
+                   | TIMING_FIELDS)
+
+
+def invalid(errors: Mapping[str, str]) -> ApiError:
+    """``400 invalid`` naming each bad field, in the shape the API uses for validation errors."""
+    return ApiError(f"Invalid field(s): {', '.join(errors)}. " + " ".join(errors.values()), code=ErrorCode.INVALID,
+                    details={field: [message] for field, message in errors.items()})
+
+
+def _check(schedule: Schedule) -> None:
+    """The tenant-data checks of a schedule about to be written: its timing (normalized in place),
+    its input's size and its workflow (and version)."""
+    try:
+        schedule.cron = checked_timing(cron=schedule.cron, interval_s=schedule.interval_s,
+                                       timezone=schedule.timezone).cron
+    except TimingError as exc:
+        raise invalid(exc.errors) from exc
+    limit = effective_entitlements(current_tenant()).max_payload_bytes
+    size = json_size(schedule.input)
+    if size > limit:
+        raise ApiError(f"Invalid field(s): input. It is {size} bytes; the plan allows {limit}.",
+                       code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
+                       details={"input": [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
+    versions = WorkflowVersion.objects.filter(definition__name=schedule.workflow)
+    if not versions.exists():
+        raise invalid({"workflow": f"Workflow '{schedule.workflow}' not found."})
+    if schedule.version is not None and not versions.filter(number=schedule.version).exists():
+        raise invalid({"version": f"Workflow '{schedule.workflow}' has no version {schedule.version}."})
+
+
+def _restart_timing(schedule: Schedule) -> None:
+    """Its next fire from now (none while paused), and when it is looked at next."""
+    now = timezone.now()
+    schedule.buffered_fire_at = None
+    schedule.next_fire_at = None if schedule.paused else timing_of(schedule).next_after(now)
+    schedule.wake_at = wake_of(schedule, now)
+
+
+def _save(schedule: Schedule) -> None:
+    """Save in a savepoint; a taken name is ``400 invalid`` naming ``name``. Arms the tenant's wake-up."""
+    try:
+        with transaction.atomic():
+            schedule.save()
+    except IntegrityError as exc:
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != "schedule_unique_name":
+            raise
+        raise invalid({"name": f"A schedule named '{schedule.name}' already exists."}) from exc
+    arm_on_commit(schedule.wake_at)
+
+
+@transaction.atomic
+def schedule_create(*, name: str, workflow: str, **fields: Any) -> Schedule:
+    """Create a schedule of the tenant in context; ``fields`` are the others of ``FIELDS`` (defaults
+    for those not given). Its first fire is the first fire time after now."""
+    enforce_ceiling("schedules", Schedule.objects.all())
+    schedule = Schedule(name=name, workflow=workflow)
+    for field, value in fields.items():
+        if field not in FIELDS:
+            raise TypeError(f"unknown schedule field '{field}'")
+        setattr(schedule, field, value)
+    _check(schedule)
+    _restart_timing(schedule)
+    _save(schedule)
+    log.info("schedule_created", schedule_id=str(schedule.pk), workflow=workflow, next_fire_at=schedule.next_fire_at)
+    return schedule
+
+
+def _locked(schedule: Schedule) -> Schedule:
+    row: Schedule | None = Schedule.objects.select_for_update().filter(pk=schedule.pk).first()
+    if row is None:
+        raise NotFound()
+    return row
+
+
+@transaction.atomic
+def schedule_update(*, schedule: Schedule, changes: Mapping[str, Any]) -> Schedule:
+    """Change the fields in ``changes`` (the others stay). Giving ``cron`` drops the interval and
+    giving ``interval_s`` drops the cron expression, unless both are given."""
+    unknown = set(changes) - FIELDS
+    if unknown:
+        raise TypeError(f"unknown schedule field(s) {sorted(unknown)}")
+    row = _locked(schedule)
+    before = {field: getattr(row, field) for field in (*TIMING_FIELDS, "paused", "jitter_s")}
+    if changes.get("cron") and "interval_s" not in changes:
+        row.interval_s = None
+    if changes.get("interval_s") is not None and "cron" not in changes:
+        row.cron = ""
+    for field, value in changes.items():
+        setattr(row, field, value)
+    _check(row)
+    moved = any(getattr(row, field) != before[field] for field in (*TIMING_FIELDS, "paused"))
+    if moved:
+        _restart_timing(row)
+    elif row.jitter_s != before["jitter_s"]:
+        row.wake_at = wake_of(row, timezone.now())
+    _save(row)
+    log.info("schedule_updated", schedule_id=str(row.pk), fields=sorted(changes), next_fire_at=row.next_fire_at)
+    return row
+
+
+def schedule_pause(*, schedule: Schedule) -> Schedule:
+    """Pause: nothing fires (a buffered fire is dropped) until it resumes. Idempotent."""
+    return schedule_update(schedule=schedule, changes={"paused": True})
+
+
+def schedule_resume(*, schedule: Schedule) -> Schedule:
+    """Resume: the next fire is the first fire time after now; the paused time is not caught up.
+    Idempotent: a schedule that is not paused keeps its next fire."""
+    return schedule_update(schedule=schedule, changes={"paused": False})
+
+
+@transaction.atomic
+def schedule_delete(*, schedule: Schedule) -> None:
+    """Delete a schedule; runs it started are kept. A wake-up already due for it changes nothing."""
+    row = _locked(schedule)
+    schedule_id = str(row.pk)
+    row.delete()
+    log.info("schedule_deleted", schedule_id=schedule_id)
