@@ -391,9 +391,9 @@ def test_a_schedule_is_created_read_listed_changed_paused_resumed_and_deleted(
     ({"interval_s": 60, "workflow": "missing"}, "workflow", ["not found"]),
     ({"interval_s": 60, "version": 7}, "version", ["no version 7"]),
     ({"interval_s": 60, "name": "bad name"}, "name", []),
-    ({"interval_s": 60, "input": {"text": "nul\x00"}}, "input", ["NUL"]),
-    ({"interval_s": 60, "input": [{"nul\x00": 1}]}, "input", ["NUL"]),
-    ({"cron": "* * * * *\x00"}, "cron", []),
+    ({"interval_s": 60, "input": {"text": "nul\x00"}}, "input.text", ["NUL"]),
+    ({"interval_s": 60, "input": [{"nul\x00": 1}]}, "input[0].nul\x00", ["NUL"]),
+    ({"cron": "* * * * *\x00"}, "cron", ["NUL"]),
 ])
 def test_bad_input_is_a_400_naming_the_field_and_leaves_nothing(
     client_a: APIClient, tenant_a: tuple[Tenant, str], body: dict[str, Any], field: str, words: list[str]
