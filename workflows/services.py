@@ -15,7 +15,7 @@ from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows.engine.attempts import latest_attempts, resume
 from workflows.engine.events import record_event
-from workflows.engine.items import enqueue_tick
+from workflows.engine.items import enqueue_tick, enqueue_ticks
 from workflows.engine.journal import add_state, journal
 from workflows.engine.statements import lock_run
 from workflows.engine.tick import advance_locked
@@ -265,8 +265,7 @@ def _start_many(
             RunEvent.objects.bulk_create(
                 [RunEvent(run=run, seq=1, type="created", data={"version": run.workflow.number}) for run in new]
             )
-            for run in new:
-                enqueue_tick(run)
+            enqueue_ticks(new)
     log.info("runs_started", count=len(new), existing=len(runs) - len(new))
     return results
 

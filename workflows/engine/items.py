@@ -42,14 +42,17 @@ def step_item_id(step_id: Any) -> str:
 
 def enqueue_tick(run: WorkflowRun) -> None:
     """Enqueue a tick of ``run`` once the surrounding transaction commits (coalesced if one waits)."""
-    run_id, tier = str(run.id), run.tier
+    enqueue_ticks([run])
+
+
+def enqueue_ticks(runs: list[WorkflowRun]) -> None:
+    """Enqueue a tick of each of ``runs`` (the tenant's in context) once the surrounding transaction
+    commits: in one call (``enqueue_many``: a round trip per ``ITEMS_PER_CALL`` items, not one each)."""
     # The trace context now, not at the commit: the span of what enqueues it may have ended by then.
-    payload = tracing.inject({"kind": TICK, "run_id": run_id})
-
-    def push() -> None:
-        fair_queue.enqueue(tick_item_id(run_id), tier=tier, partition=f"run:{run_id}", payload=payload)
-
-    transaction.on_commit(push)
+    ticks = [fair_queue.NewItem(tick_item_id(run.id), run.tier, f"run:{run.id}",
+                                tracing.inject({"kind": TICK, "run_id": str(run.id)})) for run in runs]
+    if ticks:
+        transaction.on_commit(lambda: fair_queue.enqueue_many(ticks))
 
 
 def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
