@@ -234,8 +234,9 @@ SPECTACULAR_SETTINGS = {
         {"name": "runs", "description": "Start runs (idempotent with a key), list and read them, their steps, "
                                         "events and lineage; cancel them."},
         {"name": "tasks", "description": "The catalog's tasks this tenant may call from `task` nodes."},
-        {"name": "schedules", "description": "Cron and interval schedules that start runs; pause, resume, and "
-                                             "the next fire times."},
+        {"name": "triggers", "description": "What starts runs without a call of its own: cron and interval "
+                                            "schedules (pause, resume, the next fire times), and events, which "
+                                            "start the workflows their triggers subscribe."},
         {"name": "routing", "description": "Connections, pools and routing rules, and the routing dry run."},
         {"name": "queue", "description": "The tenant's own fair-queue backlog."},
         {"name": "tenant", "description": "The tenant the key acts for: its entitlements, usage and API keys."},

@@ -97,13 +97,13 @@ class Language:
     def hint(self) -> str:
         """``use $input…, $nodes.<id>.output… or $run.id``: how references of this language read."""
         forms = [root.usage or f"${root.name}…" for root in self.roots]
-        return "use " + ", ".join(forms[:-1]) + " or " + forms[-1]
+        return "use " + (", ".join(forms[:-1]) + " or " + forms[-1] if len(forms) > 1 else forms[0])
 
     @property
     def path_hint(self) -> str:
         """``'input.', 'nodes.<id>.' or 'run.'``: what a condition's path may start with."""
         starts = [f"'{root.name}.'" if root.name != "nodes" else "'nodes.<id>.'" for root in self.roots]
-        return ", ".join(starts[:-1]) + " or " + starts[-1]
+        return ", ".join(starts[:-1]) + " or " + starts[-1] if len(starts) > 1 else starts[0]
 
 
 def _node_shape(parts: tuple[str, ...]) -> str | None:
@@ -145,6 +145,16 @@ NODES = Language((
     Root("nodes", _node_shape, "$nodes.<id>.output…, $nodes.<id>.status"),
     Root("run", _run_shape, "$run.id or $run.root_id"),
 ))
+
+
+def _event_shape(parts: tuple[str, ...]) -> str | None:
+    if parts and (parts[0] == "payload" or (parts[0] in ("name", "key") and len(parts) == 1)):
+        return None
+    return "use $event.name, $event.key or $event.payload…"
+
+
+# An event trigger's filter: the event's name, key and payload.
+EVENTS = Language((Root("event", _event_shape, "$event.name, $event.key or $event.payload…"),))
 
 
 # -- references -------------------------------------------------------------------------------------

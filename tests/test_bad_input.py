@@ -24,6 +24,7 @@ from tenants.models import Tenant
 from tests.conftest import ROOT, api_client, error_code
 from workflows import services as workflow_services
 from workflows.models import TaskCatalogEntry
+from workflows.triggers import events as event_services
 from workflows.triggers import services as schedule_services
 
 DEEP = 1000  # levels: past the parser's limit, and past Python's recursion limit
@@ -46,9 +47,12 @@ def world(tenant_a: tuple[Tenant, str]) -> dict[str, str]:
         workflow_services.workflow_put(name="wf", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
         run, _ = workflow_services.run_start(workflow="wf")
         schedule = schedule_services.schedule_create(name="hourly", workflow="wf", interval_s=3600)
+        trigger = event_services.trigger_create(workflow="wf", event="ping")
+        [(event, _)] = event_services.events_send([{"name": "pong"}])
     TaskCatalogEntry.objects.create(name="wf", queue="q")  # {name} on the catalog's paths too
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
-            "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf", "schedules": str(schedule.pk)}
+            "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf", "schedules": str(schedule.pk),
+            "triggers": str(trigger.pk), "events": str(event.pk)}
 
 
 @pytest.fixture

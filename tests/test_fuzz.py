@@ -42,6 +42,7 @@ from tenants import services as tenancy
 from tenants.models import Tenant
 from tenants.scoping import TenantScopedModel
 from workflows import services as workflow_services
+from workflows.triggers import events as event_services
 from workflows.triggers import services as schedule_services
 
 MAX_EXAMPLES = 15  # generated examples per operation, on top of the coverage phase's cases
@@ -77,9 +78,11 @@ def seed_objects(tenant: Tenant, prefix: str) -> dict[str, str]:
         run, _ = workflow_services.run_start(workflow=f"{prefix}-flow", input={"x": 1})
         schedule = schedule_services.schedule_create(name=f"{prefix}-hourly", workflow=f"{prefix}-flow",
                                                      interval_s=3600)
+        trigger = event_services.trigger_create(workflow=f"{prefix}-flow", event=f"{prefix}.happened")
+        [(event, _)] = event_services.events_send([{"name": f"{prefix}.happened", "payload": {"x": 1}}])
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
             "api-keys": str(key.pk), "workflows": f"{prefix}-flow", "runs": str(run.pk), "tenants": tenant.slug,
-            "schedules": str(schedule.pk)}
+            "schedules": str(schedule.pk), "triggers": str(trigger.pk), "events": str(event.pk)}
 
 
 def rows_of(tenant: Tenant) -> dict[str, list[dict[str, Any]]]:
@@ -151,6 +154,10 @@ def real_bodies(world: World, label: str) -> list[dict[str, Any]]:
                                     {"name": "mine-theirs", "workflow": "theirs-flow", "interval_s": 60}],
         "PATCH /api/v1/schedules/{id}/": [{"cron": "*/5 * * * *", "overlap": "buffer_one"},
                                           {"workflow": "theirs-flow"}],
+        "POST /api/v1/triggers/": [{"workflow": "mine-flow", "event": "mine.other"},
+                                   {"workflow": "theirs-flow", "event": "theirs.happened"}],
+        "POST /api/v1/events/": [{"name": "mine.happened", "key": "k", "payload": {"x": 2}},
+                                 {"name": "theirs.happened"}],
     }
     return bodies.get(label, [])
 

@@ -26,6 +26,8 @@ from tenants.selectors import membership_for_user
 from workflows import catalog, console, services
 from workflows.dag_svg import render_dag
 from workflows.models import (
+    Event,
+    EventTrigger,
     RunEvent,
     Schedule,
     StepRun,
@@ -422,3 +424,38 @@ class ScheduleAdmin(ReadOnlyMixin, TenantScopedAdmin):
         if obj.last_run_id is None:
             return mark_safe("—")
         return format_html('<a href="{}">{}</a>', _run_url(obj.last_run_id), obj.last_run_id)
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """A tenant's events, read only, with the runs each started."""
+
+    list_display = ["name", "key", "created_at", "run_count"]
+    list_filter = ["name"]
+    search_fields = ["name", "key", "idempotency_key"]
+    readonly_fields = ["name", "key", "payload_pretty", "idempotency_key", "run_links", "created_at"]
+    exclude = ["payload", "runs"]
+
+    @admin.display(description="runs")
+    def run_count(self, obj: Event) -> int:
+        return len(obj.runs or [])
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: Event) -> SafeString:
+        return _pretty(obj.payload)
+
+    @admin.display(description="runs started")
+    def run_links(self, obj: Event) -> SafeString:
+        if not obj.runs:
+            return mark_safe("—")
+        return format_html_join(mark_safe("<br>"), '<a href="{}">{}</a>', ((_run_url(run), run) for run in obj.runs))
+
+
+@admin.register(EventTrigger)
+class EventTriggerAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """A tenant's event triggers, read only: they change through the API, which checks their filters."""
+
+    list_display = ["event", "workflow", "enabled", "created_at"]
+    list_filter = ["enabled"]
+    search_fields = ["event"]
+    readonly_fields = ["event", "workflow", "filter", "enabled", "created_at", "updated_at"]

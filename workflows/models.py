@@ -285,3 +285,50 @@ class Schedule(TenantScopedModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Event(TenantScopedModel):
+    """Something that happened, as a tenant reports it (``POST /api/v1/events``): it starts a run of
+    each of the tenant's workflows with a matching ``EventTrigger`` (``workflows.triggers.events``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, blank=True, default="",
+                           help_text="What the event is about (an order id): a correlation key, optional.")
+    payload = models.JSONField(default=dict, blank=True)
+    # NULL, not "", when absent: the per-tenant unique constraint only covers real keys.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    runs = models.JSONField(default=list, blank=True, help_text="The ids of the runs it started.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"],
+                                    condition=models.Q(idempotency_key__isnull=False), name="event_unique_key"),
+        ]
+        indexes = [models.Index(fields=["tenant", "name", "-created_at"], name="event_tenant_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.id}"
+
+
+class EventTrigger(TenantScopedModel):
+    """A workflow's subscription to an event name: each event of that name whose ``filter`` (a
+    condition of the one language, on ``event.name``, ``event.key`` and ``event.payload…``)
+    holds starts a run of the workflow's latest version, the event as its input."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.ForeignKey(WorkflowDefinition, on_delete=models.CASCADE, related_name="triggers")
+    event = models.CharField(max_length=200, help_text="The name of the events it starts runs for.")
+    filter = models.JSONField(null=True, blank=True, help_text="A condition the event must meet; none: every one.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["event", "created_at"]
+        indexes = [models.Index(fields=["tenant", "event"], name="trigger_tenant_event")]
+
+    def __str__(self) -> str:
+        return f"{self.event} -> {self.workflow_id}"

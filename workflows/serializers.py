@@ -8,7 +8,16 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
-from workflows.models import RunEvent, Schedule, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import (
+    Event,
+    EventTrigger,
+    RunEvent,
+    Schedule,
+    StepRun,
+    WorkflowDefinition,
+    WorkflowRun,
+    WorkflowVersion,
+)
 from workflows.spec_schema import SpecField
 from workflows.triggers.selectors import next_fires
 from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_INTERVAL_S, MAX_JITTER_S
@@ -232,3 +241,51 @@ class ScheduleWriteSerializer(StrictSerializer):
         if not math.isfinite(value):
             raise serializers.ValidationError("Must be a finite number.")
         return value
+
+
+# --- events and triggers ---------------------------------------------------------------------
+
+EVENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,199}$"
+
+
+class EventSendSerializer(StrictSerializer):
+    name = serializers.RegexField(EVENT_NAME, max_length=200, help_text="What happened: letters, digits and "
+                                  "`_.:/-`, e.g. `order.paid`.")
+    key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
+                                help_text="What it is about (an order id): a correlation key.")
+    payload = serializers.JSONField(required=False, default=dict)
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
+
+
+class EventBulkSendSerializer(StrictSerializer):
+    events = EventSendSerializer(many=True, help_text="1 to 100 events, each as POST /events takes it.")
+
+
+class EventSerializer(StrictModelSerializer):
+    class Meta:
+        model = Event
+        fields = ["id", "name", "key", "payload", "idempotency_key", "runs", "created_at"]
+        read_only_fields = fields
+
+
+class EventBulkResultSerializer(serializers.Serializer[Any]):
+    created = serializers.IntegerField(help_text="How many events were recorded now.")
+    events = EventSerializer(many=True)
+
+
+class TriggerSerializer(StrictModelSerializer):
+    workflow = serializers.CharField(source="workflow.name", read_only=True)
+
+    class Meta:
+        model = EventTrigger
+        fields = ["id", "workflow", "event", "filter", "enabled", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class TriggerWriteSerializer(StrictSerializer):
+    workflow = serializers.CharField(max_length=100, help_text="The workflow whose runs its events start.")
+    event = serializers.RegexField(EVENT_NAME, max_length=200, help_text="The name of the events it starts runs for.")
+    filter = serializers.JSONField(required=False, allow_null=True, default=None,
+                                   help_text="A condition on `event.name`, `event.key` or `event.payload…`; "
+                                             "none: every event of the name.")
+    enabled = serializers.BooleanField(required=False, default=True)

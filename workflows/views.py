@@ -1,4 +1,4 @@
-"""Workflow, run and schedule endpoints. Views parse, call one service or selector, and serialize."""
+"""Workflow, run, schedule, event and trigger endpoints. Views parse, call one service or selector, and serialize."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ from ductor_project.pagination import CursorPagination
 from scheduling.serializers import parse
 from tenants.api import TenantViewSet
 from workflows import selectors, services
-from workflows.models import Schedule, StepRun, WorkflowDefinition, WorkflowRun
+from workflows.models import Event, EventTrigger, Schedule, StepRun, WorkflowDefinition, WorkflowRun
 from workflows.serializers import (
+    EventBulkResultSerializer,
+    EventBulkSendSerializer,
+    EventSendSerializer,
+    EventSerializer,
     RunBulkResultSerializer,
     RunBulkStartSerializer,
     RunDetailSerializer,
@@ -31,11 +35,14 @@ from workflows.serializers import (
     ScheduleSerializer,
     ScheduleWriteSerializer,
     StepRunSerializer,
+    TriggerSerializer,
+    TriggerWriteSerializer,
     WorkflowCreateSerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
     WorkflowVersionSerializer,
 )
+from workflows.triggers import events as event_services
 from workflows.triggers import selectors as schedule_selectors
 from workflows.triggers import services as schedule_services
 from workflows.why import why_waiting
@@ -43,6 +50,10 @@ from workflows.why import why_waiting
 
 class ByNamePagination(CursorPagination):
     ordering = ("name", "id")
+
+
+class ByCreationPagination(CursorPagination):
+    ordering = ("created_at", "id")
 
 
 class StepPagination(CursorPagination):
@@ -263,3 +274,76 @@ class ScheduleViewSet(TenantViewSet):
         """Resume: it fires again from the first fire time after now (the pause is not caught up). Idempotent."""
         schedule = schedule_services.schedule_resume(schedule=schedule_selectors.get_schedule_for_tenant(pk))
         return Response(ScheduleDetailSerializer(schedule).data)
+
+
+class EventViewSet(TenantViewSet):
+    """Events: record what happened (one, or up to 100 at once); each starts a run of every workflow whose
+    trigger it matches, in the same transaction. Read them back, newest first."""
+
+    serializer_class = EventSerializer
+    queryset = Event.all_tenants.none()  # schema introspection only
+
+    @extend_schema(parameters=[OpenApiParameter("name", str, description="Only the events of this name.")])
+    def list(self, request: Request) -> Response:
+        events = Event.objects.all()
+        name = request.query_params.get("name")
+        if name:
+            events = events.filter(name=name)
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(EventSerializer(page, many=True).data)
+
+    @extend_schema(request=EventSendSerializer, responses={201: EventSerializer, 200: EventSerializer})
+    def create(self, request: Request) -> Response:
+        """Record an event and start the runs it triggers: ``201`` with it and its ``runs``; ``200`` with
+        the event an ``idempotency_key`` already recorded, starting nothing."""
+        [(event, created)] = event_services.events_send([parse(EventSendSerializer, request.data)])
+        return Response(EventSerializer(event).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=EventBulkSendSerializer, responses={201: EventBulkResultSerializer,
+                                                               200: EventBulkResultSerializer})
+    @action(detail=False, methods=["post"])
+    def bulk(self, request: Request) -> Response:
+        """Record 1 to 100 events at once, all or none, and start the runs they trigger."""
+        results = event_services.events_send(parse(EventBulkSendSerializer, request.data)["events"])
+        created = sum(1 for _, new in results if new)
+        body = {"created": created, "events": EventSerializer([event for event, _ in results], many=True).data}
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses=EventSerializer)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(EventSerializer(event_services.event_of(pk)).data)
+
+
+class TriggerViewSet(TenantViewSet):
+    """Event triggers: a workflow subscribed to an event name, with an optional filter on the event."""
+
+    serializer_class = TriggerSerializer
+    queryset = EventTrigger.all_tenants.none()  # schema introspection only
+    pagination_class = ByCreationPagination
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(EventTrigger.objects.select_related("workflow"))
+        return self.get_paginated_response(TriggerSerializer(page, many=True).data)
+
+    @extend_schema(request=TriggerWriteSerializer, responses={201: TriggerSerializer})
+    def create(self, request: Request) -> Response:
+        trigger = event_services.trigger_create(**parse(TriggerWriteSerializer, request.data))
+        return Response(TriggerSerializer(trigger).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=TriggerSerializer)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(TriggerSerializer(event_services.trigger_of(pk)).data)
+
+    @extend_schema(request=TriggerWriteSerializer, responses=TriggerSerializer)
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        trigger = event_services.trigger_of(pk)  # another tenant's is not found, whatever the body
+        changes = parse(TriggerWriteSerializer, request.data, partial=partial)
+        return Response(TriggerSerializer(event_services.trigger_update(trigger, changes)).data)
+
+    @extend_schema(request=TriggerWriteSerializer, responses=TriggerSerializer)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        event_services.trigger_of(pk).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -45,6 +45,9 @@ TENANT_TAGS: Mapping[str, str] = {
     "connections": "routing",
     "pools": "routing",
     "rules": "routing",
+    "events": "triggers",
+    "triggers": "triggers",
+    "schedules": "triggers",
 }
 TAG_GROUPS = (("Tenant API", False), ("Platform API", True))  # x-tagGroups: name, holds platform tags
 # Base serializers whose docstrings say how the base behaves: a schema that inherits one

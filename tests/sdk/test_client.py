@@ -406,3 +406,34 @@ def test_a_schedule_is_created_read_changed_paused_resumed_and_deleted_and_hidde
     sdk.schedules.delete(made.id)
     with pytest.raises(NotFound):
         sdk.schedules.get(made.id)
+
+
+def test_an_event_sent_starts_the_workflows_its_triggers_subscribe_and_only_here(sdk: Client, other: Client) -> None:
+    sdk.workflows.apply(finishing())
+    trigger = sdk.triggers.create("greet", "user.signed_up", filter={"path": "event.payload.plan", "op": "eq",
+                                                                     "value": "pro"})
+    other.workflows.apply(finishing())
+    other.triggers.create("greet", "user.signed_up")
+
+    free = sdk.events.send("user.signed_up", {"plan": "free"}, key="u-1")
+    pro = sdk.events.send("user.signed_up", {"plan": "pro", "name": "Ada"}, key="u-2", idempotency_key="signup-2")
+    again = sdk.events.send("user.signed_up", {"plan": "pro"}, idempotency_key="signup-2")
+    bulk = sdk.events.send_many([{"name": "user.signed_up", "payload": {"plan": "pro"}}, {"name": "other"}])
+
+    assert free.runs == ()
+    assert len(pro.runs) == 1
+    assert again.id == pro.id
+    assert again.runs == pro.runs
+    assert bulk.created == 2
+    assert [len(event.runs) for event in bulk.events] == [1, 0]
+    run = sdk.runs.get(pro.runs[0])
+    assert (run.workflow_name, run.input["key"], run.input["payload"]) == ("greet", "u-2", {"plan": "pro",
+                                                                                          "name": "Ada"})
+    assert [event.key for event in sdk.events.list(name="user.signed_up")] == ["", "u-2", "u-1"]
+    assert [t.id for t in sdk.triggers.list()] == [trigger.id]
+    assert list(other.runs.iter()) == []  # another tenant's events never start its runs
+    with pytest.raises(NotFound):
+        other.triggers.delete(trigger.id)
+    with pytest.raises(BadRequest) as bad:
+        sdk.triggers.create("greet", "x", filter={"path": "event.colour", "op": "eq", "value": 1})
+    assert bad.value.field == "filter.path"

@@ -3,7 +3,8 @@
 - ``timing``: when a schedule fires (a cron expression in a time zone, or an interval), its
   jitter and the idempotency key of each fire;
 - ``services`` / ``selectors``: writes and reads of schedules, for the tenant in context;
-- ``firing``: the coordinator wake-up that fires due schedules, and its reconciler.
+- ``firing``: the coordinator wake-up that fires due schedules, and its reconciler;
+- ``events``: events a tenant sends, and the triggers through which they start its workflows.
 
 See ``docs/triggers.md``.
 """

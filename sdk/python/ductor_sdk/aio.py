@@ -337,6 +337,46 @@ class Schedules(_Resource):
         return await self._send(calls.SCHEDULES.act(schedule_id, "resume", idempotent=True))
 
 
+class Events(_Resource):
+    async def send(self, name: str, payload: Any = None, *, key: str | None = None,
+             idempotency_key: str | None = None) -> models.Event:
+        """Record an event; it starts a run of each workflow whose trigger it matches (``runs``). Idempotent:
+        without a key one is made, so a retried call records it once."""
+        return await self._send(calls.events_send(calls.event_request(name, payload, key=key,
+                                                                idempotency_key=idempotency_key)))
+
+    async def send_many(self, events: Sequence[Mapping[str, Any]]) -> models.EventsSent:
+        """Record 1 to 100 events (each with ``name``, ``payload``, ``key``, ``idempotency_key``), all or none."""
+        return await self._send(calls.events_send_many(events))
+
+    async def list(self, *, name: str | None = None, page_size: int | None = None,
+             cursor: str | None = None) -> Page[models.Event]:
+        """One page of the tenant's events, newest first (of ``name`` only, when given)."""
+        return await self._send(calls.EVENTS.list(name=name, page_size=page_size, cursor=cursor))
+
+    async def get(self, event_id: str) -> models.Event:
+        return await self._send(calls.EVENTS.get(event_id))
+
+
+class Triggers(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Trigger]:
+        return await self._send(calls.TRIGGERS.list(page_size=page_size, cursor=cursor))
+
+    async def create(self, workflow: str | Workflow, event: str, *, filter: Mapping[str, Any] | None = None,
+               enabled: bool = True) -> models.Trigger:
+        """Start a run of ``workflow`` for each event named ``event`` that meets ``filter`` (a condition on
+        ``event.name``, ``event.key`` or ``event.payload…``)."""
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        return await self._send(calls.TRIGGERS.create({"workflow": name, "event": event, "filter": filter,
+                                                 "enabled": enabled}))
+
+    async def update(self, trigger_id: str, **changes: Any) -> models.Trigger:
+        return await self._send(calls.TRIGGERS.update(trigger_id, changes))
+
+    async def delete(self, trigger_id: str) -> None:
+        await self._send(calls.TRIGGERS.delete(trigger_id))
+
+
 class Queue(_Resource):
     async def stats(self) -> models.QueueStats:
         """The tenant's fair-queue backlog, due items, items in flight and oldest wait, per tier."""
@@ -471,6 +511,8 @@ class AsyncClient:
         self.workflows = Workflows(self._sender)
         self.runs = Runs(self._sender)
         self.schedules = Schedules(self._sender)
+        self.events = Events(self._sender)
+        self.triggers = Triggers(self._sender)
         self.queue = Queue(self._sender)
         self.tasks = Tasks(self._sender)
         self.platform = Platform(self._sender)

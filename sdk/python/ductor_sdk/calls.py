@@ -90,6 +90,8 @@ RULES = Collection("rules", models.Rule)
 WORKFLOWS = Collection("workflows", models.WorkflowDefinition)
 RUNS = Collection("runs", models.Run)
 SCHEDULES = Collection("schedules", models.Schedule)
+EVENTS = Collection("events", models.Event)
+TRIGGERS = Collection("triggers", models.Trigger)
 TENANTS = Collection("tenants", models.Tenant)
 TASKS = Collection("tasks", models.TaskEntry)
 TASK_CATALOG = Collection("task-catalog", models.CatalogEntry)
@@ -139,6 +141,22 @@ def run_request(
 def run_start(body: Mapping[str, Any]) -> Call[models.Run]:
     """Idempotent through the body's ``idempotency_key``."""
     return Call("POST", "runs", models.Run.from_json, body=dict(body), idempotent=bool(body.get("idempotency_key")))
+
+
+def event_request(name: str, payload: Any = None, *, key: str | None = None,
+                  idempotency_key: str | None = None) -> dict[str, Any]:
+    """The body of one event, with an idempotency key always (a new one when not given): sent again, it
+    is recorded once."""
+    return compact(name=name, payload=payload, key=key, idempotency_key=idempotency_key or new_idempotency_key())
+
+
+def events_send(body: Mapping[str, Any]) -> Call[models.Event]:
+    return Call("POST", "events", models.Event.from_json, body=dict(body), idempotent=True)
+
+
+def events_send_many(items: Sequence[Mapping[str, Any]]) -> Call[models.EventsSent]:
+    events = [{**item, "idempotency_key": item.get("idempotency_key") or new_idempotency_key()} for item in items]
+    return Call("POST", "events/bulk", models.EventsSent.from_json, body={"events": events}, idempotent=True)
 
 
 def run_rerun(run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> Call[models.Run]:

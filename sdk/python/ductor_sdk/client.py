@@ -337,6 +337,46 @@ class Schedules(_Resource):
         return self._send(calls.SCHEDULES.act(schedule_id, "resume", idempotent=True))
 
 
+class Events(_Resource):
+    def send(self, name: str, payload: Any = None, *, key: str | None = None,
+             idempotency_key: str | None = None) -> models.Event:
+        """Record an event; it starts a run of each workflow whose trigger it matches (``runs``). Idempotent:
+        without a key one is made, so a retried call records it once."""
+        return self._send(calls.events_send(calls.event_request(name, payload, key=key,
+                                                                idempotency_key=idempotency_key)))
+
+    def send_many(self, events: Sequence[Mapping[str, Any]]) -> models.EventsSent:
+        """Record 1 to 100 events (each with ``name``, ``payload``, ``key``, ``idempotency_key``), all or none."""
+        return self._send(calls.events_send_many(events))
+
+    def list(self, *, name: str | None = None, page_size: int | None = None,
+             cursor: str | None = None) -> Page[models.Event]:
+        """One page of the tenant's events, newest first (of ``name`` only, when given)."""
+        return self._send(calls.EVENTS.list(name=name, page_size=page_size, cursor=cursor))
+
+    def get(self, event_id: str) -> models.Event:
+        return self._send(calls.EVENTS.get(event_id))
+
+
+class Triggers(_Resource):
+    def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Trigger]:
+        return self._send(calls.TRIGGERS.list(page_size=page_size, cursor=cursor))
+
+    def create(self, workflow: str | Workflow, event: str, *, filter: Mapping[str, Any] | None = None,
+               enabled: bool = True) -> models.Trigger:
+        """Start a run of ``workflow`` for each event named ``event`` that meets ``filter`` (a condition on
+        ``event.name``, ``event.key`` or ``event.payload…``)."""
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        return self._send(calls.TRIGGERS.create({"workflow": name, "event": event, "filter": filter,
+                                                 "enabled": enabled}))
+
+    def update(self, trigger_id: str, **changes: Any) -> models.Trigger:
+        return self._send(calls.TRIGGERS.update(trigger_id, changes))
+
+    def delete(self, trigger_id: str) -> None:
+        self._send(calls.TRIGGERS.delete(trigger_id))
+
+
 class Queue(_Resource):
     def stats(self) -> models.QueueStats:
         """The tenant's fair-queue backlog, due items, items in flight and oldest wait, per tier."""
@@ -470,6 +510,8 @@ class Client:
         self.workflows = Workflows(self._sender)
         self.runs = Runs(self._sender)
         self.schedules = Schedules(self._sender)
+        self.events = Events(self._sender)
+        self.triggers = Triggers(self._sender)
         self.queue = Queue(self._sender)
         self.tasks = Tasks(self._sender)
         self.platform = Platform(self._sender)

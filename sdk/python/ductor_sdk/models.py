@@ -269,6 +269,40 @@ class CatalogEntry(TaskEntry):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Event(Model):
+    """An event the tenant sent; ``runs``: the ids of the runs it started."""
+
+    id: str = ""
+    name: str = ""
+    key: str = ""
+    payload: Any = None
+    idempotency_key: str | None = None
+    runs: tuple[str, ...] = tupled()
+    created_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EventsSent(Model):
+    """A bulk send: ``created`` events recorded now, and one event per item sent, in order."""
+
+    created: int = 0
+    events: tuple[Event, ...] = many(Event)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Trigger(Model):
+    """A workflow subscribed to the events named ``event`` that meet ``filter``."""
+
+    id: str = ""
+    workflow: str = ""
+    event: str = ""
+    filter: Mapping[str, Any] | None = None
+    enabled: bool = True
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Schedule(Model):
     """A schedule: runs of ``workflow`` started at the fire times of ``cron`` (read in ``timezone``) or
     every ``interval_s`` seconds. Fire times are nominal, in UTC. ``next_fires`` (the next ones) comes

@@ -1,0 +1,166 @@
+"""Events and event triggers, through the API on the real PostgreSQL and Redis: an event starts exactly
+the subscribed workflows of its own tenant whose filters it meets, in the transaction that records it;
+a refused start records nothing; bad input names its field; another tenant's objects are not found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from ductor_project.core.context import tenant_context
+from tenants import services as tenant_services
+from tenants.models import Tenant
+from tests.conftest import api_client, error_code
+from workflows import services
+from workflows.models import Event, EventTrigger, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = {"nodes": [{"id": "n", "type": "action", "action": "noop"}]}
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: tuple[Tenant, str]) -> Tenant:
+    return tenant_a[0]
+
+
+def put(tenant: Tenant, name: str) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name=name, spec=NOOP)
+
+
+def subscribe(client: APIClient, workflow: str, event: str, filter: Any = None) -> dict[str, Any]:
+    response = client.post("/api/v1/triggers", {"workflow": workflow, "event": event, "filter": filter},
+                           format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def runs_of(tenant: Tenant) -> list[WorkflowRun]:
+    with tenant_context(tenant):
+        return list(WorkflowRun.objects.order_by("created_at"))
+
+
+def test_an_event_starts_each_subscribed_workflow_whose_filter_it_meets(tenant, client_a):
+    for name in ("fulfil", "notify", "audit"):
+        put(tenant, name)
+    subscribe(client_a, "fulfil", "order.paid")
+    subscribe(client_a, "notify", "order.paid", {"path": "event.payload.amount", "op": "gt", "value": 100})
+    subscribe(client_a, "audit", "order.refunded")
+
+    small = client_a.post("/api/v1/events", {"name": "order.paid", "key": "o-1", "payload": {"amount": 20}},
+                          format="json")
+    large = client_a.post("/api/v1/events", {"name": "order.paid", "key": "o-2", "payload": {"amount": 500}},
+                          format="json")
+
+    assert (small.status_code, large.status_code) == (201, 201)
+    assert len(small.json()["runs"]) == 1
+    assert len(large.json()["runs"]) == 2
+    runs = {str(run.id): run for run in runs_of(tenant)}
+    assert set(runs) == set(small.json()["runs"]) | set(large.json()["runs"])
+    started = runs[small.json()["runs"][0]]
+    assert started.workflow_name == "fulfil"
+    assert started.tags == ["event:order.paid"]
+    assert started.input == {"id": small.json()["id"], "name": "order.paid", "key": "o-1",
+                             "payload": {"amount": 20}, "created_at": small.json()["created_at"]}
+    assert sorted(runs[r].workflow_name for r in large.json()["runs"]) == ["fulfil", "notify"]
+    listed = client_a.get("/api/v1/events?name=order.paid").json()["results"]
+    assert [e["key"] for e in listed] == ["o-2", "o-1"]  # newest first
+
+
+def test_an_event_is_idempotent_with_its_key_and_a_bulk_send_is_all_or_none(tenant, client_a):
+    put(tenant, "fulfil")
+    subscribe(client_a, "fulfil", "order.paid")
+    body = {"name": "order.paid", "idempotency_key": "pay-1"}
+    first = client_a.post("/api/v1/events", body, format="json")
+    again = client_a.post("/api/v1/events", body, format="json")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json() == again.json()
+    assert len(runs_of(tenant)) == 1
+
+    bulk = client_a.post("/api/v1/events/bulk", {"events": [body, {"name": "order.paid"}, {"name": "other"}]},
+                         format="json")
+    assert bulk.status_code == 201
+    assert bulk.json()["created"] == 2
+    assert bulk.json()["events"][0]["id"] == first.json()["id"]
+    assert len(runs_of(tenant)) == 2
+
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
+    refused = client_a.post("/api/v1/events/bulk", {"events": [{"name": "other"}, {"name": "order.paid"}]},
+                            format="json")
+    assert (refused.status_code, error_code(refused)) == (429, "quota_exceeded")
+    with tenant_context(tenant):
+        assert Event.objects.count() == 3  # the refused batch left nothing, not even its untriggered event
+    assert len(runs_of(tenant)) == 2
+
+
+def test_another_tenants_event_never_starts_a_run_here(tenant, tenant_b, client_a):
+    put(tenant, "fulfil")
+    subscribe(client_a, "fulfil", "order.paid")
+    theirs = api_client(tenant_b[1])
+    sent = theirs.post("/api/v1/events", {"name": "order.paid"}, format="json")
+    assert (sent.status_code, sent.json()["runs"]) == (201, [])
+    assert runs_of(tenant) == []
+    assert runs_of(tenant_b[0]) == []
+
+
+def test_another_tenants_events_and_triggers_are_not_found(tenant, tenant_b, client_a):
+    put(tenant, "fulfil")
+    trigger = subscribe(client_a, "fulfil", "order.paid")
+    event = client_a.post("/api/v1/events", {"name": "order.paid"}, format="json").json()
+    theirs = api_client(tenant_b[1])
+    for verb, url in (("get", f"/api/v1/events/{event['id']}"), ("get", f"/api/v1/triggers/{trigger['id']}"),
+                      ("patch", f"/api/v1/triggers/{trigger['id']}"), ("delete", f"/api/v1/triggers/{trigger['id']}")):
+        response = getattr(theirs, verb)(url, {"enabled": False}, format="json")
+        assert (response.status_code, error_code(response)) == (404, "not_found"), (verb, url)
+    assert theirs.get("/api/v1/events").json()["results"] == []
+    assert theirs.get("/api/v1/triggers").json()["results"] == []
+    with tenant_context(tenant):
+        assert EventTrigger.objects.get().enabled
+    with tenant_context(tenant_b[0]):
+        services.workflow_put(name="fulfil", spec=NOOP)  # the same name in B: still not A's workflow
+    refused = theirs.post("/api/v1/triggers", {"workflow": "missing", "event": "x"}, format="json")
+    assert (refused.status_code, error_code(refused)) == (400, "invalid")
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"workflow": "fulfil", "event": "order.paid", "filter": {"path": "event.colour", "op": "eq", "value": 1}},
+     "filter.path"),
+    ({"workflow": "fulfil", "event": "order.paid", "filter": {"path": "input.x", "op": "eq", "value": 1}},
+     "filter.path"),
+    ({"workflow": "fulfil", "event": "order.paid", "filter": {"path": "event.key", "op": "like", "value": 1}},
+     "filter.op"),
+    ({"workflow": "nope", "event": "order.paid"}, "workflow"),
+    ({"workflow": "fulfil", "event": "has space"}, "event"),
+])
+def test_a_bad_trigger_is_400_naming_the_field_and_leaves_nothing(tenant, client_a, body, field):
+    put(tenant, "fulfil")
+    response = client_a.post("/api/v1/triggers", body, format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content
+    assert field in response.json()["error"]["details"]
+    with tenant_context(tenant):
+        assert not EventTrigger.objects.exists()
+
+
+def test_a_bad_event_is_400_naming_the_field_and_leaves_nothing(tenant, client_a):
+    for body, field in (({"name": ""}, "name"), ({"name": "x", "colour": 1}, "colour"),
+                        ({"name": "x", "key": 5 * "k" * 100}, "key")):
+        response = client_a.post("/api/v1/events", body, format="json")
+        assert response.status_code == 400, response.content
+        assert field in response.json()["error"]["details"]
+    too_many = client_a.post("/api/v1/events/bulk", {"events": [{"name": "x"}] * 101}, format="json")
+    assert (too_many.status_code, error_code(too_many)) == (400, "invalid")
+    with tenant_context(tenant):
+        assert not Event.objects.exists()
+
+
+def test_a_disabled_or_deleted_trigger_starts_nothing(tenant, client_a):
+    put(tenant, "fulfil")
+    trigger = subscribe(client_a, "fulfil", "order.paid")
+    assert client_a.patch(f"/api/v1/triggers/{trigger['id']}", {"enabled": False}, format="json").status_code == 200
+    assert client_a.post("/api/v1/events", {"name": "order.paid"}, format="json").json()["runs"] == []
+    assert client_a.delete(f"/api/v1/triggers/{trigger['id']}").status_code == 204
+    assert client_a.post("/api/v1/events", {"name": "order.paid"}, format="json").json()["runs"] == []
+    assert runs_of(tenant) == []

@@ -1,0 +1,176 @@
+"""Events and event triggers: an event a tenant reports starts a run of each workflow it triggers.
+
+``POST /api/v1/events`` records an event (``name``, optional ``key`` and ``payload``) and, in the
+same transaction, starts a run of each of the tenant's workflows with an enabled ``EventTrigger``
+for that name whose ``filter`` holds on the event. Each run starts on the workflow's latest
+version with the event as its input (``{"id", "name", "key", "payload", "created_at"}``), tagged
+``event:<name>``, with the idempotency key ``event:<event id>:<trigger id>``. So:
+
+- an event is recorded with its runs, or not at all: a refused start (the monthly run quota, a
+  tier the plan does not allow) refuses the event, and nothing is left of it;
+- an event sent again with its ``idempotency_key`` answers the event recorded the first time,
+  and starts nothing;
+- only the tenant's own triggers are read: another tenant's event never starts a run here.
+
+Filters are conditions of the one language (``scheduling.templates``, ``EVENTS``): paths
+``event.name``, ``event.key`` and ``event.payload…``; anything else is a ``400`` naming
+``filter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from django.db import IntegrityError, transaction
+
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import ApiError, ErrorCode
+from ductor_project.core.payloads import json_size
+from scheduling import templates
+from tenants.entitlements import effective_entitlements
+from tenants.selectors import first_or_404, parse_uuid
+from workflows.models import Event, EventTrigger, WorkflowDefinition
+from workflows.services import MAX_BULK_RUNS, run_start_many
+
+log = structlog.get_logger(__name__)
+
+# Most events one bulk call may hold.
+MAX_BULK_EVENTS = 100
+
+
+def event_input(event: Event) -> dict[str, Any]:
+    """The input of the runs an event starts, and what a trigger's filter reads (as ``event``)."""
+    return {"id": str(event.id), "name": event.name, "key": event.key, "payload": event.payload,
+            "created_at": event.created_at.isoformat().replace("+00:00", "Z")}
+
+
+def _invalid(field: str, message: str) -> ApiError:
+    return ApiError(f"Invalid field(s): {field}. {message}", code=ErrorCode.INVALID, details={field: [message]})
+
+
+def checked_filter(value: Any, field: str = "filter") -> dict[str, Any] | None:
+    """A trigger's filter normalized (None: every event), or a ``400`` naming the bad part of it."""
+    if value is None:
+        return None
+    clean, problems = templates.when_errors(value, field=field, language=templates.EVENTS)
+    if problems:
+        where, message = problems[0]
+        raise ApiError(f"Invalid field(s): {where}. {message}", code=ErrorCode.INVALID,
+                       details={where: [message] for where, message in problems})
+    return clean
+
+
+def _check_payload(payload: Any, field: str) -> None:
+    limit = effective_entitlements(current_tenant()).max_payload_bytes
+    size = json_size(payload)
+    if size > limit:
+        raise ApiError(f"Invalid field(s): {field}. It is {size} bytes; the plan allows {limit}.",
+                       code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
+                       details={field: [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
+
+
+def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
+    """Record the tenant's events and start the runs they trigger, all or none, in one transaction.
+    Returns ``(event, created)`` per item, in order: an item whose ``idempotency_key`` was used
+    already (or by an earlier item) answers that event and starts nothing."""
+    if not items or len(items) > MAX_BULK_EVENTS:
+        raise _invalid("events", f"Give 1 to {MAX_BULK_EVENTS} events, not {len(items)}.")
+    for index, item in enumerate(items):
+        _check_payload(item.get("payload") or {}, f"events[{index}].payload" if len(items) > 1 else "payload")
+    try:
+        return _send(items)
+    except IntegrityError:
+        # A concurrent send took one of the keys: that event now exists, so sending again answers it.
+        return _send(items)
+
+
+def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
+    keys = [item["idempotency_key"] for item in items if item.get("idempotency_key")]
+    known = {event.idempotency_key: event for event in Event.objects.filter(idempotency_key__in=keys)} if keys else {}
+    results: list[tuple[Event, bool]] = []
+    with transaction.atomic():
+        new: list[Event] = []
+        for item in items:
+            key = item.get("idempotency_key") or None
+            if key is not None and key in known:
+                results.append((known[key], False))
+                continue
+            event = Event.objects.create(name=item["name"], key=item.get("key") or "",
+                                         payload=item.get("payload") or {}, idempotency_key=key)
+            if key is not None:
+                known[key] = event
+            new.append(event)
+            results.append((event, True))
+        _start_triggered(new)
+    for event in (event for event, created in results if created):
+        log.info("event_received", event_id=str(event.id), event_name=event.name, runs=len(event.runs))
+    return results
+
+
+def _start_triggered(events: list[Event]) -> None:
+    """Start the runs ``events`` trigger (one ``run_start_many``) and record them on each event."""
+    names = {event.name for event in events}
+    triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True).select_related("workflow")
+                    .order_by("created_at"))
+    starts: list[tuple[Event, dict[str, Any]]] = []
+    for event in events:
+        data = event_input(event)
+        for trigger in triggers:
+            if trigger.event == event.name and templates.evaluate_when(trigger.filter, {"event": data}):
+                starts.append((event, {"workflow": trigger.workflow.name, "input": data,
+                                       "tags": [f"event:{event.name}"[:100]],
+                                       "idempotency_key": f"event:{event.id}:{trigger.id}"}))
+    for first in range(0, len(starts), MAX_BULK_RUNS):
+        chunk = starts[first:first + MAX_BULK_RUNS]
+        for (event, _), (run, _) in zip(chunk, run_start_many(runs=[start for _, start in chunk]), strict=True):
+            event.runs.append(str(run.id))
+    for event in events:
+        if event.runs:
+            Event.objects.filter(pk=event.pk).update(runs=event.runs)
+
+
+# --- triggers -------------------------------------------------------------------------------------------
+
+
+def _workflow(name: Any) -> WorkflowDefinition:
+    found = WorkflowDefinition.objects.filter(name=name).first() if isinstance(name, str) else None
+    if found is None:
+        raise _invalid("workflow", f"No workflow named {name!r}.")
+    return found
+
+
+def trigger_create(*, workflow: str, event: str, filter: Any = None, enabled: bool = True) -> EventTrigger:
+    """Subscribe ``workflow`` to the events named ``event`` (that meet ``filter``)."""
+    with transaction.atomic():
+        return EventTrigger.objects.create(workflow=_workflow(workflow), event=event, filter=checked_filter(filter),
+                                           enabled=enabled)
+
+
+def trigger_update(trigger: EventTrigger, changes: Mapping[str, Any]) -> EventTrigger:
+    """Change a trigger's workflow, event name, filter or state."""
+    with transaction.atomic():
+        if "workflow" in changes:
+            trigger.workflow = _workflow(changes["workflow"])
+        if "event" in changes:
+            trigger.event = changes["event"]
+        if "filter" in changes:
+            trigger.filter = checked_filter(changes["filter"])
+        if "enabled" in changes:
+            trigger.enabled = bool(changes["enabled"])
+        trigger.save()
+        return trigger
+
+
+def trigger_of(trigger_id: Any) -> EventTrigger:
+    """A trigger of the tenant in context, or ``NotFound`` (also for another tenant's, or a bad id)."""
+    found: EventTrigger = first_or_404(EventTrigger.objects.select_related("workflow")
+                                       .filter(pk=parse_uuid(trigger_id)))
+    return found
+
+
+def event_of(event_id: Any) -> Event:
+    """An event of the tenant in context, or ``NotFound`` (also for another tenant's, or a bad id)."""
+    found: Event = first_or_404(Event.objects.filter(pk=parse_uuid(event_id)))
+    return found
