@@ -75,6 +75,8 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("worst_share_per_weight", None, ">= 0.95", lambda r: r["worst_share_per_weight"] >= 0.95),
     ],
     "triggers": [
+        ("event_to_step_ms_p50", None, "<= 50", lambda r: r["event_to_step_ms_p50"] <= 50),
+        ("event_to_step_ms_p99", None, "", None),
         ("schedule_fire_lag_ms_p99", None, "<= 1000", lambda r: r["schedule_fire_lag_ms_p99"] <= 1000),
         ("schedule_duplicates", None, "== 0", lambda r: r["schedule_duplicates"] == 0),
         ("schedule_lost", None, "== 0", lambda r: r["schedule_lost"] == 0),

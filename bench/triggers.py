@@ -19,7 +19,11 @@ falls in the next ``MEASURE_S`` seconds is measured from the rows, once the last
 - ``schedule_lost``: fires of the window that started no run (and ``schedule_missed``: those the
   schedules counted as missed, past their catch-up window).
 
-The runs the fires start are left queued: no worker consumes ``ductor.work``. A thousand runs a
+**events**: ``EVENTS`` events sent one at a time, each starting a one-node run through a trigger, with a
+worker on ``ductor.work``: ``event_to_step_ms_p50`` and ``_p99`` (goal p50 <= 50 ms), from the event's
+record to its run's step starting on the worker.
+
+The runs the schedules' fires start are left queued: no worker consumes ``ductor.work`` then. A thousand runs a
 second is more than the engine executes on a small machine (``bench/workflows.py`` measures
 that); this measures the scheduler, which runs ahead of customer work on the system tier anyway.
 
@@ -55,6 +59,8 @@ MEASURE_S = 10
 SETTLE_S = 3.0
 GOAL_LAG_P99_MS = 1000.0
 GOAL_DUPLICATES = 0
+EVENTS, EVENT_GAP_S = 200, 0.02
+GOAL_EVENT_P50_MS = 50.0
 
 
 def start_stack() -> Stack:
@@ -151,8 +157,56 @@ def schedules_scenario() -> dict[str, Any]:
     return result
 
 
+# --- events ------------------------------------------------------------------------------------------
+
+
+def events_scenario() -> dict[str, Any]:
+    """``EVENTS`` events of one tenant, sent one every ``EVENT_GAP_S`` (an idle system), each triggering a
+    one-node workflow, with a worker of concurrency ``CONCURRENCY`` on ``ductor.work`` (a stack of its own);
+    ``event_to_step_ms_p50`` and ``_p99``: from an event's ``created_at`` to the ``started_at`` of the first
+    step of the run it started (the event's transaction, the run's first tick in it, the dispatch, the
+    worker's start of the step)."""
+    from ductor_project.celery import WORK_QUEUE
+    from ductor_project.core.context import tenant_context
+    from scheduling.dispatch import credits
+    from tenants import services
+    from workflows.models import Event, StepRun
+    from workflows.services import workflow_put
+    from workflows.triggers.events import events_send, trigger_create
+
+    stack = bench_stack("triggers-events")
+    try:
+        worker = stack.worker("work-worker", concurrency=CONCURRENCY, hostname="work-worker@bench",
+                              extra=["--pool", "prefork", "--without-heartbeat", "--queues", WORK_QUEUE])
+        stack.wait_ready(worker)
+        wait_until(lambda: credits.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the work worker's slots")
+        tenant = services.tenant_create(slug=f"bench-events-{uuid.uuid4().hex[:8]}", plan="enterprise")
+        with tenant_context(tenant):
+            workflow_put(name="on-ping", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+            trigger_create(workflow="on-ping", event="bench.ping")
+            for _ in range(EVENTS):
+                events_send([{"name": "bench.ping", "payload": {"at": time.time()}}])
+                time.sleep(EVENT_GAP_S)
+
+            def started() -> int:
+                return StepRun.objects.filter(started_at__isnull=False).count()
+
+            wait_until(lambda: started() >= EVENTS, what="every event's step to start")
+            first_step = {run: at for run, at in StepRun.objects.values_list("run_id", "started_at")}
+            lags = [int((first_step[uuid.UUID(event.runs[0])] - event.created_at).total_seconds() * 1000)
+                    for event in Event.objects.all()]
+    finally:
+        stack.stop_all()
+    result = {"event_to_step_ms_p50": percentile(lags, 50), "event_to_step_ms_p99": percentile(lags, 99),
+              "events": len(lags)}
+    log(f"events: {json.dumps(result)}")
+    return result
+
+
 # Each scenario: its name -> (what it measures, its goals by figure); more are added beside it.
 SCENARIOS: dict[str, tuple[Callable[[], dict[str, Any]], dict[str, float]]] = {
+    # Events first: the schedules' scenario leaves its runs queued, which a work worker would then run.
+    "events": (events_scenario, {"event_to_step_ms_p50": GOAL_EVENT_P50_MS}),
     "schedules": (schedules_scenario, {"schedule_fire_lag_ms_p99": GOAL_LAG_P99_MS,
                                        "schedule_duplicates": GOAL_DUPLICATES}),
 }
