@@ -28,7 +28,7 @@ log = structlog.get_logger(__name__)
 MAX_BULK_RUNS = 500
 
 
-def _payload_too_large(field: str, size: int, limit: int) -> ApiError:
+def payload_too_large(field: str, size: int, limit: int) -> ApiError:
     return ApiError(
         f"Invalid field(s): {field}. It is {size} bytes; the plan allows {limit}.",
         code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
@@ -41,7 +41,7 @@ def _validated(spec: Any) -> dict[str, Any]:
     limit = effective_entitlements(current_tenant()).max_payload_bytes
     size = json_size(spec)
     if size > limit:  # over the payload limit: 413, like an oversized run input
-        raise _payload_too_large("spec", size, limit)
+        raise payload_too_large("spec", size, limit)
     try:
         parsed = validate_spec(spec, max_bytes=limit)
     except SpecError as exc:
@@ -98,7 +98,7 @@ def run_start(
             return existing, False
     size = json_size(input if input is not None else {})
     if size > limits.max_payload_bytes:
-        raise _payload_too_large("input", size, limits.max_payload_bytes)
+        raise payload_too_large("input", size, limits.max_payload_bytes)
     tier = tier or "standard"
     if tier not in limits.allowed_tiers:
         raise ApiError(f"Invalid field(s): tier. Plan '{limits.plan}' allows {', '.join(limits.allowed_tiers)}.",
@@ -152,7 +152,7 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     limits = effective_entitlements(current_tenant())
     size = json_size(given)
     if size > limits.max_payload_bytes:
-        raise _payload_too_large("input", size, limits.max_payload_bytes)
+        raise payload_too_large("input", size, limits.max_payload_bytes)
     found = WorkflowVersion.objects.select_related("definition").get(pk=run.workflow_id)
     return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run)
 
@@ -212,7 +212,7 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
         field = f"runs[{index}]"
         size = json_size(item.get("input") or {})
         if size > limits.max_payload_bytes:
-            raise _payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
+            raise payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
         if (item.get("tier") or "standard") not in limits.allowed_tiers:
             errors[f"{field}.tier"] = [f"Not allowed by plan '{limits.plan}'."]
         wanted = (item["workflow"], item.get("version"))

@@ -152,6 +152,11 @@ def test_a_bad_event_is_400_naming_the_field_and_leaves_nothing(tenant, client_a
         assert field in response.json()["error"]["details"]
     too_many = client_a.post("/api/v1/events/bulk", {"events": [{"name": "x"}] * 101}, format="json")
     assert (too_many.status_code, error_code(too_many)) == (400, "invalid")
+    tenant_services.override_set(tenant=tenant, field="max_payload_bytes", value=64)
+    big = client_a.post("/api/v1/events/bulk", {"events": [{"name": "x"}, {"name": "x", "payload": {"y": "z" * 100}}]},
+                        format="json")
+    assert (big.status_code, error_code(big)) == (413, "payload_too_large")
+    assert "events[1].payload" in big.json()["error"]["details"]
     with tenant_context(tenant):
         assert not Event.objects.exists()
 

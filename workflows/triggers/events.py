@@ -32,7 +32,7 @@ from scheduling import templates
 from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.models import Event, EventTrigger, WorkflowDefinition
-from workflows.services import MAX_BULK_RUNS, run_start_many
+from workflows.services import MAX_BULK_RUNS, payload_too_large, run_start_many
 
 log = structlog.get_logger(__name__)
 
@@ -66,9 +66,7 @@ def _check_payload(payload: Any, field: str) -> None:
     limit = effective_entitlements(current_tenant()).max_payload_bytes
     size = json_size(payload)
     if size > limit:
-        raise ApiError(f"Invalid field(s): {field}. It is {size} bytes; the plan allows {limit}.",
-                       code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
-                       details={field: [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
+        raise payload_too_large(field, size, limit)
 
 
 def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
