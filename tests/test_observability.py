@@ -24,7 +24,7 @@ from ductor_project.management.commands.up import HeartbeatWatch
 from ductor_project.stack import Stack
 from scheduling import fair_queue as fq
 from scheduling.coordinator.loop import Coordinator
-from scheduling.dispatch.dispatcher import Dispatcher
+from scheduling.dispatch.dispatcher import IDLE_WAIT_S, Dispatcher
 from scheduling.metrics import SharedStateCollector
 from tenants.models import Tenant
 from workflows import services
@@ -196,7 +196,9 @@ def test_healthz_answers_while_the_process_serves(db):
 def loops(settings: Any, redis_client: Any) -> Iterator[Callable[[], None]]:
     """A real coordinator loop and dispatcher loop in threads, until the test ends; the coordinator's
     passes can be held (``hold``/``resume``), as a stuck or disconnected one would be."""
-    settings.DUCTOR_HEARTBEAT_STALE_S = 1.0
+    # Above the longest gap between two beats of a healthy loop: a dispatcher beats at most every
+    # BEAT_EVERY_S, after a round and its idle wait (IDLE_WAIT_S); a pass of either loop takes well under 1 s.
+    settings.DUCTOR_HEARTBEAT_STALE_S = heartbeats.BEAT_EVERY_S + IDLE_WAIT_S + 1.0
     stop = threading.Event()
     gate = threading.Event()
     gate.set()
@@ -246,7 +248,7 @@ def test_readyz_turns_unhealthy_when_the_coordinators_heartbeat_stops_and_health
     _status, body = wait_for(lambda: (found := ready())[0] == 503 and found, what="the stale coordinator")
     assert not body["checks"]["coordinator"]["ok"]
     assert body["checks"]["dispatcher"]["ok"]
-    assert "no coordinator beat in the last 1 s" in body["checks"]["coordinator"]["error"]
+    assert "no coordinator beat in the last 2.5 s" in body["checks"]["coordinator"]["error"]
     loops.set()
     wait_for(lambda: ready()[0] == 200, what="the coordinator beating again")
 

@@ -27,6 +27,10 @@ COORDINATOR = "coordinator"
 DISPATCHER = "dispatcher"
 KINDS = (COORDINATOR, DISPATCHER)
 FORGET_MS = 3600 * 1000
+# A busy loop beats at most this often. A stale bound (``DUCTOR_HEARTBEAT_STALE_S``) must exceed it
+# plus the longest a healthy loop waits between passes (a dispatcher's idle wait, a coordinator's
+# interval) plus a pass, or a healthy loop looks stale between two beats.
+BEAT_EVERY_S = 1.0
 _SCRIPT = Path(__file__).parent / "lua" / "heartbeat.lua"
 
 
@@ -65,7 +69,7 @@ def ages(kind: str) -> dict[str, float]:
 class Beater:
     """Beats for a loop at most once per ``every_s`` (a busy dispatcher passes far more often)."""
 
-    def __init__(self, kind: str, *, every_s: float = 1.0) -> None:
+    def __init__(self, kind: str, *, every_s: float = BEAT_EVERY_S) -> None:
         self.kind = kind
         self.every_s = every_s
         self._last = float("-inf")
