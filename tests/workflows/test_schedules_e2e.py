@@ -15,11 +15,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
-from ductor_project.core.context import tenant_context
+from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.redis import get_redis
 from ductor_project.stack import Child
+from scheduling import fair_queue
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import celery_worker_child, service_env, service_stack
@@ -67,6 +69,23 @@ def stack(django_db_setup: None) -> Iterator[Processes]:
             yield running
         finally:
             running.stack.stop_all(grace_s=20)
+
+
+@pytest.fixture(autouse=True)
+def quiet_after(stack: Processes, transactional_db: None) -> Iterator[None]:
+    """After each test, before its tables are flushed: no schedule fires any more, and nothing it
+    started is still queued or running. A fire or a step that wrote while the flush truncates the
+    tables would deadlock with it (the processes serve the whole module and outlive the test)."""
+    yield
+    Schedule.all_tenants.update(paused=True, wake_at=None)
+    wait_for(queue_is_empty, timeout=30, what="the schedules' last wake-ups and their runs to finish")
+
+
+def queue_is_empty() -> bool:
+    """Nothing waits in the fair queue (due or not), and nothing is in flight, on any shard."""
+    with no_tenant():
+        depths = [fair_queue.depth(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)]
+    return all(row.backlog == 0 and row.in_flight == 0 for depth in depths for row in depth.tiers.values())
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
