@@ -765,7 +765,7 @@ class MemberView:
     limit: int | None
     eligible: bool
     why: str
-    open_until_ms: int | None = None  # while its breaker is open (``hold_of`` only)
+    open_until_ms: int | None = None  # while its breaker is open
 
 
 @dataclass(frozen=True)
@@ -791,24 +791,30 @@ def admission_peek(
     taking nothing, charging nothing and using no round-robin turn. One round trip, read only.
     Raises ``TenantScopeError`` without a tenant."""
     tenant = _tenant(tenant)
-    ok, conn, why, parked, at, live, limit, members = _tenant_call(
-        "fq_admit_peek", tenant, pool_id, pool_conf, *_scope_args(connections)
-    )
+    return _admission_view(_tenant_call("fq_admit_peek", tenant, pool_id, pool_conf, *_scope_args(connections)))
+
+
+def _limit(value: Any) -> int | None:
+    return None if int(value) < 0 else int(value)
+
+
+def _admission_view(reply: Sequence[Any]) -> AdmissionView:
+    """An admission decision as the read-only scripts answer it (admit_lib.lua's ``ad_view``)."""
+    ok, conn, why, parked, at, live, limit, members = reply
     return AdmissionView(
-        admitted=bool(ok), connection_id=_text(conn), why=_text(why), parked=bool(parked),
-        retry_at_ms=None if int(at) < 0 else int(at), pool_in_flight=int(live),
-        pool_limit=None if int(limit) < 0 else int(limit),
+        admitted=bool(ok), connection_id=_text(conn), why=_text(why), parked=bool(parked), retry_at_ms=_limit(at),
+        pool_in_flight=int(live), pool_limit=_limit(limit),
         members=tuple(
-            MemberView(connection_id=_text(cid), breaker=_text(state), in_flight=int(n),
-                       limit=None if int(cap) < 0 else int(cap), eligible=bool(ok_), why=_text(reason))
-            for cid, state, n, cap, ok_, reason in members
+            MemberView(connection_id=_text(cid), breaker=_text(state), in_flight=int(n), limit=_limit(cap),
+                       eligible=bool(ok_), why=_text(reason), open_until_ms=_limit(until))
+            for cid, state, n, cap, ok_, reason, until in members
         ),
     )
 
 
 @dataclass(frozen=True)
 class ItemHold:
-    """What the dequeue would look at for one waiting item of the tenant, now (``hold_of``)."""
+    """What the dequeue would look at for one waiting item of the tenant, now (``holds_of``)."""
 
     state: str  # "waiting" or "inflight"
     due_ms: int
@@ -825,35 +831,34 @@ class ItemHold:
     now_ms: int
 
 
-def hold_of(item_id: str, *, tenant: Tenant | None = None) -> ItemHold | None:
-    """Everything the dequeue would weigh for the tenant's item ``item_id`` now, in its order: due
-    time, partition, suspension, ceiling, rate, and the admission of its pool (from the limits the
-    fair queue holds). None when the item is not in the queue. One round trip, read only."""
+def holds_of(item_ids: Sequence[str], *, tenant: Tenant | None = None) -> list[ItemHold | None]:
+    """For each of the tenant's items ``item_ids``, everything the dequeue would weigh for it now,
+    in its order: due time, partition, suspension, ceiling, rate, and the admission of its pool
+    (from the limits the fair queue holds); None for an item not in the queue. One round trip for
+    them all, read only."""
     tenant = _tenant(tenant)
-    reply = _tenant_call("fq_why", tenant, item_id)
+    if not item_ids:
+        return []
+    batch = scripts.Batch()
+    for item_id in item_ids:
+        _tenant_call("fq_why", tenant, item_id, batch=batch)
+    replies = batch.execute()
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return [_hold(reply) for reply in replies]
+
+
+def _hold(reply: Sequence[Any]) -> ItemHold | None:
     if not int(reply[0]):
         return None
     (_, state, due, tier, part, holder, ahead, suspended, limit, live, rate_wait, admission, ready,
      now) = reply
-    view = None
-    if admission:
-        ok, why, at, pool_live, pool_limit, members = admission
-        view = AdmissionView(
-            admitted=bool(ok), connection_id="", why=_text(why), parked=False,
-            retry_at_ms=None if int(at) < 0 else int(at), pool_in_flight=int(pool_live),
-            pool_limit=None if int(pool_limit) < 0 else int(pool_limit),
-            members=tuple(
-                MemberView(connection_id=_text(cid), breaker=_text(state_), in_flight=int(n),
-                           limit=None if int(cap) < 0 else int(cap), eligible=bool(ok_), why=_text(reason),
-                           open_until_ms=None if int(until) < 0 else int(until))
-                for cid, state_, n, cap, ok_, reason, until in members
-            ),
-        )
     return ItemHold(
         state=_text(state), due_ms=int(float(_text(due))), tier=_text(tier), partition=_text(part),
         partition_holder=_text(holder), ahead=int(ahead), suspended=bool(int(suspended)),
-        tenant_limit=None if int(limit) < 0 else int(limit), tenant_in_flight=int(live),
-        rate_wait_ms=int(rate_wait), admission=view, ready_tenants=int(ready), now_ms=int(now),
+        tenant_limit=_limit(limit), tenant_in_flight=int(live), rate_wait_ms=int(rate_wait),
+        admission=_admission_view(admission) if admission else None, ready_tenants=int(ready), now_ms=int(now),
     )
 
 

@@ -1,8 +1,8 @@
 """Why is it waiting? For each waiting step of a run, what holds it now.
 
 ``why_waiting(run)`` reads the run's attempts, then asks the fair queue about
-each queued attempt's item (``fair_queue.hold_of``: one read-only round trip
-each) and names the first thing that holds it, in the order the dequeue looks:
+each queued attempt's item (``fair_queue.holds_of``: one read-only round trip
+for them all) and names the first thing that holds it, in the order the dequeue looks:
 
 1. not due until T (a sleep, a retry's backoff, a delayed item);
 2. behind N items of its partition (one item in flight per partition);
@@ -79,19 +79,26 @@ def why_waiting(run: WorkflowRun) -> list[Waiting]:
     if run.is_terminal:
         return []
     latest = latest_attempts(run)
+    queued = [step for step in latest.values() if step.status == SStatus.QUEUED]
+    tick, *holds = fair_queue.holds_of([tick_item_id(run.pk), *(step_item_id(step.pk) for step in queued)])
     found: list[Waiting] = []
-    tick = fair_queue.hold_of(tick_item_id(run.pk))
     if tick is not None:
         found.append(_held(Waiting("", 0, "", "tick", Cause.IN_LINE, "the run's next tick"), tick))
+    held = {step.pk: hold for step, hold in zip(queued, holds, strict=True)}
     for step in latest.values():
-        waiting = _of_step(step)
+        waiting = _of_queued(step, held[step.pk]) if step.pk in held else _of_step(step)
         if waiting is not None:
             found.append(waiting)
     return found + _quota_holds(run, latest)
 
 
+def _base(step: StepRun) -> Waiting:
+    return Waiting(step.node_id, step.attempt, str(step.pk), step.status, Cause.IN_LINE, "")
+
+
 def _of_step(step: StepRun) -> Waiting | None:
-    base = Waiting(step.node_id, step.attempt, str(step.pk), step.status, Cause.IN_LINE, "")
+    """A step that is not in the queue: a timer's (scheduled), or one waiting for its child run."""
+    base = _base(step)
     if step.status == SStatus.SCHEDULED:
         until = step.scheduled_for
         return _with(base, Cause.NOT_DUE, f"not due until {_iso(until)} (a sleep or a retry's backoff)", until)
@@ -101,9 +108,12 @@ def _of_step(step: StepRun) -> Waiting | None:
             return _with(base, Cause.CHILD_RUN, "waiting for its child run to start")
         return _with(base, Cause.CHILD_RUN, f"waiting for its child run {child.pk} ({child.status})",
                      details={"child_run_id": str(child.pk), "child_status": child.status})
-    if step.status != SStatus.QUEUED:
-        return None
-    hold = fair_queue.hold_of(step_item_id(step.pk))
+    return None
+
+
+def _of_queued(step: StepRun, hold: ItemHold | None) -> Waiting:
+    """A queued step, from what the fair queue holds of its item."""
+    base = _base(step)
     if hold is None:
         return _with(base, Cause.LOST, "its queue item is missing (Redis lost it?); the coordinator's reconciler "
                                        "enqueues it again")

@@ -191,6 +191,20 @@ local function ad_decide(tid, pool, p, conf_of)
   return d
 end
 
+-- A decision as the read-only scripts answer it (fq_admit_peek.lua, fq_why.lua): {admitted 1/0,
+-- connection chosen or "", why, parked on the pool 1/0, look again at (ms) or -1, the pool's live
+-- leases, its limit (-1: none), {per member: id, breaker, live leases, limit, eligible 1/0, why,
+-- open until (ms) while its breaker is open, else -1}}.
+local function ad_view(d)
+  local members = {}
+  for _, c in ipairs(d.cands) do
+    members[#members + 1] = {c.id, c.breaker, c.live, c.limit, c.eligible and 1 or 0, c.why,
+      (c.breaker == 'open' and c.wait_at) or -1}
+  end
+  return {d.ok and 1 or 0, d.conn or '', d.why or '', d.park and 1 or 0, d.at or -1, d.pool_live, d.pool_limit,
+    members}
+end
+
 -- The attempt was dispatched with what `d` decided: charge its rates, advance its strategy.
 local function ad_commit(d)
   for _, r in ipairs(d.rates) do

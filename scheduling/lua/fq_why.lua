@@ -4,8 +4,7 @@
 -- scopes' confs as the fair queue holds them): returns {found 1/0, state, due (ms), tier,
 -- partition, the item in flight on its partition or "", items ahead of it in its partition,
 -- suspended 1/0, the tenant's ceiling (-1 none), its slots taken, ms until its rate admits a start,
--- admission {admitted 1/0, why, look again at or -1, pool live, pool limit, {per member: id,
--- breaker, live, limit, eligible 1/0, why, open until or -1}} or {}, tenants ready in the tier, now}.
+-- admission (admit_lib.lua's ad_view) or {}, tenants ready in the tier, now}.
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid, id = ARGV[A + 1], ARGV[A + 2]
@@ -20,13 +19,7 @@ local live = cap_in_flight(fq.tprefix .. tid .. fq.scope, fq.now)
 local admission = {}
 local pool = it.scope and fq_scope_conf(tid, 'pool:' .. it.scope)
 if pool then
-  local d = ad_decide(tid, it.scope, pool, function(field) return fq_scope_conf(tid, field) end)
-  local members = {}
-  for _, c in ipairs(d.cands) do
-    members[#members + 1] = {c.id, c.breaker, c.live, c.limit, c.eligible and 1 or 0, c.why,
-      (c.breaker == 'open' and c.wait_at) or -1}
-  end
-  admission = {d.ok and 1 or 0, d.why or '', d.at or -1, d.pool_live, d.pool_limit, members}
+  admission = ad_view(ad_decide(tid, it.scope, pool, function(field) return fq_scope_conf(tid, field) end))
 end
 return {1, it.state, fq_num(it.due), tier, part, holder, ahead, conf.suspended and 1 or 0, conf.limit, live,
   fq_rate_wait_ms(tid, conf), admission, redis.call('ZCARD', fq_gkey('ready:' .. tier)), fq.now}
