@@ -313,7 +313,8 @@ DUCTOR_BREAKER_COOLDOWN_S = env.float("DUCTOR_BREAKER_COOLDOWN_S", default=30.0)
 # Observability (docs/operations.md). A loop (coordinator, dispatcher) whose last heartbeat is older
 # than this is stale: /readyz says so and `manage.py up` restarts it.
 DUCTOR_HEARTBEAT_STALE_S = env.float("DUCTOR_HEARTBEAT_STALE_S", default=15.0)
-# /metrics (Prometheus): served while on; with a token, only to "Authorization: Bearer <token>".
+# /metrics (Prometheus): served while on; with a token, only to "Authorization: Bearer <token>"; without one,
+# only to loopback (the per-tenant series name tenants).
 DUCTOR_METRICS_ENABLED = env.bool("DUCTOR_METRICS_ENABLED", default=True)
 DUCTOR_METRICS_TOKEN = env.str("DUCTOR_METRICS_TOKEN", default="")
 # Per-tenant series: the N tenants with the largest backlog, the others summed as tenant_id="other".

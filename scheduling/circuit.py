@@ -86,7 +86,10 @@ def open_breakers() -> tuple[int, int]:
         (seconds, micros), entries = pipe.execute()
     now_ms = seconds * 1000 + micros // 1000
     opened = sum(1 for _, until in entries if until > now_ms)
-    return opened, len(entries) - opened
+    # A breaker whose cooldown ended more than INDEX_KEEP_MS ago is no longer counted (its entry is
+    # dropped by the next opening): one that saw no call in a day is not worth an alarm.
+    half_open = sum(1 for _, until in entries if now_ms - INDEX_KEEP_MS < until <= now_ms)
+    return opened, half_open
 
 
 def record_success(connection_id: object, *, tenant: Tenant | None = None) -> BreakerState:

@@ -18,8 +18,10 @@ every ``DUCTOR_METRICS_QUEUE_EVERY_S`` per web process:
 Per-tenant series are the ``DUCTOR_METRICS_TOP_TENANTS`` tenants with the most
 items, plus one ``tenant_id="other"`` series with the rest, so the number of
 series is bounded whatever the number of tenants. Served when
-``DUCTOR_METRICS_ENABLED``; with ``DUCTOR_METRICS_TOKEN`` set, only to
-``Authorization: Bearer <token>`` (docs/operations.md).
+``DUCTOR_METRICS_ENABLED``: with ``DUCTOR_METRICS_TOKEN`` set, only to
+``Authorization: Bearer <token>``; without one, only to this machine (a
+request from loopback), since the per-tenant series name tenants
+(docs/operations.md).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from scheduling.dispatch import credits
 log = structlog.get_logger(__name__)
 
 OTHER = "other"
+# Where a scrape may come from while no metrics token is set.
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
 
 
 @dataclass(frozen=True)
@@ -227,7 +231,10 @@ def _refusal(request: HttpRequest) -> JsonResponse | None:
         return JsonResponse(error_body(ErrorCode.NOT_FOUND, "Metrics are off (DUCTOR_METRICS_ENABLED)."), status=404)
     token = settings.DUCTOR_METRICS_TOKEN
     if not token:
-        return None
+        if request.META.get("REMOTE_ADDR") in LOOPBACK:
+            return None
+        return JsonResponse(error_body(ErrorCode.PERMISSION_DENIED, "Without DUCTOR_METRICS_TOKEN the metrics are "
+                                       "served to this machine only (they name the busiest tenants)."), status=403)
     given = request.headers.get("Authorization", "")
     if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         return None

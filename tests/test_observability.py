@@ -23,6 +23,7 @@ from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.management.commands.up import HeartbeatWatch
 from ductor_project.stack import Stack
 from scheduling import fair_queue as fq
+from scheduling.circuit import record_failure, record_success
 from scheduling.coordinator.loop import Coordinator
 from scheduling.dispatch.dispatcher import IDLE_WAIT_S, Dispatcher
 from scheduling.metrics import SharedStateCollector
@@ -129,7 +130,10 @@ def shared_keys(shared: list[Any]) -> set[tuple[str, tuple[tuple[str, str], ...]
 
 
 def test_the_metrics_can_need_a_token_or_be_off(settings, redis_client):
+    elsewhere = Client(REMOTE_ADDR="10.1.2.3").get("/metrics")  # no token: this machine only
+    assert (elsewhere.status_code, elsewhere.json()["error"]["code"]) == (403, "permission_denied")
     settings.DUCTOR_METRICS_TOKEN = "s3cret-metrics"
+    assert scrape(Client(REMOTE_ADDR="10.1.2.3"), HTTP_AUTHORIZATION="Bearer s3cret-metrics")
     client = Client()
     refused = client.get("/metrics")
     assert refused.status_code == 401
@@ -295,11 +299,10 @@ def test_up_restarts_a_living_child_whose_heartbeat_went_stale(settings, redis_c
         beating = stack.start("dispatcher-1", [sys.executable, "-c", "import time; time.sleep(120)"])
         watch = HeartbeatWatch(stack, [(stuck, heartbeats.COORDINATOR), (beating, heartbeats.DISPATCHER)])
         first_pid = stuck.proc.pid
-        deadline = time.monotonic() + 0.7
-        while time.monotonic() < deadline:  # the dispatcher keeps beating, the coordinator never does
-            heartbeats.beat(heartbeats.DISPATCHER, stack.process_name("dispatcher-1"))
-            watch.check()
-            time.sleep(0.05)
+        wait_for(lambda: time.monotonic() - max(stuck.started_at, beating.started_at) > 0.5,
+                 what="both children older than the stale bound")
+        heartbeats.beat(heartbeats.DISPATCHER, stack.process_name("dispatcher-1"))  # it beat just now
+        watch.check()  # the coordinator never beat since its start, more than the bound ago
         assert (stuck.restarts, beating.restarts) == (1, 0)
         assert stuck.alive()
         assert stuck.proc.pid != first_pid
@@ -310,3 +313,18 @@ def test_up_restarts_a_living_child_whose_heartbeat_went_stale(settings, redis_c
         assert stuck.restarts == 1  # judged from its restart again: not restarted at once
     finally:
         stack.stop_all(grace_s=2)
+
+
+def test_the_breaker_gauges_count_breakers_that_opened_and_forget_those_closed_again(fresh_metrics, tenant_a,
+                                                                                     tenant_b):
+    fresh_metrics.DUCTOR_BREAKER_FAILURES = 1
+    for tenant in (tenant_a[0], tenant_b[0]):
+        with tenant_context(tenant):
+            record_failure("conn-1")  # the same connection id in two tenants: two breakers
+    assert value(scrape(), "ductor_breakers", state="open") == 2
+    with tenant_context(tenant_a[0]):
+        record_success("conn-1")
+    samples = scrape()
+    assert (value(samples, "ductor_breakers", state="open"), value(samples, "ductor_breakers", state="half_open")) == (
+        1, 0)
+    assert value(samples, "ductor_breaker_opened_total") >= 2
