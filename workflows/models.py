@@ -332,3 +332,119 @@ class EventTrigger(TenantScopedModel):
 
     def __str__(self) -> str:
         return f"{self.event} -> {self.workflow_id}"
+
+
+class RunSignal(TenantScopedModel):
+    """A named payload sent to one run (``POST /api/v1/runs/{id}/signal``): it resumes the run's
+    ``wait_for_event`` step waiting for that name, or, while none waits, is kept until one does
+    (``workflows.triggers.waits``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict, blank=True)
+    # NULL, not "", when absent: the per-run unique constraint only covers real keys.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    delivered_to = models.ForeignKey(StepRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                     help_text="The wait it resumed; none: kept until a wait takes it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "idempotency_key"],
+                                    condition=models.Q(idempotency_key__isnull=False), name="signal_unique_key"),
+        ]
+        indexes = [models.Index(fields=["run", "name"], condition=models.Q(delivered_to__isnull=True),
+                                name="signal_kept")]
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.run_id}"
+
+
+class EventWait(TenantScopedModel):
+    """A ``wait_for_event`` attempt waiting: the index an event finds it by (its name and
+    correlation key), or a signal (its run and name). Whatever resumes it first sets ``matched_at``
+    with the payload (one conditional ``UPDATE``: a timeout, an event and a signal never both win);
+    the run's next tick finishes the step with it. ``expires_at`` is the step's timeout."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+")
+    step = models.OneToOneField(StepRun, on_delete=models.CASCADE, related_name="+")
+    event = models.CharField(max_length=200, help_text="The name of the event (or signal) it waits for.")
+    key = models.CharField(max_length=200, blank=True, default="", help_text="The correlation key it waits for.")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    matched_at = models.DateTimeField(null=True, blank=True)
+    matched_by = models.JSONField(null=True, blank=True, help_text='What resumed it: {"event": id} or {"signal": id}.')
+    payload = models.JSONField(null=True, blank=True, help_text="The payload that resumed it: the step's output.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["tenant", "event", "key"], condition=models.Q(matched_at__isnull=True),
+                                name="eventwait_open")]
+
+    def __str__(self) -> str:
+        return f"{self.event}:{self.key} <- {self.step_id}"
+
+
+class WebhookEndpoint(TenantScopedModel):
+    """A tenant's subscription of an HTTPS endpoint to its runs' outcomes: each signed delivery is a
+    fair-queue item under the tenant (``workflows.triggers.webhooks``). The secret is stored
+    encrypted; after a rotation the previous one still signs until ``previous_secret_expires_at``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    url = models.URLField(max_length=2000)
+    description = models.CharField(max_length=200, blank=True, default="")
+    events = models.JSONField(default=list, help_text='What it receives: "run.succeeded", "run.failed", '
+                              '"run.cancelled", "step.failed".')
+    workflows = models.JSONField(default=list, blank=True, help_text="Only these workflows' runs; empty: all.")
+    secret = models.TextField(help_text="The signing secret, encrypted.")
+    previous_secret = models.TextField(blank=True, default="", help_text="The secret before the last rotation, "
+                                       "encrypted.")
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    disabled_reason = models.CharField(max_length=500, blank=True, default="")
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0, help_text="Failed attempts since the last "
+                                                       "delivered one.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["tenant"], condition=models.Q(enabled=True), name="webhook_enabled")]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class WebhookDelivery(TenantScopedModel):
+    """One message to one endpoint and its attempts (the delivery log): ``pending`` until an attempt
+    is answered 2xx (``delivered``) or the attempts run out (``failed``)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    run = models.ForeignKey(WorkflowRun, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    type = models.CharField(max_length=32)
+    body = models.JSONField(help_text="The JSON sent.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.JSONField(default=list, blank=True,
+                                help_text="Each attempt: at, status_code, error, duration_ms.")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "endpoint", "-created_at"], name="delivery_endpoint"),
+                   models.Index(fields=["status", "next_attempt_at"], condition=models.Q(status="pending"),
+                                name="delivery_pending")]
+
+    def __str__(self) -> str:
+        return f"{self.type} -> {self.endpoint_id} ({self.status})"
