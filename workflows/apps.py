@@ -10,7 +10,7 @@ class WorkflowsConfig(AppConfig):
         from scheduling.coordinator.wakeups import register_wakeup
         from scheduling.dispatch.handlers import register_handler, register_publisher
         from tenants.usage import register_ceiling_counter
-        from workflows.engine import items, reconcile, steps, task_nodes, tick, timers
+        from workflows.engine import items, reconcile, steps, task_nodes, tick, timers, waits
         from workflows.models import Schedule, WorkflowDefinition
         from workflows.triggers import arming, firing
         from workflows.triggers import reconcile as schedules_reconcile
@@ -22,6 +22,7 @@ class WorkflowsConfig(AppConfig):
         register_publisher(items.TASK, task_nodes.publish)
         for kind, wake in timers.WAKEUPS.items():
             register_wakeup(kind, wake)
+        register_wakeup(waits.TIMEOUT_KIND, waits.wait_timeout)
         register_reconciler(reconcile.reconcile_runs)
         register_wakeup(arming.WAKE_KIND, firing.fire_due)
         register_reconciler(schedules_reconcile.reconcile_schedules)

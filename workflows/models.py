@@ -366,14 +366,18 @@ class EventWait(TenantScopedModel):
     """A ``wait_for_event`` attempt waiting: the index an event finds it by (its name and
     correlation key), or a signal (its run and name). Whatever resumes it first sets ``matched_at``
     with the payload (one conditional ``UPDATE``: a timeout, an event and a signal never both win);
-    the run's next tick finishes the step with it. ``expires_at`` is the step's timeout."""
+    the run's next tick finishes the step with it. ``expires_at`` is the step's timeout, and
+    ``armed_at`` when the events that came before it was written were looked through
+    (``workflows.engine.waits.arm``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+")
     step = models.OneToOneField(StepRun, on_delete=models.CASCADE, related_name="+")
     event = models.CharField(max_length=200, help_text="The name of the event (or signal) it waits for.")
     key = models.CharField(max_length=200, blank=True, default="", help_text="The correlation key it waits for.")
+    lookback_s = models.FloatField(default=0.0, help_text="It also takes an event this much older than itself.")
     expires_at = models.DateTimeField(null=True, blank=True)
+    armed_at = models.DateTimeField(null=True, blank=True)
     matched_at = models.DateTimeField(null=True, blank=True)
     matched_by = models.JSONField(null=True, blank=True, help_text='What resumed it: {"event": id} or {"signal": id}.')
     payload = models.JSONField(null=True, blank=True, help_text="The payload that resumed it: the step's output.")

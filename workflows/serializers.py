@@ -12,12 +12,14 @@ from workflows.models import (
     Event,
     EventTrigger,
     RunEvent,
+    RunSignal,
     Schedule,
     StepRun,
     WorkflowDefinition,
     WorkflowRun,
     WorkflowVersion,
 )
+from workflows.spec import EVENT_NAME
 from workflows.spec_schema import SpecField
 from workflows.triggers.selectors import next_fires
 from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_INTERVAL_S, MAX_JITTER_S
@@ -245,7 +247,6 @@ class ScheduleWriteSerializer(StrictSerializer):
 
 # --- events and triggers ---------------------------------------------------------------------
 
-EVENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,199}$"
 
 
 class EventSendSerializer(StrictSerializer):
@@ -255,6 +256,30 @@ class EventSendSerializer(StrictSerializer):
                                 help_text="What it is about (an order id): a correlation key.")
     payload = serializers.JSONField(required=False, default=dict)
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
+
+
+class SignalSendSerializer(StrictSerializer):
+    name = serializers.RegexField(EVENT_NAME, max_length=200, help_text="What it says: the name a "
+                                  "`wait_for_event` node of the run waits for, e.g. `approved`.")
+    payload = serializers.JSONField(required=False, default=dict, help_text="The waiting node's output.")
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
+                                            help_text="The same key again answers the first signal, and does nothing.")
+
+
+class SignalSerializer(StrictModelSerializer):
+    delivered_to = serializers.SerializerMethodField(help_text="The waiting node it resumed; null: it is kept "
+                                                     "until the run waits for it.")
+
+    class Meta:
+        model = RunSignal
+        fields = ["id", "run", "name", "payload", "idempotency_key", "delivered_to", "created_at"]
+        read_only_fields = fields
+
+    def get_delivered_to(self, signal: RunSignal) -> dict[str, Any] | None:
+        if signal.delivered_to_id is None:
+            return None
+        step = StepRun.objects.filter(pk=signal.delivered_to_id).values("node_id", "attempt").first()
+        return {"step_id": str(signal.delivered_to_id), **(step or {})}
 
 
 class EventBulkSendSerializer(StrictSerializer):

@@ -13,13 +13,14 @@ from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
+from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, enqueue_ticks
 from workflows.engine.journal import add_state, journal
 from workflows.engine.statements import lock_run
 from workflows.engine.tick import advance_locked
-from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import RunEvent, RunSignal, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
@@ -34,6 +35,22 @@ def payload_too_large(field: str, size: int, limit: int) -> ApiError:
         code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
         details={field: [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]},
     )
+
+
+def check_payload(payload: Any, field: str) -> None:
+    """Refuse a ``payload`` over the plan's ``max_payload_bytes``: ``413`` naming ``field``."""
+    limit = effective_entitlements(current_tenant()).max_payload_bytes
+    size = json_size(payload)
+    if size > limit:
+        raise payload_too_large(field, size, limit)
+
+
+def run_signal(run_id: Any, *, name: str, payload: Any = None,
+               idempotency_key: str | None = None) -> tuple[RunSignal, bool]:
+    """Send the signal ``name`` to one of the tenant's active runs (``workflows.engine.waits``)."""
+    check_payload(payload if payload is not None else {}, "payload")
+    return waits.signal_send(run_id, name=name, payload=payload if payload is not None else {},
+                             idempotency_key=idempotency_key)
 
 
 def _validated(spec: Any) -> dict[str, Any]:

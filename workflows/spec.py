@@ -13,6 +13,8 @@ A spec is a JSON object::
         {"id": "until", "type": "sleep", "until": "2027-01-01T00:00:00Z"},
         {"id": "child", "type": "subworkflow", "depends_on": ["fetch"], "workflow": "enrich",
          "version": 2, "input": {"user": "$nodes.fetch.output.body"}, "wait": true},
+        {"id": "paid", "type": "wait_for_event", "depends_on": ["fetch"], "event": "order.paid",
+         "key": "$input.order_id", "timeout_s": 86400, "default": {"paid": false}},
         {"id": "again", "type": "continue_as_new", "depends_on": ["child"],
          "input": {"cursor": "$nodes.child.output.next"}}
       ],
@@ -25,7 +27,7 @@ Top level: ``nodes`` (required, 1 to ``DUCTOR_MAX_SPEC_NODES``) and ``output``
 Every node:
 
 - ``id``: unique, ``^[a-z][a-z0-9_]{0,62}$``; ``type``: ``action``, ``task``,
-  ``sleep``, ``subworkflow`` or ``continue_as_new``;
+  ``sleep``, ``wait_for_event``, ``subworkflow`` or ``continue_as_new``;
 - ``depends_on``: ids of other nodes (default ``[]``; no self, no repeats, no cycle);
 - ``when``: optional condition (see ``workflows.templates``); false skips the node;
 - ``retry``: ``max_attempts`` 1..100 (default 1), ``backoff_s`` > 0 (default 1),
@@ -42,6 +44,12 @@ By type:
   default ``{}``; a literal one must match the entry's input schema);
 - ``sleep``: exactly one of ``duration_s`` (0 < x ≤ 366 days) or ``until``
   (ISO 8601 with a timezone); no ``input``;
+- ``wait_for_event``: ``event`` (the event or signal name it waits for), ``key``
+  (optional template rendering the correlation key; none: any key), ``lookback_s``
+  (optional, an event up to this much older than the wait also counts; 0 ≤ x ≤ 30
+  days) and ``default`` (optional template: the output when ``timeout_s`` runs
+  out, which otherwise fails the node). Its ``timeout_s`` may be up to 366 days;
+  no ``input``;
 - ``subworkflow``: ``workflow`` (a definition name), ``version`` (optional int ≥ 1,
   default the latest), ``input`` (template, default ``{}``), ``wait`` (default true);
 - ``continue_as_new``: ``input`` (template for the successor's input, default
@@ -68,6 +76,7 @@ import heapq
 import json
 import math
 import random
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -81,12 +90,13 @@ from scheduling import templates
 from scheduling.templates import NODE_ID, template_errors, when_errors
 from workflows import actions, catalog
 
-NODE_TYPES = ("action", "task", "sleep", "subworkflow", "continue_as_new")
+NODE_TYPES = ("action", "task", "sleep", "wait_for_event", "subworkflow", "continue_as_new")
 COMMON_FIELDS = ("id", "type", "depends_on", "when", "retry", "timeout_s", "tags", "pool")
 TYPE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "action": ("action", "input"),
     "task": ("task", "input"),
     "sleep": ("duration_s", "until"),
+    "wait_for_event": ("event", "key", "lookback_s", "default"),
     "subworkflow": ("workflow", "version", "input", "wait"),
     "continue_as_new": ("input",),
 })
@@ -96,6 +106,9 @@ MAX_ATTEMPTS = 100
 MAX_DELAY_S = 86_400.0
 MAX_TIMEOUT_S = 86_400.0
 MAX_SLEEP_S = 366 * 86_400.0
+MAX_LOOKBACK_S = 30 * 86_400.0
+# An event name: what ``POST /api/v1/events`` takes.
+EVENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}$")
 MAX_NAME_LENGTH = 200
 
 PENDING, SUCCEEDED, SKIPPED, FAILED = "pending", "succeeded", "skipped", "failed"
@@ -136,7 +149,7 @@ class Node:
     type: str
     index: int  # position in the submitted ``nodes`` list, for error messages
     depends_on: tuple[str, ...] = ()
-    input: Any = None  # a template; None only for sleep
+    input: Any = None  # a template; None only for sleep and wait_for_event
     when: Mapping[str, Any] | None = None
     retry: Retry = field(default_factory=Retry)
     timeout_s: float | None = None
@@ -149,6 +162,11 @@ class Node:
     workflow: str | None = None
     version: int | None = None
     wait: bool = True
+    event: str | None = None
+    key: Any = None  # a template
+    lookback_s: float | None = None
+    default: Any = None  # a template
+    has_default: bool = False
     upstream: frozenset[str] = frozenset()  # transitive dependencies
     dependents: tuple[str, ...] = ()  # direct dependents, in topological order
 
@@ -182,7 +200,15 @@ class Node:
             if self.version is not None:
                 data["version"] = self.version
             data["wait"] = self.wait
-        if self.type != "sleep":
+        if self.type == "wait_for_event":
+            data["event"] = self.event
+            if self.key is not None:
+                data["key"] = self.key
+            if self.lookback_s is not None:
+                data["lookback_s"] = self.lookback_s
+            if self.has_default:
+                data["default"] = self.default
+        if self.type not in ("sleep", "wait_for_event"):
             data["input"] = self.input
         return data
 
@@ -368,7 +394,8 @@ class _NodeParser:
             fields["when"] = raw["when"]  # checked with the templates, once upstream sets are known
         fields["retry"] = self._retry()
         if "timeout_s" in raw:
-            fields["timeout_s"] = self._seconds("timeout_s", MAX_TIMEOUT_S)
+            longest = MAX_SLEEP_S if node_type == "wait_for_event" else MAX_TIMEOUT_S
+            fields["timeout_s"] = self._seconds("timeout_s", longest)
         fields["tags"] = self._tags()
         if "pool" in raw:
             fields["pool"] = self._name("pool")
@@ -403,6 +430,8 @@ class _NodeParser:
             fields.update(self._sleep())
         elif node_type == "subworkflow":
             fields.update(self._subworkflow())
+        elif node_type == "wait_for_event":
+            fields.update(self._wait())
         if node_type in ("action", "task", "subworkflow", "continue_as_new"):
             fields["input"] = self.raw.get("input", {})
         return fields
@@ -518,6 +547,30 @@ class _NodeParser:
         if moment is None or moment.tzinfo is None:
             self.error("until", "must be an ISO 8601 time with a timezone, such as 2027-01-01T00:00:00Z")
         return {"until": moment}
+
+    def _wait(self) -> dict[str, Any]:
+        """A wait names its ``event``; ``key`` and ``default`` are templates (checked with the
+        others); ``lookback_s`` is a number of seconds, 0 ≤ x ≤ MAX_LOOKBACK_S."""
+        fields: dict[str, Any] = {}
+        name = self.raw.get("event")
+        if not isinstance(name, str) or not EVENT_NAME.fullmatch(name):
+            self.error("event", "is required: an event name of letters, digits and _.:/-, starting with a letter "
+                       "or digit, at most 200 long")
+        fields["event"] = name if isinstance(name, str) else None
+        if "key" in self.raw:
+            key = self.raw["key"]
+            if not isinstance(key, str) or len(key) > MAX_NAME_LENGTH:
+                self.error("key", f"must be a string (a template) of at most {MAX_NAME_LENGTH} characters")
+            fields["key"] = key
+        if "lookback_s" in self.raw:
+            lookback = self.raw["lookback_s"]
+            if not _is_number(lookback) or not 0 <= lookback <= MAX_LOOKBACK_S:
+                self.error("lookback_s", f"must be a number of seconds, 0 ≤ x ≤ {MAX_LOOKBACK_S:g}")
+                lookback = None
+            fields["lookback_s"] = None if lookback is None else float(lookback)
+        if "default" in self.raw:
+            fields["default"], fields["has_default"] = self.raw["default"], True
+        return fields
 
     def _subworkflow(self) -> dict[str, Any]:
         """A subworkflow names its ``workflow``; ``version`` is an integer ≥ 1 if given; ``wait`` is a bool."""
@@ -689,8 +742,10 @@ class _SpecChecker:
                 fields["when"] = when
                 for path, message in problems:
                     self.errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
-            if "input" in fields:
-                for path, message in template_errors(fields["input"], field="input", upstream=allowed, known=known):
+            for name in ("input", "key", "default"):
+                if name not in fields or (name == "key" and not isinstance(fields[name], str)):
+                    continue
+                for path, message in template_errors(fields[name], field=name, upstream=allowed, known=known):
                     self.errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
 
     def _check_output(self) -> None:

@@ -1,7 +1,8 @@
 """The workflow spec's JSON Schema, as OpenAPI 3.0 components: the format ``workflows.spec`` parses.
 
 ``spec_components()`` returns ``WorkflowSpec`` and every schema it refers to: one per node type
-(``ActionNode``, ``TaskNode``, ``SleepNode``, ``SubworkflowNode``, ``ContinueAsNewNode``),
+(``ActionNode``, ``TaskNode``, ``SleepNode``, ``WaitForEventNode``, ``SubworkflowNode``,
+``ContinueAsNewNode``),
 combined in ``WorkflowNode`` with ``oneOf`` and a ``discriminator`` on ``type``, and the parts
 they share (``NodeRetry``, ``NodeWhen`` and its conditions). ``SpecField`` is the serializer field
 whose schema it is.
@@ -26,7 +27,15 @@ from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.serializers import PATH_SEGMENT, condition_schema
 from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS, NODE_ID
 from workflows import catalog
-from workflows.spec import MAX_ATTEMPTS, MAX_DELAY_S, MAX_NAME_LENGTH, MAX_SLEEP_S, MAX_TIMEOUT_S
+from workflows.spec import (
+    EVENT_NAME,
+    MAX_ATTEMPTS,
+    MAX_DELAY_S,
+    MAX_LOOKBACK_S,
+    MAX_NAME_LENGTH,
+    MAX_SLEEP_S,
+    MAX_TIMEOUT_S,
+)
 
 SPEC = "WorkflowSpec"
 NODE = "WorkflowNode"
@@ -34,6 +43,7 @@ NODE_SCHEMAS: Mapping[str, str] = {
     "action": "ActionNode",
     "task": "TaskNode",
     "sleep": "SleepNode",
+    "wait_for_event": "WaitForEventNode",
     "subworkflow": "SubworkflowNode",
     "continue_as_new": "ContinueAsNewNode",
 }
@@ -109,6 +119,18 @@ def _type_properties() -> dict[str, dict[str, dict[str, Any]]]:
             "until": {"type": "string", "format": "date-time",
                       "description": "When to wake: an ISO 8601 time with a timezone."},
         },
+        "wait_for_event": {
+            "event": {"type": "string", "pattern": EVENT_NAME.pattern, "maxLength": 200,
+                      "description": "The name of the event (or the signal) it waits for."},
+            "key": {"type": "string", "maxLength": MAX_NAME_LENGTH,
+                    "description": f"The correlation key an event must carry (default: any key). {_TEMPLATE_HELP}"},
+            "lookback_s": {"type": "number", "minimum": 0, "maximum": MAX_LOOKBACK_S,
+                           "description": "An event up to this many seconds older than the wait counts too "
+                                          "(default 0)."},
+            "default": _template("The node's output if `timeout_s` runs out first; without it the node fails "
+                                 "with `wait_timed_out`."),
+            "timeout_s": _seconds(MAX_SLEEP_S, "Seconds to wait at most (default: until the run ends)."),
+        },
         "subworkflow": {
             "workflow": _name("The name of a workflow definition of the tenant."),
             "version": {"type": "integer", "minimum": 1, "description": "The version to run (default: the latest)."},
@@ -121,11 +143,14 @@ def _type_properties() -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
-_REQUIRED: Mapping[str, tuple[str, ...]] = {"action": ("action",), "task": ("task",), "subworkflow": ("workflow",)}
+_REQUIRED: Mapping[str, tuple[str, ...]] = {"action": ("action",), "task": ("task",), "wait_for_event": ("event",),
+                                             "subworkflow": ("workflow",)}
 _DESCRIPTIONS: Mapping[str, str] = {
     "action": "Runs a registered action with its rendered input.",
     "task": "Calls a Celery task of the task catalog with its rendered input.",
     "sleep": "Waits `duration_s` seconds, or until `until`: exactly one of the two.",
+    "wait_for_event": "Waits, holding no worker, for an event of its name and correlation key (its payload is the "
+                      "output), or a signal of its name sent to the run, or its timeout.",
     "subworkflow": "Starts a run of another workflow (a child run), and waits for it unless `wait` is false.",
     "continue_as_new": "Ends the run and starts a successor run of the same workflow. At most one per spec, "
                        "and no node may depend on it.",

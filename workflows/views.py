@@ -34,6 +34,8 @@ from workflows.serializers import (
     ScheduleDetailSerializer,
     ScheduleSerializer,
     ScheduleWriteSerializer,
+    SignalSendSerializer,
+    SignalSerializer,
     StepRunSerializer,
     TriggerSerializer,
     TriggerWriteSerializer,
@@ -197,6 +199,18 @@ class RunViewSet(TenantViewSet):
         ``409`` for a run that has not failed, and for a child run (retry its parent)."""
         run = services.run_retry(run=selectors.get_run_for_tenant(pk))
         return Response(RunSerializer(run).data)
+
+    @extend_schema(request=SignalSendSerializer, responses={201: SignalSerializer, 200: SignalSerializer})
+    @action(detail=True, methods=["post"])
+    def signal(self, request: Request, pk: str) -> Response:
+        """Send a named payload to the run: it resumes the run's ``wait_for_event`` node waiting for that
+        name (whatever its key), or, while none waits, is kept for the first that will. ``201`` with the
+        signal and where it went; ``200`` with the signal an ``idempotency_key`` already sent; ``409`` for a
+        run that has ended."""
+        params = parse(SignalSendSerializer, request.data)
+        signal, created = services.run_signal(pk, **params)
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(SignalSerializer(signal).data, status=code)
 
     @extend_schema(responses=RunEventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page

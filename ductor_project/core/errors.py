@@ -82,6 +82,7 @@ class StepErrorCode(enum.StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"  # a rendered input, an output or a run output past the plan
     CHILD_FAILED = "child_failed"
     CHILD_CANCELLED = "child_cancelled"
+    WAIT_TIMED_OUT = "wait_timed_out"  # a wait_for_event's timeout_s ran out, and it has no default
     # Task nodes (the team's own Celery tasks):
     TASK_FAILED = "task_failed"  # the task raised (its exception's type and message kept)
     TASK_NOT_ALLOWED = "task_not_allowed"  # not in the catalog, or not for this tenant's plan

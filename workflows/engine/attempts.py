@@ -24,7 +24,7 @@ from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, release_on_commit
 from workflows.engine.journal import add_step
 from workflows.engine.statements import attempts_of
-from workflows.models import StepRun, WorkflowRun, WorkflowVersion
+from workflows.models import EventWait, StepRun, WorkflowRun, WorkflowVersion
 
 SStatus = StepRun.Status
 ACTIVE = frozenset({SStatus.SCHEDULED, SStatus.QUEUED, SStatus.RUNNING, SStatus.WAITING})
@@ -171,12 +171,14 @@ def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode | Outcome, messa
 
 def abort_active(latest: dict[str, StepRun], status: str) -> None:
     """End the steps still active with ``status``: their items leave the queue, their late results
-    are discarded, and their child runs are asked to cancel."""
+    are discarded, their waits leave the index, and their child runs are asked to cancel."""
     for step in latest.values():
         if step.status not in ACTIVE:
             continue
         finish(step, status)
         release_on_commit(step)
+        if step.node_type == "wait_for_event":
+            EventWait.objects.filter(step_id=step.pk).delete()
         if step.child_run_id is not None:
             WorkflowRun.objects.filter(pk=step.child_run_id).exclude(status__in=WorkflowRun.TERMINAL).update(
                 cancel_requested=True

@@ -10,6 +10,8 @@ over it fails the step with ``payload_too_large`` and is not kept.
   input matches the task's schema (else the step fails for good); the decision
   also keeps what the dispatcher publishes it with (``task_call``).
 - ``sleep``: a scheduled attempt and a coordinator wake-up at its end.
+- ``wait_for_event``: a waiting attempt, resumed by an event, a signal or its timeout
+  (``workflows.engine.waits``).
 - ``subworkflow``: a child run (refused past the plan's ``max_nesting_depth`` or
   the monthly run quota, which it is charged to).
 - ``continue_as_new``: a successor run, charged to the monthly run quota; this
@@ -37,6 +39,7 @@ from workflows.engine.attempts import Outcome, abort_active, new_step, payload_r
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state
+from workflows.engine.waits import WAIT, start_wait
 from workflows.models import StepRun, WorkflowRun, WorkflowVersion
 
 SStatus = StepRun.Status
@@ -81,6 +84,8 @@ def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], co
         latest[node["id"]] = _start_routed(run, node, context)
     elif kind == "sleep":
         latest[node["id"]] = _start_sleep(run, node, now)
+    elif kind == WAIT:
+        latest[node["id"]] = start_wait(run, node, context, now)
     elif kind == "subworkflow":
         latest[node["id"]] = _start_child(run, node, context)
     elif kind == "continue_as_new":

@@ -4,8 +4,9 @@ PostgreSQL is the source of truth. A crash between a commit and its enqueue,
 or a Redis flush, can leave an active run with nothing queued for it. Every
 pass of the coordinator's reconcilers looks at the runs unchanged for
 ``STALE_RUN_S`` (the longest-unchanged first, ``RECONCILE_BATCH`` at most) and
-puts back their tick, the items of their queued and running steps, and the
-timers of their sleeps, retry backoffs and step timeouts. Each of those is
+puts back their tick, the items of their queued and running steps, the
+timers of their sleeps, retry backoffs and step timeouts, and what their waits
+need (a timeout's wake-up, an arming: ``waits.repair``). Each of those is
 idempotent (an item already queued or in flight is coalesced, a waiting timer
 is kept), so repairing a run that was only slow costs at most a no-op
 delivery. A run whose tick is still waiting or in flight is moving: it is
@@ -27,6 +28,8 @@ from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
 from workflows.engine.attempts import ACTIVE, nodes_of
 from workflows.engine.items import enqueue_step, enqueue_tick, tick_item_id, wakeup_on_commit
+from workflows.engine.waits import WAIT
+from workflows.engine.waits import repair as repair_wait
 from workflows.models import StepRun, WorkflowRun
 
 SStatus = StepRun.Status
@@ -93,6 +96,8 @@ def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: dat
     if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
         deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
         wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=due_in(deadline))
+    if step.status == SStatus.WAITING and step.node_type == WAIT:
+        repair_wait(step)
     if step.status == SStatus.SCHEDULED:
         kind = "sleep_done" if step.node_type == "sleep" else "step_retry"
         wakeup_on_commit(str(step.id), kind=kind, delay_s=due_in(step.scheduled_for))

@@ -1,12 +1,13 @@
 """The tick: advance one run, idempotently, under its tenant's context with its row locked.
 
-Apply what happened since the last tick (finished child runs, failed attempts
-that their retry policy tries again), start every node whose dependencies are
-done (``nodes.start``; a false ``when`` or a skipped dependency skips it, and
-the skip propagates), and finish the run when nothing is left: failed with its
-first failed step, or succeeded with its rendered output, waking its parent. An
-output over the plan's payload limit fails the run with ``payload_too_large``.
-Each tick, queued or inline, is a ``ductor.tick`` span of the run's trace.
+Apply what happened since the last tick (finished child runs, waits that an
+event, a signal or a timeout resumed, failed attempts that their retry policy
+tries again), start every node whose dependencies are done (``nodes.start``; a
+false ``when`` or a skipped dependency skips it, and the skip propagates), and
+finish the run when nothing is left: failed with its first failed step, or
+succeeded with its rendered output, waking its parent. An output over the
+plan's payload limit fails the run with ``payload_too_large``. Each tick, queued
+or inline, is a ``ductor.tick`` span of the run's trace.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from ductor_project.core import tracing
 from ductor_project.core.errors import StepErrorCode
 from scheduling import templates
 from scheduling.dispatch.handlers import ItemContext
-from workflows.engine import nodes
+from workflows.engine import nodes, waits
 from workflows.engine.attempts import (
     Outcome,
     abort_active,
     finish,
     latest_attempts,
     new_step,
+    node_of,
     nodes_of,
     payload_refusal,
     spec_of,
@@ -69,6 +71,7 @@ def advance(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> No
         record_event(run, "started")
     latest = latest_attempts(run) if latest is None else latest
     _apply_children(run, latest)
+    waits.apply(run, latest, lambda node_id: node_of(run, node_id), lambda: context_of(run, latest))
     _retry_failed(run, latest, now)
     if _start_ready(run, latest, now):
         return  # continued as new

@@ -10,7 +10,9 @@ version with the event as its input (``{"id", "name", "key", "payload", "created
   tier the plan does not allow) refuses the event, and nothing is left of it;
 - an event sent again with its ``idempotency_key`` answers the event recorded the first time,
   and starts nothing;
-- only the tenant's own triggers are read: another tenant's event never starts a run here.
+- only the tenant's own triggers are read: another tenant's event never starts a run here;
+- the tenant's runs waiting for the event (a ``wait_for_event`` node of its name and key) are
+  resumed in the same transaction (``workflows.engine.waits.deliver``).
 
 Filters are conditions of the one language (``scheduling.templates``, ``EVENTS``): paths
 ``event.name``, ``event.key`` and ``event.payload…``; anything else is a ``400`` naming
@@ -25,14 +27,12 @@ from typing import Any
 import structlog
 from django.db import IntegrityError, transaction
 
-from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, ErrorCode
-from ductor_project.core.payloads import json_size
 from scheduling import templates
-from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404, parse_uuid
+from workflows.engine.waits import deliver
 from workflows.models import Event, EventTrigger, WorkflowDefinition
-from workflows.services import MAX_BULK_RUNS, payload_too_large, run_start_many
+from workflows.services import MAX_BULK_RUNS, check_payload, run_start_many
 
 log = structlog.get_logger(__name__)
 
@@ -62,13 +62,6 @@ def checked_filter(value: Any, field: str = "filter") -> dict[str, Any] | None:
     return clean
 
 
-def _check_payload(payload: Any, field: str) -> None:
-    limit = effective_entitlements(current_tenant()).max_payload_bytes
-    size = json_size(payload)
-    if size > limit:
-        raise payload_too_large(field, size, limit)
-
-
 def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     """Record the tenant's events and start the runs they trigger, all or none, in one transaction.
     Returns ``(event, created)`` per item, in order: an item whose ``idempotency_key`` was used
@@ -76,7 +69,7 @@ def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     if not items or len(items) > MAX_BULK_EVENTS:
         raise _invalid("events", f"Give 1 to {MAX_BULK_EVENTS} events, not {len(items)}.")
     for index, item in enumerate(items):
-        _check_payload(item.get("payload") or {}, f"events[{index}].payload" if len(items) > 1 else "payload")
+        check_payload(item.get("payload") or {}, f"events[{index}].payload" if len(items) > 1 else "payload")
     try:
         return _send(items)
     except IntegrityError:
@@ -101,6 +94,7 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
                 known[key] = event
             new.append(event)
             results.append((event, True))
+        deliver(new)
         _start_triggered(new)
     for event in (event for event, created in results if created):
         log.info("event_received", event_id=str(event.id), event_name=event.name, runs=len(event.runs))
