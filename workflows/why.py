@@ -15,7 +15,8 @@ for them all) and names the first thing that holds it, in the order the dequeue 
 7. none of these: it is due and admissible, and waits for its turn among the
    tenants ready in its tier (``in_line``).
 
-A step waiting for its child run says so, and a sub-workflow or
+A step waiting for its child run says so, a ``wait_for_event`` step names the
+event (and key) or signal it waits for and its timeout, and a sub-workflow or
 continue-as-new node yet to start, while the tenant's monthly run quota is
 used up, is reported as held by the quota (it cannot start a run). The run's
 own tick, when it waits in the queue, is reported too (node ``""``). Nothing is
@@ -38,7 +39,8 @@ from tenants.entitlements import effective_entitlements
 from tenants.usage import next_reset, runs_this_month
 from workflows.engine.attempts import latest_attempts, spec_of
 from workflows.engine.items import step_item_id, tick_item_id
-from workflows.models import StepRun, WorkflowRun
+from workflows.engine.waits import WAIT
+from workflows.models import EventWait, StepRun, WorkflowRun
 
 SStatus = StepRun.Status
 RUN_STARTING_NODES = ("subworkflow", "continue_as_new")
@@ -55,6 +57,7 @@ class Cause(StrEnum):
     SUSPENDED = "suspended"  # the tenant is suspended
     QUOTA_EXHAUSTED = "quota_exhausted"  # the monthly run quota is used up: the node cannot start its run
     CHILD_RUN = "child_run"  # waiting for its child run to finish
+    EVENT = "event"  # a wait_for_event: waiting for its event (or signal), until ``until`` at most
     DISPATCHING = "dispatching"  # admitted and dispatched: a worker is starting it
     IN_LINE = "in_line"  # due and admissible: waiting for its turn in the fair order
     LOST = "lost"  # its queue item is missing: the coordinator's reconciler enqueues it again
@@ -102,6 +105,8 @@ def _of_step(step: StepRun) -> Waiting | None:
     if step.status == SStatus.SCHEDULED:
         until = step.scheduled_for
         return _with(base, Cause.NOT_DUE, f"not due until {_iso(until)} (a sleep or a retry's backoff)", until)
+    if step.status == SStatus.WAITING and step.node_type == WAIT:
+        return _of_wait(base, step)
     if step.status == SStatus.WAITING:
         child = step.child_run
         if child is None:
@@ -109,6 +114,18 @@ def _of_step(step: StepRun) -> Waiting | None:
         return _with(base, Cause.CHILD_RUN, f"waiting for its child run {child.pk} ({child.status})",
                      details={"child_run_id": str(child.pk), "child_status": child.status})
     return None
+
+
+def _of_wait(base: Waiting, step: StepRun) -> Waiting:
+    """A ``wait_for_event`` step: what it waits for, and until when; or resumed, for its next tick."""
+    wait = EventWait.objects.filter(step_id=step.pk).first()
+    name, key = (step.input or {}).get("event", ""), (step.input or {}).get("key", "")
+    if wait is not None and wait.matched_at is not None:
+        return _with(base, Cause.IN_LINE, "resumed: the run's next tick finishes it", details=wait.matched_by or {})
+    until = wait.expires_at if wait is not None else None
+    what = f"an event '{name}'" + (f" with key '{key}'" if key else "") + f", or a signal '{name}' to the run"
+    limit = f", until {_iso(until)} (its timeout)" if until else ""
+    return _with(base, Cause.EVENT, f"waiting for {what}{limit}", until, details={"event": name, "key": key})
 
 
 def _of_queued(step: StepRun, hold: ItemHold | None) -> Waiting:

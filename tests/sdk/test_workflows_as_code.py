@@ -31,6 +31,8 @@ def documented_example_as_code(timeout_s: float = 30) -> Workflow:
     wf.sleep("until", until="2027-01-01T00:00:00Z")
     child = wf.subworkflow("child", depends_on=[fetch], workflow="enrich", version=2,
                            input={"user": fetch.output["body"]})
+    wf.wait_for_event("paid", depends_on=[fetch], event="order.paid", key=Input["order_id"], timeout_s=86400,
+                      default={"paid": False})
     wf.continue_as_new("again", depends_on=[child], input={"cursor": child.output["next"]})
     wf.output(user=fetch.output["body"], done=True)
     return wf

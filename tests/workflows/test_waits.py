@@ -377,3 +377,20 @@ def test_the_reconciler_arms_a_wait_whose_arming_was_lost(tenant):
 
     finished = advance(tenant, run)
     assert (finished.status, finished.output) == ("succeeded", {"amount": 2})
+
+
+def test_why_names_the_event_and_key_a_wait_waits_for_and_its_timeout(tenant, client_a):
+    put(tenant, {"nodes": [wait_node(key="$input.order_id", timeout_s=600)]})
+    run = start(tenant, "o-9")
+
+    response = client_a.get(f"/api/v1/runs/{run.pk}/why")
+
+    assert response.status_code == 200
+    [waiting] = [w for w in response.json()["waiting"] if w["node_id"] == "paid"]
+    assert waiting["cause"] == "event"
+    assert waiting["details"] == {"event": "order.paid", "key": "o-9"}
+    assert "'order.paid' with key 'o-9'" in waiting["message"] and waiting["until"]
+
+    send(tenant, "o-9")
+    [resumed] = [w for w in client_a.get(f"/api/v1/runs/{run.pk}/why").json()["waiting"] if w["node_id"] == "paid"]
+    assert resumed["cause"] == "in_line"

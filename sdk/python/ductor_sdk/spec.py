@@ -20,6 +20,7 @@ _TYPE_FIELDS = {
     "action": ("action", "input"),
     "task": ("task", "input"),
     "sleep": ("duration_s", "until"),
+    "wait_for_event": ("event", "key", "lookback_s", "default"),
     "subworkflow": ("workflow", "version", "input", "wait"),
     "continue_as_new": ("input",),
 }
@@ -78,7 +79,7 @@ def normalized_node(raw: Mapping[str, Any]) -> dict[str, Any]:
             node[name] = _instant(raw[name]) if name == "until" else raw[name]
     if node_type == "subworkflow":
         node.setdefault("wait", True)
-    if node_type != "sleep":
+    if node_type not in ("sleep", "wait_for_event"):
         node.setdefault("input", {})
     return node
 

@@ -201,6 +201,22 @@ class Workflow:
         fields = {name: value for name, value in (("duration_s", duration_s), ("until", until)) if value is not None}
         return self._add(id, "sleep", fields, options)
 
+    def wait_for_event(
+        self, id: str, *, event: str, key: Any = None, default: Any = _UNSET, lookback_s: float | None = None,
+        **options: Unpack[NodeOptions],
+    ) -> StepRef:
+        """Wait, holding no worker, for an event ``event`` whose key is ``key`` (a template; None: any key),
+        or a signal ``event`` sent to the run: its payload is the node's output. After ``timeout_s`` the
+        output is ``default``, or without one the node fails (``wait_timed_out``). ``lookback_s``: an event
+        up to this much older than the wait counts too."""
+        fields: dict[str, Any] = {"event": event}
+        for name, value in (("key", key), ("lookback_s", lookback_s)):
+            if value is not None:
+                fields[name] = value
+        if default is not _UNSET:
+            fields["default"] = default
+        return self._add(id, "wait_for_event", fields, options)
+
     def subworkflow(
         self, id: str, *, workflow: str | Workflow, version: int | None = None, input: Any = None,
         wait: bool = True, **options: Unpack[NodeOptions],
