@@ -307,7 +307,8 @@ class Event(TenantScopedModel):
             models.UniqueConstraint(fields=["tenant", "idempotency_key"],
                                     condition=models.Q(idempotency_key__isnull=False), name="event_unique_key"),
         ]
-        indexes = [models.Index(fields=["tenant", "name", "-created_at"], name="event_tenant_name")]
+        indexes = [models.Index(fields=["tenant", "name", "-created_at"], name="event_tenant_name"),
+                   models.Index(fields=["tenant", "created_at"], name="event_tenant_age")]  # the retention
 
     def __str__(self) -> str:
         return f"{self.name} {self.id}"

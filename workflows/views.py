@@ -207,8 +207,8 @@ class RunViewSet(TenantViewSet):
         name (whatever its key), or, while none waits, is kept for the first that will. ``201`` with the
         signal and where it went; ``200`` with the signal an ``idempotency_key`` already sent; ``409`` for a
         run that has ended."""
-        params = parse(SignalSendSerializer, request.data)
-        signal, created = services.run_signal(pk, **params)
+        run = selectors.get_run_for_tenant(pk)  # another tenant's run is not found, whatever the body
+        signal, created = services.run_signal(run.pk, **parse(SignalSendSerializer, request.data))
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(SignalSerializer(signal).data, status=code)
 

@@ -1,4 +1,5 @@
-"""``Coordinator``: the reaper and the reconcilers, in a loop that survives what it depends on.
+"""``Coordinator``: the reaper, the reconcilers and the housekeepers, in a loop that survives what
+it depends on.
 
 Each pass first asks whether Redis lost its data (``epoch.RedisWatch``): if it
 did, every reconciler repairs everything at once. A failing pass (PostgreSQL
@@ -18,6 +19,7 @@ from django.db import connections
 
 from ductor_project.core import heartbeats, metrics
 from scheduling.coordinator.epoch import RedisWatch
+from scheduling.coordinator.housekeeping import housekeep_all
 from scheduling.coordinator.reaper import reap_all
 from scheduling.coordinator.reconcile import reconcile_all
 from tenants.tasking import refresh_db_connections
@@ -26,8 +28,8 @@ log = structlog.get_logger(__name__)
 
 
 class Coordinator:
-    """Reaps expired leases every ``interval_s`` and reconciles Redis with PostgreSQL every
-    ``reconcile_every_s``."""
+    """Reaps expired leases every ``interval_s``, and reconciles Redis with PostgreSQL and runs the
+    housekeepers (retention) every ``reconcile_every_s``."""
 
     def __init__(self, *, interval_s: float = 1.0, reconcile_every_s: float = 10.0) -> None:
         self.interval_s = interval_s
@@ -40,16 +42,17 @@ class Coordinator:
         refresh_db_connections()
         full = self._redis.lost()
         reaped = reap_all()
-        repaired = 0
+        repaired = removed = 0
         if full or time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
             repaired = reconcile_all(full=full)
+            removed = housekeep_all()
             self._last_reconcile = time.monotonic()
-        if reaped or repaired:
-            log.info("coordinator_tick", reaped=reaped, repaired=repaired)
+        if reaped or repaired or removed:
+            log.info("coordinator_tick", reaped=reaped, repaired=repaired, removed=removed)
         metrics.REAPED.inc(reaped)
         metrics.REPAIRS.inc(repaired)
         metrics.LOOP_PASS.labels(heartbeats.COORDINATOR).observe(time.perf_counter() - started)
-        return {"reaped": reaped, "repaired": repaired}
+        return {"reaped": reaped, "repaired": repaired, "removed": removed}
 
     def run_forever(self, stop: threading.Event) -> None:
         """Tick every ``interval_s`` until ``stop`` is set; each pass that worked beats

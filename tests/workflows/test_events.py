@@ -169,3 +169,35 @@ def test_a_disabled_or_deleted_trigger_starts_nothing(tenant, client_a):
     assert client_a.delete(f"/api/v1/triggers/{trigger['id']}").status_code == 204
     assert client_a.post("/api/v1/events", {"name": "order.paid"}, format="json").json()["runs"] == []
     assert runs_of(tenant) == []
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+
+def test_events_older_than_their_tenants_retention_are_deleted_in_batches_and_no_others(tenant, tenant_b):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workflows.triggers.events import expire_events
+
+    tenant_services.override_set(tenant=tenant, field="event_retention_days", value=1)
+    tenant_services.override_set(tenant=tenant_b[0], field="event_retention_days", value=30)
+    for owner in (tenant, tenant_b[0]):
+        with tenant_context(owner):
+            for age_days in (0, 2, 2, 2):
+                event = Event.objects.create(name="order.paid", payload={"age": age_days})
+                Event.objects.filter(pk=event.pk).update(created_at=timezone.now() - timedelta(days=age_days))
+
+    assert expire_events(batch=2) == 2  # a batch of each tenant: two of tenant a's old ones
+    assert expire_events(batch=2) == 1
+
+    with tenant_context(tenant):
+        assert [e.payload["age"] for e in Event.objects.all()] == [0]
+    with tenant_context(tenant_b[0]):
+        assert Event.objects.count() == 4
+
+
+def test_a_retention_override_must_be_at_least_a_day(tenant):
+    with pytest.raises(Exception, match="at least 1"):
+        tenant_services.override_set(tenant=tenant, field="event_retention_days", value=0)

@@ -22,13 +22,18 @@ Filters are conditions of the one language (``scheduling.templates``, ``EVENTS``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import structlog
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from ductor_project.core.errors import ApiError, ErrorCode
+from ductor_project.core.context import tenant_context
 from scheduling import templates
+from tenants.entitlements import effective_entitlements
+from tenants.models import Tenant
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.engine.waits import deliver
 from workflows.models import Event, EventTrigger, WorkflowDefinition
@@ -160,6 +165,37 @@ def trigger_of(trigger_id: Any) -> EventTrigger:
     found: EventTrigger = first_or_404(EventTrigger.objects.select_related("workflow")
                                        .filter(pk=parse_uuid(trigger_id)))
     return found
+
+
+# --- retention ------------------------------------------------------------------------------------------
+
+# Most events one pass deletes of one tenant, and most tenants one pass looks at.
+EXPIRE_BATCH = 1000
+TENANTS_PER_PASS = 100
+_expiry_cursor: list[Any] = [None]  # the last tenant the previous pass looked at
+
+
+def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_PER_PASS) -> int:
+    """Delete events older than their tenant's ``event_retention_days``: up to ``batch`` of each of the
+    next ``tenants_per_pass`` tenants (by id, on from where the previous pass stopped, round and
+    round), each in its own short transaction. A coordinator housekeeper; returns how many it deleted.
+    The runs an event started keep it as their input."""
+    tenants = Tenant.objects.order_by("pk")
+    if _expiry_cursor[0] is not None:
+        tenants = tenants.filter(pk__gt=_expiry_cursor[0])
+    chosen = list(tenants[:tenants_per_pass])
+    _expiry_cursor[0] = chosen[-1].pk if len(chosen) == tenants_per_pass else None
+    deleted = 0
+    now = timezone.now()
+    for tenant in chosen:
+        with tenant_context(tenant), transaction.atomic():
+            cutoff = now - timedelta(days=effective_entitlements(tenant).event_retention_days)
+            old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
+            count, _ = Event.objects.filter(pk__in=old).delete()
+        if count:
+            log.info("events_expired", target_tenant=str(tenant.pk), count=count)
+        deleted += count
+    return deleted
 
 
 def event_of(event_id: Any) -> Event:
