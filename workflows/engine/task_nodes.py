@@ -137,14 +137,17 @@ def _send(item: Dequeued, step: StepRun) -> str:
     # carry it too, so that the outcome goes on in it even from a team's worker that does not trace.
     with tracing.item_span("ductor.task.publish", call, item_id=item.item_id, run_id=str(step.run_id),
                            node_id=step.node_id, attempt=step.attempt, queue=queue):
-        traced = {"headers": tracing.headers()} if tracing.enabled else {}
+        # The callbacks store no result (``ignore_result``), so the team's worker's publish of one
+        # subscribes to no result channel; nothing awaits it: the outcome comes back in them.
+        traced: dict[str, Any] = {"headers": tracing.headers()} if tracing.enabled else {}
+        callback = {"queue": RESULTS_QUEUE, "ignore_result": True, **traced}
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
             headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
                                        f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
                              strict=True)),
-            link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, queue=RESULTS_QUEUE, **traced),
-            link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, queue=RESULTS_QUEUE, **traced),
+            link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, **callback),
+            link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, **callback),
         )
     return queue
 
@@ -156,10 +159,22 @@ def _named_broker(name: str) -> Celery:
                   config_source={"task_serializer": "json", "accept_content": ["json"]})
 
 
+@cache
+def _own_broker() -> Celery:
+    """Ductor's own broker, as the dispatcher publishes tasks to it: with no result backend, so that
+    a publish does not subscribe to the task's result channel (Celery's Redis backend does, for a
+    result nobody here reads). The team's worker stores the task's result with its own backend."""
+    conf = ductor_app.conf
+    return Celery("ductor-publisher", broker=conf.broker_url, set_as_current=False,
+                  config_source={"task_serializer": "json", "accept_content": ["json"],
+                                 "broker_transport_options": conf.broker_transport_options,
+                                 "broker_connection_retry_on_startup": True})
+
+
 def broker_app(name: str) -> Celery:
     """The Celery app that publishes to the broker ``name`` (``default``: Ductor's own)."""
     if name == DEFAULT_BROKER:
-        return ductor_app
+        return _own_broker()
     if name not in settings.DUCTOR_TASK_BROKERS:
         raise NoQueue(f"broker '{name}' is not configured (DUCTOR_TASK_BROKERS)")
     return _named_broker(name)
