@@ -263,7 +263,10 @@ def apply(run: WorkflowRun, latest: dict[str, StepRun], node_of: Callable[[str],
             output = templates.render(node["default"], context())
             refusal = payload_refusal(output, "default")
             finish(step, refusal or Outcome.succeeded(jsonable(output)))
-            record_event(run, "step_timed_out", step.node_id, default=refusal is None)
+            if refusal is None:
+                record_event(run, "step_succeeded", step.node_id, timed_out=True)
+            else:
+                record_event(run, "step_failed", step.node_id, reason=(refusal.error or {}).get("message", ""))
         else:
             finish(step, Outcome.failed(StepErrorCode.WAIT_TIMED_OUT, f"no '{node['event']}' came within "
                                         f"{node.get('timeout_s')} s"))
