@@ -17,15 +17,13 @@ from workflows.engine.task_nodes import Sent
 
 @tenant_task(name="ductor.task_succeeded", ignore_result=True)
 def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
-                   admitted: str = "", run_id: str = "", tier: str = "") -> None:
+                   admitted: str = "", run_id: str = "") -> None:
     """A task node's Celery task returned ``result``."""
-    task_nodes.task_succeeded(result, Sent(step_id, item_id, delivery, connection_id, admitted, run_id, tier))
+    task_nodes.task_succeeded(result, Sent(step_id, item_id, delivery, connection_id, admitted, run_id))
 
 
 @tenant_task(name="ductor.task_failed", ignore_result=True)
 def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
-                admitted: str = "", run_id: str = "", tier: str = "",
-                error: Mapping[str, Any] | None = None) -> None:
+                admitted: str = "", run_id: str = "", error: Mapping[str, Any] | None = None) -> None:
     """A task node's Celery task raised (Celery sends its id; ``ductor_sdk``'s hook adds the error)."""
-    task_nodes.task_failed(task_id, Sent(step_id, item_id, delivery, connection_id, admitted, run_id, tier),
-                           error)
+    task_nodes.task_failed(task_id, Sent(step_id, item_id, delivery, connection_id, admitted, run_id), error)

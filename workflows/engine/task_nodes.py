@@ -20,9 +20,7 @@ the items it dequeued to ``publish``, which, per tenant:
    returned it: no result came) times the step out (``timers.step_timeout``).
 
 The callbacks record the outcome and tick the run in one transaction
-(``steps.record_outcome``), then ack the item, which frees its slots, and take
-the next items of its tier by handoff (``scheduling.dispatch.handoff``): the
-next task step of the run is published from there, in the fair order. A task
+(``steps.record_outcome``), then ack the item, which frees its slots. A task
 that raised fails the step as retryable, with its exception's type and
 message: given by ``ductor_sdk``'s worker hook, else read from the result
 backend. A worker that died with the task is noticed by the timeout, which
@@ -50,11 +48,8 @@ from ductor_project.celery import app as ductor_app
 from ductor_project.core import scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
-from ductor_project.core.keys import shard_of
 from scheduling import fair_queue
 from scheduling.connection_config import DEFAULT_BROKER
-from scheduling.dispatch import credits, handoff
-from scheduling.dispatch.finisher import finisher
 from scheduling.fair_queue import Dequeued
 from scheduling.routing_table import routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
@@ -135,7 +130,7 @@ def _send(item: Dequeued, step: StepRun) -> str:
     tenant_id = str(current_tenant().pk)
     ids = {"tenant_id": tenant_id, "step_id": str(step.id), "run_id": str(step.run_id), "item_id": item.item_id,
            "delivery": item.delivery, "connection_id": member.connection_id if member else "",
-           "admitted": item.admitted, "tier": item.tier}
+           "admitted": item.admitted}
     value = step.input
     args, kwargs = ([], dict(value or {})) if call.get("arguments", "kwargs") == "kwargs" else ([value], {})
     # In the step's trace: Celery's instrumentation puts it in the message's headers, and the callbacks
@@ -203,7 +198,6 @@ class Sent:
     connection_id: str = ""
     admitted: str = ""
     run_id: str = ""  # "" in a message published before it was sent: then read from the step
-    tier: str = ""  # the item's tier ("" in a message published before it was sent: no handoff)
 
 
 def task_succeeded(result: Any, sent: Sent) -> None:
@@ -240,15 +234,5 @@ def _keep(sent: Sent, outcome: Outcome) -> None:
     run_id = sent.run_id or StepRun.objects.filter(pk=sent.step_id).values_list("run_id", flat=True).first()
     if run_id is not None:
         record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
-    # Its slots free once the outcome is kept (a late result's ack changes nothing); and this
-    # process takes the next items of the tier's queue itself, as a worker does after an item
-    # (``handoff``): the next task step the outcome made ready is published from here, in the fair
-    # order, without waiting for a dispatcher's round.
-    if not sent.tier or settings.DUCTOR_HANDOFF_MS <= 0:
-        fair_queue.ack(sent.item_id, delivery=sent.delivery)
-        return
-    tenant, queue = current_tenant(), credits.queue_for(sent.tier)
-    _, ack = handoff.chain(fair_queue.Finished(tenant, sent.item_id, sent.delivery), queue=queue, credit="",
-                           shard=shard_of(str(tenant.pk)), until=handoff.deadline())
-    if ack is not None:
-        finisher.later(queue, "", ack)
+    # Its slots free once the outcome is kept (a late result's ack changes nothing).
+    fair_queue.ack(sent.item_id, delivery=sent.delivery)
