@@ -219,11 +219,12 @@ SPECTACULAR_SETTINGS = {
     ],
     # A schema that inherits its docstring from a project base serializer gets no description.
     "GET_LIB_DOC_EXCLUDES": "ductor_project.core.openapi.doc_excluded_bases",
-    # Three models have a "status": each its own enum in the schema, by name.
+    # Four models have a "status": each its own enum in the schema, by name.
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenants.models.Tenant.Status",
         "RunStatusEnum": "workflows.models.WorkflowRun.Status",
         "StepStatusEnum": "workflows.models.StepRun.Status",
+        "WebhookDeliveryStatusEnum": "workflows.models.WebhookDelivery.Status",
         "ConditionOpEnum": "scheduling.templates.OPERATORS",
     },
     # The tags ductor_project.core.openapi.tag_operations gives: the tenant API (a tenant's key),
@@ -236,7 +237,8 @@ SPECTACULAR_SETTINGS = {
         {"name": "tasks", "description": "The catalog's tasks this tenant may call from `task` nodes."},
         {"name": "triggers", "description": "What starts runs without a call of its own: cron and interval "
                                             "schedules (pause, resume, the next fire times), and events, which "
-                                            "start the workflows their triggers subscribe."},
+                                            "start the workflows their triggers subscribe; and webhooks, which "
+                                            "tell endpoints of runs' outcomes."},
         {"name": "routing", "description": "Connections, pools and routing rules, and the routing dry run."},
         {"name": "queue", "description": "The tenant's own fair-queue backlog."},
         {"name": "tenant", "description": "The tenant the key acts for: its entitlements, usage and API keys."},
@@ -300,6 +302,16 @@ DUCTOR_MAX_SPEC_DEPTH = env.int("DUCTOR_MAX_SPEC_DEPTH", default=32)
 # next, at once), and how often a schedule holding a buffered fire looks whether its run ended.
 DUCTOR_SCHEDULE_FIRE_BATCH = env.int("DUCTOR_SCHEDULE_FIRE_BATCH", default=500)
 DUCTOR_SCHEDULE_BUFFER_CHECK_S = env.float("DUCTOR_SCHEDULE_BUFFER_CHECK_S", default=1.0)
+# Webhooks (docs/triggers.md#webhooks): each attempt's timeout; the attempts of a delivery before it
+# fails; the first retry's delay (doubled per attempt, jittered, at most an hour); the consecutive
+# failed attempts that disable an endpoint; and the endpoints one tenant may have.
+DUCTOR_WEBHOOK_TIMEOUT_S = env.float("DUCTOR_WEBHOOK_TIMEOUT_S", default=10.0)
+DUCTOR_WEBHOOK_MAX_ATTEMPTS = env.int("DUCTOR_WEBHOOK_MAX_ATTEMPTS", default=8)
+DUCTOR_WEBHOOK_BACKOFF_S = env.float("DUCTOR_WEBHOOK_BACKOFF_S", default=10.0)
+DUCTOR_WEBHOOK_DISABLE_AFTER = env.int("DUCTOR_WEBHOOK_DISABLE_AFTER", default=20)
+DUCTOR_WEBHOOKS_PER_TENANT = env.int("DUCTOR_WEBHOOKS_PER_TENANT", default=20)
+# Most webhook deliveries of one tenant in flight at once (each holds a worker slot while it waits).
+DUCTOR_WEBHOOK_CONCURRENCY = env.int("DUCTOR_WEBHOOK_CONCURRENCY", default=2)
 
 # Fernet keys for connection secrets (comma-separated; first encrypts, all decrypt).
 # Empty: one key is generated once into the data dir.

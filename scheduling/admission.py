@@ -85,6 +85,20 @@ def queue_scope(queue: str) -> tuple[str, dict[str, str]] | None:
                    f"connection:{scope}": json.dumps(member, separators=(",", ":"))}
 
 
+# The scope of a tenant's webhook deliveries: their slots, of each tenant's own.
+WEBHOOK_SCOPE = "webhooks"
+
+
+def webhook_scope(limit: int) -> tuple[str, dict[str, str]]:
+    """The admission scope of a tenant's webhook deliveries: at most ``limit`` of them in flight at
+    once (a pool of the tenant's with one member, unbounded), so that its slow endpoints hold that
+    many worker slots at most, besides its concurrency ceiling."""
+    pool = {**_limits(limit, None, None), "strategy": "failover", "members": [[WEBHOOK_SCOPE, 1, 0]]}
+    member = {**_limits(None, None, None), "pools": [WEBHOOK_SCOPE]}
+    return WEBHOOK_SCOPE, {f"pool:{WEBHOOK_SCOPE}": json.dumps(pool, separators=(",", ":")),
+                           f"connection:{WEBHOOK_SCOPE}": json.dumps(member, separators=(",", ":"))}
+
+
 def _limits(max_concurrency: int | None, rate_per_s: float | None, burst: int | None) -> dict[str, Any]:
     return {
         "limit": -1 if max_concurrency is None else max_concurrency,

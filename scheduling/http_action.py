@@ -271,7 +271,9 @@ def _breaker_tenant(connection: Connection) -> Tenant | None:
     return None
 
 
-def _retry_after(value: str | None) -> float | None:
+def parse_retry_after(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` value asks to wait (a number, or an HTTP date), at least 0;
+    None when it is absent or unreadable."""
     if not value:
         return None
     with contextlib.suppress(ValueError):
@@ -514,7 +516,7 @@ def _refuse_overload(response: httpx.Response, host: str) -> None:
         code = StepErrorCode.RATE_LIMITED if status == 429 else StepErrorCode.SERVER_ERROR
         raise RetryableActionError(
             f"HTTP {status} from '{host}'", code=code, status=status,
-            retry_after_s=_retry_after(response.headers.get("retry-after")),
+            retry_after_s=parse_retry_after(response.headers.get("retry-after")),
         )
 
 
@@ -528,6 +530,37 @@ def _refuse_client_error(status: int, body: Any, host: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def _checked_response(call: _Call, timeout_s: float) -> Iterator[httpx.Response]:
+    """Resolve and check the host (``resolve_allowed``), then send ``call`` to a checked address
+    (``_pinned_response``), without redirects or proxies from the environment."""
+    addresses = resolve_allowed(call.host, _port(call.url))
+    with (
+        httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client,
+        _pinned_response(client, call, addresses) as response,
+    ):
+        yield response
+
+
+@contextlib.contextmanager
+def checked_request(
+    method: str, url: httpx.URL, *, headers: Mapping[str, str], body: bytes | None, timeout_s: float
+) -> Iterator[httpx.Response]:
+    """Send one request to ``url`` under the address policy of ``http_request``, and stream its answer.
+
+    Guarantees what ``http_request`` does of the network: no socket is opened to a refused
+    address, the connection goes to the address that was checked (``Host`` and the TLS SNI name
+    carry the URL's host), redirects are returned, not followed, and each network phase takes at
+    most ``timeout_s``. Reading the body, and how much of it, is the caller's. Raises
+    ``PermanentActionError`` (``address_refused``), ``RetryableActionError`` (``dns_error``) and
+    ``httpx.TransportError``.
+    """
+    call = _Call(method=method, url=url, host=url.raw_host.decode("ascii"), netloc=url.netloc.decode("ascii"),
+                 headers=dict(headers), query=(), body=body)
+    with _checked_response(call, timeout_s) as response:
+        yield response
+
+
 def _exchange(call: _Call, config: _Config, breaker: _Breaker, progress: _Progress) -> dict[str, Any]:
     """Resolve and check the host, send ``call`` to a checked address and read the answer.
 
@@ -535,11 +568,7 @@ def _exchange(call: _Call, config: _Config, breaker: _Breaker, progress: _Progre
     read; any other complete response records a breaker success, then a 4xx
     raises. Failures are left to the caller to record.
     """
-    addresses = resolve_allowed(call.host, _port(call.url))
-    with (
-        httpx.Client(timeout=config.timeout_s, follow_redirects=False, trust_env=False) as client,
-        _pinned_response(client, call, addresses) as response,
-    ):
+    with _checked_response(call, config.timeout_s) as response:
         progress.status = status = response.status_code
         _refuse_overload(response, call.host)
         progress.outcome = "too_large"

@@ -26,6 +26,7 @@ from workflows import services as workflow_services
 from workflows.models import TaskCatalogEntry
 from workflows.triggers import events as event_services
 from workflows.triggers import services as schedule_services
+from workflows.triggers import webhooks
 
 DEEP = 1000  # levels: past the parser's limit, and past Python's recursion limit
 pytestmark = pytest.mark.django_db
@@ -49,10 +50,11 @@ def world(tenant_a: tuple[Tenant, str]) -> dict[str, str]:
         schedule = schedule_services.schedule_create(name="hourly", workflow="wf", interval_s=3600)
         trigger = event_services.trigger_create(workflow="wf", event="ping")
         [(event, _)] = event_services.events_send([{"name": "pong"}])
+        webhook = webhooks.webhook_create(url="https://93.184.216.34/hook", events=["run.failed"]).endpoint
     TaskCatalogEntry.objects.create(name="wf", queue="q")  # {name} on the catalog's paths too
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
             "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf", "schedules": str(schedule.pk),
-            "triggers": str(trigger.pk), "events": str(event.pk)}
+            "triggers": str(trigger.pk), "events": str(event.pk), "webhooks": str(webhook.pk)}
 
 
 @pytest.fixture

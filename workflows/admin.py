@@ -28,10 +28,14 @@ from workflows.dag_svg import render_dag
 from workflows.models import (
     Event,
     EventTrigger,
+    EventWait,
     RunEvent,
+    RunSignal,
     Schedule,
     StepRun,
     TaskCatalogEntry,
+    WebhookDelivery,
+    WebhookEndpoint,
     WorkflowDefinition,
     WorkflowRun,
     WorkflowVersion,
@@ -451,6 +455,41 @@ class EventAdmin(ReadOnlyMixin, TenantScopedAdmin):
         return format_html_join(mark_safe("<br>"), '<a href="{}">{}</a>', ((_run_url(run), run) for run in obj.runs))
 
 
+@admin.register(EventWait)
+class EventWaitAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """The open waits of ``wait_for_event`` nodes (the index events and signals find them by), read only."""
+
+    list_display = ["event", "key", "run_link", "expires_at", "armed_at", "matched_at"]
+    list_filter = ["event"]
+    search_fields = ["event", "key"]
+    readonly_fields = ["run_link", "event", "key", "lookback_s", "expires_at", "armed_at", "matched_at", "matched_by",
+                       "created_at"]
+    exclude = ["run", "step", "payload"]
+
+    @admin.display(description="run")
+    def run_link(self, obj: EventWait) -> SafeString:
+        return format_html('<a href="{}">{}</a>', _run_url(obj.run_id), obj.run_id)
+
+
+@admin.register(RunSignal)
+class RunSignalAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """Signals sent to runs, read only: the wait each resumed, or none while it is kept."""
+
+    list_display = ["name", "run_link", "delivered_to", "created_at"]
+    list_filter = ["name"]
+    search_fields = ["name", "idempotency_key"]
+    readonly_fields = ["run_link", "name", "payload_pretty", "idempotency_key", "delivered_to", "created_at"]
+    exclude = ["run", "payload"]
+
+    @admin.display(description="run")
+    def run_link(self, obj: RunSignal) -> SafeString:
+        return format_html('<a href="{}">{}</a>', _run_url(obj.run_id), obj.run_id)
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: RunSignal) -> SafeString:
+        return _pretty(obj.payload)
+
+
 @admin.register(EventTrigger)
 class EventTriggerAdmin(ReadOnlyMixin, TenantScopedAdmin):
     """A tenant's event triggers, read only: they change through the API, which checks their filters."""
@@ -459,3 +498,46 @@ class EventTriggerAdmin(ReadOnlyMixin, TenantScopedAdmin):
     list_filter = ["enabled"]
     search_fields = ["event"]
     readonly_fields = ["event", "workflow", "filter", "enabled", "created_at", "updated_at"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """A tenant's webhook endpoints, read only: they change through the API, which checks their URLs.
+    Their secrets are never shown. Deleting one here deletes its delivery log."""
+
+    list_display = ["url", "enabled", "consecutive_failures", "disabled_reason", "created_at"]
+    list_filter = ["enabled"]
+    search_fields = ["url", "description"]
+    readonly_fields = ["url", "description", "events", "workflows", "enabled", "disabled_reason", "disabled_at",
+                       "consecutive_failures", "previous_secret_expires_at", "created_at", "updated_at"]
+    exclude = ["secret", "previous_secret"]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """The webhooks' delivery log, read only: each delivery's body and attempts."""
+
+    list_display = ["type", "endpoint", "status", "attempt_count", "created_at", "finished_at"]
+    list_filter = ["status", "type"]
+    list_select_related = ["endpoint"]
+    readonly_fields = ["endpoint", "run_link", "type", "status", "attempts_pretty", "next_attempt_at", "body_pretty",
+                       "created_at", "finished_at"]
+    exclude = ["run", "attempts", "body"]
+
+    @admin.display(description="attempts")
+    def attempt_count(self, obj: WebhookDelivery) -> int:
+        return sum(1 for entry in obj.attempts or [] if "status_code" in entry)
+
+    @admin.display(description="run")
+    def run_link(self, obj: WebhookDelivery) -> SafeString:
+        if obj.run_id is None:
+            return mark_safe("—")
+        return format_html('<a href="{}">{}</a>', _run_url(obj.run_id), obj.run_id)
+
+    @admin.display(description="attempts")
+    def attempts_pretty(self, obj: WebhookDelivery) -> SafeString:
+        return _pretty(obj.attempts)
+
+    @admin.display(description="body")
+    def body_pretty(self, obj: WebhookDelivery) -> SafeString:
+        return _pretty(obj.body)

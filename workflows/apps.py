@@ -6,13 +6,14 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from scheduling.coordinator.housekeeping import register_housekeeper
         from scheduling.coordinator.reconcile import register_reconciler
         from scheduling.coordinator.wakeups import register_wakeup
         from scheduling.dispatch.handlers import register_handler, register_publisher
         from tenants.usage import register_ceiling_counter
         from workflows.engine import items, reconcile, steps, task_nodes, tick, timers, waits
         from workflows.models import Schedule, WorkflowDefinition
-        from workflows.triggers import arming, firing
+        from workflows.triggers import arming, events, firing
         from workflows.triggers import reconcile as schedules_reconcile
 
         register_ceiling_counter("workflows", lambda: WorkflowDefinition.objects.count())
@@ -23,6 +24,15 @@ class WorkflowsConfig(AppConfig):
         for kind, wake in timers.WAKEUPS.items():
             register_wakeup(kind, wake)
         register_wakeup(waits.TIMEOUT_KIND, waits.wait_timeout)
+        register_housekeeper(events.expire_events)
         register_reconciler(reconcile.reconcile_runs)
         register_wakeup(arming.WAKE_KIND, firing.fire_due)
         register_reconciler(schedules_reconcile.reconcile_schedules)
+        # Webhooks: the deliveries of runs' outcomes, their items, retries and reconciler.
+        from workflows.engine.events import register_listener
+        from workflows.triggers import webhook_delivery, webhooks
+
+        register_listener(webhooks.on_run_event)
+        register_handler(webhooks.ITEM_KIND, webhook_delivery.execute_delivery)
+        register_wakeup(webhook_delivery.WAKE_KIND, webhook_delivery.retry_due)
+        register_reconciler(webhook_delivery.reconcile_deliveries)

@@ -48,6 +48,7 @@ TENANT_TAGS: Mapping[str, str] = {
     "events": "triggers",
     "triggers": "triggers",
     "schedules": "triggers",
+    "webhooks": "triggers",
 }
 TAG_GROUPS = (("Tenant API", False), ("Platform API", True))  # x-tagGroups: name, holds platform tags
 # Base serializers whose docstrings say how the base behaves: a schema that inherits one

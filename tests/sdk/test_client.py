@@ -437,3 +437,23 @@ def test_an_event_sent_starts_the_workflows_its_triggers_subscribe_and_only_here
     with pytest.raises(BadRequest) as bad:
         sdk.triggers.create("greet", "x", filter={"path": "event.colour", "op": "eq", "value": 1})
     assert bad.value.field == "filter.path"
+
+
+def test_a_signal_resumes_a_run_waiting_for_it_and_a_wait_for_event_compiles_and_runs(sdk: Client) -> None:
+    wf = Workflow("approval")
+    approved = wf.wait_for_event("approved", event="approved", key=Input["order_id"], timeout_s=3600)
+    wf.output(approved.output)
+    sdk.workflows.apply(wf)
+    run = sdk.runs.start("approval", {"order_id": "o-1"})
+    assert [(s.node_id, s.status) for s in sdk.runs.iter_steps(run.id)] == [("approved", "waiting")]
+    assert sdk.runs.why(run.id).waiting[0].cause == "event"
+
+    signal = sdk.runs.signal(run.id, "approved", {"by": "ann"}, idempotency_key="approve-o-1")
+    again = sdk.runs.signal(run.id, "approved", {"by": "ann"}, idempotency_key="approve-o-1")
+
+    assert signal.delivered_to is not None
+    assert signal.delivered_to.node_id == "approved"
+    assert again.id == signal.id
+    stored = sdk.workflows.get("approval").spec or {}
+    assert stored["nodes"][0]["key"] == "$input.order_id"
+    assert "input" not in stored["nodes"][0]

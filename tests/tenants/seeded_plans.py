@@ -29,7 +29,8 @@ SEEDED: dict[str, dict[str, Any]] = {
         "name": "Enterprise", "max_concurrency": 500, "step_rate_per_s": 500.0, "step_burst": 1000,
         "monthly_run_quota": 50_000_000, "max_workflows": 2000, "max_pools": 200,
         "max_connections": 500, "max_rules": 1000, "max_schedules": 2000, "max_nesting_depth": 10,
-        "max_payload_bytes": 1_048_576, "event_retention_days": 90, "api_rate_per_s": 200.0, "api_burst": 400, "weight": 16,
+        "max_payload_bytes": 1_048_576, "event_retention_days": 90, "api_rate_per_s": 200.0, "api_burst": 400,
+        "weight": 16,
         "allowed_tiers": ["interactive", "standard", "batch"],
     },
 }

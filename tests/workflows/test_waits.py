@@ -283,7 +283,8 @@ def test_a_signal_sent_before_the_wait_is_kept_and_resumes_it_when_it_starts(ten
                  "output": "$nodes.approval.output"})
     run = start(tenant)
     kept = client_a.post(f"/api/v1/runs/{run.pk}/signal", {"name": "approved", "payload": {"ok": 1}}, format="json")
-    assert kept.status_code == 201 and kept.json()["delivered_to"] is None
+    assert kept.status_code == 201
+    assert kept.json()["delivered_to"] is None
 
     from tests.workflows.test_retry_rerun import run_step
 
@@ -389,7 +390,8 @@ def test_why_names_the_event_and_key_a_wait_waits_for_and_its_timeout(tenant, cl
     [waiting] = [w for w in response.json()["waiting"] if w["node_id"] == "paid"]
     assert waiting["cause"] == "event"
     assert waiting["details"] == {"event": "order.paid", "key": "o-9"}
-    assert "'order.paid' with key 'o-9'" in waiting["message"] and waiting["until"]
+    assert "'order.paid' with key 'o-9'" in waiting["message"]
+    assert waiting["until"]
 
     send(tenant, "o-9")
     [resumed] = [w for w in client_a.get(f"/api/v1/runs/{run.pk}/why").json()["waiting"] if w["node_id"] == "paid"]

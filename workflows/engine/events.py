@@ -1,9 +1,17 @@
 """A run's history: append-only events, written in the transaction of the change they record
-(gathered into one ``INSERT`` per tick by ``journal``)."""
+(gathered into one ``INSERT`` per tick by ``journal``).
+
+Other parts of the product follow a run's history through *listeners* (``register_listener``, in
+``AppConfig.ready()``): ``record_event`` calls each one with the event, in the event's transaction,
+so what a listener writes commits or rolls back with the change the event records (the webhooks'
+deliveries of a run's outcome, ``workflows.triggers.webhooks``). ``record_event`` is on the hot path
+of every run: a listener returns at once for the events it does not follow.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -13,11 +21,25 @@ from workflows.models import WorkflowRun
 
 log = structlog.get_logger(__name__)
 
+# ``listener(run, type_, node_id, data)``: ``data`` is the event's data, as ``record_event`` took it.
+Listener = Callable[[WorkflowRun, str, str, dict[str, Any]], None]
+_listeners: list[Listener] = []
+
+
+def register_listener(listener: Listener) -> None:
+    """Have ``record_event`` call ``listener`` after each event it appends (see the module docs).
+    Registering it again changes nothing."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
 
 def record_event(run: WorkflowRun, type_: str, node_id: str = "", **data: Any) -> None:
-    """Append an event to the run's history (inside the caller's transaction, run row locked)."""
+    """Append an event to the run's history (inside the caller's transaction, run row locked),
+    then tell the listeners, in that transaction."""
     add_event(run, type_, node_id, data)
     log.info(f"run_{type_}", run_id=str(run.id), node_id=node_id or None)
+    for listener in _listeners:
+        listener(run, type_, node_id, data)
 
 
 def jsonable(value: Any) -> Any:

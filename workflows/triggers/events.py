@@ -29,8 +29,8 @@ import structlog
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ductor_project.core.errors import ApiError, ErrorCode
 from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import ApiError, ErrorCode
 from scheduling import templates
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant

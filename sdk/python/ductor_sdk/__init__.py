@@ -18,6 +18,7 @@ from ductor_sdk.errors import (
 from ductor_sdk.models import Page
 from ductor_sdk.transport import RetryPolicy
 from ductor_sdk.version import __version__
+from ductor_sdk.webhooks import WebhookSignatureError
 from ductor_sdk.workflow import Input, Ref, Retry, RootRunId, RunId, StepRef, Workflow, all_of, any_of
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "StepRef",
     "TransportError",
     "WaitTimeout",
+    "WebhookSignatureError",
     "Workflow",
     "__version__",
     "all_of",

@@ -274,6 +274,11 @@ class Runs(_Resource):
         """Start a new run of the run's version (see ``Runs.rerun``)."""
         return await self._send(calls.run_rerun(run_id, input, idempotency_key=idempotency_key))
 
+    async def signal(self, run_id: str, name: str, payload: Any = None, *,
+                     idempotency_key: str | None = None) -> models.Signal:
+        """Send a signal to the run (see ``Runs.signal``)."""
+        return await self._send(calls.run_signal(run_id, name, payload, idempotency_key=idempotency_key))
+
     async def events(self, run_id: str) -> builtins.list[models.RunEvent]:
         """The run's history, in order."""
         return await self._send(calls.run_events(run_id))
@@ -375,6 +380,54 @@ class Triggers(_Resource):
 
     async def delete(self, trigger_id: str) -> None:
         await self._send(calls.TRIGGERS.delete(trigger_id))
+
+
+class Webhooks(_Resource):
+    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.WebhookEndpoint]:
+        """One page of the tenant's webhook endpoints, oldest first."""
+        return await self._send(calls.WEBHOOKS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.WebhookEndpoint]:
+        return self._iterate(calls.WEBHOOKS.list(page_size=page_size))
+
+    async def get(self, webhook_id: str) -> models.WebhookEndpoint:
+        return await self._send(calls.WEBHOOKS.get(webhook_id))
+
+    async def create(self, url: str, events: Sequence[str], *, workflows: Sequence[str] | None = None,
+                     description: str | None = None, enabled: bool | None = None) -> models.WebhookEndpoint:
+        """Subscribe ``url`` to ``events`` (see ``Webhooks.create``); the answer's ``secret`` is shown this once."""
+        body = calls.compact(url=url, events=list(events), workflows=list(workflows) if workflows is not None else None,
+                             description=description, enabled=enabled)
+        return await self._send(calls.WEBHOOKS.create(body))
+
+    async def update(self, webhook_id: str, **changes: Any) -> models.WebhookEndpoint:
+        """Change the fields given (PATCH); ``enabled=True`` enables a disabled endpoint again."""
+        return await self._send(calls.WEBHOOKS.update(webhook_id, changes))
+
+    async def delete(self, webhook_id: str) -> None:
+        """Delete it and its delivery log."""
+        await self._send(calls.WEBHOOKS.delete(webhook_id))
+
+    async def rotate(self, webhook_id: str, *, grace_s: int | None = None) -> models.WebhookEndpoint:
+        """A new secret (see ``Webhooks.rotate``)."""
+        return await self._send(calls.webhook_rotate(webhook_id, grace_s))
+
+    async def deliveries(self, webhook_id: str, *, page_size: int | None = None,
+                         cursor: str | None = None) -> Page[models.WebhookDelivery]:
+        """One page of the endpoint's delivery log, newest first."""
+        return await self._send(calls.webhook_deliveries(webhook_id, page_size=page_size, cursor=cursor))
+
+    def iter_deliveries(self, webhook_id: str, *,
+                        page_size: int | None = None) -> AsyncIterator[models.WebhookDelivery]:
+        return self._iterate(calls.webhook_deliveries(webhook_id, page_size=page_size))
+
+    async def delivery(self, webhook_id: str, delivery_id: str) -> models.WebhookDelivery:
+        """One delivery, with its ``body``."""
+        return await self._send(calls.webhook_delivery(webhook_id, delivery_id))
+
+    async def redeliver(self, webhook_id: str, delivery_id: str) -> models.WebhookDelivery:
+        """Send the delivery again, at once, with a new series of attempts."""
+        return await self._send(calls.webhook_redeliver(webhook_id, delivery_id))
 
 
 class Queue(_Resource):
@@ -513,6 +566,7 @@ class AsyncClient:
         self.schedules = Schedules(self._sender)
         self.events = Events(self._sender)
         self.triggers = Triggers(self._sender)
+        self.webhooks = Webhooks(self._sender)
         self.queue = Queue(self._sender)
         self.tasks = Tasks(self._sender)
         self.platform = Platform(self._sender)

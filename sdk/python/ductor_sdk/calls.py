@@ -92,6 +92,7 @@ RUNS = Collection("runs", models.Run)
 SCHEDULES = Collection("schedules", models.Schedule)
 EVENTS = Collection("events", models.Event)
 TRIGGERS = Collection("triggers", models.Trigger)
+WEBHOOKS = Collection("webhooks", models.WebhookEndpoint)
 TENANTS = Collection("tenants", models.Tenant)
 TASKS = Collection("tasks", models.TaskEntry)
 TASK_CATALOG = Collection("task-catalog", models.CatalogEntry)
@@ -165,6 +166,13 @@ def run_rerun(run_id: str, input: Any = None, *, idempotency_key: str | None = N
     return RUNS.act(run_id, "rerun", body, idempotent=True)
 
 
+def run_signal(run_id: str, name: str, payload: Any = None, *,
+               idempotency_key: str | None = None) -> Call[models.Signal]:
+    """Idempotent through its key (a new one when not given): sent again, it answers the first signal."""
+    body = compact(name=name, payload=payload, idempotency_key=idempotency_key or new_idempotency_key())
+    return Call("POST", path("runs", run_id, "signal"), models.Signal.from_json, body=body, idempotent=True)
+
+
 def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStarted]:
     """Every item gets an idempotency key (a new one when it has none), so the call may be sent again."""
     runs = [{**item, "idempotency_key": item.get("idempotency_key") or new_idempotency_key()} for item in items]
@@ -199,6 +207,29 @@ def schedule_request(
     return compact(name=name, workflow=workflow.name if isinstance(workflow, Workflow) else workflow, cron=cron,
                    interval_s=interval_s, timezone=timezone, input=input, version=version, overlap=overlap,
                    catchup_window_s=catchup_window_s, jitter_s=jitter_s, paused=paused)
+
+
+# --- webhooks --------------------------------------------------------------------------------
+
+
+def webhook_rotate(webhook_id: str, grace_s: int | None = None) -> Call[models.WebhookEndpoint]:
+    """Not idempotent: each call makes a new secret."""
+    return WEBHOOKS.act(webhook_id, "rotate", compact(grace_s=grace_s), idempotent=False)
+
+
+def webhook_deliveries(webhook_id: str, **params: Any) -> Call[Page[models.WebhookDelivery]]:
+    return Call("GET", path("webhooks", webhook_id, "deliveries"), _page(models.WebhookDelivery),
+                params=compact(**params))
+
+
+def webhook_delivery(webhook_id: str, delivery_id: str) -> Call[models.WebhookDelivery]:
+    return Call("GET", path("webhooks", webhook_id, "deliveries", delivery_id), models.WebhookDelivery.from_json)
+
+
+def webhook_redeliver(webhook_id: str, delivery_id: str) -> Call[models.WebhookDelivery]:
+    """Not idempotent: each call sends the delivery again."""
+    return Call("POST", path("webhooks", webhook_id, "deliveries", delivery_id, "redeliver"),
+                models.WebhookDelivery.from_json, body=NO_BODY)
 
 
 # --- workflows -------------------------------------------------------------------------------

@@ -274,6 +274,12 @@ class Runs(_Resource):
         Idempotent: without a key one is made, so a retried call never starts two."""
         return self._send(calls.run_rerun(run_id, input, idempotency_key=idempotency_key))
 
+    def signal(self, run_id: str, name: str, payload: Any = None, *,
+               idempotency_key: str | None = None) -> models.Signal:
+        """Send ``name`` with ``payload`` to the run: it resumes the run's ``wait_for_event`` node waiting for
+        that name (its output is ``payload``), or is kept until one waits. ``Conflict`` for a run that ended."""
+        return self._send(calls.run_signal(run_id, name, payload, idempotency_key=idempotency_key))
+
     def events(self, run_id: str) -> builtins.list[models.RunEvent]:
         """The run's history, in order."""
         return self._send(calls.run_events(run_id))
@@ -375,6 +381,55 @@ class Triggers(_Resource):
 
     def delete(self, trigger_id: str) -> None:
         self._send(calls.TRIGGERS.delete(trigger_id))
+
+
+class Webhooks(_Resource):
+    def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.WebhookEndpoint]:
+        """One page of the tenant's webhook endpoints, oldest first."""
+        return self._send(calls.WEBHOOKS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> Iterator[models.WebhookEndpoint]:
+        return self._iterate(calls.WEBHOOKS.list(page_size=page_size))
+
+    def get(self, webhook_id: str) -> models.WebhookEndpoint:
+        return self._send(calls.WEBHOOKS.get(webhook_id))
+
+    def create(self, url: str, events: Sequence[str], *, workflows: Sequence[str] | None = None,
+               description: str | None = None, enabled: bool | None = None) -> models.WebhookEndpoint:
+        """Subscribe ``url`` to ``events`` (``run.succeeded``, ``run.failed``, ``run.cancelled``, ``step.failed``)
+        of the runs of ``workflows`` (default: all). The answer's ``secret`` is shown this once."""
+        body = calls.compact(url=url, events=list(events), workflows=list(workflows) if workflows is not None else None,
+                             description=description, enabled=enabled)
+        return self._send(calls.WEBHOOKS.create(body))
+
+    def update(self, webhook_id: str, **changes: Any) -> models.WebhookEndpoint:
+        """Change the fields given (PATCH); ``enabled=True`` enables a disabled endpoint again."""
+        return self._send(calls.WEBHOOKS.update(webhook_id, changes))
+
+    def delete(self, webhook_id: str) -> None:
+        """Delete it and its delivery log."""
+        self._send(calls.WEBHOOKS.delete(webhook_id))
+
+    def rotate(self, webhook_id: str, *, grace_s: int | None = None) -> models.WebhookEndpoint:
+        """A new secret (in the answer's ``secret``, this once); the previous one also signs for ``grace_s``
+        seconds (default a day; 0: not at all)."""
+        return self._send(calls.webhook_rotate(webhook_id, grace_s))
+
+    def deliveries(self, webhook_id: str, *, page_size: int | None = None,
+                   cursor: str | None = None) -> Page[models.WebhookDelivery]:
+        """One page of the endpoint's delivery log, newest first."""
+        return self._send(calls.webhook_deliveries(webhook_id, page_size=page_size, cursor=cursor))
+
+    def iter_deliveries(self, webhook_id: str, *, page_size: int | None = None) -> Iterator[models.WebhookDelivery]:
+        return self._iterate(calls.webhook_deliveries(webhook_id, page_size=page_size))
+
+    def delivery(self, webhook_id: str, delivery_id: str) -> models.WebhookDelivery:
+        """One delivery, with its ``body``."""
+        return self._send(calls.webhook_delivery(webhook_id, delivery_id))
+
+    def redeliver(self, webhook_id: str, delivery_id: str) -> models.WebhookDelivery:
+        """Send the delivery again, at once, with a new series of attempts."""
+        return self._send(calls.webhook_redeliver(webhook_id, delivery_id))
 
 
 class Queue(_Resource):
@@ -512,6 +567,7 @@ class Client:
         self.schedules = Schedules(self._sender)
         self.events = Events(self._sender)
         self.triggers = Triggers(self._sender)
+        self.webhooks = Webhooks(self._sender)
         self.queue = Queue(self._sender)
         self.tasks = Tasks(self._sender)
         self.platform = Platform(self._sender)

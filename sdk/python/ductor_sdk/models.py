@@ -40,6 +40,15 @@ def many(model: type[Model]) -> Any:
     return dataclasses.field(default=(), metadata={"parse": parse})
 
 
+def one(model: type[Model]) -> Any:
+    """A field holding one ``model`` object, or null (None)."""
+
+    def parse(value: Any) -> Any:
+        return model.from_json(value) if isinstance(value, Mapping) else None
+
+    return dataclasses.field(default=None, metadata={"parse": parse})
+
+
 def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
@@ -335,6 +344,44 @@ class Schedule(Model):
     updated_at: datetime | None = None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WebhookEndpoint(Model):
+    """An endpoint told of the tenant's runs' outcomes (``events``). ``secret`` is set only in the answer
+    of its create and of a rotation: keep it, to check each delivery's signature (``ductor_sdk.webhooks``)."""
+
+    id: str = ""
+    url: str = ""
+    description: str = ""
+    events: tuple[str, ...] = tupled()
+    workflows: tuple[str, ...] = tupled()
+    enabled: bool = True
+    disabled_reason: str = ""
+    disabled_at: datetime | None = None
+    consecutive_failures: int = 0
+    previous_secret_expires_at: datetime | None = None
+    secret: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WebhookDelivery(Model):
+    """One message to one endpoint: ``pending``, ``delivered`` or ``failed``, with each attempt (``at``,
+    ``status_code``, ``error``, ``duration_ms``, ``response``) in ``attempts``. ``body`` comes with a single
+    delivery, not with a list of them."""
+
+    id: str = ""
+    endpoint: str = ""
+    run: str | None = None
+    type: str = ""
+    status: str = ""
+    attempts: tuple[Mapping[str, Any], ...] = tupled()
+    next_attempt_at: datetime | None = None
+    body: Mapping[str, Any] | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
 # --- workflows and runs ----------------------------------------------------------------------
 
 
@@ -431,6 +478,28 @@ class RunEvent(Model):
     type: str = ""
     node_id: str = ""
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SignalDelivery(Model):
+    """The waiting step a signal resumed."""
+
+    step_id: str = ""
+    node_id: str = ""
+    attempt: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Signal(Model):
+    """A signal sent to a run; ``delivered_to`` is the wait it resumed, None while it is kept for one."""
+
+    id: str = ""
+    run: str = ""
+    name: str = ""
+    payload: Any = None
+    idempotency_key: str | None = None
+    delivered_to: SignalDelivery | None = one(SignalDelivery)  # noqa: RUF009 - a dataclasses.field
     created_at: datetime | None = None
 
 

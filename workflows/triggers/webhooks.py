@@ -1,0 +1,425 @@
+"""Webhooks: a tenant's endpoints told of its runs' outcomes by signed JSON POSTs.
+
+A ``WebhookEndpoint`` subscribes a URL to some of ``EVENT_TYPES``, for every workflow of the tenant
+or only those named in its ``workflows``. When a run ends (succeeded, failed or cancelled) or, for
+``step.failed``, an attempt of one of its steps fails, ``on_run_event`` (a listener on the run's
+history, ``workflows.engine.events``) creates one ``WebhookDelivery`` per matching enabled endpoint
+in the transaction that records the outcome, and enqueues its fair-queue item once that commits: a
+delivery exists if and only if the outcome does. Sending it, retrying it, and disabling an endpoint
+that keeps failing are ``webhook_delivery``'s.
+
+The listener runs on the hot path of every run, so it reads the tenant's enabled endpoints from
+this process's copy, trusted for ``LOCAL_TTL_S``: a tenant without endpoints costs no query per
+finished run (one every 2 s per process at most). A change of an endpoint drops the copy of the
+process that makes it, at once and again once it commits; every other process sees the change
+within ``LOCAL_TTL_S``, so a run that ends within 2 s of a change may still be delivered as the
+endpoints were before it.
+
+An endpoint's secret (``whsec_…``) is made here, shown in full only in the answers of the create
+and of a rotation, and stored encrypted (``scheduling.secrets``). After a rotation the previous
+secret goes on signing beside the new one for ``grace_s``.
+
+A URL is https (http too while ``DUCTOR_HTTP_ALLOW_PRIVATE`` is on, for local development), at most
+2,000 characters, without credentials, and its host is, or resolves to, public addresses only (the
+policy of ``http.request``: ``scheduling.http_action.resolve_allowed``), checked when it is given
+and again at every attempt. A name that does not resolve yet is taken: its attempts fail until it
+does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from secrets import token_urlsafe
+from typing import Any
+
+import httpx
+import structlog
+from cachetools import TTLCache
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import F, Func, Value
+from django.utils import timezone
+
+from ductor_project.core import tracing
+from ductor_project.core.context import current_tenant
+from ductor_project.core.errors import ApiError, Conflict, ErrorCode
+from ductor_project.core.keys import tenant_key
+from scheduling import fair_queue
+from scheduling.admission import webhook_scope
+from scheduling.action_errors import PermanentActionError, RetryableActionError
+from scheduling.http_action import MAX_URL_CHARS, resolve_allowed
+from scheduling.secrets import encrypt
+from tenants.models import Tenant
+from tenants.scoping import insert_rows
+from tenants.selectors import first_or_404, parse_uuid
+from tenants.usage import PlanLimitReached
+from workflows.engine.events import jsonable
+from workflows.engine.journal import current_journal
+from workflows.models import StepRun, WebhookDelivery, WebhookEndpoint, WorkflowDefinition, WorkflowRun, WorkflowVersion
+
+log = structlog.get_logger(__name__)
+
+EVENT_TYPES = ("run.succeeded", "run.failed", "run.cancelled", "step.failed")
+# The fair-queue item kind of a delivery (its handler: ``webhook_delivery.execute_delivery``).
+ITEM_KIND = "webhook"
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the prefix of the secrets made here, not a secret
+DEFAULT_GRACE_S = 24 * 3600
+MAX_GRACE_S = 30 * 24 * 3600
+# How long a process trusts its copy of a tenant's enabled endpoints (as long as its entitlements').
+LOCAL_TTL_S = 2.0
+# The note a redelivery leaves in a delivery's log: its attempts are counted again from there.
+REDELIVER_NOTE = "redelivery requested"
+
+# The history events the webhooks report, by the type of the webhook they make.
+_RUN_OUTCOMES = {"succeeded": "run.succeeded", "failed": "run.failed", "cancelled": "run.cancelled"}
+# An attempt of a step that failed: its own failure or its child run's (``step_failed``), or its timeout.
+_STEP_FAILURES = frozenset({"step_failed", "step_timed_out"})
+
+Status = WebhookDelivery.Status
+
+
+@dataclass(frozen=True)
+class Revealed:
+    """An endpoint with its new secret in full: what its create and each rotation answer, once."""
+
+    endpoint: WebhookEndpoint
+    secret: str
+
+
+def item_id(delivery_id: Any) -> str:
+    return f"webhook:{delivery_id}"
+
+
+def _invalid(field: str, message: str) -> ApiError:
+    return ApiError(f"Invalid field(s): {field}. {message}", code=ErrorCode.INVALID, details={field: [message]})
+
+
+# --- what an endpoint may be ------------------------------------------------------------------------------
+
+
+def checked_url(value: Any) -> str:
+    """``value`` as an endpoint's URL (see the module docs), or a ``400`` naming ``url``. Resolves
+    its host: call it outside a transaction."""
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
+        raise _invalid("url", "Give the URL the deliveries are POSTed to.")
+    if len(text) > MAX_URL_CHARS:
+        raise _invalid("url", f"At most {MAX_URL_CHARS} characters.")
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise _invalid("url", "Must not contain spaces or control characters.")
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise _invalid("url", f"Not a URL: {exc}.") from None
+    if url.scheme != "https" and not (url.scheme == "http" and settings.DUCTOR_HTTP_ALLOW_PRIVATE):
+        raise _invalid("url", "Must be an https URL.")
+    if not url.host:
+        raise _invalid("url", "Must name a host.")
+    if url.userinfo:
+        raise _invalid("url", "Must not carry credentials: check the signature of each delivery instead.")
+    if url.fragment:
+        raise _invalid("url", "Must not carry a fragment ('#').")
+    try:
+        resolve_allowed(url.raw_host.decode("ascii"), url.port or (443 if url.scheme == "https" else 80))
+    except PermanentActionError as exc:
+        raise _invalid("url", f"{exc.message}.") from None
+    except RetryableActionError:
+        pass  # not resolvable now: each attempt resolves and checks it again
+    return text
+
+
+def checked_events(value: Any) -> list[str]:
+    """``value`` as an endpoint's event types (in ``EVENT_TYPES`` order, once each), or a ``400``
+    naming ``events``."""
+    if not isinstance(value, list) or not value:
+        raise _invalid("events", f"Give one or more of {', '.join(EVENT_TYPES)}.")
+    unknown = [str(one) for one in value if one not in EVENT_TYPES]
+    if unknown:
+        raise _invalid("events", f"Unknown event type {unknown[0]!r}; use {', '.join(EVENT_TYPES)}.")
+    return [one for one in EVENT_TYPES if one in value]
+
+
+def checked_workflows(value: Any) -> list[str]:
+    """``value`` as the names of workflows of the tenant (sorted, once each; empty: every workflow),
+    or a ``400`` naming ``workflows``."""
+    names = sorted({str(name) for name in value or []})
+    if not names:
+        return []
+    known = set(WorkflowDefinition.objects.filter(name__in=names).values_list("name", flat=True))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise _invalid("workflows", f"No workflow named {unknown[0]!r}.")
+    return names
+
+
+def _enforce_limit() -> None:
+    """Refuse one more endpoint past ``DUCTOR_WEBHOOKS_PER_TENANT`` (``403 plan_limit_reached``).
+    Inside the creating transaction; the tenant row is locked first, as ``enforce_ceiling`` does,
+    so that concurrent creates cannot overshoot."""
+    tenant = current_tenant()
+    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk"))
+    limit, current = settings.DUCTOR_WEBHOOKS_PER_TENANT, WebhookEndpoint.objects.count()
+    if current >= limit:
+        raise PlanLimitReached(f"A tenant may have at most {limit} webhook endpoints.",
+                               details={"limit": "webhooks", "maximum": limit, "current": current})
+
+
+# --- endpoints --------------------------------------------------------------------------------------------
+
+
+def _new_secret() -> str:
+    return SECRET_PREFIX + token_urlsafe(32)
+
+
+def webhook_create(*, url: str, events: list[str], workflows: list[str] | None = None, description: str = "",
+                   enabled: bool = True) -> Revealed:
+    """Subscribe ``url`` to ``events`` of the tenant's runs (of ``workflows`` only, when given), with
+    a new secret. ``400`` naming a bad field, ``403 plan_limit_reached`` past the limit."""
+    fields = {"url": checked_url(url), "events": checked_events(events), "workflows": checked_workflows(workflows),
+              "description": description, "enabled": enabled}
+    secret = _new_secret()
+    with transaction.atomic():
+        _enforce_limit()
+        endpoint = WebhookEndpoint.objects.create(**fields, secret=encrypt(secret),
+                                                  disabled_at=None if enabled else timezone.now())
+        forget_endpoints()
+    log.info("webhook_created", webhook_id=str(endpoint.pk), events=endpoint.events, host=httpx.URL(endpoint.url).host)
+    return Revealed(endpoint, secret)
+
+
+def _locked(endpoint: WebhookEndpoint) -> WebhookEndpoint:
+    found: WebhookEndpoint = first_or_404(WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk))
+    return found
+
+
+def webhook_update(endpoint: WebhookEndpoint, changes: Mapping[str, Any]) -> WebhookEndpoint:
+    """Change the fields in ``changes``. ``enabled`` true enables it again and zeroes its failures;
+    false disables it and stops its pending deliveries."""
+    checks = {"url": checked_url, "events": checked_events, "workflows": checked_workflows}
+    fields = {name: checks[name](value) if name in checks else value for name, value in changes.items()
+              if name in ("url", "events", "workflows", "description")}
+    with transaction.atomic():
+        row = _locked(endpoint)
+        for name, value in fields.items():
+            setattr(row, name, value)
+        stopping = "enabled" in changes and not changes["enabled"] and row.enabled
+        if "enabled" in changes:
+            _set_enabled(row, bool(changes["enabled"]))
+        row.save()
+        if stopping:
+            deliveries_stop(row.pk, row.disabled_reason)
+        forget_endpoints()
+    log.info("webhook_updated", webhook_id=str(row.pk), fields=sorted(changes), enabled=row.enabled)
+    return row
+
+
+def _set_enabled(row: WebhookEndpoint, enabled: bool) -> None:
+    if enabled:
+        row.enabled, row.consecutive_failures, row.disabled_reason, row.disabled_at = True, 0, "", None
+    elif row.enabled:
+        row.enabled, row.disabled_reason, row.disabled_at = False, "disabled through the API", timezone.now()
+
+
+def webhook_rotate(endpoint: WebhookEndpoint, *, grace_s: int = DEFAULT_GRACE_S) -> Revealed:
+    """Give the endpoint a new secret; the one it had goes on signing beside it for ``grace_s``
+    seconds (0: not at all). A secret older than that one is dropped at once."""
+    secret = _new_secret()
+    with transaction.atomic():
+        row = _locked(endpoint)
+        keep = grace_s > 0
+        row.previous_secret = row.secret if keep else ""
+        row.previous_secret_expires_at = timezone.now() + timedelta(seconds=grace_s) if keep else None
+        row.secret = encrypt(secret)
+        row.save()
+    log.info("webhook_secret_rotated", webhook_id=str(row.pk), grace_s=grace_s)
+    return Revealed(row, secret)
+
+
+def webhook_delete(endpoint: WebhookEndpoint) -> None:
+    """Delete the endpoint and its delivery log; what is still pending is not sent."""
+    with transaction.atomic():
+        endpoint.delete()
+        forget_endpoints()
+    log.info("webhook_deleted", webhook_id=str(endpoint.pk))
+
+
+def webhook_disable(endpoint_id: Any, reason: str) -> bool:
+    """Disable an enabled endpoint for ``reason`` and stop its pending deliveries, in the caller's
+    transaction. Returns whether it was enabled (a disabled one is left as it is)."""
+    now = timezone.now()
+    changed = WebhookEndpoint.objects.filter(pk=endpoint_id, enabled=True).update(
+        enabled=False, disabled_reason=reason[:500], disabled_at=now, updated_at=now)
+    if changed:
+        deliveries_stop(endpoint_id, reason)
+        forget_endpoints()
+    return bool(changed)
+
+
+def deliveries_stop(endpoint_id: Any, reason: str) -> int:
+    """Fail the endpoint's pending deliveries (one ``UPDATE``), each with a note of why; how many."""
+    now = timezone.now()
+    note = {"at": _when(now), "note": f"not sent: the endpoint was disabled ({reason})"[:500]}
+    appended = Func(F("attempts"), Value([note], output_field=models.JSONField()), template="(%(expressions)s)",
+                    arg_joiner=" || ", output_field=models.JSONField())
+    return WebhookDelivery.objects.filter(endpoint_id=endpoint_id, status=Status.PENDING).update(
+        status=Status.FAILED, finished_at=now, next_attempt_at=None, attempts=appended)
+
+
+def webhook_of(endpoint_id: Any) -> WebhookEndpoint:
+    """An endpoint of the tenant in context, or ``NotFound`` (also for another tenant's, or a bad id)."""
+    found: WebhookEndpoint = first_or_404(WebhookEndpoint.objects.filter(pk=parse_uuid(endpoint_id)))
+    return found
+
+
+def delivery_of(endpoint: WebhookEndpoint, delivery_id: Any) -> WebhookDelivery:
+    """A delivery of ``endpoint``, or ``NotFound`` (also another endpoint's or tenant's, or a bad id)."""
+    found: WebhookDelivery = first_or_404(WebhookDelivery.objects.filter(endpoint=endpoint,
+                                                                         pk=parse_uuid(delivery_id)))
+    return found
+
+
+def delivery_redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
+    """Send the delivery again, at once, with a new series of attempts (the log keeps the old ones):
+    ``409 conflict`` while its endpoint is disabled."""
+    with transaction.atomic():
+        row: WebhookDelivery = first_or_404(WebhookDelivery.objects.select_for_update()
+                                            .filter(pk=delivery.pk))
+        if not WebhookEndpoint.objects.filter(pk=row.endpoint_id, enabled=True).exists():
+            raise Conflict("The endpoint is disabled: enable it first (PATCH with enabled true).")
+        now = timezone.now()
+        row.attempts = [*row.attempts, {"at": _when(now), "note": REDELIVER_NOTE}]
+        row.status, row.next_attempt_at, row.finished_at = Status.PENDING, now, None
+        row.save(update_fields=["attempts", "status", "next_attempt_at", "finished_at"])
+        enqueue_deliveries([Queued(*WebhookDelivery.objects.filter(pk=row.pk).values_list(*QUEUED_FIELDS).get())])
+    log.info("webhook_redelivery", delivery_id=str(row.pk), webhook_id=str(row.endpoint_id))
+    return row
+
+
+# --- the endpoints a process knows ----------------------------------------------------------------------
+
+
+_local: TTLCache[str, tuple[WebhookEndpoint, ...]] = TTLCache(maxsize=10_000, ttl=LOCAL_TTL_S)
+_local_lock = threading.Lock()
+
+
+def enabled_endpoints() -> tuple[WebhookEndpoint, ...]:
+    """The enabled endpoints of the tenant in context, oldest first: this process's copy, at most
+    ``LOCAL_TTL_S`` old, else one query. Read only: the rows are shared by the process's threads."""
+    key = tenant_key("webhooks", "enabled")
+    with _local_lock:
+        found = _local.get(key)
+    if found is None:
+        found = tuple(WebhookEndpoint.objects.filter(enabled=True).order_by("created_at"))
+        with _local_lock:
+            _local[key] = found
+    return found
+
+
+def forget_endpoints() -> None:
+    """Drop this process's copy of the tenant's endpoints, now and again once the surrounding
+    transaction commits (a read in between would keep what a rollback undoes)."""
+    key = tenant_key("webhooks", "enabled")
+
+    def drop() -> None:
+        with _local_lock:
+            _local.pop(key, None)
+
+    drop()
+    transaction.on_commit(drop)
+
+
+# --- deliveries of the runs' outcomes -----------------------------------------------------------------
+
+
+def on_run_event(run: WorkflowRun, type_: str, node_id: str, data: dict[str, Any]) -> None:
+    """The listener on the runs' histories: the deliveries of an outcome to the endpoints subscribed
+    to it, in the outcome's transaction (see the module docs). Other events cost a lookup in a dict,
+    and an outcome of a tenant without endpoints this process's copy of them."""
+    kind = _RUN_OUTCOMES.get(type_) or ("step.failed" if type_ in _STEP_FAILURES else None)
+    if kind is None:
+        return
+    targets = [endpoint for endpoint in enabled_endpoints() if kind in endpoint.events
+               and (not endpoint.workflows or run.workflow_name in endpoint.workflows)]
+    if not targets:
+        return
+    now = timezone.now()
+    content: dict[str, Any] = {"run": run_data(run)}
+    if kind == "step.failed":
+        content["step"] = _step_data(run, node_id, data)
+    deliveries = [WebhookDelivery(endpoint=endpoint, run=run, type=kind, next_attempt_at=now) for endpoint in targets]
+    for delivery in deliveries:
+        delivery.body = {"id": str(delivery.pk), "type": kind, "created_at": _when(now), "data": content}
+    insert_rows(deliveries)
+    enqueue_deliveries([Queued(delivery.pk, run.tier, run.pk, run.workflow_name) for delivery in deliveries])
+    log.info("webhook_deliveries_created", run_id=str(run.pk), type=kind, deliveries=len(deliveries))
+
+
+def _when(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
+
+
+def run_data(run: WorkflowRun) -> dict[str, Any]:
+    """The run as a webhook's body carries it (``data.run``)."""
+    version: int | None
+    if "workflow" in run._state.fields_cache:
+        version = run.workflow.number
+    else:
+        version = WorkflowVersion.objects.filter(pk=run.workflow_id).values_list("number", flat=True).first()
+    return {"id": str(run.pk), "workflow": run.workflow_name, "version": version, "status": run.status,
+            "input": jsonable(run.input), "output": jsonable(run.output), "error": jsonable(run.error),
+            "tags": list(run.tags or []), "started_at": _when(run.started_at), "finished_at": _when(run.finished_at)}
+
+
+def _step_data(run: WorkflowRun, node_id: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The failed attempt (``data.step``): the tick's own, not written yet, or the stored one."""
+    try:
+        gathered: Sequence[StepRun] = current_journal().steps
+    except RuntimeError:
+        gathered = ()
+    step = next((s for s in reversed(gathered) if s.run_id == run.pk and s.node_id == node_id), None)
+    if step is None:
+        step = StepRun.objects.filter(run_id=run.pk, node_id=node_id).order_by("-attempt").first()
+    if step is None:
+        return {"node_id": node_id, "attempt": data.get("attempt"), "error": None}
+    return {"node_id": node_id, "attempt": step.attempt, "error": jsonable(step.error)}
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What a delivery's item carries: the delivery, and its run's tier (None: ``standard``), id
+    and workflow (which name the item in Celery's tools)."""
+
+    delivery_id: Any
+    tier: str | None
+    run_id: Any = None
+    workflow: str = ""
+
+
+# What a query reads of a delivery to enqueue it (``Queued``'s fields, in order).
+QUEUED_FIELDS = ("pk", "run__tier", "run_id", "run__workflow_name")
+
+
+def enqueue_deliveries(pending: Sequence[Queued]) -> None:
+    """Enqueue the items of the tenant's deliveries once the surrounding transaction commits:
+    ``webhook:<id>``, each in its own partition, in its run's tier. Idempotent: an item waiting keeps
+    its place. Should Redis refuse them, the deliveries stay pending in PostgreSQL, and the
+    reconciler enqueues them again."""
+    tenant = current_tenant()
+    scope, confs = webhook_scope(settings.DUCTOR_WEBHOOK_CONCURRENCY)
+    items = [fair_queue.NewItem(item_id(one.delivery_id), one.tier or "standard", item_id(one.delivery_id),
+                                tracing.inject({"kind": ITEM_KIND, "delivery_id": str(one.delivery_id),
+                                                "run_id": str(one.run_id) if one.run_id else None,
+                                                "workflow": one.workflow}), scope=scope)
+             for one in pending]
+
+    def push() -> None:
+        try:
+            fair_queue.enqueue_many(items, scopes=confs, tenant=tenant)
+        except Exception:
+            log.exception("webhook_enqueue_failed", deliveries=len(items))
+
+    if items:
+        transaction.on_commit(push)
