@@ -48,8 +48,8 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode
 from ductor_project.core.keys import tenant_key
 from scheduling import fair_queue
-from scheduling.admission import webhook_scope
 from scheduling.action_errors import PermanentActionError, RetryableActionError
+from scheduling.admission import webhook_scope
 from scheduling.http_action import MAX_URL_CHARS, resolve_allowed
 from scheduling.secrets import encrypt
 from tenants.models import Tenant
