@@ -250,6 +250,22 @@ def _refuse_non_public(host: str, addresses: list[IPAddress]) -> None:
             )
 
 
+def refuse_literal(host: str) -> None:
+    """Refuse, without resolving anything, a ``host`` that is a non-public IP literal or a loopback
+    name (``localhost``, ``*.localhost``): ``PermanentActionError`` (``address_refused``). A DNS
+    name is left to ``resolve_allowed`` when it is called: its answer can change meanwhile anyway.
+    Does nothing when ``settings.DUCTOR_HTTP_ALLOW_PRIVATE`` is on."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        _refuse_non_public(host, [ipaddress.ip_address("127.0.0.1")])
+        return
+    try:
+        literal = ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return
+    _refuse_non_public(host, [literal])
+
+
 def resolve_allowed(host: str, port: int) -> list[IPAddress]:
     """The addresses ``host`` resolves to, in the resolver's order, each allowed by the policy.
 

@@ -169,9 +169,9 @@ def test_a_bad_url_is_400_naming_url(tenant, client_a, url, message):
 @pytest.mark.parametrize("url", [
     "https://127.0.0.1/hook", "https://10.1.2.3/hook", "https://192.168.0.7:8443/hook", "https://[::1]/hook",
     "https://169.254.169.254/latest/meta-data", "https://[::ffff:127.0.0.1]/hook", "https://0.0.0.0/hook",
-    "https://localhost:8000/hook",  # a name that resolves to loopback
+    "https://localhost:8000/hook",  # the loopback name
 ])
-def test_a_private_address_or_a_name_resolving_to_one_is_refused_at_create(tenant, client_a, url):
+def test_a_private_address_or_the_loopback_name_is_refused_at_create(tenant, client_a, url):
     response = client_a.post("/api/v1/webhooks", {"url": url, "events": ["run.failed"]}, format="json")
 
     assert (response.status_code, error_code(response)) == (400, "invalid"), response.content

@@ -21,9 +21,10 @@ secret goes on signing beside the new one for ``grace_s``.
 
 A URL is https (http too while ``DUCTOR_HTTP_ALLOW_PRIVATE`` is on, for local development), at most
 2,000 characters, without credentials, and its host is, or resolves to, public addresses only (the
-policy of ``http.request``: ``scheduling.http_action.resolve_allowed``), checked when it is given
-and again at every attempt. A name that does not resolve yet is taken: its attempts fail until it
-does.
+policy of ``http.request``): a non-public IP literal, or ``localhost``, is refused when the URL is
+given (``scheduling.http_action.refuse_literal``, which resolves nothing), and every attempt
+resolves the host and checks each address (``resolve_allowed``). A name that does not resolve yet
+is taken: its attempts fail until it does.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode
 from ductor_project.core.keys import tenant_key
 from scheduling import fair_queue
-from scheduling.action_errors import PermanentActionError, RetryableActionError
+from scheduling.action_errors import PermanentActionError
 from scheduling.admission import webhook_scope
-from scheduling.http_action import MAX_URL_CHARS, resolve_allowed
+from scheduling.http_action import MAX_URL_CHARS, refuse_literal
 from scheduling.secrets import encrypt
 from tenants.models import Tenant
 from tenants.scoping import insert_rows
@@ -101,8 +102,7 @@ def _invalid(field: str, message: str) -> ApiError:
 
 
 def checked_url(value: Any) -> str:
-    """``value`` as an endpoint's URL (see the module docs), or a ``400`` naming ``url``. Resolves
-    its host: call it outside a transaction."""
+    """``value`` as an endpoint's URL (see the module docs), or a ``400`` naming ``url``."""
     text = value.strip() if isinstance(value, str) else ""
     if not text:
         raise _invalid("url", "Give the URL the deliveries are POSTed to.")
@@ -123,11 +123,11 @@ def checked_url(value: Any) -> str:
     if url.fragment:
         raise _invalid("url", "Must not carry a fragment ('#').")
     try:
-        resolve_allowed(url.raw_host.decode("ascii"), url.port or (443 if url.scheme == "https" else 80))
+        # No DNS lookup in the request (slow, and a probe of the platform's resolver): a name is
+        # resolved and checked at every attempt.
+        refuse_literal(url.raw_host.decode("ascii"))
     except PermanentActionError as exc:
         raise _invalid("url", f"{exc.message}.") from None
-    except RetryableActionError:
-        pass  # not resolvable now: each attempt resolves and checks it again
     return text
 
 
