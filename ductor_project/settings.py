@@ -142,14 +142,18 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(
 )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# The Django cache: on Ductor's Redis unless CACHE_REDIS_URL names another (a plain Redis: the
+# queue state's may be a cluster), with django-redis's client class and options from the environment.
+CACHE_REDIS_URL = env.str("CACHE_REDIS_URL", default=REDIS_URL)
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": CACHE_REDIS_URL,
         # Every cache key goes through the tenant-aware key builder: inside a
         # tenant "x" becomes "t:<tenant>:x"; outside any tenant it raises.
         "KEY_FUNCTION": "ductor_project.core.keys.cache_key_function",
-        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        "OPTIONS": {"CLIENT_CLASS": env.str("CACHE_CLIENT_CLASS", default="django_redis.client.DefaultClient"),
+                    **env.json("CACHE_OPTIONS", default={})},
     }
 }
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
@@ -254,6 +258,10 @@ SPECTACULAR_SETTINGS = {
 # fair order holds when execution starts, not only when work is enqueued.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=REDIS_URL)
+# JSON objects, as kombu's transport and the result backend take them (a Sentinel's master_name,
+# TLS options, a visibility timeout).
+CELERY_BROKER_TRANSPORT_OPTIONS = env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = env.json("CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS", default={})
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -32,6 +32,7 @@ from ductor_project.stack import Child, Stack
 from scheduling import fair_queue as fq
 from tenants.models import Tenant
 from tests.conftest import celery_worker_child, service_env, service_stack
+from tests.waiting import wait_for
 from workflows import services
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
@@ -119,15 +120,6 @@ def chaos(transactional_db: None, redis_client: Any) -> Iterator[Chaos]:
             yield running
         finally:
             running.stop()
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 def succeeded_steps(tenants: list[Tenant]) -> int:

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,22 +38,12 @@ from tenants.models import Tenant
 from tenants.tasking import TENANT_HEADER
 from tests.conftest import api_client, error_code
 from tests.scheduling.broker_handlers import WAKE_KIND, records, redis_ms
+from tests.waiting import wait_for
 
 HANDLERS = ("--include", "tests.scheduling.broker_handlers")
 # How often the test's reaper looks for items whose lease ended (the coordinator: every second).
 REAP_EVERY_S = 0.2
 BUFFER = settings.DUCTOR_DISPATCH_BUFFER
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float = 30, every: float = 0.05, what: str) -> Any:
-    """Poll ``condition`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from scheduling.dispatch.handlers import Failed, ItemContext, _handlers, registe
 from scheduling.dispatch.worker import execute_item
 from tenants.models import Tenant
 from tests.conftest import celery_worker_child, service_env, service_stack
+from tests.waiting import wait_for
 from workflows import services
 from workflows.models import WorkflowRun
 
@@ -39,15 +40,6 @@ CHECKOUT = {"nodes": [
     {"id": "charge", "type": "action", "action": "fail", "depends_on": ["reserve"],
      "input": {"message": "card declined", "retryable": False}},
 ]}
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float = 30, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while (value := condition()) is None or value is False:
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 # -- what Flower sees -------------------------------------------------------------------------

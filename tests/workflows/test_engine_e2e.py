@@ -17,7 +17,7 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,6 +32,7 @@ from scheduling import services as scheduling_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, celery_worker_child, error_code, service_env, service_stack
+from tests.waiting import wait_for
 from workflows import services
 from workflows.engine import items, reconcile
 from workflows.engine import tick as engine_tick
@@ -97,17 +98,6 @@ def stack(django_db_setup: None) -> Iterator[Processes]:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float = 30, every: float = 0.05, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def put(tenant: Tenant, name: str, spec: dict[str, Any]) -> None:
@@ -749,7 +739,6 @@ def test_after_a_redis_flush_the_coordinator_puts_back_lost_sleeps_and_retry_bac
         ("flaky", 1, "failed"), ("flaky", 2, "succeeded"), ("last", 1, "succeeded"), ("nap", 1, "succeeded")]
     assert Counter(types(tenant, run))["succeeded"] == 1
     drained(tenant)
-
 
 
 def test_a_run_survives_a_sigkilled_worker_mid_step_and_no_capacity_slot_leaks(stack, tenant_a):

@@ -15,16 +15,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
-from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.core.context import tenant_context
 from ductor_project.core.redis import get_redis
 from ductor_project.stack import Child
-from scheduling import fair_queue
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import celery_worker_child, service_env, service_stack
+from tests.waiting import queue_is_empty, wait_for
 from workflows import services as workflow_services
 from workflows.models import Schedule, WorkflowRun
 from workflows.triggers import services as schedules
@@ -79,22 +78,6 @@ def quiet_after(stack: Processes, transactional_db: None) -> Iterator[None]:
     yield
     Schedule.all_tenants.update(paused=True, wake_at=None)
     wait_for(queue_is_empty, timeout=30, what="the schedules' last wake-ups and their runs to finish")
-
-
-def queue_is_empty() -> bool:
-    """Nothing waits in the fair queue (due or not), and nothing is in flight, on any shard."""
-    with no_tenant():
-        depths = [fair_queue.depth(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)]
-    return all(row.backlog == 0 and row.in_flight == 0 for depth in depths for row in depth.tiers.values())
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 def tenant_with_flow(make_tenant: Any, slug: str, spec: dict[str, Any] = NOOP) -> Tenant:

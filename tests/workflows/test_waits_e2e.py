@@ -7,18 +7,16 @@ default or fails it, even after Redis lost everything (the reconciler puts the w
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.core.context import tenant_context
 from ductor_project.core.redis import get_redis
-from scheduling import fair_queue
 from tenants.models import Tenant
 from tests.conftest import api_client, celery_worker_child, service_env, service_stack
+from tests.waiting import queue_is_empty, wait_for
 from workflows import services as workflow_services
 from workflows.models import WorkflowRun
 
@@ -65,21 +63,6 @@ def quiet_after(stack: Processes, transactional_db: None) -> Iterator[None]:
         with tenant_context(run.tenant):
             workflow_services.run_cancel(run=WorkflowRun.objects.get(pk=run.pk))
     wait_for(queue_is_empty, timeout=30, what="the queue to empty")
-
-
-def queue_is_empty() -> bool:
-    with no_tenant():
-        depths = [fair_queue.depth(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)]
-    return all(row.backlog == 0 and row.in_flight == 0 for depth in depths for row in depth.tiers.values())
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 @pytest.fixture

@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from ductor_sdk.webhooks import verify
 from rest_framework.test import APIClient
 
-from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.core.context import tenant_context
 from ductor_project.core.redis import get_redis
-from scheduling import fair_queue
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import api_client, celery_worker_child, service_env, service_stack
+from tests.waiting import queue_is_empty, wait_for
 from tests.workflows.webhook_receiver import Receiver, running_receiver
 from workflows import services as workflow_services
 from workflows.models import WebhookDelivery, WebhookEndpoint, WorkflowRun
@@ -89,22 +87,6 @@ def quiet_after(stack: Processes, transactional_db: None, settings: Any) -> Iter
 def receiver() -> Iterator[Receiver]:
     with running_receiver() as running:
         yield running
-
-
-def queue_is_empty() -> bool:
-    """Nothing waits in the fair queue (due or not), and nothing is in flight, on any shard."""
-    with no_tenant():
-        depths = [fair_queue.depth(shard) for shard in range(django_settings.DUCTOR_QUEUE_SHARDS)]
-    return all(row.backlog == 0 and row.in_flight == 0 for depth in depths for row in depth.tiers.values())
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float = 30, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def tenant_with_flow(make_tenant: Any, slug: str) -> tuple[Tenant, APIClient]:
