@@ -55,6 +55,7 @@ class Entitlements:
     max_nesting_depth: int
     max_payload_bytes: int
     event_retention_days: int
+    history_retention_days: int
     api_rate_per_s: float
     api_burst: int
     weight: int
@@ -107,7 +108,8 @@ def coerce_limit(field: str, value: Any) -> Any:
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("must be a non-negative integer")
-    if field in ("weight", "max_concurrency", "step_burst", "api_burst", "event_retention_days") and value < 1:
+    if field in ("weight", "max_concurrency", "step_burst", "api_burst", "event_retention_days",
+                 "history_retention_days") and value < 1:
         raise ValueError("must be at least 1")
     if value > _INT_MAX.get(field, _INT_MAX_DEFAULT):
         raise ValueError(f"must be at most {_INT_MAX.get(field, _INT_MAX_DEFAULT)}")

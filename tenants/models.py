@@ -52,6 +52,8 @@ class Plan(models.Model):
     max_schedules = models.PositiveIntegerField(default=10, help_text="Schedules (cron or interval triggers).")
     max_nesting_depth = models.PositiveIntegerField(help_text="Sub-workflow levels below a root run.")
     event_retention_days = models.PositiveIntegerField(default=30, help_text="Days events are kept.")
+    history_retention_days = models.PositiveIntegerField(default=30, help_text="Days a finished run (its whole "
+                                                         "tree) is kept after it ended.")
     max_payload_bytes = models.PositiveIntegerField(help_text="Largest run input or workflow spec.")
     api_rate_per_s = models.FloatField(help_text="API requests per second (GCRA).")
     api_burst = models.PositiveIntegerField()

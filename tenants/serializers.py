@@ -101,6 +101,7 @@ class EntitlementLimitsSerializer(serializers.Serializer):
     max_nesting_depth = serializers.IntegerField()
     max_payload_bytes = serializers.IntegerField()
     event_retention_days = serializers.IntegerField()
+    history_retention_days = serializers.IntegerField()
     api_rate_per_s = serializers.FloatField()
     api_burst = serializers.IntegerField()
     weight = serializers.IntegerField()

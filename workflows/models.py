@@ -104,7 +104,12 @@ class WorkflowRun(TenantScopedModel):
                 name="run_unique_idempotency_key",
             )
         ]
-        indexes = [models.Index(fields=["tenant", "status", "-created_at"], name="run_tenant_status")]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"], name="run_tenant_status"),
+            # The retention's pass: the roots of the tenant's run trees, by when they ended.
+            models.Index(fields=["tenant", "finished_at", "id"], name="run_tenant_root_finished",
+                         condition=models.Q(parent_run__isnull=True, continued_from__isnull=True)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.id} ({self.status})"

@@ -1,0 +1,96 @@
+"""History retention on the real PostgreSQL: a run tree goes once every run of it ended, the last
+more than the plan's ``history_retention_days`` ago, with its steps, history, signals and
+deliveries; an active tree, a recent one and another tenant's longer-kept ones stay; the usage
+counters stay; a tree that cannot go yet is passed over, not looked at again and again."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ductor_project.core.context import tenant_context
+from tenants import services as tenant_services
+from tenants.models import Tenant
+from tenants.usage import runs_this_month
+from workflows import retention, services
+from workflows.models import RunEvent, RunSignal, StepRun, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SLEEPY = {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 3600}]}
+
+
+@pytest.fixture(autouse=True)
+def fresh_cursors() -> None:
+    retention._tenant_cursor[0] = None
+    retention._root_cursor.clear()
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: tuple[Tenant, str]) -> Tenant:
+    tenant_services.override_set(tenant=tenant_a[0], field="history_retention_days", value=1)
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="nap", spec=SLEEPY)
+    return tenant_a[0]
+
+
+def tree(tenant: Tenant, *, ended_days_ago: float | None, children: int = 1,
+         child_active: bool = False) -> WorkflowRun:
+    """A root run with ``children`` child runs, each with a step, an event and a signal; ended
+    ``ended_days_ago`` (None: still running), a child still running with ``child_active``."""
+    with tenant_context(tenant):
+        root, _ = services.run_start(workflow="nap", input={})
+        for n in range(children):
+            WorkflowRun.objects.create(workflow=root.workflow, workflow_name="nap", input={}, parent_run=root,
+                                       root_run_id=root.root_run_id, nesting_depth=1, parent_node_id=f"c{n}")
+        RunSignal.objects.create(run=root, name="approved")
+        members = WorkflowRun.objects.filter(root_run_id=root.root_run_id)
+        if ended_days_ago is not None:
+            ended = timezone.now() - timedelta(days=ended_days_ago)
+            members.update(status="succeeded", finished_at=ended)
+            if child_active:
+                members.exclude(pk=root.pk).filter(parent_node_id="c0").update(status="running", finished_at=None)
+        return root
+
+
+def runs_of(tenant: Tenant, root: WorkflowRun) -> int:
+    with tenant_context(tenant):
+        return WorkflowRun.objects.filter(root_run_id=root.root_run_id).count()
+
+
+def test_an_ended_tree_past_its_retention_goes_with_everything_of_it_and_nothing_else(tenant, tenant_b):
+    old, recent, active = (tree(tenant, ended_days_ago=3), tree(tenant, ended_days_ago=0.5),
+                           tree(tenant, ended_days_ago=None))
+    partly = tree(tenant, ended_days_ago=3, child_active=True)
+    with tenant_context(tenant_b[0]):
+        services.workflow_put(name="nap", spec=SLEEPY)
+    theirs = tree(tenant_b[0], ended_days_ago=3)  # their plan keeps history longer than 3 days
+    with tenant_context(tenant):
+        rerun, _ = services.run_rerun(run=WorkflowRun.objects.get(pk=old.pk))
+        WorkflowRun.objects.filter(pk=rerun.pk).update(status="succeeded", finished_at=timezone.now())
+        used = runs_this_month()
+
+    assert retention.expire_runs() == 2  # the old root and its child
+
+    assert runs_of(tenant, old) == 0
+    with tenant_context(tenant):
+        assert not StepRun.objects.filter(run_id=old.pk).exists()
+        assert not RunEvent.objects.filter(run_id=old.pk).exists()
+        assert not RunSignal.objects.filter(run_id=old.pk).exists()
+        assert WorkflowRun.objects.get(pk=rerun.pk).rerun_of_id is None
+        assert runs_this_month() == used
+    assert (runs_of(tenant, recent), runs_of(tenant, active), runs_of(tenant, partly)) == (2, 2, 2)
+    assert runs_of(tenant_b[0], theirs) == 2
+    assert retention.expire_runs() == 0
+
+
+def test_a_tree_that_cannot_go_yet_is_passed_over_and_the_ones_after_it_go(tenant):
+    stuck = tree(tenant, ended_days_ago=5, child_active=True, children=1)
+    later = tree(tenant, ended_days_ago=4, children=0)
+
+    assert retention.expire_runs(roots_per_batch=1) == 0  # the stuck tree, looked at once
+    assert retention.expire_runs(roots_per_batch=1) == 1  # then the next one
+    assert (runs_of(tenant, stuck), runs_of(tenant, later)) == (2, 0)
