@@ -19,10 +19,10 @@ from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.redis import get_redis
-from ductor_project.stack import Child
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tests.conftest import celery_worker_child, service_env, service_stack
+from tests.conftest import service_env
+from tests.processes import Processes, running_processes
 from tests.waiting import queue_is_empty, wait_for
 from workflows import services as workflow_services
 from workflows.models import Schedule, WorkflowRun
@@ -36,38 +36,10 @@ SECOND = timedelta(seconds=1)
 NOOP = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
 
 
-class Processes:
-    """The module's processes: one worker, a dispatcher and two coordinators."""
-
-    def __init__(self) -> None:
-        self.stack = service_stack()
-
-    def start(self) -> None:
-        self.worker = celery_worker_child(self.stack, concurrency=2)
-        self.dispatcher = self.stack.dispatcher(env=service_env())
-        self.coordinators = [self.stack.coordinator(f"coordinator-{n}", env=service_env()) for n in range(2)]
-        self.stack.wait_ready(self.dispatcher, *self.coordinators, timeout_s=60)
-
-    def restart(self, child: Child, start: Callable[[], Child]) -> Child:
-        """SIGKILL ``child`` (no shutdown of any kind) and start it again."""
-        child.kill()
-        self.stack.stop(child)
-        again = start()
-        self.stack.wait_ready(again, timeout_s=60)
-        return again
-
-
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None) -> Iterator[Processes]:
-    get_redis().flushdb()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DUCTOR_LEASE_MS", str(LEASE_MS))  # service_env() copies os.environ
-        running = Processes()
-        try:
-            running.start()
-            yield running
-        finally:
-            running.stack.stop_all(grace_s=20)
+    with running_processes(coordinators=2, env={"DUCTOR_LEASE_MS": str(LEASE_MS)}) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)

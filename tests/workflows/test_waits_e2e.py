@@ -15,7 +15,8 @@ import pytest
 from ductor_project.core.context import tenant_context
 from ductor_project.core.redis import get_redis
 from tenants.models import Tenant
-from tests.conftest import api_client, celery_worker_child, service_env, service_stack
+from tests.conftest import api_client
+from tests.processes import Processes, running_processes
 from tests.waiting import queue_is_empty, wait_for
 from workflows import services as workflow_services
 from workflows.models import WorkflowRun
@@ -29,29 +30,10 @@ PAID = {"nodes": [{"id": "paid", "type": "wait_for_event", "event": "order.paid"
         "output": {"shipped": "$nodes.ship.output.amount"}}
 
 
-class Processes:
-    def __init__(self) -> None:
-        self.stack = service_stack()
-
-    def start(self) -> None:
-        self.worker = self.start_worker()
-        self.dispatcher = self.stack.dispatcher(env=service_env())
-        self.coordinator = self.stack.coordinator(env=service_env())
-        self.stack.wait_ready(self.dispatcher, self.coordinator, timeout_s=60)
-
-    def start_worker(self) -> Any:
-        return celery_worker_child(self.stack, concurrency=2)
-
-
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None) -> Iterator[Processes]:
-    get_redis().flushdb()
-    running = Processes()
-    try:
-        running.start()
+    with running_processes() as running:
         yield running
-    finally:
-        running.stack.stop_all(grace_s=20)
 
 
 @pytest.fixture(autouse=True)

@@ -19,10 +19,10 @@ from ductor_sdk.webhooks import verify
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
-from ductor_project.core.redis import get_redis
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tests.conftest import api_client, celery_worker_child, service_env, service_stack
+from tests.conftest import api_client
+from tests.processes import Processes, running_processes
 from tests.waiting import queue_is_empty, wait_for
 from tests.workflows.webhook_receiver import Receiver, running_receiver
 from workflows import services as workflow_services
@@ -43,31 +43,10 @@ STACK_ENV = {
 }
 
 
-class Processes:
-    """The module's processes: one worker, a dispatcher and a coordinator."""
-
-    def __init__(self) -> None:
-        self.stack = service_stack()
-
-    def start(self) -> None:
-        self.worker = celery_worker_child(self.stack, concurrency=2)
-        self.dispatcher = self.stack.dispatcher(env=service_env())
-        self.coordinator = self.stack.coordinator(env=service_env())
-        self.stack.wait_ready(self.dispatcher, self.coordinator, timeout_s=60)
-
-
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None) -> Iterator[Processes]:
-    get_redis().flushdb()
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in STACK_ENV.items():
-            mp.setenv(name, value)  # service_env() copies os.environ
-        running = Processes()
-        try:
-            running.start()
-            yield running
-        finally:
-            running.stack.stop_all(grace_s=20)
+    with running_processes(env=STACK_ENV) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
