@@ -26,8 +26,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
+from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
-from tenants.models import Tenant
 from workflows.models import (
     EventWait,
     RunEvent,
@@ -44,21 +44,16 @@ ROOTS_PER_BATCH = 200
 TENANTS_PER_PASS = 50
 ENDED = [str(status) for status in WorkflowRun.TERMINAL]
 RUNS = WorkflowRun._meta.db_table
-# Where the last pass stopped: the last tenant it looked at; per tenant, the last root it looked at.
-_tenant_cursor: list[Any] = [None]
+# Where the last pass stopped: the tenants, and per tenant the last root it looked at.
+_tenants = TenantRound()
 _root_cursor: dict[Any, tuple[datetime, Any]] = {}
 
 
 def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int = TENANTS_PER_PASS) -> int:
     """Delete the expired run trees of the next tenants (see the module docs); how many runs."""
-    tenants = Tenant.objects.order_by("pk")
-    if _tenant_cursor[0] is not None:
-        tenants = tenants.filter(pk__gt=_tenant_cursor[0])
-    chosen = list(tenants[:tenants_per_pass])
-    _tenant_cursor[0] = chosen[-1].pk if len(chosen) == tenants_per_pass else None
     deleted = 0
     now = timezone.now()
-    for tenant in chosen:
+    for tenant in _tenants.next(tenants_per_pass):
         with tenant_context(tenant):
             cutoff = now - timedelta(days=effective_entitlements(tenant).history_retention_days)
             count = _expire_batch(cutoff, roots_per_batch)

@@ -11,6 +11,9 @@ transactions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+from tenants.models import Tenant
 
 Housekeeper = Callable[[], int]
 _housekeepers: list[Housekeeper] = []
@@ -20,6 +23,23 @@ def register_housekeeper(housekeeper: Housekeeper) -> None:
     """Have the coordinator call ``housekeeper()`` every pass. Registering it again changes nothing."""
     if housekeeper not in _housekeepers:
         _housekeepers.append(housekeeper)
+
+
+class TenantRound:
+    """The tenants a housekeeper looks at, a few per pass: by id, on from where its previous pass
+    stopped, round and round (a housekeeper's own; the coordinator's process keeps it)."""
+
+    def __init__(self) -> None:
+        self.after: Any = None
+
+    def next(self, count: int) -> list[Tenant]:
+        """The next ``count`` tenants (fewer at the end of a round, which then starts again)."""
+        tenants = Tenant.objects.order_by("pk")
+        if self.after is not None:
+            tenants = tenants.filter(pk__gt=self.after)
+        chosen = list(tenants[:count])
+        self.after = chosen[-1].pk if len(chosen) == count else None
+        return chosen
 
 
 def housekeep_all() -> int:

@@ -25,7 +25,7 @@ SLEEPY = {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 3600}]}
 
 @pytest.fixture(autouse=True)
 def fresh_cursors() -> None:
-    retention._tenant_cursor[0] = None
+    retention._tenants.after = None
     retention._root_cursor.clear()
 
 
@@ -94,3 +94,17 @@ def test_a_tree_that_cannot_go_yet_is_passed_over_and_the_ones_after_it_go(tenan
     assert retention.expire_runs(roots_per_batch=1) == 0  # the stuck tree, looked at once
     assert retention.expire_runs(roots_per_batch=1) == 1  # then the next one
     assert (runs_of(tenant, stuck), runs_of(tenant, later)) == (2, 0)
+
+
+def test_a_tenant_s_deletion_never_reaches_another_tenant_s_tree(tenant, tenant_b):
+    with tenant_context(tenant_b[0]):
+        services.workflow_put(name="nap", spec=SLEEPY)
+    theirs = tree(tenant_b[0], ended_days_ago=30)
+
+    with tenant_context(tenant):
+        assert retention._ended_trees([theirs.root_run_id], timezone.now()) == []
+        assert retention._delete_trees([theirs.root_run_id]) == 0
+
+    assert runs_of(tenant_b[0], theirs) == 2
+    with tenant_context(tenant_b[0]):
+        assert RunSignal.objects.filter(run_id=theirs.pk).exists()

@@ -32,8 +32,8 @@ from django.utils import timezone
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError, ErrorCode
 from scheduling import templates
+from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
-from tenants.models import Tenant
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.engine.waits import deliver
 from workflows.models import Event, EventTrigger, WorkflowDefinition
@@ -172,7 +172,7 @@ def trigger_of(trigger_id: Any) -> EventTrigger:
 # Most events one pass deletes of one tenant, and most tenants one pass looks at.
 EXPIRE_BATCH = 1000
 TENANTS_PER_PASS = 100
-_expiry_cursor: list[Any] = [None]  # the last tenant the previous pass looked at
+_expiry_round = TenantRound()
 
 
 def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_PER_PASS) -> int:
@@ -180,14 +180,9 @@ def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_
     next ``tenants_per_pass`` tenants (by id, on from where the previous pass stopped, round and
     round), each in its own short transaction. A coordinator housekeeper; returns how many it deleted.
     The runs an event started keep it as their input."""
-    tenants = Tenant.objects.order_by("pk")
-    if _expiry_cursor[0] is not None:
-        tenants = tenants.filter(pk__gt=_expiry_cursor[0])
-    chosen = list(tenants[:tenants_per_pass])
-    _expiry_cursor[0] = chosen[-1].pk if len(chosen) == tenants_per_pass else None
     deleted = 0
     now = timezone.now()
-    for tenant in chosen:
+    for tenant in _expiry_round.next(tenants_per_pass):
         with tenant_context(tenant), transaction.atomic():
             cutoff = now - timedelta(days=effective_entitlements(tenant).event_retention_days)
             old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
