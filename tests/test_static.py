@@ -7,11 +7,13 @@ import pytest
 from django.test import Client
 
 
+@pytest.mark.parametrize("autorefresh", [False, True], ids=["production", "tests"])
 @pytest.mark.parametrize("path", [
     "/static/admin/css/base.css",
     "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js",
 ])
-def test_static_assets_are_served_by_the_app(path):
+def test_static_assets_are_served_by_the_app(path, autorefresh, settings):
+    settings.WHITENOISE_AUTOREFRESH = autorefresh  # read when a client builds the middleware
     response = Client().get(path)
 
     assert response.status_code == 200
