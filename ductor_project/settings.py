@@ -13,6 +13,7 @@ from pathlib import Path
 
 import django_stubs_ext
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from ductor_project import embedded
 
@@ -284,6 +285,17 @@ DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=0 if DUCTOR_H
 DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
 # Delay before an item whose handler raised is delivered again.
 DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_000)
+# Fair by work: what the fair queue charges a tenant for an item. "time": the work it did, as
+# measured on the worker (an estimate at dispatch, corrected at its ack); "items": its cost (1).
+# Every process of a deployment must agree. One item is charged at most DUCTOR_FAIR_MAX_COST_MS;
+# a kind of item nobody measured yet is estimated at DUCTOR_FAIR_FIRST_COST_MS.
+DUCTOR_FAIR_COST = env.str("DUCTOR_FAIR_COST", default="time")
+if DUCTOR_FAIR_COST not in ("time", "items"):
+    raise ImproperlyConfigured(f"DUCTOR_FAIR_COST is 'time' or 'items', not {DUCTOR_FAIR_COST!r}")
+DUCTOR_FAIR_MAX_COST_MS = env.int("DUCTOR_FAIR_MAX_COST_MS", default=60_000)
+DUCTOR_FAIR_FIRST_COST_MS = env.float("DUCTOR_FAIR_FIRST_COST_MS", default=10.0)
+if DUCTOR_FAIR_MAX_COST_MS < 1 or not 0 < DUCTOR_FAIR_FIRST_COST_MS <= DUCTOR_FAIR_MAX_COST_MS:
+    raise ImproperlyConfigured("DUCTOR_FAIR_MAX_COST_MS is >= 1 and DUCTOR_FAIR_FIRST_COST_MS in (0, max]")
 
 # Redis keys of every tenant carry the hash tag of the fair-queue shard the
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.

@@ -163,6 +163,10 @@ class NewItem:
 
     ``scope`` is the id of the tenant's pool whose slots and rate (and one of whose
     connections) the item needs at dequeue, besides its tenant's; None for none.
+    ``kind`` names what its work is estimated by (the tenant's moving average of that
+    kind's measured work; default: the payload's ``"kind"``). ``order_ms`` (Unix ms) is its
+    order key among the tenant's items due now, when earlier than its due time: the
+    engine gives a run's items the run's start, so a tenant's older runs go first.
     """
 
     item_id: str
@@ -172,6 +176,8 @@ class NewItem:
     delay_ms: int = 0
     cost: int = 1
     scope: str | None = None
+    kind: str | None = None
+    order_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -253,11 +259,13 @@ class Dequeued:
 
 
 class Finished(NamedTuple):
-    """An item a worker finished, in the delivery it ran: what ``handoff`` and ``queue_ack`` ack."""
+    """An item a worker finished, in the delivery it ran: what ``handoff`` and ``queue_ack`` ack;
+    ``work_ms`` is the work it did, measured on the worker (None: its time in flight)."""
 
     tenant: Tenant
     item_id: str
     delivery: int
+    work_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -361,13 +369,20 @@ def _suffixes() -> dict[str, str]:
 
 
 @cache
-def _header(shard: int) -> tuple[str, ...]:
-    """The ARGV every fair-queue script starts with (``fq_init`` and ``FQ_HEADER`` in fq_lib.lua)."""
+def _key_header(shard: int) -> tuple[str, ...]:
     s = _suffixes()
     return (
         tenant_redis_prefix(shard), s["namespace"], s["scope"], s["holder"], s["rate"],
         global_redis_key("fq", "", shard=shard), ",".join(TIERS), s["cap"], s["rates"], s["breaker"], s["rr"],
     )
+
+
+def _header(shard: int) -> tuple[str, ...]:
+    """The ARGV every fair-queue script starts with (``fq_init`` and ``FQ_HEADER`` in fq_lib.lua):
+    the shard's key layout, then how items are charged (``DUCTOR_FAIR_COST``, the most one item
+    is charged, what an unmeasured kind is estimated at)."""
+    return (*_key_header(shard), settings.DUCTOR_FAIR_COST, str(settings.DUCTOR_FAIR_MAX_COST_MS),
+            str(settings.DUCTOR_FAIR_FIRST_COST_MS))
 
 
 def global_key(name: str, *, shard: int = 0) -> str:
@@ -410,6 +425,9 @@ def _item_args(item: NewItem, conf: TenantConf) -> list[Any]:
     payload = json.dumps(item.payload, separators=(",", ":"))
     if len(payload.encode()) > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
+    kind = item.kind
+    if kind is None:
+        kind = str(item.payload.get("kind", "")) if isinstance(item.payload, dict) else ""
     return [
         _name("item_id", item.item_id),
         item.tier,
@@ -418,6 +436,8 @@ def _item_args(item: NewItem, conf: TenantConf) -> list[Any]:
         item.cost,
         payload,
         "" if item.scope is None else _name("scope", item.scope),
+        kind[:MAX_NAME_LENGTH],
+        "" if item.order_ms is None else _ms("order_ms", item.order_ms),
     ]
 
 
@@ -462,6 +482,8 @@ def enqueue(
     cost: int = 1,
     scope: str | None = None,
     scopes: Mapping[str, str] | None = None,
+    kind: str | None = None,
+    order_ms: float | None = None,
     tenant: Tenant | None = None,
 ) -> EnqueueResult:
     """Enqueue one item of the tenant, due ``delay_ms`` after now (Redis TIME); ``scope`` and
@@ -475,7 +497,7 @@ def enqueue(
     for a tier outside the tenant's plan, ``ValueError`` for a bad argument and
     ``TenantScopeError`` without a tenant.
     """
-    item = NewItem(item_id, tier, partition, payload, delay_ms, cost, scope)
+    item = NewItem(item_id, tier, partition, payload, delay_ms, cost, scope, kind, order_ms)
     return enqueue_many([item], scopes=scopes, tenant=tenant)[0]
 
 
@@ -624,8 +646,9 @@ def handoff(
     _at_least("lease_ms", lease_ms, 1)
     batch = scripts.Batch()
     if finished is not None:
-        tenant, item_id, delivery = finished
-        queue_ack(batch, item_id, delivery=delivery, tenant=tenant)
+        finished = Finished(*finished)
+        queue_ack(batch, finished.item_id, delivery=finished.delivery, tenant=finished.tenant,
+                  work_ms=finished.work_ms)
     _queue_dequeue(batch, shard, lease_ms, _tiers(tiers), 1)
     *acked, reply = batch.execute()
     if acked and isinstance(acked[0], Exception):
@@ -677,32 +700,50 @@ def _dequeued(row: Sequence[Any]) -> Dequeued:
     )
 
 
-def ack(item_id: str, *, delivery: int | None = None, tenant: Tenant | None = None) -> bool:
+def _ms(name: str, value: float) -> str:
+    """A finite number of ms >= 0, as a script argument (µs kept as the fraction)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} is a finite number >= 0 or None, not {value!r}")
+    return repr(float(value))
+
+
+def _work(work_ms: float | None) -> str:
+    return "" if work_ms is None else _ms("work_ms", work_ms)
+
+
+def ack(item_id: str, *, delivery: int | None = None, work_ms: float | None = None,
+        tenant: Tenant | None = None) -> bool:
     """The item's work is done: end its lease, give its slot back, unlock its partition.
 
     The item is deleted, unless it was enqueued again while in flight: then it
-    waits again. Returns False, changing nothing, when the item (in that
+    waits again. ``work_ms`` is the work it did, as its worker measured it (None:
+    its time in flight, by Redis's clock): what its tenant is charged (fair by
+    work). Returns False, changing nothing, when the item (in that
     ``delivery``, when given) is not in flight: idempotent. One round trip,
     atomic. Raises ``TenantScopeError`` without a tenant.
     """
-    return bool(_tenant_call("fq_ack", _tenant(tenant), item_id, _delivery(delivery)) == 1)
+    return bool(_tenant_call("fq_ack", _tenant(tenant), item_id, _delivery(delivery), _work(work_ms)) == 1)
 
 
-def queue_ack(batch: scripts.Batch, item_id: str, *, delivery: int | None, tenant: Tenant) -> None:
+def queue_ack(batch: scripts.Batch, item_id: str, *, delivery: int | None, tenant: Tenant,
+              work_ms: float | None = None) -> None:
     """``ack`` queued on a script ``batch``: its reply in ``batch.execute()`` is 1 when it acked."""
-    _tenant_call("fq_ack", tenant, item_id, _delivery(delivery), batch=batch)
+    _tenant_call("fq_ack", tenant, item_id, _delivery(delivery), _work(work_ms), batch=batch)
 
 
 def nack(
-    item_id: str, *, delay_ms: int = 0, delivery: int | None = None, tenant: Tenant | None = None
+    item_id: str, *, delay_ms: int = 0, delivery: int | None = None, work_ms: float | None = None,
+    tenant: Tenant | None = None,
 ) -> bool:
     """Put an item in flight back in its partition, due ``delay_ms`` from now; its slot is freed.
 
-    Returns False, changing nothing, when the item (in that ``delivery``) is not
-    in flight. One round trip, atomic. Raises ``TenantScopeError`` without a tenant.
+    ``work_ms`` as for ``ack``. Returns False, changing nothing, when the item (in
+    that ``delivery``) is not in flight. One round trip, atomic. Raises
+    ``TenantScopeError`` without a tenant.
     """
     _at_least("delay_ms", delay_ms, 0)
-    return bool(_tenant_call("fq_nack", _tenant(tenant), item_id, _delivery(delivery), delay_ms) == 1)
+    return bool(_tenant_call("fq_nack", _tenant(tenant), item_id, _delivery(delivery), delay_ms,
+                             _work(work_ms)) == 1)
 
 
 def extend_lease(
@@ -935,6 +976,70 @@ def stats(tenant: Tenant | None = None) -> QueueStats:
         in_flight=sum(s.in_flight for s in tiers.values()),
         oldest_waiting_ms=max(s.oldest_waiting_ms for s in tiers.values()),
     )
+
+
+# The window of the work shares: FQ_WORK_BUCKETS buckets of FQ_WORK_BUCKET_MS (fq_lib.lua).
+WORK_WINDOW_S = 60
+
+
+@dataclass(frozen=True)
+class WorkShare:
+    """A tenant's share of its shard's worker time over the last ``WORK_WINDOW_S`` (the customer
+    tiers'): ``work_ms`` is what its items' workers measured, ``share`` its fraction of all of it,
+    ``fair_share`` the fraction its weight entitles it to among the tenants that worked then (each
+    ``WORK_WINDOW_S / 6`` bucket's weight share, averaged over the buckets by their work)."""
+
+    tenant_id: str
+    weight: int
+    work_ms: float
+    share: float
+    fair_share: float
+
+
+def _shares(rows: list[tuple[float, float, float, bool]]) -> tuple[float, float, float]:
+    """(work, share, fair share) from per-bucket (work, total, weights of those that worked,
+    whether it worked), for a tenant of weight 1: the caller scales the fair share."""
+    total = sum(row[1] for row in rows)
+    work = sum(row[0] for row in rows)
+    if total <= 0:
+        return work, 0.0, 0.0
+    fair = sum(t / w for _, t, w, worked in rows if worked and w > 0)
+    return work, work / total, fair / total
+
+
+def work_share(tenant: Tenant | None = None) -> WorkShare:
+    """The tenant's own ``WorkShare``. One round trip, read only; nothing of any other tenant but
+    the shard's totals that a share is a fraction of. Raises ``TenantScopeError`` without a tenant."""
+    tenant = _tenant(tenant)
+    rows = _tenant_call("fq_work", tenant)
+    work, share, fair = _shares([(float(a), float(b), float(c), int(d) == 1) for a, b, c, d in rows])
+    weight = TenantConf.for_tenant(tenant).weight
+    return WorkShare(str(tenant.pk), weight, round(work, 3), round(share, 4), round(min(1.0, fair * weight), 4))
+
+
+def work_shares(shard: int = 0, *, limit: int = 20) -> list[WorkShare]:
+    """The ``limit`` tenants of the shard that did the most work over the window, most first. One
+    round trip, read only. Dispatcher side (the platform view)."""
+    _dispatcher_side()
+    shard = _check_shard(shard)
+    _at_least("limit", limit, 1)
+    buckets = _run("fq_work", [global_key("timers", shard=shard)], [*_header(shard), ""])
+    per_tenant: dict[str, dict[int, float]] = {}  # tenant -> bucket -> its work there
+    totals: list[tuple[float, float]] = []  # per bucket: all the work, the weights of those that worked
+    weights: dict[str, int] = {}
+    for b, (total, weight_sum, *rest) in enumerate(buckets):
+        totals.append((float(total), float(weight_sum)))
+        for i in range(0, len(rest), 3):
+            tenant_id = _text(rest[i])
+            per_tenant.setdefault(tenant_id, {})[b] = float(rest[i + 1])
+            weights[tenant_id] = int(rest[i + 2])
+    out = []
+    for tenant_id, by_bucket in per_tenant.items():
+        rows = [(by_bucket.get(b, 0.0), t, w, b in by_bucket) for b, (t, w) in enumerate(totals)]
+        work, share, fair = _shares(rows)
+        out.append(WorkShare(tenant_id, weights[tenant_id], round(work, 3), round(share, 4),
+                             round(min(1.0, fair * weights[tenant_id]), 4)))
+    return sorted(out, key=lambda s: -s.work_ms)[:limit]
 
 
 @dataclass(frozen=True)

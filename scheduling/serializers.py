@@ -397,6 +397,17 @@ class TierQueueSerializer(serializers.Serializer):
     oldest_waiting_ms = serializers.IntegerField(help_text="Age of the oldest due item.")
 
 
+class WorkShareSerializer(serializers.Serializer):
+    """A tenant's share of the worker time of its queue shard over the last minute."""
+
+    tenant_id = serializers.UUIDField()
+    weight = serializers.IntegerField()
+    work_ms = serializers.FloatField(help_text="The work its items did, as their workers measured it.")
+    share = serializers.FloatField(help_text="Its fraction of all the customer work of the shard.")
+    fair_share = serializers.FloatField(
+        help_text="The fraction its weight entitles it to among the tenants that had work then.")
+
+
 class QueueStatsSerializer(serializers.Serializer):
     """The tenant's own queue; nothing of other tenants."""
 
@@ -405,6 +416,7 @@ class QueueStatsSerializer(serializers.Serializer):
     due = serializers.IntegerField()
     in_flight = serializers.IntegerField()
     oldest_waiting_ms = serializers.IntegerField()
+    work = WorkShareSerializer(help_text="Its share of worker time over the last minute.")
 
 
 class GlobalTierQueueSerializer(serializers.Serializer):
@@ -421,3 +433,5 @@ class GlobalQueueStatsSerializer(serializers.Serializer):
     expired_leases = serializers.IntegerField()
     worker_slots = serializers.DictField(child=serializers.IntegerField())
     busy = serializers.DictField(child=serializers.IntegerField())
+    work_shares = WorkShareSerializer(many=True, help_text="The tenants that did the most work over the last "
+                                                           "minute, with their shares of it, most first.")

@@ -186,11 +186,13 @@ class RoutingExplainView(TenantAPIView):
 
 
 class QueueView(TenantAPIView):
-    """The tenant's fair-queue backlog, items in flight, due counts per tier and oldest waiting age."""
+    """The tenant's fair-queue backlog, items in flight, due counts per tier and oldest waiting age,
+    and its share of worker time over the last minute beside its weight-fair share."""
 
     @extend_schema(responses=QueueStatsSerializer, operation_id="queue_current")
     def get(self, request: Request) -> Response:
-        return Response(QueueStatsSerializer(dataclasses.asdict(fair_queue.stats())).data)
+        row = {**dataclasses.asdict(fair_queue.stats()), "work": dataclasses.asdict(fair_queue.work_share())}
+        return Response(QueueStatsSerializer(row).data)
 
 
 class PlatformQueueView(PlatformAPIView):
@@ -203,5 +205,6 @@ class PlatformQueueView(PlatformAPIView):
             row = dataclasses.asdict(fair_queue.global_stats(shard))
             row["worker_slots"] = {q: credits.worker_slots(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
             row["busy"] = {q: credits.busy(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
+            row["work_shares"] = [dataclasses.asdict(share) for share in fair_queue.work_shares(shard)]
             shards.append(row)
         return Response(GlobalQueueStatsSerializer(shards, many=True).data)

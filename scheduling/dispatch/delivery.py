@@ -11,6 +11,8 @@ While the handler runs, the process's renewal thread renews the item's lease,
 and with it every slot its admission took.
 A handler that returns has its item acked (by the caller, off the task's
 path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later.
+Either way the ack or the nack carries the handler's run time, measured here:
+what the fair queue charges the tenant (fair by work).
 Either way what it reports (``Failed``, or the exception) goes to the task's
 ``task_events.Report``, which shows it to Celery's tools.
 The handler runs in the item's span (``ductor.item.<kind>``), a child of the
@@ -105,13 +107,16 @@ def run_delivery(
             shown.failed = handler(item.context(tenant), item.body)
     except Exception:
         renewals.release(hold)
-        metrics.ITEM_DURATION.labels(item.kind, Outcome.FAILED).observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        metrics.ITEM_DURATION.labels(item.kind, Outcome.FAILED).observe(took)
         log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)
-        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=item.delivery)
+        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=item.delivery,
+                        work_ms=took * 1000)
         return Outcome.FAILED, None
     renewals.release(hold)
-    metrics.ITEM_DURATION.labels(item.kind, Outcome.OK).observe(time.perf_counter() - started)
-    return Outcome.OK, finished
+    took = time.perf_counter() - started
+    metrics.ITEM_DURATION.labels(item.kind, Outcome.OK).observe(took)
+    return Outcome.OK, finished._replace(work_ms=took * 1000)
 
 
 def _lease_check(item: Delivery, check_lease: bool) -> float | None:

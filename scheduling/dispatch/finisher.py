@@ -63,7 +63,8 @@ class Finisher:
         batch = scripts.Batch()
         try:
             for ack in acks:
-                fair_queue.queue_ack(batch, ack.item_id, delivery=ack.delivery, tenant=ack.tenant)
+                fair_queue.queue_ack(batch, ack.item_id, delivery=ack.delivery, tenant=ack.tenant,
+                                     work_ms=ack.work_ms)
             for queue, held in frees.items():
                 credits.free_credits(queue, held, batch=batch)
             replies = batch.execute()

@@ -77,12 +77,14 @@ local function dispatch(tid, tier, tag, conf, part, id, it, d)
   it.token = redis.call('INCR', fq_tkey(tid, 'seq'))
   it.conn = d and d.conn
   it.share = d and d.share
+  local cost = fq_charge(tid, it)
+  it.charged, it.at = cost, fq.now_us
   fq_save(tid, id, it)
   redis.call('ZADD', fq_gkey('inflight'), expiry, tid .. '|' .. id)
   redis.call('HINCRBY', fq_tkey(tid, 'flight'), tier, 1)
   -- SFQ: V = start tag of the item in service; the tenant's next start = its finish tag.
   redis.call('SET', fq_gkey('vtime:' .. tier), fq_num(tag))
-  local finish = tag + it.cost / conf.weight
+  local finish = tag + cost / conf.weight
   local next_part, next_due = fq_head(tid, tier)
   if next_part ~= nil and next_due <= fq.now then
     redis.call('ZADD', ready, fq_num(finish), tid)
@@ -130,7 +132,7 @@ local function serve(tid, tier, tag, part, due, conf_of)
   local pool = it.scope and conf_of('pool:' .. it.scope)
   local d = pool and ad_decide(tid, it.scope, pool, conf_of)
   if d and not d.ok then
-    park(tid, tier, tag, part, it.due, it.scope, d)
+    park(tid, tier, tag, part, fq_score(it), it.scope, d)
     return nil
   end
   local taken = take(tid, id, conf, d)

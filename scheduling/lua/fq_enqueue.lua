@@ -4,23 +4,26 @@
 -- none), rate_per_s (0: none), burst, suspended (1/0) and the version of the tenant row its
 -- status was read from (fq_set_conf), from its entitlements and status; the number
 -- of admission scope confs, then each as field and JSON (the pools and connections its items
--- use, from the routing table); its item count; then per item seven ARGV: id, tier,
--- partition, delay (ms), cost, payload (JSON text), pool id ("" for none).
+-- use, from the routing table); its item count; then per item nine ARGV: id, tier,
+-- partition, delay (ms), cost, payload (JSON text), pool id ("" for none), kind (what its
+-- work is estimated by), order key (Unix ms, "" for none: see fq_score).
 -- Returns one code per item, in order: 1 queued, 2 already waiting (unchanged), 3 already
 -- waiting and now due earlier, 4 in flight (it runs again after its ack).
 fq_init(ARGV)
 local codes = {}
-local ITEM_ARGS = 7
+local ITEM_ARGS = 9
 
-local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scope)
+local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scope, kind, order)
   local it = fq_item(tid, id)
   if it == nil then
-    fq_save(tid, id, {tier = tier, partition = part, cost = cost, payload = payload, state = 'waiting',
-      due = due, n = 0, scope = scope})
-    redis.call('ZADD', fq_pkey(tid, tier, part), fq_num(due), id)
+    it = {tier = tier, partition = part, cost = cost, payload = payload, state = 'waiting', due = due, n = 0,
+      scope = scope, kind = kind, order = order}
+    fq_save(tid, id, it)
+    local score = fq_num(fq_score(it))
+    redis.call('ZADD', fq_pkey(tid, tier, part), score, id)
     redis.call('ZADD', fq_tkey(tid, 'wait:' .. tier), fq_num(due), id)
     if redis.call('HEXISTS', locks, part) == 0 then
-      redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), 'LT', fq_num(due), part)
+      redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), 'LT', score, part)
       fq_activate(tier, tid)
     end
     return 1
@@ -29,11 +32,13 @@ local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scop
     -- Coalesce: the waiting item keeps its tier, partition, payload and scope, and the earlier due.
     if due >= it.due then return 2 end
     it.due = due
+    if order ~= nil and (it.order == nil or order < it.order) then it.order = order end
     fq_save(tid, id, it)
-    redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), fq_num(due), id)
+    local score = fq_num(fq_score(it))
+    redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), score, id)
     redis.call('ZADD', fq_tkey(tid, 'wait:' .. it.tier), fq_num(due), id)
     if redis.call('HEXISTS', locks, it.partition) == 0 then
-      redis.call('ZADD', fq_tkey(tid, 'parts:' .. it.tier), 'LT', fq_num(due), it.partition)
+      redis.call('ZADD', fq_tkey(tid, 'parts:' .. it.tier), 'LT', score, it.partition)
       fq_activate(it.tier, tid)
     end
     return 3
@@ -60,7 +65,8 @@ while i <= #ARGV do
   for _ = 1, count do
     local scope = ARGV[j + 6]
     codes[#codes + 1] = enqueue_item(tid, locks, ARGV[j], ARGV[j + 1], ARGV[j + 2],
-      fq.now + tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), ARGV[j + 5], scope ~= '' and scope or nil)
+      fq.now + tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), ARGV[j + 5], scope ~= '' and scope or nil,
+      ARGV[j + 7], tonumber(ARGV[j + 8]))
     j = j + ITEM_ARGS
   end
   i = j

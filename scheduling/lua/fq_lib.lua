@@ -7,7 +7,9 @@
 -- shard's global fair-queue prefix ("{s<n>}:g:fq:"), the tiers, highest first, comma
 -- separated, then the tenant-relative prefixes of capacity scopes (":cap:"), of rate
 -- limiters (":rate:"), of connection breakers (":breaker:") and of a pool's round-robin
--- state (":rr:"). Python derives all of them from ductor_project.core.keys and .capacity,
+-- state (":rr:"), then how items are charged: the cost mode ("time" or "items"), the most
+-- one item is charged (ms) and what a kind of item nobody has measured yet is estimated at
+-- (ms). Python derives all of them from ductor_project.core.keys and .capacity,
 -- scheduling.circuit and tenants.models.Tier, so key formats and tiers live there; a script
 -- reads tenant ids from the shard's global indexes and builds those tenants' keys as
 -- prefix .. id .. suffix. All of them carry the shard's hash tag: a script stays in one
@@ -19,7 +21,10 @@
 --   items              HASH  item -> JSON {tier, partition, cost, payload, state, due, n
 --                            (deliveries so far), lease, token (of the delivery in flight),
 --                            again, again_payload, scope (its pool), conn (the connection its
---                            dispatch holds)}; state is "waiting" or "inflight"
+--                            dispatch holds), kind, order (its order key, ms), charged (what
+--                            its dispatch charged), at (when it was dispatched, µs)}; state is
+--                            "waiting" or "inflight"
+--   est                HASH  kind -> the tenant's moving average of that kind's work (ms)
 --   seq                STRING the last delivery token (tokens are unique per tenant)
 --   parts:<tier>       ZSET  unlocked partition -> due time of its head in that tier
 --   p:<tier>:<part>    ZSET  waiting item -> due time
@@ -45,6 +50,8 @@
 --                            pool because the share's queue was at its slots
 --   wake               LIST  one token while there is new ready work (dispatchers BLPOP it)
 --   backlog            ZSET  tenant -> its items (waiting or in flight), for tenants that have any
+--   work:<bucket>      HASH  tenant -> work (ms) its items finished in that WORK_BUCKET_MS bucket,
+--                            "~total" -> all of it, "~weights" -> the weights of those tenants
 --
 -- Times are ms of Redis TIME. Tags and times always reach Redis through fq_num: Lua's own
 -- number-to-string conversion keeps 14 digits only.
@@ -57,7 +64,7 @@ local FQ_HOLDER = 'fq:'
 local FQ_BLOCKED_RECHECK_MS = 5000
 
 -- The number of header ARGV every script starts with; its own arguments follow.
-local FQ_HEADER = 11
+local FQ_HEADER = 14
 
 local fq = {}
 
@@ -67,6 +74,7 @@ local function fq_init(argv)
   fq.tiers = {}
   for tier in string.gmatch(argv[7], '[^,]+') do fq.tiers[#fq.tiers + 1] = tier end
   fq.cap, fq.rates, fq.breaker, fq.rr = argv[8], argv[9], argv[10], argv[11]
+  fq.cost_mode, fq.max_cost, fq.first_cost = argv[12], tonumber(argv[13]), tonumber(argv[14])
   fq.now_us = cap_now_us()
   fq.now = math.floor(fq.now_us / 1000)
 end
@@ -121,6 +129,15 @@ end
 local function fq_delete(tid, id)
   redis.call('HDEL', fq_tkey(tid, 'items'), id)
   fq_count(tid)
+end
+
+-- An item's score in its partition and among the tenant's partitions: its due time, or, for
+-- an item due now, the order key it was enqueued with (its run's start) when that is earlier,
+-- so that the tenant's older work goes first. Never after its due time, and after now only
+-- when its due time is: a score at or before now means due.
+local function fq_score(it)
+  if it.order ~= nil and it.due <= fq.now and it.order < it.due then return it.order end
+  return it.due
 end
 
 local function fq_conf(tid)
@@ -281,6 +298,65 @@ local function fq_set_conf(tid, argv, i)
   end
 end
 
+-- Fair by work. A dispatch charges an item what the tenant's items of its kind took lately (its
+-- moving average, FQ_EST_ALPHA per sample; fq.first_cost before any), or its cost in "items"
+-- mode; when it leaves flight the tenant's tag is corrected by the difference between its
+-- measured work (at most fq.max_cost) and that charge, divided by the weight.
+local FQ_EST_ALPHA = 0.2
+local FQ_WORK_BUCKET_MS = 10000
+local FQ_WORK_BUCKETS = 6
+
+local function fq_charge(tid, it)
+  if fq.cost_mode == 'items' then return it.cost end
+  return tonumber(redis.call('HGET', fq_tkey(tid, 'est'), it.kind or '')) or fq.first_cost
+end
+
+-- Move the tenant's tag in the tier by `delta`, wherever it is kept: its start tag while it is
+-- ready, else its last finish tag (one at or below V was dropped: it counts as V).
+local function fq_retag(tier, tid, delta)
+  local ready = fq_gkey('ready:' .. tier)
+  local tag = redis.call('ZSCORE', ready, tid)
+  if tag then
+    redis.call('ZADD', ready, fq_num(tonumber(tag) + delta), tid)
+    return
+  end
+  local key, v = fq_gkey('finish:' .. tier), fq_vtime(tier)
+  local finish = (tonumber(redis.call('HGET', key, tid)) or v) + delta
+  if finish > v then
+    redis.call('HSET', key, tid, fq_num(finish))
+  else
+    redis.call('HDEL', key, tid)
+  end
+end
+
+-- The work of the shard's tenants over the last FQ_WORK_BUCKETS buckets (what the queue views
+-- show as shares of worker time). The system tier's is not a customer's share.
+local function fq_record_work(tid, tier, weight, work)
+  if tier == 'system' then return end
+  local key = fq_gkey('work:' .. math.floor(fq.now / FQ_WORK_BUCKET_MS))
+  if redis.call('HEXISTS', key, tid) == 0 then redis.call('HINCRBYFLOAT', key, '~weights', weight) end
+  redis.call('HINCRBYFLOAT', key, tid, fq_num(work))
+  redis.call('HINCRBYFLOAT', key, '~total', fq_num(work))
+  redis.call('PEXPIRE', key, FQ_WORK_BUCKET_MS * (FQ_WORK_BUCKETS + 1))
+end
+
+-- Settle an item that leaves flight, having done `work` ms (nil: however long it was in flight,
+-- by Redis's clock): its kind's estimate learns it, and in "time" mode the tenant is charged the
+-- difference from what its dispatch charged. Before fq_unlock, which may re-tag the tenant.
+local function fq_settle(tid, it, work)
+  if it.at == nil then return end
+  if work == nil then work = (fq.now_us - it.at) / 1000 end
+  work = math.max(0, math.min(work, fq.max_cost))
+  local conf = fq_conf(tid)
+  fq_record_work(tid, it.tier, conf.weight, work)
+  if fq.cost_mode == 'items' or it.charged == nil then return end
+  local key, kind = fq_tkey(tid, 'est'), it.kind or ''
+  local old = tonumber(redis.call('HGET', key, kind))
+  redis.call('HSET', key, kind, fq_num(old and old + FQ_EST_ALPHA * (work - old) or work))
+  local delta = (work - it.charged) / conf.weight
+  if delta ~= 0 then fq_retag(it.tier, tid, delta) end
+end
+
 -- The partition's item went out of flight: its heads in every tier are eligible again.
 -- (A partition is one serialization domain of the tenant, whatever the tiers of its items.)
 local function fq_unlock(tid, part)
@@ -306,11 +382,11 @@ end
 -- Wake up to n partitions parked on the pool (earliest head first): each goes back to its
 -- tier's partitions at its head's due time and its tenant is looked at again. One freed slot
 -- wakes one; a partition that was emptied or locked meanwhile is dropped (its unlock puts it
--- back). O(log n) per partition woken.
+-- back). O(log n) per partition woken. Returns how many woke, and the head item of the last.
 local function fq_wake_parked(tid, pool, n)
   local key = fq_tkey(tid, 'w:' .. pool)
   local locks = fq_tkey(tid, 'locks')
-  local woken, tries = 0, 0
+  local woken, tries, head = 0, 0, nil
   while woken < n and tries < n + 8 do
     local top = redis.call('ZPOPMIN', key)
     if top[1] == nil then break end
@@ -321,11 +397,11 @@ local function fq_wake_parked(tid, pool, n)
       if h[1] ~= nil then
         redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), h[2], part)
         fq_activate(tier, tid)
-        woken = woken + 1
+        woken, head = woken + 1, h[1]
       end
     end
   end
-  return woken
+  return woken, head
 end
 
 -- A slot of a queue share freed: the waiter with the smallest start tag, in the highest tier
@@ -339,9 +415,11 @@ local function fq_wake_share(share)
       local top = redis.call('ZPOPMIN', key)
       if top[1] == nil then break end
       local wtid, pool = fq_split(top[1])
-      if fq_wake_parked(wtid, pool, 1) > 0 then
+      local woken, head = fq_wake_parked(wtid, pool, 1)
+      if woken > 0 then
         if redis.call('ZCARD', fq_tkey(wtid, 'w:' .. pool)) > 0 then
-          redis.call('ZADD', key, fq_num(tonumber(top[2]) + 1 / fq_conf(wtid).weight), top[1])
+          local cost = fq_charge(wtid, fq_item(wtid, head) or {cost = 1})
+          redis.call('ZADD', key, fq_num(tonumber(top[2]) + cost / fq_conf(wtid).weight), top[1])
         end
         return
       end
@@ -404,9 +482,9 @@ local function fq_requeue(tid, id, it, due)
     if it.again_payload ~= nil then it.payload = it.again_payload end
   end
   it.state, it.due, it.lease, it.token, it.again, it.again_payload = 'waiting', due, nil, nil, nil, nil
-  it.conn, it.share = nil, nil
+  it.conn, it.share, it.charged, it.at = nil, nil, nil, nil
   fq_save(tid, id, it)
-  redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), fq_num(due), id)
+  redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), fq_num(fq_score(it)), id)
   redis.call('ZADD', fq_tkey(tid, 'wait:' .. it.tier), fq_num(due), id)
 end
 

@@ -1,6 +1,7 @@
 -- An item's work failed or must wait: it goes back to its partition, due after a delay.
 -- KEYS[1] = the tenant's items HASH. ARGV[1..FQ_HEADER] = fq_init; ARGV[A + 1] = tenant id;
--- ARGV[A + 2] = item id; ARGV[A + 3] = delivery token or ""; ARGV[A + 4] = delay (ms).
+-- ARGV[A + 2] = item id; ARGV[A + 3] = delivery token or ""; ARGV[A + 4] = delay (ms); ARGV[A + 5] =
+-- the work it did (ms), or "" for its time in flight.
 -- Ends the lease, gives the capacity slot back and unlocks the partition.
 -- Returns 1, or 0 (changing nothing) when that item is not in flight.
 fq_init(ARGV)
@@ -8,6 +9,7 @@ local A = FQ_HEADER
 local tid, id = ARGV[A + 1], ARGV[A + 2]
 local it = fq_in_flight(tid, id, ARGV[A + 3])
 if it == nil then return 0 end
+fq_settle(tid, it, tonumber(ARGV[A + 5]))
 fq_end_lease(tid, id, it)
 fq_requeue(tid, id, it, fq.now + tonumber(ARGV[A + 4]))
 fq_unlock(tid, it.partition)

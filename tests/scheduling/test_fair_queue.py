@@ -19,20 +19,25 @@ from tenants.models import Tenant, system_context
 from tests.scheduling.helpers import redis_now_ms, sleep_until
 
 LEASE_MS = 30_000
+WORK_MS = 10.0
 
 
 class Queue:
-    """The dispatcher's view in the tests: dequeue, and ack as the item's tenant."""
+    """The dispatcher's view in the tests: dequeue, and ack as the item's tenant, each item having
+    done ``WORK_MS`` of work unless ``work`` says otherwise (by tenant id): fair by work, equal
+    work is fair by items."""
 
     def __init__(self) -> None:
         self.tenants: dict[str, Tenant] = {}
+        self.work: dict[str, float] = {}
 
     def add(self, tenant: Tenant) -> Tenant:
         self.tenants[str(tenant.pk)] = tenant
         return tenant
 
     def ack(self, item: fq.Dequeued) -> None:
-        assert fq.ack(item.item_id, delivery=item.delivery, tenant=self.tenants[item.tenant_id])
+        assert fq.ack(item.item_id, delivery=item.delivery, tenant=self.tenants[item.tenant_id],
+                      work_ms=self.work.get(item.tenant_id, WORK_MS))
 
     def serve(self, count: int, *, ack: bool = True, lease_ms: int = LEASE_MS) -> list[fq.Dequeued]:
         """Dequeue up to ``count`` items (stopping at the first None), acking each at once."""

@@ -1,7 +1,8 @@
 """The fair queue against a model, under random operation sequences on the real Redis:
 no item is lost or duplicated, whatever mix of enqueue, dequeue, ack, nack, remove, lease
-expiry and reaping happens; and an item that needs a pool's connection is dispatched
-exactly when one of them is free (parked until then, never lost in its wait)."""
+expiry and reaping happens, and whatever work the acks report (fair by work charges it);
+and an item that needs a pool's connection is dispatched exactly when one of them is free
+(parked until then, never lost in its wait)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ SCOPES = {
 scopes = st.sampled_from([None, "P", "P", "Q"])
 tiers = st.sampled_from(CUSTOMER_TIERS)
 tenant_index = st.sampled_from([0, 1])
+# The work an ack reports: none (its time in flight), nothing, typical, or past the most one item is charged.
+works = st.one_of(st.none(), st.just(0.0), st.floats(0.1, 500.0), st.just(10_000_000.0))
 
 
 @dataclass
@@ -166,10 +169,11 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
                 self.short_expiry = max(self.short_expiry, redis_now_ms(self.redis) + SHORT_LEASE_MS)
 
         @precondition(lambda self: self.in_flight())
-        @rule(data=st.data())
-        def ack(self, data: st.DataObject) -> None:
+        @rule(data=st.data(), work=works)
+        def ack(self, data: st.DataObject, work: float | None) -> None:
+            """Its worker measured ``work`` (None: its time in flight is charged)."""
             key = data.draw(st.sampled_from(self.in_flight()))
-            assert fq.ack(key[1], delivery=self.items[key].delivery, tenant=tenants[key[0]]) is True
+            assert fq.ack(key[1], delivery=self.items[key].delivery, work_ms=work, tenant=tenants[key[0]]) is True
             self.acked(key)
 
         @precondition(lambda self: self.in_flight())
@@ -177,7 +181,7 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
         def handoff(self, data: st.DataObject, short: bool) -> None:
             """A worker acks its item and takes the next one, in one call."""
             key = data.draw(st.sampled_from(self.in_flight()))
-            finished = (tenants[key[0]], key[1], self.items[key].delivery)
+            finished = (tenants[key[0]], key[1], self.items[key].delivery, data.draw(works))
             acked, got = fq.handoff(finished, shard=0, lease_ms=SHORT_LEASE_MS if short else LONG_LEASE_MS,
                                     tiers=fq.TIERS)
             assert acked is True
@@ -195,11 +199,12 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
                 del self.items[key]
 
         @precondition(lambda self: self.in_flight())
-        @rule(data=st.data(), far=st.booleans())
-        def nack(self, data: st.DataObject, far: bool) -> None:
+        @rule(data=st.data(), far=st.booleans(), work=works)
+        def nack(self, data: st.DataObject, far: bool, work: float | None) -> None:
             key = data.draw(st.sampled_from(self.in_flight()))
             m = self.items[key]
-            assert fq.nack(key[1], delay_ms=FAR_MS if far else 0, delivery=m.delivery, tenant=tenants[key[0]])
+            assert fq.nack(key[1], delay_ms=FAR_MS if far else 0, delivery=m.delivery, work_ms=work,
+                           tenant=tenants[key[0]])
             self.stale.append((key, m.delivery))
             self.back_to_waiting(key, far)
 

@@ -64,7 +64,8 @@ def tenant_of(item: fq.Dequeued, tenants: list[Tenant]) -> Tenant:
 
 
 def ack(item: fq.Dequeued, tenants: list[Tenant]) -> None:
-    assert fq.ack(item.item_id, delivery=item.delivery, tenant=tenant_of(item, tenants))
+    """Each item did the same work: fair by work is then fair by items."""
+    assert fq.ack(item.item_id, delivery=item.delivery, tenant=tenant_of(item, tenants), work_ms=10.0)
 
 
 def test_a_shared_queues_slots_go_to_backlogged_tenants_by_weight_and_never_exceed_its_slots(

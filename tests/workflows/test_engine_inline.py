@@ -342,3 +342,29 @@ def test_an_inline_tick_that_fails_is_rolled_back_alone_and_goes_through_the_que
     assert steps["a"].output == {"n": 1}  # ... without what the failed tick wrote
     assert "b" not in steps
     assert queued(tenant) == {items.tick_item_id(run.pk)}  # the tick waits in the queue instead
+
+
+# -- the order of a tenant's work ---------------------------------------------------------------
+
+
+def test_bulk_started_runs_steps_go_out_before_the_later_runs_first_ticks(tenant):
+    """Each bulk-started run's first tick waits in the queue; a run's items carry the run's start
+    as their order key, so the first run's step goes out before the second run's tick, and so on,
+    not after the whole backlog of first ticks."""
+    put(tenant, "one", {"nodes": [echo("a", {"x": 1})]})
+    with tenant_context(tenant):
+        started = services.run_start_many(runs=[{"workflow": "one"} for _ in range(4)])
+    runs = [str(run.pk) for run, _ in started]
+    kinds = []
+    while item := fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000):
+        body = item.payload
+        kinds.append((body["kind"], runs.index(body["run_id"])))
+        ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item.item_id, tier=item.tier, partition=item.partition,
+                          delivery=item.delivery, waited_ms=item.waited_ms)
+        with tenant_context(tenant):
+            (engine_tick.execute_tick if body["kind"] == items.TICK else steps.execute_step)(ctx, body)
+            assert fq.ack(item.item_id, delivery=item.delivery, work_ms=1.0)
+
+    assert kinds == [(kind, n) for n in range(4) for kind in (items.TICK, items.STEP)]
+    with tenant_context(tenant):
+        assert set(WorkflowRun.objects.filter(pk__in=runs).values_list("status", flat=True)) == {"succeeded"}

@@ -10,6 +10,10 @@
   the team's queue (``workflows.engine.task_nodes``).
 - Timers (sleeps, retry backoffs, step timeouts): coordinator wake-ups.
 
+A run's items are ordered among its tenant's by the run's start (``order_ms``):
+a tenant's older runs go first, so a backlog of new runs' first ticks does not
+hold up the steps of the runs already ticked.
+
 Each carries the trace context of whatever enqueued it, taken when it is
 enqueued (``ductor_project.core.tracing``; nothing while tracing is off).
 """
@@ -40,6 +44,12 @@ def step_item_id(step_id: Any) -> str:
     return f"step:{step_id}"
 
 
+def run_order_ms(run: WorkflowRun) -> float | None:
+    """The order key of ``run``'s items in the fair queue: when it was started (Unix ms, to the µs,
+    so that the runs of one bulk start keep their order)."""
+    return run.created_at.timestamp() * 1000 if run.created_at else None
+
+
 def enqueue_tick(run: WorkflowRun) -> None:
     """Enqueue a tick of ``run`` once the surrounding transaction commits (coalesced if one waits)."""
     enqueue_ticks([run])
@@ -50,7 +60,8 @@ def enqueue_ticks(runs: list[WorkflowRun]) -> None:
     commits: in one call (``enqueue_many``: a round trip per ``ITEMS_PER_CALL`` items, not one each)."""
     # The trace context now, not at the commit: the span of what enqueues it may have ended by then.
     ticks = [fair_queue.NewItem(tick_item_id(run.id), run.tier, f"run:{run.id}",
-                                tracing.inject({"kind": TICK, "run_id": str(run.id)})) for run in runs]
+                                tracing.inject({"kind": TICK, "run_id": str(run.id)}), order_ms=run_order_ms(run))
+             for run in runs]
     if ticks:
         transaction.on_commit(lambda: fair_queue.enqueue_many(ticks))
 
@@ -69,6 +80,7 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
     if step.node_type == TASK:
         payload = {"kind": TASK, "step_id": step_id, "workflow": run.workflow_name, **(routing.get("task") or {})}
     tracing.inject(payload)
+    order_ms = run_order_ms(run)
 
     def push() -> None:
         table = routing_table()
@@ -78,7 +90,7 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
             # No pool: the catalog queue's own scope, when its slots are shared.
             scope, scopes = admission.queue_scope(str(payload.get("queue") or "")) or (None, {})
         fair_queue.enqueue(step_item_id(step_id), tier=tier, partition=partition,
-                           payload=payload, scope=scope, scopes=scopes)
+                           payload=payload, scope=scope, scopes=scopes, order_ms=order_ms)
 
     transaction.on_commit(push)
 

@@ -1,0 +1,30 @@
+-- The work the shard's items did over the last FQ_WORK_BUCKETS buckets of FQ_WORK_BUCKET_MS
+-- (fq_record_work), read only. KEYS[1] = a key of the shard (it routes the call).
+-- ARGV[1..FQ_HEADER] = fq_init; ARGV[A + 1] = a tenant id, or "" for every tenant.
+-- Returns one row per bucket, oldest first: for a tenant {its work (ms), all of it, the weights of
+-- the tenants that worked, whether it worked (1/0)}; for every tenant {all of it, the weights,
+-- then tenant, work, weight (now) per tenant that worked}.
+fq_init(ARGV)
+local A = FQ_HEADER
+local tid = ARGV[A + 1]
+local now = math.floor(fq.now / FQ_WORK_BUCKET_MS)
+local out = {}
+for b = now - FQ_WORK_BUCKETS + 1, now do
+  local key = fq_gkey('work:' .. b)
+  if tid ~= '' then
+    local r = redis.call('HMGET', key, tid, '~total', '~weights')
+    out[#out + 1] = {r[1] or '0', r[2] or '0', r[3] or '0', r[1] and 1 or 0}
+  else
+    local row = {redis.call('HGET', key, '~total') or '0', redis.call('HGET', key, '~weights') or '0'}
+    local all = redis.call('HGETALL', key)
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, 1) ~= '~' then
+        row[#row + 1] = all[i]
+        row[#row + 1] = all[i + 1]
+        row[#row + 1] = fq_conf(all[i]).weight
+      end
+    end
+    out[#out + 1] = row
+  end
+end
+return out
