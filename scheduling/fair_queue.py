@@ -16,7 +16,13 @@ tier, tenants are served by start-time fair queueing (SFQ): a tenant that
 becomes backlogged starts at ``S = max(V, F_last)``; dequeue serves the
 smallest ``S``; the tenant's finish tag is ``F = S + cost / weight`` and
 ``V = S``; a tenant still backlogged re-enters with ``S = F``. Inside the
-tenant, the partition whose head is due first goes out.
+tenant, its fairness keys are served the same way, one level down (the second
+level); inside a key, the partition whose head is due first goes out.
+
+**Cost.** With ``DUCTOR_FAIR_COST=time`` (the default) the cost is work: a
+dispatch charges the tenant's moving average for the item's kind, and the ack
+corrects the tenant's (and its key's) tag by the work the worker measured; with
+``items`` it is the item's ``cost``. docs/fair-queue.md has the bounds.
 
 **Guarantees** (docs/fair-queue.md has the bounds):
 
@@ -167,6 +173,9 @@ class NewItem:
     kind's measured work; default: the payload's ``"kind"``). ``order_ms`` (Unix ms) is its
     order key among the tenant's items due now, when earlier than its due time: the
     engine gives a run's items the run's start, so a tenant's older runs go first.
+    ``key`` is its fairness key inside the tenant ("" for none): the tenant's backlogged keys
+    share its dispatches by their weights (equal by default) before its partitions do. A
+    partition keeps the key of the item it was created with.
     """
 
     item_id: str
@@ -178,6 +187,7 @@ class NewItem:
     scope: str | None = None
     kind: str | None = None
     order_ms: float | None = None
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -224,12 +234,14 @@ class TenantConf:
 @dataclass(frozen=True)
 class TenantBatch:
     """One tenant's items for ``bulk_enqueue``; ``conf`` defaults to ``TenantConf.for_tenant``;
-    ``scopes`` are the admission scope confs its items use (see ``enqueue_many``)."""
+    ``scopes`` are the admission scope confs its items use, ``key_weights`` the weights of its
+    items' fairness keys (see ``enqueue_many``)."""
 
     tenant: Tenant
     items: Sequence[NewItem]
     conf: TenantConf | None = None
     scopes: Mapping[str, str] = field(default_factory=dict)
+    key_weights: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -438,7 +450,21 @@ def _item_args(item: NewItem, conf: TenantConf) -> list[Any]:
         "" if item.scope is None else _name("scope", item.scope),
         kind[:MAX_NAME_LENGTH],
         "" if item.order_ms is None else _ms("order_ms", item.order_ms),
+        _fairness_key(item.key),
     ]
+
+
+def _fairness_key(key: str) -> str:
+    if not isinstance(key, str) or len(key) > MAX_NAME_LENGTH:
+        raise ValueError(f"key is a str of at most {MAX_NAME_LENGTH} characters, not {key!r}")
+    return key
+
+
+def _key_weight_args(weights: Mapping[str, int]) -> list[Any]:
+    for key, weight in weights.items():
+        _fairness_key(key)
+        _at_least(f"the weight of key {key!r}", weight, 1)
+    return [len(weights), *(part for key, weight in weights.items() for part in (key, weight))]
 
 
 def _conf_args(conf: TenantConf) -> list[Any]:
@@ -460,12 +486,14 @@ def _scope_args(scopes: Mapping[str, str]) -> list[Any]:
 
 
 def _segments(
-    tenant: Tenant, items: Sequence[NewItem], conf: TenantConf, scopes: Mapping[str, str]
+    tenant: Tenant, items: Sequence[NewItem], conf: TenantConf, scopes: Mapping[str, str],
+    key_weights: Mapping[str, int] | None = None,
 ) -> list[tuple[int, list[Any]]]:
     """The tenant's items as script ARGV segments of at most ``ITEMS_PER_CALL`` items each:
-    (item count, args). Every item is validated before any is written."""
+    (item count, args), each with the weights of ``key_weights`` (fairness key -> weight; 1 puts a
+    key back to the default). Every item is validated before any is written."""
     flat = [_item_args(item, conf) for item in items]
-    head = [str(tenant.pk), *_conf_args(conf), *_scope_args(scopes)]
+    head = [str(tenant.pk), *_conf_args(conf), *_scope_args(scopes), *_key_weight_args(key_weights or {})]
     return [
         (len(chunk), [*head, len(chunk), *(arg for args in chunk for arg in args)])
         for chunk in (flat[i : i + ITEMS_PER_CALL] for i in range(0, len(flat), ITEMS_PER_CALL))
@@ -484,6 +512,7 @@ def enqueue(
     scopes: Mapping[str, str] | None = None,
     kind: str | None = None,
     order_ms: float | None = None,
+    key: str = "",
     tenant: Tenant | None = None,
 ) -> EnqueueResult:
     """Enqueue one item of the tenant, due ``delay_ms`` after now (Redis TIME); ``scope`` and
@@ -497,18 +526,21 @@ def enqueue(
     for a tier outside the tenant's plan, ``ValueError`` for a bad argument and
     ``TenantScopeError`` without a tenant.
     """
-    item = NewItem(item_id, tier, partition, payload, delay_ms, cost, scope, kind, order_ms)
+    item = NewItem(item_id, tier, partition, payload, delay_ms, cost, scope, kind, order_ms, key)
     return enqueue_many([item], scopes=scopes, tenant=tenant)[0]
 
 
 def enqueue_many(
-    items: Sequence[NewItem], *, scopes: Mapping[str, str] | None = None, tenant: Tenant | None = None
+    items: Sequence[NewItem], *, scopes: Mapping[str, str] | None = None,
+    key_weights: Mapping[str, int] | None = None, tenant: Tenant | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue several items of one tenant, like ``enqueue`` for each, in order.
 
     ``scopes`` are the confs (``"pool:<id>"`` / ``"connection:<id>"`` -> JSON, from
     ``scheduling.admission``) of the pools the items need and of their connections:
-    written with the items, so dequeue admits them by the routing table of now. One
+    written with the items, so dequeue admits them by the routing table of now.
+    ``key_weights`` (fairness key -> weight >= 1; a key not named keeps the weight it has,
+    1 by default) are written with them too. One
     round trip per ``ITEMS_PER_CALL`` items, each atomic; every item is validated
     before any is written. Raises like ``enqueue``.
     """
@@ -516,7 +548,7 @@ def enqueue_many(
     tenant_id = str(tenant.pk)
     keys = [redis_key("fq", "items", tenant=tenant)]
     results: list[EnqueueResult] = []
-    for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant), scopes or {}):
+    for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant), scopes or {}, key_weights):
         codes = _run("fq_enqueue", keys, [*_header(shard_of(tenant_id)), *args])
         results.extend(_ENQUEUE_CODES[int(code)] for code in codes)
     return results
@@ -561,7 +593,7 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
         tenant_id = str(batch.tenant.pk)
         shard = shard_of(tenant_id)
         conf = batch.conf or TenantConf.for_tenant(batch.tenant)
-        for count, args in _segments(batch.tenant, batch.items, conf, batch.scopes):
+        for count, args in _segments(batch.tenant, batch.items, conf, batch.scopes, batch.key_weights):
             if shard in filling and sizes[shard] + count > ITEMS_PER_CALL:
                 close(shard)
             if shard not in filling:

@@ -43,6 +43,7 @@ class RoutingDecision:
     reason: str
     tier: str
     partition_key: str | None = None
+    fairness_key: str | None = None
     rule: RuleInfo | None = None
     pool: PoolInfo | None = None
 
@@ -58,6 +59,7 @@ class RoutingDecision:
             "rule": self.rule.describe() if self.rule else "default",
             "tier": self.tier,
             "partition_key": self.partition_key,
+            "fairness_key": self.fairness_key,
             "pool": {"id": self.pool.id, "name": self.pool.name, "strategy": self.pool.strategy}
             if self.pool else None,
             "candidates": [{"connection_id": m.connection_id, "name": m.name} for m in self.pool.members]
@@ -96,7 +98,9 @@ def _route(step: Step, table: RoutingTable) -> RoutingDecision:
     action = rule.action if rule else {}
     tier = action.get("tier") or step.tier or DEFAULT_TIER
     partition = render_partition_key(action["partition_key"], step) if "partition_key" in action else None
-    decision = RoutingDecision(allowed=True, reason="", tier=tier, partition_key=partition, rule=rule)
+    fairness = render_partition_key(action["fairness_key"], step) if "fairness_key" in action else None
+    decision = RoutingDecision(allowed=True, reason="", tier=tier, partition_key=partition, fairness_key=fairness,
+                               rule=rule)
     if "deny" in action:
         decision.allowed, decision.reason = False, f"denied by rule '{rule.name}': {action['deny']}"  # type: ignore[union-attr]
         return decision

@@ -9,9 +9,10 @@ A rule's ``match`` is a dict with any of:
   ``action``), all of which must hold.
 
 A rule's ``action`` sets any of ``pool`` (a pool name of the tenant), ``tier``
-(a tier the plan allows) and ``partition_key`` (a template of
-``scheduling.templates`` such as ``"customer-{{ $input.customer.id }}"``), or is
-``{"deny": "reason"}`` alone. Both are stored normalized: the deprecated forms
+(a tier the plan allows), ``partition_key`` (a template of
+``scheduling.templates`` such as ``"customer-{{ $input.customer.id }}"``) and
+``fairness_key`` (a template too: the step's fairness key inside the tenant,
+the fair queue's second level), or is ``{"deny": "reason"}`` alone. Both are stored normalized: the deprecated forms
 ``templates`` accepts (a condition path without its ``input.`` root, a
 partition key with ``{input.x}`` placeholders) are stored in the current form.
 """
@@ -36,7 +37,9 @@ from scheduling.templates import (
 )
 
 MATCH_KEYS = ("workflow", "action", "tags", "conditions")
-ACTION_KEYS = ("pool", "tier", "partition_key", "deny")
+ACTION_KEYS = ("pool", "tier", "partition_key", "fairness_key", "deny")
+# The key templates of an action: a step's partition (its serialization domain) and its fairness key.
+KEY_TEMPLATES = ("partition_key", "fairness_key")
 MAX_PARTITION_KEY = 200
 _GLOB = re.compile(r"^[A-Za-z0-9_.:/\-*?\[\]!]{1,200}$")
 
@@ -82,9 +85,10 @@ def validate_match(match: Any) -> dict[str, Any]:
     return clean
 
 
-def validate_partition_key(template: Any) -> str:
-    """A partition-key template of the routing language, normalized; raises ``FieldError``."""
-    name = "action.partition_key"
+def validate_partition_key(template: Any, field: str = "partition_key") -> str:
+    """A key template of the routing language (``action.partition_key`` or ``action.fairness_key``),
+    normalized; raises ``FieldError``."""
+    name = f"action.{field}"
     if not isinstance(template, str) or not template.strip() or len(template) > MAX_PARTITION_KEY:
         raise FieldError(name, f"must be a template string of at most {MAX_PARTITION_KEY} characters")
     template = upgrade_legacy_placeholders(name, template)
@@ -101,7 +105,7 @@ def validate_action(action: Any, *, allowed_tiers: tuple[str, ...] | list[str]) 
     checked against the tenant's pools by the caller.
     """
     if not isinstance(action, Mapping) or not action:
-        raise FieldError("action", "must be an object with pool, tier, partition_key or deny")
+        raise FieldError("action", "must be an object with pool, tier, partition_key, fairness_key or deny")
     unknown = set(action) - set(ACTION_KEYS)
     if unknown:
         raise FieldError(f"action.{sorted(unknown)[0]}", f"unknown field; use {', '.join(ACTION_KEYS)}")
@@ -120,8 +124,9 @@ def validate_action(action: Any, *, allowed_tiers: tuple[str, ...] | list[str]) 
         if action["tier"] not in allowed_tiers:
             raise FieldError("action.tier", f"must be a tier your plan allows: {', '.join(allowed_tiers)}")
         clean["tier"] = action["tier"]
-    if "partition_key" in action:
-        clean["partition_key"] = validate_partition_key(action["partition_key"])
+    for name in KEY_TEMPLATES:
+        if name in action:
+            clean[name] = validate_partition_key(action[name], name)
     return clean
 
 
@@ -157,5 +162,5 @@ def matches(match: Mapping[str, Any], step: Step) -> bool:
 
 
 def render_partition_key(template: str, step: Step) -> str:
-    """Fill a validated partition-key template from the step (missing values become '')."""
+    """Fill a validated key template from the step (missing values become '')."""
     return render_text(template, step.context())[:MAX_PARTITION_KEY]

@@ -249,7 +249,7 @@ def rule_components() -> dict[str, dict[str, Any]]:
         },
         "RuleRoute": {
             "type": "object",
-            "description": "Any of a pool, a tier and a partition key for the step; at least one.",
+            "description": "Any of a pool, a tier, a partition key and a fairness key for the step; at least one.",
             "properties": {
                 "pool": {"type": "string", "minLength": 1, "description": "The name of one of your pools."},
                 "tier": {"type": "string", "enum": list(Tier.values), "description": "A tier your plan allows."},
@@ -257,6 +257,12 @@ def rule_components() -> dict[str, dict[str, Any]]:
                     "type": "string", "minLength": 1,
                     "description": f"A template of the routing language, at most {MAX_PARTITION_KEY} characters "
                                    "as sent, such as `customer-{{ $input.customer.id }}`.",
+                },
+                "fairness_key": {
+                    "type": "string", "minLength": 1,
+                    "description": "The step's fairness key inside your tenant, a template like `partition_key` "
+                                   "(`{{ $input.customer_id }}`): your backlogged keys share your dispatches by "
+                                   "weight.",
                 },
             },
             "minProperties": 1,
@@ -316,7 +322,8 @@ class RuleWriteSerializer(StrictSerializer):
         ),
     )
     action = RuleActionField(
-        help_text='Any of {"pool": name, "tier": tier, "partition_key": template}, or {"deny": reason} alone.'
+        help_text='Any of {"pool": name, "tier": tier, "partition_key": template, "fairness_key": template}, or '
+                  '{"deny": reason} alone.'
     )
 
 
@@ -382,6 +389,7 @@ class DecisionTraceSerializer(serializers.Serializer):
     )
     tier = serializers.CharField()
     partition_key = serializers.CharField(allow_null=True)
+    fairness_key = serializers.CharField(allow_null=True)
     pool = serializers.JSONField(allow_null=True, help_text='{"id", "name", "strategy"} or null.')
     candidates = CandidateSerializer(many=True)
     connection = serializers.JSONField(

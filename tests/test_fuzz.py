@@ -18,6 +18,7 @@ request, which a test wrapped in one transaction would not survive.
 
 from __future__ import annotations
 
+import gc
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -105,6 +106,17 @@ def markers_of(tenant: Tenant, rows: dict[str, list[dict[str, Any]]]) -> frozens
         if str(row.get("name", "")).startswith("theirs-"):  # not "test", the name A's key has too
             found.add(row["name"])
     return frozenset(found)
+
+
+@pytest.fixture(autouse=True)
+def _frozen_heap() -> Iterator[None]:
+    """Generating thousands of cases allocates a great deal, and each full garbage collection walks
+    every object the suite made before this test (its imports, caches, fixtures): frozen, they are
+    not walked again, and the fuzzing runs as fast as it does alone."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture

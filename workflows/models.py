@@ -89,6 +89,9 @@ class WorkflowRun(TenantScopedModel):
         help_text="The run this one is a rerun of (POST /runs/{id}/rerun).",
     )
     cancel_requested = models.BooleanField(default=False)
+    # Its fairness key inside the tenant (docs/fair-queue.md#two-levels): its ticks and steps share the
+    # tenant's dispatches with the other keys' by weight; "" for none. Its children and successor keep it.
+    fairness_key = models.CharField(max_length=128, blank=True, default="")
     lock_version = models.PositiveIntegerField(default=0, help_text="Optimistic lock, bumped by each tick.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -71,6 +71,10 @@ class RunStartSerializer(StrictSerializer):
                                    allow_null=True)
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list,
                                  max_length=50)
+    fairness_key = serializers.CharField(
+        max_length=128, required=False, allow_blank=True, default="",
+        help_text="Its fairness key inside your tenant (your own customer, say): your backlogged keys share your "
+                  "dispatches by weight, so one key's flood does not hold up the others. None by default.")
 
 
 class RunRerunSerializer(StrictSerializer):
@@ -119,7 +123,7 @@ class RunSerializer(StrictModelSerializer):
     class Meta:
         model = WorkflowRun
         fields = ["id", "workflow_name", "version", "status", "input", "output", "error", "idempotency_key",
-                  "tier", "tags", "parent_run", "parent_node_id", "root_run_id", "nesting_depth",
+                  "tier", "tags", "fairness_key", "parent_run", "parent_node_id", "root_run_id", "nesting_depth",
                   "continued_from", "rerun_of", "cancel_requested", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 

@@ -25,6 +25,13 @@ from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
 
+FAIRNESS_KEY_RULE = "A string of at most 128 characters."
+
+
+def _fairness_key_ok(key: Any) -> bool:
+    return key is None or (isinstance(key, str) and len(key) <= 128)
+
+
 # Most runs one bulk start may hold.
 MAX_BULK_RUNS = 500
 
@@ -96,8 +103,12 @@ def run_start(
     idempotency_key: str | None = None,
     tier: str | None = None,
     tags: list[str] | None = None,
+    fairness_key: str = "",
 ) -> tuple[WorkflowRun, bool]:
     """Start a run of the tenant in context. Returns ``(run, created)``.
+
+    ``fairness_key`` (at most 128 characters, "" for none) puts its work under that key of the
+    tenant's: its keys share the tenant's dispatches by weight (``docs/fair-queue.md``).
 
     With an ``idempotency_key`` already used by this tenant, returns that run
     and starts nothing. Charges the monthly run quota (429 when used up) in the
@@ -116,6 +127,9 @@ def run_start(
     size = json_size(input if input is not None else {})
     if size > limits.max_payload_bytes:
         raise payload_too_large("input", size, limits.max_payload_bytes)
+    if not _fairness_key_ok(fairness_key):
+        raise ApiError("Invalid field(s): fairness_key.", code=ErrorCode.INVALID,
+                       details={"fairness_key": [FAIRNESS_KEY_RULE]})
     tier = tier or "standard"
     if tier not in limits.allowed_tiers:
         raise ApiError(f"Invalid field(s): tier. Plan '{limits.plan}' allows {', '.join(limits.allowed_tiers)}.",
@@ -126,18 +140,20 @@ def run_start(
     found = versions.select_related("definition").order_by("-number").first()
     if found is None:
         raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
-    return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags)
+    return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
+                  fairness_key=fairness_key)
 
 
 def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, tier: str, tags: list[str] | None,
-           rerun_of: WorkflowRun | None = None) -> tuple[WorkflowRun, bool]:
+           rerun_of: WorkflowRun | None = None, fairness_key: str = "") -> tuple[WorkflowRun, bool]:
     """Create and start a run of ``found`` (checked by the caller), charging the quota: see ``run_start``."""
     workflow = found.definition.name
     try:
         with tracing.span("ductor.run.start", workflow=workflow) as span, transaction.atomic(), journal():
             quota_consume(runs=1)
             run = WorkflowRun(workflow=found, workflow_name=workflow, input=input or {},
-                              idempotency_key=idempotency_key or None, tier=tier, tags=tags or [], rerun_of=rerun_of)
+                              idempotency_key=idempotency_key or None, tier=tier, tags=tags or [], rerun_of=rerun_of,
+                              fairness_key=fairness_key or "")
             run.root_run_id = run.id
             span.set_attribute("run_id", str(run.id))
             run.save()  # its row is this transaction's until it commits: the tick's lock
@@ -171,7 +187,8 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     if size > limits.max_payload_bytes:
         raise payload_too_large("input", size, limits.max_payload_bytes)
     found = WorkflowVersion.objects.select_related("definition").get(pk=run.workflow_id)
-    return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run)
+    return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run,
+                  fairness_key=run.fairness_key)
 
 
 # Attempts a retry starts again: those that failed, and those the failure cancelled.
@@ -232,6 +249,8 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
             raise payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
         if (item.get("tier") or "standard") not in limits.allowed_tiers:
             errors[f"{field}.tier"] = [f"Not allowed by plan '{limits.plan}'."]
+        if not _fairness_key_ok(item.get("fairness_key")):
+            errors[f"{field}.fairness_key"] = [FAIRNESS_KEY_RULE]
         wanted = (item["workflow"], item.get("version"))
         if wanted not in versions:
             found = WorkflowVersion.objects.filter(definition__name=wanted[0])
@@ -268,7 +287,8 @@ def _start_many(
         version = versions[(item["workflow"], item.get("version"))]
         assert version is not None  # checked by run_start_many
         run = WorkflowRun(workflow=version, workflow_name=version.definition.name, input=item.get("input") or {},
-                          idempotency_key=key, tier=item.get("tier") or "standard", tags=item.get("tags") or [])
+                          idempotency_key=key, tier=item.get("tier") or "standard", tags=item.get("tags") or [],
+                          fairness_key=item.get("fairness_key") or "")
         run.root_run_id = run.id
         new.append(run)
         results.append((run, True))

@@ -1,6 +1,6 @@
 -- Dispatch the next items of the shard, one at a time as by a loop of single dequeues: strict
--- tier priority, then start-time fair queueing among the tenants of the tier, then the
--- tenant's earliest-due partition head, admitted in the same atomic step: the tenant's step
+-- tier priority, then start-time fair queueing among the tenants of the tier, then among the
+-- tenant's fairness keys (fq_head), then the key's earliest-due partition head, admitted in the same atomic step: the tenant's step
 -- rate and slot, then its pool's and connection's (admit_lib.lua), all taken or none.
 -- KEYS[1] = the shard's timers ZSET (it routes the call).
 -- ARGV[1..FQ_HEADER] = fq_init; then: lease (ms); how many due timers to promote; how many
@@ -35,8 +35,8 @@ end
 -- A head its pool or connection cannot admit now waits: parked on the pool (a freed slot wakes
 -- it) and/or looked at again at `d.at`; among the waiters of each queue share it waits on, at
 -- the tenant's start tag `tag`. The tenant's other partitions are served meanwhile.
-local function park(tid, tier, tag, part, due, pool, d)
-  local parts = fq_tkey(tid, 'parts:' .. tier)
+local function park(tid, tier, tag, part, key, due, pool, d)
+  local parts = fq_parts(tid, tier, key)
   if d.park then redis.call('ZADD', fq_tkey(tid, 'w:' .. pool), fq_num(due), tier .. '|' .. part) end
   for _, share in ipairs(d.shares or {}) do
     redis.call('ZADD', fq_gkey('sw:' .. tier .. ':' .. share), fq_num(tag), tid .. '|' .. pool)
@@ -66,12 +66,12 @@ local function take(tid, id, conf, d)
 end
 
 -- The item leaves the queue, leased; the tenant moves on in the tier (SFQ). Returns its row.
-local function dispatch(tid, tier, tag, conf, part, id, it, d)
+local function dispatch(tid, tier, tag, conf, part, key, ktag, id, it, d)
   local expiry = fq.now + lease_ms
   local ready = fq_gkey('ready:' .. tier)
   redis.call('ZREM', fq_pkey(tid, tier, part), id)
   redis.call('ZREM', fq_tkey(tid, 'wait:' .. tier), id)
-  redis.call('ZREM', fq_tkey(tid, 'parts:' .. tier), part)
+  fq_drop_part(tid, tier, part, key)
   redis.call('HSET', fq_tkey(tid, 'locks'), part, id)
   it.state, it.n, it.lease = 'inflight', (it.n or 0) + 1, expiry
   it.token = redis.call('INCR', fq_tkey(tid, 'seq'))
@@ -85,12 +85,13 @@ local function dispatch(tid, tier, tag, conf, part, id, it, d)
   -- SFQ: V = start tag of the item in service; the tenant's next start = its finish tag.
   redis.call('SET', fq_gkey('vtime:' .. tier), fq_num(tag))
   local finish = tag + cost / conf.weight
+  fq_kserved(tid, tier, key, ktag, cost)
   local next_part, next_due = fq_head(tid, tier)
   if next_part ~= nil and next_due <= fq.now then
     redis.call('ZADD', ready, fq_num(finish), tid)
   else
     fq_leave(tier, tid, finish)
-    if next_part ~= nil then fq_set_timer(tier, tid, next_due) end
+    if next_due ~= nil then fq_set_timer(tier, tid, math.max(next_due, fq.now + 1)) end
   end
   return {tid, id, tier, part, it.payload, math.max(0, fq.now - it.due), it.n, it.token, expiry,
     (d and d.conn) or '', (d and d.why) or ''}
@@ -98,9 +99,9 @@ end
 
 -- Serve the tenant's head partition `part` of `tier`, due at `due`: its item's row, or nil when
 -- the tenant or the partition had to wait (parked, or on a timer): look at the tier again.
-local function serve(tid, tier, tag, part, due, conf_of)
+local function serve(tid, tier, tag, part, key, ktag, conf_of)
   local pkey = fq_pkey(tid, tier, part)
-  local parts = fq_tkey(tid, 'parts:' .. tier)
+  local parts = fq_parts(tid, tier, key)
   local id = redis.call('ZRANGE', pkey, 0, 0)[1]
   local it = id and fq_item(tid, id)
   if not it then
@@ -132,7 +133,7 @@ local function serve(tid, tier, tag, part, due, conf_of)
   local pool = it.scope and conf_of('pool:' .. it.scope)
   local d = pool and ad_decide(tid, it.scope, pool, conf_of)
   if d and not d.ok then
-    park(tid, tier, tag, part, fq_score(it), it.scope, d)
+    park(tid, tier, tag, part, key, fq_score(it), it.scope, d)
     return nil
   end
   local taken = take(tid, id, conf, d)
@@ -142,7 +143,7 @@ local function serve(tid, tier, tag, part, due, conf_of)
     fq_block(tier, tid, tag)
     return nil
   end
-  return dispatch(tid, tier, tag, conf, part, id, it, d)
+  return dispatch(tid, tier, tag, conf, part, key, ktag, id, it, d)
 end
 
 -- The next item, or nil when none is eligible, or false when the tenant budget ran out first.
@@ -156,17 +157,18 @@ local function next_item()
       if top[1] == nil then break end
       budget = budget - 1
       local tid, tag = top[1], tonumber(top[2])
-      local part, due = fq_head(tid, tier)
+      local part, due, key, ktag = fq_head(tid, tier)
       if part == nil then
         fq_leave(tier, tid, tag)
+        if due ~= nil then fq_set_timer(tier, tid, math.max(due, fq.now + 1)) end
       elseif due > fq.now then
         fq_leave(tier, tid, tag)
         fq_set_timer(tier, tid, due)
       elseif redis.call('HEXISTS', fq_tkey(tid, 'locks'), part) == 1 then
         -- Locked by an item of another tier: it comes back when that one leaves flight.
-        redis.call('ZREM', fq_tkey(tid, 'parts:' .. tier), part)
+        fq_drop_part(tid, tier, part, key)
       else
-        local row = serve(tid, tier, tag, part, due, scopes_of(tid))
+        local row = serve(tid, tier, tag, part, key, ktag, scopes_of(tid))
         if row then return row end
       end
     end

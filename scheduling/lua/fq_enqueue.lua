@@ -4,26 +4,30 @@
 -- none), rate_per_s (0: none), burst, suspended (1/0) and the version of the tenant row its
 -- status was read from (fq_set_conf), from its entitlements and status; the number
 -- of admission scope confs, then each as field and JSON (the pools and connections its items
--- use, from the routing table); its item count; then per item nine ARGV: id, tier,
+-- use, from the routing table); the number of fairness key weights, then each as key and
+-- weight (the weights of its items' keys); its item count; then per item ten ARGV: id, tier,
 -- partition, delay (ms), cost, payload (JSON text), pool id ("" for none), kind (what its
--- work is estimated by), order key (Unix ms, "" for none: see fq_score).
+-- work is estimated by), order key (Unix ms, "" for none: see fq_score), fairness key ("" for
+-- none). A partition keeps the key its first item came with.
 -- Returns one code per item, in order: 1 queued, 2 already waiting (unchanged), 3 already
 -- waiting and now due earlier, 4 in flight (it runs again after its ack).
 fq_init(ARGV)
 local codes = {}
-local ITEM_ARGS = 9
+local ITEM_ARGS = 10
 
-local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scope, kind, order)
+local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scope, kind, order, key)
   local it = fq_item(tid, id)
   if it == nil then
+    if key ~= '' then redis.call('HSETNX', fq_tkey(tid, 'pkey'), part, key) end
+    key = fq_key_of(tid, part)
     it = {tier = tier, partition = part, cost = cost, payload = payload, state = 'waiting', due = due, n = 0,
-      scope = scope, kind = kind, order = order}
+      scope = scope, kind = kind, order = order, key = key ~= '' and key or nil}
     fq_save(tid, id, it)
     local score = fq_num(fq_score(it))
     redis.call('ZADD', fq_pkey(tid, tier, part), score, id)
     redis.call('ZADD', fq_tkey(tid, 'wait:' .. tier), fq_num(due), id)
     if redis.call('HEXISTS', locks, part) == 0 then
-      redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), 'LT', score, part)
+      fq_add_part(tid, tier, part, score, true, key)
       fq_activate(tier, tid)
     end
     return 1
@@ -38,7 +42,7 @@ local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scop
     redis.call('ZADD', fq_pkey(tid, it.tier, it.partition), score, id)
     redis.call('ZADD', fq_tkey(tid, 'wait:' .. it.tier), fq_num(due), id)
     if redis.call('HEXISTS', locks, it.partition) == 0 then
-      redis.call('ZADD', fq_tkey(tid, 'parts:' .. it.tier), 'LT', score, it.partition)
+      fq_add_part(tid, it.tier, it.partition, score, true, it.key or '')
       fq_activate(it.tier, tid)
     end
     return 3
@@ -59,6 +63,16 @@ while i <= #ARGV do
     fq_set_scope(tid, ARGV[j + 1], ARGV[j + 2])
     j = j + 2
   end
+  j = j + 1
+  local kw = fq_tkey(tid, 'kw')
+  for _ = 1, tonumber(ARGV[j]) do
+    if tonumber(ARGV[j + 2]) == 1 then
+      redis.call('HDEL', kw, ARGV[j + 1])
+    else
+      redis.call('HSET', kw, ARGV[j + 1], ARGV[j + 2])
+    end
+    j = j + 2
+  end
   local locks = fq_tkey(tid, 'locks')
   local count = tonumber(ARGV[j + 1])
   j = j + 2
@@ -66,7 +80,7 @@ while i <= #ARGV do
     local scope = ARGV[j + 6]
     codes[#codes + 1] = enqueue_item(tid, locks, ARGV[j], ARGV[j + 1], ARGV[j + 2],
       fq.now + tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), ARGV[j + 5], scope ~= '' and scope or nil,
-      ARGV[j + 7], tonumber(ARGV[j + 8]))
+      ARGV[j + 7], tonumber(ARGV[j + 8]), ARGV[j + 9])
     j = j + ITEM_ARGS
   end
   i = j

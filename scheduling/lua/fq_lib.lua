@@ -22,11 +22,19 @@
 --                            (deliveries so far), lease, token (of the delivery in flight),
 --                            again, again_payload, scope (its pool), conn (the connection its
 --                            dispatch holds), kind, order (its order key, ms), charged (what
---                            its dispatch charged), at (when it was dispatched, µs)}; state is
+--                            its dispatch charged), at (when it was dispatched, µs), key (its
+--                            fairness key, absent for "")}; state is
 --                            "waiting" or "inflight"
 --   est                HASH  kind -> the tenant's moving average of that kind's work (ms)
 --   seq                STRING the last delivery token (tokens are unique per tenant)
---   parts:<tier>       ZSET  unlocked partition -> due time of its head in that tier
+--   parts:<tier>       ZSET  unlocked partition of no fairness key -> score of its head in that tier
+--                            (fq_score); parts:<tier>:<key> the same for fairness key <key>
+--   kready:<tier>      ZSET  fairness key -> its start tag: keys with a due head (the second level)
+--   ktimers:<tier>     ZSET  fairness key -> when its earliest head falls due (keys not due yet)
+--   kfin:<tier>        ZSET  fairness key -> finish tag of its last service, while above kv
+--   kv:<tier>          STRING the tenant's key virtual time: the start tag of its last dispatch
+--   kw                 HASH  fairness key -> weight (1 when absent), written by enqueue
+--   pkey               HASH  partition -> its fairness key, for partitions of a key other than ""
 --   p:<tier>:<part>    ZSET  waiting item -> due time
 --   wait:<tier>        ZSET  waiting item -> due time (the tenant's backlog, for stats)
 --   locks              HASH  partition -> the item of it that is in flight
@@ -119,6 +127,12 @@ local function fq_count(tid)
     redis.call('ZADD', fq_gkey('backlog'), n, tid)
   else
     redis.call('ZREM', fq_gkey('backlog'), tid)
+    -- Nothing waits or runs: the key level's state is idle, and goes (memory per idle key is nil).
+    for _, tier in ipairs(fq.tiers) do
+      redis.call('DEL', fq_tkey(tid, 'kready:' .. tier), fq_tkey(tid, 'ktimers:' .. tier),
+        fq_tkey(tid, 'kfin:' .. tier), fq_tkey(tid, 'kv:' .. tier))
+    end
+    redis.call('DEL', fq_tkey(tid, 'pkey'))
   end
 end
 
@@ -186,11 +200,151 @@ local function fq_set_timer(tier, tid, at)
   if redis.call('ZRANGE', key, 0, 0)[1] == member then fq_wake() end
 end
 
--- The tenant's earliest unlocked partition in the tier and its head's due time, or nil.
+-- The second level: a tenant's fairness keys. Inside a tenant's tier its keys are served by SFQ as
+-- tenants are in the tier, with the tenant's own key virtual time (kv), start tags (kready), finish
+-- tags (kfin), timers (ktimers) and key weights (kw); a key's partitions are served earliest head
+-- first. Work without a key is key "". A key holds no state of its own while it has no partition.
+-- Keys promoted from their timers, and keys looked at, per call of fq_head: bounded work.
+local FQ_KEY_PROMOTE = 16
+local FQ_KEY_LOOK = 8
+
+local function fq_parts(tid, tier, key)
+  if key == '' then return fq_tkey(tid, 'parts:' .. tier) end
+  return fq_tkey(tid, 'parts:' .. tier .. ':' .. key)
+end
+
+-- The fairness key of one of the tenant's partitions.
+local function fq_key_of(tid, part)
+  return redis.call('HGET', fq_tkey(tid, 'pkey'), part) or ''
+end
+
+local function fq_kweight(tid, key)
+  if key == '' then return 1 end
+  return tonumber(redis.call('HGET', fq_tkey(tid, 'kw'), key)) or 1
+end
+
+local function fq_kvtime(tid, tier)
+  return tonumber(redis.call('GET', fq_tkey(tid, 'kv:' .. tier))) or 0
+end
+
+-- Put a key where it belongs now: ready (at max(kv, its last finish)) when its earliest head is
+-- due, else on a timer for when it will be, else nowhere (it has no partition). A ready key stays.
+local function fq_kactivate(tid, tier, key)
+  local kready = fq_tkey(tid, 'kready:' .. tier)
+  if redis.call('ZSCORE', kready, key) then return end
+  local timers = fq_tkey(tid, 'ktimers:' .. tier)
+  local h = redis.call('ZRANGE', fq_parts(tid, tier, key), 0, 0, 'WITHSCORES')
+  if h[1] == nil then
+    redis.call('ZREM', timers, key)
+    return
+  end
+  if tonumber(h[2]) > fq.now then
+    redis.call('ZADD', timers, 'LT', h[2], key)
+    return
+  end
+  redis.call('ZREM', timers, key)
+  local kfin = fq_tkey(tid, 'kfin:' .. tier)
+  local v = fq_kvtime(tid, tier)
+  local f = tonumber(redis.call('ZSCORE', kfin, key))
+  if f then redis.call('ZREM', kfin, key) end
+  redis.call('ZADD', kready, fq_num(math.max(v, f or v)), key)
+end
+
+-- The key leaves the ready keys, remembering its tag while it is above kv.
+local function fq_kleave(tid, tier, key, tag)
+  redis.call('ZREM', fq_tkey(tid, 'kready:' .. tier), key)
+  local kfin = fq_tkey(tid, 'kfin:' .. tier)
+  if tag > fq_kvtime(tid, tier) then
+    redis.call('ZADD', kfin, fq_num(tag), key)
+  else
+    redis.call('ZREM', kfin, key)
+  end
+end
+
+-- Partition `part` (of fairness key `key`; nil: look it up) is unlocked with its head scored
+-- `score` in the tier (only lowered when `lower`): its key is looked at again.
+local function fq_add_part(tid, tier, part, score, lower, key)
+  key = key or fq_key_of(tid, part)
+  if lower then
+    redis.call('ZADD', fq_parts(tid, tier, key), 'LT', score, part)
+  else
+    redis.call('ZADD', fq_parts(tid, tier, key), score, part)
+  end
+  fq_kactivate(tid, tier, key)
+end
+
+local function fq_drop_part(tid, tier, part, key)
+  redis.call('ZREM', fq_parts(tid, tier, key or fq_key_of(tid, part)), part)
+end
+
+-- The tenant's head in the tier: the earliest unlocked partition of its ready key with the smallest
+-- tag, as (partition, its head's score, key, the key's tag); or (nil, when the earliest key falls
+-- due) when none is due; or (nil, nil) when it has no unlocked partition in the tier.
 local function fq_head(tid, tier)
-  local h = redis.call('ZRANGE', fq_tkey(tid, 'parts:' .. tier), 0, 0, 'WITHSCORES')
-  if h[1] == nil then return nil, nil end
-  return h[1], tonumber(h[2])
+  local kready, timers = fq_tkey(tid, 'kready:' .. tier), fq_tkey(tid, 'ktimers:' .. tier)
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', timers, '-inf', fq.now, 'LIMIT', 0, FQ_KEY_PROMOTE)) do
+    redis.call('ZREM', timers, key)
+    fq_kactivate(tid, tier, key)
+  end
+  for _ = 1, FQ_KEY_LOOK do
+    local top = redis.call('ZRANGE', kready, 0, 0, 'WITHSCORES')
+    if top[1] == nil then break end
+    local key, tag = top[1], tonumber(top[2])
+    local h = redis.call('ZRANGE', fq_parts(tid, tier, key), 0, 0, 'WITHSCORES')
+    if h[1] == nil then
+      fq_kleave(tid, tier, key, tag)
+    elseif tonumber(h[2]) > fq.now then
+      fq_kleave(tid, tier, key, tag)
+      redis.call('ZADD', timers, 'LT', h[2], key)
+    else
+      return h[1], tonumber(h[2]), key, tag
+    end
+  end
+  if redis.call('ZCARD', kready) > 0 then return nil, fq.now end  -- more keys to look at: soon
+  local t = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')
+  if t[1] == nil then
+    -- Partitions queued before keys existed (an upgrade) are of no key, and that key may be
+    -- known to neither set: look at it, once, rather than lose them.
+    local h = redis.call('ZRANGE', fq_parts(tid, tier, ''), 0, 0, 'WITHSCORES')
+    if h[1] == nil then return nil, nil end
+    fq_kactivate(tid, tier, '')
+    if tonumber(h[2]) > fq.now then return nil, tonumber(h[2]) end
+    return h[1], tonumber(h[2]), '', tonumber(redis.call('ZSCORE', kready, ''))
+  end
+  return nil, tonumber(t[2])
+end
+
+-- One of the tenant's keys was served at tag `tag`, charged `cost`: kv moves to it, the key's next
+-- start is its finish tag, or it leaves (for its timer, or for good) when it has no due head.
+local function fq_kserved(tid, tier, key, tag, cost)
+  local kv = fq_tkey(tid, 'kv:' .. tier)
+  redis.call('SET', kv, fq_num(tag))
+  local finish = tag + cost / fq_kweight(tid, key)
+  local h = redis.call('ZRANGE', fq_parts(tid, tier, key), 0, 0, 'WITHSCORES')
+  if h[1] ~= nil and tonumber(h[2]) <= fq.now then
+    redis.call('ZADD', fq_tkey(tid, 'kready:' .. tier), fq_num(finish), key)
+  else
+    fq_kleave(tid, tier, key, finish)
+    if h[1] ~= nil then redis.call('ZADD', fq_tkey(tid, 'ktimers:' .. tier), 'LT', h[2], key) end
+  end
+  redis.call('ZREMRANGEBYSCORE', fq_tkey(tid, 'kfin:' .. tier), '-inf', fq_num(tag))
+end
+
+-- Move a key's tag by `delta` (fq_retag's second level).
+local function fq_kretag(tid, tier, key, delta)
+  local kready = fq_tkey(tid, 'kready:' .. tier)
+  local tag = redis.call('ZSCORE', kready, key)
+  if tag then
+    redis.call('ZADD', kready, fq_num(tonumber(tag) + delta), key)
+    return
+  end
+  local kfin, v = fq_tkey(tid, 'kfin:' .. tier), fq_kvtime(tid, tier)
+  local finish = (tonumber(redis.call('ZSCORE', kfin, key)) or v) + delta
+  if finish > v then
+    redis.call('ZADD', kfin, fq_num(finish), key)
+  else
+    redis.call('ZREM', kfin, key)
+  end
 end
 
 local function fq_vtime(tier)
@@ -227,7 +381,7 @@ local function fq_activate(tier, tid)
   if redis.call('ZSCORE', ready, tid) then return end
   if redis.call('SISMEMBER', fq_gkey('blocked:' .. tier), tid) == 1 then return end
   local part, due = fq_head(tid, tier)
-  if part == nil then
+  if due == nil then
     redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
     return
   end
@@ -354,20 +508,29 @@ local function fq_settle(tid, it, work)
   local old = tonumber(redis.call('HGET', key, kind))
   redis.call('HSET', key, kind, fq_num(old and old + FQ_EST_ALPHA * (work - old) or work))
   local delta = (work - it.charged) / conf.weight
-  if delta ~= 0 then fq_retag(it.tier, tid, delta) end
+  if delta ~= 0 then
+    fq_retag(it.tier, tid, delta)
+    local key = it.key or ''
+    fq_kretag(tid, it.tier, key, (work - it.charged) / fq_kweight(tid, key))
+  end
 end
 
 -- The partition's item went out of flight: its heads in every tier are eligible again.
 -- (A partition is one serialization domain of the tenant, whatever the tiers of its items.)
+-- A partition left with no item at all forgets its key.
 local function fq_unlock(tid, part)
   redis.call('HDEL', fq_tkey(tid, 'locks'), part)
+  local key, empty = nil, true
   for _, tier in ipairs(fq.tiers) do
     local h = redis.call('ZRANGE', fq_pkey(tid, tier, part), 0, 0, 'WITHSCORES')
     if h[1] ~= nil then
-      redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), h[2], part)
+      key = key or fq_key_of(tid, part)
+      fq_add_part(tid, tier, part, h[2], false, key)
       fq_activate(tier, tid)
+      empty = false
     end
   end
+  if empty then redis.call('HDEL', fq_tkey(tid, 'pkey'), part) end
 end
 
 local function fq_holder_record(tid, id)
@@ -395,7 +558,7 @@ local function fq_wake_parked(tid, pool, n)
     if redis.call('HEXISTS', locks, part) == 0 then
       local h = redis.call('ZRANGE', fq_pkey(tid, tier, part), 0, 0, 'WITHSCORES')
       if h[1] ~= nil then
-        redis.call('ZADD', fq_tkey(tid, 'parts:' .. tier), h[2], part)
+        fq_add_part(tid, tier, part, h[2], false, nil)
         fq_activate(tier, tid)
         woken, head = woken + 1, h[1]
       end

@@ -2,7 +2,7 @@
 no item is lost or duplicated, whatever mix of enqueue, dequeue, ack, nack, remove, lease
 expiry and reaping happens, and whatever work the acks report (fair by work charges it);
 and an item that needs a pool's connection is dispatched exactly when one of them is free
-(parked until then, never lost in its wait)."""
+(parked until then, never lost in its wait); with items under fairness keys and order keys."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ SCOPES = {
 scopes = st.sampled_from([None, "P", "P", "Q"])
 tiers = st.sampled_from(CUSTOMER_TIERS)
 tenant_index = st.sampled_from([0, 1])
+fairness_keys = st.sampled_from(["", "", "k1", "k2"])
 # The work an ack reports: none (its time in flight), nothing, typical, or past the most one item is charged.
 works = st.one_of(st.none(), st.just(0.0), st.floats(0.1, 500.0), st.just(10_000_000.0))
 
@@ -119,12 +120,15 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
                 self.owed[key] -= 1
             m.far = far
 
-        @rule(t=tenant_index, item_id=ids, tier=tiers, part=partitions, far=st.booleans(), scope=scopes)
-        def enqueue(self, t: int, item_id: str, tier: str, part: str, far: bool, scope: str | None) -> None:
+        @rule(t=tenant_index, item_id=ids, tier=tiers, part=partitions, far=st.booleans(), scope=scopes,
+              key=fairness_keys, order=st.one_of(st.none(), st.just(0.0)))
+        def enqueue(self, t: int, item_id: str, tier: str, part: str, far: bool, scope: str | None, key: str,
+                    order: float | None) -> None:
+            """Keys and order keys change the order of what is eligible, never what is."""
             part = f"x-{item_id}" if scope else part
             result = fq.enqueue(
                 item_id, tier=tier, partition=part, payload={"t": t}, delay_ms=FAR_MS if far else 0,
-                scope=scope, scopes=SCOPES if scope else None, tenant=tenants[t],
+                scope=scope, scopes=SCOPES if scope else None, key=key, order_ms=order, tenant=tenants[t],
             )
             key = (t, item_id)
             m = self.items.get(key)

@@ -124,6 +124,15 @@ def test_idor_run_of_another_tenant_is_not_found_on_every_verb(sdk: Client, othe
     assert other.runs.get(theirs.id).status == "succeeded"
 
 
+def test_a_run_started_under_a_fairness_key_keeps_it(sdk: Client) -> None:
+    sdk.workflows.apply(finishing())
+
+    run = sdk.runs.start("greet", {"name": "Ada"}, fairness_key="customer-7")
+
+    assert run.fairness_key == "customer-7"
+    assert sdk.runs.get(run.id).fairness_key == "customer-7"
+
+
 def test_why_names_what_holds_a_waiting_step(sdk: Client) -> None:
     wf = Workflow("napper")
     wf.sleep("nap", duration_s=600)

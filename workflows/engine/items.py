@@ -12,7 +12,9 @@
 
 A run's items are ordered among its tenant's by the run's start (``order_ms``):
 a tenant's older runs go first, so a backlog of new runs' first ticks does not
-hold up the steps of the runs already ticked.
+hold up the steps of the runs already ticked. They carry the run's fairness key
+(a step: its routing decision's, if a rule set one), the fair queue's second
+level inside the tenant.
 
 Each carries the trace context of whatever enqueued it, taken when it is
 enqueued (``ductor_project.core.tracing``; nothing while tracing is off).
@@ -60,7 +62,8 @@ def enqueue_ticks(runs: list[WorkflowRun]) -> None:
     commits: in one call (``enqueue_many``: a round trip per ``ITEMS_PER_CALL`` items, not one each)."""
     # The trace context now, not at the commit: the span of what enqueues it may have ended by then.
     ticks = [fair_queue.NewItem(tick_item_id(run.id), run.tier, f"run:{run.id}",
-                                tracing.inject({"kind": TICK, "run_id": str(run.id)}), order_ms=run_order_ms(run))
+                                tracing.inject({"kind": TICK, "run_id": str(run.id)}), order_ms=run_order_ms(run),
+                                key=run.fairness_key)
              for run in runs]
     if ticks:
         transaction.on_commit(lambda: fair_queue.enqueue_many(ticks))
@@ -80,7 +83,7 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
     if step.node_type == TASK:
         payload = {"kind": TASK, "step_id": step_id, "workflow": run.workflow_name, **(routing.get("task") or {})}
     tracing.inject(payload)
-    order_ms = run_order_ms(run)
+    order_ms, key = run_order_ms(run), routing.get("fairness_key") or run.fairness_key
 
     def push() -> None:
         table = routing_table()
@@ -90,7 +93,7 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
             # No pool: the catalog queue's own scope, when its slots are shared.
             scope, scopes = admission.queue_scope(str(payload.get("queue") or "")) or (None, {})
         fair_queue.enqueue(step_item_id(step_id), tier=tier, partition=partition,
-                           payload=payload, scope=scope, scopes=scopes, order_ms=order_ms)
+                           payload=payload, scope=scope, scopes=scopes, order_ms=order_ms, key=key)
 
     transaction.on_commit(push)
 

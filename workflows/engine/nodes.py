@@ -191,6 +191,7 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     child = WorkflowRun.objects.create(
         workflow=version, workflow_name=version.definition.name, input=rendered, tier=run.tier, tags=run.tags,
         parent_run=run, parent_node_id=node_id, root_run_id=run.root_run_id, nesting_depth=depth,
+        fairness_key=run.fairness_key,
     )
     record_event(child, "created", parent=str(run.id), node_id=node_id)
     step.child_run = child  # the journal writes the attempt with its child
@@ -221,6 +222,7 @@ def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, S
         workflow=run.workflow, workflow_name=run.workflow_name, input=rendered, tier=run.tier,
         tags=run.tags, parent_run=run.parent_run, parent_node_id=run.parent_node_id,
         root_run_id=run.root_run_id, nesting_depth=run.nesting_depth, continued_from=run,
+        fairness_key=run.fairness_key,
     )
     latest[node_id] = new_step(run, node_id, "continue_as_new", SStatus.SUCCEEDED, input=rendered,
                                output={"run_id": str(successor.id)}, finished_at=now)

@@ -238,16 +238,19 @@ class Runs(_Resource):
     async def start(
         self, workflow: str | Workflow, input: Any = None, *, idempotency_key: str | None = None,
         tags: Sequence[str] | None = None, tier: str | None = None, version: int | None = None,
+        fairness_key: str | None = None,
     ) -> models.Run:
         """Start a run (of the latest version unless ``version``). Idempotent: with a key already
-        used, the run of that key is returned; without one a key is made, so a retry never starts twice."""
+        used, the run of that key is returned; without one a key is made, so a retry never starts twice.
+        ``fairness_key`` puts its work under that key of your tenant's (your own customer's id, say):
+        your backlogged keys share your capacity by weight."""
         body = calls.run_request(workflow, input, idempotency_key=idempotency_key, tags=tags, tier=tier,
-                                 version=version)
+                                 version=version, fairness_key=fairness_key)
         return await self._send(calls.run_start(body))
 
     async def start_many(self, runs: Sequence[Mapping[str, Any]]) -> models.BulkStarted:
         """Start 1 to 500 runs, all or none; each item takes ``start``'s fields (``workflow``, ``input``,
-        ``idempotency_key``, ``tags``, ``tier``, ``version``) and gets a key when it has none."""
+        ``idempotency_key``, ``tags``, ``tier``, ``version``, ``fairness_key``) and gets a key when it has none."""
         return await self._send(calls.runs_start_many(runs))
 
     async def wait(self, run_id: str, *, timeout: float = 60.0, poll_interval: float = 0.5) -> models.Run:

@@ -131,12 +131,13 @@ def new_idempotency_key() -> str:
 def run_request(
     workflow: str | Workflow, input: Any = None, *, idempotency_key: str | None = None,
     tags: Sequence[str] | None = None, tier: str | None = None, version: int | None = None,
+    fairness_key: str | None = None,
 ) -> dict[str, Any]:
     """The body of a run start, with an idempotency key always (a new one when not given)."""
     name = workflow.name if isinstance(workflow, Workflow) else workflow
     return compact(workflow=name, version=version, input={} if input is None else input,
                    idempotency_key=idempotency_key or new_idempotency_key(), tier=tier,
-                   tags=list(tags) if tags is not None else None)
+                   tags=list(tags) if tags is not None else None, fairness_key=fairness_key)
 
 
 def run_start(body: Mapping[str, Any]) -> Call[models.Run]:

@@ -451,6 +451,7 @@ class Run(Model):
     idempotency_key: str | None = None
     tier: str = ""
     tags: tuple[str, ...] = tupled()
+    fairness_key: str = ""
     parent_run: str | None = None
     parent_node_id: str | None = None
     root_run_id: str | None = None
