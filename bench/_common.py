@@ -80,25 +80,29 @@ def bench_stack(name: str, **env: str) -> Stack:
 
 
 def bench_worker(stack: Stack, name: str, app: str = "ductor_project", *, concurrency: int,
-                 tasks: bool = True) -> Child:
+                 tasks: bool = True, env: dict[str, str] | None = None) -> Child:
     """A prefork Celery worker without heartbeats, named ``<name>@bench``; with ``tasks``, it also has the
-    benchmarks' own tasks (``bench._worker_tasks``). Not waited for: ``stack.wait_ready``."""
+    benchmarks' own tasks (``bench._worker_tasks``); ``env`` on top of the stack's. Not waited for:
+    ``stack.wait_ready``."""
     extra = ["--pool", "prefork", "--without-heartbeat"] + (["--include", "bench._worker_tasks"] if tasks else [])
-    return stack.worker(name, app=app, concurrency=concurrency, hostname=f"{name}@bench", extra=extra)
+    return stack.worker(name, app=app, concurrency=concurrency, hostname=f"{name}@bench", extra=extra,
+                        env=None if env is None else {**stack.env, **env})
 
 
-def fair_broker(stack: Stack, prefix: str, *, workers: int, concurrency: int, dispatchers: int) -> list[Child]:
-    """Start ``workers`` Celery workers (with ``bench._worker_tasks``) and ``dispatchers`` dispatchers;
-    once every worker slot is registered and every dispatcher runs, return them all, dispatchers first
-    (the order to stop them in)."""
+def fair_broker(stack: Stack, prefix: str, *, workers: int, concurrency: int, dispatchers: int,
+                env: dict[str, str] | None = None) -> list[Child]:
+    """Start ``workers`` Celery workers (with ``bench._worker_tasks``) and ``dispatchers`` dispatchers,
+    ``env`` on top of the stack's; once every worker slot is registered and every dispatcher runs, return
+    them all, dispatchers first (the order to stop them in)."""
     from ductor_project.celery import WORK_QUEUE
     from scheduling.dispatch import credits as broker
 
-    started = [bench_worker(stack, f"{prefix}worker-{i}", concurrency=concurrency) for i in range(workers)]
+    started = [bench_worker(stack, f"{prefix}worker-{i}", concurrency=concurrency, env=env) for i in range(workers)]
     stack.wait_ready(*started)
     while broker.worker_slots(WORK_QUEUE) < workers * concurrency:
         time.sleep(0.1)
-    running = [stack.dispatcher(f"{prefix}dispatcher-{i}") for i in range(dispatchers)]
+    running = [stack.dispatcher(f"{prefix}dispatcher-{i}", env=None if env is None else {**stack.env, **env})
+               for i in range(dispatchers)]
     stack.wait_ready(*running)
     return running + started
 

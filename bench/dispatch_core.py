@@ -7,9 +7,10 @@ One client, no pipelining for what is measured, against the embedded Redis (or
   scripts, three round trips), against raw ``LPUSH``+``RPOP`` pairs (two round
   trips) on the same server in the same run;
 - the cost of one dequeue (µs, median of every call) with 10, 1,000 and 100,000
-  tenants all backlogged in one tier, each dequeue followed by its ack. The
-  three populations live in three shards of the same Redis and are measured in
-  interleaved rounds, so that a noisy host slows them alike. Every dequeue
+  tenants all backlogged in one tier, and with 100,000 tenants of ``KEYS`` fairness
+  keys each, all backlogged (``100000x10``: the second level), each dequeue followed
+  by its ack. The four populations live in four shards of the same Redis and are
+  measured in interleaved rounds, so that a noisy host slows them alike. Every dequeue
   checks and takes the tenant's concurrency slot and charges its step rate.
 
 Tenants are made-up ids (no database rows): their keys come from
@@ -38,7 +39,9 @@ sys.path.insert(0, str(ROOT))
 from bench._common import log, measure  # noqa: E402 - the repository root goes on the path first
 
 SIZES = (10, 1_000, 100_000)
-SHARDS = len(SIZES)
+# The keyed population: this many tenants of KEYS fairness keys each (one item per key).
+KEYED_TENANTS, KEYS = 100_000, 10
+SHARDS = len(SIZES) + 1
 ROUNDS = 5
 CYCLE_PHASE_S = 0.8
 DEQUEUES_PER_ROUND = 300
@@ -104,6 +107,8 @@ def main() -> int:
     # -- dequeue cost against tenant count ---------------------------------------------
     total = ROUNDS * DEQUEUES_PER_ROUND
     populations: dict[int, dict[str, Tenant]] = {}
+    names = {shard: str(size) for shard, size in enumerate(SIZES)}
+    names[len(SIZES)] = f"{KEYED_TENANTS}x{KEYS}"
     for shard, size in enumerate(SIZES):
         started = time.perf_counter()
         tenants = make_tenants(shard, size)
@@ -117,6 +122,16 @@ def main() -> int:
         queued = fq.bulk_enqueue(batches)
         populations[shard] = {str(t.pk): t for t in tenants}
         log(f"{size} tenants: {queued} items queued in {time.perf_counter() - started:.1f}s")
+    started = time.perf_counter()
+    keyed = make_tenants(len(SIZES), KEYED_TENANTS)
+    # One item per key, in a partition of its own: every key of every tenant stays backlogged (a tenant
+    # is served at most total / KEYED_TENANTS + 1 times).
+    queued = fq.bulk_enqueue(
+        fq.TenantBatch(t, [fq.NewItem(f"k{k}", TIER, f"p{k}", key=f"key-{k}") for k in range(KEYS)], conf)
+        for t in keyed
+    )
+    populations[len(SIZES)] = {str(t.pk): t for t in keyed}
+    log(f"{KEYED_TENANTS} tenants x {KEYS} keys: {queued} items queued in {time.perf_counter() - started:.1f}s")
 
     timings: dict[int, list[float]] = {shard: [] for shard in populations}
     for r in range(ROUNDS):
@@ -129,11 +144,11 @@ def main() -> int:
                     raise RuntimeError(f"shard {shard} ran dry: the tenants must stay backlogged")
                 fq.ack(got.item_id, delivery=got.delivery, tenant=tenants_by_id[got.tenant_id])
         log(f"round {r + 1}/{ROUNDS}: " + ", ".join(
-            f"{SIZES[s]}: {statistics.median(t) * 1e6:.0f}us" for s, t in timings.items()
+            f"{names[s]}: {statistics.median(t) * 1e6:.0f}us" for s, t in timings.items()
         ))
     redis.flushdb()
 
-    dequeue_us = {str(SIZES[s]): round(statistics.median(t) * 1e6, 1) for s, t in timings.items()}
+    dequeue_us = {names[s]: round(statistics.median(t) * 1e6, 1) for s, t in timings.items()}
     cycles_per_s = cycles / cycle_s
     baseline_per_s = pairs / pair_s
     result = {
@@ -141,8 +156,9 @@ def main() -> int:
         "baseline_lpush_rpop_per_s": round(baseline_per_s, 1),
         "ratio": round(cycles_per_s / baseline_per_s, 3),
         "dequeue_us": dequeue_us,
-        "dequeue_us_mean": {str(SIZES[s]): round(statistics.fmean(t) * 1e6, 1) for s, t in timings.items()},
+        "dequeue_us_mean": {names[s]: round(statistics.fmean(t) * 1e6, 1) for s, t in timings.items()},
         "dequeue_cost_ratio_100k_vs_10": round(dequeue_us["100000"] / dequeue_us["10"], 3),
+        "dequeue_cost_ratio_100k_x10_keys_vs_10": round(dequeue_us[names[len(SIZES)]] / dequeue_us["10"], 3),
     }
     print(json.dumps(result))
     return 0

@@ -32,9 +32,30 @@ start-time fair queueing serves it once per weighted round of the others
 (``trickle_round_slots`` = their weights over its weight), plus the messages already
 published ahead of it (at most the dispatch buffer).
 
+Two more scenarios, with the three light tenants (weights 1, 2 and 4), each in both cost modes
+in the same run (``DUCTOR_FAIR_COST``: ``time``, the product's default, and ``items``, the baseline):
+
+- ``work``: fair by work. The three tenants' items take ``WORK_MS`` (100, 10 and 30 ms). Over a
+  window of ``WORK_WINDOW_S`` (after ``WORK_WARMUP_S``, with every tenant backlogged to its end),
+  each tenant's share of the worker time its items used (``bench.work`` records each item's start
+  and end on the worker; intervals are cut to the window) over its weight's share.
+- ``keys``: two levels. ``fair-keys`` (weight 1) has ``KEYS`` fairness keys: one floods
+  (``KEY_FLOOD`` items), each of the others keeps one item waiting, enqueueing the next as soon as
+  the previous started; ``fair-other`` (weight 1) is backlogged beside it. The other keys' waits in
+  the keyed tenant's dispatch slots (its starts between an enqueue and that item's start) p50/p99,
+  against ``active_keys``; and the keyed tenant's share of all starts over its weight's share.
+- ``steps``: bulk-started one-node runs through the engine (``STEP_RUNS`` per tenant, started
+  before the pipeline is up, so each tenant's first ticks are all waiting): each tenant's share of
+  the step starts (``StepRun.started_at``) per weight, over the window from the first step start
+  until the first tenant's last one.
+
+Each gives ``worst_share_per_weight`` and ``jain``. ``bench/fairness.py [items|work|keys|steps]...``
+runs some (default: all).
+
 Needs its own data dir (it FLUSHES Redis): ``DUCTOR_DATA_DIR=.ductor/bench-x python
 bench/fairness.py``. Progress on stderr; the last stdout line is one JSON object
-``{"ductor": {...}, "celery_baseline": {...}}``.
+``{"ductor": {...}, "celery_baseline": {...}, "work": {"time": ..., "items": ...}, "keys": {...},
+"steps": {...}}``.
 """
 
 from __future__ import annotations
@@ -51,7 +72,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, fair_broker, log, percentile, redis_client, setup_django
+from bench._common import (
+    bench_stack,
+    bench_worker,
+    fair_broker,
+    flush_state,
+    log,
+    percentile,
+    redis_client,
+    setup_django,
+    wait_until,
+)
 from ductor_project.stack import Child, Stack
 
 HEAVY = "fair-heavy"
@@ -64,6 +95,8 @@ TENANTS = {
     "fair-light-3": ("pro", None),
     TRICKLE: ("free", None),
 }
+KEYED, OTHER = "fair-keys", "fair-other"
+KEY_TENANTS = {KEYED: ("free", None), OTHER: ("free", None)}
 HEAVY_PARTITIONS, HEAVY_PER_PARTITION = 3000, 3
 LIGHT_PARTITIONS, LIGHT_ITEMS = 5, 1500
 TASK_MS = 10
@@ -72,6 +105,14 @@ WINDOW_STARTS = 1500
 TRICKLE_AFTER_STARTS = 200  # the trickle tenant arrives this many starts into the window
 RUN_CAP_S = 60.0
 TIER = "standard"
+LIGHT = ("fair-light-1", "fair-light-2", "fair-light-3")
+MODES = ("time", "items")
+WORK_MS = dict(zip(LIGHT, (100, 10, 30), strict=True))
+# Enough for each tenant to stay backlogged through the window in either mode (4 slots, 17 s).
+WORK_ITEMS = dict(zip(LIGHT, (500, 2500, 1800), strict=True))
+WORK_WARMUP_S, WORK_WINDOW_S = 2.0, 15.0
+STEP_RUNS, STEP_BULK = 600, 300  # runs per tenant, started this many per bulk call
+KEYS, KEY_FLOOD, KEY_WINDOW_STARTS = 50, 3000, 1500
 
 
 def make_tenants() -> dict[str, Any]:
@@ -80,10 +121,11 @@ def make_tenants() -> dict[str, Any]:
     from tenants.models import Tenant
 
     tenants = {}
-    for slug, (plan, weight) in TENANTS.items():
+    for slug, (plan, weight) in {**TENANTS, **KEY_TENANTS}.items():
         tenant = Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug, plan=plan)
         services.tenant_set_plan(tenant=tenant, plan_slug=plan)
-        limits: dict[str, Any] = {"max_concurrency": 100_000, "step_rate_per_s": 1e6, "step_burst": 1_000_000}
+        limits: dict[str, Any] = {"max_concurrency": 100_000, "step_rate_per_s": 1e6, "step_burst": 1_000_000,
+                                  "monthly_run_quota": 1 << 40}
         if weight is not None:
             limits["weight"] = weight
         for field, value in limits.items():
@@ -278,6 +320,146 @@ def run_celery(stack: Stack, weights: dict[str, int]) -> dict[str, Any]:
     return window("celery", stack, workers, submit, begin=0, weights=weights, totals=totals, settle_s=0.0)
 
 
+def shares(amounts: dict[str, float], weights: dict[str, int]) -> dict[str, Any]:
+    """Each tenant's share of ``amounts`` over its weight's share; the worst and Jain's index of them."""
+    total, total_weight = sum(amounts.values()), sum(weights[slug] for slug in amounts)
+    ratio = {slug: (amounts[slug] / total) / (weights[slug] / total_weight) if total else 0.0 for slug in amounts}
+    values = list(ratio.values())
+    jain = sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if any(values) else 0.0
+    return {"worst_share_per_weight": round(min(values), 4), "jain": round(jain, 4),
+            "share_per_weight": {slug: round(v, 4) for slug, v in ratio.items()}}
+
+
+def run_work(stack: Stack, tenants: dict[str, Any], weights: dict[str, int], mode: str) -> dict[str, Any]:
+    """The ``work`` scenario in one cost mode (see the module docs)."""
+    from bench._worker_tasks import WORK
+    from ductor_project.core.context import tenant_context
+    from scheduling import fair_queue as fq
+
+    redis = redis_client()
+    redis.flushdb()
+    children = fair_broker(stack, f"work-{mode}-", workers=WORKERS, concurrency=CONCURRENCY,
+                           dispatchers=DISPATCHERS, env={"DUCTOR_FAIR_COST": mode})
+    fq.bulk_enqueue([fq.TenantBatch(tenants[slug], [
+        fq.NewItem(f"w{n}", TIER, f"p{n}", {"kind": "bench.work", "ms": WORK_MS[slug]}) for n in range(count)])
+        for slug, count in WORK_ITEMS.items()])
+    begin = time.time() + WORK_WARMUP_S
+    end = begin + WORK_WINDOW_S
+    time.sleep(end - time.time())
+    backlogged = {}
+    for slug in LIGHT:
+        with tenant_context(tenants[slug]):
+            backlogged[slug] = fq.stats().due > 0
+    time.sleep(max(WORK_MS.values()) / 1000 + 1.0)  # the items of the window's end finish, their records flushed
+    stack.stop(*children)
+    busy = dict.fromkeys(LIGHT, 0.0)
+    items = Counter[str]()
+    for row in redis.lrange(WORK, 0, -1):
+        slug, start, stop = row.decode().split("|")
+        overlap = min(float(stop), end) - max(float(start), begin)
+        if overlap > 0:
+            busy[slug] += overlap
+            items[slug] += 1
+    result = {**shares(busy, weights), "worker_s": {slug: round(s, 3) for slug, s in busy.items()},
+              "items_in_window": dict(items), "backlogged_throughout": all(backlogged.values()),
+              "window_s": WORK_WINDOW_S}
+    log(f"work ({mode}): {json.dumps(result)}")
+    return result
+
+
+def run_keys(stack: Stack, tenants: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:
+    """The ``keys`` scenario (see the module docs)."""
+    from bench._worker_tasks import STARTS
+    from scheduling import fair_queue as fq
+
+    redis = redis_client()
+    redis.flushdb()
+    children = fair_broker(stack, "keys-", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS)
+    body = {"kind": "bench.sleep", "ms": TASK_MS}
+    fq.bulk_enqueue([
+        fq.TenantBatch(tenants[KEYED], [fq.NewItem(f"f{n}", TIER, f"fp{n % 200}", body, key="flood")
+                                        for n in range(KEY_FLOOD)]),
+        fq.TenantBatch(tenants[OTHER], [fq.NewItem(f"o{n}", TIER, f"op{n % 200}", body) for n in range(KEY_FLOOD)]),
+    ])
+
+    def submit(key: int, j: int) -> str:
+        item_id = f"c{key}-{j}"
+        fq.enqueue(item_id, tier=TIER, partition=item_id, payload=body, key=f"c{key}", tenant=tenants[KEYED])
+        return f"{KEYED}|{item_id}"
+
+    keyed_starts = 0  # the keyed tenant's starts so far: its dispatch slots
+    pending = {key: (submit(key, 0), 0, 0) for key in range(1, KEYS)}  # key -> (row, j, keyed starts then)
+    waits: list[int] = []
+    seen, rows = 0, []
+    deadline = time.monotonic() + RUN_CAP_S
+    while keyed_starts < KEY_WINDOW_STARTS and time.monotonic() < deadline:
+        length = redis.llen(STARTS)
+        new = [row.decode() for row in redis.lrange(STARTS, seen, length - 1)] if length > seen else []
+        seen = length
+        for row in new:
+            rows.append(row)
+            if not row.startswith(f"{KEYED}|"):
+                continue
+            keyed_starts += 1
+            key = next((k for k, (want, _, _) in pending.items() if want == row), None)
+            if key is not None:
+                _, j, at = pending[key]
+                waits.append(keyed_starts - 1 - at)
+                pending[key] = (submit(key, j + 1), j + 1, keyed_starts)
+        time.sleep(0.005)
+    stack.stop(*children)
+    by_tenant = Counter(row.split("|", 1)[0] for row in rows)
+    result = {
+        **shares({slug: float(by_tenant[slug]) for slug in (KEYED, OTHER)}, weights),
+        "other_keys_wait_p50": percentile(waits, 50) if waits else None,
+        "other_keys_wait_p99": percentile(waits, 99) if waits else None,
+        "other_keys_wait_max": max(waits) if waits else None,
+        "active_keys": KEYS,
+        "samples": len(waits),
+        "keyed_tenant_starts": keyed_starts,
+    }
+    log(f"keys: {json.dumps(result)}")
+    return result
+
+
+def run_steps(stack: Stack, tenants: dict[str, Any], weights: dict[str, int], mode: str) -> dict[str, Any]:
+    """The ``steps`` scenario in one cost mode (see the module docs)."""
+    from ductor_project.core.context import tenant_context
+    from ductor_project.core.keys import redis_key
+    from workflows.models import StepRun
+    from workflows.services import run_start_many, workflow_put
+
+    flush_state()
+    runs: dict[str, list[Any]] = {}
+    for slug in LIGHT:
+        with tenant_context(tenants[slug]):
+            workflow_put(name="one", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+            runs[slug] = [run.pk for _ in range(0, STEP_RUNS, STEP_BULK)
+                          for run, _ in run_start_many(runs=[{"workflow": "one"}] * STEP_BULK)]
+    log(f"steps ({mode}): {STEP_RUNS} runs of each tenant bulk-started; starting the pipeline")
+    env = {**stack.env, "DUCTOR_FAIR_COST": mode}
+    children = [stack.dispatcher(f"steps-{mode}-dispatcher-{i}", env=env) for i in range(DISPATCHERS)]
+    children += [bench_worker(stack, f"steps-{mode}-worker-{i}", concurrency=CONCURRENCY,
+                              env={"DUCTOR_FAIR_COST": mode}) for i in range(WORKERS)]
+    all_runs = [pk for pks in runs.values() for pk in pks]
+    wait_until(lambda: StepRun.all_tenants.filter(run_id__in=all_runs, status="succeeded").count() == len(all_runs),
+               what="every step", timeout=180.0, every=0.5)
+    stack.stop(*children)
+    estimates = {}  # what each tenant's ticks and steps were charged at the end (time mode)
+    for slug in LIGHT:
+        with tenant_context(tenants[slug]):
+            raw = redis_client().hgetall(redis_key("fq", "est"))
+        estimates[slug] = {k.decode(): round(float(v), 2) for k, v in raw.items()}
+    starts = sorted((step.started_at, slug) for slug, pks in runs.items()
+                    for step in StepRun.all_tenants.filter(run_id__in=pks).only("started_at"))
+    last = {slug: max(at for at, s in starts if s == slug) for slug in LIGHT}
+    window = [slug for at, slug in starts if at <= min(last.values())]
+    result = {**shares(Counter(window), weights), "window_starts": len(window), "estimates_ms": estimates,
+              "steps_per_s": round(len(starts) / (starts[-1][0] - starts[0][0]).total_seconds(), 1)}
+    log(f"steps ({mode}): {json.dumps(result)}")
+    return result
+
+
 def main() -> int:
     setup_django("bench/fairness.py")
     from django.conf import settings
@@ -285,23 +467,36 @@ def main() -> int:
     from bench._worker_tasks import STARTS
     from tenants.entitlements import effective_entitlements
 
+    scenarios = sys.argv[1:] or ["items", "work", "keys", "steps"]
+    unknown = set(scenarios) - {"items", "work", "keys", "steps"}
+    if unknown:
+        print(f"unknown scenarios {sorted(unknown)}: give items, work, keys and/or steps", file=sys.stderr)
+        return 2
     started = time.monotonic()
     tenants = make_tenants()
     weights = {slug: effective_entitlements(tenant).weight for slug, tenant in tenants.items()}
     log(f"weights: {weights}")
     # BENCH_STARTS_KEY: where the plain Celery side's tasks record their starts (bench/_plain_celery.py).
     stack = bench_stack("fairness", BENCH_STARTS_KEY=STARTS)
+    out: dict[str, Any] = {}
     try:
-        ductor = run_ductor(stack, tenants, weights)
-        baseline = run_celery(stack, weights)
+        if "items" in scenarios:
+            out["ductor"] = run_ductor(stack, tenants, weights)
+            out["celery_baseline"] = run_celery(stack, weights)
+        if "work" in scenarios:
+            out["work"] = {mode: run_work(stack, tenants, weights, mode) for mode in MODES}
+        if "keys" in scenarios:
+            out["keys"] = run_keys(stack, tenants, weights)
+        if "steps" in scenarios:
+            out["steps"] = {mode: run_steps(stack, tenants, weights, mode) for mode in MODES}
     finally:
         stack.stop_all()
         redis_client().flushdb()
     log(f"done in {time.monotonic() - started:.0f}s")
     print(json.dumps({
-        "ductor": ductor,
-        "celery_baseline": baseline,
-        "config": {"weights": weights, "task_ms": TASK_MS, "workers": WORKERS, "concurrency": CONCURRENCY,
+        **out,
+        "config": {"work_ms": WORK_MS, "step_runs": STEP_RUNS, "weights": weights, "task_ms": TASK_MS,
+                   "workers": WORKERS, "concurrency": CONCURRENCY,
                    "dispatchers": DISPATCHERS, "dispatch_buffer": settings.DUCTOR_DISPATCH_BUFFER,
                    "heavy_items": HEAVY_PARTITIONS * HEAVY_PER_PARTITION, "heavy_partitions": HEAVY_PARTITIONS,
                    "light_items": LIGHT_ITEMS, "light_partitions": LIGHT_PARTITIONS},

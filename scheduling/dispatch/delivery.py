@@ -11,8 +11,8 @@ While the handler runs, the process's renewal thread renews the item's lease,
 and with it every slot its admission took.
 A handler that returns has its item acked (by the caller, off the task's
 path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later.
-Either way the ack or the nack carries the handler's run time, measured here:
-what the fair queue charges the tenant (fair by work).
+Either way the ack or the nack carries the handler's own run time, measured
+here around the call alone: what the fair queue charges the tenant (fair by work).
 Either way what it reports (``Failed``, or the exception) goes to the task's
 ``task_events.Report``, which shows it to Celery's tools.
 The handler runs in the item's span (``ductor.item.<kind>``), a child of the
@@ -100,23 +100,34 @@ def run_delivery(
     hold = renewals.hold(partial(_renew, finished, lease_ms, queue, credit), every_s=lease_ms / 3000,
                          first_in_s=renew_in_s)
     started = time.perf_counter()
+    ran = Stopwatch()
     try:
         with (tracing.item_span(f"ductor.item.{item.kind}", item.body, item_id=item.item_id, delivery=item.delivery),
               structlog.contextvars.bound_contextvars(item_id=item.item_id, kind=item.kind),
-              task_events.running(str(tenant.pk), item.item_id, item.delivery, item.body) as shown):
+              task_events.running(str(tenant.pk), item.item_id, item.delivery, item.body) as shown, ran):
             shown.failed = handler(item.context(tenant), item.body)
     except Exception:
         renewals.release(hold)
-        took = time.perf_counter() - started
-        metrics.ITEM_DURATION.labels(item.kind, Outcome.FAILED).observe(took)
+        metrics.ITEM_DURATION.labels(item.kind, Outcome.FAILED).observe(time.perf_counter() - started)
         log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)
         fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=item.delivery,
-                        work_ms=took * 1000)
+                        work_ms=ran.ms)
         return Outcome.FAILED, None
     renewals.release(hold)
-    took = time.perf_counter() - started
-    metrics.ITEM_DURATION.labels(item.kind, Outcome.OK).observe(took)
-    return Outcome.OK, finished._replace(work_ms=took * 1000)
+    metrics.ITEM_DURATION.labels(item.kind, Outcome.OK).observe(time.perf_counter() - started)
+    return Outcome.OK, finished._replace(work_ms=ran.ms)
+
+
+class Stopwatch:
+    """How long the block it wraps ran (``ms``): the handler's own run time, what its tenant is charged."""
+
+    ms = 0.0
+
+    def __enter__(self) -> None:
+        self._began = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.ms = (time.perf_counter() - self._began) * 1000
 
 
 def _lease_check(item: Delivery, check_lease: bool) -> float | None:
