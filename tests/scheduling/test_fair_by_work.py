@@ -6,7 +6,6 @@ counts items. And an order key puts a tenant's older work first, never before it
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
@@ -20,16 +19,6 @@ from tests.scheduling.helpers import redis_now_ms, sleep_until
 LEASE_MS = 30_000
 
 pytestmark = pytest.mark.usefixtures("redis_client")
-
-
-@pytest.fixture
-def weighted(make_tenant: Callable[..., tuple[Tenant, str]]) -> Callable[[str, int], Tenant]:
-    def make(slug: str, weight: int) -> Tenant:
-        tenant, _ = make_tenant(slug)
-        services.override_set(tenant=tenant, field="weight", value=weight)
-        return Tenant.objects.get(pk=tenant.pk)
-
-    return make
 
 
 def fill(tenant: Tenant, count: int, *, prefix: str = "") -> None:

@@ -6,14 +6,12 @@ key that has nothing left holds no state."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
 from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.keys import redis_key
 from scheduling import fair_queue as fq
-from tenants import services
 from tenants.models import Tenant
 from tests.scheduling.helpers import redis_now_ms, sleep_until
 
@@ -21,16 +19,6 @@ pytestmark = pytest.mark.usefixtures("redis_client")
 
 LEASE_MS = 30_000
 WORK_MS = 10.0
-
-
-@pytest.fixture
-def weighted(make_tenant: Callable[..., tuple[Tenant, str]]) -> Callable[[str, int], Tenant]:
-    def make(slug: str, weight: int) -> Tenant:
-        tenant, _ = make_tenant(slug)
-        services.override_set(tenant=tenant, field="weight", value=weight)
-        return Tenant.objects.get(pk=tenant.pk)
-
-    return make
 
 
 def fill(tenant: Tenant, key: str, count: int, *, per_partition: int = 1, delay_ms: int = 0,
