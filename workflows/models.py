@@ -52,6 +52,10 @@ class WorkflowVersion(TenantScopedModel):
         super().save(*args, **kwargs)
 
 
+# The longest fairness key a run may carry (the fair queue's second level).
+MAX_FAIRNESS_KEY = 128
+
+
 class WorkflowRun(TenantScopedModel):
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -91,7 +95,7 @@ class WorkflowRun(TenantScopedModel):
     cancel_requested = models.BooleanField(default=False)
     # Its fairness key inside the tenant (docs/fair-queue.md#two-levels): its ticks and steps share the
     # tenant's dispatches with the other keys' by weight; "" for none. Its children and successor keep it.
-    fairness_key = models.CharField(max_length=128, blank=True, default="")
+    fairness_key = models.CharField(max_length=MAX_FAIRNESS_KEY, blank=True, default="")
     lock_version = models.PositiveIntegerField(default=0, help_text="Optimistic lock, bumped by each tick.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -9,6 +9,7 @@ from rest_framework.reverse import reverse
 
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import (
+    MAX_FAIRNESS_KEY,
     Event,
     EventTrigger,
     RunEvent,
@@ -72,7 +73,7 @@ class RunStartSerializer(StrictSerializer):
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list,
                                  max_length=50)
     fairness_key = serializers.CharField(
-        max_length=128, required=False, allow_blank=True, default="",
+        max_length=MAX_FAIRNESS_KEY, required=False, allow_blank=True, default="",
         help_text="Its fairness key inside your tenant (your own customer, say): your backlogged keys share your "
                   "dispatches by weight, so one key's flood does not hold up the others. None by default.")
 

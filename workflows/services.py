@@ -20,16 +20,24 @@ from workflows.engine.items import enqueue_tick, enqueue_ticks
 from workflows.engine.journal import add_state, journal
 from workflows.engine.statements import lock_run
 from workflows.engine.tick import advance_locked
-from workflows.models import RunEvent, RunSignal, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import (
+    MAX_FAIRNESS_KEY,
+    RunEvent,
+    RunSignal,
+    StepRun,
+    WorkflowDefinition,
+    WorkflowRun,
+    WorkflowVersion,
+)
 from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
 
-FAIRNESS_KEY_RULE = "A string of at most 128 characters."
+FAIRNESS_KEY_RULE = f"A string of at most {MAX_FAIRNESS_KEY} characters."
 
 
 def _fairness_key_ok(key: Any) -> bool:
-    return key is None or (isinstance(key, str) and len(key) <= 128)
+    return key is None or (isinstance(key, str) and len(key) <= MAX_FAIRNESS_KEY)
 
 
 # Most runs one bulk start may hold.
@@ -107,7 +115,7 @@ def run_start(
 ) -> tuple[WorkflowRun, bool]:
     """Start a run of the tenant in context. Returns ``(run, created)``.
 
-    ``fairness_key`` (at most 128 characters, "" for none) puts its work under that key of the
+    ``fairness_key`` (at most ``MAX_FAIRNESS_KEY`` characters, "" for none) puts its work under that key of the
     tenant's: its keys share the tenant's dispatches by weight (``docs/fair-queue.md``).
 
     With an ``idempotency_key`` already used by this tenant, returns that run

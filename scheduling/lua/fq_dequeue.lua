@@ -1,7 +1,8 @@
 -- Dispatch the next items of the shard, one at a time as by a loop of single dequeues: strict
 -- tier priority, then start-time fair queueing among the tenants of the tier, then among the
--- tenant's fairness keys (fq_head), then the key's earliest-due partition head, admitted in the same atomic step: the tenant's step
--- rate and slot, then its pool's and connection's (admit_lib.lua), all taken or none.
+-- tenant's fairness keys (fq_head), then the key's earliest-due partition head, admitted in the
+-- same atomic step: the tenant's step rate and slot, then its pool's and connection's
+-- (admit_lib.lua), all taken or none.
 -- KEYS[1] = the shard's timers ZSET (it routes the call).
 -- ARGV[1..FQ_HEADER] = fq_init; then: lease (ms); how many due timers to promote; how many
 -- tenants to look at per item; how many items at most; the tiers to serve, highest first.
