@@ -112,7 +112,7 @@ def markers_of(tenant: Tenant, rows: dict[str, list[dict[str, Any]]]) -> frozens
 def _frozen_heap() -> Iterator[None]:
     """Generating thousands of cases allocates a great deal, and each full garbage collection walks
     every object the suite made before this test (its imports, caches, fixtures): frozen, they are
-    not walked again, and the fuzzing runs as fast as it does alone."""
+    not walked again. (Alone the fuzzing took 195 s; inside the suite, unfrozen, 350 to 420 s.)"""
     gc.collect()
     gc.freeze()
     yield
