@@ -40,10 +40,13 @@ typecheck: $(STAMP)
 	@echo "==> mypy --strict (the SDK)"
 	$(BIN)/mypy --strict sdk/python/ductor_sdk
 
+# Test processes (pytest-xdist): each has its own database and Redis databases on the same servers;
+# a module's tests stay together (its processes are started once). PYTEST_PROCESSES=0 runs in one.
+PYTEST_PROCESSES ?= 2
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 pytest: $(STAMP)
-	@echo "==> pytest (real PostgreSQL and Redis under $(TEST_DATA_DIR))"
-	@$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	@echo "==> pytest (real PostgreSQL and Redis under $(TEST_DATA_DIR), $(PYTEST_PROCESSES) test processes)"
+	@$(TEST_ENV) $(BIN)/pytest -n $(PYTEST_PROCESSES) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	$(TEST_ENV) $(BIN)/python -m ductor_project.embedded stop >/dev/null; \
 	if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 

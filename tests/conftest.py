@@ -8,14 +8,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from pytest_django.plugin import blocking_manager_key
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
@@ -55,40 +55,44 @@ def django_db_setup(
 
 
 def seed_reference_data() -> None:
-    """Put back what the data migrations create (plans, the system tenant). Idempotent."""
-    from ductor_project.core.context import SYSTEM_TENANT_SLUG
-    from tenants.models import Plan
+    """Put back what the tenants app's data migrations create (the system tenant, the plans and their
+    later columns), by running their own forward functions in order. Idempotent, as they are."""
+    from django.apps import apps
+    from django.db.migrations import RunPython
+    from django.db.migrations.loader import MigrationLoader
 
-    max_schedules = import_module("tenants.migrations.0004_plan_max_schedules").MAX_SCHEDULES
-    for plan in import_module("tenants.migrations.0003_plans").PLANS:
-        defaults = {**plan, "max_schedules": max_schedules[plan["slug"]]}
-        Plan.objects.update_or_create(slug=plan["slug"], defaults=defaults)
-    Tenant.objects.get_or_create(
-        slug=SYSTEM_TENANT_SLUG,
-        defaults={"id": import_module("tenants.migrations.0002_system_tenant").SYSTEM_TENANT_ID,
-                  "name": "System (engine-internal)"},
-    )
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    with transaction.atomic():  # as a migration runs: the foreign keys are checked at its commit
+        for key in sorted(key for key in loader.disk_migrations if key[0] == "tenants"):
+            for operation in loader.disk_migrations[key].operations:
+                if isinstance(operation, RunPython):
+                    operation.code(apps, None)
 
 
-def _flushes_database(request: pytest.FixtureRequest) -> bool:
-    marker = request.node.get_closest_marker("django_db")
+def _flushes_database(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("django_db")
     return bool(
-        {"transactional_db", "live_server"} & set(request.fixturenames)
+        {"transactional_db", "live_server"} & set(getattr(item, "fixturenames", ()))
         or (marker is not None and marker.kwargs.get("transaction"))
     )
 
 
-@pytest.fixture(autouse=True)
-def _restore_reference_data(request: pytest.FixtureRequest) -> None:
-    """A transactional test starts from whatever the previous one flushed: re-seed it first.
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The API fuzzing, by far the longest test, goes first (after pytest-django's own ordering):
+    with several test processes, the others share the rest of the suite meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("fuzz") is None)
 
-    Re-seeding at teardown is too early for tests marked ``django_db(transaction=True)``:
-    their database is set up by pytest-django's own autouse fixture, before this one,
-    so it is flushed after this one's teardown.
-    """
-    if _flushes_database(request):
-        request.getfixturevalue("transactional_db")
-        seed_reference_data()
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A transactional test flushes every table when its teardown ends: put the reference data back
+    then, so that whatever runs next in this process (in any order, a test of any kind) finds it."""
+    result = yield
+    if _flushes_database(item):
+        with item.config.stash[blocking_manager_key].unblock():
+            seed_reference_data()
+    return result
 
 
 @pytest.fixture
@@ -166,8 +170,8 @@ def service_env() -> dict[str, str]:
 def service_stack() -> Stack:
     """A supervisor of child processes on this run's services (``service_env``), logging under the
     data dir."""
-    return Stack(Path(settings.DUCTOR_DATA_DIR) / "test-logs", env=service_env(), say=lambda _: None,
-                 fresh_logs=True)
+    logs = "test-logs-" + os.environ.get("PYTEST_XDIST_WORKER", "main")  # one directory per test process
+    return Stack(Path(settings.DUCTOR_DATA_DIR) / logs, env=service_env(), say=lambda _: None, fresh_logs=True)
 
 
 def celery_worker_child(stack: Stack, *extra: str, concurrency: int = 1) -> Child:

@@ -3,11 +3,36 @@
 The test run is one of the entry points that start the embedded servers (the
 product settings only read where they are), so this boots them first: a no-op
 in the workers the tests start, whose environment names the servers.
+
+Under pytest-xdist every test process (``gw0``, ``gw1``…) has a database of its own on the same
+PostgreSQL (pytest-django's suffix) and Redis databases of its own on the same Redis
+(``redis_database``): its queue, broker, cache and scratch databases never meet another's.
 """
+
+import os
+from urllib.parse import urlsplit
 
 from ductor_project import embedded
 
-embedded.boot()
+# Each test process takes two Redis databases: its own, and the next one for the demo's scratch.
+REDIS_DATABASES_PER_PROCESS = 2
+
+
+def redis_database(url: str, worker: str) -> str:
+    """``url`` on the Redis database of the pytest-xdist process ``worker`` (``gw<n>``)."""
+    parts = urlsplit(url)
+    base = int(parts.path.lstrip("/") or 0)
+    database = base + REDIS_DATABASES_PER_PROCESS * int(worker.removeprefix("gw"))
+    return parts._replace(path=f"/{database}").geturl()
+
+
+_services = embedded.boot()
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker and not os.environ.get("DUCTOR_TEST_PROCESS_REDIS"):
+    # Once per test process (its children inherit the environment, and service_env names the URL).
+    _url = os.environ.get("REDIS_URL") or (_services.redis_url if _services else "")
+    os.environ["REDIS_URL"] = redis_database(_url, _worker)
+    os.environ["DUCTOR_TEST_PROCESS_REDIS"] = "1"
 
 from ductor_project.settings import *  # noqa: E402, F403
 from ductor_project.settings import INSTALLED_APPS  # noqa: E402

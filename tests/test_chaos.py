@@ -8,7 +8,7 @@ and the fault strikes once the wave is under way:
 1. a worker's whole process group is SIGKILLed (a new worker takes its place);
 2. the dispatcher is SIGKILLed and started again;
 3. the coordinator is SIGKILLed and started again;
-4. Redis is flushed (``FLUSHALL``): every queue, lease, timer and Celery message;
+4. Redis is flushed (``FLUSHDB`` of the run's database): every queue, lease, timer and Celery message;
 5. every PostgreSQL backend of the app is terminated (``pg_terminate_backend``).
 
 Then every run must end, once; no step may succeed twice; each history must
@@ -95,7 +95,7 @@ class Chaos:
         return again
 
     def flush_redis(self) -> None:
-        get_redis().flushall()
+        get_redis().flushdb()
 
     def terminate_postgres_backends(self) -> None:
         """Terminate every backend of this database but the test's own."""

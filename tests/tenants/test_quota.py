@@ -28,18 +28,8 @@ from tenants.usage import (
     quota_consume,
     runs_this_month,
 )
-from tests.conftest import api_client, in_threads, seed_reference_data
+from tests.conftest import api_client, in_threads
 from tests.scoped.models import Folder
-
-
-@pytest.fixture
-def seeded_transactional_db(transactional_db: None) -> None:
-    """A transactional database (real commits) holding the seeded plans and the system tenant.
-
-    An earlier transactional test may have flushed them; conftest re-seeds after
-    each one, and this makes sure of it before the test starts.
-    """
-    seed_reference_data()
 
 
 class Boom(Exception):
@@ -191,7 +181,7 @@ def test_the_charge_rolls_back_with_the_surrounding_transaction(tenant):
 
 
 def test_a_start_that_rolls_back_its_outermost_transaction_gives_its_charge_back(
-    seeded_transactional_db, make_tenant, redis_client
+    transactional_db, make_tenant, redis_client
 ):
     tenant = with_quota(make_tenant("rollback-co", plan="free")[0], 1)
     assert not connection.in_atomic_block
@@ -354,7 +344,7 @@ def test_tenant_a_using_up_its_concurrency_rate_and_quota_leaves_tenant_b_unaffe
 
 @pytest.mark.parametrize(("quota", "already", "racers"), [(5, 0, 24), (10, 8, 24)])
 def test_threads_racing_at_the_quota_boundary_never_overshoot(
-    seeded_transactional_db, make_tenant, redis_client, quota, already, racers
+    transactional_db, make_tenant, redis_client, quota, already, racers
 ):
     tenant = with_quota(make_tenant("race-co", plan="free")[0], quota)
     if already:
@@ -377,7 +367,7 @@ def test_threads_racing_at_the_quota_boundary_never_overshoot(
 
 
 def test_threads_charging_several_runs_at_once_never_overshoot(
-    seeded_transactional_db, make_tenant, redis_client
+    transactional_db, make_tenant, redis_client
 ):
     tenant = with_quota(make_tenant("batch-co", plan="free")[0], 10)
 
@@ -483,7 +473,7 @@ def test_enforce_ceiling_needs_a_tenant_in_context(tenant):
 
 
 def test_enforce_ceiling_must_be_called_inside_the_creating_transaction(
-    seeded_transactional_db, make_tenant, redis_client
+    transactional_db, make_tenant, redis_client
 ):
     tenant = make_tenant("no-tx", plan="free")[0]
     with tenant_context(tenant):
@@ -495,7 +485,7 @@ def test_enforce_ceiling_must_be_called_inside_the_creating_transaction(
 
 
 def test_concurrent_creates_never_pass_the_ceiling(
-    seeded_transactional_db, make_tenant, redis_client
+    transactional_db, make_tenant, redis_client
 ):
     tenant = make_tenant("race-co", plan="free")[0]
     services.override_set(tenant=tenant, field="max_pools", value=3)
@@ -515,7 +505,7 @@ def test_concurrent_creates_never_pass_the_ceiling(
 
 
 def test_the_ceiling_lock_does_not_block_other_inserts_of_the_tenant(
-    seeded_transactional_db, make_tenant, redis_client
+    transactional_db, make_tenant, redis_client
 ):
     """FOR NO KEY UPDATE on the tenant row: a foreign-key insert (FOR KEY SHARE) is not blocked."""
     tenant = make_tenant("lock-co", plan="free")[0]

@@ -195,7 +195,8 @@ def _until_a_lock_is_awaited() -> None:
     deadline = timezone.now() + timedelta(seconds=10)
     with connection.cursor() as cursor:
         while timezone.now() < deadline:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                           "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
             if cursor.fetchone()[0]:
                 return
             threading.Event().wait(0.01)

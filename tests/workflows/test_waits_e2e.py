@@ -125,7 +125,7 @@ def test_timeouts_give_the_default_or_fail_the_node_even_after_redis_lost_everyt
     wait_for(lambda: step_status(client, lenient, "paid") == "waiting", timeout=20, what="the wait")
     wait_for(lambda: step_status(client, strict, "paid") == "waiting", timeout=20, what="the wait")
 
-    get_redis().flushall()  # the timeouts' wake-ups go with it: the reconciler puts them back
+    get_redis().flushdb()  # the timeouts' wake-ups go with it: the reconciler puts them back
 
     done = wait_for(ended(client, lenient), timeout=60, what="the lenient run to time out")
     failed = wait_for(ended(client, strict), timeout=60, what="the strict run to time out")
