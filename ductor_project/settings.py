@@ -245,7 +245,8 @@ SPECTACULAR_SETTINGS = {
                                             "start the workflows their triggers subscribe; and webhooks, which "
                                             "tell endpoints of runs' outcomes."},
         {"name": "routing", "description": "Connections, pools and routing rules, and the routing dry run."},
-        {"name": "queue", "description": "The tenant's own fair-queue backlog."},
+        {"name": "queue", "description": "The tenant's own fair-queue backlog and share of worker time, and the "
+                                         "weights of its fairness keys."},
         {"name": "tenant", "description": "The tenant the key acts for: its entitlements, usage and API keys."},
         {"name": "platform: tenants", "description": "Create, suspend and re-plan tenants; their overrides."},
         {"name": "platform: plans", "description": "The plans and their ceilings."},

@@ -19,7 +19,7 @@ from ductor_project.core.context import peek_tenant, tenant_context
 from ductor_project.core.errors import ApiError
 from scheduling import services
 from scheduling.connection_config import ConfigError, validate_config
-from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
 from scheduling.secrets import encrypt
 from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
 
@@ -115,4 +115,13 @@ class RuleAdmin(TenantScopedAdmin):
     list_filter = ["enabled"]
     search_fields = ["name"]
     ordering = ["tenant", "priority"]  # evaluation order (per tenant, for superusers)
+    readonly_fields = ["created_at", "updated_at"]
+
+
+@admin.register(FairnessKey)
+class FairnessKeyAdmin(TenantScopedAdmin):
+    """A key's weight inside its tenant (other keys weigh 1); the fair queue follows on save."""
+
+    list_display = ["key", "weight", "updated_at"]
+    search_fields = ["key"]
     readonly_fields = ["created_at", "updated_at"]

@@ -23,11 +23,12 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
-        from scheduling import admission, routing_table
+        from scheduling import admission, fairness_keys, routing_table
         from scheduling.coordinator import wakeups
+        from scheduling.coordinator.reconcile import register_reconciler
         from scheduling.dispatch import worker
         from scheduling.dispatch.handlers import register_handler
-        from scheduling.models import Connection, Pool, PoolMember, Rule
+        from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
         from tenants.entitlements import limits_changed
         from tenants.usage import register_ceiling_counter
 
@@ -37,10 +38,14 @@ class SchedulingConfig(AppConfig):
                 signal.connect(routing_table.routing_changed, sender=model, dispatch_uid=f"routing-{model.__name__}")
                 signal.connect(admission.routing_changed, sender=model, dispatch_uid=f"admission-{model.__name__}")
         limits_changed.connect(admission.limits_changed, dispatch_uid="admission-limits")
+        for signal in (post_save, post_delete):
+            signal.connect(fairness_keys.key_changed, sender=FairnessKey, dispatch_uid="fairness-key-weights")
 
         register_ceiling_counter("pools", lambda: Pool.objects.count())
         register_ceiling_counter("connections", lambda: Connection.objects.count())
         register_ceiling_counter("rules", lambda: Rule.objects.count())
+        register_ceiling_counter("fairness_keys", lambda: FairnessKey.objects.count())
+        register_reconciler(fairness_keys.reconcile_key_weights)
         register_handler(wakeups.ITEM_KIND, wakeups.run_wakeup)
         worker.install()
         checks.register(check_task_settings)

@@ -828,6 +828,31 @@ def configure(
     return int(_tenant_call("fq_configure", tenant, *args))
 
 
+# Fairness key weights written per script call (``set_key_weights``).
+KEY_WEIGHTS_PER_CALL = 1000
+
+
+def set_key_weights(
+    weights: Mapping[str, int], *, replace: bool = False, tenant: Tenant | None = None
+) -> int:
+    """Set the weights of some of the tenant's fairness keys (key -> weight >= 1; 1 is the default),
+    or with ``replace`` make them all of its key weights (every other key weighs 1 again). A
+    backlogged key's next service is charged at its new weight. One round trip per
+    ``KEY_WEIGHTS_PER_CALL`` keys, each atomic (with ``replace``, the keys of a later call weigh 1
+    until it ran). Returns how many weights changed. Raises ``ValueError`` for a bad key or weight
+    and ``TenantScopeError`` without a tenant."""
+    tenant = _tenant(tenant)
+    pairs = list(weights.items())
+    _key_weight_args(weights)
+    chunks = [pairs[i : i + KEY_WEIGHTS_PER_CALL] for i in range(0, len(pairs), KEY_WEIGHTS_PER_CALL)] or [[]]
+    changed = 0
+    for n, chunk in enumerate(chunks):
+        if chunk or (replace and n == 0):
+            changed += int(_tenant_call("fq_key_weights", tenant, 1 if replace and n == 0 else 0,
+                                        *_key_weight_args(dict(chunk))))
+    return changed
+
+
 @dataclass(frozen=True)
 class MemberView:
     """A pool member as admission sees it now (``admission_peek``)."""
@@ -1039,14 +1064,74 @@ def _shares(rows: list[tuple[float, float, float, bool]]) -> tuple[float, float,
     return work, work / total, fair / total
 
 
-def work_share(tenant: Tenant | None = None) -> WorkShare:
-    """The tenant's own ``WorkShare``. One round trip, read only; nothing of any other tenant but
-    the shard's totals that a share is a fraction of. Raises ``TenantScopeError`` without a tenant."""
+@dataclass(frozen=True)
+class KeyShare:
+    """One of a tenant's fairness keys over the last ``WORK_WINDOW_S``: ``work_ms`` its items did,
+    ``share`` its fraction of the tenant's work, ``fair_share`` the fraction of it its weight entitles
+    it to among the tenant's keys that worked then (work of no key counts as key "" of weight 1)."""
+
+    key: str
+    weight: int
+    work_ms: float
+    share: float
+    fair_share: float
+
+
+@dataclass(frozen=True)
+class TenantWork(WorkShare):
+    """A tenant's ``WorkShare``, with its ``KEYS_SHOWN`` fairness keys that did the most work."""
+
+    keys: tuple[KeyShare, ...] = ()
+
+
+# How many of a tenant's fairness keys its work share shows (the ones that did the most work), and
+# how many of each bucket's are read (FQ_WORK_KEYS in fq_work.lua).
+KEYS_SHOWN = 20
+KEYS_READ = 50
+
+
+def work_share(tenant: Tenant | None = None) -> TenantWork:
+    """The tenant's own ``WorkShare`` and its keys' (``TenantWork``). One round trip, read only;
+    nothing of any other tenant but the shard's totals that a share is a fraction of. Raises
+    ``TenantScopeError`` without a tenant."""
     tenant = _tenant(tenant)
-    rows = _tenant_call("fq_work", tenant)
-    work, share, fair = _shares([(float(a), float(b), float(c), int(d) == 1) for a, b, c, d in rows])
+    buckets = [(float(a), float(b), float(c), int(d) == 1, float(e), rest)
+               for a, b, c, d, e, *rest in _tenant_call("fq_work", tenant)]
+    work, share, fair = _shares([row[:4] for row in buckets])
     weight = TenantConf.for_tenant(tenant).weight
-    return WorkShare(str(tenant.pk), weight, round(work, 3), round(share, 4), round(min(1.0, fair * weight), 4))
+    return TenantWork(str(tenant.pk), weight, round(work, 3), round(share, 4), round(min(1.0, fair * weight), 4),
+                      keys=_key_shares(buckets))
+
+
+def _key_shares(buckets: list[tuple[float, float, float, bool, float, list[Any]]]) -> tuple[KeyShare, ...]:
+    """The ``KEYS_SHOWN`` keys with the most work, from per-bucket rows (the tenant's work, …, the
+    weights of its keys that worked, then key, work, weight per key of the bucket's top keys)."""
+    per_key: dict[str, dict[int, float]] = {}  # key -> bucket -> its work there
+    weights: dict[str, int] = {}
+    totals: list[tuple[float, float]] = []  # per bucket: the tenant's work, the weights of its keys that worked
+    for b, (tenant_work, _, _, _, key_weights, rest) in enumerate(buckets):
+        keyed = 0.0
+        for i in range(0, len(rest), 3):
+            key = _text(rest[i])
+            per_key.setdefault(key, {})[b] = float(rest[i + 1])
+            weights[key] = int(rest[i + 2])
+            keyed += float(rest[i + 1])
+        # Work of no key is key "" (weight 1): what the keys leave, once every key of the bucket is read.
+        unkeyed = tenant_work - keyed if len(rest) < 3 * KEYS_READ else 0.0
+        if unkeyed > 1e-6:
+            per_key.setdefault("", {})[b] = unkeyed
+            weights[""] = 1
+            key_weights += 1
+        totals.append((tenant_work, key_weights))
+    if set(per_key) <= {""}:
+        return ()  # no work under a fairness key: the tenant's own share says it all
+    out = []
+    for key, by_bucket in per_key.items():
+        rows = [(by_bucket.get(b, 0.0), t, w, b in by_bucket) for b, (t, w) in enumerate(totals)]
+        work, share, fair = _shares(rows)
+        out.append(KeyShare(key, weights[key], round(work, 3), round(share, 4),
+                            round(min(1.0, fair * weights[key]), 4)))
+    return tuple(sorted(out, key=lambda s: -s.work_ms)[:KEYS_SHOWN])
 
 
 def work_shares(shard: int = 0, *, limit: int = 20) -> list[WorkShare]:

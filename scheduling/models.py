@@ -1,7 +1,9 @@
-"""Routing data of a tenant: connections, pools (with members) and rules.
+"""Routing data of a tenant: connections, pools (with members) and rules; and the weights of its
+fairness keys.
 
-Every model is tenant-scoped. Each change bumps the tenant's routing version
-(``scheduling.routing_cache``), so the very next ``route()`` sees it.
+Every model is tenant-scoped. Each change of the routing data bumps the tenant's routing version
+(``scheduling.routing_cache``), so the very next ``route()`` sees it; a fairness key's weight is
+written to the fair queue once its change commits (``scheduling.fairness_keys``).
 """
 
 from __future__ import annotations
@@ -128,3 +130,26 @@ class Rule(TenantScopedModel):
 
     def describe(self) -> dict[str, Any]:
         return {"id": str(self.id), "name": self.name, "priority": self.priority}
+
+
+# The longest fairness key work may carry (the fair queue's second level), and the largest weight of one.
+MAX_FAIRNESS_KEY = 128
+MAX_FAIRNESS_KEY_WEIGHT = 10_000
+
+
+class FairnessKey(TenantScopedModel):
+    """The weight of one of the tenant's fairness keys: its backlogged work gets ``weight`` shares of
+    the tenant's dispatches for every one share of a key with no row here (weight 1)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    key = models.CharField(max_length=MAX_FAIRNESS_KEY)
+    weight = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["key"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="fairnesskey_unique_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} (weight {self.weight})"

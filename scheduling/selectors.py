@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
-from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
 from tenants.selectors import first_or_404, parse_uuid
 
 
@@ -64,3 +64,13 @@ def get_rule_for_tenant(rule_id: Any) -> Rule:
 def rules_using_pool(pool_name: str) -> QuerySet[Rule]:
     """The tenant's rules whose action routes to the pool named ``pool_name``."""
     return Rule.objects.filter(action__pool=pool_name).order_by("priority")
+
+
+def fairness_key_list() -> QuerySet[FairnessKey]:
+    """The tenant's weighted fairness keys, by key."""
+    return FairnessKey.objects.order_by("key")
+
+
+def get_fairness_key_for_tenant(fairness_key_id: Any) -> FairnessKey:
+    """A weighted fairness key of the tenant in context, or ``NotFound``."""
+    return first_or_404(FairnessKey.objects.filter(pk=parse_uuid(fairness_key_id)))

@@ -20,7 +20,15 @@ from rest_framework.settings import api_settings
 
 from ductor_project.core.errors import UnknownFields
 from ductor_project.core.openapi import ComponentJSONField, component_ref
-from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.models import (
+    MAX_FAIRNESS_KEY,
+    MAX_FAIRNESS_KEY_WEIGHT,
+    Connection,
+    FairnessKey,
+    Pool,
+    PoolMember,
+    Rule,
+)
 from scheduling.rules import MAX_PARTITION_KEY
 from scheduling.services import MemberSpec
 from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS, OPERATORS
@@ -327,6 +335,30 @@ class RuleWriteSerializer(StrictSerializer):
     )
 
 
+# --- fairness keys ---------------------------------------------------------------------------
+
+
+class FairnessKeySerializer(StrictModelSerializer):
+    class Meta:
+        model = FairnessKey
+        fields = ["id", "key", "weight", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class FairnessKeyWeightSerializer(StrictSerializer):
+    weight = serializers.IntegerField(
+        min_value=1, max_value=MAX_FAIRNESS_KEY_WEIGHT,
+        help_text="Shares of the tenant's dispatches the key's backlogged work gets, to one of a key of weight 1.",
+    )
+
+
+class FairnessKeyWriteSerializer(FairnessKeyWeightSerializer):
+    key = serializers.CharField(
+        max_length=MAX_FAIRNESS_KEY, trim_whitespace=False,
+        help_text="The fairness key, as runs carry it (given at their start or set by a rule).",
+    )
+
+
 # --- routing dry run -------------------------------------------------------------------------
 
 
@@ -416,6 +448,22 @@ class WorkShareSerializer(serializers.Serializer):
         help_text="The fraction its weight entitles it to among the tenants that had work then.")
 
 
+class KeyShareSerializer(serializers.Serializer):
+    """One of the tenant's fairness keys' share of the tenant's worker time over the last minute."""
+
+    key = serializers.CharField(help_text='The fairness key ("": work of no key).')
+    weight = serializers.IntegerField()
+    work_ms = serializers.FloatField(help_text="The work its items did, as their workers measured it.")
+    share = serializers.FloatField(help_text="Its fraction of the tenant's work.")
+    fair_share = serializers.FloatField(
+        help_text="The fraction its weight entitles it to among the tenant's keys that had work then.")
+
+
+class TenantWorkSerializer(WorkShareSerializer):
+    keys = KeyShareSerializer(many=True, help_text="The tenant's fairness keys that did the most work, most "
+                                                   "first (empty when none of its work had a key).")
+
+
 class QueueStatsSerializer(serializers.Serializer):
     """The tenant's own queue; nothing of other tenants."""
 
@@ -424,7 +472,7 @@ class QueueStatsSerializer(serializers.Serializer):
     due = serializers.IntegerField()
     in_flight = serializers.IntegerField()
     oldest_waiting_ms = serializers.IntegerField()
-    work = WorkShareSerializer(help_text="Its share of worker time over the last minute.")
+    work = TenantWorkSerializer(help_text="Its share of worker time over the last minute, and its keys'.")
 
 
 class GlobalTierQueueSerializer(serializers.Serializer):

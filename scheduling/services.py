@@ -1,4 +1,5 @@
-"""Writes of the routing data: connections, pools (with their members) and rules.
+"""Writes of the routing data: connections, pools (with their members) and rules; and the weights of
+the tenant's fairness keys.
 
 Guarantees of every function here:
 - it acts for the tenant in context (``TenantScopeError`` without one) and only
@@ -30,7 +31,15 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from scheduling import selectors
 from scheduling.connection_config import ConfigError, validate_config
-from scheduling.models import Connection, Pool, PoolMember, Rule
+from scheduling.models import (
+    MAX_FAIRNESS_KEY,
+    MAX_FAIRNESS_KEY_WEIGHT,
+    Connection,
+    FairnessKey,
+    Pool,
+    PoolMember,
+    Rule,
+)
 from scheduling.routing import Explanation, explain
 from scheduling.rules import Step, validate_action, validate_match
 from scheduling.secrets import encrypt
@@ -71,6 +80,7 @@ _UNIQUE_FIELDS: dict[str, tuple[str, str]] = {
     "pool_unique_name": ("name", "A pool named '{obj.name}' already exists."),
     "rule_unique_priority": ("priority", "Another rule already has priority {obj.priority}."),
     "poolmember_unique_connection": ("members", "A connection can be a member of a pool only once."),
+    "fairnesskey_unique_key": ("key", "The key '{obj.key}' has a weight already."),
 }
 
 
@@ -130,7 +140,7 @@ def _apply_limits(
         row.burst = 1
 
 
-def _locked(model: type[Connection] | type[Pool] | type[Rule], pk: Any) -> Any:
+def _locked(model: type[Connection] | type[Pool] | type[Rule] | type[FairnessKey], pk: Any) -> Any:
     """The row re-read under a row lock (FOR UPDATE) inside the current transaction; gone -> NotFound."""
     row = model.objects.select_for_update().filter(pk=pk).first()
     if row is None:
@@ -419,6 +429,51 @@ def rule_delete(*, rule: Rule) -> None:
     rule_id = str(rule.pk)
     _locked(Rule, rule.pk).delete()
     log.info("rule_deleted", rule_id=rule_id)
+
+
+# --- fairness keys ---------------------------------------------------------------------------
+
+
+def _checked_key(key: Any) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_FAIRNESS_KEY:
+        raise invalid("key", f"A non-empty string of at most {MAX_FAIRNESS_KEY} characters.")
+    return key
+
+
+def _checked_weight(weight: Any) -> int:
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_FAIRNESS_KEY_WEIGHT:
+        raise invalid("weight", f"An integer from 1 to {MAX_FAIRNESS_KEY_WEIGHT}.")
+    return weight
+
+
+@transaction.atomic
+def fairness_key_create(*, key: str, weight: int) -> FairnessKey:
+    """Give one of the tenant's fairness keys a weight (other keys weigh 1): its backlogged work gets
+    ``weight`` shares of the tenant's dispatches to one of a key of weight 1. The fair queue follows
+    once the change commits (``scheduling.fairness_keys``)."""
+    row = FairnessKey(key=_checked_key(key), weight=_checked_weight(weight))
+    enforce_ceiling("fairness_keys", FairnessKey.objects.all())
+    _save(row)
+    log.info("fairness_key_created", fairness_key_id=str(row.pk), weight=row.weight)
+    return row
+
+
+@transaction.atomic
+def fairness_key_update(*, fairness_key: FairnessKey, weight: int) -> FairnessKey:
+    """Change a key's weight (a key itself is never renamed: delete it and create another)."""
+    row: FairnessKey = _locked(FairnessKey, fairness_key.pk)
+    row.weight = _checked_weight(weight)
+    _save(row)
+    log.info("fairness_key_updated", fairness_key_id=str(row.pk), weight=row.weight)
+    return row
+
+
+@transaction.atomic
+def fairness_key_delete(*, fairness_key: FairnessKey) -> None:
+    """The key weighs 1 again."""
+    row: FairnessKey = _locked(FairnessKey, fairness_key.pk)
+    row.delete()
+    log.info("fairness_key_deleted", fairness_key_id=str(fairness_key.pk))
 
 
 # --- routing ---------------------------------------------------------------------------------

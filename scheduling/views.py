@@ -1,4 +1,4 @@
-"""Routing endpoints: connections, pools, rules, and the routing dry run.
+"""Routing endpoints: connections, pools, rules, the routing dry run, and fairness key weights.
 
 Views parse, call one service and serialize. Lookups go through
 ``scheduling.selectors``, so another tenant's id is a 404 on every verb.
@@ -21,12 +21,15 @@ from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.pagination import CursorPagination
 from scheduling import fair_queue, selectors, services
 from scheduling.dispatch import credits
-from scheduling.models import Connection, Pool, Rule
+from scheduling.models import Connection, FairnessKey, Pool, Rule
 from scheduling.serializers import (
     ConnectionSerializer,
     ConnectionWriteSerializer,
     DecisionTraceSerializer,
     ExplainSerializer,
+    FairnessKeySerializer,
+    FairnessKeyWeightSerializer,
+    FairnessKeyWriteSerializer,
     GlobalQueueStatsSerializer,
     PoolSerializer,
     PoolWriteSerializer,
@@ -169,6 +172,49 @@ class RuleViewSet(TenantViewSet):
 
     def destroy(self, request: Request, pk: str) -> Response:
         services.rule_delete(rule=selectors.get_rule_for_tenant(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ByKeyPagination(CursorPagination):
+    ordering = ("key", "id")
+
+
+class FairnessKeyViewSet(TenantViewSet):
+    """The weights of the tenant's fairness keys. Backlogged keys share the tenant's dispatches by
+    weight; a key with no weight here weighs 1. A weight's key is fixed: delete it to weigh 1 again."""
+
+    serializer_class = FairnessKeySerializer
+    queryset = FairnessKey.all_tenants.none()  # schema introspection only; reads go through selectors
+    pagination_class = ByKeyPagination
+    http_method_names = ["get", "post", "put", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[FairnessKey]:
+        return selectors.fairness_key_list()
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(FairnessKeySerializer(page, many=True).data)
+
+    @extend_schema(request=FairnessKeyWriteSerializer, responses={201: FairnessKeySerializer})
+    def create(self, request: Request) -> Response:
+        row = services.fairness_key_create(**parse(FairnessKeyWriteSerializer, request.data))
+        return Response(FairnessKeySerializer(row).data, status=status.HTTP_201_CREATED)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(FairnessKeySerializer(selectors.get_fairness_key_for_tenant(pk)).data)
+
+    @extend_schema(request=FairnessKeyWeightSerializer, responses={200: FairnessKeySerializer})
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        row = selectors.get_fairness_key_for_tenant(pk)
+        row = services.fairness_key_update(fairness_key=row, **parse(FairnessKeyWeightSerializer, request.data))
+        return Response(FairnessKeySerializer(row).data)
+
+    @extend_schema(request=FairnessKeyWeightSerializer, responses={200: FairnessKeySerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.fairness_key_delete(fairness_key=selectors.get_fairness_key_for_tenant(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -52,6 +52,7 @@ class Entitlements:
     max_connections: int
     max_rules: int
     max_schedules: int
+    max_fairness_keys: int
     max_nesting_depth: int
     max_payload_bytes: int
     event_retention_days: int
@@ -78,6 +79,7 @@ CEILING_FIELDS = {
     "connections": "max_connections",
     "rules": "max_rules",
     "schedules": "max_schedules",
+    "fairness_keys": "max_fairness_keys",
 }
 
 

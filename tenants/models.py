@@ -50,6 +50,8 @@ class Plan(models.Model):
     max_connections = models.PositiveIntegerField()
     max_rules = models.PositiveIntegerField()
     max_schedules = models.PositiveIntegerField(default=10, help_text="Schedules (cron or interval triggers).")
+    max_fairness_keys = models.PositiveIntegerField(default=100, help_text="Fairness keys given a weight of "
+                                                    "their own (others weigh 1).")
     max_nesting_depth = models.PositiveIntegerField(help_text="Sub-workflow levels below a root run.")
     event_retention_days = models.PositiveIntegerField(default=30, help_text="Days events are kept.")
     history_retention_days = models.PositiveIntegerField(default=30, help_text="Days a finished run (its whole "

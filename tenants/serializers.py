@@ -98,6 +98,7 @@ class EntitlementLimitsSerializer(serializers.Serializer):
     max_connections = serializers.IntegerField()
     max_rules = serializers.IntegerField()
     max_schedules = serializers.IntegerField()
+    max_fairness_keys = serializers.IntegerField()
     max_nesting_depth = serializers.IntegerField()
     max_payload_bytes = serializers.IntegerField()
     event_retention_days = serializers.IntegerField()

@@ -89,7 +89,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """A transactional test flushes every table when its teardown ends: put the reference data back
     then, so that whatever runs next in this process (in any order, a test of any kind) finds it."""
     result = yield
-    if _flushes_database(item):
+    if _flushes_database(item) and nextitem is not None:  # after the last test the database is gone
         with item.config.stash[blocking_manager_key].unblock():
             seed_reference_data()
     return result

@@ -51,10 +51,12 @@ def world(tenant_a: tuple[Tenant, str]) -> dict[str, str]:
         trigger = event_services.trigger_create(workflow="wf", event="ping")
         [(event, _)] = event_services.events_send([{"name": "pong"}])
         webhook = webhooks.webhook_create(url="https://93.184.216.34/hook", events=["run.failed"]).endpoint
+        fairness_key = routing.fairness_key_create(key="customer-1", weight=2)
     TaskCatalogEntry.objects.create(name="wf", queue="q")  # {name} on the catalog's paths too
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
             "api-keys": str(key.pk), "runs": str(run.pk), "workflows": "wf", "schedules": str(schedule.pk),
-            "triggers": str(trigger.pk), "events": str(event.pk), "webhooks": str(webhook.pk)}
+            "triggers": str(trigger.pk), "events": str(event.pk), "webhooks": str(webhook.pk),
+            "fairness-keys": str(fairness_key.pk)}
 
 
 @pytest.fixture

@@ -83,10 +83,11 @@ def seed_objects(tenant: Tenant, prefix: str) -> dict[str, str]:
         trigger = event_services.trigger_create(workflow=f"{prefix}-flow", event=f"{prefix}.happened")
         [(event, _)] = event_services.events_send([{"name": f"{prefix}.happened", "payload": {"x": 1}}])
         webhook = webhooks.webhook_create(url="https://93.184.216.34/hook", events=["run.failed"]).endpoint
+        fairness_key = routing.fairness_key_create(key=f"{prefix}-customer", weight=2)
     return {"connections": str(connection.pk), "pools": str(pool.pk), "rules": str(rule.pk),
             "api-keys": str(key.pk), "workflows": f"{prefix}-flow", "runs": str(run.pk), "tenants": tenant.slug,
             "schedules": str(schedule.pk), "triggers": str(trigger.pk), "events": str(event.pk),
-            "webhooks": str(webhook.pk)}
+            "webhooks": str(webhook.pk), "fairness-keys": str(fairness_key.pk)}
 
 
 def rows_of(tenant: Tenant) -> dict[str, list[dict[str, Any]]]:
@@ -171,6 +172,8 @@ def real_bodies(world: World, label: str) -> list[dict[str, Any]]:
                                           {"workflow": "theirs-flow"}],
         "POST /api/v1/triggers/": [{"workflow": "mine-flow", "event": "mine.other"},
                                    {"workflow": "theirs-flow", "event": "theirs.happened"}],
+        "POST /api/v1/fairness-keys/": [{"key": "mine-customer-2", "weight": 3},
+                                        {"key": "theirs-customer", "weight": 3}],
         "POST /api/v1/events/": [{"name": "mine.happened", "key": "k", "payload": {"x": 2}},
                                  {"name": "theirs.happened"}],
     }

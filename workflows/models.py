@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import models
 
+from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.scoping import TenantScopedModel
 
 
@@ -50,10 +51,6 @@ class WorkflowVersion(TenantScopedModel):
         if not self._state.adding:
             raise ValueError("workflow versions are immutable; create a new version")
         super().save(*args, **kwargs)
-
-
-# The longest fairness key a run may carry (the fair queue's second level).
-MAX_FAIRNESS_KEY = 128
 
 
 class WorkflowRun(TenantScopedModel):

@@ -7,9 +7,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
+from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.api import StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import (
-    MAX_FAIRNESS_KEY,
     Event,
     EventTrigger,
     RunEvent,

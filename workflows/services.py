@@ -11,6 +11,7 @@ from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
+from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows.engine import waits
@@ -21,7 +22,6 @@ from workflows.engine.journal import add_state, journal
 from workflows.engine.statements import lock_run
 from workflows.engine.tick import advance_locked
 from workflows.models import (
-    MAX_FAIRNESS_KEY,
     RunEvent,
     RunSignal,
     StepRun,

@@ -49,6 +49,7 @@ TENANT_TAGS: Mapping[str, str] = {
     "triggers": "triggers",
     "schedules": "triggers",
     "webhooks": "triggers",
+    "fairness-keys": "queue",
 }
 TAG_GROUPS = (("Tenant API", False), ("Platform API", True))  # x-tagGroups: name, holds platform tags
 # Base serializers whose docstrings say how the base behaves: a schema that inherits one

@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 
 def log_dispatch(item: fair_queue.Dequeued, **extra: Any) -> None:
     """The one ``dispatched`` record of each item leaving the fair queue (the demo counts them)."""
-    log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, tier=item.tier,
+    log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, delivery=item.delivery, tier=item.tier,
              partition=item.partition, waited_ms=item.waited_ms, **extra)
     metrics.DISPATCH_WAIT.labels(item.tier).observe(item.waited_ms / 1000)
 

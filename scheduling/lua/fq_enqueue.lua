@@ -63,16 +63,7 @@ while i <= #ARGV do
     fq_set_scope(tid, ARGV[j + 1], ARGV[j + 2])
     j = j + 2
   end
-  j = j + 1
-  local kw = fq_tkey(tid, 'kw')
-  for _ = 1, tonumber(ARGV[j]) do
-    if tonumber(ARGV[j + 2]) == 1 then
-      redis.call('HDEL', kw, ARGV[j + 1])
-    else
-      redis.call('HSET', kw, ARGV[j + 1], ARGV[j + 2])
-    end
-    j = j + 2
-  end
+  j = fq_set_kweights(tid, ARGV, j + 1)
   local locks = fq_tkey(tid, 'locks')
   local count = tonumber(ARGV[j + 1])
   j = j + 2

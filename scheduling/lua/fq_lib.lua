@@ -223,6 +223,24 @@ local function fq_kweight(tid, key)
   return tonumber(redis.call('HGET', fq_tkey(tid, 'kw'), key)) or 1
 end
 
+-- Write the weights of some of the tenant's fairness keys: argv[j] is their count, then each key
+-- and its weight follow (1, the default, is not stored). Returns the index of the last argument read,
+-- and how many weights changed.
+local function fq_set_kweights(tid, argv, j)
+  local kw, changed = fq_tkey(tid, 'kw'), 0
+  for _ = 1, tonumber(argv[j]) do
+    local key, weight = argv[j + 1], tonumber(argv[j + 2])
+    if (tonumber(redis.call('HGET', kw, key)) or 1) ~= weight then changed = changed + 1 end
+    if weight == 1 then
+      redis.call('HDEL', kw, key)
+    else
+      redis.call('HSET', kw, key, weight)
+    end
+    j = j + 2
+  end
+  return j, changed
+end
+
 local function fq_kvtime(tid, tier)
   return tonumber(redis.call('GET', fq_tkey(tid, 'kv:' .. tier))) or 0
 end
@@ -494,6 +512,23 @@ local function fq_record_work(tid, tier, weight, work)
   redis.call('PEXPIRE', key, FQ_WORK_BUCKET_MS * (FQ_WORK_BUCKETS + 1))
 end
 
+-- The same, inside the tenant, per fairness key (the tenant's work of no key is what its keys'
+-- leaves of its total): kwork:<bucket> (ZSET key -> work), kworkw:<bucket> (HASH, field "w": the
+-- weights of the keys that worked then). Not INCRBYFLOAT: inside a script it rewrites the script
+-- client's arguments as a whole, which Redis 6.2 frees from under the script (a crash).
+local function fq_record_key_work(tid, tier, key, work)
+  if tier == 'system' or key == nil or key == '' then return end
+  local b = math.floor(fq.now / FQ_WORK_BUCKET_MS)
+  local bucket, weights = fq_tkey(tid, 'kwork:' .. b), fq_tkey(tid, 'kworkw:' .. b)
+  local ttl = FQ_WORK_BUCKET_MS * (FQ_WORK_BUCKETS + 1)
+  if not redis.call('ZSCORE', bucket, key) then
+    redis.call('HINCRBYFLOAT', weights, 'w', fq_kweight(tid, key))
+    redis.call('PEXPIRE', weights, ttl)
+  end
+  redis.call('ZINCRBY', bucket, fq_num(work), key)
+  redis.call('PEXPIRE', bucket, ttl)
+end
+
 -- Settle an item that leaves flight, having done `work` ms (nil: however long it was in flight,
 -- by Redis's clock): its kind's estimate learns it, and in "time" mode the tenant is charged the
 -- difference from what its dispatch charged. Before fq_unlock, which may re-tag the tenant.
@@ -503,6 +538,7 @@ local function fq_settle(tid, it, work)
   work = math.max(0, math.min(work, fq.max_cost))
   local conf = fq_conf(tid)
   fq_record_work(tid, it.tier, conf.weight, work)
+  fq_record_key_work(tid, it.tier, it.key, work)
   if fq.cost_mode == 'items' or it.charged == nil then return end
   local key, kind = fq_tkey(tid, 'est'), it.kind or ''
   local old = tonumber(redis.call('HGET', key, kind))

@@ -466,3 +466,21 @@ def test_a_signal_resumes_a_run_waiting_for_it_and_a_wait_for_event_compiles_and
     stored = sdk.workflows.get("approval").spec or {}
     assert stored["nodes"][0]["key"] == "$input.order_id"
     assert "input" not in stored["nodes"][0]
+
+
+def test_a_fairness_keys_weight_is_set_changed_listed_shown_and_deleted_and_hidden_from_others(
+    sdk: Client, other: Client
+) -> None:
+    created = sdk.fairness_keys.create("customer-42", weight=3)
+    changed = sdk.fairness_keys.update(created.id, weight=5)
+
+    assert (created.key, created.weight, changed.weight) == ("customer-42", 3, 5)
+    assert [(row.key, row.weight) for row in sdk.fairness_keys.iter()] == [("customer-42", 5)]
+    assert "keys" in sdk.queue.stats().work
+    with pytest.raises(NotFound):
+        other.fairness_keys.get(created.id)
+    with pytest.raises(BadRequest) as refused:
+        sdk.fairness_keys.create("customer-42", weight=2)
+    assert refused.value.field == "key"
+    sdk.fairness_keys.delete(created.id)
+    assert list(sdk.fairness_keys.iter()) == []

@@ -99,7 +99,7 @@ def test_entitlements_report_limits_overrides_usage_and_reset_times(
     assert body["usage"] == {
         "runs_this_month": 2,
         "steps_in_flight": 2,
-        "objects": {"workflows": 0, "pools": 2, "connections": 0, "rules": 1, "schedules": 0},
+        "objects": {"workflows": 0, "pools": 2, "connections": 0, "rules": 1, "schedules": 0, "fairness_keys": 0},
     }
     assert datetime.fromisoformat(body["resets"]["monthly_run_quota"]) == next_reset()
 
@@ -120,7 +120,7 @@ def test_tenant_b_never_sees_tenant_as_numbers(tenant_a, client_a, tenant_b, cli
     assert body["usage"] == {
         "runs_this_month": 0,
         "steps_in_flight": 0,
-        "objects": {"workflows": 0, "pools": 0, "connections": 0, "rules": 0, "schedules": 0},
+        "objects": {"workflows": 0, "pools": 0, "connections": 0, "rules": 0, "schedules": 0, "fairness_keys": 0},
     }
     assert client_a.get("/api/v1/entitlements").json()["usage"]["runs_this_month"] == 1
 
@@ -340,7 +340,7 @@ def test_platform_admin_reads_a_tenants_entitlements(platform, tenant_a, redis_c
     assert body["limits"]["plan"] == "enterprise"
     assert body["usage"] == {
         "runs_this_month": 3, "steps_in_flight": 1,
-        "objects": {"workflows": 0, "pools": 1, "connections": 0, "rules": 0, "schedules": 0},
+        "objects": {"workflows": 0, "pools": 1, "connections": 0, "rules": 0, "schedules": 0, "fairness_keys": 0},
     }
     assert datetime.fromisoformat(body["resets"]["monthly_run_quota"]) == next_reset()
 

@@ -160,6 +160,30 @@ class Rules(_Resource):
         self._send(calls.RULES.delete(rule_id))
 
 
+class FairnessKeys(_Resource):
+    """The weights of the tenant's fairness keys: backlogged keys share its dispatches by weight."""
+
+    def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.FairnessKey]:
+        return self._send(calls.FAIRNESS_KEYS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> Iterator[models.FairnessKey]:
+        return self._iterate(calls.FAIRNESS_KEYS.list(page_size=page_size))
+
+    def get(self, fairness_key_id: str) -> models.FairnessKey:
+        return self._send(calls.FAIRNESS_KEYS.get(fairness_key_id))
+
+    def create(self, key: str, *, weight: int) -> models.FairnessKey:
+        """Give ``key`` a weight (others weigh 1)."""
+        return self._send(calls.FAIRNESS_KEYS.create({"key": key, "weight": weight}))
+
+    def update(self, fairness_key_id: str, *, weight: int) -> models.FairnessKey:
+        return self._send(calls.FAIRNESS_KEYS.update(fairness_key_id, {"weight": weight}))
+
+    def delete(self, fairness_key_id: str) -> None:
+        """The key weighs 1 again."""
+        self._send(calls.FAIRNESS_KEYS.delete(fairness_key_id))
+
+
 class Routing(_Resource):
     def explain(
         self, workflow: str, action: str, *, tags: Sequence[str] | None = None, input: Any = None,
@@ -564,6 +588,7 @@ class Client:
         self.connections = Connections(self._sender)
         self.pools = Pools(self._sender)
         self.rules = Rules(self._sender)
+        self.fairness_keys = FairnessKeys(self._sender)
         self.routing = Routing(self._sender)
         self.workflows = Workflows(self._sender)
         self.runs = Runs(self._sender)

@@ -119,8 +119,11 @@ class Plan(Model):
     max_connections: int = 0
     max_rules: int = 0
     max_schedules: int = 0
+    max_fairness_keys: int = 0
     max_nesting_depth: int = 0
     max_payload_bytes: int = 0
+    event_retention_days: int = 0
+    history_retention_days: int = 0
     api_rate_per_s: float = 0.0
     api_burst: int = 0
     weight: int = 1
@@ -221,6 +224,17 @@ class Rule(Model):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class FairnessKey(Model):
+    """The weight of one of the tenant's fairness keys (a key with none weighs 1)."""
+
+    id: str = ""
+    key: str = ""
+    weight: int = 1
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RoutingExplanation(Model):
     """The routing dry run: the decision, and how admission would treat the step now."""
 
@@ -244,6 +258,9 @@ class QueueStats(Model):
     due: int = 0
     in_flight: int = 0
     oldest_waiting_ms: int = 0
+    # Its share of worker time over the last minute beside its weight-fair share, and its keys'
+    # (``work["keys"]``: key, weight, work_ms, share, fair_share).
+    work: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
