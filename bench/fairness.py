@@ -47,7 +47,12 @@ in the same run (``DUCTOR_FAIR_COST``: ``time``, the product's default, and ``it
 - ``steps``: bulk-started one-node runs through the engine (``STEP_RUNS`` per tenant, started
   before the pipeline is up, so each tenant's first ticks are all waiting): each tenant's share of
   the step starts (``StepRun.started_at``) per weight, over the window from the first step start
-  until the first tenant's last one.
+  until the first tenant's last one; beside it (``work``) each tenant's share of the worker time its
+  items (ticks and steps) used in that window, from the workers' ``item_finished`` records, and the
+  mean work of each kind. In ``time`` mode the queue shares worker time by weight, so step starts
+  follow the weights as closely as the tenants' items cost the same: the weight-1 tenant has about
+  a seventh of the window's starts, and the variance of its items' measured durations is what
+  remains of the figure's noise (hence ``STEP_RUNS``).
 
 Each gives ``worst_share_per_weight`` and ``jain``. ``bench/fairness.py [items|work|keys|steps]...``
 runs some (default: all).
@@ -111,7 +116,7 @@ WORK_MS = dict(zip(LIGHT, (100, 10, 30), strict=True))
 # Enough for each tenant to stay backlogged through the window in either mode (4 slots, 17 s).
 WORK_ITEMS = dict(zip(LIGHT, (500, 2500, 1800), strict=True))
 WORK_WARMUP_S, WORK_WINDOW_S = 2.0, 15.0
-STEP_RUNS, STEP_BULK = 600, 300  # runs per tenant, started this many per bulk call
+STEP_RUNS, STEP_BULK = 1500, 500  # runs per tenant, started this many per bulk call
 KEYS, KEY_FLOOD, KEY_WINDOW_STARTS = 50, 3000, 1500
 
 
@@ -443,7 +448,7 @@ def run_steps(stack: Stack, tenants: dict[str, Any], weights: dict[str, int], mo
                               env={"DUCTOR_FAIR_COST": mode}) for i in range(WORKERS)]
     all_runs = [pk for pks in runs.values() for pk in pks]
     wait_until(lambda: StepRun.all_tenants.filter(run_id__in=all_runs, status="succeeded").count() == len(all_runs),
-               what="every step", timeout=180.0, every=0.5)
+               what="every step", timeout=600.0, every=0.5)
     stack.stop(*children)
     estimates = {}  # what each tenant's ticks and steps were charged at the end (time mode)
     for slug in LIGHT:
@@ -454,10 +459,36 @@ def run_steps(stack: Stack, tenants: dict[str, Any], weights: dict[str, int], mo
                     for step in StepRun.all_tenants.filter(run_id__in=pks).only("started_at"))
     last = {slug: max(at for at, s in starts if s == slug) for slug in LIGHT}
     window = [slug for at, slug in starts if at <= min(last.values())]
-    result = {**shares(Counter(window), weights), "window_starts": len(window), "estimates_ms": estimates,
+    work, mean_ms = worker_time(children, {str(tenants[slug].pk): slug for slug in LIGHT},
+                                starts[0][0].timestamp(), min(last.values()).timestamp())
+    result = {**shares(Counter(window), weights), "window_starts": len(window),
+              "work": {**shares(work, weights), "mean_work_ms": mean_ms}, "estimates_ms": estimates,
               "steps_per_s": round(len(starts) / (starts[-1][0] - starts[0][0]).total_seconds(), 1)}
     log(f"steps ({mode}): {json.dumps(result)}")
     return result
+
+
+def worker_time(children: list[Child], slugs: dict[str, str], start: float, end: float,
+                ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """From the workers' logs: each tenant's work (ms) of the items that finished between ``start`` and
+    ``end`` (Unix seconds), and its mean work per item kind there."""
+    from datetime import datetime
+
+    done: dict[tuple[str, str], list[float]] = {}
+    for child in children:
+        if "worker" not in child.name:
+            continue
+        for line in child.log_path.read_bytes().splitlines():
+            if b'"item_finished"' not in line:
+                continue
+            record = json.loads(line)
+            slug = slugs.get(record.get("tenant_id", ""))
+            if slug and start <= datetime.fromisoformat(record["timestamp"]).timestamp() <= end:
+                done.setdefault((slug, record["kind"]), []).append(float(record["work_ms"]))
+    work = {slug: sum(sum(v) for (s, _), v in done.items() if s == slug) for slug in slugs.values()}
+    mean = {slug: {kind: round(sum(v) / len(v), 2) for (s, kind), v in done.items() if s == slug}
+            for slug in slugs.values()}
+    return work, mean
 
 
 def main() -> int:

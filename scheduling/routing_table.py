@@ -1,20 +1,20 @@
 """A tenant's routing table (enabled rules, pools with members), cached per tenant.
 
 ``route()`` runs on the hot path, so a warm lookup touches neither PostgreSQL
-nor, most of the time, Redis: a process trusts the table it holds for
-``LOCAL_TTL_S``, then reads the tenant's routing version from Redis (one GET)
-and keeps its table if the version is the same. Otherwise the table is read
-from the Django cache, and only when that misses is it built from PostgreSQL.
-Every create, update or delete of a connection, pool, member or rule sets a
-new random version (now and again on commit) and drops the process's own
-copy, so the next ``route()`` of that process sees the change at once, and
-every other process within ``LOCAL_TTL_S``; a random version never repeats,
-so a stale table can never be mistaken for a fresh one.
+nor, most of the time, Redis: a process keeps the table it holds while the
+tenant's stamp is the same (``tenants.freshness``: one round trip every
+``freshness.LOCAL_TTL_S``, shared with everything else the process keeps of the
+tenant). Otherwise it reads the tenant's routing version and the table of that
+version from the Django cache, and only when that misses is it built from
+PostgreSQL. Every create, update or delete of a connection, pool, member or
+rule sets a new random version and a new stamp (now and again on commit), so
+the next ``route()`` of the process that made it sees the change at once, and
+every other process within ``freshness.LOCAL_TTL_S``; a random version never
+repeats, so a stale table can never be mistaken for a fresh one.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,12 +25,10 @@ from django.db import transaction
 from ductor_project.core.context import current_tenant, tenant_context
 from ductor_project.core.keys import tenant_key
 from scheduling.models import Pool, PoolMember, Rule
+from tenants import freshness
 from tenants.models import Tenant
 
 TABLE_TTL_S = 24 * 3600
-# How long a process uses the table it holds before it checks the version again (as long as a
-# process trusts what it read of a tenant's entitlements).
-LOCAL_TTL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -96,8 +94,7 @@ class RoutingTable:
         return member.name if member else ""
 
 
-# Process-local copies: tenant id -> (table, when its version was last checked against Redis's).
-_local: dict[str, tuple[RoutingTable, float]] = {}
+_copies: freshness.Copies[RoutingTable] = freshness.Copies()
 
 
 def _version_key() -> str:
@@ -119,7 +116,7 @@ def bump_version(tenant: Tenant) -> None:
     def bump() -> None:
         with tenant_context(tenant):
             cache.set(_version_key(), uuid.uuid4().hex, None)
-        _local.pop(str(tenant.pk), None)
+        freshness.renew(tenant)
 
     bump()
     transaction.on_commit(bump)
@@ -155,28 +152,25 @@ def build(version: str) -> RoutingTable:
 
 
 def routing_table() -> RoutingTable:
-    """The routing table of the tenant in context. Warm: no round trip within ``LOCAL_TTL_S``
-    of the last check, else one Redis GET; no PostgreSQL."""
-    tenant_id, now = str(current_tenant().pk), time.monotonic()
-    local, checked = _local.get(tenant_id, (None, 0.0))
-    if local is not None and now - checked < LOCAL_TTL_S:
-        return local
+    """The routing table of the tenant in context. Warm: this process's copy (at most one round
+    trip, the tenant's stamp, every ``freshness.LOCAL_TTL_S``); no PostgreSQL."""
+    return _copies.get(current_tenant(), _shared)
+
+
+def _shared() -> RoutingTable:
+    """The table of the tenant's routing version from the Django cache, or built (and cached)."""
     version = current_version()
-    if local is not None and local.version == version:
-        _local[tenant_id] = (local, now)
-        return local
     key = tenant_key("routing", "table", version)
     table = cache.get(key)
     if not isinstance(table, RoutingTable):
         table = build(version)
         cache.set(key, table, TABLE_TTL_S)
-    _local[tenant_id] = (table, now)
     return table
 
 
 def forget_local() -> None:
     """Drop this process's copies (the next lookup reads the cache or PostgreSQL)."""
-    _local.clear()
+    _copies.forget()
 
 
 def routing_changed(sender: Any, instance: Any, **kwargs: Any) -> None:

@@ -7,31 +7,29 @@ the tenant's plan choice, or one of its overrides changes (signals below, so
 admin edits invalidate too). A plan edit bumps a global plan version, which is
 part of every tenant's cache key.
 
-Each process also keeps what it read for ``LOCAL_TTL_S``: the hot paths (enqueue,
-tick, step) read the limits several times per item. A change is seen at once
-by the process that made it, and by every other within ``LOCAL_TTL_S``.
+Each process also keeps what it read, for as long as the tenant's stamp is the same
+(``tenants.freshness``): the hot paths (enqueue, tick, step) read the limits several times per
+item. A change is seen at once by the process that made it, and by every other within
+``freshness.LOCAL_TTL_S``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-from cachetools import TTLCache
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal, receiver
 
-from ductor_project.core.keys import global_key, refuse_foreign, tenant_key
+from ductor_project.core.keys import refuse_foreign, tenant_key
+from tenants import freshness
 from tenants.models import Plan, Tenant, TenantEntitlementOverride, Tier
 
 CACHE_TTL_S = 300
-LOCAL_TTL_S = 2.0
-_PLAN_VERSION_KEY = global_key("plans", "version")
 
 # Sent (with ``tenant`` and ``committed``) when a tenant's limits or status may have changed: at
 # the change, and again once it committed. What keeps state derived from them listens to it: the
@@ -119,7 +117,7 @@ def coerce_limit(field: str, value: Any) -> Any:
 
 
 def _plan_version() -> int:
-    return int(cache.get(_PLAN_VERSION_KEY) or 0)
+    return int(cache.get(freshness.PLANS_KEY) or 0)
 
 
 def _cache_key(tenant: Tenant) -> str:
@@ -142,37 +140,26 @@ def resolve(tenant: Tenant) -> Entitlements:
     return Entitlements(plan=plan.slug, overridden=tuple(sorted(applied)), **values)
 
 
-_local: TTLCache[str, Entitlements] = TTLCache(maxsize=10_000, ttl=LOCAL_TTL_S)
-_local_lock = threading.Lock()
+_copies: freshness.Copies[Entitlements] = freshness.Copies()
 
 
 def effective_entitlements(tenant: Tenant) -> Entitlements:
-    """The tenant's effective limits. Cached per tenant: in this process for ``LOCAL_TTL_S``,
-    else at most two cache round trips."""
-    local_key = tenant_key("entitlements", tenant=tenant)
-    refuse_foreign(local_key)  # like the shared cache: not another tenant's inside a tenant context
-    with _local_lock:
-        found = _local.get(local_key)
-    if found is not None:
-        return found
+    """The tenant's effective limits. Cached per tenant: this process's copy while the tenant's stamp
+    is the same (at most one round trip, every ``freshness.LOCAL_TTL_S``), else at most two cache
+    round trips more."""
+    refuse_foreign(tenant_key("entitlements", tenant=tenant))  # not another tenant's in a tenant context
+    return _copies.get(tenant, lambda: _shared(tenant))
+
+
+def _shared(tenant: Tenant) -> Entitlements:
+    """The limits from the shared cache, or resolved (and cached) when it has none."""
     key = _cache_key(tenant)
     cached = cache.get(key)
     if isinstance(cached, Entitlements):
-        resolved = cached
-    else:
-        resolved = resolve(tenant)
-        cache.set(key, resolved, CACHE_TTL_S)
-    with _local_lock:
-        _local[local_key] = resolved
+        return cached
+    resolved = resolve(tenant)
+    cache.set(key, resolved, CACHE_TTL_S)
     return resolved
-
-
-def _forget_local(tenant: Tenant | None = None) -> None:
-    with _local_lock:
-        if tenant is None:
-            _local.clear()
-        else:
-            _local.pop(tenant_key("entitlements", tenant=tenant), None)
 
 
 def invalidate_tenant(tenant: Tenant) -> None:
@@ -180,8 +167,8 @@ def invalidate_tenant(tenant: Tenant) -> None:
     ``limits_changed`` each time (``committed`` says which)."""
 
     def drop(committed: bool) -> None:
-        _forget_local(tenant)
         cache.delete(_cache_key(tenant))
+        freshness.renew(tenant)
         limits_changed.send(sender=Tenant, tenant=tenant, committed=committed)
 
     drop(False)
@@ -189,17 +176,9 @@ def invalidate_tenant(tenant: Tenant) -> None:
 
 
 def invalidate_all_plans() -> None:
-    """A plan changed: every tenant's cached limits become stale (global version bump)."""
-
-    def bump() -> None:
-        _forget_local()
-        try:
-            cache.incr(_PLAN_VERSION_KEY)
-        except ValueError:
-            cache.set(_PLAN_VERSION_KEY, 1, None)
-
-    bump()
-    transaction.on_commit(bump)
+    """A plan changed: every tenant's cached limits become stale (the plans' stamp, part of every
+    tenant's stamp and of every cache key of the limits)."""
+    freshness.bump_plans()
 
 
 @receiver([post_save, post_delete], sender=Plan)

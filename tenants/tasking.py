@@ -8,22 +8,20 @@ body. Otherwise the body runs inside ``tenant_context(tenant)``, which is reset
 afterwards even on error, so two tasks run back to back on one worker process
 never share a tenant. Work of the system tenant goes to ``ductor.system``.
 
-Each worker process keeps the tenants it has seen for ``TENANT_CACHE_TTL_S``
-(a task then reads no PostgreSQL just to learn its tenant), and its database
+Each worker process keeps the tenants it has seen while their stamp is the same
+(``tenants.freshness``: a task then reads no PostgreSQL just to learn its tenant), and its database
 connection across tasks: Celery's per-task close is off (``CELERY_DB_REUSE_MAX``),
 and each task starts with Django's own check of it (age, errors, health).
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import structlog
-from cachetools import TTLCache
 from celery import Task
 from celery.exceptions import Reject
 from django.db import connections
@@ -32,39 +30,31 @@ from django.dispatch import receiver
 
 from ductor_project.celery import SYSTEM_QUEUE, app
 from ductor_project.core.context import TenantScopeError, no_tenant, peek_tenant, tenant_context
+from tenants import freshness
 from tenants.models import Tenant
 
 log = structlog.get_logger(__name__)
 
 TENANT_HEADER = "ductor_tenant_id"
-# How long a worker process trusts what it read of a tenant (its status, plan) before reading again.
-TENANT_CACHE_TTL_S = 5.0
-
-_tenants: TTLCache[uuid.UUID, Tenant] = TTLCache(maxsize=10_000, ttl=TENANT_CACHE_TTL_S)
-_tenants_lock = threading.Lock()
+_tenants: freshness.Copies[Tenant | None] = freshness.Copies()
 
 
 def cached_tenant(tenant_id: str) -> Tenant | None:
-    """The tenant ``tenant_id`` as this process last read it (at most ``TENANT_CACHE_TTL_S`` ago),
-    or None if there is no such tenant. Not for decisions that must see a change at once."""
+    """The tenant ``tenant_id`` as this process last read it, while its stamp is the same
+    (``tenants.freshness``), or None if there is no such tenant (read again every time)."""
     try:
         pk = uuid.UUID(str(tenant_id))
     except ValueError:
         return None
-    with _tenants_lock:
-        tenant = _tenants.get(pk)
+    tenant = _tenants.get(freshness.TenantRef(pk), lambda: Tenant.objects.filter(pk=pk).first())
     if tenant is None:
-        tenant = Tenant.objects.filter(pk=pk).first()
-        if tenant is not None:
-            with _tenants_lock:
-                _tenants[pk] = tenant
+        _tenants.forget(freshness.TenantRef(pk))  # a tenant made later is found at once
     return tenant
 
 
 @receiver([post_save, post_delete], sender=Tenant)
 def _tenant_changed(sender: Any, instance: Tenant, **kwargs: Any) -> None:
-    with _tenants_lock:
-        _tenants.pop(instance.pk, None)
+    freshness.bump(instance)
 
 
 def refresh_db_connections() -> None:

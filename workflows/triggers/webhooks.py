@@ -9,11 +9,11 @@ delivery exists if and only if the outcome does. Sending it, retrying it, and di
 that keeps failing are ``webhook_delivery``'s.
 
 The listener runs on the hot path of every run, so it reads the tenant's enabled endpoints from
-this process's copy, trusted for ``LOCAL_TTL_S``: a tenant without endpoints costs no query per
-finished run (one every 2 s per process at most). A change of an endpoint drops the copy of the
-process that makes it, at once and again once it commits; every other process sees the change
-within ``LOCAL_TTL_S``, so a run that ends within 2 s of a change may still be delivered as the
-endpoints were before it.
+this process's copy, kept while the tenant's stamp is the same (``tenants.freshness``): a tenant
+without endpoints costs no query per finished run. A change of an endpoint gives the tenant a new
+stamp, at once and again once it commits: the process that makes it sees it at once, every other
+within ``freshness.LOCAL_TTL_S`` (2 s), so a run that ends within 2 s of a change may still be
+delivered as the endpoints were before it.
 
 An endpoint's secret (``whsec_…``) is made here, shown in full only in the answers of the create
 and of a rotation, and stored encrypted (``scheduling.secrets``). After a rotation the previous
@@ -29,7 +29,6 @@ is taken: its attempts fail until it does.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,7 +37,6 @@ from typing import Any
 
 import httpx
 import structlog
-from cachetools import TTLCache
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F, Func, Value
@@ -47,12 +45,12 @@ from django.utils import timezone
 from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode
-from ductor_project.core.keys import tenant_key
 from scheduling import fair_queue
 from scheduling.action_errors import PermanentActionError
 from scheduling.admission import webhook_scope
 from scheduling.http_action import MAX_URL_CHARS, refuse_literal
 from scheduling.secrets import encrypt
+from tenants import freshness
 from tenants.models import Tenant
 from tenants.scoping import insert_rows
 from tenants.selectors import first_or_404, parse_uuid
@@ -69,8 +67,6 @@ ITEM_KIND = "webhook"
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the prefix of the secrets made here, not a secret
 DEFAULT_GRACE_S = 24 * 3600
 MAX_GRACE_S = 30 * 24 * 3600
-# How long a process trusts its copy of a tenant's enabled endpoints (as long as its entitlements').
-LOCAL_TTL_S = 2.0
 # The note a redelivery leaves in a delivery's log: its attempts are counted again from there.
 REDELIVER_NOTE = "redelivery requested"
 
@@ -301,34 +297,21 @@ def delivery_redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
 # --- the endpoints a process knows ----------------------------------------------------------------------
 
 
-_local: TTLCache[str, tuple[WebhookEndpoint, ...]] = TTLCache(maxsize=10_000, ttl=LOCAL_TTL_S)
-_local_lock = threading.Lock()
+_endpoints: freshness.Copies[tuple[WebhookEndpoint, ...]] = freshness.Copies()
 
 
 def enabled_endpoints() -> tuple[WebhookEndpoint, ...]:
-    """The enabled endpoints of the tenant in context, oldest first: this process's copy, at most
-    ``LOCAL_TTL_S`` old, else one query. Read only: the rows are shared by the process's threads."""
-    key = tenant_key("webhooks", "enabled")
-    with _local_lock:
-        found = _local.get(key)
-    if found is None:
-        found = tuple(WebhookEndpoint.objects.filter(enabled=True).order_by("created_at"))
-        with _local_lock:
-            _local[key] = found
-    return found
+    """The enabled endpoints of the tenant in context, oldest first: this process's copy while the
+    tenant's stamp is the same (``tenants.freshness``), else one query. Read only: the rows are
+    shared by the process's threads."""
+    return _endpoints.get(current_tenant(),
+                          lambda: tuple(WebhookEndpoint.objects.filter(enabled=True).order_by("created_at")))
 
 
 def forget_endpoints() -> None:
-    """Drop this process's copy of the tenant's endpoints, now and again once the surrounding
-    transaction commits (a read in between would keep what a rollback undoes)."""
-    key = tenant_key("webhooks", "enabled")
-
-    def drop() -> None:
-        with _local_lock:
-            _local.pop(key, None)
-
-    drop()
-    transaction.on_commit(drop)
+    """The tenant's endpoints changed: every process reads them again (a new stamp, now and again
+    once the surrounding transaction commits: a read in between would keep what a rollback undoes)."""
+    freshness.bump(current_tenant())
 
 
 # --- deliveries of the runs' outcomes -----------------------------------------------------------------
