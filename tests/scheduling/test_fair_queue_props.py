@@ -235,6 +235,13 @@ def machine(tenants: list[Tenant]) -> type[RuleBasedStateMachine]:
             tenant = tenants[key[0]]
             assert fq.extend_lease(key[1], lease_ms=LONG_LEASE_MS, delivery=m.delivery, tenant=tenant)
 
+        @rule(t=tenant_index, key=fairness_keys, weight=st.integers(1, 5), replace=st.booleans())
+        def key_weight_changes(self, t: int, key: str, weight: int, replace: bool) -> None:
+            """A key's weight (through the API, or the repair's rewrite of them all) changes the order of
+            what is eligible, never what is."""
+            if key:
+                fq.set_key_weights({key: weight}, replace=replace, tenant=tenants[t])
+
         @rule(t=tenant_index, item_id=ids)
         def remove(self, t: int, item_id: str) -> None:
             key = (t, item_id)
