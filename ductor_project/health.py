@@ -2,7 +2,8 @@
 
 ``/healthz`` answers 200 while the web process serves requests; it checks
 nothing else, so a database outage does not get every web process restarted.
-``/readyz`` answers 200 only when PostgreSQL and Redis answer and at least one
+``/readyz`` answers 200 only when PostgreSQL and Redis (Ductor's own: every primary of a
+cluster) answer and at least one
 coordinator and one dispatcher beat within ``DUCTOR_HEARTBEAT_STALE_S``
 (``ductor_project.core.heartbeats``); else 503. Both answer JSON, need no
 credentials and show no tenant data: what is checked, whether it passed, how
@@ -21,8 +22,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from ductor_project.core import heartbeats
-from ductor_project.core.redis import get_redis
+from ductor_project.core import heartbeats, redis
 
 
 @require_GET
@@ -59,7 +59,7 @@ def _database() -> dict[str, Any]:
 
 
 def _redis() -> dict[str, Any]:
-    get_redis().ping()
+    redis.ping()
     return {}
 
 

@@ -16,6 +16,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from ductor_project import embedded
+from ductor_project.core import redis_urls
 
 django_stubs_ext.monkeypatch()
 
@@ -67,6 +68,18 @@ DATABASE_OWNER_URL = env.str(
     "DATABASE_OWNER_URL", default="" if env.str("DATABASE_URL", default="") else _embedded.owner_url
 )
 REDIS_URL = env.str("REDIS_URL", default=_embedded.redis_url)
+
+
+def _redis_setting(name: str) -> str:
+    """How a message names the setting a Redis URL came from: itself, or REDIS_URL as its default."""
+    return name if env.str(name, default="") else f"REDIS_URL (the default of {name})"
+
+
+# Two Redis roles (docs/operations.md). Ductor's own state (the fair queue, capacity counters,
+# limiters, breakers, credits, heartbeats) may be a Redis Cluster or a Sentinel setup
+# (ductor_project/core/redis_urls.py has the URL forms); a bad URL refuses to start.
+DUCTOR_QUEUE_REDIS_URL = env.str("DUCTOR_QUEUE_REDIS_URL", default=REDIS_URL)
+redis_urls.parse(DUCTOR_QUEUE_REDIS_URL, setting=_redis_setting("DUCTOR_QUEUE_REDIS_URL"))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -143,17 +156,20 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(
 )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The Django cache: on Ductor's Redis unless CACHE_REDIS_URL names another (a plain Redis: the
-# queue state's may be a cluster), with django-redis's client class and options from the environment.
+# The Django cache: on Ductor's Redis unless CACHE_REDIS_URL names another, one server or a Sentinel
+# setup (not a cluster: the queue state's may be one), as django-redis reaches it; the client class
+# and the options from the environment win.
 CACHE_REDIS_URL = env.str("CACHE_REDIS_URL", default=REDIS_URL)
+_cache = redis_urls.django_cache_config(CACHE_REDIS_URL, setting=_redis_setting("CACHE_REDIS_URL"))
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": CACHE_REDIS_URL,
+        "LOCATION": _cache.location,
         # Every cache key goes through the tenant-aware key builder: inside a
         # tenant "x" becomes "t:<tenant>:x"; outside any tenant it raises.
         "KEY_FUNCTION": "ductor_project.core.keys.cache_key_function",
-        "OPTIONS": {"CLIENT_CLASS": env.str("CACHE_CLIENT_CLASS", default="django_redis.client.DefaultClient"),
+        "OPTIONS": {**_cache.options,
+                    "CLIENT_CLASS": env.str("CACHE_CLIENT_CLASS", default=_cache.options["CLIENT_CLASS"]),
                     **env.json("CACHE_OPTIONS", default={})},
     }
 }
@@ -256,14 +272,18 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-# Celery: Redis is the broker. Workers take one message at a time so that the
-# fair order holds when execution starts, not only when work is enqueued.
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
-CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=REDIS_URL)
-# JSON objects, as kombu's transport and the result backend take them (a Sentinel's master_name,
-# TLS options, a visibility timeout).
-CELERY_BROKER_TRANSPORT_OPTIONS = env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = env.json("CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS", default={})
+# Celery: Redis is the broker (one server or a Sentinel setup: kombu has no Cluster transport; or
+# RabbitMQ). Workers take one message at a time so that the fair order holds when execution starts,
+# not only when work is enqueued. A redis+sentinel:// URL becomes kombu's sentinel:// form with its
+# master_name; the transport options of the environment (JSON objects: a visibility timeout, TLS
+# options, socket timeouts) win.
+CELERY_BROKER_URL, _broker_options = redis_urls.kombu_config(
+    env.str("CELERY_BROKER_URL", default=REDIS_URL), setting=_redis_setting("CELERY_BROKER_URL"))
+CELERY_RESULT_BACKEND, _results_options = redis_urls.kombu_config(
+    env.str("CELERY_RESULT_BACKEND", default=REDIS_URL), setting=_redis_setting("CELERY_RESULT_BACKEND"))
+CELERY_BROKER_TRANSPORT_OPTIONS = {**_broker_options, **env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
+    **_results_options, **env.json("CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS", default={})}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -9,14 +9,14 @@ Times come from Redis ``TIME``.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from ductor_project.core import metrics, scripts
 from ductor_project.core.context import named_or_current
 from ductor_project.core.keys import global_redis_key, redis_key
-from ductor_project.core.redis import get_redis
+from ductor_project.core.redis import get_redis, on_node
 from scheduling import LUA_DIR
 
 if TYPE_CHECKING:
@@ -79,11 +79,14 @@ def _index(connection_id: object, tenant: Tenant | None, *, open_until_ms: int |
 def open_breakers() -> tuple[int, int]:
     """How many breakers are open now, and how many are half-open (cooldown over, no success
     since), across tenants: for the platform's metrics. One round trip."""
-    redis = get_redis()
-    with redis.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.zrange(OPEN_INDEX, 0, -1, withscores=True)
-        (seconds, micros), entries = pipe.execute()
+
+    def read(server: Any) -> list[Any]:  # the index's own server: its clock stamped the breakers
+        with server.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.zrange(OPEN_INDEX, 0, -1, withscores=True)
+            return list(pipe.execute())
+
+    (seconds, micros), entries = on_node(OPEN_INDEX, read)
     now_ms = seconds * 1000 + micros // 1000
     opened = sum(1 for _, until in entries if until > now_ms)
     # A breaker whose cooldown ended more than INDEX_KEEP_MS ago is no longer counted (its entry is

@@ -558,7 +558,7 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
     """Enqueue the items of many tenants, like ``enqueue_many`` for each: rebuilds and bulk loads.
 
     The tenants of a shard share script calls (up to ``ITEMS_PER_CALL`` items
-    each, every call atomic), sent ``pipeline_size`` calls per round trip. A
+    each, every call atomic), sent ``pipeline_size`` calls per round trip (per node of a cluster). A
     batch's ``conf`` (default: the tenant's entitlements) lets a loader that has
     no tenant rows (a benchmark) name the limits. Dispatcher side: refused inside
     a customer tenant's context. Returns how many new items were queued.
@@ -572,15 +572,13 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
 
     def send() -> None:
         nonlocal queued
-        if len(calls) == 1:  # no pipeline: it would first ask whether the server has the script
-            replies = [_run("fq_enqueue", *calls[0])]
-        else:
-            pipe = get_redis().pipeline(transaction=False)
-            script = scripts.script(LUA_DIR / "fq_enqueue.lua", *_LIBRARIES)
-            for keys, args in calls:
-                script(keys=keys, args=args, client=pipe)
-            replies = pipe.execute()
-        queued += sum(1 for codes in replies for code in codes if int(code) == 1)
+        batch = scripts.Batch()
+        for keys, args in calls:
+            _run("fq_enqueue", keys, args, batch)
+        for codes in batch.execute():
+            if isinstance(codes, Exception):
+                raise codes
+            queued += sum(1 for code in codes if int(code) == 1)
         calls.clear()
 
     def close(shard: int) -> None:

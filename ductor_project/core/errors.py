@@ -21,6 +21,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
+from redis.exceptions import ClusterDownError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions, status
@@ -242,7 +243,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, exceptions.APIException):
         code, body, headers = _drf_to_body(exc)
         return Response(body, status=code, headers=headers)
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ClusterDownError | SlotNotCoveredError):
         log.error("redis_unavailable", error=repr(exc))
         body = error_body(ErrorCode.SERVICE_UNAVAILABLE, "A backing service is unavailable; retry shortly.")
         return Response(body, status=503, headers={"Retry-After": "5"})

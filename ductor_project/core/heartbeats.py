@@ -18,9 +18,10 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from ductor_project.core.keys import global_redis_key
-from ductor_project.core.redis import get_redis
+from ductor_project.core.redis import get_redis, on_node
 from ductor_project.core.scripts import run
 
 COORDINATOR = "coordinator"
@@ -56,11 +57,17 @@ def forget(kind: str, name: str | None = None) -> None:
 
 
 def ages(kind: str) -> dict[str, float]:
-    """Seconds since each process of ``kind`` last beat, by Redis's clock (one round trip)."""
-    with get_redis().pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.zrange(_key(kind), 0, -1, withscores=True)
-        (seconds, micros), beats = pipe.execute()
+    """Seconds since each process of ``kind`` last beat, by the clock of the Redis server that
+    stamped the beats (one round trip)."""
+    key = _key(kind)
+
+    def read(server: Any) -> list[Any]:
+        with server.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.zrange(key, 0, -1, withscores=True)
+            return list(pipe.execute())
+
+    (seconds, micros), beats = on_node(key, read)
     now_ms = seconds * 1000 + micros / 1000
     return {(m.decode() if isinstance(m, bytes) else str(m)): max(0.0, (now_ms - score) / 1000)
             for m, score in beats}

@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ductor_project.core.redis import get_redis
+from ductor_project.core.redis import REDIRECTED, get_redis, per_node
 
 
 @cache
@@ -51,6 +51,11 @@ class Batch:
     lost a script since (a restart), the calls that failed for it are sent again
     after the others, once it is loaded again, and later batches load theirs
     first again.
+
+    On a Redis Cluster (whose scripts are loaded on every primary) the calls are
+    grouped by the node that holds their first key: one round trip per node, each
+    node's calls in their order. A call a node redirected (its slot moved, a
+    failover) is sent again alone through the cluster client, which follows it.
     """
 
     _loaded: set[str] = set()  # the SHAs this process has loaded (class-wide)
@@ -83,7 +88,22 @@ class Batch:
 
     @staticmethod
     def _send(calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
-        with get_redis().pipeline(transaction=False) as pipe:
-            for registered, keys, args in calls:
-                pipe.evalsha(registered.sha, len(keys), *keys, *args)
-            return list(pipe.execute(raise_on_error=False))
+        replies: list[Any] = [None] * len(calls)
+
+        def send(server: Any, positions: list[int]) -> None:
+            with server.pipeline(transaction=False) as pipe:
+                for i in positions:
+                    registered, keys, args = calls[i]
+                    pipe.evalsha(registered.sha, len(keys), *keys, *args)
+                for i, reply in zip(positions, pipe.execute(raise_on_error=False), strict=True):
+                    replies[i] = reply
+
+        per_node([keys[0] for _, keys, _ in calls], send)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, REDIRECTED):
+                registered, keys, args = calls[i]
+                try:
+                    replies[i] = get_redis().evalsha(registered.sha, len(keys), *keys, *args)
+                except Exception as exc:  # the call's reply is its error, as in the pipeline
+                    replies[i] = exc
+        return replies

@@ -7,6 +7,11 @@ first start. A changed server run id means a restart, which may have lost the
 writes of its last moments even with persistence. Either way the coordinator
 repairs everything at once (``reconcile_all(full=True)``), instead of waiting
 for the runs to look stale.
+
+The run id is read per shard, from the server that holds the shard's epoch key:
+on a Redis Cluster each primary answers for its own shards, so a failover that
+promoted a replica (a new run id, maybe without the last writes) is noticed for
+the shards that primary serves; behind Sentinel, the new primary is a new server.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import structlog
 from django.conf import settings
 
 from ductor_project.core.keys import global_redis_key
-from ductor_project.core.redis import get_redis
+from ductor_project.core.redis import per_node
 
 log = structlog.get_logger(__name__)
 
@@ -28,28 +33,52 @@ def epoch_key(shard: int) -> str:
 
 
 class RedisWatch:
-    """Says, on each ``lost()``, whether Redis lost data since the last look. One round trip."""
+    """Says, on each ``lost()``, whether Redis lost data since the last repair. One round trip per
+    Redis server (each primary of a cluster).
+
+    A loss is owed until ``repaired()`` is called: a pass that found it and then failed (a node
+    still away, PostgreSQL away during the repair) does not make the next pass forget it.
+    """
 
     def __init__(self) -> None:
-        self._server: str | None = None
+        self._servers: dict[int, str] = {}  # shard -> the run id of the server that held it last time
+        self._owed = False
+
+    def repaired(self) -> None:
+        """Everything was repaired since the last ``lost()`` that said so."""
+        self._owed = False
 
     def lost(self) -> bool:
         epoch = uuid.uuid4().hex
-        with get_redis().pipeline(transaction=False) as pipe:
-            for shard in range(settings.DUCTOR_QUEUE_SHARDS):
-                pipe.set(epoch_key(shard), epoch, nx=True)
-            pipe.info("server")
-            *created, info = pipe.execute()
-        server = _run_id(info)
-        restarted = self._server is not None and server is not None and server != self._server
-        self._server = server or self._server
-        emptied = [shard for shard, new in enumerate(created) if new]
-        if emptied or restarted:
-            log.warning("redis_data_lost", shards_without_epoch=emptied, restarted=restarted)
-        return bool(emptied) or restarted
+        created: dict[int, bool] = {}
+        restarted = False
+
+        def look(server: Any, shards: list[int]) -> None:
+            nonlocal restarted
+            with server.pipeline(transaction=False) as pipe:
+                for shard in shards:
+                    pipe.set(epoch_key(shard), epoch, nx=True)
+                pipe.info("server")
+                *new, info = pipe.execute()
+            created.update(zip(shards, (bool(n) for n in new), strict=True))
+            run_id = _run_id(info)
+            for shard in shards:
+                before = self._servers.get(shard)
+                restarted |= before is not None and run_id is not None and run_id != before
+                if run_id is not None:
+                    self._servers[shard] = run_id
+
+        try:
+            per_node([epoch_key(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)], look)
+        finally:  # what the servers that answered said is kept, whether the others did or not
+            emptied = sorted(shard for shard, new in created.items() if new)
+            if emptied or restarted:
+                log.warning("redis_data_lost", shards_without_epoch=emptied, restarted=restarted)
+                self._owed = True
+        return self._owed
 
 
 def _run_id(info: Any) -> str | None:
-    """The server's run id from ``INFO server`` (None where the client merges several servers')."""
+    """The server's run id from ``INFO server`` (None if it gives none)."""
     run_id = info.get("run_id") if isinstance(info, dict) else None
     return str(run_id) if run_id else None

@@ -45,6 +45,8 @@ class Coordinator:
         repaired = removed = 0
         if full or time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
             repaired = reconcile_all(full=full)
+            if full:
+                self._redis.repaired()
             removed = housekeep_all()
             self._last_reconcile = time.monotonic()
         if reaped or repaired or removed:

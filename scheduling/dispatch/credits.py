@@ -32,7 +32,7 @@ from django.conf import settings
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import scripts
 from ductor_project.core.keys import global_redis_key
-from ductor_project.core.redis import get_redis
+from ductor_project.core.redis import get_redis, on_node
 from scheduling import LUA_DIR, fair_queue
 
 SYSTEM_TIER = fair_queue.SYSTEM_TIER
@@ -66,7 +66,8 @@ def _queue_keys(queue: str) -> list[str]:
 
 
 def _now() -> float:
-    seconds, micros = get_redis().time()
+    """Now by the clock of the server that holds the credits (the scripts' own clock)."""
+    seconds, micros = on_node(_key("credit-seq"), lambda server: server.time())
     return float(seconds) + micros / 1_000_000
 
 

@@ -261,13 +261,16 @@ def test_the_coordinator_notices_a_flush_on_its_next_pass_and_repairs_everything
         items.tick_item_id(run.pk) for run in runs}
 
 
-def test_the_redis_watch_says_lost_once_per_loss():
+def test_the_redis_watch_says_lost_until_the_loss_is_repaired():
     watch = RedisWatch()
     get_redis().flushdb()
     assert watch.lost() is True
+    assert watch.lost() is True  # a pass that did not get to repair it does not forget it
+    watch.repaired()
     assert watch.lost() is False
     get_redis().delete(epoch_key(0))
     assert watch.lost() is True
+    watch.repaired()
     assert watch.lost() is False
 
 
