@@ -67,15 +67,17 @@ class Dispatcher:
         self._held = credits.reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
         no_system_credit = not self._held[SYSTEM_QUEUE]
         dispatched = 0
-        groups = [(queue, tiers) for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS))
-                  if self._held[queue]]
-        if groups:
-            for shard in self.shards:
-                batches = fair_queue.dequeue_batches(
-                    shard=shard, lease_ms=settings.DUCTOR_LEASE_MS,
-                    batches=[(tiers, len(self._held[queue])) for queue, tiers in groups])
-                for (queue, _), items in zip(groups, batches, strict=True):
-                    dispatched += self._publish_all(queue, items)
+        for shard in self.shards:
+            # The credits left after the shards before: a queue whose credits they used up waits.
+            groups = [(queue, tiers) for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS))
+                      if self._held[queue]]
+            if not groups:
+                break
+            batches = fair_queue.dequeue_batches(
+                shard=shard, lease_ms=settings.DUCTOR_LEASE_MS,
+                batches=[(tiers, len(self._held[queue])) for queue, tiers in groups])
+            for (queue, _), items in zip(groups, batches, strict=True):
+                dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.
         self._starved = no_system_credit or not self._held[WORK_QUEUE]
         self.dispatched += dispatched
