@@ -1,6 +1,7 @@
 # Ductor: two commands set everything up on a fresh machine with Python >= 3.11.
 #   make demo   bring the platform up on embedded PostgreSQL + Redis and run the demo workload
 #   make test   ruff, the import contracts, mypy, then the whole test suite on real PostgreSQL and Redis
+#               (and its queue tests again with the queue state on a real Redis Cluster)
 
 # The first interpreter that really runs and is >= 3.11 (a version-manager shim may exist but not run).
 PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
@@ -43,12 +44,23 @@ typecheck: $(STAMP)
 # Test processes (pytest-xdist): each has its own database and Redis databases on the same servers;
 # a module's tests stay together (its processes are started once). PYTEST_PROCESSES=0 runs in one.
 PYTEST_PROCESSES ?= 2
+# The second run: the tests marked `cluster`, each test process with Ductor's queue state on a Redis
+# Cluster of its own (three masters, QUEUE_CLUSTER_SHARDS shards spread over them). PYTEST_CLUSTER=0
+# leaves it out.
+PYTEST_CLUSTER ?= 1
+QUEUE_CLUSTER_SHARDS := 6
+PYTEST := $(BIN)/pytest -n $(PYTEST_PROCESSES) --dist loadscope --no-loadscope-reorder
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 pytest: $(STAMP)
 	@echo "==> pytest (real PostgreSQL and Redis under $(TEST_DATA_DIR), $(PYTEST_PROCESSES) test processes)"
-	@$(TEST_ENV) $(BIN)/pytest -n $(PYTEST_PROCESSES) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
-	$(TEST_ENV) $(BIN)/python -m ductor_project.embedded stop >/dev/null; \
-	if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	@$(TEST_ENV) $(PYTEST) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; \
+	if [ "$(PYTEST_CLUSTER)" != 0 ]; then \
+		echo "==> pytest on a Redis Cluster (the tests marked cluster, DUCTOR_QUEUE_SHARDS=$(QUEUE_CLUSTER_SHARDS))"; \
+		$(TEST_ENV) DUCTOR_TEST_QUEUE_CLUSTER=1 DUCTOR_QUEUE_SHARDS=$(QUEUE_CLUSTER_SHARDS) \
+			$(PYTEST) $(PYTEST_ARGS) -m cluster; crc=$$?; if [ $$crc -ne 5 ] && [ $$rc -eq 0 ]; then rc=$$crc; fi; \
+		$(BIN)/python -m ductor_project.redis_cluster stop $(TEST_DATA_DIR)/cluster-* >/dev/null 2>&1; \
+	fi; \
+	$(TEST_ENV) $(BIN)/python -m ductor_project.embedded stop >/dev/null; exit $$rc
 
 test: lint typecheck pytest
 

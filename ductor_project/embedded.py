@@ -52,10 +52,10 @@ class ServiceState:
     redis_port: int = 0
 
     def postgres_alive(self) -> bool:
-        return bool(self.database_url) and _pid_alive(self.postgres_pid)
+        return bool(self.database_url) and pid_alive(self.postgres_pid)
 
     def redis_alive(self) -> bool:
-        return bool(self.redis_url) and _pid_alive(self.redis_pid) and _redis_ping(self.redis_port)
+        return bool(self.redis_url) and pid_alive(self.redis_pid) and redis_ping(self.redis_port)
 
     def is_alive(self) -> bool:
         """Every recorded server answers."""
@@ -68,7 +68,7 @@ class ServiceState:
             not redis or self.redis_alive())
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs. An exited process that nobody reaped yet (a zombie) does not."""
     if pid <= 0:
         return False
@@ -90,7 +90,8 @@ def _is_zombie(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
-def _redis_ping(port: int, timeout: float = 1.0) -> bool:
+def redis_ping(port: int, timeout: float = 1.0) -> bool:
+    """Whether a Redis server on loopback ``port`` answers ``PING``."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
             conn.sendall(b"PING\r\n")
@@ -99,7 +100,8 @@ def _redis_ping(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -231,7 +233,7 @@ def _redis_port(redis_dir: Path) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))
     except (OSError, ValueError):
-        port = _free_port()
+        port = free_port()
     path.write_text(str(port))
     return port
 
@@ -267,7 +269,7 @@ def _start_redis(data_dir: Path) -> tuple[int, int]:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise EmbeddedServiceError(f"redis-server exited early; see {log}")
-        if _redis_ping(port, timeout=0.2):
+        if redis_ping(port, timeout=0.2):
             return port, proc.pid
         time.sleep(0.05)
     proc.kill()
@@ -304,7 +306,7 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
             state = replace(state, owner_url=owner_url, database_url=_ensure_roles(owner_url))
         if redis and not state.redis_alive():
             if state.redis_pid:
-                _wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
+                wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
             started_here = True
             redis_port, redis_pid = _start_redis(data_dir)
             state = replace(
@@ -318,32 +320,33 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
 
 
 def _stop(state: ServiceState, data_dir: Path) -> None:
-    if state.redis_pid and _pid_alive(state.redis_pid):
+    if state.redis_pid and pid_alive(state.redis_pid):
         with (
             contextlib.suppress(OSError),
             socket.create_connection(("127.0.0.1", state.redis_port), timeout=2) as conn,
         ):
             conn.sendall(b"SHUTDOWN\r\n")
-        _wait_gone(state.redis_pid, signal.SIGTERM)
+        wait_gone(state.redis_pid, signal.SIGTERM)
     pgdata = data_dir / "pg"
     if (pgdata / "postmaster.pid").exists() and not _stop_postgres(pgdata):
-        _wait_gone(state.postgres_pid, signal.SIGTERM)
+        wait_gone(state.postgres_pid, signal.SIGTERM)
 
 
-def _wait_gone(pid: int, sig: signal.Signals, timeout: float = 10.0) -> None:
+def wait_gone(pid: int, sig: signal.Signals, timeout: float = 10.0) -> None:
+    """Wait until ``pid`` exits: ``sig`` after half of ``timeout``, SIGKILL after all of it."""
     deadline = time.monotonic() + timeout
     sent = False
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return
         if not sent and time.monotonic() > deadline - timeout / 2:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
             sent = True
         time.sleep(0.05)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

@@ -1,5 +1,14 @@
 """Shared fixtures. Every test runs against the real embedded PostgreSQL and Redis
-(or the servers named by DATABASE_URL / REDIS_URL): no SQLite, no fake Redis."""
+(or the servers named by DATABASE_URL / REDIS_URL): no SQLite, no fake Redis.
+
+With ``DUCTOR_TEST_QUEUE_CLUSTER=1`` (``make test``'s second run, over the tests marked
+``cluster``), each test process also starts a real three-master Redis Cluster of its own
+(``ductor_project.redis_cluster``) and keeps Ductor's queue state there
+(``DUCTOR_QUEUE_REDIS_URL``, for the processes its tests start too); the Celery broker and the
+Django cache stay on the plain Redis. Tests marked ``cluster(only=True)`` need the cluster: the
+first run leaves them out (deselected); the cluster run leaves out those marked
+``cluster(also=False)`` in a module marked ``cluster``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +28,40 @@ from django.db import connection, connections, transaction
 from pytest_django.plugin import blocking_manager_key
 from rest_framework.test import APIClient
 
+from ductor_project import redis_cluster
 from ductor_project.core.context import tenant_context
 from ductor_project.core.database.security import owner_credentials, use_credentials
+from ductor_project.core.keys import shard_of
 from ductor_project.stack import Child, Stack
 from tenants import services
 from tenants.models import ApiKey, Tenant
 
 ROOT = Path(__file__).resolve().parent.parent
+# The switch of the cluster run (the Makefile's second pytest).
+QUEUE_CLUSTER = "DUCTOR_TEST_QUEUE_CLUSTER"
+
+
+def on_queue_cluster() -> bool:
+    return bool(os.environ.get(QUEUE_CLUSTER))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def queue_cluster() -> Iterator[redis_cluster.ClusterState | None]:
+    """In the cluster run, this test process's own Redis Cluster, which holds Ductor's queue state
+    for it and for the processes its tests start (they inherit the environment); None otherwise.
+    Stopped when the session ends."""
+    if not on_queue_cluster():
+        yield None
+        return
+    directory = Path(settings.DUCTOR_DATA_DIR) / f"cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    cluster = redis_cluster.start(directory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(settings, "DUCTOR_QUEUE_REDIS_URL", cluster.url())
+        mp.setenv("DUCTOR_QUEUE_REDIS_URL", cluster.url())
+        try:
+            yield cluster
+        finally:
+            redis_cluster.stop(directory)
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +114,26 @@ def _flushes_database(item: pytest.Item) -> bool:
     )
 
 
+def _left_out(item: pytest.Item) -> bool:
+    """Whether this run leaves the test out: the first run those that need the queue cluster
+    (``cluster(only=True)``), the cluster run those marked ``cluster(also=False)``."""
+    mark = item.get_closest_marker("cluster")
+    if mark is None:
+        return False
+    if on_queue_cluster():
+        return mark.kwargs.get("also", True) is False
+    return bool(mark.kwargs.get("only", False))
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The API fuzzing, by far the longest test, goes first (after pytest-django's own ordering):
-    with several test processes, the others share the rest of the suite meanwhile."""
+    with several test processes, the others share the rest of the suite meanwhile. Without the
+    queue cluster, the tests that need it are deselected; with it, those it should leave out."""
+    left_out = [item for item in items if _left_out(item)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
     items.sort(key=lambda item: item.get_closest_marker("fuzz") is None)
 
 
@@ -95,14 +148,53 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return result
 
 
-@pytest.fixture
-def redis_client() -> Any:
-    """The raw Redis client, flushed before the test (the test data dir has its own Redis)."""
+def flush_redis() -> Any:
+    """Flush Ductor's own Redis state and, where that is apart (the cluster run), the plain Redis
+    database of the broker and the cache too; returns Ductor's raw client."""
+    from django_redis import get_redis_connection
+
     from ductor_project.core.redis import get_redis
 
     client = get_redis()
     client.flushdb()
+    plain = get_redis_connection("default")
+    if plain is not client:
+        plain.flushdb()
     return client
+
+
+def broker_redis() -> Any:
+    """A client of the Celery broker's Redis (its queues are lists named after them): the plain
+    Redis, apart from the queue state's in the cluster run."""
+    import redis
+
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+
+@pytest.fixture
+def redis_client() -> Any:
+    """The raw Redis client, flushed before the test (the test data dir has its own Redis)."""
+    return flush_redis()
+
+
+@pytest.fixture
+def tenants_on_shard(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """The tenants this test makes map to fair-queue shard 0, which the dispatcher side serves by
+    default (``dequeue``, ``reap``, ``handoff(shard=0)`` …): with several shards (the cluster run)
+    a new tenant would land on any of them. Called with another shard, it puts the tenants made
+    next on that one. Each id is drawn at random until one maps there."""
+    target = [0]
+
+    def on_target_shard() -> uuid.UUID:
+        while shard_of(str(candidate := uuid.uuid4())) != target[0]:
+            pass
+        return candidate
+
+    def place(shard: int) -> None:
+        target[0] = shard
+
+    monkeypatch.setattr(Tenant._meta.get_field("id"), "_get_default", on_target_shard)
+    return place
 
 
 @pytest.fixture

@@ -8,9 +8,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from ductor_project.core.redis import get_redis
 from ductor_project.stack import Child
-from tests.conftest import celery_worker_child, service_env, service_stack
+from tests.conftest import celery_worker_child, flush_redis, service_env, service_stack
 
 
 class Processes:
@@ -47,7 +46,7 @@ class Processes:
 def running_processes(*, coordinators: int = 1, env: Mapping[str, str] | None = None) -> Iterator[Processes]:
     """``Processes`` started on a flushed Redis, with ``env`` in their environment (``service_env``
     copies ``os.environ``), stopped at the end."""
-    get_redis().flushdb()
+    flush_redis()
     with pytest.MonkeyPatch.context() as mp:
         for name, value in (env or {}).items():
             mp.setenv(name, value)

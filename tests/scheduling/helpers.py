@@ -1,4 +1,4 @@
-"""Helpers of the scheduling tests: Redis TIME, and child processes on this run's services."""
+"""Helpers of the scheduling tests: Redis TIME and keys, and child processes on this run's services."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ductor_project.core.redis import is_cluster
 from tests.conftest import ROOT, service_env
 
 
@@ -15,6 +16,13 @@ def redis_now_ms(redis: Any) -> float:
     """Redis TIME in ms (with µs as the fraction): the clock the capacity scripts use."""
     seconds, micros = redis.time()
     return seconds * 1000 + micros / 1000
+
+
+def redis_keys(redis: Any, pattern: str = "*") -> list[bytes]:
+    """Every key matching ``pattern``, on every server (each primary of a Redis Cluster)."""
+    if is_cluster(redis):
+        return list(redis.keys(pattern, target_nodes=redis.PRIMARIES))
+    return list(redis.keys(pattern))
 
 
 def sleep_until(redis: Any, target_ms: float) -> None:

@@ -36,9 +36,13 @@ from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
 from tenants.tasking import TENANT_HEADER
-from tests.conftest import api_client, error_code
+from tests.conftest import api_client, broker_redis, error_code
 from tests.scheduling.broker_handlers import WAKE_KIND, records, redis_ms
 from tests.waiting import wait_for
+
+# Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0, which its direct
+# dispatcher calls serve.
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("tenants_on_shard")]
 
 HANDLERS = ("--include", "tests.scheduling.broker_handlers")
 # How often the test's reaper looks for items whose lease ended (the coordinator: every second).
@@ -213,10 +217,11 @@ def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_contex
     enqueue(suspended, 2, kind="test.ran", partitions=2, prefix="held-")
 
     samples: list[tuple[int, int, int]] = []
+    celery_queue = broker_redis()
     with dispatching(count=2):
         def all_finished() -> bool:
             samples.append(
-                (broker.busy(WORK_QUEUE), broker.outstanding(WORK_QUEUE), redis_client.llen(WORK_QUEUE))
+                (broker.busy(WORK_QUEUE), broker.outstanding(WORK_QUEUE), celery_queue.llen(WORK_QUEUE))
             )
             return len(events(redis_client, "end")) == len(owner)
 
@@ -299,6 +304,7 @@ def test_a_worker_drops_a_stale_delivery_and_refuses_a_message_without_tenant_wi
 
 
 @pytest.mark.worker
+@pytest.mark.cluster(also=False)  # a worker's death, whatever Redis: too long for the cluster run
 def test_a_sigkilled_workers_item_is_redelivered_after_its_lease_and_its_slot_and_partition_come_back(
     make_tenant, celery_worker, redis_client, monkeypatch, settings
 ):
@@ -376,7 +382,7 @@ def test_a_wakeup_fires_after_its_delay_in_its_tenants_context_on_a_system_only_
     assert all(served_by(worker, w) for w in wakes)
     assert events(redis_client, "wake") == wakes  # no third one
     assert events(redis_client, "start") == []
-    assert redis_client.llen(WORK_QUEUE) == 2
+    assert broker_redis().llen(WORK_QUEUE) == 2
     assert broker.busy(SYSTEM_QUEUE) == 0
 
 
@@ -427,7 +433,9 @@ def test_the_platform_queue_view_answers_platform_admins_and_is_404_for_a_tenant
     for client in (superuser_api, api_client(platform_key)):
         response = client.get("/api/v1/platform/queue")
         assert response.status_code == 200
-        (shard,) = response.json()
+        shards = response.json()
+        assert [s["shard"] for s in shards] == list(range(settings.DUCTOR_QUEUE_SHARDS))
+        shard = shards[0]  # the tenant's
         assert shard["in_flight"] == 1
         assert shard["tiers"]["standard"]["ready_tenants"] == 1
         assert shard["worker_slots"] == {WORK_QUEUE: 4, SYSTEM_QUEUE: 4}

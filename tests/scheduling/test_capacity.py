@@ -23,7 +23,9 @@ from ductor_project.core.capacity import (
 )
 from ductor_project.core.context import TenantScopeError, tenant_context
 from ductor_project.core.keys import shard_of, shard_tag
-from tests.scheduling.helpers import sleep_until
+from tests.scheduling.helpers import redis_keys, sleep_until
+
+pytestmark = pytest.mark.cluster  # also on a Redis Cluster (the cluster run)
 
 
 @pytest.fixture
@@ -183,7 +185,7 @@ def test_a_lowered_limit_keeps_current_leases_and_admits_no_one_until_below_it(t
 def test_every_key_carries_the_tenants_hash_tag_and_expires(tenant, redis_client):
     assert acquire([tenant_scope(2), pool_scope(7, 2), connection_scope(9, 2)], "h", lease_s=30)
     capacity.rate_check("steps", rate_per_s=10, burst=5)
-    keys = sorted(k.decode() for k in redis_client.keys("*"))
+    keys = sorted(k.decode() for k in redis_keys(redis_client))
     prefix = f"{shard_tag(shard_of(str(tenant.pk)))}:t:{tenant.pk}:"
     assert keys == sorted(
         prefix + suffix
@@ -208,7 +210,7 @@ def test_every_operation_raises_without_a_tenant_and_writes_nothing(redis_client
         capacity.rate_check("api", rate_per_s=1, burst=1)
     with pytest.raises(TenantScopeError):
         capacity.rate_peek("api", rate_per_s=1, burst=1)
-    assert redis_client.dbsize() == 0
+    assert redis_keys(redis_client) == []
 
 
 @pytest.mark.parametrize(
@@ -229,7 +231,7 @@ def test_invalid_acquires_are_refused_before_touching_redis(tenant, redis_client
         acquire([tenant_scope(1)], "h", lease_s=0)
     with pytest.raises(ValueError, match="holder"):
         acquire([tenant_scope(1)], "", lease_s=1)
-    assert redis_client.dbsize() == 0
+    assert redis_keys(redis_client) == []
 
 
 def snapshot(redis: Any, pattern: str) -> dict[str, Any]:
@@ -239,7 +241,7 @@ def snapshot(redis: Any, pattern: str) -> dict[str, Any]:
         b"hash": redis.hgetall,
         b"string": redis.get,
     }
-    return {k.decode(): readers[redis.type(k)](k) for k in redis.keys(pattern)}
+    return {k.decode(): readers[redis.type(k)](k) for k in redis_keys(redis, pattern)}
 
 
 def test_tenant_a_exhausting_concurrency_and_rate_leaves_tenant_b_unaffected(
@@ -268,7 +270,7 @@ def test_tenant_a_exhausting_concurrency_and_rate_leaves_tenant_b_unaffected(
         assert tenant_in_flight() == 2
         assert in_flight(scopes[1]) == 2
         assert capacity.rate_peek("steps", 1, 3).allowed is False
-    assert all(f":t:{b.pk}:" in k.decode() for k in redis_client.keys("*") if k.decode() not in a_keys)
+    assert all(f":t:{b.pk}:" in k.decode() for k in redis_keys(redis_client) if k.decode() not in a_keys)
 
 
 def test_an_explicit_tenant_is_used_outside_any_context_and_refused_inside_another(

@@ -16,7 +16,11 @@ from ductor_project.core.keys import redis_key, shard_of, shard_tag
 from scheduling import fair_queue as fq
 from tenants import services
 from tenants.models import Tenant, system_context
-from tests.scheduling.helpers import redis_now_ms, sleep_until
+from tests.scheduling.helpers import redis_keys, redis_now_ms, sleep_until
+
+# Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0, which its direct
+# dispatcher calls serve.
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("tenants_on_shard")]
 
 LEASE_MS = 30_000
 WORK_MS = 10.0
@@ -39,11 +43,11 @@ class Queue:
         assert fq.ack(item.item_id, delivery=item.delivery, tenant=self.tenants[item.tenant_id],
                       work_ms=self.work.get(item.tenant_id, WORK_MS))
 
-    def serve(self, count: int, *, ack: bool = True, lease_ms: int = LEASE_MS) -> list[fq.Dequeued]:
-        """Dequeue up to ``count`` items (stopping at the first None), acking each at once."""
+    def serve(self, count: int, *, ack: bool = True, lease_ms: int = LEASE_MS, shard: int = 0) -> list[fq.Dequeued]:
+        """Dequeue up to ``count`` items of ``shard`` (stopping at the first None), acking each at once."""
         served = []
         for _ in range(count):
-            item = fq.dequeue(lease_ms=lease_ms)
+            item = fq.dequeue(shard=shard, lease_ms=lease_ms)
             if item is None:
                 break
             served.append(item)
@@ -225,7 +229,9 @@ def test_a_partition_is_locked_across_tiers(tenant_with, queue):
     assert [item.item_id for item in queue.serve(5)] == ["b"]
 
 
-def test_tiers_are_strict_priorities_with_the_system_tier_first(tenant_with, queue):
+def test_tiers_are_strict_priorities_with_the_system_tier_first(tenant_with, queue, tenants_on_shard):
+    system_shard = shard_of(str(Tenant.system().pk))
+    tenants_on_shard(system_shard)  # tiers are ordered within a shard
     tenant = tenant_with("tiered")
     with tenant_context(tenant):
         for tier in ("batch", "standard", "interactive"):
@@ -235,7 +241,7 @@ def test_tiers_are_strict_priorities_with_the_system_tier_first(tenant_with, que
         queue.add(system)
         fq.enqueue("wakeup", tier=fq.SYSTEM_TIER, partition="coordinator")
 
-    order = [item.item_id for item in queue.serve(20)]
+    order = [item.item_id for item in queue.serve(20, shard=system_shard)]
 
     assert order == [
         "wakeup", "interactive-1", "interactive-2", "standard-1", "standard-2", "batch-1", "batch-2"
@@ -514,7 +520,7 @@ def test_scripts_use_the_keys_of_tenants_keys_and_capacity_in_one_slot(tenant_wi
         assert capacity.rate_peek(capacity.STEP_RATE_LIMITER, 1.0, 10).remaining == 9
     assert redis_client.zscore(fq.global_key("inflight"), f"{tenant.pk}|job") is not None
     tag = shard_tag(shard_of(str(tenant.pk)))
-    queue_keys = [k.decode() for k in redis_client.keys("{*")]
+    queue_keys = [k.decode() for k in redis_keys(redis_client, "{*")]
     assert queue_keys
     assert all(k.startswith(tag + ":") for k in queue_keys)
 

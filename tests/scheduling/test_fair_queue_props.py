@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -27,6 +28,10 @@ from ductor_project.core.redis import get_redis
 from scheduling import fair_queue as fq
 from tenants.models import Tenant
 from tests.scheduling.helpers import redis_now_ms, sleep_until
+
+# Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0, which its direct
+# dispatcher calls serve.
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("tenants_on_shard")]
 
 # "Far" items never fall due during an example; short leases expire within one.
 FAR_MS = 600_000

@@ -16,6 +16,7 @@ import pytest
 
 from ductor_project.core import capacity
 from ductor_project.core.context import TenantScopeError, tenant_context
+from ductor_project.core.keys import shard_of
 from scheduling import fair_queue as fq
 from scheduling.dispatch import credits as broker
 from scheduling.dispatch.finisher import finisher
@@ -26,6 +27,10 @@ from tenants.models import Tenant
 from tests.scheduling.broker_handlers import records
 from tests.scheduling.helpers import redis_now_ms, sleep_until
 from tests.scheduling.test_broker import HANDLERS, assert_drained, dispatching, enqueue, events, wait_for
+
+# Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0, which its direct
+# dispatcher calls serve.
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("tenants_on_shard")]
 
 LEASE_MS = 30_000
 TIERS = broker.CUSTOMER_TIERS
@@ -83,8 +88,9 @@ def test_handoff_reports_a_lost_ack_and_an_empty_queue_and_only_serves_the_tiers
     assert fq.stats(tenant).in_flight == 1
     acked, nxt = fq.handoff((tenant, item.item_id, item.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
     assert (acked, nxt) == (True, None)
-    # Without an item to ack, it only dequeues; the system tier only when asked for.
-    acked, nxt = fq.handoff(None, shard=0, lease_ms=LEASE_MS, tiers=[fq.SYSTEM_TIER])
+    # Without an item to ack, it only dequeues; the system tier only when asked for (on its shard).
+    system_shard = shard_of(str(Tenant.system().pk))
+    acked, nxt = fq.handoff(None, shard=system_shard, lease_ms=LEASE_MS, tiers=[fq.SYSTEM_TIER])
     assert acked is None
     assert nxt is not None
     assert nxt.item_id == "wake"
@@ -204,6 +210,7 @@ def test_a_redelivered_message_of_an_item_acked_before_a_handoff_does_not_run_ag
 
 
 @pytest.mark.worker
+@pytest.mark.cluster(also=False)  # a worker's death, whatever Redis: too long for the cluster run
 def test_a_worker_process_killed_mid_chain_runs_neither_its_acked_items_again_nor_loses_the_current_one(
     make_tenant, celery_worker, redis_client, monkeypatch, settings
 ):

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ductor_project.core import scripts
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue as fq
+
+# Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0, which its direct
+# dispatcher calls serve.
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("tenants_on_shard")]
 
 
 def test_a_batch_runs_its_calls_in_order_and_reloads_scripts_the_server_forgot(make_tenant, redis_client: Any):
