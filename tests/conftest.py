@@ -49,7 +49,8 @@ def on_queue_cluster() -> bool:
 def queue_cluster() -> Iterator[redis_cluster.ClusterState | None]:
     """In the cluster run, this test process's own Redis Cluster, which holds Ductor's queue state
     for it and for the processes its tests start (they inherit the environment); None otherwise.
-    Stopped when the session ends."""
+    Stopped when the session ends. A session fixture, not the settings, starts it: pytest-xdist's
+    controller imports the settings too, and runs no test."""
     if not on_queue_cluster():
         yield None
         return

@@ -46,6 +46,7 @@ pytestmark = pytest.mark.cluster(only=True)
 
 CUSTOMER_TIERS = [tier for tier in fq.TIERS if tier != fq.SYSTEM_TIER]
 LEASE_MS = 30_000
+LATER_MS = 600_000  # an item not due during the test
 # A pool P of one connection C, with one slot each (as the fair queue's admission reads them).
 SCOPES = {
     "pool:P": json.dumps({"limit": -1, "rate": 0, "burst": 1, "strategy": "round_robin", "members": [["C", 1, 0]]}),
@@ -139,7 +140,7 @@ def test_the_fair_queue_on_tenants_of_every_shard_causes_no_cross_slot_error(clu
     for tenant in direct:  # the tenant's own calls: an item of pool P, a fairness key, one not due yet
         items = [fq.NewItem(f"e{i}", "standard", f"p{i}", {"kind": "k"}, scope="P" if i == 0 else None,
                             key="k1" if i == 1 else "") for i in range(3)]
-        fq.enqueue_many([*items, fq.NewItem("later", "batch", "pl", {}, delay_ms=60_000)], scopes=SCOPES,
+        fq.enqueue_many([*items, fq.NewItem("later", "batch", "pl", {}, delay_ms=LATER_MS)], scopes=SCOPES,
                         tenant=tenant)
         assert fq.configure(scopes=SCOPES, replace_scopes=True, tenant=tenant) == 0
     # Many tenants' items in one bulk load: calls of every shard, sent together, one pipeline per node.
@@ -201,7 +202,7 @@ def test_the_fair_queue_on_tenants_of_every_shard_causes_no_cross_slot_error(clu
 
         assert sum(fq.reap(shard=shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)) == 0
         due = [fq.next_due_ms(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)]
-        assert all(ms is None or ms > 50_000 for ms in due)  # only the "later" items are left
+        assert all(ms is None or ms > LATER_MS / 2 for ms in due)  # only the "later" items are left
         # Each shard's wake list holds one token at most: taken once, it is gone.
         assert any([fq.wait_for_work(shard=shard, timeout_s=0) for shard in range(settings.DUCTOR_QUEUE_SHARDS)])
         assert not any(fq.wait_for_work(shard=shard, timeout_s=0) for shard in range(settings.DUCTOR_QUEUE_SHARDS))

@@ -68,7 +68,7 @@ class RedisWatch:
                 if run_id is not None:
                     self._servers[shard] = run_id
 
-        try:
+        try:  # one key per shard, in order: a key's position is its shard
             per_node([epoch_key(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)], look)
         finally:  # what the servers that answered said is kept, whether the others did or not
             emptied = sorted(shard for shard, new in created.items() if new)
