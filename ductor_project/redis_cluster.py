@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,26 @@ def start(
             wait_gone(pid, signal.SIGTERM, timeout=2)
         (directory / STATE_FILE).unlink(missing_ok=True)
         raise
+    return state
+
+
+def restart_node(directory: Path, port: int, *, timeout_s: float = 30.0) -> ClusterState:
+    """Stop the master on ``port`` at once (no save) and start it again there with its cluster
+    configuration: back empty but serving its slots, as a master restarted without persistence
+    is. Returns once every node says ``cluster_state:ok`` again."""
+    directory = directory.resolve()
+    state = read_state(directory)
+    if state is None or port not in state.ports:
+        raise EmbeddedServiceError(f"no node on port {port} is recorded under {directory}")
+    node = state.ports.index(port)
+    _shutdown(port)
+    wait_gone(state.pids[node], signal.SIGTERM, timeout=5)
+    pids = list(state.pids)
+    pids[node] = _start_node(directory, port, state.announced[node])
+    state = replace(state, pids=tuple(pids))
+    _write_state(directory, state)
+    _wait(lambda: redis_ping(port, timeout=0.2), timeout_s, directory, "answer")
+    _wait(lambda: all(_cluster_ok(p, len(state.ports)) for p in state.ports), timeout_s, directory, "be ok")
     return state
 
 

@@ -45,6 +45,11 @@ def on_queue_cluster() -> bool:
     return bool(os.environ.get(QUEUE_CLUSTER))
 
 
+def queue_cluster_directory() -> Path:
+    """Where this test process's cluster lives in the cluster run."""
+    return Path(settings.DUCTOR_DATA_DIR) / f"cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def queue_cluster() -> Iterator[redis_cluster.ClusterState | None]:
     """In the cluster run, this test process's own Redis Cluster, which holds Ductor's queue state
@@ -54,7 +59,7 @@ def queue_cluster() -> Iterator[redis_cluster.ClusterState | None]:
     if not on_queue_cluster():
         yield None
         return
-    directory = Path(settings.DUCTOR_DATA_DIR) / f"cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    directory = queue_cluster_directory()
     cluster = redis_cluster.start(directory)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(settings, "DUCTOR_QUEUE_REDIS_URL", cluster.url())

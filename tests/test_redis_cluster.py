@@ -20,7 +20,9 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from redis.exceptions import ResponseError
+from structlog.testing import capture_logs
 
+from ductor_project import redis_cluster
 from ductor_project.core import capacity, heartbeats, scripts
 from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.keys import shard_of
@@ -35,7 +37,7 @@ from scheduling.dispatch import credits
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume
-from tests.conftest import api_client
+from tests.conftest import api_client, queue_cluster_directory
 from tests.processes import running_processes
 from tests.waiting import wait_for
 from workflows import services
@@ -280,6 +282,36 @@ def test_capacity_breakers_credits_heartbeats_epochs_and_the_quota_flag_cause_no
     assert superuser_api.get("/metrics").status_code == 200
 
     assert_no_cross_slot_nor_failed_call(cluster)
+
+
+def test_a_master_restarted_empty_is_a_loss_of_its_shards_and_the_clients_carry_on(cluster, spread):
+    """A master back without its data (a restart without persistence; a promoted replica is
+    another server too): the epoch watch names its shards and says restarted, and the queue client
+    finds the node again."""
+    watch = RedisWatch()
+    assert watch.lost() is True  # a flushed cluster
+    watch.repaired()
+    assert watch.lost() is False
+    tenants = spread(per_shard=1)
+    for tenant in tenants:
+        fq.enqueue("before", tier="standard", partition="p", payload={}, tenant=tenant)
+    node = cluster.get_node_from_key(epoch_key(2))
+    its_shards = [s for s in range(settings.DUCTOR_QUEUE_SHARDS) if cluster.get_node_from_key(epoch_key(s)) == node]
+
+    redis_cluster.restart_node(queue_cluster_directory(), node.port)
+
+    with capture_logs() as logs:
+        assert watch.lost() is True
+    (lost,) = [line for line in logs if line["event"] == "redis_data_lost"]
+    assert (lost["shards_without_epoch"], lost["restarted"]) == (its_shards, True)
+    for tenant in tenants:  # the restarted master's tenants lost their item; the others kept theirs
+        assert fq.stats(tenant).backlog == (0 if shard_of(str(tenant.pk)) in its_shards else 1)
+        fq.enqueue("after", tier="standard", partition="q", payload={}, tenant=tenant)
+    with no_tenant():
+        served = [fq.dequeue_many(shard=s, lease_ms=LEASE_MS, limit=10) for s in range(settings.DUCTOR_QUEUE_SHARDS)]
+    assert sum(len(items) for items in served) == 2 * len(tenants) - len(its_shards)
+    watch.repaired()
+    assert watch.lost() is False
 
 
 # -- end to end ----------------------------------------------------------------------------------
