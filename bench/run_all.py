@@ -132,7 +132,8 @@ def main() -> int:
 
     embedded.destroy(DATA_DIR)
     env = dict(os.environ, DUCTOR_DATA_DIR=str(DATA_DIR))
-    for name in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL"):  # the benchmarks' own embedded servers
+    for name in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL", "DUCTOR_QUEUE_REDIS_URL", "CACHE_REDIS_URL",
+                 "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # the benchmarks' own embedded servers
         env.pop(name, None)
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True
