@@ -172,7 +172,8 @@ def test_the_fair_queue_on_tenants_of_every_shard_causes_no_cross_slot_error(clu
             assert fq.admission_peek("P", SCOPES["pool:P"], {"connection:C": SCOPES["connection:C"]}).admitted is False
             assert fq.stats().in_flight == 3
 
-    # Batches whose calls go to every node: lease renewals, then a nack and a handoff of each tenant.
+    # Batches whose calls go to every node (lease renewals); then a third of the items nacked, a third
+    # handed off, a third acked.
     batch = scripts.Batch()
     for item in got:
         fq.queue_extend_lease(batch, item.item_id, lease_ms=LEASE_MS, delivery=item.delivery,
@@ -183,7 +184,7 @@ def test_the_fair_queue_on_tenants_of_every_shard_causes_no_cross_slot_error(clu
     acked = 0
     with no_tenant():
         for item in got[1::3]:
-            # The ack (the item's shard) and the next dequeue (another shard): one batch, two nodes.
+            # The ack (the item's shard) and the next dequeue (the next shard, often on another node).
             other = (shard_of(item.tenant_id) + 1) % settings.DUCTOR_QUEUE_SHARDS
             done, nxt = fq.handoff((by_id[item.tenant_id], item.item_id, item.delivery, 3.0), shard=other,
                                    lease_ms=LEASE_MS, tiers=CUSTOMER_TIERS)
