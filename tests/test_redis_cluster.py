@@ -345,7 +345,7 @@ def test_workflows_of_tenants_on_every_shard_run_to_their_end_through_a_real_wor
     with running_processes() as processes:
         client = get_redis()
         reset_errors(client)
-        tenants = spread(per_shard=2)
+        tenants = spread(per_shard=1)
         runs: list[tuple[Tenant, WorkflowRun]] = []
         for n, tenant in enumerate(tenants):
             with tenant_context(tenant):

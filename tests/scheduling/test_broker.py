@@ -267,6 +267,7 @@ def test_items_of_two_tenants_run_on_a_real_worker_each_in_its_own_tenant_contex
 
 
 @pytest.mark.worker
+@pytest.mark.cluster(also=False)  # what a worker makes of a message, whatever Redis: the cluster run is short
 def test_a_worker_drops_a_stale_delivery_and_refuses_a_message_without_tenant_without_running_the_handler(
     make_tenant, celery_worker, redis_client
 ):
