@@ -7,9 +7,10 @@ their cluster configuration, and outlive the process that started them until sto
 the embedded Redis (``ductor_project.embedded``), whose binary they run. Nothing here runs at
 import: only what needs a cluster calls ``start``.
 
-``announced`` ports make each node tell clients another port than its own (Redis's
-``cluster-announce-port``): a test puts a TLS proxy on each and reaches the cluster through
-them (``rediss+cluster://``).
+``restart_node(directory, port)`` stops one master at once and starts it again, empty (a
+restart without persistence). ``announced`` ports make each node tell clients another port
+than its own (Redis's ``cluster-announce-port``): a test puts a TLS proxy on each and reaches
+the cluster through them (``rediss+cluster://``).
 
 ``python -m ductor_project.redis_cluster start|stop|status DIR`` does the same from a shell.
 """
