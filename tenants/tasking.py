@@ -53,8 +53,11 @@ def cached_tenant(tenant_id: str) -> Tenant | None:
 
 
 @receiver([post_save, post_delete], sender=Tenant)
-def _tenant_changed(sender: Any, instance: Tenant, **kwargs: Any) -> None:
-    freshness.bump(instance)
+def _tenant_changed(sender: Any, instance: Tenant, created: bool = False, **kwargs: Any) -> None:
+    """A tenant's row changed or went: every process's copies of it are stale. A new tenant has
+    none (a process that looked for it kept nothing), so its creation writes no stamp."""
+    if not created:
+        freshness.bump(instance)
 
 
 def refresh_db_connections() -> None:

@@ -90,11 +90,18 @@ def django_db_setup(
     if app is None:
         yield
         return
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(f'GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO "{settings.DUCTOR_DB_APP_ROLE}"')
+    with django_db_blocker.unblock():
+        let_the_app_role_truncate()
     owner = use_credentials(connections["default"], app)
     yield
     use_credentials(connections["default"], owner)  # the owner drops the test database
+
+
+def let_the_app_role_truncate() -> None:
+    """As the tables' owner, in the test database only: the app role may truncate every table (a
+    transactional test's flush does)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f'GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO "{settings.DUCTOR_DB_APP_ROLE}"')
 
 
 def seed_reference_data() -> None:

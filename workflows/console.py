@@ -397,7 +397,8 @@ def plan_usage(report: dict[str, Any]) -> list[Usage]:
               f"resets {timezone.localtime(resets):%Y-%m-%d %H:%M %Z}"),
         Usage("steps in flight", used["steps_in_flight"], limits["max_concurrency"], "the tenant's concurrency"),
     ]
-    rows += [Usage(kind, used["objects"][kind], limits[limit]) for kind, limit in CEILING_FIELDS.items()]
+    rows += [Usage(kind.replace("_", " "), used["objects"][kind], limits[limit])
+             for kind, limit in CEILING_FIELDS.items()]
     return rows
 
 

@@ -373,7 +373,7 @@ def test_staff_see_their_tenants_usage_queue_and_fairness_share(world: SimpleNam
     assert response.status_code == 200
     usage = {row.label: (row.used, row.limit) for row in response.context["usage"]}
     assert set(usage) == {"runs this month", "steps in flight", "workflows", "pools", "connections", "rules",
-                          "schedules"}
+                          "schedules", "fairness keys"}
     assert usage["workflows"][0] == 2
     assert [row.tier for row in response.context["queue"]][-1] == "total"
     fairness = response.context["fairness"]
