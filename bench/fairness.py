@@ -470,21 +470,15 @@ def run_steps(stack: Stack, tenants: dict[str, Any], weights: dict[str, int], mo
 
 def worker_time(children: list[Child], slugs: dict[str, str], start: float, end: float,
                 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """From the workers' logs: each tenant's work (ms) of the items that finished between ``start`` and
-    ``end`` (Unix seconds), and its mean work per item kind there."""
-    from datetime import datetime
+    """From the workers' logs (their ``item_finished`` records, read as the demo reads them): each tenant's
+    work (ms) of the items that finished between ``start`` and ``end`` (Unix seconds), and its mean work per
+    item kind there."""
+    from ductor_project.demo.metrics import read_work
 
     done: dict[tuple[str, str], list[float]] = {}
-    for child in children:
-        if "worker" not in child.name:
-            continue
-        for line in child.log_path.read_bytes().splitlines():
-            if b'"item_finished"' not in line:
-                continue
-            record = json.loads(line)
-            slug = slugs.get(record.get("tenant_id", ""))
-            if slug and start <= datetime.fromisoformat(record["timestamp"]).timestamp() <= end:
-                done.setdefault((slug, record["kind"]), []).append(float(record["work_ms"]))
+    for item in read_work([child.log_path for child in children if "worker" in child.name], slugs):
+        if start <= item.finished.timestamp() <= end:
+            done.setdefault((item.slug, item.kind), []).append(item.work_ms)
     work = {slug: sum(sum(v) for (s, _), v in done.items() if s == slug) for slug in slugs.values()}
     mean = {slug: {kind: round(sum(v) / len(v), 2) for (s, kind), v in done.items() if s == slug}
             for slug in slugs.values()}

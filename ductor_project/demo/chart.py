@@ -1,5 +1,6 @@
-"""The demo's PNG (matplotlib, Agg): per-tenant throughput over time, each tenant's share of the dispatches
-against its weighted-fair share, and the waiting time of the dispatched items."""
+"""The demo's PNG (matplotlib, Agg): the worker processes each tenant's items kept busy over time, each
+tenant's share of the worker time against its weighted-fair share, and the waiting time of the dispatched
+items."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def write_chart(
     *,
     labels: Mapping[str, str],
     times: Sequence[float],
-    dispatches_per_s: Mapping[str, Sequence[float]],
+    busy: Mapping[str, Sequence[float]],
+    processes: int,
     share: Mapping[str, Sequence[float | None]],
     fair: Mapping[str, Sequence[float | None]],
     waits_ms: Mapping[str, Sequence[float | None]],
@@ -31,23 +33,24 @@ def write_chart(
 ) -> Path:
     """Draw the three panels and save the PNG at ``path``; returns it.
 
-    ``share`` and ``fair`` are fractions per bucket (``metrics.shares_per_bucket``), stacked in
-    the order of ``dispatches_per_s``; ``markers`` are events (seconds, label), and from
-    ``drain_from`` on no new work came but the flood's.
+    ``busy`` (worker-seconds per second), ``share`` and ``fair`` (fractions of the work done) are per
+    bucket (``metrics.work_per_bucket``), stacked in the order of ``busy``; ``processes`` is the pool's
+    size; ``markers`` are events (seconds, label), and from ``drain_from`` on no new work came but the
+    flood's.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    slugs = list(dispatches_per_s)
+    slugs = list(busy)
     colors = [COLORS.get(s, "#888888") for s in slugs]
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(12, 11), sharex=True, height_ratios=(3, 2.6, 2))
     fig.suptitle("Ductor demo: weighted fair sharing under a noisy neighbour", fontsize=15, fontweight="bold",
                  y=0.995)
     fig.text(0.5, 0.962, headline, ha="center", fontsize=10)
     fig.text(0.5, 0.945, subtitle, ha="center", fontsize=8.5, color="#555555")
-    _throughput(top, times, dispatches_per_s, labels, colors)
+    _busy(top, times, busy, processes, labels, colors)
     _shares(middle, times, share, fair, slugs, colors)
     _waits(bottom, times, waits_ms, slugs, colors, end)
     _phases((top, middle, bottom), markers, drain_from, end)
@@ -61,21 +64,21 @@ def write_chart(
     return path
 
 
-def _throughput(axis: Axes, times: Sequence[float], dispatches_per_s: Mapping[str, Sequence[float]],
-                labels: Mapping[str, str], colors: list[str]) -> None:
-    """The top panel: dispatches per second per tenant, stacked."""
-    slugs = list(dispatches_per_s)
-    axis.stackplot(times, *(dispatches_per_s[s] for s in slugs), labels=[labels[s] for s in slugs], colors=colors,
-                   alpha=0.85)
-    axis.set_ylabel("dispatches per second, stacked\n(run ticks and steps)")
-    axis.set_title("Throughput per tenant", fontsize=9.5, loc="left")
-    axis.set_ylim(0, max((sum(v) for v in zip(*dispatches_per_s.values(), strict=True)), default=1) * 1.32)
+def _busy(axis: Axes, times: Sequence[float], busy: Mapping[str, Sequence[float]], processes: int,
+          labels: Mapping[str, str], colors: list[str]) -> None:
+    """The top panel: worker processes busy with each tenant's items, stacked, under the pool's size."""
+    slugs = list(busy)
+    axis.stackplot(times, *(busy[s] for s in slugs), labels=[labels[s] for s in slugs], colors=colors, alpha=0.85)
+    axis.axhline(processes, color="black", linewidth=1, linestyle=":")
+    axis.set_ylabel("busy worker processes, stacked\n(worker-seconds per second)")
+    axis.set_title(f"Worker time per tenant (dotted: the pool's {processes} processes)", fontsize=9.5, loc="left")
+    axis.set_ylim(0, processes * 1.32)
     axis.grid(alpha=0.3)
 
 
 def _shares(axis: Axes, times: Sequence[float], share: Mapping[str, Sequence[float | None]],
             fair: Mapping[str, Sequence[float | None]], slugs: list[str], colors: list[str]) -> None:
-    """The middle panel: each tenant's share of the dispatches (bands) against its fair share (dashed)."""
+    """The middle panel: each tenant's share of the worker time (bands) against its fair share (dashed)."""
     percent = {s: [100 * (v or 0.0) for v in share[s]] for s in slugs}
     axis.stackplot(times, *(percent[s] for s in slugs), colors=colors, alpha=0.75)
     below = [0.0] * len(times)
@@ -83,8 +86,8 @@ def _shares(axis: Axes, times: Sequence[float], share: Mapping[str, Sequence[flo
         below = [b + 100 * (f if f is not None else math.nan) for b, f in zip(below, fair[slug], strict=True)]
         axis.plot(times, below, color="black", linestyle=(0, (4, 2)), linewidth=1.3)
     axis.set_ylim(0, 100)
-    axis.set_ylabel("share of the dispatches\n(%, stacked)")
-    axis.set_title("Each tenant's share of the dispatches (bands) against its weighted-fair share (dashed: "
+    axis.set_ylabel("share of worker time\n(%, stacked)")
+    axis.set_title("Each tenant's share of worker time (bands) against its weighted-fair share (dashed: "
                    "weight ÷ Σ weights of the tenants with work waiting)", fontsize=9.5, loc="left")
     axis.grid(alpha=0.3)
 

@@ -1,23 +1,49 @@
-"""The demo's figures: every dispatch of the fair queue, and runs from PostgreSQL.
+"""The demo's figures: every dispatch of the fair queue, the work its workers did, and runs from PostgreSQL.
 
 **Dispatches.** Every item the fair queue hands to a worker (a run's tick or a
 step) is logged as one ``dispatched`` line with the tenant and ``waited_ms``,
 how long the item had been due: by the dispatcher that published it, or by the
 worker that took it itself (handoff). That is the fair queue's own
-record, so the demo reads it (``DispatchLog``): PostgreSQL keeps no trace of
+record, so the demo reads it (``ItemLog``): PostgreSQL keeps no trace of
 the ticks that follow each step, and counting only what it keeps (first ticks
 and steps) would credit a tenant whose runs are all in their first tick (the
 flood, served oldest first) with half as much again as it got.
 
-**Share while backlogged.** An item waits from when it became due to its
-dispatch; items still waiting at the end come from PostgreSQL (runs not
-started, steps queued). A tenant is backlogged while one of its items waits. At
-each dispatch, every backlogged tenant is owed ``weight / sum of the
-backlogged tenants' weights`` of it; a tenant's *fair share* is what it was
-owed over the dispatches that happened while it was backlogged and another
-tenant was too, its *share* is what it got of them, and ``share / fair`` is 1.0
-for an exactly weighted-fair scheduler. Jain's index of ``share / fair`` over
-the tenants is 1.0 when all got the same fraction of what they were owed.
+**Worker time.** Every item a worker ran is logged by that worker as one
+``item_finished`` line (tenant, kind, outcome, ``work_ms``: how long its handler
+ran, what the fair queue charges its tenant), written as the handler returns. The
+item kept one worker process busy over ``[finish - work_ms, finish]``; the demo
+attributes its work to that interval, cut where it crosses a bucket's edge or the
+window's, rather than to the moment it finished: a bucket then holds the work done
+in it, and a 2-second bucket never holds more than the pool's processes x 2 s.
+Items that failed count as well (their tenant is charged for them too). Task
+steps run on the team's own worker (the shop's), not the pool's: they have no
+``item_finished`` line and no part in the worker time.
+
+**Backlogged.** An item waits from when it became due to its dispatch; items
+still waiting at the end come from PostgreSQL (runs not started, steps queued).
+A tenant is backlogged while one of its items waits.
+
+**Share of worker time while backlogged (the headline).** Between two events
+(an item due or dispatched, an item's work starting or ending) the set of
+backlogged tenants and the number of each tenant's items running are constant.
+Over every such stretch in which a tenant and at least one other tenant were
+backlogged, the tenant is owed ``weight / sum of the backlogged tenants'
+weights`` of the work the pool did (everyone's), and it got its own part of that
+work; its *fair share* is what it was owed over what was done in those stretches,
+its *share* what it got of it, and ``share / fair`` is 1.0 for a scheduler that
+divides worker time exactly by weight. The work done in a stretch was dispatched
+a moment before (the dispatch buffer, then the item's own run time), so a
+tenant's share lags its backlog by about one item; over a window of thousands of
+items that is noise. Per bucket (the chart), every stretch counts: a tenant alone
+with work waiting is owed all of it, and work done while nobody waited is owed
+to whoever did it (nobody was kept from it), so both add up to 1 in every
+bucket with work.
+
+**Share of the dispatches** (the secondary column) is counted the same way, one
+dispatch at a time: at each dispatch, every backlogged tenant is owed ``weight /
+sum of the backlogged tenants' weights`` of it. Jain's index of ``share / fair``
+over the tenants is 1.0 when all got the same fraction of what they were owed.
 
 **Task starts.** A task step published to a team's Celery queue is logged by
 the dispatcher as one ``task_published`` line (tenant, task, queue,
@@ -84,8 +110,59 @@ class TaskStart:
     queue: str
 
 
-class DispatchLog:
-    """Follows the dispatchers' log files from where they ended when this was made."""
+@dataclass(frozen=True)
+class Work:
+    """An item a worker ran (its ``item_finished`` line): it kept one worker process busy for ``work_ms``
+    until ``finished``."""
+
+    slug: str
+    kind: str
+    finished: datetime
+    work_ms: float
+
+
+LogRecord = Dispatch | TaskStart | Work
+_EVENTS = (b'"dispatched"', b'"task_published"', b'"item_finished"')
+
+
+def parse_line(line: bytes, slugs: Mapping[str, str]) -> LogRecord | None:
+    """The record a child's JSON log line holds, for a tenant in ``slugs`` (tenant id -> slug); None for
+    any other line, another tenant's (the system's), or one that does not parse."""
+    if not any(event in line for event in _EVENTS):
+        return None
+    try:
+        record = json.loads(line)
+        slug = slugs.get(str(record.get("tenant_id")))
+        if slug is None:
+            return None
+        at = datetime.fromisoformat(record["timestamp"])
+        event = record.get("event")
+        if event == "dispatched":
+            return Dispatch(slug, at, float(record.get("waited_ms", 0)))
+        if event == "task_published":
+            return TaskStart(slug, at, float(record.get("waited_ms", 0)), str(record.get("task")),
+                             str(record.get("queue")))
+        if event == "item_finished":
+            return Work(slug, str(record.get("kind")), at, float(record["work_ms"]))
+        return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def read_work(paths: Iterable[Path], slugs: Mapping[str, str]) -> list[Work]:
+    """Every ``item_finished`` record of the tenants in ``slugs`` in the whole of the files at ``paths``
+    (missing files have none)."""
+    found: list[Work] = []
+    for path in paths:
+        if path.exists():
+            records = (parse_line(line, slugs) for line in path.read_bytes().splitlines())
+            found.extend(record for record in records if isinstance(record, Work))
+    return found
+
+
+class ItemLog:
+    """Follows the dispatchers' and workers' log files from where they ended when this was made: the
+    dispatches, task starts and finished items of the tenants it knows."""
 
     def __init__(self, paths: Sequence[Path], tenant_slugs: Mapping[str, str]) -> None:
         self.slugs = dict(tenant_slugs)  # tenant id -> slug; other tenants (the system's) are ignored
@@ -93,10 +170,11 @@ class DispatchLog:
         self._partial = {path: b"" for path in paths}
         self.dispatches: list[Dispatch] = []
         self.task_starts: list[TaskStart] = []
+        self.work: list[Work] = []
 
     def read(self) -> list[Dispatch]:
         """The dispatches logged since the last call (also kept in ``dispatches``); the task starts
-        are kept in ``task_starts``."""
+        are kept in ``task_starts``, the finished items in ``work``."""
         new: list[Dispatch] = []
         for path, offset in self._offsets.items():
             if not path.exists():
@@ -108,30 +186,15 @@ class DispatchLog:
             lines = chunk.split(b"\n")
             self._partial[path] = lines.pop()  # an unfinished last line waits for the next read
             for line in lines:
-                found = self._parse(line)
+                found = parse_line(line, self.slugs)
                 if isinstance(found, Dispatch):
                     new.append(found)
-                elif found is not None:
+                elif isinstance(found, TaskStart):
                     self.task_starts.append(found)
+                elif isinstance(found, Work):
+                    self.work.append(found)
         self.dispatches.extend(new)
         return new
-
-    def _parse(self, line: bytes) -> Dispatch | TaskStart | None:
-        if b'"dispatched"' not in line and b'"task_published"' not in line:
-            return None
-        try:
-            record = json.loads(line)
-            slug = self.slugs.get(str(record.get("tenant_id")))
-            if slug is None:
-                return None
-            at, waited_ms = datetime.fromisoformat(record["timestamp"]), float(record.get("waited_ms", 0))
-            if record.get("event") == "dispatched":
-                return Dispatch(slug, at, waited_ms)
-            if record.get("event") == "task_published":
-                return TaskStart(slug, at, waited_ms, str(record.get("task")), str(record.get("queue")))
-            return None
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 # -- live --------------------------------------------------------------------------------------
@@ -196,10 +259,13 @@ class TenantData:
     items: list[tuple[float, float | None]] = field(default_factory=list)  # (due, dispatched or None)
     waits_ms: list[float] = field(default_factory=list)
     runs: list[tuple[float, float | None]] = field(default_factory=list)  # (created, finished)
+    work: list[tuple[float, float]] = field(default_factory=list)  # (began, finished): a worker process busy
 
 
-def collect(tenants: Mapping[str, Tenant], dispatches: Sequence[Dispatch], t0: datetime) -> dict[str, TenantData]:
-    """Dispatched items from the log; still-waiting items and all runs from PostgreSQL (three queries a tenant)."""
+def collect(tenants: Mapping[str, Tenant], dispatches: Sequence[Dispatch], work: Sequence[Work],
+            t0: datetime) -> dict[str, TenantData]:
+    """Dispatched items and the work the workers did from the log; still-waiting items and all runs from
+    PostgreSQL (three queries a tenant)."""
     def sec(value: datetime) -> float:
         return (value - t0).total_seconds()
 
@@ -208,6 +274,9 @@ def collect(tenants: Mapping[str, Tenant], dispatches: Sequence[Dispatch], t0: d
         at = sec(d.at)
         data[d.slug].items.append((at - d.waited_ms / 1000, at))
         data[d.slug].waits_ms.append(d.waited_ms)
+    for w in work:
+        finished = sec(w.finished)
+        data[w.slug].work.append((finished - w.work_ms / 1000, finished))
     for slug, tenant in tenants.items():
         row = data[slug]
         with tenant_context(tenant):
@@ -223,8 +292,11 @@ def collect(tenants: Mapping[str, Tenant], dispatches: Sequence[Dispatch], t0: d
 
 @dataclass(frozen=True)
 class Share:
-    got: int  # dispatches to the tenant while it and another tenant were backlogged
-    contested: int  # dispatches (to anyone) while the tenant and another tenant were backlogged
+    """What a tenant got and was owed of what was shared while it and another tenant were backlogged:
+    dispatches (``shares``, ``task_shares``) or worker-seconds (``work_shares``)."""
+
+    got: float  # dispatches to the tenant, or the work its items did, while it and another were backlogged
+    contested: float  # the same, to or of anyone
     owed: float  # the tenant's weighted share of those
 
     @property
@@ -290,47 +362,149 @@ def task_shares(starts: Sequence[TaskStart], weights: Mapping[str, int], *, queu
     return shares(data, weights, until), {slug: len(row.items) for slug, row in data.items()}
 
 
-def shares_per_bucket(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float,
-                      bucket_s: float) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
-    """Per tenant and bucket: its fraction of the bucket's dispatches, and its weighted-fair fraction of them.
+# -- worker time ----------------------------------------------------------------------------------
 
-    The fair fraction of a dispatch is ``weight / sum of the backlogged tenants' weights`` for each
-    backlogged tenant (a tenant alone with work is owed all of it), so both add up to 1 over the
-    tenants in every bucket with a dispatch; None for a bucket without one.
+@dataclass(frozen=True)
+class Stretch:
+    """A stretch of the window in which nothing changed: the tenants backlogged, and how many worker
+    processes each tenant's items kept busy (``running``; tenants with none are left out)."""
+
+    start: float
+    end: float
+    backlogged: tuple[str, ...]
+    running: Mapping[str, int]
+
+    def work(self, start: float | None = None, end: float | None = None) -> dict[str, float]:
+        """The worker-seconds each running tenant's items did in the stretch (or the part of it from
+        ``start`` to ``end``)."""
+        seconds = (self.end if end is None else end) - (self.start if start is None else start)
+        return {slug: n * seconds for slug, n in self.running.items()}
+
+
+def _stretches(data: Mapping[str, TenantData], until: float) -> Iterator[Stretch]:
+    """The window ``[0, until]`` cut wherever a tenant's backlog or its running items change, in time order.
+
+    An item is waiting over ``[due, dispatched)`` (to the end of the window if not dispatched in it);
+    work is cut to the window."""
+    events: list[tuple[float, int, str, int]] = []  # (time, 0 backlog | 1 running, tenant, +1 or -1)
+    for slug, row in data.items():
+        for due, dispatched in row.items:
+            if due > until:
+                continue
+            events.append((due, 0, slug, 1))
+            if dispatched is not None and dispatched <= until:
+                events.append((dispatched, 0, slug, -1))
+        for began, finished in row.work:
+            if began < until and finished > 0:
+                events.append((max(began, 0.0), 1, slug, 1))
+                events.append((min(finished, until), 1, slug, -1))
+    events.sort()
+    waiting: dict[str, int] = defaultdict(int)
+    running: dict[str, int] = defaultdict(int)
+    last = 0.0
+
+    def now(end: float) -> Stretch:
+        return Stretch(last, end, tuple(s for s, n in waiting.items() if n > 0),
+                       {s: n for s, n in running.items() if n > 0})
+
+    for at, what, slug, step in events:
+        if at > last:
+            yield now(at)
+            last = at
+        (waiting if what == 0 else running)[slug] += step
+    if until > last:
+        yield now(until)
+
+
+def work_shares(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float) -> dict[str, Share]:
+    """Each tenant's worker-seconds against its weighted share of everyone's, over the stretches in
+    which it and another tenant were backlogged (module doc)."""
+    got: dict[str, float] = defaultdict(float)
+    contested: dict[str, float] = defaultdict(float)
+    owed: dict[str, float] = defaultdict(float)
+    for stretch in _stretches(data, until):
+        if len(stretch.backlogged) < 2:
+            continue
+        work = stretch.work()
+        done = sum(work.values())
+        total = sum(weights[s] for s in stretch.backlogged)
+        for s in stretch.backlogged:
+            contested[s] += done
+            owed[s] += weights[s] / total * done
+            got[s] += work.get(s, 0.0)
+    return {slug: Share(got[slug], contested[slug], owed[slug]) for slug in data}
+
+
+@dataclass(frozen=True)
+class BucketWork:
+    """Per tenant and bucket: ``busy``, the worker processes its items kept busy on average
+    (worker-seconds per second); ``share``, its fraction of the work done in the bucket; ``fair``, its
+    weighted-fair fraction of that work (None for both: no work done in the bucket)."""
+
+    busy: dict[str, list[float]]
+    share: dict[str, list[float | None]]
+    fair: dict[str, list[float | None]]
+
+
+def work_per_bucket(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float,
+                    bucket_s: float) -> BucketWork:
+    """The work done in each ``bucket_s`` of the window, each stretch's work in the buckets it spans.
+
+    The work of a stretch is owed ``weight / sum of the backlogged tenants' weights`` to each backlogged
+    tenant (a tenant alone with work waiting is owed all of it), or, when nobody was waiting, to whoever
+    did it; so shares and fair shares both add up to 1 over the tenants in every bucket with work.
     """
     buckets = max(1, math.ceil(until / bucket_s))
-    count = [0] * buckets
+    done = [0.0] * buckets
     got = {slug: [0.0] * buckets for slug in data}
     owed = {slug: [0.0] * buckets for slug in data}
-    for at, slug, backlogged in _dispatch_walk(data, until):
-        index = min(max(int(at // bucket_s), 0), buckets - 1)
-        count[index] += 1
-        got[slug][index] += 1
-        total = sum(weights[s] for s in backlogged)
-        for s in backlogged:
-            owed[s][index] += weights[s] / total
+    for stretch in _stretches(data, until):
+        for index, start, end in _pieces(stretch.start, stretch.end, bucket_s, buckets):
+            work = stretch.work(start, end)
+            total = sum(work.values())
+            done[index] += total
+            for s, seconds in work.items():
+                got[s][index] += seconds
+            if stretch.backlogged:
+                weight = sum(weights[s] for s in stretch.backlogged)
+                for s in stretch.backlogged:
+                    owed[s][index] += weights[s] / weight * total
+            else:
+                for s, seconds in work.items():
+                    owed[s][index] += seconds
 
     def fractions(values: list[float]) -> list[float | None]:
-        return [value / n if n else None for value, n in zip(values, count, strict=True)]
+        return [value / total if total else None for value, total in zip(values, done, strict=True)]
 
-    return ({slug: fractions(row) for slug, row in got.items()},
-            {slug: fractions(row) for slug, row in owed.items()})
+    # The last bucket may be cut short by the end of the window.
+    lengths = [max(min(bucket_s, until - i * bucket_s), 0.1) for i in range(buckets)]
+    return BucketWork(
+        busy={slug: [v / length for v, length in zip(row, lengths, strict=True)] for slug, row in got.items()},
+        share={slug: fractions(row) for slug, row in got.items()},
+        fair={slug: fractions(row) for slug, row in owed.items()},
+    )
 
 
-def per_bucket(data: Mapping[str, TenantData], until: float,
-               bucket_s: float) -> tuple[list[float], dict[str, list[float]], dict[str, list[float | None]]]:
-    """Bucket mids; dispatches per second and the median wait (ms; None: no dispatch) per tenant and bucket."""
+def _pieces(start: float, end: float, bucket_s: float, buckets: int) -> Iterator[tuple[int, float, float]]:
+    """``[start, end)`` cut at the buckets' edges: (bucket, start, end) for each piece; the last bucket
+    takes whatever lies beyond it."""
+    index = min(int(start // bucket_s), buckets - 1)
+    while start < end:
+        edge = end if index == buckets - 1 else min(end, (index + 1) * bucket_s)
+        yield index, start, edge
+        start, index = edge, index + 1
+
+
+def waits_per_bucket(data: Mapping[str, TenantData], until: float,
+                     bucket_s: float) -> tuple[list[float], dict[str, list[float | None]]]:
+    """Bucket mids, and the median wait (ms; None: no dispatch) per tenant and bucket of its dispatches."""
     buckets = max(1, math.ceil(until / bucket_s))
     mids = [(i + 0.5) * bucket_s for i in range(buckets)]
-    rates: dict[str, list[float]] = {}
     waits: dict[str, list[float | None]] = {}
     for slug, row in data.items():
         grouped: list[list[float]] = [[] for _ in range(buckets)]
         for due, dispatched in row.items:
             if dispatched is not None and 0 <= dispatched < buckets * bucket_s:
                 grouped[int(dispatched // bucket_s)].append((dispatched - due) * 1000)
-        # The last bucket may be cut short by the end of the window.
-        rates[slug] = [len(group) / max(min(bucket_s, until - i * bucket_s), 0.1) for i, group in enumerate(grouped)]
         waits[slug] = [percentile(group, 50) for group in grouped]
-    return mids, rates, waits
-
+    return mids, waits

@@ -40,7 +40,7 @@ READY_TIMEOUT_S = 90.0
 QUEUE_EVERY_S = 3.0
 STOP_GRACE_S = 3.0  # the scratch database is dropped afterwards: a child cut short loses nothing
 BUCKET_S = 2.0
-MIN_CONTESTED = 20  # starts a tenant must have competed for to count in Jain's index
+MIN_CONTESTED_S = 2.0  # worker-seconds a tenant must have competed for to count in Jain's index
 
 
 def run(console: Console, box: scratch.Scratch) -> int:
@@ -58,7 +58,7 @@ def run(console: Console, box: scratch.Scratch) -> int:
         setup = _bring_up(console, started, port, phases, box)
         tenants = {t.slug: Tenant.objects.get(slug=t.slug) for t in TENANTS}
         weights = _weights(base, setup.keys)
-        log = _dispatch_log(started.stack, tenants)
+        log = _item_log(started.stack, tenants)
         t0 = timezone.now()
         started.workload = workload = Workload(base, setup.keys, say=view.note)
         _watch(view, started.stack, workload, tenants, log, weights, base, setup.keys)
@@ -71,7 +71,7 @@ def run(console: Console, box: scratch.Scratch) -> int:
             started.stack.stop_all(grace_s=STOP_GRACE_S)
         phases.done("checks and stop")
         log.read()
-        _summary(console, tenants, log.dispatches, weights, t0, until, workload, settings.DUCTOR_DATA_DIR)
+        _summary(console, tenants, log, weights, t0, until, workload, settings.DUCTOR_DATA_DIR)
         _print_shop(console, tenants, log.task_starts, weights, t0)
         print_checks(console, checks)
         phases.done("summary")
@@ -115,8 +115,8 @@ def _intro(console: Console, box: scratch.Scratch) -> None:
 
 def _child_env(box: scratch.Scratch) -> dict[str, str]:
     """The children's environment: the scratch databases, private addresses allowed for http.request (the
-    demo's own local service is on 127.0.0.1), and INFO in JSON (the summary reads the "dispatched" lines,
-    ``ductor_project.demo.metrics``), and the shop's queue's slots shared by every tenant
+    demo's own local service is on 127.0.0.1), and INFO in JSON (the summary reads the "dispatched" and
+    "item_finished" lines, ``ductor_project.demo.metrics``), and the shop's queue's slots shared by every tenant
     (``ductor_project.demo.shop``)."""
     return dict(os.environ, DATABASE_URL=box.database_url, REDIS_URL=box.redis_url, DUCTOR_HTTP_ALLOW_PRIVATE="1",
                 DUCTOR_LOG_LEVEL="INFO", DUCTOR_LOG_FORMAT="json", DUCTOR_TASK_QUEUE_SLOTS=shop.SLOTS)
@@ -160,10 +160,11 @@ def _start_stack(stack: Stack, port: int) -> Child:
     return web
 
 
-def _dispatch_log(stack: Stack, tenants: dict[str, Tenant]) -> metrics.DispatchLog:
-    """Follows what the dispatchers publish and what the workers take themselves (handoff), from now on."""
+def _item_log(stack: Stack, tenants: dict[str, Tenant]) -> metrics.ItemLog:
+    """Follows what the dispatchers publish, what the workers take themselves (handoff) and what they
+    finish, from now on."""
     logs = [child.log_path for child in stack.children if child.name.startswith(("dispatcher-", "worker-"))]
-    return metrics.DispatchLog(logs, {str(tenant.pk): slug for slug, tenant in tenants.items()})
+    return metrics.ItemLog(logs, {str(tenant.pk): slug for slug, tenant in tenants.items()})
 
 
 class _Phases:
@@ -212,7 +213,7 @@ def _print_setup(console: Console, setup: scenario.Setup) -> None:
 
 
 def _watch(view: DemoView, stack: Stack, workload: Workload, tenants: dict[str, Tenant],
-           log: metrics.DispatchLog, weights: dict[str, int], base: str, keys: dict[str, str]) -> None:
+           log: metrics.ItemLog, weights: dict[str, int], base: str, keys: dict[str, str]) -> None:
     """Run the workload with the live view until ``FLOOD_ALONE_S`` after the normal tenants' and the
     latecomer's runs are all done (or the time cap)."""
     apis = {slug: Api(base, key) for slug, key in keys.items()}
@@ -295,23 +296,24 @@ def _orders_text(orders: dict[str, metrics.Runs]) -> str:
                      for slug, r in orders.items())
 
 
-# -- the summary (from PostgreSQL) -------------------------------------------------------------
+# -- the summary -------------------------------------------------------------------------------
 
-def _summary(console: Console, tenants: dict[str, Tenant], dispatches: list[metrics.Dispatch],
-             weights: dict[str, int], t0: datetime, until: float, workload: Workload, data_dir: Path) -> None:
+def _summary(console: Console, tenants: dict[str, Tenant], log: metrics.ItemLog, weights: dict[str, int],
+             t0: datetime, until: float, workload: Workload, data_dir: Path) -> None:
     """The fairness table and what it means, over the workload window (``until`` seconds from ``t0``), then
     the PNG chart in ``data_dir``."""
-    data = metrics.collect(tenants, [d for d in dispatches if (d.at - t0).total_seconds() <= until], t0)
-    shares = metrics.shares(data, weights, until)
-    _print_shares(console, data, shares, weights, until)
+    dispatches = [d for d in log.dispatches if (d.at - t0).total_seconds() <= until]
+    data = metrics.collect(tenants, dispatches, log.work, t0)
+    work = metrics.work_shares(data, weights, until)
+    _print_shares(console, data, work, metrics.shares(data, weights, until), weights, until)
     trickle = [t.slug for t in TENANTS if t.role == scenario.TRICKLE]
-    counted = {slug: s.ratio for slug, s in shares.items()
-               if s.ratio is not None and s.contested >= MIN_CONTESTED and slug not in trickle}
+    counted = {slug: s.ratio for slug, s in work.items()
+               if s.ratio is not None and s.contested >= MIN_CONTESTED_S and slug not in trickle}
     index = metrics.jain(v for v in counted.values() if v is not None)
     jain = "-" if index is None else f"{index:.3f}"
     _print_notes(console, data["floodco"], until, counted=list(counted), trickle=trickle, jain=jain)
-    headline = "While backlogged together, share of the dispatches (fair share): " + ", ".join(
-        f"{slug} {_pct(shares[slug].share)} ({_pct(shares[slug].fair)})" for slug in counted
+    headline = "While backlogged together, share of worker time (fair share): " + ", ".join(
+        f"{slug} {_pct(work[slug].share)} ({_pct(work[slug].fair)})" for slug in counted
     ) + f"; Jain's index {jain}"
     path = _write_chart(data_dir / "demo-throughput.png", data, weights, until, workload, headline)
     console.print(f"Chart: [bold]{path}[/bold]", highlight=False)
@@ -333,32 +335,33 @@ def _print_shop(console: Console, tenants: dict[str, Tenant], starts: list[metri
         + f"; {sum(totals.values())} task starts in {span:.1f} s.", highlight=False)
     contested = max((s.contested for s in shares.values()), default=0)
     console.print(
-        f"Shop task starts while acme and globex both had one waiting ({contested}): " + ", ".join(
+        f"Shop task starts while acme and globex both had one waiting ({contested:.0f}): " + ", ".join(
             f"{slug} [bold]{_pct(shares[slug].share)}[/bold] (fair {_pct(shares[slug].fair)}, weight "
             f"{weights[slug]}; share ÷ fair {_ratio(shares[slug].ratio)})"
             for slug in shop.SHOPPERS if slug in shares), highlight=False)
 
 
-def _print_shares(console: Console, data: dict[str, metrics.TenantData], shares: dict[str, metrics.Share],
-                  weights: dict[str, int], until: float) -> None:
-    """One row per tenant: runs done, its share of the contested dispatches against its fair share, waits."""
+def _print_shares(console: Console, data: dict[str, metrics.TenantData], work: dict[str, metrics.Share],
+                  dispatches: dict[str, metrics.Share], weights: dict[str, int], until: float) -> None:
+    """One row per tenant: runs done, its share of the worker time while it and another tenant were
+    backlogged against its fair share, its share of the dispatches then (beside it), waits."""
     table = Table(title=f"Fairness over the {until:.0f} s workload window", title_justify="left",
                   header_style="bold")
     for column, justify in (("tenant", "left"), ("plan (weight)", "left"), ("runs done", "right"),
-                            ("dispatches while backlogged", "right"), ("share", "right"), ("fair share", "right"),
-                            ("share ÷ fair", "right"), ("wait p50", "right"), ("wait p99", "right"),
-                            ("run latency p50", "right")):
+                            ("worker-s while backlogged", "right"), ("share", "right"), ("fair share", "right"),
+                            ("share ÷ fair", "right"), ("dispatches (share)", "right"), ("wait p50", "right"),
+                            ("wait p99", "right"), ("run latency p50", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for t in TENANTS:
-        row, share = data[t.slug], shares[t.slug]
+        row, share, sent = data[t.slug], work[t.slug], dispatches[t.slug]
         done = [finished - created for created, finished in row.runs if finished is not None and finished <= until]
         ratio = "-" if share.ratio is None else f"{share.ratio:.2f}"
         if t.role == scenario.TRICKLE:  # never backlogged for long: served as it arrives (see below)
             ratio = "[dim]trickle[/dim]"
         table.add_row(
             t.slug, f"{t.plan} ({weights[t.slug]})", f"{len(done):,}/{len(row.runs):,}",
-            f"{share.got:,} of {share.contested:,}", _pct(share.share), _pct(share.fair),
-            ratio, fmt_ms(metrics.percentile(row.waits_ms, 50)),
+            f"{share.got:,.1f} of {share.contested:,.1f}", _pct(share.share), _pct(share.fair),
+            ratio, f"{sent.got:,.0f} ({_pct(sent.share)})", fmt_ms(metrics.percentile(row.waits_ms, 50)),
             fmt_ms(metrics.percentile(row.waits_ms, 99)), _seconds(metrics.percentile(done, 50)),
         )
     console.print(table)
@@ -369,11 +372,14 @@ def _print_notes(console: Console, flood: metrics.TenantData, until: float, *, c
     """How to read the table: what Jain's index covers, why the trickle is judged by its wait, the flood."""
     console.print(
         f"Jain's index of share ÷ fair over {', '.join(counted) or 'no tenant'}: [bold]{jain}[/bold] (1.0: each "
-        "got the same fraction of its weighted share). Dispatches are the fair queue's hand-outs (run ticks and "
-        "steps); a tenant's share counts those made while it and another tenant both had work waiting; waits "
-        f"run from due to dispatch. The trickle ({', '.join(trickle)}) has work waiting only for moments, and a "
-        "tenant that has just become active is served at once (within about one round of the others), so it "
-        "gets more than its fair share of the few dispatches made while it waits: its figure is its wait.",
+        "got the same fraction of its weighted share). Worker time is what the workers measured each item's "
+        "handler running (run ticks and steps), what the fair queue charges; a tenant's share counts the "
+        "worker-seconds done while it and another tenant both had work waiting, and its fair share is its "
+        "weight ÷ the sum of the weights of the tenants waiting then. Dispatches are the fair queue's hand-outs, "
+        "counted the same way; a tenant whose items are cheap gets more of them than its share of worker time. "
+        f"Waits run from due to dispatch. The trickle ({', '.join(trickle)}) has work waiting only for moments, "
+        "and a tenant that has just become active is served at once (within about one round of the others), so "
+        "it gets more than its fair share of the little work done while it waits: its figure is its wait.",
         highlight=False)
     finished = sum(1 for _, end in flood.runs if end is not None and end <= until)
     console.print(f"floodco queued {len(flood.runs):,} runs in as many partitions; a run of its is one dispatch, "
@@ -385,8 +391,8 @@ def _print_notes(console: Console, flood: metrics.TenantData, until: float, *, c
 def _write_chart(path: Path, data: dict[str, metrics.TenantData], weights: dict[str, int], until: float,
                  workload: Workload, headline: str) -> Path:
     """The PNG at ``path`` (``chart.write_chart``) in ``BUCKET_S`` buckets, the workload's events marked."""
-    mids, rates, waits = metrics.per_bucket(data, until, BUCKET_S)
-    got, fair = metrics.shares_per_bucket(data, weights, until, BUCKET_S)
+    mids, waits = metrics.waits_per_bucket(data, until, BUCKET_S)
+    work = metrics.work_per_bucket(data, weights, until, BUCKET_S)
     flood_runs = len(data["floodco"].runs)
     names = {"floodco floods": f"floodco floods ({flood_runs:,} runs)", "latecomer arrives": "latecomer arrives",
              "shop orders": "acme, globex order from the shop",
@@ -396,11 +402,12 @@ def _write_chart(path: Path, data: dict[str, metrics.TenantData], weights: dict[
     drain_from = next((at for at, label in workload.events if label == "acme, globex stop"), None)
     labels = {t.slug: f"{t.slug} ({t.plan}, weight {weights[t.slug]})" for t in TENANTS}
     return chart.write_chart(
-        path, labels=labels, times=mids, dispatches_per_s=rates, share=got, fair=fair,
-        waits_ms=waits, markers=markers, drain_from=drain_from, end=until, headline=headline,
-        subtitle=(f"{WORKERS} Celery worker x {WORKER_CONCURRENCY} processes, {DISPATCHERS} dispatcher; a "
-                  "floodco run is one dispatch (its tick), a one-step run of the others one or two (its step, "
-                  f"after a queued first tick for bulk starts); {BUCKET_S:g}-second buckets"),
+        path, labels=labels, times=mids, busy=work.busy, processes=WORKERS * WORKER_CONCURRENCY,
+        share=work.share, fair=work.fair, waits_ms=waits, markers=markers, drain_from=drain_from, end=until,
+        headline=headline,
+        subtitle=(f"{WORKERS} Celery worker x {WORKER_CONCURRENCY} processes, {DISPATCHERS} dispatcher; worker time "
+                  "is each item's handler run time as its worker measured it (what the fair queue charges), "
+                  f"counted where it was spent; {BUCKET_S:g}-second buckets"),
     )
 
 

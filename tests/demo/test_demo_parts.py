@@ -1,4 +1,4 @@
-"""The demo's pure parts: its fairness arithmetic, its reading of the dispatcher log, its HTTP service."""
+"""The demo's pure parts: its fairness arithmetic, its reading of the children's logs, its HTTP service."""
 
 from __future__ import annotations
 
@@ -48,42 +48,112 @@ def test_a_tenant_alone_with_work_is_not_counted_as_competing():
     assert shares["a"].ratio is None
 
 
-def test_bucket_shares_add_up_to_one_and_owe_each_backlogged_tenant_its_weight():
-    # 0-10 s: heavy (3) and light (1) both backlogged, heavy gets 3 of every 4; 10-20 s: light alone.
+def test_worker_time_shared_by_weight_gives_a_ratio_of_one_however_cheap_a_tenants_items_are():
+    # One process, both tenants backlogged throughout: every 0.4 s "heavy" (weight 3) runs one 0.3 s item,
+    # "light" (weight 1) ten 0.01 s items. Worker time is 3 : 1, as the weights say; dispatches are 1 : 10.
     data = {"heavy": metrics.TenantData(), "light": metrics.TenantData()}
-    for i in range(40):
-        data["heavy" if i % 4 else "light"].items.append((0.0, 0.1 + i * 0.25))
-    data["heavy"].items.append((0.0, 9.99))  # its last item: backlogged until then
-    data["light"].items.extend((0.0, 10.0 + i * 0.5) for i in range(20))
-    got, fair = metrics.shares_per_bucket(data, {"heavy": 3, "light": 1}, until=20.0, bucket_s=10.0)
-    assert got["heavy"][0] == pytest.approx(31 / 41)
-    assert fair["heavy"][0] == pytest.approx(0.75)
-    assert fair["light"][0] == pytest.approx(0.25)
-    assert got["light"][1] == fair["light"][1] == 1.0
-    assert got["heavy"][1] == fair["heavy"][1] == 0.0
-    for bucket in (0, 1):
-        assert sum(got[s][bucket] or 0 for s in data) == pytest.approx(1.0)
-        assert sum(fair[s][bucket] or 0 for s in data) == pytest.approx(1.0)
-    _, empty = metrics.shares_per_bucket(data, {"heavy": 3, "light": 1}, until=30.0, bucket_s=10.0)
-    assert empty["light"][2] is None
+    for cycle in range(100):
+        at = cycle * 0.4
+        data["heavy"].work.append((at, at + 0.3))
+        data["heavy"].items.append((0.0, at))
+        for i in range(10):
+            began = at + 0.3 + i * 0.01
+            data["light"].work.append((began, began + 0.01))
+            data["light"].items.append((0.0, began))
+    for row in data.values():
+        row.items.append((0.0, None))  # still waiting at the end: backlogged throughout
+    weights = {"heavy": 3, "light": 1}
+    work = metrics.work_shares(data, weights, until=40.0)
+    assert work["heavy"].got == pytest.approx(30.0)
+    assert work["light"].contested == pytest.approx(40.0)
+    assert work["light"].fair == pytest.approx(0.25)
+    assert work["heavy"].ratio == pytest.approx(1.0)
+    assert work["light"].ratio == pytest.approx(1.0)
+    assert metrics.shares(data, weights, until=40.0)["light"].share == pytest.approx(10 / 11)
 
 
-def test_the_dispatch_log_reads_only_new_complete_lines_of_known_tenants(tmp_path: Path):
+def test_a_tenant_kept_from_the_workers_while_backlogged_gets_no_worker_time():
+    data = {"hog": metrics.TenantData(), "victim": metrics.TenantData()}
+    data["hog"].work.extend((i * 1.0, i * 1.0 + 1.0) for i in range(10))
+    for row in data.values():
+        row.items.append((0.0, None))
+    work = metrics.work_shares(data, {"hog": 1, "victim": 1}, until=10.0)
+    assert work["victim"].ratio == 0
+    assert work["victim"].owed == pytest.approx(5.0)
+    assert work["hog"].ratio == pytest.approx(2.0)
+
+
+def test_worker_time_counts_only_while_the_tenant_and_another_are_backlogged_and_only_inside_the_window():
+    # "a" is backlogged from 0 to 10 s, "b" from 5 s on; a's item runs from -1 to 12 s, b's from 6 to 8 s.
+    data = {"a": metrics.TenantData(), "b": metrics.TenantData()}
+    data["a"].items.append((0.0, 10.0))
+    data["b"].items.append((5.0, None))
+    data["a"].work.append((-1.0, 12.0))
+    data["b"].work.append((6.0, 8.0))
+    work = metrics.work_shares(data, {"a": 1, "b": 1}, until=11.0)
+    assert work["a"].got == pytest.approx(5.0)  # from 5 to 10 s, not before b waited nor after a stopped
+    assert work["a"].contested == pytest.approx(7.0)  # and b's 2 s
+    assert work["b"].got == pytest.approx(2.0)
+    assert work["b"].contested == pytest.approx(7.0)  # b alone from 10 s on: not contested
+
+    alone = {"a": metrics.TenantData(), "b": metrics.TenantData()}
+    alone["a"].items.append((0.0, None))
+    alone["a"].work.append((0.0, 5.0))
+    shares = metrics.work_shares(alone, {"a": 1, "b": 1}, until=10.0)
+    assert shares["a"].contested == 0
+    assert shares["a"].ratio is None
+
+
+def test_bucket_work_is_cut_where_it_was_done_and_shares_add_up_to_one():
+    # 0-10 s: a (weight 3) and b (1) backlogged; a busy throughout, b from 5 s.
+    # 10-20 s: nobody waits; a's next item runs from 15 to 25 s, half in each bucket.
+    # 20-30 s: b waits alone while a works; 30-40 s: nothing done.
+    data = {"a": metrics.TenantData(), "b": metrics.TenantData()}
+    data["a"].items.append((0.0, 10.0))
+    data["b"].items.extend([(0.0, 10.0), (20.0, None)])
+    data["a"].work.extend([(0.0, 10.0), (15.0, 25.0)])
+    data["b"].work.append((5.0, 10.0))
+    buckets = metrics.work_per_bucket(data, {"a": 3, "b": 1}, until=40.0, bucket_s=10.0)
+    assert buckets.busy["a"] == pytest.approx([1.0, 0.5, 0.5, 0.0])
+    assert buckets.busy["b"] == pytest.approx([0.5, 0.0, 0.0, 0.0])
+    assert buckets.share["a"][0] == pytest.approx(10 / 15)
+    assert buckets.fair["a"][0] == pytest.approx(0.75)
+    assert buckets.fair["b"][0] == pytest.approx(0.25)
+    assert buckets.share["a"][1] == buckets.fair["a"][1] == 1.0  # nobody kept waiting: owed to whoever worked
+    assert buckets.share["a"][2] == 1.0
+    assert buckets.fair["a"][2] == 0.0
+    assert buckets.fair["b"][2] == 1.0  # the only tenant waiting is owed all of it
+    for bucket in (0, 1, 2):
+        assert sum(buckets.share[s][bucket] or 0 for s in data) == pytest.approx(1.0)
+        assert sum(buckets.fair[s][bucket] or 0 for s in data) == pytest.approx(1.0)
+    assert buckets.share["a"][3] is None
+    assert buckets.fair["b"][3] is None
+
+
+def test_the_item_log_reads_only_new_complete_lines_of_known_tenants(tmp_path: Path):
     log = tmp_path / "dispatcher-1.log"
     log.write_text(json.dumps({"event": "dispatched", "tenant_id": "t1", "waited_ms": 5,
                                "timestamp": "2026-01-01T00:00:00Z"}) + "\n")
-    reader = metrics.DispatchLog([log], {"t1": "acme", "t2": "globex"})
+    reader = metrics.ItemLog([log], {"t1": "acme", "t2": "globex"})
     line = {"event": "dispatched", "tenant_id": "t2", "waited_ms": 40, "timestamp": "2026-01-01T00:00:01Z"}
+    finished = {"event": "item_finished", "tenant_id": "t1", "kind": "step", "outcome": "ok", "work_ms": 12.5,
+                "timestamp": "2026-01-01T00:00:02Z"}
     with log.open("a") as handle:
         handle.write("not json at all\n")
         handle.write(json.dumps({**line, "tenant_id": "system"}) + "\n")
+        handle.write(json.dumps({**finished, "work_ms": "lots"}) + "\n")
         handle.write(json.dumps(line) + "\n")
+        handle.write(json.dumps(finished) + "\n")
         handle.write(json.dumps(line)[:20])  # a line still being written
     assert [(d.slug, d.waited_ms) for d in reader.read()] == [("globex", 40.0)]
     with log.open("a") as handle:
         handle.write(json.dumps(line)[20:] + "\n")
     assert [d.slug for d in reader.read()] == ["globex"]
     assert len(reader.dispatches) == 2
+    assert [(w.slug, w.kind, w.work_ms, w.finished.second) for w in reader.work] == [("acme", "step", 12.5, 2)]
+    # The whole file, as the fairness benchmark reads it: the record before the reader began is there too.
+    log.write_text(json.dumps(finished) + "\n" + json.dumps({**finished, "tenant_id": "t3"}) + "\n")
+    assert [w.slug for w in metrics.read_work([log, tmp_path / "missing.log"], {"t1": "acme"})] == ["acme"]
 
 
 def test_the_demo_service_wants_the_secret_fails_flaky_calls_then_answers_and_counts_slow_ones():
