@@ -22,7 +22,11 @@ steps run on the team's own worker (the shop's), not the pool's: they have no
 
 **Backlogged.** An item waits from when it became due to its dispatch; items
 still waiting at the end come from PostgreSQL (runs not started, steps queued).
-A tenant is backlogged while one of its items waits.
+A tenant is backlogged while one of its items waits. A task step (below) is
+dispatched too, but it waits for a slot of its team's worker and runs there: it
+is left out of the pool's backlog, dispatches and waits (``collect``), else a
+tenant whose only waiting work is task steps would be owed pool time it has no
+use for.
 
 **Share of worker time while backlogged (the headline).** Between two events
 (an item due or dispatched, an item's work starting or ending) the set of
@@ -97,6 +101,7 @@ class Dispatch:
     slug: str
     at: datetime
     waited_ms: float
+    item_id: str
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class TaskStart:
     waited_ms: float
     task: str
     queue: str
+    item_id: str
 
 
 @dataclass(frozen=True)
@@ -138,10 +144,10 @@ def parse_line(line: bytes, slugs: Mapping[str, str]) -> LogRecord | None:
         at = datetime.fromisoformat(record["timestamp"])
         event = record.get("event")
         if event == "dispatched":
-            return Dispatch(slug, at, float(record.get("waited_ms", 0)))
+            return Dispatch(slug, at, float(record.get("waited_ms", 0)), str(record.get("item_id")))
         if event == "task_published":
             return TaskStart(slug, at, float(record.get("waited_ms", 0)), str(record.get("task")),
-                             str(record.get("queue")))
+                             str(record.get("queue")), str(record.get("item_id")))
         if event == "item_finished":
             return Work(slug, str(record.get("kind")), at, float(record["work_ms"]))
         return None
@@ -263,14 +269,18 @@ class TenantData:
 
 
 def collect(tenants: Mapping[str, Tenant], dispatches: Sequence[Dispatch], work: Sequence[Work],
-            t0: datetime) -> dict[str, TenantData]:
+            t0: datetime, *, task_starts: Iterable[TaskStart] = ()) -> dict[str, TenantData]:
     """Dispatched items and the work the workers did from the log; still-waiting items and all runs from
-    PostgreSQL (three queries a tenant)."""
+    PostgreSQL (three queries a tenant). The dispatches of task steps (those in ``task_starts``) are left
+    out: they waited for their team's worker, not the pool's (module doc)."""
     def sec(value: datetime) -> float:
         return (value - t0).total_seconds()
 
+    tasks = {(start.slug, start.item_id) for start in task_starts}
     data = {slug: TenantData() for slug in tenants}
     for d in dispatches:
+        if (d.slug, d.item_id) in tasks:
+            continue
         at = sec(d.at)
         data[d.slug].items.append((at - d.waited_ms / 1000, at))
         data[d.slug].waits_ms.append(d.waited_ms)

@@ -303,7 +303,7 @@ def _summary(console: Console, tenants: dict[str, Tenant], log: metrics.ItemLog,
     """The fairness table and what it means, over the workload window (``until`` seconds from ``t0``), then
     the PNG chart in ``data_dir``."""
     dispatches = [d for d in log.dispatches if (d.at - t0).total_seconds() <= until]
-    data = metrics.collect(tenants, dispatches, log.work, t0)
+    data = metrics.collect(tenants, dispatches, log.work, t0, task_starts=log.task_starts)
     work = metrics.work_shares(data, weights, until)
     _print_shares(console, data, work, metrics.shares(data, weights, until), weights, until)
     trickle = [t.slug for t in TENANTS if t.role == scenario.TRICKLE]
@@ -360,7 +360,7 @@ def _print_shares(console: Console, data: dict[str, metrics.TenantData], work: d
             ratio = "[dim]trickle[/dim]"
         table.add_row(
             t.slug, f"{t.plan} ({weights[t.slug]})", f"{len(done):,}/{len(row.runs):,}",
-            f"{share.got:,.1f} of {share.contested:,.1f}", _pct(share.share), _pct(share.fair),
+            f"{_worker_s(share.got)} of {_worker_s(share.contested)}", _pct(share.share), _pct(share.fair),
             ratio, f"{sent.got:,.0f} ({_pct(sent.share)})", fmt_ms(metrics.percentile(row.waits_ms, 50)),
             fmt_ms(metrics.percentile(row.waits_ms, 99)), _seconds(metrics.percentile(done, 50)),
         )
@@ -377,9 +377,11 @@ def _print_notes(console: Console, flood: metrics.TenantData, until: float, *, c
         "worker-seconds done while it and another tenant both had work waiting, and its fair share is its "
         "weight ÷ the sum of the weights of the tenants waiting then. Dispatches are the fair queue's hand-outs, "
         "counted the same way; a tenant whose items are cheap gets more of them than its share of worker time. "
-        f"Waits run from due to dispatch. The trickle ({', '.join(trickle)}) has work waiting only for moments, "
-        "and a tenant that has just become active is served at once (within about one round of the others), so "
-        "it gets more than its fair share of the little work done while it waits: its figure is its wait.",
+        "Waits run from due to dispatch. Task steps (the shop's) run on their team's worker: they are in the shop "
+        f"lines below, not here. The trickle ({', '.join(trickle)}) has work waiting only for moments, and a "
+        "tenant that has just become active is served at once (within about one round of the others); its items "
+        "run once they have left the queue, so of the little work done while it waits almost none is its own: its "
+        "figure is its wait.",
         highlight=False)
     finished = sum(1 for _, end in flood.runs if end is not None and end <= until)
     console.print(f"floodco queued {len(flood.runs):,} runs in as many partitions; a run of its is one dispatch, "
@@ -415,6 +417,10 @@ def _pct(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 100:.1f}%" if value < 0.095 else f"{value * 100:.0f}%"
+
+
+def _worker_s(value: float) -> str:
+    return f"{value:,.1f}" if value < 10 else f"{value:,.0f}"
 
 
 def _ratio(value: float | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -128,6 +129,23 @@ def test_bucket_work_is_cut_where_it_was_done_and_shares_add_up_to_one():
         assert sum(buckets.fair[s][bucket] or 0 for s in data) == pytest.approx(1.0)
     assert buckets.share["a"][3] is None
     assert buckets.fair["b"][3] is None
+
+
+def test_task_steps_wait_for_their_teams_worker_so_they_make_no_backlog_on_the_pool(tenant_a):
+    # acme's step is a task step published to the shop's queue: it waited for the shop's slot, not the
+    # pool's, so it is neither acme's backlog nor one of its dispatches or waits; its tick is all three.
+    tenant, _ = tenant_a
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    at = t0 + timedelta(seconds=10)
+    dispatches = [metrics.Dispatch("acme", at, 2000.0, "tick:1"), metrics.Dispatch("acme", at, 5000.0, "step:2")]
+    starts = [metrics.TaskStart("acme", at, 5000.0, "shop.charge", "shop", "step:2")]
+    work = [metrics.Work("acme", "tick", at + timedelta(seconds=1), 250.0)]
+    data = metrics.collect({"acme": tenant}, dispatches, work, t0, task_starts=starts)
+    assert data["acme"].items == [(8.0, 10.0)]
+    assert data["acme"].waits_ms == [2000.0]
+    assert data["acme"].work == [(pytest.approx(10.75), 11.0)]
+    everything = metrics.collect({"acme": tenant}, dispatches, work, t0)
+    assert sorted(everything["acme"].items) == [(5.0, 10.0), (8.0, 10.0)]
 
 
 def test_the_item_log_reads_only_new_complete_lines_of_known_tenants(tmp_path: Path):
