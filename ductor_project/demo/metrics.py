@@ -39,7 +39,9 @@ its *share* what it got of it, and ``share / fair`` is 1.0 for a scheduler that
 divides worker time exactly by weight. The work done in a stretch was dispatched
 a moment before (the dispatch buffer, then the item's own run time), so a
 tenant's share lags its backlog by about one item; over a window of thousands of
-items that is noise. Per bucket (the chart), every stretch counts: a tenant alone
+items that is noise, but a tenant with one item at a time (the trickle) runs it
+only once it has stopped waiting, so it shows almost none of the work done while
+it waited: its figure is its wait. Per bucket (the chart), every stretch counts: a tenant alone
 with work waiting is owed all of it, and work done while nobody waited is owed
 to whoever did it (nobody was kept from it), so both add up to 1 in every
 bucket with work.
