@@ -25,15 +25,6 @@ def fmt_ms(value: float | None) -> str:
     return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.0f} ms"
 
 
-def work_share(queue: Mapping[str, Any] | None) -> str:
-    """The tenant's share of worker time over the last minute and its fair share, as its
-    ``GET /api/v1/queue`` says ("-": not read yet)."""
-    work = (queue or {}).get("work")
-    if not work:
-        return "-"
-    return f"{work['share'] * 100:.0f}% ({work['fair_share'] * 100:.0f}%)"
-
-
 @dataclass(frozen=True)
 class Row:
     slug: str
@@ -81,7 +72,7 @@ class DemoView:
             self._next_plain = elapsed + PLAIN_EVERY_S
             parts = [
                 f"{r.slug} {r.live.finished:,}/{r.live.started:,} runs, {r.live.dispatches_per_s:.1f} disp/s, "
-                f"wait p50 {fmt_ms(r.live.wait_p50_ms)}, worker time {work_share(r.queue)}"
+                f"wait p50 {fmt_ms(r.live.wait_p50_ms)}"
                 for r in rows
             ]
             self.console.print(f"{elapsed:5.1f}s  " + " | ".join(parts), highlight=False, soft_wrap=True)
@@ -90,8 +81,7 @@ class DemoView:
         table = Table(box=None, padding=(0, 1), header_style="bold")
         for name, justify in (("tenant", "left"), ("plan", "left"), ("runs finished / started", "left"),
                               ("", "right"), ("running", "right"), ("dispatches/s", "right"), ("wait p50", "right"),
-                              ("queued", "right"), ("in flight", "right"), ("oldest waiting", "right"),
-                              ("worker time (fair)", "right")):
+                              ("queued", "right"), ("in flight", "right"), ("oldest waiting", "right")):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for row in rows:
             live = row.live
@@ -102,12 +92,11 @@ class DemoView:
                 f"{live.finished:,}/{live.started:,}", f"{live.running:,}", f"{live.dispatches_per_s:.1f}",
                 fmt_ms(live.wait_p50_ms),
                 f"{queue.get('backlog', 0):,}" if queue else "-", f"{queue.get('in_flight', 0)}" if queue else "-",
-                fmt_ms(queue.get("oldest_waiting_ms")) if queue else "-", work_share(queue),
+                fmt_ms(queue.get("oldest_waiting_ms")) if queue else "-",
             )
         notes = Text("\n".join(self.notes[-NOTES_SHOWN:]), style="dim")
         legend = Text("dispatches/s and wait p50: the fair queue's hand-outs (ticks and steps) over the last "
-                      "5 s, and how long they had been due; queued, in flight, oldest waiting, and the share of "
-                      "worker time over the last minute against the weighted-fair share: GET /api/v1/queue",
+                      "5 s, and how long they had been due; queued, in flight, oldest waiting: GET /api/v1/queue",
                       style="dim")
         head = Text.assemble((f"Ductor demo  {elapsed:5.1f}s  ", "bold"), (self.header, "dim"))
         return Group(head, Text(""), table, legend, Text(""), Text(status, style="cyan"), notes)

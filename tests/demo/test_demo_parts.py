@@ -12,7 +12,6 @@ import pytest
 
 from ductor_project.demo import metrics
 from ductor_project.demo.service import FLAKY_FAILURES, DemoService
-from ductor_project.demo.view import work_share
 
 
 def test_jain_index_is_one_when_equal_and_one_over_n_when_one_tenant_has_everything():
@@ -173,14 +172,6 @@ def test_the_item_log_reads_only_new_complete_lines_of_known_tenants(tmp_path: P
     # The whole file, as the fairness benchmark reads it: the record before the reader began is there too.
     log.write_text(json.dumps(finished) + "\n" + json.dumps({**finished, "tenant_id": "t3"}) + "\n")
     assert [w.slug for w in metrics.read_work([log, tmp_path / "missing.log"], {"t1": "acme"})] == ["acme"]
-
-
-def test_the_live_view_gives_the_queues_share_of_worker_time_against_the_fair_share():
-    queue = {"backlog": 3, "work": {"tenant_id": "t1", "weight": 4, "work_ms": 900.0, "share": 0.187,
-                                    "fair_share": 0.19, "keys": []}}
-    assert work_share(queue) == "19% (19%)"
-    assert work_share(None) == "-"
-    assert work_share({"backlog": 0}) == "-"
 
 
 def test_the_demo_service_wants_the_secret_fails_flaky_calls_then_answers_and_counts_slow_ones():
