@@ -33,18 +33,22 @@ use for.
 backlogged tenants and the number of each tenant's items running are constant.
 Over every such stretch in which a tenant and at least one other tenant were
 backlogged, the tenant is owed ``weight / sum of the backlogged tenants'
-weights`` of the work the pool did (everyone's), and it got its own part of that
-work; its *fair share* is what it was owed over what was done in those stretches,
-its *share* what it got of it, and ``share / fair`` is 1.0 for a scheduler that
-divides worker time exactly by weight. The work done in a stretch was dispatched
-a moment before (the dispatch buffer, then the item's own run time), so a
-tenant's share lags its backlog by about one item; over a window of thousands of
-items that is noise, but a tenant with one item at a time (the trickle) runs it
-only once it has stopped waiting, so it shows almost none of the work done while
-it waited: its figure is its wait. Per bucket (the chart), every stretch counts: a tenant alone
-with work waiting is owed all of it, and work done while nobody waited is owed
-to whoever did it (nobody was kept from it), so both add up to 1 in every
-bucket with work.
+weights`` of the work the backlogged tenants' items did, and it got its own part
+of that work; its *fair share* is what it was owed over that work, its *share*
+what it got of it, and ``share / fair`` is 1.0 for a scheduler that divides
+worker time exactly by weight. The work of a tenant with nothing waiting (its
+last items finishing) is left out: it was handed out while that tenant was
+waiting, and no scheduler can take it back, so owing part of it to the others
+would lower all their ratios whenever the tenants come and go. The work done in
+a stretch was dispatched a moment before (the dispatch buffer, then the item's
+own run time), so a tenant's share lags its backlog by about one item; over a
+window of thousands of items that is noise, but a tenant with one item at a time
+(the trickle) runs it only once it has stopped waiting, so it shows almost none
+of the work done while it waited: its figure is its wait. Per bucket (the
+chart), every stretch counts: a tenant alone with work waiting is owed all of
+the backlogged tenants' work, and a tenant with nothing waiting is owed what its
+items did (nobody was kept from it), so both add up to 1 in every bucket with
+work.
 
 **Share of the dispatches** (the secondary column) is counted the same way, one
 dispatch at a time: at each dispatch, every backlogged tenant is owed ``weight /
@@ -429,8 +433,8 @@ def _stretches(data: Mapping[str, TenantData], until: float) -> Iterator[Stretch
 
 
 def work_shares(data: Mapping[str, TenantData], weights: Mapping[str, int], until: float) -> dict[str, Share]:
-    """Each tenant's worker-seconds against its weighted share of everyone's, over the stretches in
-    which it and another tenant were backlogged (module doc)."""
+    """Each tenant's worker-seconds against its weighted share of the backlogged tenants' work, over the
+    stretches in which it and another tenant were backlogged (module doc)."""
     got: dict[str, float] = defaultdict(float)
     contested: dict[str, float] = defaultdict(float)
     owed: dict[str, float] = defaultdict(float)
@@ -438,7 +442,7 @@ def work_shares(data: Mapping[str, TenantData], weights: Mapping[str, int], unti
         if len(stretch.backlogged) < 2:
             continue
         work = stretch.work()
-        done = sum(work.values())
+        done = sum(work.get(s, 0.0) for s in stretch.backlogged)
         total = sum(weights[s] for s in stretch.backlogged)
         for s in stretch.backlogged:
             contested[s] += done
@@ -462,9 +466,10 @@ def work_per_bucket(data: Mapping[str, TenantData], weights: Mapping[str, int], 
                     bucket_s: float) -> BucketWork:
     """The work done in each ``bucket_s`` of the window, each stretch's work in the buckets it spans.
 
-    The work of a stretch is owed ``weight / sum of the backlogged tenants' weights`` to each backlogged
-    tenant (a tenant alone with work waiting is owed all of it), or, when nobody was waiting, to whoever
-    did it; so shares and fair shares both add up to 1 over the tenants in every bucket with work.
+    The backlogged tenants' work in a stretch is owed ``weight / sum of the backlogged tenants' weights``
+    to each of them (a tenant alone with work waiting is owed all of it), and the work of a tenant with
+    nothing waiting to itself; so shares and fair shares both add up to 1 over the tenants in every bucket
+    with work.
     """
     buckets = max(1, math.ceil(until / bucket_s))
     done = [0.0] * buckets
@@ -473,17 +478,15 @@ def work_per_bucket(data: Mapping[str, TenantData], weights: Mapping[str, int], 
     for stretch in _stretches(data, until):
         for index, start, end in _pieces(stretch.start, stretch.end, bucket_s, buckets):
             work = stretch.work(start, end)
-            total = sum(work.values())
-            done[index] += total
+            done[index] += sum(work.values())
             for s, seconds in work.items():
                 got[s][index] += seconds
-            if stretch.backlogged:
-                weight = sum(weights[s] for s in stretch.backlogged)
-                for s in stretch.backlogged:
-                    owed[s][index] += weights[s] / weight * total
-            else:
-                for s, seconds in work.items():
+                if s not in stretch.backlogged:
                     owed[s][index] += seconds
+            shared = sum(work.get(s, 0.0) for s in stretch.backlogged)
+            weight = sum(weights[s] for s in stretch.backlogged)
+            for s in stretch.backlogged:
+                owed[s][index] += weights[s] / weight * shared
 
     def fractions(values: list[float]) -> list[float | None]:
         return [value / total if total else None for value, total in zip(values, done, strict=True)]

@@ -373,9 +373,9 @@ def _print_notes(console: Console, flood: metrics.TenantData, until: float, *, c
     console.print(
         f"Jain's index of share ÷ fair over {', '.join(counted) or 'no tenant'}: [bold]{jain}[/bold] (1.0: each "
         "got the same fraction of its weighted share). Worker time is what the workers measured each item's "
-        "handler running (run ticks and steps), what the fair queue charges; a tenant's share counts the "
-        "worker-seconds done while it and another tenant both had work waiting, and its fair share is its "
-        "weight ÷ the sum of the weights of the tenants waiting then. Dispatches are the fair queue's hand-outs, "
+        "handler running (run ticks and steps), what the fair queue charges; a tenant's share is its part of the "
+        "worker-seconds the tenants with work waiting used while it and another tenant both had work waiting, "
+        "and its fair share is its weight ÷ the sum of their weights. Dispatches are the fair queue's hand-outs, "
         "counted the same way; a tenant whose items are cheap gets more of them than its share of worker time. "
         "Waits run from due to dispatch. Task steps (the shop's) run on their team's worker: they are in the shop "
         f"lines below, not here. The trickle ({', '.join(trickle)}) has work waiting only for moments, and a "

@@ -86,16 +86,20 @@ def test_a_tenant_kept_from_the_workers_while_backlogged_gets_no_worker_time():
 
 def test_worker_time_counts_only_while_the_tenant_and_another_are_backlogged_and_only_inside_the_window():
     # "a" is backlogged from 0 to 10 s, "b" from 5 s on; a's item runs from -1 to 12 s, b's from 6 to 8 s.
-    data = {"a": metrics.TenantData(), "b": metrics.TenantData()}
+    # "c" never waits: its item, handed out before, runs from 5 to 10 s and is nobody's to share.
+    data = {"a": metrics.TenantData(), "b": metrics.TenantData(), "c": metrics.TenantData()}
     data["a"].items.append((0.0, 10.0))
     data["b"].items.append((5.0, None))
     data["a"].work.append((-1.0, 12.0))
     data["b"].work.append((6.0, 8.0))
-    work = metrics.work_shares(data, {"a": 1, "b": 1}, until=11.0)
+    data["c"].work.append((5.0, 10.0))
+    work = metrics.work_shares(data, {"a": 1, "b": 1, "c": 1}, until=11.0)
     assert work["a"].got == pytest.approx(5.0)  # from 5 to 10 s, not before b waited nor after a stopped
-    assert work["a"].contested == pytest.approx(7.0)  # and b's 2 s
+    assert work["a"].contested == pytest.approx(7.0)  # and b's 2 s; not c's 5 s
     assert work["b"].got == pytest.approx(2.0)
     assert work["b"].contested == pytest.approx(7.0)  # b alone from 10 s on: not contested
+    assert work["a"].owed == work["b"].owed == pytest.approx(3.5)
+    assert work["c"].contested == 0
 
     alone = {"a": metrics.TenantData(), "b": metrics.TenantData()}
     alone["a"].items.append((0.0, None))
@@ -106,24 +110,25 @@ def test_worker_time_counts_only_while_the_tenant_and_another_are_backlogged_and
 
 
 def test_bucket_work_is_cut_where_it_was_done_and_shares_add_up_to_one():
-    # 0-10 s: a (weight 3) and b (1) backlogged; a busy throughout, b from 5 s.
+    # 0-10 s: a (weight 3) and b (1) wait; a works throughout, b from 5 s, c (nothing waiting) until 5 s.
     # 10-20 s: nobody waits; a's next item runs from 15 to 25 s, half in each bucket.
-    # 20-30 s: b waits alone while a works; 30-40 s: nothing done.
-    data = {"a": metrics.TenantData(), "b": metrics.TenantData()}
+    # 20-30 s: b waits alone and works from 22 to 26 s; 30-40 s: nothing done.
+    data = {"a": metrics.TenantData(), "b": metrics.TenantData(), "c": metrics.TenantData()}
     data["a"].items.append((0.0, 10.0))
     data["b"].items.extend([(0.0, 10.0), (20.0, None)])
     data["a"].work.extend([(0.0, 10.0), (15.0, 25.0)])
-    data["b"].work.append((5.0, 10.0))
-    buckets = metrics.work_per_bucket(data, {"a": 3, "b": 1}, until=40.0, bucket_s=10.0)
+    data["b"].work.extend([(5.0, 10.0), (22.0, 26.0)])
+    data["c"].work.append((0.0, 5.0))
+    buckets = metrics.work_per_bucket(data, {"a": 3, "b": 1, "c": 1}, until=40.0, bucket_s=10.0)
     assert buckets.busy["a"] == pytest.approx([1.0, 0.5, 0.5, 0.0])
-    assert buckets.busy["b"] == pytest.approx([0.5, 0.0, 0.0, 0.0])
-    assert buckets.share["a"][0] == pytest.approx(10 / 15)
-    assert buckets.fair["a"][0] == pytest.approx(0.75)
-    assert buckets.fair["b"][0] == pytest.approx(0.25)
-    assert buckets.share["a"][1] == buckets.fair["a"][1] == 1.0  # nobody kept waiting: owed to whoever worked
-    assert buckets.share["a"][2] == 1.0
-    assert buckets.fair["a"][2] == 0.0
-    assert buckets.fair["b"][2] == 1.0  # the only tenant waiting is owed all of it
+    assert buckets.busy["b"] == pytest.approx([0.5, 0.0, 0.4, 0.0])
+    assert buckets.share["a"][0] == pytest.approx(10 / 20)
+    assert buckets.share["c"][0] == buckets.fair["c"][0] == pytest.approx(5 / 20)  # nobody kept from c's work
+    assert buckets.fair["a"][0] == pytest.approx(0.75 * 15 / 20)  # 3 of 4 of the waiting tenants' work
+    assert buckets.fair["b"][0] == pytest.approx(0.25 * 15 / 20)
+    assert buckets.share["a"][1] == buckets.fair["a"][1] == 1.0
+    assert buckets.fair["a"][2] == pytest.approx(5 / 9)
+    assert buckets.fair["b"][2] == pytest.approx(4 / 9)  # the only tenant waiting is owed all the waiting work
     for bucket in (0, 1, 2):
         assert sum(buckets.share[s][bucket] or 0 for s in data) == pytest.approx(1.0)
         assert sum(buckets.fair[s][bucket] or 0 for s in data) == pytest.approx(1.0)
