@@ -62,9 +62,8 @@ def _kwargs_of(body: Any) -> dict[str, Any] | None:
     protocol 1: a dict with ``kwargs``)."""
     if isinstance(body, (tuple, list)) and len(body) >= 2 and isinstance(body[1], dict):
         return body[1]
-    if isinstance(body, dict) and isinstance(body.get("kwargs"), dict):
-        return body["kwargs"]
-    return None
+    kwargs = body.get("kwargs") if isinstance(body, dict) else None
+    return kwargs if isinstance(kwargs, dict) else None
 
 
 def on_before_task_publish(sender: Any = None, body: Any = None, **_: Any) -> None:
