@@ -272,7 +272,7 @@ class Dequeued:
 
 class Finished(NamedTuple):
     """An item a worker finished, in the delivery it ran: what ``handoff`` and ``queue_ack`` ack;
-    ``work_ms`` is the work it did, measured on the worker (None: its time in flight)."""
+    ``work_ms`` is the work it did, measured on the worker (None: unreported, see ``ack``)."""
 
     tenant: Tenant
     item_id: str
@@ -746,9 +746,11 @@ def ack(item_id: str, *, delivery: int | None = None, work_ms: float | None = No
     """The item's work is done: end its lease, give its slot back, unlock its partition.
 
     The item is deleted, unless it was enqueued again while in flight: then it
-    waits again. ``work_ms`` is the work it did, as its worker measured it (None:
-    its time in flight, by Redis's clock): what its tenant is charged (fair by
-    work). Returns False, changing nothing, when the item (in that
+    waits again. ``work_ms`` is the work it did, as its worker measured it: what
+    its tenant is charged (fair by work). None (unreported: a task node on a
+    team's worker without ``ductor_sdk``'s hook) charges its time in flight, by
+    Redis's clock, which counts its wait in a broker too: at most four times the
+    tenant's estimate for its kind. Returns False, changing nothing, when the item (in that
     ``delivery``, when given) is not in flight: idempotent. One round trip,
     atomic. Raises ``TenantScopeError`` without a tenant.
     """

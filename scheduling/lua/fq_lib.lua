@@ -529,12 +529,23 @@ local function fq_record_key_work(tid, tier, key, work)
   redis.call('PEXPIRE', bucket, ttl)
 end
 
--- Settle an item that leaves flight, having done `work` ms (nil: however long it was in flight,
--- by Redis's clock): its kind's estimate learns it, and in "time" mode the tenant is charged the
--- difference from what its dispatch charged. Before fq_unlock, which may re-tag the tenant.
+-- An item whose worker reported no work (a task node run by a team's worker without ductor_sdk's
+-- hook) is charged its time in flight, which also counts its wait in the team's broker (workers
+-- down, or busy with other work): at most FQ_UNREPORTED_FACTOR times what the tenant's items of
+-- its kind usually take. An outage is then not charged to whichever tenants had items out, and a
+-- kind that really grew is learnt within a few items (each sample may move the estimate from est
+-- to est * (1 + FQ_EST_ALPHA * (FQ_UNREPORTED_FACTOR - 1))).
+local FQ_UNREPORTED_FACTOR = 4
+
+-- Settle an item that leaves flight, having done `work` ms (nil: unreported, see above): its
+-- kind's estimate learns it, and in "time" mode the tenant is charged the difference from what its
+-- dispatch charged. Before fq_unlock, which may re-tag the tenant.
 local function fq_settle(tid, it, work)
   if it.at == nil then return end
-  if work == nil then work = (fq.now_us - it.at) / 1000 end
+  if work == nil then
+    local est = tonumber(redis.call('HGET', fq_tkey(tid, 'est'), it.kind or '')) or fq.first_cost
+    work = math.min((fq.now_us - it.at) / 1000, FQ_UNREPORTED_FACTOR * est)
+  end
   work = math.max(0, math.min(work, fq.max_cost))
   local conf = fq_conf(tid)
   fq_record_work(tid, it.tier, conf.weight, work)

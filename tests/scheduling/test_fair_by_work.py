@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.core.keys import redis_key
 from scheduling import fair_queue as fq
 from tenants import services
 from tenants.models import Tenant
@@ -185,3 +186,28 @@ def test_the_queue_view_shows_the_tenants_share_of_worker_time_beside_its_fair_s
     assert shares[str(b.pk)].share == pytest.approx(0.75, abs=0.001)
     assert shares[str(b.pk)].fair_share == pytest.approx(0.75, abs=0.03)
     assert list(shares) == [str(b.pk), str(a.pk)]  # most work first
+
+
+def test_an_item_acked_without_its_work_is_charged_at_most_four_times_its_kinds_estimate(db, weighted, redis_client):
+    """A task node on a team worker without ductor_sdk's hook reports no work: its time in flight
+    is charged, which counts its wait in the team's broker (the team's workers were down), but at
+    most four times what the tenant's items of its kind take. An outage is not the tenant's."""
+    a, b = weighted("unreported-a", 1), weighted("unreported-b", 1)
+    tenants = {str(a.pk): a, str(b.pk): b}
+    fill(a, 100, prefix="a")
+    fill(b, 100, prefix="b")
+    serve(tenants, {str(a.pk): 10.0, str(b.pk): 10.0}, 20)  # both tenants' estimate: 10 ms
+    item = take()
+    while item is not None and item.tenant_id != str(a.pk):
+        fq.ack(item.item_id, delivery=item.delivery, tenant=b, work_ms=10.0)
+        item = take()
+    assert item is not None
+    sleep_until(redis_client, redis_now_ms(redis_client) + 500)  # half a second out, none of it reported
+    assert fq.ack(item.item_id, delivery=item.delivery, tenant=a)
+
+    served = serve(tenants, {str(a.pk): 10.0, str(b.pk): 10.0}, 20)
+
+    # Charged 40 ms, not 500: A is next after about four of B's 10 ms items, not fifty.
+    assert served.index(str(a.pk)) <= 6, served
+    estimate = float(redis_client.hget(redis_key("fq", "est", tenant=a), "work"))
+    assert estimate <= 10 + 0.2 * 30 + 1e-6  # it learnt the charge, not the wait

@@ -7,6 +7,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -135,6 +136,34 @@ def test_a_failed_task_s_errback_runs_where_it_failed_and_forwards_the_exception
     assert kwargs == {"step_id": "s-1",
                       "error": {"type": "ValueError", "module": "builtins", "message": "card declined for o-7"}}
     assert _messages(redis_client, "celery") == []  # not published as a plain task with the task id only
+
+
+def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran(app: Celery, redis_client) -> None:
+    @step(app, name="team.slow")
+    def slow() -> dict[str, Any]:
+        time.sleep(0.05)
+        return {}
+
+    @step(app, name="team.slow_decline")
+    def slow_decline() -> None:
+        time.sleep(0.05)
+        raise ValueError("declined")
+
+    def ids() -> dict[str, Any]:  # each message's own, as each task's request has its callbacks
+        return {"step_id": "s-1", "item_id": "i-1", "delivery": 1}
+
+    slow.apply(headers=HEADERS, link=app.signature("ductor.task_succeeded", kwargs=ids(), queue=RESULTS_QUEUE))
+    slow_decline.apply(headers=HEADERS, link_error=app.signature(ERRBACK_TASK, kwargs=ids()))
+    slow.apply(link=app.signature("ductor.task_succeeded", kwargs=ids(), queue=RESULTS_QUEUE))  # not a Ductor step
+
+    outcomes = [json.loads(base64.b64decode(m["body"]))[1] for m in _messages(redis_client, RESULTS_QUEUE)]
+    assert len(outcomes) == 3
+    succeeded, plain, failed = sorted(outcomes, key=lambda kwargs: ("error" in kwargs, "work_ms" not in kwargs))
+    assert 50 <= succeeded["work_ms"] < 5_000
+    assert 50 <= failed["work_ms"] < 5_000
+    assert failed["error"]["type"] == "ValueError"
+    assert "work_ms" not in plain  # no step ran: nothing to report
+    assert current_step_or_none() is None
 
 
 def test_the_errback_never_raises(app: Celery, redis_client) -> None:

@@ -84,3 +84,33 @@ def test_the_publisher_acts_for_the_items_tenant_only(tenant_a, tenant_b):
                       waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)  # tenant B's step, "tenant A's" item
     task_nodes.publish([forged])
     assert status_of(tenant_b[0], victim) == "queued"  # not marked running, not sent
+
+
+def test_the_run_time_a_team_worker_reports_is_what_its_tenant_is_charged(tenant_b, redis_client):
+    from ductor_project.core.context import no_tenant
+    from ductor_project.core.keys import redis_key
+    from scheduling import fair_queue as fq
+
+    tenant = tenant_b[0]
+    step = running_task_step(tenant)
+    item_id = f"taskitem:{step.pk}"
+    fq.enqueue_many([fq.NewItem(item_id, "standard", "p-task", {"kind": "task"}, kind="task")], tenant=tenant)
+    with no_tenant():
+        taken = [fq.dequeue(lease_ms=30_000) for _ in range(5)]
+    mine = next(item for item in taken if item is not None and item.item_id == item_id)
+
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant.pk), **ids(step), "item_id": item_id,
+                                                    "delivery": mine.delivery, "work_ms": 250.0}).get()
+
+    assert status_of(tenant, step) == "succeeded"
+    assert float(redis_client.hget(redis_key("fq", "est", tenant=tenant), "task")) == 250.0  # its first sample
+
+
+@pytest.mark.parametrize("value", [None, -1, float("nan"), float("inf"), True, "250", [250]])
+def test_an_unusable_run_time_is_ignored_never_refused(value):
+    assert task_nodes.reported_work(value) is None
+
+
+def test_a_usable_run_time_is_kept():
+    assert task_nodes.reported_work(0) == 0.0
+    assert task_nodes.reported_work(12.5) == 12.5

@@ -20,7 +20,9 @@ the items it dequeued to ``publish``, which, per tenant:
    returned it: no result came) times the step out (``timers.step_timeout``).
 
 The callbacks record the outcome and tick the run in one transaction
-(``steps.record_outcome``), then ack the item, which frees its slots. A task
+(``steps.record_outcome``), then ack the item, which frees its slots and
+charges its tenant the task's run time (reported by ``ductor_sdk``'s worker
+hook; without it, its time in flight, bounded by the fair queue). A task
 that raised fails the step as retryable, with its exception's type and
 message: given by ``ductor_sdk``'s worker hook, else read from the result
 backend. A worker that died with the task is noticed by the timeout, which
@@ -33,6 +35,7 @@ dispatcher died, the broker was away) is published again after its lease.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -198,6 +201,16 @@ class Sent:
     connection_id: str = ""
     admitted: str = ""
     run_id: str = ""  # "" in a message published before it was sent: then read from the step
+    work_ms: float | None = None  # how long the task ran, if the team's worker said (ductor_sdk)
+
+
+def reported_work(value: Any) -> float | None:
+    """The run time a team's worker reported with an outcome (``ductor_sdk``'s hook adds it), if it
+    is a usable one: a finite number of ms >= 0. Anything else is ignored, never refused: the
+    outcome counts; its tenant is then charged the task's time in flight (see ``fair_queue.ack``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def task_succeeded(result: Any, sent: Sent) -> None:
@@ -234,5 +247,6 @@ def _keep(sent: Sent, outcome: Outcome) -> None:
     run_id = sent.run_id or StepRun.objects.filter(pk=sent.step_id).values_list("run_id", flat=True).first()
     if run_id is not None:
         record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
-    # Its slots free once the outcome is kept (a late result's ack changes nothing).
-    fair_queue.ack(sent.item_id, delivery=sent.delivery)
+    # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
+    # charged the run time its worker reported, else its time in flight (bounded).
+    fair_queue.ack(sent.item_id, delivery=sent.delivery, work_ms=sent.work_ms)

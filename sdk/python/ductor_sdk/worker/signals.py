@@ -4,29 +4,43 @@
   (``current_step()``) from each task's headers. They are connected once per
   process, whatever the number of calls (``dispatch_uid``).
 - The ``ductor.task_failed`` errback: see ``ductor_sdk.worker.errback``.
+- A ``before_task_publish`` handler adds the task's run time (``work_ms``, from
+  its ``task_prerun`` to the publish of its outcome) to the outcome Ductor
+  gets back (``ductor.task_succeeded``, ``ductor.task_failed``): what its
+  tenant is charged in Ductor's fair queue. Without it Ductor charges the
+  task's time in flight (its wait in the broker too), bounded by what the
+  tenant's tasks usually take.
 
 Celery is imported here only, when ``install`` is called.
 """
 
 from __future__ import annotations
 
-from contextvars import Token
+import math
+import time
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 from ductor_sdk.worker import context
-from ductor_sdk.worker.errback import register_errback
+from ductor_sdk.worker.errback import ERRBACK_TASK, register_errback
 
 if TYPE_CHECKING:
     from celery import Celery
 
-_tokens: dict[str, list[Token[context.StepContext | None]]] = {}
+# The outcomes Ductor's callbacks carry back: the task's run time is added to them.
+OUTCOME_TASKS = frozenset({"ductor.task_succeeded", ERRBACK_TASK})
+
+_tokens: dict[str, list[tuple[Token[context.StepContext | None], Token[float | None]]]] = {}
+# When the running task started (time.perf_counter()), while it runs for a Ductor step.
+_started: ContextVar[float | None] = ContextVar("ductor_step_started", default=None)
 
 
 def on_task_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
     """Before a task: its step (from its headers) becomes the current one; no step without headers."""
     request = getattr(task or sender, "request", None)
-    token = context.enter(context.from_request(request) if request is not None else None)
-    _tokens.setdefault(task_id or "", []).append(token)
+    step = context.from_request(request) if request is not None else None
+    token = context.enter(step)
+    _tokens.setdefault(task_id or "", []).append((token, _started.set(time.perf_counter() if step else None)))
 
 
 def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
@@ -34,16 +48,42 @@ def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) ->
     stack = _tokens.get(task_id or "")
     if not stack:
         context.enter(None)
+        _started.set(None)
         return
-    context.leave(stack.pop())
+    step_token, started_token = stack.pop()
+    _started.reset(started_token)
+    context.leave(step_token)
     if not stack:
         del _tokens[task_id or ""]
 
 
+def _kwargs_of(body: Any) -> dict[str, Any] | None:
+    """The keyword arguments of a message body (Celery's protocol 2: ``(args, kwargs, embed)``;
+    protocol 1: a dict with ``kwargs``)."""
+    if isinstance(body, (tuple, list)) and len(body) >= 2 and isinstance(body[1], dict):
+        return body[1]
+    kwargs = body.get("kwargs") if isinstance(body, dict) else None
+    return kwargs if isinstance(kwargs, dict) else None
+
+
+def on_before_task_publish(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """The outcome of the running Ductor step goes out (Celery's link, or the errback): it carries
+    how long the task ran, in ms. Nothing else is touched."""
+    started = _started.get()
+    if started is None or sender not in OUTCOME_TASKS:
+        return
+    kwargs = _kwargs_of(body)
+    if kwargs is not None and "step_id" in kwargs:
+        work_ms = (time.perf_counter() - started) * 1000
+        if math.isfinite(work_ms) and work_ms >= 0:
+            kwargs["work_ms"] = round(work_ms, 3)
+
+
 def install(app: Celery) -> None:
     """Prepare ``app`` (the team's Celery app) for Ductor's task nodes. Idempotent."""
-    from celery.signals import task_postrun, task_prerun
+    from celery.signals import before_task_publish, task_postrun, task_prerun
 
     task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="ductor_sdk.worker.prerun")
     task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="ductor_sdk.worker.postrun")
+    before_task_publish.connect(on_before_task_publish, weak=False, dispatch_uid="ductor_sdk.worker.outcome")
     register_errback(app)
