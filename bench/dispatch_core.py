@@ -59,6 +59,9 @@ def main() -> int:
     os.environ["DUCTOR_QUEUE_SHARDS"] = str(SHARDS)
     import django
 
+    from ductor_project import embedded
+
+    embedded.boot()  # the data dir's embedded servers, started if they are not running (a no-op with URLs set)
     django.setup()
 
     from ductor_project.core.keys import redis_key, shard_of
