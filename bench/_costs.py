@@ -11,6 +11,12 @@ commands, and CPU time by process kind, read before and after it.
 - **Redis**, from ``INFO stats``: ``roundtrips`` are the requests the server read from its
   clients (``total_reads_processed``: a pipeline or a script is one), ``commands`` the commands it
   ran (``total_commands_processed``, each command inside a script included).
+- **One Redis server's own counters** (``ServerSample``), for a benchmark that watches each server
+  of a cluster: from ``INFO commandstats`` the calls and the microseconds of CPU each command took
+  inside the server, with its ``failed_calls`` and ``rejected_calls``; from ``INFO errorstats`` the
+  errors by kind (``CROSSSLOT``, ``MOVED`` …); from ``INFO cpu`` the server process's CPU time,
+  which also counts reading and writing the sockets (``commandstats`` counts only running the
+  commands). The ``INFO`` requests that read them are left out of the commands.
 - **CPU**, from each process's user and system time (``psutil``), grouped by kind: the Celery
   worker (its pool processes included), the dispatcher, the coordinator, the web server, the
   PostgreSQL backends, Redis, and this benchmark process itself (which starts the runs and
@@ -100,6 +106,52 @@ def redis_requests() -> tuple[int, int]:
 
     stats = get_redis().info("stats")
     return int(stats["total_reads_processed"]), int(stats["total_commands_processed"])
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """One Redis server's counters at a moment (see the module's docstring); two samples subtract."""
+
+    usec: int = 0
+    calls: int = 0
+    failed_calls: int = 0
+    rejected_calls: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0
+
+    @classmethod
+    def of(cls, server: Any) -> ServerSample:
+        """The counters of ``server``, a client of that one server (not a cluster client)."""
+        commands = {name.removeprefix("cmdstat_"): stats for name, stats in server.info("commandstats").items()}
+        # The INFO requests are the sample's own.
+        counted = [stats for name, stats in commands.items() if name != "info"]
+        cpu = server.info("cpu")
+        return cls(
+            usec=sum(int(stats["usec"]) for stats in counted),
+            calls=sum(int(stats["calls"]) for stats in counted),
+            failed_calls=sum(int(stats.get("failed_calls", 0)) for stats in counted),
+            rejected_calls=sum(int(stats.get("rejected_calls", 0)) for stats in counted),
+            errors={name.removeprefix("errorstat_"): int(stats["count"])
+                    for name, stats in server.info("errorstats").items()},
+            cpu_s=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        )
+
+    def __sub__(self, earlier: ServerSample) -> ServerSample:
+        return self._combined(earlier, -1)
+
+    def __add__(self, other: ServerSample) -> ServerSample:
+        return self._combined(other, 1)
+
+    def _combined(self, other: ServerSample, sign: int) -> ServerSample:
+        kinds = sorted(set(self.errors) | set(other.errors))
+        return ServerSample(
+            usec=self.usec + sign * other.usec,
+            calls=self.calls + sign * other.calls,
+            failed_calls=self.failed_calls + sign * other.failed_calls,
+            rejected_calls=self.rejected_calls + sign * other.rejected_calls,
+            errors={kind: self.errors.get(kind, 0) + sign * other.errors.get(kind, 0) for kind in kinds},
+            cpu_s=self.cpu_s + sign * other.cpu_s,
+        )
 
 
 @dataclass
