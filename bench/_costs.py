@@ -16,7 +16,8 @@ commands, and CPU time by process kind, read before and after it.
   inside the server, with its ``failed_calls`` and ``rejected_calls``; from ``INFO errorstats`` the
   errors by kind (``CROSSSLOT``, ``MOVED`` …); from ``INFO cpu`` the server process's CPU time,
   which also counts reading and writing the sockets (``commandstats`` counts only running the
-  commands). The ``INFO`` requests that read them are left out of the commands.
+  commands); from ``INFO stats`` the requests it read (round trips) and the connections it
+  accepted. The ``INFO`` requests that read them are left out of the commands and round trips.
 - **CPU**, from each process's user and system time (``psutil``), grouped by kind: the Celery
   worker (its pool processes included), the dispatcher, the coordinator, the web server, the
   PostgreSQL backends, Redis, and this benchmark process itself (which starts the runs and
@@ -29,7 +30,7 @@ statements (counted in this process) back out.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,10 +59,23 @@ def _kind(process: psutil.Process) -> str | None:
     return None
 
 
-def cpu_seconds() -> dict[tuple[str, int], float]:
-    """The CPU seconds each process of the system has used so far, by (kind, pid)."""
+def _process_trees(roots: Iterable[int]) -> Iterator[psutil.Process]:
+    """The processes ``roots`` and all their descendants that still run."""
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            yield root
+            yield from root.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+
+
+def cpu_seconds(roots: Iterable[int] | None = None) -> dict[tuple[str, int], float]:
+    """The CPU seconds each process of the system has used so far, by (kind, pid). With ``roots``,
+    only those processes and their descendants count: on a host that runs other copies of the
+    system (another checkout's servers and workers), they would count too."""
     seen: dict[tuple[str, int], float] = {}
-    for process in psutil.process_iter():
+    for process in psutil.process_iter() if roots is None else _process_trees(roots):
         kind = _kind(process)
         if kind is None:
             continue
@@ -117,7 +131,11 @@ class ServerSample:
     failed_calls: int = 0
     rejected_calls: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    # Failed and rejected calls by command: which command an error came from.
+    failures: dict[str, int] = field(default_factory=dict)
     cpu_s: float = 0.0
+    round_trips: int = 0
+    connections: int = 0
 
     @classmethod
     def of(cls, server: Any) -> ServerSample:
@@ -126,14 +144,20 @@ class ServerSample:
         # The INFO requests are the sample's own.
         counted = [stats for name, stats in commands.items() if name != "info"]
         cpu = server.info("cpu")
+        errors = server.info("errorstats")
+        stats = server.info("stats")
         return cls(
             usec=sum(int(stats["usec"]) for stats in counted),
             calls=sum(int(stats["calls"]) for stats in counted),
             failed_calls=sum(int(stats.get("failed_calls", 0)) for stats in counted),
             rejected_calls=sum(int(stats.get("rejected_calls", 0)) for stats in counted),
-            errors={name.removeprefix("errorstat_"): int(stats["count"])
-                    for name, stats in server.info("errorstats").items()},
+            errors={name.removeprefix("errorstat_"): int(counts["count"]) for name, counts in errors.items()},
+            failures={name: int(counts.get("failed_calls", 0)) + int(counts.get("rejected_calls", 0))
+                      for name, counts in commands.items()
+                      if int(counts.get("failed_calls", 0)) + int(counts.get("rejected_calls", 0))},
             cpu_s=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            round_trips=int(stats["total_reads_processed"]) - 4,  # less this sample's four INFO requests
+            connections=int(stats["total_connections_received"]),
         )
 
     def __sub__(self, earlier: ServerSample) -> ServerSample:
@@ -144,13 +168,17 @@ class ServerSample:
 
     def _combined(self, other: ServerSample, sign: int) -> ServerSample:
         kinds = sorted(set(self.errors) | set(other.errors))
+        commands = sorted(set(self.failures) | set(other.failures))
         return ServerSample(
             usec=self.usec + sign * other.usec,
             calls=self.calls + sign * other.calls,
             failed_calls=self.failed_calls + sign * other.failed_calls,
             rejected_calls=self.rejected_calls + sign * other.rejected_calls,
             errors={kind: self.errors.get(kind, 0) + sign * other.errors.get(kind, 0) for kind in kinds},
+            failures={name: self.failures.get(name, 0) + sign * other.failures.get(name, 0) for name in commands},
             cpu_s=self.cpu_s + sign * other.cpu_s,
+            round_trips=self.round_trips + sign * other.round_trips,
+            connections=self.connections + sign * other.connections,
         )
 
 

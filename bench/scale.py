@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_stack, fair_broker, log, setup_django
-from bench._costs import ServerSample
+from bench._costs import ServerSample, cpu_seconds
 from bench.dispatch import CONCURRENCY, TASKS, WARMUP_TASKS, WORKERS, ductor_round, make_tenant, queue_idle
 
 SHARDS = 6
@@ -64,6 +64,9 @@ class Mode:
     name: str
     url: str
     servers: dict[str, Any]
+    # The processes whose CPU counts (with their descendants): this one, which starts the workers
+    # and dispatchers, and the PostgreSQL and Redis servers that the benchmark runs on.
+    processes: list[int]
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Block:
     # Per server of the queue state: its counters over the rounds, less the benchmark's polling.
     queue: dict[str, ServerSample] = field(default_factory=dict)
     broker: ServerSample = field(default_factory=ServerSample)
+    # CPU seconds of the whole system over the rounds, by process kind (worker, dispatcher, redis …).
+    cpu_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
     def items(self) -> int:
@@ -125,35 +130,41 @@ def run_block(mode: Mode, broker: Any, tenants: list[Any], number: int) -> Block
     try:
         fair_broker(stack, "", workers=WORKERS, concurrency=CONCURRENCY, dispatchers=DISPATCHERS)
         ductor_round(tenants, WARMUP_TASKS, f"warm{number}")
-        before, broker_before = samples(mode.servers), ServerSample.of(broker)
+        before, broker_before, cpu_before = samples(mode.servers), ServerSample.of(broker), cpu_seconds(mode.processes)
         seconds = [ductor_round(tenants, TASKS, f"b{number}r{r}", idle) for r in range(ROUNDS)]
-        after, broker_after = samples(mode.servers), ServerSample.of(broker)
+        after, broker_after, cpu_after = samples(mode.servers), ServerSample.of(broker), cpu_seconds(mode.processes)
     finally:
         stack.stop_all()
     polling = polling_cost(mode)
     block = Block(mode.name, seconds, broker=broker_after - broker_before)
+    for (kind, pid), used in cpu_after.items():
+        block.cpu_by_kind[kind] = block.cpu_by_kind.get(kind, 0.0) + used - cpu_before.get((kind, pid), 0.0)
     for name in mode.servers:
         used = after[name] - before[name]
         # The polls were all read-only EVALSHAs: take their time back out, not their errors.
         block.queue[name] = ServerSample(
             usec=round(used.usec - polls * polling[name][0]), calls=round(used.calls - polls * polling[name][1]),
             failed_calls=used.failed_calls, rejected_calls=used.rejected_calls, errors=used.errors,
-            cpu_s=max(0.0, used.cpu_s - polls * polling[name][2]))
+            failures=used.failures, cpu_s=max(0.0, used.cpu_s - polls * polling[name][2]),
+            round_trips=round(used.round_trips - polls * polling[name][3]), connections=used.connections)
     log(f"block {number} {mode.name}: " + ", ".join(f"{TASKS / s:.0f}" for s in seconds)
         + f" tasks/s; {polls} polls")
     return block
 
 
-def polling_cost(mode: Mode) -> dict[str, tuple[float, float, float]]:
-    """Per server: (usec, calls, CPU seconds) of one poll for the end of a round, on the idle
-    queue with nothing else running."""
+def polling_cost(mode: Mode) -> dict[str, tuple[float, float, float, float]]:
+    """Per server: (usec, calls, CPU seconds, round trips) of one poll for the end of a round, on
+    the idle queue with nothing else running."""
     before = samples(mode.servers)
     for _ in range(IDLE_POLLS):
         queue_idle()
     after = samples(mode.servers)
-    return {name: ((after[name] - before[name]).usec / IDLE_POLLS, (after[name] - before[name]).calls / IDLE_POLLS,
-                   (after[name] - before[name]).cpu_s / IDLE_POLLS)
-            for name in mode.servers}
+    costs = {}
+    for name in mode.servers:
+        used = after[name] - before[name]
+        costs[name] = (used.usec / IDLE_POLLS, used.calls / IDLE_POLLS, used.cpu_s / IDLE_POLLS,
+                       used.round_trips / IDLE_POLLS)
+    return costs
 
 
 def shards_by_master(cluster_client: Any) -> dict[str, list[int]]:
@@ -171,7 +182,20 @@ def per_item(sample: ServerSample, items: int) -> dict[str, float]:
     """A server's (or a sum of servers') costs per item: command CPU, process CPU, commands."""
     return {"us_per_item": round(sample.usec / items, 2),
             "process_cpu_us_per_item": round(sample.cpu_s * 1e6 / items, 2),
-            "calls_per_item": round(sample.calls / items, 2)}
+            "calls_per_item": round(sample.calls / items, 2),
+            "round_trips_per_item": round(sample.round_trips / items, 2),
+            "connections": sample.connections}
+
+
+def cpu_per_item(blocks: list[Block]) -> dict[str, float]:
+    """The whole system's CPU milliseconds per item over ``blocks``, by process kind, and in all."""
+    items = sum(block.items for block in blocks)
+    by_kind: dict[str, float] = {}
+    for block in blocks:
+        for kind, seconds in block.cpu_by_kind.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    return {**{kind: round(s * 1000 / items, 3) for kind, s in sorted(by_kind.items())},
+            "total": round(sum(by_kind.values()) * 1000 / items, 3)}
 
 
 def summary(blocks: list[Block], cluster_sample_over_run: ServerSample, held: dict[str, list[int]],
@@ -205,11 +229,15 @@ def summary(blocks: list[Block], cluster_sample_over_run: ServerSample, held: di
         "redis_cpu_us_per_item": {name: costs["us_per_item"] for name, costs in by_role.items()},
         "redis_process_cpu_us_per_item": {name: costs["process_cpu_us_per_item"] for name, costs in by_role.items()},
         "redis_calls_per_item": {name: costs["calls_per_item"] for name, costs in by_role.items()},
+        "redis_round_trips_per_item": {name: costs["round_trips_per_item"] for name, costs in by_role.items()},
+        "redis_connections": {name: costs["connections"] for name, costs in by_role.items()},
         "per_master": per_master,
         "crossslot_errors": cluster_sample_over_run.errors.get("CROSSSLOT", 0),
         "failed_calls": cluster_sample_over_run.failed_calls,
         "rejected_calls": cluster_sample_over_run.rejected_calls,
         "errors_by_kind": {kind: n for kind, n in cluster_sample_over_run.errors.items() if n},
+        "failures_by_command": cluster_sample_over_run.failures,
+        "cpu_ms_per_item_by_process": {"single": cpu_per_item(single), "cluster": cpu_per_item(cluster)},
         "blocks": [{"mode": b.mode, "tasks_per_s": round(b.tasks_per_s, 1)} for b in blocks],
     }
 
@@ -223,19 +251,21 @@ def main() -> int:
     import redis
     from django.conf import settings
 
-    from ductor_project import redis_cluster
+    from ductor_project import embedded, redis_cluster
     from ductor_project.core.redis import get_redis
 
     started = time.monotonic()
     load_before = os.getloadavg()
     broker = redis.Redis.from_url(settings.REDIS_URL)
-    single = Mode("single", settings.REDIS_URL, {"single": broker})
+    services = embedded.read_state(Path(settings.DUCTOR_DATA_DIR))
+    ours = [os.getpid(), *((services.postgres_pid, services.redis_pid) if services else ())]
+    single = Mode("single", settings.REDIS_URL, {"single": broker}, ours)
     directory = Path(settings.DUCTOR_DATA_DIR) / "scale-cluster"
     log(f"starting a {MASTERS}-master Redis Cluster under {directory}")
     state = redis_cluster.start(directory, masters=MASTERS)
     try:
         masters = {f"127.0.0.1:{port}": redis.Redis(port=port) for port in state.ports}
-        cluster = Mode("cluster", state.url(), masters)
+        cluster = Mode("cluster", state.url(), masters, [*ours, *state.pids])
         over_run_start = sum(samples(masters).values(), ServerSample())
         settings.DUCTOR_QUEUE_REDIS_URL = cluster.url
         held = shards_by_master(get_redis())
