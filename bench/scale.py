@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -246,7 +247,14 @@ def summary(blocks: list[Block], cluster_sample_over_run: ServerSample, held: di
     }
 
 
+def stop_on_sigterm() -> None:
+    """A SIGTERM (a run stopped from outside) unwinds like Ctrl-C does, so that the ``finally``
+    blocks stop the workers, the dispatchers and the cluster."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main() -> int:
+    stop_on_sigterm()
     # Before Django reads its settings: the shards of both modes, and the queue state on the
     # embedded Redis unless a block says otherwise.
     os.environ["DUCTOR_QUEUE_SHARDS"] = str(SHARDS)
