@@ -80,7 +80,7 @@ class Block:
     # Per server of the queue state: its counters over the rounds, less the benchmark's polling.
     queue: dict[str, ServerSample] = field(default_factory=dict)
     broker: ServerSample = field(default_factory=ServerSample)
-    # CPU seconds of the whole system over the rounds, by process kind (worker, dispatcher, redis …).
+    # CPU seconds of this stack's processes over the rounds, by kind (worker, dispatcher, redis …).
     cpu_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
