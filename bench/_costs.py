@@ -11,6 +11,13 @@ commands, and CPU time by process kind, read before and after it.
 - **Redis**, from ``INFO stats``: ``roundtrips`` are the requests the server read from its
   clients (``total_reads_processed``: a pipeline or a script is one), ``commands`` the commands it
   ran (``total_commands_processed``, each command inside a script included).
+- **One Redis server's own counters** (``ServerSample``), for a benchmark that watches each server
+  of a cluster: from ``INFO commandstats`` the calls and the microseconds of CPU each command took
+  inside the server, with its ``failed_calls`` and ``rejected_calls``; from ``INFO errorstats`` the
+  errors by kind (``CROSSSLOT``, ``MOVED`` …); from ``INFO cpu`` the server process's CPU time,
+  which also counts reading and writing the sockets (``commandstats`` counts only running the
+  commands); from ``INFO stats`` the requests it read (round trips) and the connections it
+  accepted. The ``INFO`` requests that read them are left out of the commands and round trips.
 - **CPU**, from each process's user and system time (``psutil``), grouped by kind: the Celery
   worker (its pool processes included), the dispatcher, the coordinator, the web server, the
   PostgreSQL backends, Redis, and this benchmark process itself (which starts the runs and
@@ -23,7 +30,7 @@ statements (counted in this process) back out.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,10 +59,23 @@ def _kind(process: psutil.Process) -> str | None:
     return None
 
 
-def cpu_seconds() -> dict[tuple[str, int], float]:
-    """The CPU seconds each process of the system has used so far, by (kind, pid)."""
+def _process_trees(roots: Iterable[int]) -> Iterator[psutil.Process]:
+    """The processes ``roots`` and all their descendants that still run."""
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            yield root
+            yield from root.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+
+
+def cpu_seconds(roots: Iterable[int] | None = None) -> dict[tuple[str, int], float]:
+    """The CPU seconds each process of the system has used so far, by (kind, pid). With ``roots``,
+    only those processes and their descendants count: on a host that runs other copies of the
+    system (another checkout's servers and workers), they would count too."""
     seen: dict[tuple[str, int], float] = {}
-    for process in psutil.process_iter():
+    for process in psutil.process_iter() if roots is None else _process_trees(roots):
         kind = _kind(process)
         if kind is None:
             continue
@@ -100,6 +120,66 @@ def redis_requests() -> tuple[int, int]:
 
     stats = get_redis().info("stats")
     return int(stats["total_reads_processed"]), int(stats["total_commands_processed"])
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """One Redis server's counters at a moment (see the module's docstring); two samples subtract."""
+
+    usec: int = 0
+    calls: int = 0
+    failed_calls: int = 0
+    rejected_calls: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    # Failed and rejected calls by command: which command an error came from.
+    failures: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    round_trips: int = 0
+    connections: int = 0
+
+    @classmethod
+    def of(cls, server: Any) -> ServerSample:
+        """The counters of ``server``, a client of that one server (not a cluster client)."""
+        commands = {name.removeprefix("cmdstat_"): stats for name, stats in server.info("commandstats").items()}
+        # The INFO requests are the sample's own.
+        counted = [stats for name, stats in commands.items() if name != "info"]
+        cpu = server.info("cpu")
+        errors = server.info("errorstats")
+        stats = server.info("stats")
+        return cls(
+            usec=sum(int(stats["usec"]) for stats in counted),
+            calls=sum(int(stats["calls"]) for stats in counted),
+            failed_calls=sum(int(stats.get("failed_calls", 0)) for stats in counted),
+            rejected_calls=sum(int(stats.get("rejected_calls", 0)) for stats in counted),
+            errors={name.removeprefix("errorstat_"): int(counts["count"]) for name, counts in errors.items()},
+            failures={name: int(counts.get("failed_calls", 0)) + int(counts.get("rejected_calls", 0))
+                      for name, counts in commands.items()
+                      if int(counts.get("failed_calls", 0)) + int(counts.get("rejected_calls", 0))},
+            cpu_s=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            round_trips=int(stats["total_reads_processed"]) - 4,  # less this sample's four INFO requests
+            connections=int(stats["total_connections_received"]),
+        )
+
+    def __sub__(self, earlier: ServerSample) -> ServerSample:
+        return self._combined(earlier, -1)
+
+    def __add__(self, other: ServerSample) -> ServerSample:
+        return self._combined(other, 1)
+
+    def _combined(self, other: ServerSample, sign: int) -> ServerSample:
+        kinds = sorted(set(self.errors) | set(other.errors))
+        commands = sorted(set(self.failures) | set(other.failures))
+        return ServerSample(
+            usec=self.usec + sign * other.usec,
+            calls=self.calls + sign * other.calls,
+            failed_calls=self.failed_calls + sign * other.failed_calls,
+            rejected_calls=self.rejected_calls + sign * other.rejected_calls,
+            errors={kind: self.errors.get(kind, 0) + sign * other.errors.get(kind, 0) for kind in kinds},
+            failures={name: self.failures.get(name, 0) + sign * other.failures.get(name, 0) for name in commands},
+            cpu_s=self.cpu_s + sign * other.cpu_s,
+            round_trips=self.round_trips + sign * other.round_trips,
+            connections=self.connections + sign * other.connections,
+        )
 
 
 @dataclass

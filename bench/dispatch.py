@@ -48,18 +48,19 @@ DONE_TIMEOUT_S = 120.0
 POLL_S = 0.02
 
 
-def make_tenants() -> list[Any]:
+def make_tenant(slug: str) -> Any:
+    """The tenant ``slug`` (made if missing) with limits that no benchmark reaches."""
     from tenants import services
     from tenants.models import Tenant
 
-    tenants = []
-    for n in range(TENANTS):
-        slug = f"dispatch-{n}"
-        tenant = Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug, plan="pro")
-        for field, value in {"max_concurrency": 100_000, "step_rate_per_s": 1e6, "step_burst": 1_000_000}.items():
-            services.override_set(tenant=tenant, field=field, value=value, reason="bench/dispatch.py")
-        tenants.append(Tenant.objects.get(pk=tenant.pk))
-    return tenants
+    tenant = Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug, plan="pro")
+    for field, value in {"max_concurrency": 100_000, "step_rate_per_s": 1e6, "step_burst": 1_000_000}.items():
+        services.override_set(tenant=tenant, field=field, value=value, reason="bench/dispatch.py")
+    return Tenant.objects.get(pk=tenant.pk)
+
+
+def make_tenants() -> list[Any]:
+    return [make_tenant(f"dispatch-{n}") for n in range(TENANTS)]
 
 
 def wait_until(done: Callable[[], bool]) -> None:
@@ -71,10 +72,23 @@ def wait_until(done: Callable[[], bool]) -> None:
         time.sleep(POLL_S)
 
 
-def ductor_round(tenants: list[Any], count: int, tag: str) -> float:
-    """Seconds from the first enqueue until every item is acked."""
+def queue_idle() -> bool:
+    """Every shard of the fair queue is idle: nothing in flight, and no tenant ready, parked or on
+    a timer (an item waiting behind a locked partition implies one in flight). One call per shard."""
     from django.conf import settings
 
+    from scheduling import fair_queue as fq
+
+    for shard in map(fq.global_stats, range(settings.DUCTOR_QUEUE_SHARDS)):
+        if shard.in_flight or shard.timers or any(
+                tier.ready_tenants or tier.blocked_tenants for tier in shard.tiers.values()):
+            return False
+    return True
+
+
+def ductor_round(tenants: list[Any], count: int, tag: str, idle: Callable[[], bool] = queue_idle) -> float:
+    """Seconds from the first enqueue until every item is acked, which ``idle`` polls for (a caller
+    that counts the polls passes its own)."""
     from scheduling import fair_queue as fq
 
     started = time.perf_counter()
@@ -84,17 +98,7 @@ def ductor_round(tenants: list[Any], count: int, tag: str) -> float:
         for n, tenant in enumerate(tenants)
     ]
     fq.bulk_enqueue(batches)
-
-    def done() -> bool:
-        # One call per shard: nothing in flight, and no tenant ready, parked or on a timer
-        # (an item waiting behind a locked partition implies one in flight).
-        for shard in map(fq.global_stats, range(settings.DUCTOR_QUEUE_SHARDS)):
-            if shard.in_flight or shard.timers or any(
-                    tier.ready_tenants or tier.blocked_tenants for tier in shard.tiers.values()):
-                return False
-        return True
-
-    wait_until(done)
+    wait_until(idle)
     return time.perf_counter() - started
 
 

@@ -56,6 +56,12 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("e2e_tasks_per_s", "baseline_celery_tasks_per_s", "e2e_ratio >= 0.8", lambda r: r["e2e_ratio"] >= 0.8),
         ("without_handoff.e2e_tasks_per_s", "without_handoff.baseline_celery_tasks_per_s", "", None),
     ],
+    "scale": [
+        ("cluster_tasks_per_s", "single_tasks_per_s", "cluster_vs_single_ratio >= 0.9",
+         lambda r: r["cluster_vs_single_ratio"] >= 0.9),
+        ("crossslot_errors", None, "== 0", lambda r: r["crossslot_errors"] == 0),
+        ("redis_cpu_us_per_item.cluster", "redis_cpu_us_per_item.single", "", None),
+    ],
     "workflows": [
         ("steps_per_s_10node", "baseline_celery_tasks_per_s", "step_ratio >= 0.5", lambda r: r["step_ratio"] >= 0.5),
         ("runs_per_s_1node", "baseline_celery_tasks_per_s", "run_ratio >= 0.3", lambda r: r["run_ratio"] >= 0.3),
