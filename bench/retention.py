@@ -64,8 +64,8 @@ ACTIVE_RUNS = 40
 RETENTION_DAYS = 30
 KEEP_DAYS = 3650  # the baseline's retention: nothing is old enough
 RATE_PER_S = 8.0
-WINDOW_S = 60.0
-DELETE_BUDGET_S = 600.0
+WINDOW_S = 120.0
+DELETE_BUDGET_S = 1500.0
 DONE_TIMEOUT_S = 60.0
 GOAL_GROWTH = 1.2  # p99 step start latency during retention over the baseline's
 # Reconcile and housekeep on every pass (a pass every 0.2 s), not every 10 s: retention works

@@ -15,7 +15,8 @@ one batch per tenant in turn, while a tenant has more to look at and ``PASS_BUDG
 tenant whose history grows faster than one batch a pass still gets through it, and the pass
 stays short enough for the coordinator's other work. Each batch is deleted in its own short
 transaction, a few statements, each one an index lookup by run: no long lock, however large the
-history (``bench/retention.py`` measures it on a million runs).
+history; after each, a rest (``REST_PER_BATCH``) leaves the database to the hot path
+(``bench/retention.py`` measures both on a million runs).
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ log = structlog.get_logger(__name__)
 
 # Most trees one batch deletes, most tenants one pass looks at, and how long a pass goes on
 # taking batches (it ends its batch under way: a pass lasts about this plus one batch).
-ROOTS_PER_BATCH = 200
+ROOTS_PER_BATCH = 100
 TENANTS_PER_PASS = 50
 PASS_BUDGET_S = 1.0
+# After each batch that deleted something, a rest this many times as long as the batch took: the
+# deletes (their writes, their WAL) take at most half of one database backend, and the hot path
+# finds the server between two short batches, not behind a long run of them.
+REST_PER_BATCH = 1.0
 ENDED = [str(status) for status in WorkflowRun.TERMINAL]
 RUNS = WorkflowRun._meta.db_table
 # Of the trees of some roots (tenant, roots), those whose every run ended, the last before a cutoff.
@@ -70,9 +75,10 @@ class Batch:
 
 
 def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int = TENANTS_PER_PASS,
-                budget_s: float = PASS_BUDGET_S) -> int:
+                budget_s: float = PASS_BUDGET_S, rest: float = REST_PER_BATCH) -> int:
     """Delete the expired run trees of the next tenants, one batch per tenant in turn while one
-    has more and ``budget_s`` lasts (at least one batch each: see the module docs); how many runs."""
+    has more and ``budget_s`` lasts (at least one batch each: see the module docs), resting
+    ``rest`` times as long as each batch took after it; how many runs."""
     deadline = time.monotonic() + budget_s
     deleted = 0
     waiting = _tenants.next(tenants_per_pass)
@@ -88,6 +94,8 @@ def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int
             deleted += batch.runs
             if batch.full:
                 more.append(tenant)
+            if batch.runs:
+                time.sleep(batch.seconds * rest)
         waiting = more if time.monotonic() < deadline else []
     return deleted
 
