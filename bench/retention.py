@@ -4,7 +4,7 @@ On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis, ends the
 unfinished there, and EMPTIES its run tables: runs, steps, events, signals, waits, deliveries),
 with one ``celery -A ductor_project worker`` (concurrency ``CONCURRENCY``), one
 ``manage.py run_dispatcher`` and one ``manage.py run_coordinator`` (reconciling and
-housekeeping on every pass: ``COORDINATOR_ARGS``), all children of ``ductor_project.stack.Stack``:
+housekeeping on every pass, or every ``--reconcile-every`` seconds), all children of ``ductor_project.stack.Stack``:
 
 1. **History.** ``--runs`` (default 1,000,000) finished runs, spread over ``TENANTS`` tenants,
    written by the tables' owner with one ``INSERT ... SELECT generate_series`` per table and
@@ -27,7 +27,7 @@ housekeeping on every pass: ``COORDINATOR_ARGS``), all children of ``ductor_proj
    its ``created_at`` (when the tick made it due); p50, p99 over the window's steps.
 5. **During.** The same workload, with every tenant's ``history_retention_days`` set to
    ``RETENTION_DAYS``: the coordinator deletes the history, batch after batch, until none of it
-   is left (or ``DELETE_BUDGET_S``). Its per-batch log gives each delete transaction's length;
+   is left (or ``--delete-budget`` seconds). Its per-batch log gives each delete transaction's length;
    ``pg_stat_activity``, sampled every second, the backends waiting on a lock.
 6. **Checks.** The history left (0 expected), and each active run compared with its note: any
    run, step or event count changed or gone counts in ``active_runs_touched`` (0 expected).
@@ -68,9 +68,11 @@ WINDOW_S = 120.0
 DELETE_BUDGET_S = 1500.0
 DONE_TIMEOUT_S = 60.0
 GOAL_GROWTH = 1.2  # p99 step start latency during retention over the baseline's
-# Reconcile and housekeep on every pass (a pass every 0.2 s), not every 10 s: retention works
-# flat out, the worst case for the workload.
-COORDINATOR_ARGS = ["--interval", "0.2", "--reconcile-every", "0"]
+# By default the coordinator reconciles and housekeeps on every pass (a pass every 0.2 s), not
+# every 10 s: retention works as fast as its rests let it, the worst case for the workload.
+# ``--reconcile-every 10`` runs it as in production.
+PASS_INTERVAL_S = 0.2
+RECONCILE_EVERY_S = 0.0
 HISTORY_TABLES = ("workflows_webhookdelivery", "workflows_eventwait", "workflows_runsignal", "workflows_runevent",
                   "workflows_steprun", "workflows_workflowrun")
 CHAIN = {"nodes": [{"id": "a", "type": "action", "action": "noop"},
@@ -373,7 +375,7 @@ def old_runs_left(owner: Any) -> int:
                              "AND created_at < now() - interval '30 days'").fetchone()[0])
 
 
-def measure(stack: Stack, tenants: list[Any], owner: Any, runs: int) -> dict[str, Any]:
+def measure(stack: Stack, tenants: list[Any], owner: Any, runs: int, budget_s: float) -> dict[str, Any]:
     """The baseline window, then the window during retention (see the module docs)."""
     from tenants import services
 
@@ -398,7 +400,7 @@ def measure(stack: Stack, tenants: list[Any], owner: Any, runs: int) -> dict[str
         return done >= runs
 
     log(f"during: the same workload while the coordinator deletes {runs} runs")
-    ids, _ = window(workload_tenant, DELETE_BUDGET_S, until=all_deleted)
+    ids, _ = window(workload_tenant, budget_s, until=all_deleted)
     delete_s = time.monotonic() - began
     during = step_latencies(workload_tenant, ids)
     lock_figures = locks.stop()
@@ -411,6 +413,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=RUNS, help="old runs to load and delete")
     parser.add_argument("--explain", action="store_true", help="the hot queries' plans, without and with the indexes")
+    parser.add_argument("--reconcile-every", type=float, default=RECONCILE_EVERY_S,
+                        help="the coordinator's seconds between housekeeping passes (production: 10)")
+    parser.add_argument("--delete-budget", type=float, default=DELETE_BUDGET_S,
+                        help="seconds the deleting window lasts at most")
     options = parser.parse_args()
     setup_django("bench/retention.py")
 
@@ -422,18 +428,19 @@ def main() -> int:
     log(f"{options.runs} runs loaded in {load_s:.0f}s")
     active = start_active_runs(tenants)
     plans = plans_before_and_after(tenants[1]) if options.explain else None
+    coordinator_args = ["--interval", str(PASS_INTERVAL_S), "--reconcile-every", str(options.reconcile_every)]
     stack = bench_stack("retention")
     try:
         worker = bench_worker(stack, "worker-0", concurrency=CONCURRENCY)
         dispatcher = stack.dispatcher("dispatcher-0")
-        coordinator = stack.coordinator("coordinator-0", extra=COORDINATOR_ARGS)
+        coordinator = stack.coordinator("coordinator-0", extra=coordinator_args)
         stack.wait_ready(worker, dispatcher, coordinator)
         from ductor_project.celery import WORK_QUEUE
         from scheduling.dispatch import credits as broker
 
         wait_until(lambda: broker.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the worker's slots")
         noted = note_active(active)
-        figures = measure(stack, tenants, owner, options.runs)
+        figures = measure(stack, tenants, owner, options.runs, options.delete_budget)
         left = old_runs_left(owner)
         active_touched = touched(noted, note_active(active))
     finally:
@@ -463,7 +470,7 @@ def main() -> int:
         "plans": plans,
         "goals": {"p99_growth": GOAL_GROWTH, "active_runs_touched": 0, "old_runs_left": 0},
         "config": {"tenants": TENANTS, "rate_per_s": RATE_PER_S, "window_s": WINDOW_S,
-                   "retention_days": RETENTION_DAYS, "coordinator": COORDINATOR_ARGS, "concurrency": CONCURRENCY,
+                   "retention_days": RETENTION_DAYS, "coordinator": coordinator_args, "concurrency": CONCURRENCY,
                    "load_average_1m": round(load[0], 2), "cpus": os.cpu_count()},
     }))
     return 0
