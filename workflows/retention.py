@@ -46,7 +46,7 @@ from workflows.models import (
 log = structlog.get_logger(__name__)
 
 # Most trees one batch deletes, most tenants one pass looks at, and how long a pass goes on
-# taking batches (it ends its batch under way: a pass lasts about this plus one batch).
+# taking batches (it ends the round under way, one batch and rest per tenant with more to do).
 ROOTS_PER_BATCH = 100
 TENANTS_PER_PASS = 50
 PASS_BUDGET_S = 1.0
