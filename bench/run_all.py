@@ -88,6 +88,14 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("schedule_lost", None, "== 0", lambda r: r["schedule_lost"] == 0),
         ("schedule_fire_lag_ms_p50", None, "", None),
     ],
+    "retention": [
+        ("step_start_latency_ms_p99_during", "step_start_latency_ms_p99_baseline", "p99_growth <= 1.2",
+         lambda r: r["p99_growth"] <= 1.2),
+        ("active_runs_touched", None, "== 0", lambda r: r["active_runs_touched"] == 0),
+        ("old_runs_left", None, "== 0", lambda r: r["old_runs_left"] == 0),
+        ("runs_per_s", None, "", None),
+        ("longest_delete_transaction_ms", None, "", None),
+    ],
     "recovery": [
         ("recovery_s", "baseline_s", "<= 20 (idle machine)", lambda r: r["recovery_s"] <= 20),
         ("noticed_s", None, "", None),

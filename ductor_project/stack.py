@@ -294,10 +294,11 @@ class Stack:
         return self.start(name, [sys.executable, "manage.py", "run_dispatcher"], env=self._named(name, env),
                           ready_text="dispatcher_started")
 
-    def coordinator(self, name: str = "coordinator", *, env: Mapping[str, str] | None = None) -> Child:
-        """``manage.py run_coordinator``. Ready once it logs ``coordinator_started`` (at INFO). Its
-        heartbeats carry ``process_name(name)``."""
-        return self.start(name, [sys.executable, "manage.py", "run_coordinator"], env=self._named(name, env),
+    def coordinator(self, name: str = "coordinator", *, extra: Iterable[str] = (),
+                    env: Mapping[str, str] | None = None) -> Child:
+        """``manage.py run_coordinator`` plus ``extra`` arguments (``--reconcile-every 1``). Ready once it
+        logs ``coordinator_started`` (at INFO). Its heartbeats carry ``process_name(name)``."""
+        return self.start(name, [sys.executable, "manage.py", "run_coordinator", *extra], env=self._named(name, env),
                           ready_text="coordinator_started")
 
     def process_name(self, name: str) -> str:

@@ -110,6 +110,12 @@ class WorkflowRun(TenantScopedModel):
         ]
         indexes = [
             models.Index(fields=["tenant", "status", "-created_at"], name="run_tenant_status"),
+            # The run list: a tenant's runs newest first, a page at a time (the API's cursor order).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="run_tenant_newest"),
+            # The reconciler's pass: the active runs (not TERMINAL), a few among millions. Not keyed on
+            # updated_at, which every tick changes: an update that keeps the status can still be HOT.
+            models.Index(fields=["created_at"], name="run_active",
+                         condition=~models.Q(status__in=["cancelled", "continued", "failed", "succeeded"])),
             # The retention's pass: the roots of the tenant's run trees, by when they ended.
             models.Index(fields=["tenant", "finished_at", "id"], name="run_tenant_root_finished",
                          condition=models.Q(parent_run__isnull=True, continued_from__isnull=True)),

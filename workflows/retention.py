@@ -9,20 +9,26 @@ usage counters (the monthly run quota) are not history: they stay.
 
 ``expire_runs`` is a coordinator housekeeper. Each call looks at the next ``TENANTS_PER_PASS``
 tenants (round and round), and for each one at its ``ROOTS_PER_BATCH`` trees that ended first
-after where its previous look stopped (an index on the roots' ``finished_at``): so a tree that
-cannot go yet (a child still running) is passed over, not looked at again and again. Each batch
-is deleted in its own short transaction, a few statements, each one an index lookup by run: no
-long lock, however large the history.
+after where its previous look stopped (an index on the roots' ``finished_at``, entered at that
+place): so a tree that cannot go yet is passed over, not looked at again and again. It goes on,
+one batch per tenant in turn, while a tenant has more to look at and ``PASS_BUDGET_S`` lasts: a
+tenant whose history grows faster than one batch a pass still gets through it, and the pass
+stays short enough for the coordinator's other work. Each batch is deleted in its own short
+transaction, a few statements, each one an index lookup by run: no long lock, however large the
+history; after each, a rest (``REST_PER_BATCH``) leaves the database to the hot path
+(``bench/retention.py`` measures both on a million runs).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
@@ -39,59 +45,95 @@ from workflows.models import (
 
 log = structlog.get_logger(__name__)
 
-# Most trees one batch deletes, and most tenants one pass looks at.
-ROOTS_PER_BATCH = 200
+# Most trees one batch deletes, most tenants one pass looks at, and how long a pass goes on
+# taking batches (it ends the round under way, one batch and rest per tenant with more to do).
+ROOTS_PER_BATCH = 100
 TENANTS_PER_PASS = 50
+PASS_BUDGET_S = 1.0
+# After each batch that deleted something, a rest this many times as long as the batch took: the
+# deletes (their writes, their WAL) take at most half of one database backend, and the hot path
+# finds the server between two short batches, not behind a long run of them.
+REST_PER_BATCH = 1.0
 ENDED = [str(status) for status in WorkflowRun.TERMINAL]
 RUNS = WorkflowRun._meta.db_table
+# Of the trees of some roots (tenant, roots), those whose every run ended, the last before a cutoff.
+ENDED_TREES = (f"SELECT root_run_id FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608
+               "GROUP BY root_run_id HAVING bool_and(status = ANY(%s)) AND max(finished_at) < %s")
 # Where the last pass stopped: the tenants, and per tenant the last root it looked at.
 _tenants = TenantRound()
 _root_cursor: dict[Any, tuple[datetime, Any]] = {}
 
 
-def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int = TENANTS_PER_PASS) -> int:
-    """Delete the expired run trees of the next tenants (see the module docs); how many runs."""
+@dataclass(frozen=True)
+class Batch:
+    """What one batch did: the runs it deleted, whether it looked at a whole batch of roots
+    (then the tenant may have more), and how long its transaction lasted."""
+
+    runs: int
+    full: bool
+    seconds: float
+
+
+def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int = TENANTS_PER_PASS,
+                budget_s: float = PASS_BUDGET_S, rest: float = REST_PER_BATCH) -> int:
+    """Delete the expired run trees of the next tenants, one batch per tenant in turn while one
+    has more and ``budget_s`` lasts (at least one batch each: see the module docs), resting
+    ``rest`` times as long as each batch took after it; how many runs."""
+    deadline = time.monotonic() + budget_s
     deleted = 0
-    now = timezone.now()
-    for tenant in _tenants.next(tenants_per_pass):
-        with tenant_context(tenant):
-            cutoff = now - timedelta(days=effective_entitlements(tenant).history_retention_days)
-            count = _expire_batch(cutoff, roots_per_batch)
-        if count:
-            log.info("runs_expired", target_tenant=str(tenant.pk), runs=count)
-        deleted += count
+    waiting = _tenants.next(tenants_per_pass)
+    while waiting:
+        more = []
+        for tenant in waiting:
+            with tenant_context(tenant):
+                cutoff = timezone.now() - timedelta(days=effective_entitlements(tenant).history_retention_days)
+                batch = _expire_batch(cutoff, roots_per_batch)
+            if batch.runs:
+                log.info("runs_expired", target_tenant=str(tenant.pk), runs=batch.runs,
+                         batch_ms=round(batch.seconds * 1000, 1))
+            deleted += batch.runs
+            if batch.full:
+                more.append(tenant)
+            if batch.runs:
+                time.sleep(batch.seconds * rest)
+        waiting = more if time.monotonic() < deadline else []
     return deleted
 
 
-def _expire_batch(cutoff: datetime, limit: int) -> int:
+def _expire_batch(cutoff: datetime, limit: int) -> Batch:
     """One batch of the tenant in context: the next ``limit`` roots that ended before ``cutoff``,
-    and of those the trees that ended entirely before it, deleted. Returns how many runs."""
+    and of those the trees that ended entirely before it, deleted in one transaction."""
     tenant_id = current_tenant().pk
-    roots = WorkflowRun.objects.filter(parent_run__isnull=True, continued_from__isnull=True,
-                                       finished_at__lt=cutoff)
-    after = _root_cursor.get(tenant_id)
-    if after is not None:
-        roots = roots.filter(Q(finished_at__gt=after[0]) | Q(finished_at=after[0], id__gt=after[1]))
-    looked = list(roots.order_by("finished_at", "id").values_list("finished_at", "id")[:limit])
-    if len(looked) < limit:
-        _root_cursor.pop(tenant_id, None)  # round again from the oldest next time
-    else:
+    looked = list(expired_roots(cutoff, after=_root_cursor.get(tenant_id))[:limit])
+    full = len(looked) == limit
+    if full:
         _root_cursor[tenant_id] = looked[-1]
+    else:
+        _root_cursor.pop(tenant_id, None)  # round again from the oldest next time
     if not looked:
-        return 0
+        return Batch(runs=0, full=False, seconds=0.0)
+    started = time.perf_counter()
     with transaction.atomic():
         trees = _ended_trees([root for _, root in looked], cutoff)
-        return _delete_trees(trees) if trees else 0
+        runs = _delete_trees(trees) if trees else 0
+    return Batch(runs=runs, full=full, seconds=time.perf_counter() - started)
+
+
+def expired_roots(cutoff: datetime, *, after: tuple[datetime, Any] | None = None) -> QuerySet[WorkflowRun, Any]:
+    """The ``(finished_at, id)`` of the tenant's roots that ended before ``cutoff``, after ``after``
+    in that order: a walk of the index ``run_tenant_root_finished``, entered at ``after``."""
+    roots = WorkflowRun.objects.filter(parent_run__isnull=True, continued_from__isnull=True, finished_at__lt=cutoff)
+    if after is not None:
+        # ``finished_at >=`` enters the index at the cursor; the rest of the cursor is a filter on those rows.
+        roots = roots.filter(finished_at__gte=after[0]).filter(Q(finished_at__gt=after[0]) | Q(id__gt=after[1]))
+    return roots.order_by("finished_at", "id").values_list("finished_at", "id")
 
 
 def _ended_trees(roots: list[Any], cutoff: datetime) -> list[Any]:
     """Those of ``roots`` whose every run ended, the last of them before ``cutoff``; their rows
     locked, so that nothing starts in them meanwhile (a rerun, a signal: they lock the run)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT root_run_id FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608
-            "GROUP BY root_run_id HAVING bool_and(status = ANY(%s)) AND max(finished_at) < %s",
-            [current_tenant().pk, roots, ENDED, cutoff])
+        cursor.execute(ENDED_TREES, [current_tenant().pk, roots, ENDED, cutoff])
         ended = [row[0] for row in cursor.fetchall()]
     if ended:
         list(WorkflowRun.objects.select_for_update().filter(root_run_id__in=ended).values_list("pk"))

@@ -91,9 +91,37 @@ def test_a_tree_that_cannot_go_yet_is_passed_over_and_the_ones_after_it_go(tenan
     stuck = tree(tenant, ended_days_ago=5, child_active=True, children=1)
     later = tree(tenant, ended_days_ago=4, children=0)
 
-    assert retention.expire_runs(roots_per_batch=1) == 0  # the stuck tree, looked at once
-    assert retention.expire_runs(roots_per_batch=1) == 1  # then the next one
+    # No time for a second batch: one batch per tenant a pass.
+    assert retention.expire_runs(roots_per_batch=1, budget_s=0) == 0  # the stuck tree, looked at once
+    assert retention.expire_runs(roots_per_batch=1, budget_s=0) == 1  # then the next one
     assert (runs_of(tenant, stuck), runs_of(tenant, later)) == (2, 0)
+
+
+def test_a_pass_takes_batch_after_batch_while_its_budget_lasts_and_each_tenant_gets_its_turn(tenant, tenant_b):
+    tenant_services.override_set(tenant=tenant_b[0], field="history_retention_days", value=1)
+    with tenant_context(tenant_b[0]):
+        services.workflow_put(name="nap", spec=SLEEPY)
+    ours = [tree(tenant, ended_days_ago=days, children=1) for days in (5, 4, 3)]
+    theirs = [tree(tenant_b[0], ended_days_ago=days, children=0) for days in (5, 4)]
+
+    # One batch each (a tree of 2 runs, a tree of 1), then no time for more.
+    assert retention.expire_runs(roots_per_batch=1, budget_s=0) == 3
+    # The rest in one pass: batch after batch, the tenants in turn, until neither has more.
+    assert retention.expire_runs(roots_per_batch=1) == 5
+    assert [runs_of(tenant, root) for root in ours] == [0, 0, 0]
+    assert [runs_of(tenant_b[0], root) for root in theirs] == [0, 0]
+    assert retention.expire_runs(roots_per_batch=1) == 0
+
+
+def test_roots_that_ended_at_the_same_moment_are_all_looked_at_across_batches(tenant):
+    roots = [tree(tenant, ended_days_ago=3, children=0) for _ in range(3)]
+    with tenant_context(tenant):  # one moment for all: the cursor's order falls to their ids
+        WorkflowRun.objects.filter(pk__in=[root.pk for root in roots]).update(
+            finished_at=timezone.now() - timedelta(days=3))
+
+    for _ in roots:
+        assert retention.expire_runs(roots_per_batch=1, budget_s=0) == 1
+    assert [runs_of(tenant, root) for root in roots] == [0, 0, 0]
 
 
 def test_a_tenant_s_deletion_never_reaches_another_tenant_s_tree(tenant, tenant_b):

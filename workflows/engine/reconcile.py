@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
@@ -56,12 +57,7 @@ def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
     each one repaired or found moving is touched, so the next batch takes others. Returns how
     many it repaired and how many it looked at."""
     now = timezone.now()
-    stale = list(
-        WorkflowRun.all_tenants.select_related("tenant", "workflow")
-        .exclude(status__in=WorkflowRun.TERMINAL)
-        .filter(updated_at__lt=cutoff)
-        .order_by("updated_at")[:RECONCILE_BATCH]
-    )
+    stale = list(stale_runs(cutoff)[:RECONCILE_BATCH])
     moving = _ticks_pending(stale)
     if moving:
         WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=timezone.now())
@@ -69,6 +65,14 @@ def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
         if run.pk not in moving:
             _repair_run(run, now)
     return len(stale) - len(moving), len(stale)
+
+
+def stale_runs(cutoff: datetime) -> QuerySet[WorkflowRun]:
+    """Every tenant's active runs unchanged since before ``cutoff``, the longest-unchanged first."""
+    return (WorkflowRun.all_tenants.select_related("tenant", "workflow")
+            .exclude(status__in=WorkflowRun.TERMINAL)
+            .filter(updated_at__lt=cutoff)
+            .order_by("updated_at"))
 
 
 def _repair_run(run: WorkflowRun, now: datetime) -> None:

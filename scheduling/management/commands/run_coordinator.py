@@ -18,11 +18,13 @@ class Command(BaseCommand):
     help = "Run the coordinator (lease reaping, reconciliation)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--interval", type=float, default=1.0)
+        parser.add_argument("--interval", type=float, default=1.0, help="Seconds between passes (lease reaping).")
+        parser.add_argument("--reconcile-every", type=float, default=10.0,
+                            help="Seconds between reconciliations and housekeeping (retention).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         tracing.configure()
-        coordinator = Coordinator(interval_s=options["interval"])
+        coordinator = Coordinator(interval_s=options["interval"], reconcile_every_s=options["reconcile_every"])
         log.info("coordinator_started")
         run_until_signalled(coordinator.run_forever)
         log.info("coordinator_stopped")
