@@ -131,13 +131,20 @@ def expired_roots(cutoff: datetime, *, after: tuple[datetime, Any] | None = None
 
 def _ended_trees(roots: list[Any], cutoff: datetime) -> list[Any]:
     """Those of ``roots`` whose every run ended, the last of them before ``cutoff``; their rows
-    locked, so that nothing starts in them meanwhile (a rerun, a signal: they lock the run)."""
-    with connection.cursor() as cursor:
-        cursor.execute(ENDED_TREES, [current_tenant().pk, roots, ENDED, cutoff])
-        ended = [row[0] for row in cursor.fetchall()]
+    locked, so that nothing starts in them meanwhile (a retry, a rerun, a signal: they lock the run).
+    Looked at again once locked: a run that started again between the first look and its lock (a
+    retry committed in between) keeps its tree."""
+    ended = _trees_ended(roots, cutoff)
     if ended:
         list(WorkflowRun.objects.select_for_update().filter(root_run_id__in=ended).values_list("pk"))
+        ended = _trees_ended(ended, cutoff)  # a statement after the locks sees what committed before them
     return ended
+
+
+def _trees_ended(roots: list[Any], cutoff: datetime) -> list[Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(ENDED_TREES, [current_tenant().pk, roots, ENDED, cutoff])
+        return [row[0] for row in cursor.fetchall()]
 
 
 def _delete_trees(roots: list[Any]) -> int:

@@ -136,3 +136,22 @@ def test_a_tenant_s_deletion_never_reaches_another_tenant_s_tree(tenant, tenant_
     assert runs_of(tenant_b[0], theirs) == 2
     with tenant_context(tenant_b[0]):
         assert RunSignal.objects.filter(run_id=theirs.pk).exists()
+
+
+def test_a_tree_whose_run_started_again_before_retention_locked_it_is_kept(tenant, monkeypatch):
+    """A retry that commits between retention's first look at a tree and its lock on the tree's rows
+    (as ``run_retry`` locks the run) keeps the tree: retention looks again once it holds the locks."""
+    retried, other = tree(tenant, ended_days_ago=3, children=0), tree(tenant, ended_days_ago=3, children=0)
+    first_look = retention._trees_ended
+
+    def retry_lands_in_between(roots: list[Any], cutoff: Any) -> list[Any]:
+        ended = first_look(roots, cutoff)
+        monkeypatch.setattr(retention, "_trees_ended", first_look)  # only the first look is followed by it
+        WorkflowRun.objects.filter(pk=retried.pk).update(status="running", finished_at=None)
+        return ended
+
+    monkeypatch.setattr(retention, "_trees_ended", retry_lands_in_between)
+
+    assert retention.expire_runs() == 1
+
+    assert (runs_of(tenant, retried), runs_of(tenant, other)) == (1, 0)
