@@ -5,7 +5,8 @@ nothing else, so a database outage does not get every web process restarted.
 ``/readyz`` answers 200 only when PostgreSQL and Redis (Ductor's own: every primary of a
 cluster) answer and at least one
 coordinator and one dispatcher beat within ``DUCTOR_HEARTBEAT_STALE_S``
-(``ductor_project.core.heartbeats``); else 503. Both answer JSON, need no
+(``ductor_project.core.heartbeats``), and the apps' own checks pass (``register_check``: every
+fair-queue shard served by a live dispatcher, ``scheduling.dispatch.shards``); else 503. Both answer JSON, need no
 credentials and show no tenant data: what is checked, whether it passed, how
 long it took, and the heartbeat ages.
 """
@@ -24,6 +25,15 @@ from django.views.decorators.http import require_GET
 
 from ductor_project.core import heartbeats, redis
 
+# The apps' own readiness checks (``register_check``): name -> a function that returns its details,
+# with ``"ok"`` False (and an ``"error"``) when not ready, or raises.
+_CHECKS: dict[str, Callable[[], dict[str, Any]]] = {}
+
+
+def register_check(name: str, check: Callable[[], dict[str, Any]]) -> None:
+    """An app's readiness check, run by every ``/readyz`` (from its ``AppConfig.ready``)."""
+    _CHECKS[name] = check
+
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -32,10 +42,11 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    checks = {
+    checks: dict[str, dict[str, Any]] = {
         "database": _timed(_database),
         "redis": _timed(_redis),
         **{kind: _timed(partial(_loop, kind)) for kind in heartbeats.KINDS},
+        **{name: _timed(check) for name, check in _CHECKS.items()},
     }
     ready = all(check["ok"] for check in checks.values())
     return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
@@ -44,7 +55,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
 def _timed(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
-        result = {"ok": True, **check()}
+        result: dict[str, Any] = {"ok": True, **check()}
     except Exception as exc:  # a health check reports a failure, it does not raise it
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     result["ms"] = round((time.perf_counter() - started) * 1000, 2)

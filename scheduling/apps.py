@@ -23,10 +23,11 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
+        from ductor_project.health import register_check
         from scheduling import admission, fairness_keys, routing_table
         from scheduling.coordinator import wakeups
         from scheduling.coordinator.reconcile import register_reconciler
-        from scheduling.dispatch import worker
+        from scheduling.dispatch import shards, worker
         from scheduling.dispatch.handlers import register_handler
         from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
         from tenants.entitlements import limits_changed
@@ -48,4 +49,5 @@ class SchedulingConfig(AppConfig):
         register_reconciler(fairness_keys.reconcile_key_weights)
         register_handler(wakeups.ITEM_KIND, wakeups.run_wakeup)
         worker.install()
+        register_check("shards", shards.readiness)
         checks.register(check_task_settings)

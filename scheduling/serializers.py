@@ -491,3 +491,8 @@ class GlobalQueueStatsSerializer(serializers.Serializer):
     busy = serializers.DictField(child=serializers.IntegerField())
     work_shares = WorkShareSerializer(many=True, help_text="The tenants that did the most work over the last "
                                                            "minute, with their shares of it, most first.")
+    dispatchers = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="The live dispatchers that serve this shard. Empty: none does, and its due items wait "
+                  "until one does (a dispatcher died and its beat is not stale yet, or every dispatcher "
+                  "runs with --shards that leave it out).")

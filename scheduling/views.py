@@ -21,6 +21,7 @@ from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.pagination import CursorPagination
 from scheduling import fair_queue, selectors, services
 from scheduling.dispatch import credits
+from scheduling.dispatch import shards as dispatch_shards
 from scheduling.models import Connection, FairnessKey, Pool, Rule
 from scheduling.serializers import (
     ConnectionSerializer,
@@ -242,13 +243,16 @@ class QueueView(TenantAPIView):
 
 
 class PlatformQueueView(PlatformAPIView):
-    """Platform admin: the global view of every shard (tenants ready, parked, leases, worker slots)."""
+    """Platform admin: the global view of every shard (tenants ready, parked, leases, worker slots,
+    the live dispatchers that serve it: none, and its due items wait)."""
 
     @extend_schema(responses=GlobalQueueStatsSerializer(many=True), operation_id="platform_queue")
     def get(self, request: Request) -> Response:
         shards = []
+        serving = dispatch_shards.serving()
         for shard in range(settings.DUCTOR_QUEUE_SHARDS):
             row = dataclasses.asdict(fair_queue.global_stats(shard))
+            row["dispatchers"] = serving.get(shard, [])
             row["worker_slots"] = {q: credits.worker_slots(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
             row["busy"] = {q: credits.busy(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}
             row["work_shares"] = [dataclasses.asdict(share) for share in fair_queue.work_shares(shard)]

@@ -56,6 +56,29 @@ def forget(kind: str, name: str | None = None) -> None:
     get_redis().zrem(_key(kind), name or process_name())
 
 
+def _shards_key() -> str:
+    return global_redis_key("hb", "dispatcher-shards")
+
+
+def record_shards(name: str, shards: list[int]) -> None:
+    """Write which fair-queue shards dispatcher ``name`` serves (``scheduling.dispatch.shards``)."""
+    get_redis().hset(_shards_key(), name, ",".join(str(shard) for shard in shards))
+
+
+def forget_shards(name: str) -> None:
+    get_redis().hdel(_shards_key(), name)
+
+
+def shards_served() -> dict[str, list[int]]:
+    """The shards each dispatcher last wrote that it serves (stale ones too: see ``ages``)."""
+    found = get_redis().hgetall(_shards_key())
+    out: dict[str, list[int]] = {}
+    for name, value in found.items():
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        out[name.decode() if isinstance(name, bytes) else str(name)] = [int(s) for s in text.split(",") if s]
+    return out
+
+
 def ages(kind: str) -> dict[str, float]:
     """Seconds since each process of ``kind`` last beat, by the clock of the Redis server that
     stamped the beats (one round trip)."""

@@ -29,6 +29,7 @@ from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
 from scheduling.dispatch.delivery import Delivery
 from scheduling.dispatch.handlers import hand_to_publishers
 from scheduling.dispatch.handoff import log_dispatch
+from scheduling.dispatch.shards import ShardPlan
 from scheduling.dispatch.worker import execute_item, message_kwargs
 
 log = structlog.get_logger(__name__)
@@ -53,10 +54,15 @@ class Dispatcher:
     """
 
     def __init__(self, *, shards: list[int] | None = None) -> None:
-        self.shards = shards if shards is not None else list(range(settings.DUCTOR_QUEUE_SHARDS))
+        # Its shards: ``shards``, or its share of them among the live dispatchers (``ShardPlan``).
+        self.plan = ShardPlan(shards)
         self._held: dict[str, list[str]] = {queue: [] for queue in QUEUES}
         self._starved = False
         self.dispatched = 0
+
+    @property
+    def shards(self) -> list[int]:
+        return self.plan.shards()
 
     def run_once(self) -> int:
         """Dispatch as many due items as the credits allow. Returns how many. The credits it did not
@@ -138,12 +144,12 @@ class Dispatcher:
             credits.wait_for_credit(timeout_s=CREDIT_WAIT_S)
             return
         wait_s = IDLE_WAIT_S
-        for shard in self.shards:
+        shards = self.shards
+        for shard in shards:
             due = fair_queue.next_due_ms(shard=shard)
             if due is not None:
                 wait_s = min(wait_s, due / 1000)
-        fair_queue.wait_for_work(shard=self.shards[0] if self.shards else 0,
-                                 timeout_s=credits.blocking_wait_s(wait_s))
+        fair_queue.wait_for_work(shard=shards[0] if shards else 0, timeout_s=credits.blocking_wait_s(wait_s))
 
     def run_forever(self, stop: threading.Event) -> None:
         """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried; the
@@ -166,3 +172,5 @@ class Dispatcher:
                 self.give_back()
             with contextlib.suppress(Exception):
                 beater.stop()
+            with contextlib.suppress(Exception):
+                self.plan.stop()

@@ -1,0 +1,109 @@
+"""Which shards each dispatcher serves: the fair queue's shards split between the live dispatchers.
+
+A dispatcher is live while it beats within ``DUCTOR_HEARTBEAT_STALE_S`` (``heartbeats``). Each
+shard goes to its ``k`` highest-ranked live dispatchers by rendezvous hashing (a hash of the shard
+and the dispatcher's name ranks every pair), with ``k = ceil(live / shards)``: with more shards
+than dispatchers each serves about ``shards / live`` of them, alone; with fewer, every shard is
+served by more than one (a dequeue is atomic, so two dispatchers on one shard share its work). A
+dispatcher that joins or leaves moves only the shards it takes or gives: the others keep theirs.
+
+Each dispatcher works the plan out for itself from the beats, at most once per
+``heartbeats.BEAT_EVERY_S``, and writes the shards it serves beside its beat
+(``heartbeats.record_shards``). A dispatcher that died keeps its shards until its beat goes stale:
+for up to ``DUCTOR_HEARTBEAT_STALE_S`` nobody else takes them (unless ``k`` > 1). ``unserved``
+lists the shards no live dispatcher serves; ``/readyz`` and the platform queue view show them.
+A dispatcher started with ``--shards`` serves those, whatever the others do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from django.conf import settings
+
+from ductor_project.core import heartbeats
+
+
+def _rank(shard: int, name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{shard}:{name}".encode(), digest_size=8).digest(), "big")
+
+
+def owners(shard: int, names: Iterable[str], k: int) -> list[str]:
+    """The ``k`` dispatchers of ``names`` that rank highest for ``shard`` (rendezvous hashing)."""
+    return sorted(names, key=lambda name: (_rank(shard, name), name), reverse=True)[:k]
+
+
+def assigned(name: str, live: Collection[str], shards: int) -> list[int]:
+    """The shards of ``shards`` that dispatcher ``name`` serves among the ``live`` ones (it counts
+    itself live whatever ``live`` says: it is running)."""
+    names = set(live) | {name}
+    k = max(1, math.ceil(len(names) / shards))
+    return [shard for shard in range(shards) if name in owners(shard, names, k)]
+
+
+def live_dispatchers() -> dict[str, float]:
+    """The dispatchers that beat within the stale bound, with their beats' ages (s)."""
+    stale_s = settings.DUCTOR_HEARTBEAT_STALE_S
+    return {name: age for name, age in heartbeats.ages(heartbeats.DISPATCHER).items() if age <= stale_s}
+
+
+class ShardPlan:
+    """A dispatcher's shards: ``fixed`` ones, or its share of the split, worked out again at most
+    every ``every_s`` (and written beside its beat)."""
+
+    def __init__(self, fixed: list[int] | None = None, *, name: str | None = None,
+                 every_s: float = heartbeats.BEAT_EVERY_S) -> None:
+        self.fixed = fixed
+        self.name = name or heartbeats.process_name()
+        self.every_s = every_s
+        self._shards = list(fixed) if fixed is not None else list(range(settings.DUCTOR_QUEUE_SHARDS))
+        self._at = float("-inf")
+
+    def shards(self) -> list[int]:
+        """The shards to serve now. Reads the beats at most every ``every_s``; should that fail
+        (Redis away), the last plan holds."""
+        now = time.monotonic()
+        if now - self._at >= self.every_s:
+            self._at = now
+            if self.fixed is None:
+                self._shards = assigned(self.name, live_dispatchers(), settings.DUCTOR_QUEUE_SHARDS)
+            heartbeats.record_shards(self.name, self._shards)
+        return self._shards
+
+    def stop(self) -> None:
+        heartbeats.forget_shards(self.name)
+
+
+def serving() -> dict[int, list[str]]:
+    """Each shard's live dispatchers, by the shards they last wrote (a live dispatcher that wrote
+    none, one from before the split, serves every shard)."""
+    every = range(settings.DUCTOR_QUEUE_SHARDS)
+    written = heartbeats.shards_served()
+    beats = heartbeats.ages(heartbeats.DISPATCHER)
+    for gone in written.keys() - beats.keys():  # its beat was forgotten: so is what it served
+        heartbeats.forget_shards(gone)
+    stale_s = settings.DUCTOR_HEARTBEAT_STALE_S
+    out: dict[int, list[str]] = {shard: [] for shard in every}
+    for name in sorted(name for name, age in beats.items() if age <= stale_s):
+        for shard in written.get(name, every):
+            if shard in out:
+                out[shard].append(name)
+    return out
+
+
+def unserved() -> list[int]:
+    """The shards no live dispatcher serves: their due items wait until one does."""
+    return [shard for shard, names in serving().items() if not names]
+
+
+def readiness() -> dict[str, Any]:
+    """``/readyz``'s check (``ductor_project.health.register_check``): every shard is served."""
+    missing = unserved()
+    result: dict[str, Any] = {"shards": settings.DUCTOR_QUEUE_SHARDS, "unserved": missing}
+    if missing:
+        result.update(ok=False, error=f"no live dispatcher serves shard(s) {', '.join(map(str, missing))}")
+    return result

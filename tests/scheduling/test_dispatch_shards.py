@@ -1,0 +1,110 @@
+"""The fair queue's shards split between the live dispatchers (rendezvous hashing over their beats),
+against the real Redis: each dispatcher's share, what moves when one joins or dies, and the shards
+no live dispatcher serves in ``/readyz`` and the platform queue view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from ductor_project.core import heartbeats
+from scheduling.dispatch import shards
+from scheduling.dispatch.dispatcher import Dispatcher
+from scheduling.dispatch.shards import ShardPlan, assigned
+from tenants import services
+from tests.conftest import api_client
+
+pytestmark = pytest.mark.usefixtures("redis_client")
+
+NAMES = [f"dispatcher-{n}" for n in range(5)]
+
+
+def split(names: list[str], count: int) -> dict[str, list[int]]:
+    return {name: assigned(name, names, count) for name in names}
+
+
+@pytest.mark.parametrize("count", [1, 2, 6, 64])
+@pytest.mark.parametrize("live", [1, 2, 3, 5])
+def test_every_shard_is_served_and_by_as_few_dispatchers_as_the_numbers_allow(live: int, count: int) -> None:
+    plan = split(NAMES[:live], count)
+    served = [shard for shard_list in plan.values() for shard in shard_list]
+    per_shard = -(-live // count)  # ceil: more dispatchers than shards share each shard
+    assert sorted(set(served)) == list(range(count))
+    assert all(served.count(shard) == per_shard for shard in range(count))
+
+
+def test_a_dispatcher_that_joins_takes_shards_only_from_the_others_and_gives_them_back_when_it_goes() -> None:
+    before = split(NAMES[:2], 64)
+    after = split(NAMES[:3], 64)
+    for name in NAMES[:2]:
+        assert set(after[name]) <= set(before[name])  # no shard moved between the two that stayed
+    assert after[NAMES[2]]  # the newcomer took a share
+    assert split(NAMES[:2], 64) == before
+
+
+def test_a_dispatcher_counts_itself_among_the_live_ones_whatever_the_beats_say() -> None:
+    assert assigned("alone", [], 6) == list(range(6))
+    assert assigned("new", ["old"], 2) == split(["new", "old"], 2)["new"]
+
+
+def test_a_dispatchers_plan_follows_the_live_beats_and_is_written_beside_them(settings) -> None:
+    settings.DUCTOR_QUEUE_SHARDS = 6
+    heartbeats.beat(heartbeats.DISPATCHER, "d-a")
+    alone = ShardPlan(name="d-a", every_s=0)
+    assert alone.shards() == list(range(6))
+    heartbeats.beat(heartbeats.DISPATCHER, "d-b")
+    mine = alone.shards()
+    assert mine == assigned("d-a", ["d-a", "d-b"], 6)
+    assert 0 < len(mine) < 6
+    assert heartbeats.shards_served()["d-a"] == mine
+    alone.stop()
+    assert "d-a" not in heartbeats.shards_served()
+
+
+def test_a_dispatcher_started_with_its_shards_keeps_them(settings) -> None:
+    settings.DUCTOR_QUEUE_SHARDS = 4
+    for name in NAMES:
+        heartbeats.beat(heartbeats.DISPATCHER, name)
+    assert Dispatcher(shards=[1, 3]).shards == [1, 3]
+
+
+def ready() -> tuple[int, dict[str, Any]]:
+    response = Client().get("/readyz")
+    return response.status_code, response.json()
+
+
+def test_a_shard_no_live_dispatcher_serves_is_named_in_readyz_and_the_platform_view(settings, db) -> None:
+    settings.DUCTOR_QUEUE_SHARDS = 3
+    heartbeats.beat(heartbeats.COORDINATOR, "c")
+    heartbeats.beat(heartbeats.DISPATCHER, "only-0-and-2")
+    ShardPlan([0, 2], name="only-0-and-2").shards()
+
+    status, body = ready()
+    assert status == 503
+    assert body["checks"]["dispatcher"]["ok"]  # one beats: the loop is fine, a shard is not served
+    assert body["checks"]["shards"] | {"ms": 0} == {
+        "ok": False, "shards": 3, "unserved": [1], "error": "no live dispatcher serves shard(s) 1", "ms": 0}
+    _, platform_key = services.platform_key_create(name="ops")
+    queue = api_client(platform_key).get("/api/v1/platform/queue").json()
+    assert [row["dispatchers"] for row in queue] == [["only-0-and-2"], [], ["only-0-and-2"]]
+
+    heartbeats.beat(heartbeats.DISPATCHER, "any")  # a dispatcher that wrote no plan serves every shard
+    assert ready()[0] == 200
+    assert shards.serving()[1] == ["any"]
+
+
+def test_a_dead_dispatchers_shards_are_unserved_until_the_others_plan_again_then_they_take_them(settings) -> None:
+    settings.DUCTOR_QUEUE_SHARDS = 6
+    heartbeats.beat(heartbeats.DISPATCHER, "d-a")
+    heartbeats.beat(heartbeats.DISPATCHER, "d-b")
+    a, b = ShardPlan(name="d-a", every_s=0), ShardPlan(name="d-b", every_s=0)
+    theirs = b.shards()
+    assert sorted(a.shards() + theirs) == list(range(6))
+    assert shards.unserved() == []
+
+    heartbeats.forget(heartbeats.DISPATCHER, "d-b")  # its beat is gone (it died; staleness does the same)
+    assert shards.unserved() == theirs  # until the live one plans again
+    assert a.shards() == list(range(6))  # its next plan takes them all
+    assert shards.unserved() == []
