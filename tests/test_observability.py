@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -196,6 +197,21 @@ def test_healthz_answers_while_the_process_serves(db):
     assert Client().post("/healthz").status_code == 405
 
 
+def loop_thread(run_forever: Callable[[threading.Event], None], stop: threading.Event) -> threading.Thread:
+    """``run_forever(stop)`` in a thread of its own, started; its database connection closed when it ends
+    (else it outlives the thread and holds the test database at its teardown)."""
+
+    def run() -> None:
+        try:
+            run_forever(stop)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.fixture
 def loops(settings: Any, redis_client: Any) -> Iterator[Callable[[], None]]:
     """A real coordinator loop and dispatcher loop in threads, until the test ends; the coordinator's
@@ -214,10 +230,7 @@ def loops(settings: Any, redis_client: Any) -> Iterator[Callable[[], None]]:
         return real_tick()
 
     coordinator.tick = tick  # type: ignore[method-assign]
-    threads = [threading.Thread(target=coordinator.run_forever, args=(stop,), daemon=True),
-               threading.Thread(target=Dispatcher().run_forever, args=(stop,), daemon=True)]
-    for thread in threads:
-        thread.start()
+    threads = [loop_thread(coordinator.run_forever, stop), loop_thread(Dispatcher().run_forever, stop)]
     yield gate
     stop.set()
     gate.set()
@@ -267,8 +280,7 @@ def test_a_coordinator_whose_passes_fail_stops_beating(settings, redis_client, m
     monkeypatch.setattr("scheduling.coordinator.loop.reconcile_all", broken)
     coordinator = Coordinator(interval_s=0.01, reconcile_every_s=0)  # every pass reconciles, and fails
     stop = threading.Event()
-    thread = threading.Thread(target=coordinator.run_forever, args=(stop,), daemon=True)
-    thread.start()
+    thread = loop_thread(coordinator.run_forever, stop)
     try:
         wait_for(lambda: len(failed) >= 3, what="three failed passes")
         assert heartbeats.ages(heartbeats.COORDINATOR) == {}
@@ -279,8 +291,7 @@ def test_a_coordinator_whose_passes_fail_stops_beating(settings, redis_client, m
 
 def test_a_stopping_loop_withdraws_its_heartbeat(redis_client):
     stop = threading.Event()
-    thread = threading.Thread(target=Dispatcher().run_forever, args=(stop,), daemon=True)
-    thread.start()
+    thread = loop_thread(Dispatcher().run_forever, stop)
     wait_for(lambda: heartbeats.ages(heartbeats.DISPATCHER), what="the dispatcher's first beat")
     stop.set()
     thread.join(10)
