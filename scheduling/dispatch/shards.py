@@ -23,9 +23,12 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
+import structlog
 from django.conf import settings
 
 from ductor_project.core import heartbeats
+
+log = structlog.get_logger(__name__)
 
 
 def _rank(shard: int, name: str) -> int:
@@ -69,9 +72,12 @@ class ShardPlan:
         now = time.monotonic()
         if now - self._at >= self.every_s:
             self._at = now
-            if self.fixed is None:
-                self._shards = assigned(self.name, live_dispatchers(), settings.DUCTOR_QUEUE_SHARDS)
-            heartbeats.record_shards(self.name, self._shards)
+            try:
+                if self.fixed is None:
+                    self._shards = assigned(self.name, live_dispatchers(), settings.DUCTOR_QUEUE_SHARDS)
+                heartbeats.record_shards(self.name, self._shards)
+            except Exception:  # the round's own Redis calls will fail and be retried the usual way
+                log.warning("shard_plan_unread", shards=self._shards, exc_info=True)
         return self._shards
 
     def stop(self) -> None:
