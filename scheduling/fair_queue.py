@@ -104,11 +104,11 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.conf import settings
 
@@ -1064,6 +1064,23 @@ def _shares(rows: list[tuple[float, float, float, bool]]) -> tuple[float, float,
     return work, work / total, fair / total
 
 
+ShareT = TypeVar("ShareT", "WorkShare", "KeyShare")
+
+
+def _ranked(make: Callable[[str, int, float, float, float], ShareT], per_owner: dict[str, dict[int, float]],
+            weights: dict[str, int], totals: Sequence[tuple[float, float]], limit: int) -> list[ShareT]:
+    """The ``limit`` owners (tenants, or a tenant's keys) that did the most work, most first, each
+    ``make(owner, weight, work_ms, share, fair_share)``, from their work per bucket and each bucket's
+    (total work, weights of those that worked then)."""
+    out = []
+    for owner, by_bucket in per_owner.items():
+        rows = [(by_bucket.get(b, 0.0), t, w, b in by_bucket) for b, (t, w) in enumerate(totals)]
+        work, share, fair = _shares(rows)
+        out.append(make(owner, weights[owner], round(work, 3), round(share, 4),
+                        round(min(1.0, fair * weights[owner]), 4)))
+    return sorted(out, key=lambda s: -s.work_ms)[:limit]
+
+
 @dataclass(frozen=True)
 class KeyShare:
     """One of a tenant's fairness keys over the last ``WORK_WINDOW_S``: ``work_ms`` its items did,
@@ -1125,13 +1142,7 @@ def _key_shares(buckets: list[tuple[float, float, float, bool, float, list[Any]]
         totals.append((tenant_work, key_weights))
     if set(per_key) <= {""}:
         return ()  # no work under a fairness key: the tenant's own share says it all
-    out = []
-    for key, by_bucket in per_key.items():
-        rows = [(by_bucket.get(b, 0.0), t, w, b in by_bucket) for b, (t, w) in enumerate(totals)]
-        work, share, fair = _shares(rows)
-        out.append(KeyShare(key, weights[key], round(work, 3), round(share, 4),
-                            round(min(1.0, fair * weights[key]), 4)))
-    return tuple(sorted(out, key=lambda s: -s.work_ms)[:KEYS_SHOWN])
+    return tuple(_ranked(KeyShare, per_key, weights, totals, KEYS_SHOWN))
 
 
 def work_shares(shard: int = 0, *, limit: int = 20) -> list[WorkShare]:
@@ -1150,13 +1161,7 @@ def work_shares(shard: int = 0, *, limit: int = 20) -> list[WorkShare]:
             tenant_id = _text(rest[i])
             per_tenant.setdefault(tenant_id, {})[b] = float(rest[i + 1])
             weights[tenant_id] = int(rest[i + 2])
-    out = []
-    for tenant_id, by_bucket in per_tenant.items():
-        rows = [(by_bucket.get(b, 0.0), t, w, b in by_bucket) for b, (t, w) in enumerate(totals)]
-        work, share, fair = _shares(rows)
-        out.append(WorkShare(tenant_id, weights[tenant_id], round(work, 3), round(share, 4),
-                             round(min(1.0, fair * weights[tenant_id]), 4)))
-    return sorted(out, key=lambda s: -s.work_ms)[:limit]
+    return _ranked(WorkShare, per_tenant, weights, totals, limit)
 
 
 @dataclass(frozen=True)
