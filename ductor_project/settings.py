@@ -143,6 +143,9 @@ DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="duct
 DUCTOR_ROW_SECURITY = env.bool("DUCTOR_ROW_SECURITY", default=True)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A kept connection the server answered less than this long ago is not health-checked again (a
+# `SELECT 1`) before a request's or task's first query, as a connection pooler does; 0: always.
+DUCTOR_DB_HEALTH_CHECK_IDLE_S = env.float("DATABASE_HEALTH_CHECK_IDLE_S", default=1.0)
 # Parameters bound by the server, so that psycopg prepares the statements a connection runs often
 # (after DATABASE_PREPARE_THRESHOLD runs: parsed and planned once, not on every call; about half
 # of PostgreSQL's CPU per step, docs/performance.md). Off (false) behind a pooler in transaction

@@ -8,20 +8,39 @@ and otherwise as the app's role with no tenant, which sees no tenant's rows.
 The settings are the session's (a pooled connection keeps them across
 transactions); the connection forgets what it set when a rollback may have
 undone it, and a new connection starts from nothing known.
+
+**Round trips.** What a statement needs before it (that setting, the
+``SAVEPOINT`` of an ``atomic`` block it opens) is sent with it, in one batch
+(psycopg's pipeline mode), not as round trips of their own. A savepoint whose
+block ran no statement is never sent; one whose block ended well is left to
+the transaction's end to release (a few per transaction at most, so that
+PostgreSQL's per-backend cache of subtransactions never overflows). And
+Django's health check of a kept connection (a ``SELECT 1`` before each
+request's or task's first query) is skipped for a connection the server
+answered less than ``DUCTOR_DB_HEALTH_CHECK_IDLE_S`` ago, as a connection
+pooler does.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base as postgresql
+from psycopg import pq
 
 from ductor_project.core.context import database_scope
 
 SET_SCOPE = "SELECT set_config('role', %s, false), set_config('ductor.tenant_id', %s, false)"
+# Savepoints alive in a transaction beyond which an ended one is released at once, not left to
+# the transaction's end: PostgreSQL caches 64 subtransactions per backend, and a backend that
+# overflows its cache slows every session's snapshots.
+MAX_UNRELEASED = 8
 
 
 def session_settings(scope: tuple[str, str]) -> tuple[str, str]:
@@ -34,31 +53,69 @@ def session_settings(scope: tuple[str, str]) -> tuple[str, str]:
 
 
 class DatabaseWrapper(postgresql.DatabaseWrapper):
+    # Django's, which its type stubs leave out.
+    health_check_enabled: bool
+    health_check_done: bool
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._session: tuple[str, str] | None = None  # what the session is known to hold
         self._controlling = False  # a savepoint statement runs: no row is read, set nothing
+        self._unsent: list[str] = []  # savepoints created, sent with the next statement
+        self._live: list[str] = []  # savepoints sent and not released, oldest first
+        self._answered_at = -math.inf  # when the server last answered (time.monotonic())
         self.execute_wrappers.append(self._in_scope)
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         self._session = None
+        self._unsent, self._live = [], []
         return super().get_new_connection(conn_params)
+
+    def close_if_health_check_failed(self) -> None:
+        if (self.connection is not None and self.health_check_enabled and not self.health_check_done
+                and not self.connection.closed and not self.connection.broken
+                and time.monotonic() - self._answered_at < settings.DUCTOR_DB_HEALTH_CHECK_IDLE_S):
+            self.health_check_done = True  # it answered a moment ago
+            return
+        super().close_if_health_check_failed()
+
+    def is_usable(self) -> bool:
+        usable = bool(super().is_usable())
+        if usable:
+            self._answered_at = time.monotonic()
+        return usable
+
+    def _commit(self) -> None:
+        self._unsent, self._live = [], []
+        super()._commit()  # type: ignore[misc]
+        self._answered_at = time.monotonic()
 
     def _rollback(self) -> None:
         self._session = None  # a setting made in the transaction is undone with it
+        self._unsent, self._live = [], []
         super()._rollback()  # type: ignore[misc]
 
     def _savepoint(self, sid: str) -> None:
-        with self._control():
-            super()._savepoint(sid)  # type: ignore[misc]
+        self._unsent.append(sid)  # it travels with the next statement
 
     def _savepoint_commit(self, sid: str) -> None:
-        with self._control():
-            super()._savepoint_commit(sid)  # type: ignore[misc]
+        if sid in self._unsent:  # nothing ran in it: there is nothing to release
+            self._unsent.remove(sid)
+        elif sid in self._live and len(self._live) > MAX_UNRELEASED:
+            with self._control():
+                super()._savepoint_commit(sid)  # type: ignore[misc]
+            del self._live[self._live.index(sid):]
+        # else: the transaction's end releases it (or it was rolled back before it was sent)
 
     def _savepoint_rollback(self, sid: str) -> None:
+        if sid in self._unsent:  # nothing ran in it (nor in those created after it)
+            del self._unsent[self._unsent.index(sid):]
+            return
+        self._unsent.clear()  # created after it, never sent: undone with it
         with self._control():  # in a failed transaction, only the rollback itself may run
             super()._savepoint_rollback(sid)  # type: ignore[misc]
+        if sid in self._live:
+            del self._live[self._live.index(sid) + 1:]  # those created after it are gone
         self._session = None  # a setting made since the savepoint is undone with it
 
     @contextmanager
@@ -71,12 +128,34 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
 
     def _in_scope(self, execute: Callable[..., Any], sql: str, params: Any, many: bool,
                   context: dict[str, Any]) -> Any:
-        if not settings.DUCTOR_ROW_SECURITY:  # only to measure what the wall costs
-            return execute(sql, params, many, context)
-        wanted = session_settings(database_scope())
-        if wanted != self._session and not self._controlling:
-            self._session = None  # should the statement fail, nothing is known
-            with self.wrap_database_errors:
+        """Run the statement after what it needs first (the savepoints not sent yet, the session's
+        scope), all in one round trip."""
+        wanted = session_settings(database_scope()) if settings.DUCTOR_ROW_SECURITY else None
+        rescope = wanted is not None and wanted != self._session and not self._controlling
+        if not self._unsent and not rescope:
+            result = execute(sql, params, many, context)
+            self._answered_at = time.monotonic()
+            return result
+        with self.wrap_database_errors, self._batch(context):
+            for sid in self._unsent:
+                self.connection.execute(self.ops.savepoint_create_sql(sid))
+            self._live += self._unsent
+            self._unsent.clear()
+            if rescope:
+                self._session = None  # should a statement of the batch fail, nothing is known
                 self.connection.execute(SET_SCOPE, wanted)
+            result = execute(sql, params, many, context)
+        if rescope:
             self._session = wanted
-        return execute(sql, params, many, context)
+        self._answered_at = time.monotonic()
+        return result
+
+    def _batch(self, context: dict[str, Any]) -> Any:
+        """A pipeline for the statement and what goes before it, in a transaction. None inside one
+        already (the batch grows); none in autocommit (a batch is one implicit transaction, which
+        some statements refuse), nor for a server-side cursor (it cannot be pipelined): there the
+        statements go one by one."""
+        if (self.connection.info.pipeline_status != pq.PipelineStatus.OFF or self.connection.autocommit
+                or isinstance(getattr(context.get("cursor"), "cursor", None), psycopg.ServerCursor)):
+            return nullcontext()
+        return self.connection.pipeline()
