@@ -4,7 +4,7 @@ commands, and CPU time by process kind, read before and after it.
 - **PostgreSQL**, from ``pg_stat_statements`` (the embedded server loads it; a server given by
   ``DATABASE_URL`` must too, else these figures are absent): every call of every statement of
   Ductor's database, by every role. ``statements`` counts them all (a pipelined batch sends
-  several in one round trip: ``RoundTrips`` counts those, in this process); ``queries`` leaves
+  several in one round trip: ``core.database.wire`` counts those, in this process); ``queries`` leaves
   out transaction control (``BEGIN``, ``COMMIT``, savepoints) and the session's tenant and role
   settings. The foreign-key checks PostgreSQL runs inside an ``INSERT`` (``SELECT 1 FROM ONLY
   ... FOR KEY SHARE``) are not sent by anyone: they are counted apart, as ``fk_checks``.
@@ -229,51 +229,3 @@ class Costs:
             figures["pg_queries_per_step"] = round(statements / units, 2)
             figures["pg_fk_checks_per_step"] = round((now_pg[2] - self.pg[2]) / units, 2)
         return figures
-
-
-class RoundTrips:
-    """The PostgreSQL round trips this process makes inside the block, counted as they are made:
-    each statement sent on its own, each pipelined batch once (``core.database.pipeline``), each
-    ``COMMIT``, and each ``BEGIN`` that psycopg sends ahead of a transaction's first statement
-    when that statement is not in a batch (in one, it travels with it). Savepoints are statements.
-    The session's tenant setting, sent when the tenant changes, is left out."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.statements = 0
-
-    @contextmanager
-    def counting(self) -> Iterator[RoundTrips]:
-        import psycopg
-        from django.db import connection
-        from psycopg.pq import TransactionStatus
-
-        def execute(run: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            raw = connection.connection
-            in_batch = raw._pipeline is not None
-            idle = raw.info.transaction_status == TransactionStatus.IDLE
-            self.statements += 1
-            self.count += (0 if in_batch else 1) + (1 if idle and not raw.autocommit and not in_batch else 0)
-            return run(sql, params, many, context)
-
-        pipeline, commit = psycopg.Connection.pipeline, psycopg.Connection.commit
-
-        @contextmanager
-        def counted_pipeline(conn: Any) -> Iterator[Any]:
-            with pipeline(conn) as batch:
-                yield batch
-            self.count += 1
-
-        def counted_commit(conn: Any) -> None:
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                self.count += 1
-            commit(conn)
-
-        psycopg.Connection.pipeline = counted_pipeline  # type: ignore[assignment,method-assign]
-        psycopg.Connection.commit = counted_commit  # type: ignore[assignment,method-assign]
-        try:
-            with connection.execute_wrapper(execute):
-                yield self
-        finally:
-            psycopg.Connection.pipeline = pipeline  # type: ignore[method-assign]
-            psycopg.Connection.commit = commit  # type: ignore[method-assign]

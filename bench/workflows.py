@@ -24,9 +24,9 @@ runs left unfinished there: ``flush_state``), with one
    PostgreSQL round trips and statements, Redis commands, and CPU milliseconds by process kind.
 3. **The step path's round trips**, in this process before the stack starts (so that no worker
    takes the items): ``PATH_RUNS`` runs of the 10-node chain, each step's item dequeued, its
-   handler run and the item acked as a worker does, counting the PostgreSQL round trips of a
-   step (``bench/_costs.py``'s ``RoundTrips``: each statement alone, each pipelined batch, each
-   ``BEGIN`` and ``COMMIT``) and of a run's start, and Redis's (requests it read).
+   handler run and the item acked as a worker does, counting the PostgreSQL round trips and
+   statements of a step and of a run's start off the wire (``core.database.wire``: libpq's
+   protocol trace), and Redis's (requests it read).
 4. **Baseline**: plain Celery no-op tasks per second on the same worker
    (``bench.noop`` of ``bench/_worker_tasks.py``, passed with ``--include``):
    ``BASELINE_TASKS`` published, timed until the queue is empty and nothing unacked.
@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_stack, bench_worker, flush_state, log, plain_celery_noops, setup_django, wait_until
-from bench._costs import Costs, RoundTrips, redis_requests
+from bench._costs import Costs, redis_requests
 from ductor_project.stack import Child, Stack, free_port
 
 CONCURRENCY = 2
@@ -180,13 +180,14 @@ def step_path(tenant: Any) -> dict[str, Any]:
     """The round trips of one step, and of a run's start, driven in this process (see the module
     docs); no worker may be running."""
     from ductor_project.core.context import no_tenant, tenant_context
+    from ductor_project.core.database.wire import Wire, wire
     from ductor_project.core.keys import shard_of
     from scheduling import fair_queue
     from scheduling.dispatch.delivery import Delivery
     from scheduling.dispatch.handlers import handler_for
     from workflows.services import run_start
 
-    steps, starts = RoundTrips(), RoundTrips()
+    steps, starts = Wire(), Wire()
     count = redis_steps = 0
 
     def dequeued() -> Any:
@@ -195,19 +196,19 @@ def step_path(tenant: Any) -> dict[str, Any]:
 
     with tenant_context(tenant):
         for _ in range(PATH_RUNS):
-            with starts.counting():
+            with wire(starts):
                 run_start(workflow="ten")
             while item := dequeued():
                 delivery = Delivery.of(item)
                 before = redis_requests()[0]
-                with steps.counting():
+                with wire(steps):
                     handler_for(delivery.kind)(delivery.context(tenant), delivery.body)  # type: ignore[misc]
                 redis_steps += redis_requests()[0] - before - 1  # less the INFO that read it
                 fair_queue.ack(item.item_id, delivery=item.delivery, tenant=tenant)
                 count += 1
-    return {"pg_roundtrips_per_step": round(steps.count / max(count, 1), 2),
-            "pg_statements_per_step": round(steps.statements / max(count, 1), 2),
-            "pg_roundtrips_per_start": round(starts.count / PATH_RUNS, 2),
+    return {"pg_roundtrips_per_step": round(steps.round_trips / max(count, 1), 2),
+            "pg_statements_per_step": round(steps.executed / max(count, 1), 2),
+            "pg_roundtrips_per_start": round(starts.round_trips / PATH_RUNS, 2),
             # A worker's handoff that acks the item and takes the next is one more.
             "redis_roundtrips_per_step": round(redis_steps / max(count, 1), 2),
             "items": count, "runs": PATH_RUNS}

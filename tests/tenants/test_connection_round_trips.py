@@ -1,25 +1,18 @@
 """The connection's round trips: what a statement needs first travels with it, and no more is sent.
 
-Read off the wire: libpq's protocol trace of the test's connection lists what the client sent
-(each statement run is an ``Execute``, or a ``Query``; its text is in the ``Parse`` that goes
-with it unless the connection prepared it earlier) and each ``ReadyForQuery`` the server
-answered with, one per round trip.
+Read off the wire (``ductor_project.core.database.wire``).
 """
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from psycopg import pq
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.database.base import MAX_UNRELEASED
+from ductor_project.core.database.wire import wire
 from tenants.models import Tenant
 from tests.scoped.models import Folder
 
@@ -29,43 +22,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class Boom(Exception):
     pass
-
-
-@dataclass
-class Wire:
-    statements: list[str] = field(default_factory=list)  # the texts parsed
-    executed: int = 0  # the statements run
-    round_trips: int = 0
-
-    def sent(self, prefix: str) -> list[str]:
-        return [s for s in self.statements if s.startswith(prefix)]
-
-
-@contextmanager
-def wire() -> Iterator[Wire]:
-    """What the connection sent and how many round trips it made, inside the block."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    seen = Wire()
-    with tempfile.TemporaryFile("w+") as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            yield seen
-        finally:
-            pgconn.untrace()
-            trace.seek(0)
-            for line in trace:
-                direction, _, kind, *rest = line.rstrip("\n").split("\t")
-                if direction == "F" and kind in ("Execute", "Query"):
-                    seen.executed += 1
-                if direction == "F" and kind in ("Parse", "Query"):
-                    text = rest[0].strip()
-                    # Parse: "" "<statement>" <n>; Query: "<statement>"
-                    seen.statements.append(text.split('"', 3)[3].rsplit('"', 1)[0] if kind == "Parse"
-                                           else text.strip('"'))
-                elif direction == "B" and kind == "ReadyForQuery":
-                    seen.round_trips += 1
 
 
 def select(value: int) -> Any:

@@ -16,6 +16,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
+from ductor_project.core.database.wire import wire
 from ductor_project.core.keys import shard_of
 from ductor_project.core.redis import get_redis
 from scheduling import fair_queue as fq
@@ -28,9 +29,9 @@ from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from workflows import services
 from workflows.actions import ActionCall, action
-from workflows.engine import items, reconcile, steps
+from workflows.engine import items, journal, reconcile, steps
 from workflows.engine import tick as engine_tick
-from workflows.models import StepRun, WorkflowRun
+from workflows.models import RunEvent, StepRun, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -345,6 +346,52 @@ def test_an_inline_tick_that_fails_is_rolled_back_alone_and_goes_through_the_que
     assert steps["a"].output == {"n": 1}  # ... without what the failed tick wrote
     assert "b" not in steps
     assert queued(tenant) == {items.tick_item_id(run.pk)}  # the tick waits in the queue instead
+
+
+def test_a_steps_start_and_outcome_take_three_round_trips_with_the_ticks_writes_sent_with_the_commit(tenant):
+    put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
+    run = start(tenant, "chain")
+    step = by_node(tenant, run)["a"]
+    queued(tenant)
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.filter(pk=run.pk).exists()  # the session acts for the tenant
+
+    with wire() as seen:
+        execute(tenant, step)
+
+    # The start (one UPDATE); the outcome (BEGIN, the run's lock, the attempt's end, the attempts);
+    # then the tick's writes (the next attempt, the events, the run's state) with the COMMIT.
+    assert seen.round_trips == 3
+    assert "COMMIT" in seen.statements
+    steps = by_node(tenant, run)
+    assert (steps["a"].status, steps["b"].status) == (StepRun.Status.SUCCEEDED, StepRun.Status.QUEUED)
+
+
+def test_a_write_of_the_tick_that_fails_at_the_commit_leaves_the_outcome_recorded_alone(tenant, monkeypatch):
+    put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
+    run = start(tenant, "chain")
+    step = by_node(tenant, run)["a"]
+    queued(tenant)
+    real, failed = journal._insert_events, []
+
+    def fails_once(events: Any) -> None:
+        if not failed:
+            failed.append(True)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")  # the server refuses it, in the commit's batch
+        real(events)
+
+    monkeypatch.setattr(journal, "_insert_events", fails_once)
+    execute(tenant, step)
+
+    assert failed
+    steps = by_node(tenant, run)
+    assert (steps["a"].status, steps["a"].output) == (StepRun.Status.SUCCEEDED, {"n": 1})
+    assert "b" not in steps  # the tick's writes went with the failed commit ...
+    assert queued(tenant) == {items.tick_item_id(run.pk)}  # ... and the tick waits in the queue
+    with tenant_context(tenant):
+        types = list(RunEvent.objects.filter(run_id=run.pk).values_list("type", flat=True))
+    assert types.count("step_succeeded") == 1  # the outcome recorded once
 
 
 # -- the order of a tenant's work ---------------------------------------------------------------

@@ -8,7 +8,9 @@ its id is known at once. An event (``add_event``) is numbered when it is written
 follows the run's last one in the same statement (the run's row lock orders the writers).
 Outside a block each write goes at once. A nested block joins the outer one; ``mark()`` and
 ``rollback_to()`` drop what was gathered since a mark, as a savepoint rolled back drops what was
-written since it.
+written since it. ``journal(with_commit=True)`` keeps it all for the transaction's ``COMMIT``,
+sent with it in one round trip: a write that fails then fails the commit, and nothing of the
+transaction is kept.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Journal:
     steps: list[StepRun] = field(default_factory=list)
     events: list[_Event] = field(default_factory=list)
     states: list[WorkflowRun] = field(default_factory=list)
+    with_commit: bool = False  # written with the transaction's COMMIT, not before
 
     def mark(self) -> tuple[int, int, int]:
         return len(self.steps), len(self.events), len(self.states)
@@ -76,18 +79,22 @@ _current: ContextVar[Journal | None] = ContextVar("ductor_engine_journal", defau
 
 
 @contextmanager
-def journal() -> Iterator[Journal]:
+def journal(*, with_commit: bool = False) -> Iterator[Journal]:
     """Gather the writes of the block and make them when it ends without an error (see the
-    module docs). Inside a transaction: what it writes commits or rolls back with it."""
+    module docs), or with ``with_commit`` when the transaction that the block ends in commits.
+    Inside a transaction: what it writes commits or rolls back with it."""
     outer = _current.get()
     if outer is not None:
         yield outer
         return
-    gathered = Journal()
+    gathered = Journal(with_commit=with_commit)
     token = _current.set(gathered)
     try:
         yield gathered
-        gathered.flush()
+        if with_commit:
+            connection.send_with_commit(gathered.flush)  # type: ignore[attr-defined]
+        else:
+            gathered.flush()
     finally:
         _current.reset(token)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -46,6 +46,7 @@ from workflows.engine.attempts import (
     version_spec,
 )
 from workflows.engine.events import jsonable, record_event
+from workflows.engine.items import enqueue_tick
 from workflows.engine.journal import journal
 from workflows.engine.statements import Started, lock_and_finish, start_attempt
 from workflows.engine.tick import advance_locked
@@ -125,8 +126,26 @@ def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
     has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
     history records. ``admission`` (the connection its admission chose, and why), when given, goes
-    on the step's routing trace in the same ``UPDATE``."""
-    with transaction.atomic(), journal():
+    on the step's routing trace in the same ``UPDATE``.
+
+    In a transaction of its own, the tick's writes travel with the ``COMMIT`` (two round trips in
+    all: the outcome's batch, then the writes and the commit). Should one of them fail, nothing
+    was written: the outcome is recorded again alone, and its run ticked through the queue."""
+    if connection.in_atomic_block:  # the caller's transaction: its writes go in a batch of their own
+        _record_outcome(step_id, run_id, outcome, admission, with_commit=False)
+        return
+    try:
+        _record_outcome(step_id, run_id, outcome, admission, with_commit=True)
+    except (OperationalError, InterfaceError):
+        raise  # the connection may be lost: the caller decides (``_keep`` records it on a new one)
+    except DatabaseError:
+        log.exception("outcome_commit_failed", step_id=str(step_id), run_id=str(run_id))
+        _record_outcome(step_id, run_id, outcome, admission, with_commit=False, tick=False)
+
+
+def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, admission: tuple[str, str] | None, *,
+                    with_commit: bool, tick: bool = True) -> None:
+    with transaction.atomic(), journal(with_commit=with_commit):
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
         added = admission_trace(*admission) if admission else None
         run, finished, attempts = lock_and_finish(run_id, step_id, outcome_fields(outcome), added)
@@ -142,7 +161,10 @@ def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
         record_event(run, f"step_{outcome.status}", finished[0], attempt=finished[1],
                      error=error.get("code") if error else None)
         _observe(attempts, finished, outcome.status)
-        advance_locked(run, latest=latest_of(attempts))
+        if tick:
+            advance_locked(run, latest=latest_of(attempts))
+        else:
+            enqueue_tick(run)
 
 
 def _observe(attempts: list[StepRun], finished: tuple[str, int], status: str) -> None:

@@ -96,7 +96,8 @@ def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None
     try:
         with tracing.span("ductor.tick", run_id=str(run.pk)), transaction.atomic():
             advance(run, latest=latest)
-            gathered.flush()
+            if not gathered.with_commit:  # else they are written with the commit: see record_outcome
+                gathered.flush()
     except Exception:
         log.exception("inline_tick_failed", run_id=str(run.pk))
         gathered.rollback_to(mark)

@@ -9,16 +9,20 @@ The settings are the session's (a pooled connection keeps them across
 transactions); the connection forgets what it set when a rollback may have
 undone it, and a new connection starts from nothing known.
 
-**Round trips.** What a statement needs before it (that setting, the
-``SAVEPOINT`` of an ``atomic`` block it opens) is sent with it, in one batch
-(psycopg's pipeline mode), not as round trips of their own. A savepoint whose
+**Round trips.** What a statement needs before it (the transaction's
+``BEGIN``, that setting, the ``SAVEPOINT`` of an ``atomic`` block it opens)
+is sent with it, in one batch (psycopg's pipeline mode), not as round trips
+of their own: psycopg's connection stays in autocommit, and this wrapper
+begins Django's transactions itself (psycopg would send the ``BEGIN`` alone,
+and a transaction that runs no statement needs none). A savepoint whose
 block ran no statement is never sent; one whose block ended well is left to
 the transaction's end to release (a few per transaction at most, so that
 PostgreSQL's per-backend cache of subtransactions never overflows). And
 Django's health check of a kept connection (a ``SELECT 1`` before each
 request's or task's first query) is skipped for a connection the server
 answered less than ``DUCTOR_DB_HEALTH_CHECK_IDLE_S`` ago, as a connection
-pooler does.
+pooler does. Writes whose results nobody reads can travel with the
+``COMMIT`` (``send_with_commit``).
 """
 
 from __future__ import annotations
@@ -64,12 +68,23 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         self._unsent: list[str] = []  # savepoints created, sent with the next statement
         self._live: list[str] = []  # savepoints sent and not released, oldest first
         self._answered_at = -math.inf  # when the server last answered (time.monotonic())
+        self._with_commit: list[Callable[[], None]] = []  # writes sent with the COMMIT
+        self._begin = False  # Django's transaction is open, its BEGIN not sent yet
         self.execute_wrappers.append(self._in_scope)
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         self._session = None
-        self._unsent, self._live = [], []
+        self._unsent, self._live, self._with_commit, self._begin = [], [], [], False
         return super().get_new_connection(conn_params)
+
+    def _set_autocommit(self, autocommit: bool) -> None:
+        # psycopg's connection stays in autocommit; Django's transaction begins with its first
+        # statement (``_in_scope``), and psycopg's commit and rollback end it (they act on the
+        # server's transaction, whatever psycopg's mode).
+        if not self.connection.autocommit:  # a new connection
+            with self.wrap_database_errors:
+                self.connection.autocommit = True
+        self._begin = not autocommit
 
     def close_if_health_check_failed(self) -> None:
         if (self.connection is not None and self.health_check_enabled and not self.health_check_done
@@ -85,15 +100,33 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             self._answered_at = time.monotonic()
         return usable
 
+    def send_with_commit(self, write: Callable[[], None]) -> None:
+        """Have ``write`` (statements whose results it does not read) run when the transaction
+        commits, its statements sent with the ``COMMIT`` in one round trip. Should one fail, the
+        transaction rolls back whole and the commit raises. Dropped by a rollback; not by a
+        savepoint's: ``write`` reads at the commit what it must write."""
+        if not self.in_atomic_block:
+            raise RuntimeError("send_with_commit needs a transaction")
+        self._with_commit.append(write)
+
     def _commit(self) -> None:
+        writes, self._with_commit = self._with_commit, []
         self._unsent, self._live = [], []
-        super()._commit()  # type: ignore[misc]
+        if writes and self.connection is not None:
+            with self.wrap_database_errors, self.connection.pipeline():
+                for write in writes:  # the first of their statements sends the BEGIN if none was
+                    write()
+                self.connection.execute("COMMIT")
+        else:
+            super()._commit()  # type: ignore[misc]
+        self._begin = not self.get_autocommit()  # the next transaction, if Django stays in one
         self._answered_at = time.monotonic()
 
     def _rollback(self) -> None:
         self._session = None  # a setting made in the transaction is undone with it
-        self._unsent, self._live = [], []
+        self._unsent, self._live, self._with_commit = [], [], []
         super()._rollback()  # type: ignore[misc]
+        self._begin = not self.get_autocommit()
 
     def _savepoint(self, sid: str) -> None:
         self._unsent.append(sid)  # it travels with the next statement
@@ -128,15 +161,18 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
 
     def _in_scope(self, execute: Callable[..., Any], sql: str, params: Any, many: bool,
                   context: dict[str, Any]) -> Any:
-        """Run the statement after what it needs first (the savepoints not sent yet, the session's
-        scope), all in one round trip."""
+        """Run the statement after what it needs first (the transaction's ``BEGIN``, the
+        savepoints not sent yet, the session's scope), all in one round trip."""
         wanted = session_settings(database_scope()) if settings.DUCTOR_ROW_SECURITY else None
         rescope = wanted is not None and wanted != self._session and not self._controlling
-        if not self._unsent and not rescope:
+        if not self._begin and not self._unsent and not rescope:
             result = execute(sql, params, many, context)
             self._answered_at = time.monotonic()
             return result
-        with self.wrap_database_errors, self._batch(context):
+        with self.wrap_database_errors, self._batch(params, context):
+            if self._begin:
+                self._begin = False  # sent, whatever comes of the batch: a rollback ends it
+                self.connection.execute("BEGIN")
             for sid in self._unsent:
                 self.connection.execute(self.ops.savepoint_create_sql(sid))
             self._live += self._unsent
@@ -150,12 +186,14 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         self._answered_at = time.monotonic()
         return result
 
-    def _batch(self, context: dict[str, Any]) -> Any:
+    def _batch(self, params: Any, context: dict[str, Any]) -> Any:
         """A pipeline for the statement and what goes before it, in a transaction. None inside one
         already (the batch grows); none in autocommit (a batch is one implicit transaction, which
-        some statements refuse), nor for a server-side cursor (it cannot be pipelined): there the
+        some statements refuse); none for a statement without parameters (it may be several, which
+        only go unbatched), nor for a server-side cursor (it cannot be pipelined): there the
         statements go one by one."""
-        if (self.connection.info.pipeline_status != pq.PipelineStatus.OFF or self.connection.autocommit
+        if (params is None or self.connection.info.pipeline_status != pq.PipelineStatus.OFF
+                or self.get_autocommit()
                 or isinstance(getattr(context.get("cursor"), "cursor", None), psycopg.ServerCursor)):
             return nullcontext()
         return self.connection.pipeline()

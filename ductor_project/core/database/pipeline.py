@@ -14,10 +14,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import connection
+from psycopg import pq
 
 
 @contextmanager
 def pipelined() -> Iterator[None]:
+    """Inside a batch already in progress (a commit's), the statements join it."""
     connection.ensure_connection()
-    with connection.connection.pipeline():
+    if connection.connection.info.pipeline_status != pq.PipelineStatus.OFF:
+        yield
+        return
+    with connection.wrap_database_errors, connection.connection.pipeline():  # Django's errors, as a cursor's
         yield
