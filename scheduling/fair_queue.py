@@ -418,6 +418,12 @@ def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch |
     return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=libraries, batch=batch, again=again)
 
 
+def shard_script(name: str, shard: int, keys: list[str], args: Sequence[Any]) -> Any:
+    """Run ``scheduling/lua/<name>.lua`` of another scheduling module that works on the fair queue's
+    own layout (the reshard's): loaded with ``fq_lib.lua``, given the shard's header. One round trip."""
+    return _run(name, keys, [*_header(shard), *args])
+
+
 def _tenant_call(name: str, tenant: Tenant, *args: Any, batch: scripts.Batch | None = None) -> Any:
     """One tenant-side script of the tenant, in its shard; followed there should it move meanwhile
     (``tenant_moves``; queued on ``batch``, a fenced call is made again when the batch runs)."""
