@@ -70,6 +70,9 @@ The only cross-tenant keys are the shard's indexes, from
 ``{s<n>}`` hash tag, so each script touches one Redis Cluster slot; the
 dispatcher-side scripts read tenant ids from the indexes and build those
 tenants' keys from prefixes that Python derives from ``ductor_project.core.keys``.
+A tenant's fence (``keys.fence_key``) sits beside its keys: every tenant-side script
+reads it first, so that a tenant moving to another shard (``scheduling.resharding``)
+is followed there (``ductor_project.core.tenant_moves``).
 
 **Changes from the suggested design** (DESIGN.md §5), and why:
 
