@@ -79,6 +79,9 @@ class ShardPlan:
                 heartbeats.record_shards(self.name, self._shards)
             except Exception:  # the round's own Redis calls will fail and be retried the usual way
                 log.warning("shard_plan_unread", shards=self._shards, exc_info=True)
+        if self.fixed is None:  # a shard a reshard stopped serving since the plan was made: drained
+            served = queue_shards()
+            return [shard for shard in self._shards if shard in served]
         return self._shards
 
     def stop(self) -> None:
