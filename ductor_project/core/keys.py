@@ -210,8 +210,10 @@ class _ShardMapCopy:
     def hint(self, tenant_id: str, shard: int) -> None:
         """A fence said the tenant moved to ``shard``: believe it until the next read."""
         url = settings.DUCTOR_QUEUE_REDIS_URL
+        if url not in self._copies:
+            self.read(url)
         with self._lock:
-            at, current = self._copies.get(url, (time.monotonic(), ShardMap()))
+            at, current = self._copies[url]
             pins = {**current.pins, tenant_id: shard}
             self._copies[url] = (at, ShardMap(current.count, current.serve, pins, current.moves))
 
