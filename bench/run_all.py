@@ -30,6 +30,10 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("suspended_deliveries", None, "== 0", lambda r: r["suspended_deliveries"] == 0),
         ("reactivated_first_step_ms", None, "", None),
     ],
+    "reshard": [
+        ("pause_ms.median", None, "", None),
+        ("move_ms.median", None, "", None),
+    ],
     "capacity": [
         ("acquire_release_per_s", "baseline_incr_decr_per_s", "ratio >= 0.5", lambda r: r["ratio"] >= 0.5),
         ("gcra_checks_per_s", "baseline_incr_decr_per_s", "", None),

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from ductor_project.core import metrics, scripts
+from ductor_project.core import metrics, scripts, tenant_moves
 from ductor_project.core.context import named_or_current
-from ductor_project.core.keys import global_redis_key, redis_key
+from ductor_project.core.keys import fence_key, global_redis_key, redis_key, shard_of
 from ductor_project.core.redis import get_redis, on_node
 from scheduling import LUA_DIR
 
@@ -43,16 +43,14 @@ def breaker_key(connection_id: object, *, tenant: Tenant | None = None) -> str:
 
 
 def _record(connection_id: object, ok: bool, tenant: Tenant | None) -> BreakerState:
-    state = scripts.run(
+    tenant_id = str(named_or_current(tenant, what="breakers").pk)
+    args = [1 if ok else 0, settings.DUCTOR_BREAKER_FAILURES, int(settings.DUCTOR_BREAKER_COOLDOWN_S * 1000), KEY_TTL_S]
+    state = tenant_moves.follow(tenant_id, lambda: scripts.run(
         LUA_DIR / "breaker_record.lua",
-        [breaker_key(connection_id, tenant=tenant)],
-        [
-            1 if ok else 0,
-            settings.DUCTOR_BREAKER_FAILURES,
-            int(settings.DUCTOR_BREAKER_COOLDOWN_S * 1000),
-            KEY_TTL_S,
-        ],
-    )
+        [breaker_key(connection_id, tenant=tenant), fence_key(tenant_id, shard_of(tenant_id))],
+        args,
+        libraries=(tenant_moves.FENCE_LIBRARY,),
+    ))
     if int(state) > 0:
         metrics.BREAKER_OPENED.inc()
         _index(connection_id, tenant, open_until_ms=int(state))

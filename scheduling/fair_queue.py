@@ -70,6 +70,9 @@ The only cross-tenant keys are the shard's indexes, from
 ``{s<n>}`` hash tag, so each script touches one Redis Cluster slot; the
 dispatcher-side scripts read tenant ids from the indexes and build those
 tenants' keys from prefixes that Python derives from ``ductor_project.core.keys``.
+A tenant's fence (``keys.fence_key``) sits beside its keys: every tenant-side script
+reads it first, so that a tenant moving to another shard (``scheduling.resharding``)
+is followed there (``ductor_project.core.tenant_moves``).
 
 **Changes from the suggested design** (DESIGN.md §5), and why:
 
@@ -112,9 +115,16 @@ from typing import Any, NamedTuple, TypeVar
 
 from django.conf import settings
 
-from ductor_project.core import capacity, scripts
+from ductor_project.core import capacity, scripts, tenant_moves
 from ductor_project.core.context import TenantScopeError, named_or_current, no_tenant, peek_tenant
-from ductor_project.core.keys import global_redis_key, redis_key, shard_of, tenant_redis_prefix
+from ductor_project.core.keys import (
+    fence_key,
+    global_redis_key,
+    queue_shards,
+    redis_key,
+    shard_of,
+    tenant_redis_prefix,
+)
 from ductor_project.core.redis import get_redis
 from scheduling import LUA_DIR
 from scheduling.circuit import breaker_key
@@ -139,7 +149,7 @@ ITEMS_PER_CALL = 500
 MAX_WAIT_S = 2.0
 # Shortest blocking wait: Redis counts a blocking timeout in whole ms.
 MIN_WAIT_S = 0.002
-_LIBRARIES = (capacity.LUA_LIBRARY, LUA_DIR / "fq_lib.lua")
+_LIBRARIES = (capacity.LUA_LIBRARY, tenant_moves.FENCE_LIBRARY, LUA_DIR / "fq_lib.lua")
 # The scripts that admit items (dequeue) or explain it (peek) also load the admission library.
 _ADMISSION = (*_LIBRARIES, LUA_DIR / "admit_lib.lua")
 
@@ -330,8 +340,9 @@ def _dispatcher_side() -> None:
 
 
 def _check_shard(shard: int) -> int:
-    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < settings.DUCTOR_QUEUE_SHARDS:
-        raise ValueError(f"shard must be in [0, {settings.DUCTOR_QUEUE_SHARDS}), not {shard!r}")
+    served = queue_shards()
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard not in served:
+        raise ValueError(f"shard must be in [0, {len(served)}), not {shard!r}")
     return shard
 
 
@@ -365,6 +376,7 @@ def _suffixes() -> dict[str, str]:
             "rates": capacity.rate_key(f"pool:{mark}", tenant=probe).removesuffix(f"pool:{mark}"),
             "breaker": breaker_key(mark, tenant=probe),
             "rr": redis_key("rr", mark, tenant=probe),
+            "fence": fence_key(tenant_id, shard_of(tenant_id)),
         }
         connection = capacity.connection_scope(mark, 0).key(probe)
     suffixes = {name: key[len(head) :] for name, key in keys.items()}
@@ -386,6 +398,7 @@ def _key_header(shard: int) -> tuple[str, ...]:
     return (
         tenant_redis_prefix(shard), s["namespace"], s["scope"], s["holder"], s["rate"],
         global_redis_key("fq", "", shard=shard), ",".join(TIERS), s["cap"], s["rates"], s["breaker"], s["rr"],
+        s["fence"],
     )
 
 
@@ -402,19 +415,34 @@ def global_key(name: str, *, shard: int = 0) -> str:
     return global_redis_key("fq", name, shard=shard)
 
 
-def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None) -> Any:
+def _run(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None,
+         again: Callable[[], Any] | None = None) -> Any:
     libraries = _ADMISSION if name in ("fq_dequeue", "fq_admit_peek", "fq_why") else _LIBRARIES
-    return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=libraries, batch=batch)
+    return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=libraries, batch=batch, again=again)
+
+
+def shard_script(name: str, shard: int, keys: list[str], args: Sequence[Any]) -> Any:
+    """Run ``scheduling/lua/<name>.lua`` of another scheduling module that works on the fair queue's
+    own layout (the reshard's): loaded with ``fq_lib.lua``, given the shard's header. One round trip."""
+    return _run(name, keys, [*_header(shard), *args])
 
 
 def _tenant_call(name: str, tenant: Tenant, *args: Any, batch: scripts.Batch | None = None) -> Any:
+    """One tenant-side script of the tenant, in its shard; followed there should it move meanwhile
+    (``tenant_moves``; queued on ``batch``, a fenced call is made again when the batch runs)."""
     tenant_id = str(tenant.pk)
-    return _run(
-        name,
-        [redis_key("fq", "items", tenant=tenant)],
-        [*_header(shard_of(tenant_id)), tenant_id, *args],
-        batch,
-    )
+
+    def attempt(on: scripts.Batch | None = None, again: Callable[[], Any] | None = None) -> Any:
+        # The keys and header of the tenant's shard as this process knows it at each try.
+        keys, header = [redis_key("fq", "items", tenant=tenant)], _header(shard_of(tenant_id))
+        return _run(name, keys, [*header, tenant_id, *args], on, again)
+
+    def followed() -> Any:
+        return tenant_moves.follow(tenant_id, attempt)
+
+    if batch is not None:
+        return attempt(batch, followed)
+    return followed()
 
 
 def _delivery(delivery: int | None) -> str:
@@ -545,13 +573,17 @@ def enqueue_many(
     before any is written. Raises like ``enqueue``.
     """
     tenant = _tenant(tenant)
-    tenant_id = str(tenant.pk)
-    keys = [redis_key("fq", "items", tenant=tenant)]
     results: list[EnqueueResult] = []
     for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant), scopes or {}, key_weights):
-        codes = _run("fq_enqueue", keys, [*_header(shard_of(tenant_id)), *args])
-        results.extend(_ENQUEUE_CODES[int(code)] for code in codes)
+        results.extend(_ENQUEUE_CODES[int(code)] for code in _enqueue_segment(tenant, args))
     return results
+
+
+def _enqueue_segment(tenant: Tenant, args: list[Any]) -> list[Any]:
+    """One ``fq_enqueue`` call of one tenant's segment, in its shard, followed should it move."""
+    tenant_id = str(tenant.pk)
+    return list(tenant_moves.follow(tenant_id, lambda: _run(
+        "fq_enqueue", [redis_key("fq", "items", tenant=tenant)], [*_header(shard_of(tenant_id)), *args])))
 
 
 def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> int:
@@ -561,20 +593,26 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
     each, every call atomic), sent ``pipeline_size`` calls per round trip (per node of a cluster). A
     batch's ``conf`` (default: the tenant's entitlements) lets a loader that has
     no tenant rows (a benchmark) name the limits. Dispatcher side: refused inside
-    a customer tenant's context. Returns how many new items were queued.
+    a customer tenant's context. Returns how many new items were queued. A call one of whose
+    tenants is moving to another shard wrote nothing: each of its tenants' segments is sent
+    again alone, where that tenant is (``tenant_moves``).
     """
     _dispatcher_side()
     queued = 0
-    calls: list[tuple[list[str], list[Any]]] = []
-    # Per shard: the call being filled (its first tenant's items key routes it), and its size.
-    filling: dict[int, tuple[list[str], list[Any]]] = {}
+    calls: list[tuple[list[str], list[Any], list[tuple[Tenant, list[Any]]]]] = []
+    # Per shard: the call being filled (its first tenant's items key routes it; its tenants'
+    # segments), and its size.
+    filling: dict[int, tuple[list[str], list[Any], list[tuple[Tenant, list[Any]]]]] = {}
     sizes: dict[int, int] = {}
+
+    def alone(parts: list[tuple[Tenant, list[Any]]]) -> Callable[[], list[Any]]:
+        return lambda: [code for tenant, args in parts for code in _enqueue_segment(tenant, args)]
 
     def send() -> None:
         nonlocal queued
         batch = scripts.Batch()
-        for keys, args in calls:
-            _run("fq_enqueue", keys, args, batch)
+        for keys, args, parts in calls:
+            _run("fq_enqueue", keys, args, batch, again=alone(parts))
         for codes in batch.execute():
             if isinstance(codes, Exception):
                 raise codes
@@ -595,9 +633,10 @@ def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> 
             if shard in filling and sizes[shard] + count > ITEMS_PER_CALL:
                 close(shard)
             if shard not in filling:
-                filling[shard] = ([redis_key("fq", "items", tenant=batch.tenant)], list(_header(shard)))
+                filling[shard] = ([redis_key("fq", "items", tenant=batch.tenant)], list(_header(shard)), [])
                 sizes[shard] = 0
             filling[shard][1].extend(args)
+            filling[shard][2].append((batch.tenant, args))
             sizes[shard] += count
     for shard in list(filling):
         close(shard)

@@ -46,6 +46,7 @@ from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import heartbeats
 from ductor_project.core.context import no_tenant
 from ductor_project.core.errors import ErrorCode, error_body
+from ductor_project.core.keys import queue_shards
 from scheduling import circuit, fair_queue
 from scheduling.dispatch import credits
 
@@ -71,7 +72,7 @@ class Snapshot:
 def read_snapshot() -> Snapshot:
     """Read the shared state from Redis, outside any tenant (it crosses them, counts only)."""
     top = settings.DUCTOR_METRICS_TOP_TENANTS
-    shards = range(settings.DUCTOR_QUEUE_SHARDS)
+    shards = queue_shards()
     with no_tenant():
         return Snapshot(
             depths=[fair_queue.depth(shard, top=top) for shard in shards],

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from django.conf import settings
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -18,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
+from ductor_project.core.keys import queue_shards
 from ductor_project.pagination import CursorPagination
 from scheduling import fair_queue, selectors, services
 from scheduling.dispatch import credits
@@ -250,7 +250,7 @@ class PlatformQueueView(PlatformAPIView):
     def get(self, request: Request) -> Response:
         shards = []
         serving = dispatch_shards.serving()
-        for shard in range(settings.DUCTOR_QUEUE_SHARDS):
+        for shard in queue_shards():
             row = dataclasses.asdict(fair_queue.global_stats(shard))
             row["dispatchers"] = serving.get(shard, [])
             row["worker_slots"] = {q: credits.worker_slots(q) for q in (WORK_QUEUE, SYSTEM_QUEUE)}

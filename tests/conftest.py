@@ -166,10 +166,12 @@ def flush_redis() -> Any:
     database of the broker and the cache too; returns Ductor's raw client."""
     from django_redis import get_redis_connection
 
+    from ductor_project.core.keys import forget_shard_map
     from ductor_project.core.redis import get_redis
 
     client = get_redis()
     client.flushdb()
+    forget_shard_map()  # the flush took the shard map with it
     plain = get_redis_connection("default")
     if plain is not client:
         plain.flushdb()

@@ -21,21 +21,23 @@ keys of a tenant share its ``{s<n>}`` hash tag, one Redis Cluster slot, and
 nothing done in one tenant's context can touch another tenant's counters. Keys
 reach the scripts through ``KEYS[]``; the only keys a script reads from data
 are the scope keys in a holder's own record, which carry the same hash tag.
+Every script gets the tenant's fence last (``tenant_moves``): a call that finds
+the tenant moving to another shard is run again there.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from ductor_project.core import scripts
+from ductor_project.core import scripts, tenant_moves
 from ductor_project.core.context import TenantLike, named_or_current
-from ductor_project.core.keys import redis_key
+from ductor_project.core.keys import fence_key, redis_key, shard_of
 from ductor_project.core.renewals import renewals
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
@@ -132,11 +134,19 @@ def lua_library() -> str:
     return str(scripts.source(LUA_LIBRARY))
 
 
-def _run(name: str, keys: list[str], args: list[Any]) -> Any:
-    # One EVALSHA on the client the script was registered with: django-redis gives
-    # each thread its own client object, all on one shared pool (which resets after
-    # a fork), and looking the thread's up again would cost ~10 µs on the hot path.
-    return scripts.script(LUA_DIR / f"capacity_{name}.lua", LUA_LIBRARY)(keys=keys, args=args)
+def _run(name: str, tenant: Any, keys: Callable[[], list[str]], args: list[Any]) -> Any:
+    """One EVALSHA of ``capacity_<name>.lua`` with ``keys()`` and the tenant's fence, followed to
+    the tenant's new shard should it have moved (``keys`` is built again for each try)."""
+    # On the client the script was registered with: django-redis gives each thread its own
+    # client object, all on one shared pool (which resets after a fork), and looking the
+    # thread's up again would cost ~10 µs on the hot path.
+    script = scripts.script(LUA_DIR / f"capacity_{name}.lua", tenant_moves.FENCE_LIBRARY, LUA_LIBRARY)
+    tenant_id = str(tenant.pk)
+
+    def call() -> Any:
+        return script(keys=[*keys(), fence_key(tenant_id, shard_of(tenant_id))], args=args)
+
+    return tenant_moves.follow(tenant_id, call)
 
 
 def _lease_ms(lease_s: float) -> int:
@@ -160,12 +170,11 @@ def acquire(
     if not scopes:
         raise ValueError("acquire needs at least one scope")
     tenant = _tenant(tenant)
-    keys = [scope.key(tenant) for scope in scopes]
-    if len(set(keys)) != len(keys):
+    if len({scope.key(tenant) for scope in scopes}) != len(scopes):
         raise ValueError("a scope appears twice in one acquire")
     result = _run(
-        "acquire",
-        [holder_key(holder_id, tenant=tenant), *keys],
+        "acquire", tenant,
+        lambda: [holder_key(holder_id, tenant=tenant), *(scope.key(tenant) for scope in scopes)],
         [holder_id, _lease_ms(lease_s), *(scope.limit for scope in scopes)],
     )
     if result == -1:
@@ -180,7 +189,9 @@ def extend(holder_id: str, lease_s: float, *, tenant: TenantLike | None = None) 
     ended or been released; a lost slot is never taken back (acquire again for
     that). Raises ``TenantScopeError`` without a tenant.
     """
-    return bool(_run("extend", [holder_key(holder_id, tenant=tenant)], [holder_id, _lease_ms(lease_s)]) == 1)
+    tenant = _tenant(tenant)
+    lease_ms = _lease_ms(lease_s)
+    return bool(_run("extend", tenant, lambda: [holder_key(holder_id, tenant=tenant)], [holder_id, lease_ms]) == 1)
 
 
 @contextmanager
@@ -206,7 +217,8 @@ def release(holder_id: str, *, tenant: TenantLike | None = None) -> int:
     lease that already ended) frees nothing and returns 0. Raises
     ``TenantScopeError`` without a tenant.
     """
-    return int(_run("release", [holder_key(holder_id, tenant=tenant)], [holder_id]))
+    tenant = _tenant(tenant)
+    return int(_run("release", tenant, lambda: [holder_key(holder_id, tenant=tenant)], [holder_id]))
 
 
 def in_flight(scope: Scope, *, tenant: TenantLike | None = None) -> int:
@@ -214,7 +226,8 @@ def in_flight(scope: Scope, *, tenant: TenantLike | None = None) -> int:
 
     Raises ``TenantScopeError`` without a tenant.
     """
-    return int(_run("in_flight", [scope.key(tenant)], []))
+    tenant = _tenant(tenant)
+    return int(_run("in_flight", tenant, lambda: [scope.key(tenant)], []))
 
 
 def tenant_in_flight(*, tenant: TenantLike | None = None) -> int:
@@ -240,8 +253,9 @@ def _gcra(
     if burst < 1 or cost < 1 or cost > burst:
         raise ValueError(f"need 1 <= cost <= burst, got cost={cost!r} burst={burst!r}")
     interval_us = 1_000_000 / rate_per_s
+    tenant = _tenant(tenant)
     allowed, retry_us, remaining, reset_us = _run(
-        "gcra", [rate_key(limiter, tenant=tenant)], [repr(interval_us), burst, cost, int(consume)]
+        "gcra", tenant, lambda: [rate_key(limiter, tenant=tenant)], [repr(interval_us), burst, cost, int(consume)]
     )
     return RateDecision(
         allowed=allowed == 1,

@@ -8,12 +8,14 @@ several modules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from ductor_project.core import tenant_moves
 from ductor_project.core.redis import REDIRECTED, get_redis, per_node
 
 
@@ -31,13 +33,14 @@ def script(path: Path, *libraries: Path) -> Any:
 
 
 def run(path: Path, keys: list[str], args: list[Any], *, libraries: tuple[Path, ...] = (),
-        batch: Batch | None = None) -> Any:
+        batch: Batch | None = None, again: Callable[[], Any] | None = None) -> Any:
     """Run a script in one round trip (redis-py reloads it if the server lost it).
 
-    With ``batch``, the call is only queued on it; its reply comes from ``batch.execute()``.
+    With ``batch``, the call is only queued on it; its reply comes from ``batch.execute()``, or
+    from ``again()`` should a tenant's fence have answered it (see ``Batch``).
     """
     if batch is not None:
-        batch.add(script(path, *libraries), keys, args)
+        batch.add(script(path, *libraries), keys, args, again=again)
         return None
     return script(path, *libraries)(keys=keys, args=args, client=get_redis())
 
@@ -56,15 +59,22 @@ class Batch:
     grouped by the node that holds their first key: one round trip per node, each
     node's calls in their order. A call a node redirected (its slot moved, a
     failover) is sent again alone through the cluster client, which follows it.
+
+    A call of one tenant that its fence answered (the tenant moves to another shard:
+    ``tenant_moves``) changed nothing; when it was added with ``again``, its reply is what
+    ``again()`` returns (the same call, made where the tenant is now), after the others.
     """
 
     _loaded: set[str] = set()  # the SHAs this process has loaded (class-wide)
 
     def __init__(self) -> None:
         self._calls: list[tuple[Any, list[str], list[Any]]] = []
+        self._again: list[Callable[[], Any] | None] = []
 
-    def add(self, registered: Any, keys: list[str], args: list[Any]) -> None:
+    def add(self, registered: Any, keys: list[str], args: list[Any], *,
+            again: Callable[[], Any] | None = None) -> None:
         self._calls.append((registered, keys, args))
+        self._again.append(again)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -83,7 +93,10 @@ class Batch:
                 registered.sha = get_redis().script_load(registered.script)
             for i, reply in zip(missing, self._send([self._calls[i] for i in missing]), strict=True):
                 replies[i] = reply
-        self._calls = []
+        again, self._calls, self._again = self._again, [], []
+        for i, (reply, call) in enumerate(zip(replies, again, strict=True)):
+            if call is not None and tenant_moves.redirect_of(reply) is not None:
+                replies[i] = _again(call)
         return replies
 
     @staticmethod
@@ -107,3 +120,11 @@ class Batch:
                 except Exception as exc:  # the call's reply is its error, as in the pipeline
                     replies[i] = exc
         return replies
+
+
+def _again(call: Callable[[], Any]) -> Any:
+    """A fenced call's reply made again: its reply, or its error in its place."""
+    try:
+        return call()
+    except Exception as exc:  # the call's reply is its error, as in the pipeline
+        return exc

@@ -20,9 +20,8 @@ import uuid
 from typing import Any
 
 import structlog
-from django.conf import settings
 
-from ductor_project.core.keys import global_redis_key
+from ductor_project.core.keys import global_redis_key, queue_shards
 from ductor_project.core.redis import per_node
 
 log = structlog.get_logger(__name__)
@@ -69,7 +68,7 @@ class RedisWatch:
                     self._servers[shard] = run_id
 
         try:  # one key per shard, in order: a key's position is its shard
-            per_node([epoch_key(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)], look)
+            per_node([epoch_key(shard) for shard in queue_shards()], look)
         finally:  # what the servers that answered said is kept, whether the others did or not
             emptied = sorted(shard for shard, new in created.items() if new)
             if emptied or restarted:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-
+from ductor_project.core.keys import queue_shards
 from scheduling import fair_queue
 
 # Items one pass returns per shard at most (a pass repeats while a shard had that many).
@@ -15,7 +14,7 @@ def reap_all() -> int:
     its partition, to be delivered again; returns how many. One round trip per shard per
     ``REAP_BATCH`` items. Crosses tenants: the system's housekeeping."""
     total = 0
-    for shard in range(settings.DUCTOR_QUEUE_SHARDS):
+    for shard in queue_shards():
         while (reaped := fair_queue.reap(shard=shard, limit=REAP_BATCH)) > 0:
             total += reaped
             if reaped < REAP_BATCH:

@@ -27,6 +27,7 @@ import structlog
 from django.conf import settings
 
 from ductor_project.core import heartbeats
+from ductor_project.core.keys import queue_shards
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +64,7 @@ class ShardPlan:
         self.fixed = fixed
         self.name = name or heartbeats.process_name()
         self.every_s = every_s
-        self._shards = list(fixed) if fixed is not None else list(range(settings.DUCTOR_QUEUE_SHARDS))
+        self._shards = list(fixed) if fixed is not None else list(queue_shards())
         self._at = float("-inf")
 
     def shards(self) -> list[int]:
@@ -74,10 +75,13 @@ class ShardPlan:
             self._at = now
             try:
                 if self.fixed is None:
-                    self._shards = assigned(self.name, live_dispatchers(), settings.DUCTOR_QUEUE_SHARDS)
+                    self._shards = assigned(self.name, live_dispatchers(), len(queue_shards()))
                 heartbeats.record_shards(self.name, self._shards)
             except Exception:  # the round's own Redis calls will fail and be retried the usual way
                 log.warning("shard_plan_unread", shards=self._shards, exc_info=True)
+        if self.fixed is None:  # a shard a reshard stopped serving since the plan was made: drained
+            served = queue_shards()
+            return [shard for shard in self._shards if shard in served]
         return self._shards
 
     def stop(self) -> None:
@@ -87,7 +91,7 @@ class ShardPlan:
 def serving() -> dict[int, list[str]]:
     """Each shard's live dispatchers, by the shards they last wrote (a live dispatcher that wrote
     none, one from before the split, serves every shard)."""
-    every = range(settings.DUCTOR_QUEUE_SHARDS)
+    every = queue_shards()
     written = heartbeats.shards_served()
     beats = heartbeats.ages(heartbeats.DISPATCHER)
     for gone in written.keys() - beats.keys():  # its beat was forgotten: so is what it served
@@ -109,7 +113,7 @@ def unserved() -> list[int]:
 def readiness() -> dict[str, Any]:
     """``/readyz``'s check (``ductor_project.health.register_check``): every shard is served."""
     missing = unserved()
-    result: dict[str, Any] = {"shards": settings.DUCTOR_QUEUE_SHARDS, "unserved": missing}
+    result: dict[str, Any] = {"shards": len(queue_shards()), "unserved": missing}
     if missing:
         result.update(ok=False, error=f"no live dispatcher serves shard(s) {', '.join(map(str, missing))}")
     return result

@@ -6,6 +6,8 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid, pool = ARGV[A + 1], ARGV[A + 2]
+local fenced = fq_fenced(tid)
+if fenced then return fenced end
 local confs = {}
 for j = A + 5, A + 4 + 2 * tonumber(ARGV[A + 4]), 2 do
   confs[ARGV[j]] = cjson.decode(ARGV[j + 1])

@@ -9,6 +9,8 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid = ARGV[A + 1]
+local fenced = fq_fenced(tid)
+if fenced then return fenced end
 local i = A + 3
 if ARGV[A + 2] == '1' then
   fq_set_conf(tid, ARGV, i)

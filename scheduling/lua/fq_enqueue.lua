@@ -54,6 +54,24 @@ local function enqueue_item(tid, locks, id, tier, part, due, cost, payload, scop
   return 4
 end
 
+-- Every tenant of the call is looked at before anything is written: a call one of whose tenants
+-- is fenced (moving to another shard) changes nothing, and its caller sends it again.
+local function first_fenced()
+  local i = FQ_HEADER + 1
+  while i <= #ARGV do
+    local fenced = fq_fenced(ARGV[i])
+    if fenced then return fenced end
+    local j = i + 1 + FQ_CONF_ARGS
+    j = j + 1 + 2 * tonumber(ARGV[j])
+    j = j + 1 + 2 * tonumber(ARGV[j])
+    i = j + 1 + ITEM_ARGS * tonumber(ARGV[j])
+  end
+  return nil
+end
+
+local fenced = first_fenced()
+if fenced then return fenced end
+
 local i = FQ_HEADER + 1
 while i <= #ARGV do
   local tid = ARGV[i]

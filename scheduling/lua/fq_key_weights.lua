@@ -7,6 +7,8 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid = ARGV[A + 1]
+local fenced = fq_fenced(tid)
+if fenced then return fenced end
 if ARGV[A + 2] == '1' then redis.call('DEL', fq_tkey(tid, 'kw')) end
 local _, changed = fq_set_kweights(tid, ARGV, A + 3)
 return changed

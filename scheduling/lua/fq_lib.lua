@@ -6,8 +6,8 @@
 -- tenant's step scope, of a capacity holder record and of the step-rate limiter, the
 -- shard's global fair-queue prefix ("{s<n>}:g:fq:"), the tiers, highest first, comma
 -- separated, then the tenant-relative prefixes of capacity scopes (":cap:"), of rate
--- limiters (":rate:"), of connection breakers (":breaker:") and of a pool's round-robin
--- state (":rr:"), then how items are charged: the cost mode ("time" or "items"), the most
+-- limiters (":rate:"), of connection breakers (":breaker:"), of a pool's round-robin
+-- state (":rr:") and the tenant's fence (":moved", fence_lib.lua), then how items are charged: the cost mode ("time" or "items"), the most
 -- one item is charged (ms) and what a kind of item nobody has measured yet is estimated at
 -- (ms). Python derives all of them from ductor_project.core.keys and .capacity,
 -- scheduling.circuit and tenants.models.Tier, so key formats and tiers live there; a script
@@ -72,7 +72,7 @@ local FQ_HOLDER = 'fq:'
 local FQ_BLOCKED_RECHECK_MS = 5000
 
 -- The number of header ARGV every script starts with; its own arguments follow.
-local FQ_HEADER = 14
+local FQ_HEADER = 15
 
 local fq = {}
 
@@ -81,8 +81,8 @@ local function fq_init(argv)
     argv[1], argv[2], argv[3], argv[4], argv[5], argv[6]
   fq.tiers = {}
   for tier in string.gmatch(argv[7], '[^,]+') do fq.tiers[#fq.tiers + 1] = tier end
-  fq.cap, fq.rates, fq.breaker, fq.rr = argv[8], argv[9], argv[10], argv[11]
-  fq.cost_mode, fq.max_cost, fq.first_cost = argv[12], tonumber(argv[13]), tonumber(argv[14])
+  fq.cap, fq.rates, fq.breaker, fq.rr, fq.fence = argv[8], argv[9], argv[10], argv[11], argv[12]
+  fq.cost_mode, fq.max_cost, fq.first_cost = argv[13], tonumber(argv[14]), tonumber(argv[15])
   fq.now_us = cap_now_us()
   fq.now = math.floor(fq.now_us / 1000)
 end
@@ -93,6 +93,12 @@ end
 
 local function fq_tkey(tid, name)
   return fq.tprefix .. tid .. fq.ns .. name
+end
+
+-- The tenant's fence in this shard: every tenant-side script returns what this gives, when not
+-- nil, before it reads or writes anything of the tenant (its keys are moving to another shard).
+local function fq_fenced(tid)
+  return fence_check(fq.tprefix .. tid .. fq.fence)
 end
 
 local function fq_gkey(name)

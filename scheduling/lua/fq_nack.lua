@@ -7,6 +7,8 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid, id = ARGV[A + 1], ARGV[A + 2]
+local fenced = fq_fenced(tid)
+if fenced then return fenced end
 local it = fq_in_flight(tid, id, ARGV[A + 3])
 if it == nil then return 0 end
 fq_settle(tid, it, tonumber(ARGV[A + 5]))

@@ -6,6 +6,8 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid, id = ARGV[A + 1], ARGV[A + 2]
+local fenced = fq_fenced(tid)
+if fenced then return fenced end
 local it = fq_item(tid, id)
 if it == nil then return 0 end
 if it.state ~= 'waiting' then

@@ -4,6 +4,8 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid = ARGV[A + 1]
+local fenced = fq_fenced(tid)
+if fenced then return fenced end
 local flight = fq_tkey(tid, 'flight')
 local out = {}
 for _, tier in ipairs(fq.tiers) do

@@ -8,6 +8,10 @@
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid = ARGV[A + 1]
+if tid ~= '' then
+  local fenced = fq_fenced(tid)
+  if fenced then return fenced end
+end
 local now = math.floor(fq.now / FQ_WORK_BUCKET_MS)
 local FQ_WORK_KEYS = 50
 local out = {}
