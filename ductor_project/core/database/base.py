@@ -119,14 +119,14 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
                 self.connection.execute("COMMIT")
         else:
             super()._commit()  # type: ignore[misc]
-        self._begin = not self.get_autocommit()  # the next transaction, if Django stays in one
+        self._begin = not self.autocommit  # the next transaction, if Django stays in one
         self._answered_at = time.monotonic()
 
     def _rollback(self) -> None:
         self._session = None  # a setting made in the transaction is undone with it
         self._unsent, self._live, self._with_commit = [], [], []
         super()._rollback()  # type: ignore[misc]
-        self._begin = not self.get_autocommit()
+        self._begin = not self.autocommit
 
     def _savepoint(self, sid: str) -> None:
         self._unsent.append(sid)  # it travels with the next statement
@@ -193,7 +193,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         only go unbatched), nor for a server-side cursor (it cannot be pipelined): there the
         statements go one by one."""
         if (params is None or self.connection.info.pipeline_status != pq.PipelineStatus.OFF
-                or self.get_autocommit()
+                or self.autocommit
                 or isinstance(getattr(context.get("cursor"), "cursor", None), psycopg.ServerCursor)):
             return nullcontext()
         return self.connection.pipeline()
