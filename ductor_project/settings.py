@@ -285,6 +285,9 @@ CELERY_BROKER_URL, _broker_options = redis_urls.kombu_config(
 CELERY_RESULT_BACKEND, _results_options = redis_urls.kombu_config(
     env.str("CELERY_RESULT_BACKEND", default=REDIS_URL), setting=_redis_setting("CELERY_RESULT_BACKEND"))
 CELERY_BROKER_TRANSPORT_OPTIONS = {**_broker_options, **env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})}
+# kombu's Redis transport, keeping one Redis client per channel (ductor_project/broker_transport.py);
+# another broker keeps kombu's own.
+CELERY_BROKER_TRANSPORT = redis_urls.kombu_transport(CELERY_BROKER_URL)
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
     **_results_options, **env.json("CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS", default={})}
 CELERY_TASK_ACKS_LATE = True

@@ -20,6 +20,7 @@ from ductor_project.core.redis_urls import (
     RedisUrlError,
     django_cache_config,
     kombu_config,
+    kombu_transport,
     parse,
 )
 from tests.conftest import ROOT
@@ -118,6 +119,15 @@ def test_celery_takes_its_own_urls_as_they_are_and_a_sentinel_url_as_kombus_sent
         kombu_config("rediss+cluster://n1:7000", setting="CELERY_BROKER_URL")
     with pytest.raises(RedisUrlError, match="CELERY_BROKER_TRANSPORT_OPTIONS"):
         kombu_config("redis+sentinel://s1/ductor?socket_timeout=2", setting="CELERY_BROKER_URL")
+
+
+def test_a_one_server_broker_takes_ductors_redis_transport_and_any_other_kombus_own():
+    for url in ("redis://b:6379/0", "rediss://b:6380/0?ssl_cert_reqs=required", "REDIS://b"):
+        transport = kombu_transport(url)
+        assert transport == "ductor_project.broker_transport:Transport"
+        assert Connection(url, transport=transport).transport.driver_type == "redis"  # kombu takes it
+    for url in ("amqp://guest:guest@rabbit:5672//", "sentinel://s1:26379;sentinel://s2:26379"):
+        assert kombu_transport(url) is None
 
 
 @pytest.mark.parametrize(("env", "message"), [

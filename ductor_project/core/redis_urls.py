@@ -219,6 +219,14 @@ def django_cache_config(url: str, *, setting: str) -> CacheConfig:
     return CacheConfig(location, options)
 
 
+def kombu_transport(url: str) -> str | None:
+    """The transport Celery's broker at ``url`` (as ``kombu_config`` gives it) takes: Ductor's Redis
+    transport for one Redis server (``ductor_project/broker_transport.py``), else None, kombu's
+    own for the URL's scheme (a Sentinel list, AMQP)."""
+    return "ductor_project.broker_transport:Transport" if url.partition("://")[0].lower() in ("redis", "rediss") \
+        else None
+
+
 def kombu_config(url: str, *, setting: str) -> tuple[str, dict[str, Any]]:
     """The URL and transport options that Celery's broker (kombu) and its Redis result backend take
     for ``url``: a Sentinel URL becomes their ``sentinel://host:port/db;sentinel://…`` list with

@@ -170,6 +170,7 @@ def _own_broker() -> Celery:
     conf = ductor_app.conf
     return Celery("ductor-publisher", broker=conf.broker_url, set_as_current=False,
                   config_source={"task_serializer": "json", "accept_content": ["json"],
+                                 "broker_transport": conf.broker_transport,
                                  "broker_transport_options": conf.broker_transport_options,
                                  "broker_connection_retry_on_startup": True})
 

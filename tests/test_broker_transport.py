@@ -1,0 +1,48 @@
+"""Ductor's Redis transport for Celery (``ductor_project/broker_transport.py``), on the real broker:
+one Redis client serves a channel's commands, and every message still lands. The worker's side
+(late acks, redelivery) runs through it in every end-to-end test."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.conf import settings
+from redis import Redis
+
+from ductor_project.broker_transport import Channel, Transport
+from ductor_project.celery import app
+
+
+@pytest.fixture
+def queue() -> Any:
+    name = f"test-transport-{uuid.uuid4().hex[:8]}"
+    broker = Redis.from_url(settings.CELERY_BROKER_URL)
+    yield name, broker
+    broker.delete(name)
+
+
+def test_ductors_celery_app_publishes_through_it():
+    assert settings.CELERY_BROKER_TRANSPORT == "ductor_project.broker_transport:Transport"
+    with app.connection_for_write() as connection:
+        assert isinstance(connection.transport, Transport)
+
+
+def test_one_client_serves_a_channels_publishes_and_every_message_lands(queue, monkeypatch):
+    name, broker = queue
+    built: list[tuple[int, bool]] = []
+    create = Channel._create_client
+
+    def counted(self: Channel, asynchronous: bool = False) -> Any:
+        built.append((id(self), asynchronous))
+        return create(self, asynchronous)
+
+    monkeypatch.setattr(Channel, "_create_client", counted)
+    with app.connection_for_write() as connection, connection.Producer() as producer:  # a channel of its own
+        for n in range(5):
+            app.send_task("test.transport", args=[n], queue=name, producer=producer)
+    assert broker.llen(name) == 5
+    # One client for the commands of each channel (kombu's own channel builds one per publish).
+    commands = [channel for channel, asynchronous in built if not asynchronous]
+    assert 1 <= len(commands) == len(set(commands)) < 5
