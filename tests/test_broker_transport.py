@@ -46,3 +46,19 @@ def test_one_client_serves_a_channels_publishes_and_every_message_lands(queue, m
     # One client for the commands of each channel (kombu's own channel builds one per publish).
     commands = [channel for channel, asynchronous in built if not asynchronous]
     assert 1 <= len(commands) == len(set(commands)) < 5
+
+
+def test_a_named_task_broker_publishes_through_it_too(queue, settings):
+    from workflows.engine import task_nodes
+
+    name, broker = queue
+    settings.DUCTOR_TASK_BROKERS = {"team": settings.CELERY_BROKER_URL}
+    task_nodes._named_broker.cache_clear()
+    try:
+        team = task_nodes.broker_app("team")
+        with team.connection_for_write() as connection:
+            assert isinstance(connection.transport, Transport)
+        team.send_task("team.noop", queue=name)
+        assert broker.llen(name) == 1
+    finally:
+        task_nodes._named_broker.cache_clear()

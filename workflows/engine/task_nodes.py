@@ -48,7 +48,7 @@ from django.utils import timezone
 
 from ductor_project.celery import RESULTS_QUEUE
 from ductor_project.celery import app as ductor_app
-from ductor_project.core import scripts, tracing
+from ductor_project.core import redis_urls, scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import fair_queue
@@ -159,7 +159,8 @@ def _send(item: Dequeued, step: StepRun) -> str:
 def _named_broker(name: str) -> Celery:
     url = settings.DUCTOR_TASK_BROKERS[name]
     return Celery(f"ductor-broker-{name}", broker=url, set_as_current=False,
-                  config_source={"task_serializer": "json", "accept_content": ["json"]})
+                  config_source={"task_serializer": "json", "accept_content": ["json"],
+                                 "broker_transport": redis_urls.kombu_transport(url)})
 
 
 @cache
