@@ -106,6 +106,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ from ductor_project.core.keys import (
     shard_of,
     tenant_redis_prefix,
 )
-from ductor_project.core.redis import get_redis
+from ductor_project.core.redis import get_redis, is_cluster, per_node
 from scheduling import LUA_DIR
 from scheduling.circuit import breaker_key
 from tenants.entitlements import effective_entitlements
@@ -147,6 +148,9 @@ _MAX_CALLS = 100
 ITEMS_PER_CALL = 500
 # Longest single wait in wait_for_work: well below the Redis client's socket timeout.
 MAX_WAIT_S = 2.0
+# A dispatcher of several shards on a Redis Cluster waits on one shard's signal this long at most
+# (``wait_for_work``): a signal of its other shards waits no longer than that.
+CLUSTER_WAKE_SLICE_S = 0.05
 # Shortest blocking wait: Redis counts a blocking timeout in whole ms.
 MIN_WAIT_S = 0.002
 _LIBRARIES = (capacity.LUA_LIBRARY, tenant_moves.FENCE_LIBRARY, LUA_DIR / "fq_lib.lua")
@@ -1032,26 +1036,62 @@ def next_due_ms(shard: int = 0) -> int | None:
     Otherwise the ms until the earliest timer (a due head, a rate, a ceiling's
     lease) or lease end. One round trip, read only. Dispatcher side.
     """
+    return due_ms_of(queue_next_due(None, shard))
+
+
+def queue_next_due(batch: scripts.Batch | None, shard: int) -> Any:
+    """``next_due_ms`` queued on a script ``batch`` (read its reply with ``due_ms_of``); without
+    one, the call's reply."""
     _dispatcher_side()
     shard = _check_shard(shard)
-    result = int(_run("fq_next_due", [global_key("timers", shard=shard)], list(_header(shard))))
-    return None if result < 0 else result
+    return _run("fq_next_due", [global_key("timers", shard=shard)], list(_header(shard)), batch)
 
 
-def wait_for_work(*, shard: int = 0, timeout_s: float) -> bool:
-    """Block until new ready work is signalled on the shard, or the timeout; True if signalled.
+def due_ms_of(reply: Any) -> int | None:
+    """What ``next_due_ms`` returns, from an ``fq_next_due`` reply (raised when it is an error)."""
+    if isinstance(reply, Exception):
+        raise reply
+    return None if int(reply) < 0 else int(reply)
+
+
+def wait_for_work(*, shards: Sequence[int] = (0,), timeout_s: float) -> bool:
+    """Block until new ready work is signalled on one of the ``shards``, or the timeout; True if
+    signalled.
 
     A dispatcher sleeps here for ``next_due_ms`` at most; an enqueue that makes
     a tenant ready, or sets an earlier timer, wakes one sleeper. The wait is cut
     to ``MAX_WAIT_S`` (below the client's socket timeout) and raised to 1 ms (Redis
     counts a blocking timeout in whole ms, and 0 ms would mean forever);
-    ``timeout_s <= 0`` only takes a pending signal. Dispatcher side.
+    ``timeout_s <= 0`` only takes a pending signal. One Redis waits on every shard's signal
+    at once. A Redis Cluster cannot (a command's keys share one slot): there, the shards'
+    pending signals are taken (a round trip per node), then the first shard's is waited on
+    for ``CLUSTER_WAKE_SLICE_S`` at most, and so on until the timeout, so that a signal of
+    another shard waits that long at most. Dispatcher side.
     """
     _dispatcher_side()
-    key = global_key("wake", shard=_check_shard(shard))
-    if timeout_s <= 0:
-        return get_redis().lpop(key) is not None
-    return get_redis().blpop([key], timeout=min(max(timeout_s, MIN_WAIT_S), MAX_WAIT_S)) is not None
+    keys = [global_key("wake", shard=_check_shard(shard)) for shard in shards]
+    redis = get_redis()
+    timeout_s = min(timeout_s, MAX_WAIT_S)
+    if timeout_s > 0 and (len(keys) == 1 or not is_cluster(redis)):
+        return redis.blpop(keys, timeout=max(timeout_s, MIN_WAIT_S)) is not None
+    deadline = time.monotonic() + timeout_s
+    while not any(per_node(keys, _take_signals(keys))):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if redis.blpop(keys[:1], timeout=max(min(left, CLUSTER_WAKE_SLICE_S), MIN_WAIT_S)) is not None:
+            return True
+    return True
+
+
+def _take_signals(keys: list[str]) -> Callable[[Any, list[int]], bool]:
+    """For ``per_node``: take the pending signals of a server's ``keys``; whether there was one."""
+    def take(server: Any, positions: list[int]) -> bool:
+        with server.pipeline(transaction=False) as pipe:
+            for position in positions:
+                pipe.lpop(keys[position])
+            return any(token is not None for token in pipe.execute())
+    return take
 
 
 def stats(tenant: Tenant | None = None) -> QueueStats:

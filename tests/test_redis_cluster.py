@@ -207,8 +207,8 @@ def test_the_fair_queue_on_tenants_of_every_shard_causes_no_cross_slot_error(clu
         due = [fq.next_due_ms(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)]
         assert all(ms is None or ms > LATER_MS / 2 for ms in due)  # only the "later" items are left
         # Each shard's wake list holds one token at most: taken once, it is gone.
-        assert any([fq.wait_for_work(shard=shard, timeout_s=0) for shard in range(settings.DUCTOR_QUEUE_SHARDS)])
-        assert not any(fq.wait_for_work(shard=shard, timeout_s=0) for shard in range(settings.DUCTOR_QUEUE_SHARDS))
+        assert any([fq.wait_for_work(shards=[shard], timeout_s=0) for shard in range(settings.DUCTOR_QUEUE_SHARDS)])
+        assert not any(fq.wait_for_work(shards=[shard], timeout_s=0) for shard in range(settings.DUCTOR_QUEUE_SHARDS))
         stats = [fq.global_stats(shard) for shard in range(settings.DUCTOR_QUEUE_SHARDS)]
         assert sum(s.in_flight for s in stats) == 0
         assert sum(len(fq.work_shares(shard)) for shard in range(settings.DUCTOR_QUEUE_SHARDS)) == len(tenants)

@@ -22,7 +22,7 @@ import structlog
 from django.conf import settings
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
-from ductor_project.core import heartbeats, metrics, tracing
+from ductor_project.core import heartbeats, metrics, scripts, tracing
 from scheduling import fair_queue
 from scheduling.dispatch import credits, task_events
 from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
@@ -58,6 +58,7 @@ class Dispatcher:
         self.plan = ShardPlan(shards)
         self._held: dict[str, list[str]] = {queue: [] for queue in QUEUES}
         self._starved = False
+        self._drained = False
         self.dispatched = 0
 
     @property
@@ -73,19 +74,23 @@ class Dispatcher:
         self._held = credits.reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
         no_system_credit = not self._held[SYSTEM_QUEUE]
         dispatched = 0
+        drained = True  # every dequeue came back short of its credits: nothing more is due now
         for shard in self.shards:
             # The credits left after the shards before: a queue whose credits they used up waits.
             groups = [(queue, tiers) for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS))
                       if self._held[queue]]
             if not groups:
                 break
-            batches = fair_queue.dequeue_batches(
-                shard=shard, lease_ms=settings.DUCTOR_LEASE_MS,
-                batches=[(tiers, len(self._held[queue])) for queue, tiers in groups])
-            for (queue, _), items in zip(groups, batches, strict=True):
+            wanted = [(tiers, len(self._held[queue])) for queue, tiers in groups]
+            batches = fair_queue.dequeue_batches(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, batches=wanted)
+            for (queue, _), (_, limit), items in zip(groups, wanted, batches, strict=True):
+                drained = drained and len(items) < limit
                 dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.
         self._starved = no_system_credit or not self._held[WORK_QUEUE]
+        # Drained: the next round would find nothing, so the dispatcher sleeps at once; what was
+        # enqueued since its dequeue left a wake-up signal, which ends that sleep at once.
+        self._drained = drained
         self.dispatched += dispatched
         return dispatched
 
@@ -128,28 +133,37 @@ class Dispatcher:
             )
         log_dispatch(item)
 
-    def give_back(self) -> None:
-        """Free the credits this dispatcher holds (before it sleeps or stops)."""
+    def give_back(self, batch: scripts.Batch | None = None) -> None:
+        """Free the credits this dispatcher holds (before it sleeps or stops); with ``batch``,
+        only queued on it."""
         for queue, unused in self._held.items():
             if unused:
-                credits.free_credits(queue, unused, signal=False)
+                credits.free_credits(queue, unused, signal=False, batch=batch)
         self._held = {queue: [] for queue in QUEUES}
 
     def _idle(self) -> None:
         """Give back the credits it holds, then sleep until something may be dispatchable: a freed
-        credit (when it ran out of credits), new work, or a due timer."""
-        self.give_back()
+        credit (when it ran out of credits), new work on one of its shards, or a due timer. The
+        credits and its shards' next due times go in one round trip (one per node of a cluster)."""
+        shards = [] if self._starved else self.shards
+        batch = scripts.Batch()
+        self.give_back(batch)
+        for shard in shards:
+            fair_queue.queue_next_due(batch, shard)
+        replies = batch.execute() if len(batch) else []
+        for reply in replies[:len(replies) - len(shards)]:
+            if isinstance(reply, Exception):
+                raise reply
         if self._starved:
             # Not on the work signal too: every ack pushes it, so a saturated dispatcher would spin.
             credits.wait_for_credit(timeout_s=CREDIT_WAIT_S)
             return
         wait_s = IDLE_WAIT_S
-        shards = self.shards
-        for shard in shards:
-            due = fair_queue.next_due_ms(shard=shard)
+        for reply in replies[len(replies) - len(shards):]:
+            due = fair_queue.due_ms_of(reply)
             if due is not None:
                 wait_s = min(wait_s, due / 1000)
-        fair_queue.wait_for_work(shard=shards[0] if shards else 0, timeout_s=credits.blocking_wait_s(wait_s))
+        fair_queue.wait_for_work(shards=shards or [0], timeout_s=credits.blocking_wait_s(wait_s))
 
     def run_forever(self, stop: threading.Event) -> None:
         """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried; the
@@ -161,7 +175,7 @@ class Dispatcher:
                     started = time.perf_counter()
                     dispatched = self.run_once()
                     metrics.LOOP_PASS.labels(heartbeats.DISPATCHER).observe(time.perf_counter() - started)
-                    if not dispatched or self._starved:
+                    if not dispatched or self._starved or self._drained:
                         self._idle()
                     beater.passed()
                 except Exception:

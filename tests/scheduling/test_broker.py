@@ -175,6 +175,42 @@ def test_a_dispatcher_out_of_work_credits_sleeps_holding_none_so_two_never_split
 
 
 @pytest.mark.django_db
+def test_a_dispatcher_that_took_every_due_item_sleeps_at_once_on_all_its_shards_without_an_empty_round(
+    make_tenant, redis_client, monkeypatch
+):
+    """A round that came back short of its credits took all that was due, so the dispatcher goes to
+    sleep at once (what is enqueued after its dequeue leaves a signal that ends the sleep), instead
+    of a round more that finds nothing: a credit reservation and a dequeue fewer per item of a
+    light load. It sleeps on the signals of every shard it serves."""
+    tenant, _ = make_tenant("light")
+    broker.register_worker("fake@host", [WORK_QUEUE, SYSTEM_QUEUE], 4)
+    enqueue(tenant, 2, kind="test.noop", partitions=2)
+    dispatcher = Dispatcher()
+    dequeues: list[int] = []
+    sleeps: list[list[int]] = []
+    stop = threading.Event()
+    real_dequeue = fq.dequeue_batches
+
+    def dequeue_batches(**call: Any) -> list[list[fq.Dequeued]]:
+        dequeues.append(call["shard"])
+        return real_dequeue(**call)
+
+    def wait_for_work(*, shards: list[int], timeout_s: float) -> bool:
+        sleeps.append(list(shards))
+        stop.set()  # its first sleep ends the test's run
+        return False
+
+    monkeypatch.setattr(fq, "dequeue_batches", dequeue_batches)
+    monkeypatch.setattr(fq, "wait_for_work", wait_for_work)
+    dispatcher.run_forever(stop)
+    assert dispatcher.dispatched == 2
+    assert sorted(dequeues) == sorted(dispatcher.shards)  # one round: each shard dequeued once
+    assert sleeps == [dispatcher.shards]
+    assert broker.busy(WORK_QUEUE) == 2  # the two messages published; the unused credits given back
+    assert broker.busy(SYSTEM_QUEUE) == 0
+
+
+@pytest.mark.django_db
 def test_a_reserved_credit_lives_seconds_until_its_message_is_sent_then_as_long_as_a_message_may_wait(
     redis_client
 ):

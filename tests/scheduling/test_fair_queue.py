@@ -3,12 +3,14 @@ capacity-aware dispatch, leases and tenant isolation."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from ductor_project.core import capacity
 from ductor_project.core.context import TenantScopeError, tenant_context
@@ -192,6 +194,38 @@ def test_a_future_item_waits_on_a_timer_and_next_due_says_when(tenant_with, redi
     started = time.monotonic()
     assert fq.wait_for_work(timeout_s=0.0004) is False
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.django_db(transaction=True)  # the enqueueing thread reads the tenant's rows
+def test_a_dispatcher_of_several_shards_is_woken_by_new_work_on_any_of_them(
+    tenant_with, tenants_on_shard, settings, redis_client
+):
+    """One Redis waits on every shard's signal at once; a Redis Cluster (the cluster run), whose
+    commands keep to one slot, takes the other shards' signals between short waits on the first."""
+    settings.DUCTOR_QUEUE_SHARDS = max(settings.DUCTOR_QUEUE_SHARDS, 3)
+    last = settings.DUCTOR_QUEUE_SHARDS - 1
+    for shard in range(last + 1):
+        fq.wait_for_work(shards=[shard], timeout_s=0)  # no signal left from before
+    tenants_on_shard(last)
+    tenant = tenant_with("far")
+    assert shard_of(str(tenant.pk)) == last
+
+    def enqueue_soon() -> None:
+        time.sleep(0.1)
+        try:
+            with tenant_context(tenant):
+                fq.enqueue("a", tier="standard", partition="p")
+        finally:
+            connection.close()
+
+    waker = threading.Thread(target=enqueue_soon)
+    waker.start()
+    try:
+        # Woken by the enqueue, not by the end of the wait (a signal of shard 0 alone would never come).
+        assert fq.wait_for_work(shards=[0, last], timeout_s=fq.MAX_WAIT_S) is True
+    finally:
+        waker.join()
+    assert fq.wait_for_work(shards=[0, last], timeout_s=0) is False  # one signal, taken
 
 
 def test_one_item_in_flight_per_partition_and_partition_items_go_out_in_due_order(
