@@ -13,13 +13,14 @@ from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
+from tenants.scoping import insert_rows
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, enqueue_ticks
 from workflows.engine.journal import add_state, journal
-from workflows.engine.statements import lock_run
+from workflows.engine.statements import lock_run, version_to_start
 from workflows.engine.tick import advance_locked
 from workflows.models import (
     RunEvent,
@@ -142,10 +143,7 @@ def run_start(
     if tier not in limits.allowed_tiers:
         raise ApiError(f"Invalid field(s): tier. Plan '{limits.plan}' allows {', '.join(limits.allowed_tiers)}.",
                        code=ErrorCode.INVALID, details={"tier": [f"Not allowed by plan '{limits.plan}'."]})
-    versions = WorkflowVersion.objects.filter(definition__name=workflow)
-    if version is not None:
-        versions = versions.filter(number=version)
-    found = versions.select_related("definition").order_by("-number").first()
+    found = version_to_start(workflow, version)
     if found is None:
         raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
     return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
@@ -164,7 +162,7 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
                               fairness_key=fairness_key or "")
             run.root_run_id = run.id
             span.set_attribute("run_id", str(run.id))
-            run.save()  # its row is this transaction's until it commits: the tick's lock
+            insert_rows([run])  # its row is this transaction's until it commits: the tick's lock
             if rerun_of is None:
                 record_event(run, "created", version=found.number)
             else:

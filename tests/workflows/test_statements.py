@@ -18,7 +18,7 @@ from tenants.models import Tenant
 from tenants.scoping import insert_rows
 from workflows import services
 from workflows.engine import statements
-from workflows.engine.attempts import outcome_fields
+from workflows.engine.attempts import outcome_fields, spec_of
 from workflows.engine.events import record_event
 from workflows.engine.journal import journal
 from workflows.models import RunEvent, StepRun, WorkflowRun
@@ -79,6 +79,10 @@ def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
         assert statements.lock_and_finish(run.pk, step.pk, outcome_fields("succeeded"), None) == (None, None, [])
         assert statements.attempts_of(run.pk) == []
         assert statements.start_tasks([str(step.pk)]) == {}
+        assert statements.version_to_start("one") is None  # b's workflow of that name
+        services.workflow_put(name="one", spec=ONE)
+        mine = statements.version_to_start("one")
+        assert mine is not None and mine.pk != run.workflow_id and mine.tenant_id == a.pk
     assert WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get() == before_run
     assert stored(step) == before_step
 
@@ -87,9 +91,29 @@ def test_the_statements_refuse_to_run_without_a_tenant(two: Any) -> None:
     _, _, run, step = two
     for call in (lambda: statements.lock_run(run.pk), lambda: statements.start_attempt(step.pk, None),
                  lambda: statements.lock_and_finish(run.pk, step.pk, outcome_fields("succeeded"), None),
-                 lambda: statements.attempts_of(run.pk), lambda: statements.start_tasks([str(step.pk)])):
+                 lambda: statements.attempts_of(run.pk), lambda: statements.start_tasks([str(step.pk)]),
+                 lambda: statements.version_to_start("one")):
         with pytest.raises(TenantScopeError):
             call()
+
+
+def test_a_run_starts_on_the_latest_version_or_the_one_asked_for_its_spec_read_once_per_process(
+        two: Any, django_assert_num_queries: Any) -> None:
+    _, b, run, _ = two
+    later = {"nodes": [{"id": "z", "type": "action", "action": "echo", "input": {"n": 2}}]}
+    with tenant_context(b):
+        services.workflow_put(name="one", spec=later)
+        latest, first = statements.version_to_start("one"), statements.version_to_start("one", 1)
+        assert statements.version_to_start("one", 3) is None
+        assert statements.version_to_start("other") is None
+        assert latest is not None and first is not None
+        assert (latest.number, latest.definition.name, first.number, first.pk) == (2, "one", 1, run.workflow_id)
+        assert "spec" in latest.get_deferred_fields()
+        started, _ = services.run_start(workflow="one")
+        with django_assert_num_queries(0):  # the spec the start read, kept: the tick reads it again
+            assert spec_of(started)["nodes"][0]["id"] == "z"
+        assert StepRun.objects.get(run=started).node_id == "z"
+        assert services.run_start(workflow="one", version=1)[0].workflow_id == run.workflow_id
 
 
 def test_task_attempts_start_once_and_a_redelivered_one_keeps_its_start(two: Any) -> None:

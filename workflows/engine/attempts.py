@@ -73,7 +73,7 @@ _specs_lock = threading.Lock()
 
 def spec_of(run: WorkflowRun) -> dict[str, Any]:
     """The normalized spec of the run's workflow version (``version_spec``)."""
-    if "workflow" in run._state.fields_cache:
+    if "workflow" in run._state.fields_cache and "spec" in run.workflow.__dict__:  # loaded, not deferred
         return version_spec(run.workflow_id, known=run.workflow.spec)
     return version_spec(run.workflow_id)
 

@@ -16,6 +16,7 @@ scoped managers do) and row-level security holds them to it as it holds every qu
   out), and the run's attempts.
 - ``save_state``: what a tick changed of the run's state (status, times, output, error).
 - ``start_tasks``: the dispatcher's start of a group of task attempts before it publishes them.
+- ``version_to_start``: the workflow version a run starts on, with its definition (a run's start).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from django.utils import timezone
 from ductor_project.core.context import current_tenant
 from ductor_project.core.database.pipeline import pipelined
 from tenants.scoping import instances_of, row_columns
-from workflows.models import StepRun, WorkflowRun
+from workflows.models import StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 STATE = ("status", "started_at", "finished_at", "output", "error")
 RUNS, STEPS = WorkflowRun._meta.db_table, StepRun._meta.db_table
+VERSIONS, DEFINITIONS = WorkflowVersion._meta.db_table, WorkflowDefinition._meta.db_table
+SPEC = ("spec",)
 # The statuses of a step that a worker may (still) run, and of a run that ended.
 ON_WORKER = [StepRun.Status.QUEUED.value, StepRun.Status.RUNNING.value]
 ENDED = [str(status) for status in WorkflowRun.TERMINAL]
@@ -191,3 +194,21 @@ def save_state(run: WorkflowRun) -> None:
     with connection.cursor() as cursor:
         cursor.execute(*_state(run))
 
+
+
+def version_to_start(workflow: str, number: int | None = None) -> WorkflowVersion | None:
+    """The tenant's version ``number`` of the workflow named ``workflow`` (its latest when None),
+    with its definition; its spec is left unread (``attempts.version_spec`` reads it once per
+    process: versions never change). None when there is none. One statement."""
+    tenant = current_tenant().pk
+    only, params = ("AND v.number = %s ", [number]) if number is not None else ("", [])
+    rows = _one((f"SELECT {row_columns(WorkflowVersion, 'v', defer=SPEC)}, {row_columns(WorkflowDefinition, 'd')} "  # noqa: S608
+                 f"FROM {VERSIONS} v JOIN {DEFINITIONS} d ON d.id = v.definition_id "
+                 f"WHERE d.tenant_id = %s AND v.tenant_id = %s AND d.name = %s {only}"
+                 "ORDER BY v.number DESC LIMIT 1", [tenant, tenant, workflow, *params]))
+    if not rows:
+        return None
+    split = len(WorkflowVersion._meta.concrete_fields) - len(SPEC)
+    version: WorkflowVersion = instances_of(WorkflowVersion, [rows[0][:split]], defer=SPEC)[0]
+    version.definition = instances_of(WorkflowDefinition, [rows[0][split:]])[0]
+    return version
