@@ -145,7 +145,8 @@ class StepRun(TenantScopedModel):
     TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.SKIPPED, Status.CANCELLED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: ``steprun_unique_attempt`` leads with it (one index less to write per attempt).
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     node_id = models.CharField(max_length=63)
     node_type = models.CharField(max_length=24)
     attempt = models.PositiveIntegerField(default=1)
@@ -175,7 +176,8 @@ class StepRun(TenantScopedModel):
 class RunEvent(TenantScopedModel):
     """The ordered, append-only history of a run."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: ``runevent_unique_seq`` leads with it (one index less to write per event).
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=40)
     node_id = models.CharField(max_length=63, blank=True, default="")

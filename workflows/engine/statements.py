@@ -195,7 +195,6 @@ def save_state(run: WorkflowRun) -> None:
         cursor.execute(*_state(run))
 
 
-
 def version_to_start(workflow: str, number: int | None = None) -> WorkflowVersion | None:
     """The tenant's version ``number`` of the workflow named ``workflow`` (its latest when None),
     with its definition; its spec is left unread (``attempts.version_spec`` reads it once per
