@@ -12,9 +12,9 @@ runs left unfinished there: ``flush_state``), with one
    step's ``started_at`` (set by the worker right before the action is called) minus
    the moment the request was sent; p50 and p99. The p50 of each hop is reported
    too, from the rows' own timestamps: request → run row written (``api``), run
-   row → its first tick started (``to_tick``: the commit; the first tick runs in the
-   web process right after it), tick → step row (``tick``), step row → step started
-   (``step_hop``: enqueue, dispatcher, Celery, worker, routing and admission).
+   row → its first step's row (``tick``: the run's first tick, in the transaction that
+   starts it), step row → step started (``step_hop``: the commit, enqueue, dispatcher,
+   Celery, worker, routing and admission).
 2. **Runs per second**: ``RUNS_1NODE`` one-node runs and ``RUNS_10NODE`` runs of a
    10-node chain (noop), started through ``workflows.services.run_start`` with a fixed
    number unfinished at a time (a new run starts as soon as one ends); runs completed
@@ -97,10 +97,10 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
     import httpx
 
     from ductor_project.core.context import tenant_context
-    from workflows.models import RunEvent, StepRun, WorkflowRun
+    from workflows.models import StepRun, WorkflowRun
 
     totals: list[float] = []
-    hops: dict[str, list[float]] = {"api": [], "to_tick": [], "tick": [], "step_hop": []}
+    hops: dict[str, list[float]] = {"api": [], "tick": [], "step_hop": []}
     with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10) as client:
         for n in range(LATENCY_WARMUP + LATENCY_RUNS):
             time.sleep(LATENCY_GAP_S)  # idle: the dispatcher and the worker are waiting
@@ -115,13 +115,11 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
                            every=POLL_S)
                 step = StepRun.objects.get(run_id=run_id)
                 run = WorkflowRun.objects.get(pk=run_id)
-                ticked = RunEvent.objects.get(run_id=run_id, type="started").created_at
             if n < LATENCY_WARMUP:
                 continue
             totals.append(ms(step.started_at, sent))
             hops["api"].append(ms(run.created_at, sent))
-            hops["to_tick"].append(ms(ticked, run.created_at))
-            hops["tick"].append(ms(step.created_at, ticked))
+            hops["tick"].append(ms(step.created_at, run.created_at))
             hops["step_hop"].append(ms(step.started_at, step.created_at))
     ordered = sorted(totals)
     return {

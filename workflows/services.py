@@ -6,6 +6,7 @@ from typing import Any
 
 import structlog
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant
@@ -157,9 +158,11 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
     try:
         with tracing.span("ductor.run.start", workflow=workflow) as span, transaction.atomic(), journal():
             quota_consume(runs=1)
+            # Written as started (what its first tick would make it first): one UPDATE of every index less.
             run = WorkflowRun(workflow=found, workflow_name=workflow, input=input or {},
                               idempotency_key=idempotency_key or None, tier=tier, tags=tags or [], rerun_of=rerun_of,
-                              fairness_key=fairness_key or "")
+                              fairness_key=fairness_key or "", status=WorkflowRun.Status.RUNNING,
+                              started_at=timezone.now())
             run.root_run_id = run.id
             span.set_attribute("run_id", str(run.id))
             insert_rows([run])  # its row is this transaction's until it commits: the tick's lock
@@ -167,6 +170,7 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
                 record_event(run, "created", version=found.number)
             else:
                 record_event(run, "created", version=found.number, rerun_of=str(rerun_of.pk))
+            record_event(run, "started")
             advance_locked(run, latest={})  # a new run: no attempts yet
     except IntegrityError:
         # Another request with the same idempotency key won the race.
