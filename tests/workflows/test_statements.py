@@ -82,7 +82,8 @@ def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
         assert statements.version_to_start("one") is None  # b's workflow of that name
         services.workflow_put(name="one", spec=ONE)
         mine = statements.version_to_start("one")
-        assert mine is not None and mine.pk != run.workflow_id and mine.tenant_id == a.pk
+        assert mine is not None
+        assert (mine.pk != run.workflow_id, mine.tenant_id) == (True, a.pk)
     assert WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get() == before_run
     assert stored(step) == before_step
 
@@ -106,7 +107,8 @@ def test_a_run_starts_on_the_latest_version_or_the_one_asked_for_its_spec_read_o
         latest, first = statements.version_to_start("one"), statements.version_to_start("one", 1)
         assert statements.version_to_start("one", 3) is None
         assert statements.version_to_start("other") is None
-        assert latest is not None and first is not None
+        assert latest is not None
+        assert first is not None
         assert (latest.number, latest.definition.name, first.number, first.pk) == (2, "one", 1, run.workflow_id)
         assert "spec" in latest.get_deferred_fields()
         started, _ = services.run_start(workflow="one")
