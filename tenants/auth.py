@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
+from ductor_project.core.context import across_tenants
 from ductor_project.core.errors import AuthError, ErrorCode
 from tenants.models import ApiKey, PlatformKey, Tenant, hash_secret
+from tenants.scoping import instances_of, row_columns
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -73,8 +76,7 @@ def authenticate_key(raw: str) -> tuple[KeyPrincipal, ApiKey | PlatformKey]:
         _touch(PlatformKey, platform_key.pk, platform_key.last_used_at)
         return KeyPrincipal(tenant=None, key_name=platform_key.name, is_platform=True), platform_key
 
-    # The key names its tenant; nothing is in context yet, hence all_tenants.
-    key = ApiKey.all_tenants.select_related("tenant").filter(prefix=prefix).first()
+    key = _tenant_key(prefix)
     if key is None or not _check_hash(key.secret_hash, raw) or key.tenant.is_system:
         raise AuthError("Invalid API key.")
     state = key.state_at()
@@ -84,6 +86,23 @@ def authenticate_key(raw: str) -> tuple[KeyPrincipal, ApiKey | PlatformKey]:
         raise AuthError("API key has expired.", code=ErrorCode.API_KEY_EXPIRED)
     _touch(ApiKey, key.pk, key.last_used_at)
     return KeyPrincipal(tenant=key.tenant, key_name=key.name), key
+
+
+def _tenant_key(prefix: str) -> ApiKey | None:
+    """The tenant key of ``prefix`` with its tenant, or None. The key names its tenant: nothing is
+    in context yet, hence across tenants. One written statement: every API request makes it, and
+    the queryset (``select_related``) cost three times its CPU."""
+    with across_tenants("ApiKey lookup"), connection.cursor() as cursor:
+        cursor.execute(f"SELECT {row_columns(ApiKey, 'k')}, {row_columns(Tenant, 't')} "  # noqa: S608 - no value in the text
+                       f"FROM {ApiKey._meta.db_table} k JOIN {Tenant._meta.db_table} t ON t.id = k.tenant_id "
+                       "WHERE k.prefix = %s LIMIT 1", [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(ApiKey._meta.concrete_fields)
+    key: ApiKey = instances_of(ApiKey, [row[:split]])[0]
+    key.tenant = instances_of(Tenant, [row[split:]])[0]
+    return key
 
 
 class ApiKeyAuthentication(BaseAuthentication):
