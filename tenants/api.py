@@ -113,8 +113,9 @@ class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
     """A model serializer that refuses undeclared fields. One whose every field is read-only (a
     response's) builds its fields from the model once per class and copies them for each
     instance, as DRF copies declared fields: building them is most of a response's CPU. A
-    serializer with a writable field builds them each time (a related field's queryset is made
-    in the request's tenant context, and must not outlive it)."""
+    serializer with a writable field builds them each time, as DRF does, so that what judges
+    its input (a related field's queryset, its validators) is never one made for another
+    request."""
 
     _read_only_fields: dict[type, dict[str, serializers.Field]] = {}
 
