@@ -158,12 +158,17 @@ class Dispatcher:
             # Not on the work signal too: every ack pushes it, so a saturated dispatcher would spin.
             credits.wait_for_credit(timeout_s=CREDIT_WAIT_S)
             return
+        if not shards:
+            # It serves no shard now (more dispatchers than shards): the wake signals are the
+            # others', and one taken here would leave a shard's own dispatcher asleep.
+            time.sleep(IDLE_WAIT_S)
+            return
         wait_s = IDLE_WAIT_S
         for reply in replies[len(replies) - len(shards):]:
             due = fair_queue.due_ms_of(reply)
             if due is not None:
                 wait_s = min(wait_s, due / 1000)
-        fair_queue.wait_for_work(shards=shards or [0], timeout_s=credits.blocking_wait_s(wait_s))
+        fair_queue.wait_for_work(shards=shards, timeout_s=credits.blocking_wait_s(wait_s))
 
     def run_forever(self, stop: threading.Event) -> None:
         """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried; the

@@ -211,6 +211,21 @@ def test_a_dispatcher_that_took_every_due_item_sleeps_at_once_on_all_its_shards_
 
 
 @pytest.mark.django_db
+def test_a_dispatcher_that_serves_no_shard_leaves_the_wake_signals_to_the_dispatchers_that_do(
+    make_tenant, redis_client
+):
+    """With more dispatchers than shards, one may serve none for a while; it slept on shard 0's
+    signal, and a signal it took left shard 0's own dispatcher asleep with work due."""
+    tenant, _ = make_tenant("idle")
+    broker.register_worker("fake@host", [WORK_QUEUE, SYSTEM_QUEUE], 2)
+    enqueue(tenant, 1, kind="test.noop")  # signals the tenant's shard (0)
+    spare = Dispatcher(shards=[])
+    assert spare.run_once() == 0
+    spare._idle()
+    assert fq.wait_for_work(shards=[0], timeout_s=0) is True  # the signal is still there for shard 0's
+
+
+@pytest.mark.django_db
 def test_a_reserved_credit_lives_seconds_until_its_message_is_sent_then_as_long_as_a_message_may_wait(
     redis_client
 ):
