@@ -149,6 +149,18 @@ def test_a_running_attempt_finishes_once_and_one_that_moved_on_is_left_alone(two
     assert attempt.stored_tenant_id() == b.pk
 
 
+def test_a_tick_reads_each_nodes_latest_attempt_only_however_often_it_was_retried(two: Any) -> None:
+    _, b, run, step = two
+    with tenant_context(b):
+        insert_rows([StepRun(run=run, node_id="a", node_type="action", status="failed", attempt=n) for n in (2, 3)]
+                    + [StepRun(run=run, node_id="b", node_type="action", status="queued", attempt=1)])
+        insert_rows([StepRun(run=run, node_id="a", node_type="action", status="queued", attempt=4)])
+        latest = statements.attempts_of(run.pk)
+        _, _, finished_with = statements.lock_and_finish(run.pk, step.pk, outcome_fields("failed"), None)
+    assert [(s.node_id, s.attempt, s.status) for s in latest] == [("a", 4, "queued"), ("b", 1, "queued")]
+    assert [(s.node_id, s.attempt) for s in finished_with] == [("a", 4), ("b", 1)]
+
+
 def test_a_locked_run_is_touched_and_read_as_a_query_would_read_it(two: Any) -> None:
     _, b, run, _ = two
     with tenant_context(b), transaction.atomic():

@@ -10,7 +10,7 @@ scoped managers do) and row-level security holds them to it as it holds every qu
   ``lock_version``) and reads it.
 - ``start_attempt``: a queued attempt whose run is still going becomes running, and is read
   with its run's version.
-- ``attempts_of``: every attempt of a run.
+- ``attempts_of``: the latest attempt of each node of a run.
 - ``lock_and_finish``: what an outcome needs, sent together (``pipelined``): its run locked,
   the running attempt ended with it (nothing happens to one that moved on: cancelled, timed
   out), and the run's attempts.
@@ -91,8 +91,10 @@ def _finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: di
 
 
 def _attempts_of(run_id: Any) -> Statement:
-    return (f"SELECT {row_columns(StepRun, defer=TRACE)} FROM {STEPS} "  # noqa: S608
-            "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt",
+    # The latest attempt of each node only: what a tick reads (``attempts.latest_of``), however
+    # many times its nodes were retried (``steprun_unique_attempt`` serves the order).
+    return (f"SELECT DISTINCT ON (node_id) {row_columns(StepRun, defer=TRACE)} FROM {STEPS} "  # noqa: S608
+            "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt DESC",
             [current_tenant().pk, run_id])
 
 
@@ -156,7 +158,7 @@ def start_attempt(step_id: Any, added: dict[str, Any] | None) -> Started | None:
 
 
 def attempts_of(run_id: Any) -> list[StepRun]:
-    """Every attempt of the run ``run_id``, by node and attempt number; their routing traces,
+    """The latest attempt of each node of the run ``run_id``, by node; their routing traces,
     which a tick does not read, only if asked for."""
     return instances_of(StepRun, _one(_attempts_of(run_id)), defer=TRACE)
 
