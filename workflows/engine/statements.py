@@ -92,7 +92,8 @@ def _finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: di
 
 def _attempts_of(run_id: Any) -> Statement:
     # The latest attempt of each node only: what a tick reads (``attempts.latest_of``), however
-    # many times its nodes were retried (``steprun_unique_attempt`` serves the order).
+    # many times its nodes were retried (``steprun_unique_attempt`` finds the run's attempts;
+    # they are few, and sorted in memory).
     return (f"SELECT DISTINCT ON (node_id) {row_columns(StepRun, defer=TRACE)} FROM {STEPS} "  # noqa: S608
             "WHERE tenant_id = %s AND run_id = %s ORDER BY node_id, attempt DESC",
             [current_tenant().pk, run_id])
