@@ -263,10 +263,7 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
             errors[f"{field}.fairness_key"] = [FAIRNESS_KEY_RULE]
         wanted = (item["workflow"], item.get("version"))
         if wanted not in versions:
-            found = WorkflowVersion.objects.filter(definition__name=wanted[0])
-            if wanted[1] is not None:
-                found = found.filter(number=wanted[1])
-            versions[wanted] = found.select_related("definition").order_by("-number").first()
+            versions[wanted] = version_to_start(*wanted)
         if versions[wanted] is None:
             errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}'" + (f" version {wanted[1]}" if wanted[1] else "")
                                            + " not found."]

@@ -39,8 +39,9 @@ from workflows.engine.attempts import Outcome, abort_active, new_step, payload_r
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state
+from workflows.engine.statements import version_to_start
 from workflows.engine.waits import WAIT, start_wait
-from workflows.models import StepRun, WorkflowRun, WorkflowVersion
+from workflows.models import StepRun, WorkflowRun
 
 SStatus = StepRun.Status
 # The node types whose attempts are routed and go through the fair queue as step items.
@@ -158,13 +159,6 @@ def _start_sleep(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepR
     return step
 
 
-def _child_version(node: dict[str, Any]) -> WorkflowVersion | None:
-    versions = WorkflowVersion.objects.filter(definition__name=node.get("workflow"))
-    if node.get("version"):
-        versions = versions.filter(number=node["version"])
-    return versions.select_related("definition").order_by("-number").first()
-
-
 def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
     node_id, name = node["id"], node.get("workflow")
     rendered, refusal = _rendered_input(node, context)
@@ -177,7 +171,7 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
         refuse(run, step, StepErrorCode.NESTING_TOO_DEEP, f"sub-workflow '{name}' would be nested {depth} levels "
                f"deep; plan '{limits.plan}' allows {limits.max_nesting_depth}")
         return step
-    version = _child_version(node)
+    version = version_to_start(str(name or ""), node.get("version") or None)
     if version is None:
         refuse(run, step, StepErrorCode.UNKNOWN_WORKFLOW,
                f"workflow '{name}' (version {node.get('version') or 'latest'}) does not exist")
