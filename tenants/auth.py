@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from ductor_project.core.context import across_tenants
 from ductor_project.core.errors import AuthError, ErrorCode
 from tenants.models import ApiKey, PlatformKey, Tenant, hash_secret
-from tenants.scoping import instances_of, row_columns
+from tenants.scoping import instance_with, row_columns
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -97,12 +97,7 @@ def _tenant_key(prefix: str) -> ApiKey | None:
                        f"FROM {ApiKey._meta.db_table} k JOIN {Tenant._meta.db_table} t ON t.id = k.tenant_id "
                        "WHERE k.prefix = %s LIMIT 1", [prefix])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    split = len(ApiKey._meta.concrete_fields)
-    key: ApiKey = instances_of(ApiKey, [row[:split]])[0]
-    key.tenant = instances_of(Tenant, [row[split:]])[0]
-    return key
+    return instance_with(ApiKey, "tenant", row) if row is not None else None
 
 
 class ApiKeyAuthentication(BaseAuthentication):

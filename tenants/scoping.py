@@ -245,6 +245,20 @@ def instances_of(model: type[models.Model], rows: Iterable[Sequence[Any]], *, us
     return found
 
 
+def instance_with(model: type[models.Model], related: str, row: Sequence[Any], *, using: str = "default",
+                  defer: tuple[str, ...] = ()) -> Any:
+    """The ``model`` instance of ``row``, read with ``row_columns(model, defer=defer)`` then the
+    columns of the model its foreign key ``related`` points to, with that row set on it as
+    ``select_related`` would set it."""
+    split = len(_fields(model, defer))
+    found = instances_of(model, [row[:split]], using=using, defer=defer)[0]
+    target = model._meta.get_field(related).related_model
+    if not isinstance(target, type):
+        raise TypeError(f"{model.__name__}.{related} is not a foreign key")
+    setattr(found, related, instances_of(target, [row[split:]], using=using)[0])
+    return found
+
+
 class TenantScopedManager(models.Manager[Any]):
     """Filters by the tenant in context; raises ``TenantScopeError`` without one."""
 

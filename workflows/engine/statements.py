@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
 from ductor_project.core.database.pipeline import pipelined
-from tenants.scoping import instances_of, row_columns
+from tenants.scoping import instance_with, instances_of, row_columns
 from workflows.models import StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 STATE = ("status", "started_at", "finished_at", "output", "error")
@@ -208,9 +208,4 @@ def version_to_start(workflow: str, number: int | None = None) -> WorkflowVersio
                  f"FROM {VERSIONS} v JOIN {DEFINITIONS} d ON d.id = v.definition_id "
                  f"WHERE d.tenant_id = %s AND v.tenant_id = %s AND d.name = %s {only}"
                  "ORDER BY v.number DESC LIMIT 1", [tenant, tenant, workflow, *params]))
-    if not rows:
-        return None
-    split = len(WorkflowVersion._meta.concrete_fields) - len(SPEC)
-    version: WorkflowVersion = instances_of(WorkflowVersion, [rows[0][:split]], defer=SPEC)[0]
-    version.definition = instances_of(WorkflowDefinition, [rows[0][split:]])[0]
-    return version
+    return instance_with(WorkflowVersion, "definition", rows[0], defer=SPEC) if rows else None
