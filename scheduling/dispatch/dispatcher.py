@@ -148,10 +148,11 @@ class Dispatcher:
         shards = [] if self._starved else self.shards
         batch = scripts.Batch()
         self.give_back(batch)
+        given = len(batch)
         for shard in shards:
             fair_queue.queue_next_due(batch, shard)
         replies = batch.execute() if len(batch) else []
-        for reply in replies[:len(replies) - len(shards)]:
+        for reply in replies[:given]:
             if isinstance(reply, Exception):
                 raise reply
         if self._starved:
@@ -164,7 +165,7 @@ class Dispatcher:
             time.sleep(IDLE_WAIT_S)
             return
         wait_s = IDLE_WAIT_S
-        for reply in replies[len(replies) - len(shards):]:
+        for reply in replies[given:]:
             due = fair_queue.due_ms_of(reply)
             if due is not None:
                 wait_s = min(wait_s, due / 1000)

@@ -211,6 +211,8 @@ def test_a_dispatcher_of_several_shards_is_woken_by_new_work_on_any_of_them(
     assert shard_of(str(tenant.pk)) == last
 
     def enqueue_soon() -> None:
+        # Most often after the wait below began, so that the test sees a blocked waiter woken (a
+        # signal already there is taken at once; the loop below holds either way, never a timing).
         time.sleep(0.1)
         try:
             with tenant_context(tenant):
