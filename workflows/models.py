@@ -8,7 +8,7 @@ from typing import Any
 from django.db import models
 
 from scheduling.models import MAX_FAIRNESS_KEY
-from tenants.scoping import TenantScopedModel
+from tenants.scoping import TenantScopedModel, tenant_field
 
 
 class WorkflowDefinition(TenantScopedModel):
@@ -145,6 +145,7 @@ class StepRun(TenantScopedModel):
     TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.SKIPPED, Status.CANCELLED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = tenant_field(db_index=False)  # an attempt is found by its id or its run
     # No index of its own: ``steprun_unique_attempt`` leads with it (one index less to write per attempt).
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     node_id = models.CharField(max_length=63)
@@ -176,6 +177,7 @@ class StepRun(TenantScopedModel):
 class RunEvent(TenantScopedModel):
     """The ordered, append-only history of a run."""
 
+    tenant = tenant_field(db_index=False)  # an event is found by its run
     # No index of its own: ``runevent_unique_seq`` leads with it (one index less to write per event).
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()

@@ -9,6 +9,7 @@ same plans on a million runs."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,7 +22,10 @@ from django.utils import timezone
 from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from workflows import retention, selectors
+from workflows.engine import statements
+from workflows.engine.journal import Event, events_insert
 from workflows.models import WorkflowRun
+from workflows.services import run_start, workflow_put
 
 pytestmark = pytest.mark.django_db
 
@@ -37,6 +41,16 @@ def no_sequential_scans() -> Iterator[None]:
 
 def plan(queryset: Any) -> str:
     return str(queryset.explain())
+
+
+def indexes_in(plan: str) -> set[str]:
+    return set(re.findall(r"(?:Index Scan|Index Only Scan|Bitmap Index Scan)(?: Backward)?(?: using| on) (\w+)", plan))
+
+
+def plan_of(statement: tuple[str, list[Any]]) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {statement[0]}", statement[1])
+        return "\n".join(row[0] for row in cursor.fetchall())
 
 
 def test_the_run_list_reads_the_tenant_s_newest_runs_from_an_index_without_sorting(
@@ -63,3 +77,25 @@ def test_retention_walks_the_roots_index_from_its_cursor(tenant_a: tuple[Tenant,
         roots = plan(retention.expired_roots(cutoff, after=(cutoff - timedelta(days=3), uuid.uuid4()))[:200])
     assert "run_tenant_root_finished" in roots
     assert "Sort" not in roots
+
+
+@pytest.mark.parametrize("table", ["workflows_steprun", "workflows_runevent"])
+def test_a_run_s_attempts_and_events_have_no_index_of_the_tenant_alone(table: str) -> None:
+    """Under row-level security every query names the tenant: an index on it alone would be
+    ANDed with the run's, reading an entry for every row of the tenant to find one run's few."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        indexes = dict(cursor.fetchall())
+    assert any("(run_id" in definition for definition in indexes.values())
+    assert not [name for name, definition in indexes.items() if "(tenant_id)" in definition]
+
+
+def test_a_step_reads_its_run_s_attempts_and_last_event_through_the_run_s_indexes(
+        tenant_a: tuple[Tenant, str], no_sequential_scans: None) -> None:
+    with tenant_context(tenant_a[0]):
+        workflow_put(name="one", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+        run = run_start(workflow="one")[0]
+        attempts = plan_of(statements._attempts_of(run.pk))
+        events = plan_of(events_insert([Event(run.pk, "x", "a", {}, timezone.now())]))
+    assert indexes_in(attempts) == {"steprun_unique_attempt"}
+    assert indexes_in(events) == {"runevent_unique_seq"}

@@ -34,7 +34,9 @@ from workflows.models import RunEvent, StepRun, WorkflowRun
 
 
 @dataclass(frozen=True)
-class _Event:
+class Event:
+    """An event of a run's history not written yet (``events_insert`` numbers it)."""
+
     run_id: Any
     type: str
     node_id: str
@@ -47,7 +49,7 @@ class Journal:
     """The attempts and events written inside one ``journal()`` block, not yet in PostgreSQL."""
 
     steps: list[StepRun] = field(default_factory=list)
-    events: list[_Event] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     states: list[WorkflowRun] = field(default_factory=list)
     with_commit: bool = False  # written with the transaction's COMMIT, not before
 
@@ -129,7 +131,7 @@ def add_state(run: WorkflowRun) -> None:
 def add_event(run: WorkflowRun, type_: str, node_id: str, data: Any) -> None:
     """Append an event to ``run``'s history: at the end of the journal, else at once. ``data``
     is stored as JSON carries it (dates and other objects as text)."""
-    event = _Event(run.pk, type_, node_id, data, timezone.now())
+    event = Event(run.pk, type_, node_id, data, timezone.now())
     gathered = _current.get()
     if gathered is None:
         _insert_events([event])
@@ -137,7 +139,12 @@ def add_event(run: WorkflowRun, type_: str, node_id: str, data: Any) -> None:
         gathered.events.append(event)
 
 
-def _insert_events(events: list[_Event]) -> None:
+def _insert_events(events: list[Event]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(*events_insert(events))
+
+
+def events_insert(events: list[Event]) -> tuple[str, list[Any]]:
     """One ``INSERT`` of ``events``: each run's numbered on from its last ``seq``, read in the
     same statement (which does not see its own rows, hence the offsets ``n``)."""
     tenant_id = current_tenant().pk
@@ -155,5 +162,4 @@ def _insert_events(events: list[_Event]) -> None:
         "WHERE e.tenant_id = %s::uuid AND e.run_id = v.run_id), 0) + v.n, v.type, v.node_id, v.data, v.created_at "
         f"FROM (VALUES {', '.join(values)}) AS v (run_id, n, type, node_id, data, created_at)"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [tenant_id, tenant_id, *params])
+    return sql, [tenant_id, tenant_id, *params]
