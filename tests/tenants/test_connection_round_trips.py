@@ -5,13 +5,17 @@ Read off the wire (``ductor_project.core.database.wire``).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
+from psycopg import pq
 
 from ductor_project.core.context import tenant_context
-from ductor_project.core.database.base import MAX_UNRELEASED
+from ductor_project.core.database.base import MAX_UNRELEASED, UtcTimestamptzLoader
 from ductor_project.core.database.wire import wire
 from tenants.models import Tenant
 from tests.scoped.models import Folder
@@ -141,3 +145,26 @@ def test_a_connection_that_answered_a_moment_ago_is_not_checked_again(settings):
     with wire() as seen:
         select(3)
     assert (seen.executed, seen.round_trips) == (2, 2)  # SELECT 1, then the query
+
+
+def test_timestamps_are_read_by_psycopg_s_own_loader_as_aware_utc_datetimes():
+    """The connection reads ``timestamptz`` with psycopg's loader (``UtcTimestamptzLoader``), not
+    Django's pure-Python one: the same aware datetimes, in UTC, to the microsecond."""
+    with connection.cursor() as cursor:
+        loader = cursor.connection.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, pq.Format.TEXT)
+        cursor.execute("SELECT '2026-01-02 03:04:05.123456+05'::timestamptz, %s::timestamptz, NULL::timestamptz",
+                       [datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=ZoneInfo("America/New_York"))])
+        read = cursor.fetchone()
+    assert loader is UtcTimestamptzLoader
+    assert read[0] == datetime(2026, 1, 1, 22, 4, 5, 123456, tzinfo=UTC)
+    assert read[1] == datetime(2000, 1, 1, 4, 59, 59, 1, tzinfo=UTC)
+    assert read[0].utcoffset() == read[1].utcoffset() == timedelta(0)
+    assert read[2] is None
+
+
+def test_a_model_s_times_read_back_as_they_were_written(tenant_a):
+    written = datetime(2026, 7, 1, 12, 30, 15, 999999, tzinfo=ZoneInfo("Asia/Kolkata"))
+    Tenant.objects.filter(pk=tenant_a[0].pk).update(created_at=written)
+    read = Tenant.objects.get(pk=tenant_a[0].pk).created_at
+    assert read == written
+    assert read.utcoffset() == timedelta(0)

@@ -31,12 +31,14 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import UTC
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base as postgresql
 from psycopg import pq
+from psycopg.types.datetime import TimestamptzLoader
 
 from ductor_project.core.context import database_scope
 
@@ -45,6 +47,26 @@ SET_SCOPE = "SELECT set_config('role', %s, false), set_config('ductor.tenant_id'
 # the transaction's end: PostgreSQL caches 64 subtransactions per backend, and a backend that
 # overflows its cache slows every session's snapshots.
 MAX_UNRELEASED = 8
+
+
+# psycopg's own loader of ``timestamptz`` text (its C one, in psycopg[binary]).
+_FAST_TIMESTAMPTZ = (psycopg.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, pq.Format.TEXT)
+                     or TimestamptzLoader)
+
+
+class UtcTimestamptzLoader(TimestamptzLoader):
+    """Django's loader of ``timestamptz`` for a connection whose session is in UTC, at the speed of
+    psycopg's own: Django's subclasses psycopg's pure-Python loader (to set the time zone it
+    returns), so every timestamp it reads is parsed in Python (about 9 µs each here, 0.8 with
+    psycopg's; a step's attempts carry a few dozen). In UTC, psycopg's loader returns the same
+    aware datetimes; ``timezone`` is what Django compares to decide that a cursor needs no loader
+    of its own."""
+
+    timezone = UTC
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self.load = _FAST_TIMESTAMPTZ(oid, context).load  # type: ignore[method-assign]
 
 
 def session_settings(scope: tuple[str, str]) -> tuple[str, str]:
@@ -75,7 +97,10 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         self._session = None
         self._unsent, self._live, self._with_commit, self._begin = [], [], [], False
-        return super().get_new_connection(conn_params)
+        connection = super().get_new_connection(conn_params)
+        if self.timezone == UTC:  # Django sets the session's time zone to it (``ensure_timezone``)
+            connection.adapters.register_loader("timestamptz", UtcTimestamptzLoader)
+        return connection
 
     def _set_autocommit(self, autocommit: bool) -> None:
         # psycopg's connection stays in autocommit; Django's transaction begins with its first
