@@ -108,12 +108,15 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import cache
+from functools import cache, partial
 from typing import Any, NamedTuple, TypeVar
 
+import structlog
 from django.conf import settings
 
 from ductor_project.core import capacity, scripts, tenant_moves
@@ -131,6 +134,8 @@ from scheduling import LUA_DIR
 from scheduling.circuit import breaker_key
 from tenants.entitlements import effective_entitlements
 from tenants.models import Tenant, Tier
+
+log = structlog.get_logger(__name__)
 
 SYSTEM_TIER = "system"
 # Highest priority first.
@@ -590,6 +595,64 @@ def _enqueue_segment(tenant: Tenant, args: list[Any]) -> list[Any]:
         "fq_enqueue", [redis_key("fq", "items", tenant=tenant)], [*_header(shard_of(tenant_id)), *args])))
 
 
+# The enqueues held for the next ``handoff`` of the context (``holding_enqueues``): each one
+# tenant's segment, as ``_segments`` made it.
+_held: ContextVar[list[tuple[Tenant, list[Any]]] | None] = ContextVar("ductor_held_enqueues", default=None)
+
+
+def enqueue_soon(items: Sequence[NewItem], *, scopes: Mapping[str, str] | None = None,
+                 tenant: Tenant | None = None) -> None:
+    """``enqueue_many`` without its results: inside ``holding_enqueues()`` the items wait for that
+    block's next ``handoff`` and travel in its round trip; elsewhere they are sent at once. Validated
+    now either way (raises like ``enqueue_many``)."""
+    held = _held.get()
+    if held is None:
+        enqueue_many(items, scopes=scopes, tenant=tenant)
+        return
+    tenant = _tenant(tenant)
+    held.extend((tenant, args) for _, args in _segments(tenant, items, TenantConf.for_tenant(tenant), scopes or {}))
+
+
+@contextmanager
+def holding_enqueues() -> Iterator[None]:
+    """A worker's block in which ``enqueue_soon`` holds its items for the block's next ``handoff``,
+    which sends them first in its round trip (so its dequeue already sees them): the next steps
+    that an item's commit makes ready cost no round trip of their own. Whatever is still held
+    when the block ends (no handoff followed, or it failed) is sent then; should that fail too,
+    it is logged and left to the reconciler, as a lost enqueue after any commit is."""
+    held: list[tuple[Tenant, list[Any]]] = []
+    token = _held.set(held)
+    try:
+        yield
+    finally:
+        _held.reset(token)
+        if held:
+            batch = scripts.Batch()
+            _queue_held(batch, held)
+            try:
+                failed = _settle_held(held, batch.execute())
+            except Exception as exc:
+                failed = [exc]
+            if failed:
+                log.error("held_enqueues_lost", segments=len(held), error=repr(failed[0]))
+
+
+def _queue_held(batch: scripts.Batch, held: list[tuple[Tenant, list[Any]]]) -> None:
+    """The held segments' ``fq_enqueue`` calls on ``batch`` (each followed where its tenant moved)."""
+    for tenant, args in held:
+        tenant_id = str(tenant.pk)
+        _run("fq_enqueue", [redis_key("fq", "items", tenant=tenant)], [*_header(shard_of(tenant_id)), *args],
+             batch=batch, again=partial(_enqueue_segment, tenant, args))
+
+
+def _settle_held(held: list[tuple[Tenant, list[Any]]], replies: list[Any]) -> list[Exception]:
+    """Let go of the held segments that ``replies`` (theirs first) say were enqueued; those that
+    failed stay held (an enqueue sent again is coalesced). Returns their errors."""
+    failed = [(segment, reply) for segment, reply in zip(held, replies, strict=False) if isinstance(reply, Exception)]
+    held[:] = [segment for segment, _ in failed]
+    return [reply for _, reply in failed]
+
+
 def bulk_enqueue(batches: Iterable[TenantBatch], *, pipeline_size: int = 20) -> int:
     """Enqueue the items of many tenants, like ``enqueue_many`` for each: rebuilds and bulk loads.
 
@@ -708,7 +771,8 @@ def handoff(
 ) -> tuple[bool | None, Dequeued | None]:
     """Ack ``finished`` (tenant, item id, delivery), when given, then dequeue the shard's next
     item of ``tiers`` (see ``dequeue``): one round trip for both, in that order, so that the
-    slot and the partition the ack frees are already free for the dequeue.
+    slot and the partition the ack frees are already free for the dequeue. The enqueues
+    held in this context (``holding_enqueues``) go first in the same round trip.
 
     For a worker that finishes an item and takes the next one itself. Returns
     whether the ack acked (None without ``finished``) and the item, or None.
@@ -717,13 +781,18 @@ def handoff(
     _dispatcher_side()
     shard = _check_shard(shard)
     _at_least("lease_ms", lease_ms, 1)
-    batch = scripts.Batch()
+    batch, held = scripts.Batch(), _held.get() or []
+    _queue_held(batch, held)
+    sent = len(held)
     if finished is not None:
         finished = Finished(*finished)
         queue_ack(batch, finished.item_id, delivery=finished.delivery, tenant=finished.tenant,
                   work_ms=finished.work_ms)
     _queue_dequeue(batch, shard, lease_ms, _tiers(tiers), 1)
-    *acked, reply = batch.execute()
+    replies = batch.execute()
+    if sent and (failed := _settle_held(held, replies[:sent])):  # sent again at the block's end
+        log.warning("held_enqueues_failed", segments=len(failed), error=repr(failed[0]))
+    *acked, reply = replies[sent:]
     if acked and isinstance(acked[0], Exception):
         raise acked[0]
     found, more = _dequeue_reply(reply)

@@ -3,7 +3,8 @@
 Workers run with prefetch disabled, ``acks_late`` and ``reject_on_worker_lost``.
 ``execute_item`` runs inside the item's tenant context (``@tenant_task``),
 runs its delivery (``delivery.run``), then the next items of its Celery queue
-by handoff (``handoff.chain``); the last ack and the dispatch credit go to the
+by handoff (``handoff.chain``), what each item's commit enqueues held to travel
+with the next handoff's round trip (``fair_queue.holding_enqueues``); the last ack and the dispatch credit go to the
 process's finisher, sent right after the task whatever happened. Its Celery
 result is not stored: the fair queue is the record of what ran. What Celery's
 tools show of it (its name, a failed item as a failed task, the handed-off
@@ -28,6 +29,7 @@ from ductor_project.celery import WORK_QUEUE
 from ductor_project.core.context import current_tenant
 from ductor_project.core.keys import shard_of
 from ductor_project.core.renewals import renewals
+from scheduling import fair_queue
 from scheduling.dispatch import credits, handoff, task_events
 from scheduling.dispatch.delivery import Delivery, run_delivery
 from scheduling.dispatch.finisher import finisher
@@ -58,7 +60,8 @@ def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], t
     ack = None
     report = task_events.Report(execute_item.request, item_id=item_id, delivery=delivery)
     try:
-        with report.active():
+        # What the items' commits enqueue (the next steps) travels with the next handoff.
+        with report.active(), fair_queue.holding_enqueues():
             outcome, ack = run_delivery(tenant, item, queue=queue, credit=credit, check_lease=redelivered)
             last, ack = handoff.chain(ack, queue=queue, credit=credit, shard=shard_of(str(tenant.pk)), until=until)
     finally:

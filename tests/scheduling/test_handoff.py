@@ -103,6 +103,86 @@ def test_handoff_crosses_tenants_so_it_refuses_to_run_in_a_customer_tenants_cont
         fq.handoff(None, shard=0, lease_ms=LEASE_MS, tiers=TIERS)
 
 
+# --- enqueues held for the handoff ------------------------------------------------------------
+
+
+def soon(tenant: Tenant, item_id: str) -> None:
+    with tenant_context(tenant):
+        fq.enqueue_soon([fq.NewItem(item_id, "standard", f"p-{item_id}", {"kind": "test.noop"})])
+
+
+@pytest.mark.django_db
+def test_an_enqueue_held_in_a_worker_s_block_travels_with_its_handoff_and_is_dequeued_by_it(
+        make_tenant, redis_client, monkeypatch):
+    tenant, _ = make_tenant("handoff-held")
+    enqueue(tenant, 1, kind="test.noop", prefix="h")
+    first = fq.dequeue(lease_ms=LEASE_MS)
+    assert first is not None
+    real, sent = fq.scripts.Batch._send, []
+
+    def send(calls: list[Any]) -> list[Any]:
+        sent.append([keys[0] for _, keys, _ in calls])
+        return real(calls)
+
+    with fq.holding_enqueues():
+        soon(tenant, "next")
+        assert fq.stats(tenant).backlog == 0  # held: not sent
+        monkeypatch.setattr(fq.scripts.Batch, "_send", staticmethod(send))
+        acked, nxt = fq.handoff((tenant, first.item_id, first.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+        monkeypatch.undo()
+    assert acked is True
+    assert nxt is not None
+    assert nxt.item_id == "next"
+    # One round trip: the enqueue (the tenant's items key), the ack (its too), the dequeue (the shard's).
+    assert len(sent) == 1
+    assert len(sent[0]) == 3
+    stats = fq.stats(tenant)
+    assert (stats.backlog, stats.in_flight) == (0, 1)
+
+
+@pytest.mark.django_db
+def test_what_is_still_held_when_the_block_ends_is_sent_then_and_outside_a_block_at_once(
+        make_tenant, redis_client):
+    tenant, _ = make_tenant("handoff-held-end")
+    soon(tenant, "now")
+    assert fq.stats(tenant).backlog == 1
+    with fq.holding_enqueues():
+        soon(tenant, "later")
+        assert fq.stats(tenant).backlog == 1
+    assert fq.stats(tenant).backlog == 2
+
+
+@pytest.mark.django_db
+def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_tenant, redis_client, monkeypatch):
+    tenant, _ = make_tenant("handoff-held-fail")
+    real, calls = fq.scripts.Batch.execute, []
+
+    def fails_once(batch: Any) -> list[Any]:
+        calls.append(len(batch))
+        if len(calls) == 1:
+            batch._calls, batch._again = [], []
+            raise ConnectionError("lost")
+        return real(batch)
+
+    monkeypatch.setattr(fq.scripts.Batch, "execute", fails_once)
+    with fq.holding_enqueues():
+        soon(tenant, "kept")
+        with pytest.raises(ConnectionError):
+            fq.handoff(None, shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+        assert fq.stats(tenant).backlog == 0
+    assert calls[0] == 2  # the held enqueue and the dequeue, in one batch
+    assert fq.stats(tenant).backlog == 1
+    with tenant_context(tenant):
+        assert fq.remove("kept")
+
+
+@pytest.mark.django_db
+def test_an_enqueue_held_is_validated_when_it_is_made(make_tenant, redis_client):
+    tenant, _ = make_tenant("handoff-held-bad")
+    with fq.holding_enqueues(), tenant_context(tenant), pytest.raises(fq.TierNotAllowed):
+        fq.enqueue_soon([fq.NewItem("x", "no-such-tier", "p", {"kind": "test.noop"})])
+
+
 # --- execute_item chains ----------------------------------------------------------------------
 
 

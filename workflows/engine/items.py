@@ -59,14 +59,15 @@ def enqueue_tick(run: WorkflowRun) -> None:
 
 def enqueue_ticks(runs: list[WorkflowRun]) -> None:
     """Enqueue a tick of each of ``runs`` (the tenant's in context) once the surrounding transaction
-    commits: in one call (``enqueue_many``: a round trip per ``ITEMS_PER_CALL`` items, not one each)."""
+    commits: in one call (``enqueue_soon``: a round trip per ``ITEMS_PER_CALL`` items, not one each;
+    on a worker, in its next handoff's)."""
     # The trace context now, not at the commit: the span of what enqueues it may have ended by then.
     ticks = [fair_queue.NewItem(tick_item_id(run.id), run.tier, f"run:{run.id}",
                                 tracing.inject({"kind": TICK, "run_id": str(run.id)}), order_ms=run_order_ms(run),
                                 key=run.fairness_key)
              for run in runs]
     if ticks:
-        transaction.on_commit(lambda: fair_queue.enqueue_many(ticks))
+        transaction.on_commit(lambda: fair_queue.enqueue_soon(ticks))
 
 
 def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
@@ -92,8 +93,9 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
         if pool is None and payload["kind"] == TASK:
             # No pool: the catalog queue's own scope, when its slots are shared.
             scope, scopes = admission.queue_scope(str(payload.get("queue") or "")) or (None, {})
-        fair_queue.enqueue(step_item_id(step_id), tier=tier, partition=partition,
-                           payload=payload, scope=scope, scopes=scopes, order_ms=order_ms, key=key)
+        item = fair_queue.NewItem(step_item_id(step_id), tier, partition, payload, scope=scope, order_ms=order_ms,
+                                  key=key)
+        fair_queue.enqueue_soon([item], scopes=scopes)  # on a worker, with its next handoff
 
     transaction.on_commit(push)
 
