@@ -208,6 +208,14 @@ def insert_rows(objs: Sequence[TenantScopedModel], *, using: str = "default") ->
     does, and is then a saved instance."""
     if not objs:
         return
+    with connections[using].cursor() as cursor:
+        cursor.execute(*rows_insert(objs, using=using))
+    rows_inserted(objs, using=using)
+
+
+def rows_insert(objs: Sequence[TenantScopedModel], *, using: str = "default") -> tuple[str, list[Any]]:
+    """``insert_rows``'s ``INSERT`` of ``objs`` (each stamped with the tenant in context and its
+    links checked), to send with other statements; ``rows_inserted`` once it ran."""
     model, tenant, connection = type(objs[0]), current_tenant(), connections[using]
     fields = model._meta.concrete_fields
     quote = connection.ops.quote_name
@@ -220,9 +228,12 @@ def insert_rows(objs: Sequence[TenantScopedModel], *, using: str = "default") ->
         params += [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
     row = f"({', '.join(['%s'] * len(fields))})"
     columns = ", ".join(quote(str(field.column)) for field in fields)
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608 - placeholders only
-                       f"VALUES {', '.join([row] * len(objs))}", params)
+    return (f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608 - placeholders only
+            f"VALUES {', '.join([row] * len(objs))}", params)
+
+
+def rows_inserted(objs: Sequence[TenantScopedModel], *, using: str = "default") -> None:
+    """``objs``, whose ``rows_insert`` ran, are saved instances."""
     for obj in objs:
         obj._state.adding, obj._state.db = False, using
         obj._loaded_tenant_id = obj.tenant_id

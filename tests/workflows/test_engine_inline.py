@@ -372,16 +372,15 @@ def test_a_write_of_the_tick_that_fails_at_the_commit_leaves_the_outcome_recorde
     run = start(tenant, "chain")
     step = by_node(tenant, run)["a"]
     queued(tenant)
-    real, failed = journal._insert_events, []
+    real, failed = journal.events_insert, []
 
-    def fails_once(events: Any) -> None:
+    def fails_once(events: Any) -> tuple[str, list[Any]]:
         if not failed:
             failed.append(True)
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1 / 0")  # the server refuses it, in the commit's batch
-        real(events)
+            return "INSERT INTO workflows_runevent (seq) SELECT 1 / 0", []  # the server refuses it, at the commit
+        return real(events)
 
-    monkeypatch.setattr(journal, "_insert_events", fails_once)
+    monkeypatch.setattr(journal, "events_insert", fails_once)
     execute(tenant, step)
 
     assert failed

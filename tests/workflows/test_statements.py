@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from ductor_project.core.context import TenantScopeError, tenant_context
 from tenants.models import Tenant
@@ -20,7 +21,7 @@ from workflows import services
 from workflows.engine import statements
 from workflows.engine.attempts import outcome_fields, spec_of
 from workflows.engine.events import record_event
-from workflows.engine.journal import journal
+from workflows.engine.journal import add_state, add_step, journal
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -219,3 +220,34 @@ def test_insert_rows_writes_new_attempts_as_the_tenant_in_context_and_refuses_a_
     with pytest.raises(TenantScopeError):
         insert_rows([StepRun(run=run, node_id="nobody", node_type="action", status="queued")])
     assert not StepRun.all_tenants.filter(node_id__in=["stolen", "nobody"]).exists()
+
+
+def test_a_journal_s_attempts_events_and_state_go_in_one_statement_all_or_none(two: Any) -> None:
+    """``together``: the tick's writes as one statement; should one part fail, none is written."""
+    _, b, run, _ = two
+    with tenant_context(b):
+        before = RunEvent.objects.filter(run=run).count()
+        with transaction.atomic(), CaptureQueriesContext(connection) as seen, journal():
+            locked = statements.lock_run(run.pk)
+            assert locked is not None
+            add_step(StepRun(run=locked, node_id="b", node_type="action", status="queued"))
+            record_event(locked, "one")
+            record_event(locked, "two")
+            locked.status = WorkflowRun.Status.FAILED
+            add_state(locked)
+        assert [q["sql"][:4] for q in seen.captured_queries] == ["UPDA", "WITH"]  # the lock, then the writes
+        assert StepRun.objects.filter(run=run, node_id="b").exists()
+        assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", "type"))[before:] == [
+            (before + 1, "one"), (before + 2, "two")]
+        assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.FAILED
+
+        bad = StepRun(run=run, node_id="b", node_type="action", status="queued")  # the same attempt again
+        with pytest.raises(IntegrityError), transaction.atomic(), journal():
+            locked = statements.lock_run(run.pk)
+            assert locked is not None
+            add_step(bad)
+            record_event(locked, "three")
+            locked.status = WorkflowRun.Status.SUCCEEDED
+            add_state(locked)
+        assert RunEvent.objects.filter(run=run).count() == before + 2
+        assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.FAILED

@@ -1,6 +1,6 @@
 """A tick's writes, gathered: the step attempts it creates and the events it appends reach
 PostgreSQL in one multi-row ``INSERT`` each when the tick ends, in its transaction, with the
-run's new state (``add_state``), all in one pipelined round trip rather than one per row.
+run's new state (``add_state``), all in one statement rather than one per row.
 
 Inside ``with journal():`` a new attempt (``add_step``) is kept in memory until the block ends:
 it can still be changed (``attempts.finish`` of an unsaved attempt sets its fields only), and
@@ -27,9 +27,8 @@ from django.db import connection
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
-from ductor_project.core.database.pipeline import pipelined
-from tenants.scoping import insert_rows
-from workflows.engine.statements import save_state
+from tenants.scoping import rows_insert, rows_inserted
+from workflows.engine.statements import save_state, state_update, together
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
 
@@ -62,18 +61,18 @@ class Journal:
         del self.states[mark[2]:]
 
     def flush(self) -> None:
-        """Write what was gathered, in one round trip: the attempts in one ``INSERT``, the events
-        in one, the runs' new states. Should a write fail, nothing is forgotten (``rollback_to``
-        then drops what must go)."""
+        """Write what was gathered in one statement (``statements.together``): the attempts'
+        ``INSERT``, the events', the runs' new states. Should it fail, nothing is forgotten
+        (``rollback_to`` then drops what must go)."""
         if not (self.steps or self.events or self.states):
             return
-        with pipelined():
-            if self.steps:
-                insert_rows(self.steps)
-            if self.events:
-                _insert_events(self.events)
-            for run in {run.pk: run for run in self.states}.values():  # each run once, as last seen
-                save_state(run)
+        parts = [rows_insert(self.steps)] if self.steps else []
+        if self.events:
+            parts.append(events_insert(self.events))
+        parts += [state_update(run) for run in {run.pk: run for run in self.states}.values()]  # each once, as last seen
+        with connection.cursor() as cursor:
+            cursor.execute(*together(parts))
+        rows_inserted(self.steps)
         self.steps, self.events, self.states = [], [], []
 
 

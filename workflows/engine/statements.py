@@ -15,6 +15,7 @@ scoped managers do) and row-level security holds them to it as it holds every qu
   the running attempt ended with it (nothing happens to one that moved on: cancelled, timed
   out), and the run's attempts.
 - ``save_state``: what a tick changed of the run's state (status, times, output, error).
+- ``together``: writes that need no answer, as one statement (a tick's, ``journal``).
 - ``start_tasks``: the dispatcher's start of a group of task attempts before it publishes them.
 - ``version_to_start``: the workflow version a run starts on, with its definition (a run's start).
 """
@@ -184,7 +185,7 @@ def state_of(run: WorkflowRun) -> tuple[Any, ...]:
     return tuple(getattr(run, name) for name in STATE)
 
 
-def _state(run: WorkflowRun) -> Statement:
+def state_update(run: WorkflowRun) -> Statement:
     """The ``UPDATE`` of the run's state (status, times, output, error) as it is in memory."""
     return (f"UPDATE {RUNS} SET status = %s, started_at = %s, finished_at = %s, "  # noqa: S608
             "output = %s::jsonb, error = %s::jsonb WHERE tenant_id = %s AND id = %s",
@@ -195,7 +196,20 @@ def _state(run: WorkflowRun) -> Statement:
 def save_state(run: WorkflowRun) -> None:
     """Write the run's state (status, times, output, error) as it is in memory."""
     with connection.cursor() as cursor:
-        cursor.execute(*_state(run))
+        cursor.execute(*state_update(run))
+
+
+def together(statements: list[Statement]) -> Statement:
+    """Writes whose results nobody reads, as one statement (one ``execute``, where each costs the
+    client about as much as a round trip): every one but the last a data-modifying ``WITH`` of the
+    last. All see the snapshot from before the statement (none sees another's rows), and all
+    happen or none does. Each must be an ``INSERT``, ``UPDATE`` or ``DELETE``; no two may change
+    one row."""
+    if len(statements) == 1:
+        return statements[0]
+    *before, last = statements
+    parts = ", ".join(f"w{n} AS ({sql})" for n, (sql, _) in enumerate(before))
+    return f"WITH {parts} {last[0]}", [param for _, params in statements for param in params]
 
 
 def version_to_start(workflow: str, number: int | None = None) -> WorkflowVersion | None:
