@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ductor_project.core import tracing
@@ -14,13 +14,12 @@ from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
-from tenants.scoping import insert_rows
 from tenants.usage import enforce_ceiling, quota_consume
 from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, enqueue_ticks
-from workflows.engine.journal import add_state, journal
+from workflows.engine.journal import add_run, add_state, journal
 from workflows.engine.statements import lock_run, version_to_start
 from workflows.engine.tick import advance_locked
 from workflows.models import (
@@ -155,8 +154,11 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
            rerun_of: WorkflowRun | None = None, fairness_key: str = "") -> tuple[WorkflowRun, bool]:
     """Create and start a run of ``found`` (checked by the caller), charging the quota: see ``run_start``."""
     workflow = found.definition.name
+    # In a transaction of its own, the run's row and its first tick's writes travel with the COMMIT.
+    owned = not connection.in_atomic_block
     try:
-        with tracing.span("ductor.run.start", workflow=workflow) as span, transaction.atomic(), journal():
+        with (tracing.span("ductor.run.start", workflow=workflow) as span, transaction.atomic(),
+              journal(with_commit=owned)):
             quota_consume(runs=1)
             # Written as started (what its first tick would make it first): one UPDATE of every index less.
             run = WorkflowRun(workflow=found, workflow_name=workflow, input=input or {},
@@ -165,7 +167,7 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
                               started_at=timezone.now())
             run.root_run_id = run.id
             span.set_attribute("run_id", str(run.id))
-            insert_rows([run])  # its row is this transaction's until it commits: the tick's lock
+            add_run(run)  # written with the tick's writes; this transaction's until it commits: the tick's lock
             if rerun_of is None:
                 record_event(run, "created", version=found.number)
             else:

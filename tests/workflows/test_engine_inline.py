@@ -367,6 +367,40 @@ def test_a_steps_start_and_outcome_take_three_round_trips_with_the_ticks_writes_
     assert (steps["a"].status, steps["b"].status) == (StepRun.Status.SUCCEEDED, StepRun.Status.QUEUED)
 
 
+def test_a_run_s_start_takes_three_round_trips_its_row_and_first_writes_sent_with_the_commit(tenant):
+    put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
+    start(tenant, "chain")  # the version's spec and the routing table are read once per process
+    queued(tenant)
+    with tenant_context(tenant), wire() as seen:
+        run, created = services.run_start(workflow="chain")
+
+    # The version; the quota's charge (with the BEGIN); the run's row, its first attempt and its
+    # events, in one statement, with the COMMIT.
+    assert created
+    assert seen.round_trips == 3
+    assert "COMMIT" in seen.statements
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.RUNNING
+        assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True)) == [
+            "created", "started", "step_queued"]
+    assert set(by_node(tenant, run)) == {"a"}
+    assert queued(tenant) == {items.step_item_id(by_node(tenant, run)["a"].pk)}
+
+
+def test_a_start_that_loses_the_idempotency_key_s_race_at_the_commit_returns_the_winner_charged_once(tenant):
+    put(tenant, "one", {"nodes": [echo("a", {"n": 1})]})
+    with tenant_context(tenant):
+        first, created = services.run_start(workflow="one", idempotency_key="k")
+        used = runs_this_month()
+        version = WorkflowRun.objects.select_related("workflow__definition").get(pk=first.pk).workflow
+        # As a concurrent request that looked before the winner committed: its row is refused at the commit.
+        again, created_again = services._start(version, input={}, idempotency_key="k", tier="standard", tags=None)
+        assert (created, created_again) == (True, False)
+        assert again.pk == first.pk
+        assert runs_this_month() == used
+        assert WorkflowRun.objects.filter(idempotency_key="k").count() == 1
+
+
 def test_a_write_of_the_tick_that_fails_at_the_commit_leaves_the_outcome_recorded_alone(tenant, monkeypatch):
     put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
     run = start(tenant, "chain")

@@ -241,13 +241,18 @@ def test_a_journal_s_attempts_events_and_state_go_in_one_statement_all_or_none(t
             (before + 1, "one"), (before + 2, "two")]
         assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.FAILED
 
-        bad = StepRun(run=run, node_id="b", node_type="action", status="queued")  # the same attempt again
-        with pytest.raises(IntegrityError), transaction.atomic(), journal():
-            locked = statements.lock_run(run.pk)
-            assert locked is not None
-            add_step(bad)
-            record_event(locked, "three")
-            locked.status = WorkflowRun.Status.SUCCEEDED
-            add_state(locked)
+        with pytest.raises(IntegrityError):
+            write_again(run)
         assert RunEvent.objects.filter(run=run).count() == before + 2
         assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.FAILED
+
+
+def write_again(run: WorkflowRun) -> None:
+    """A journal whose attempt is one the run has already: its whole statement fails."""
+    with transaction.atomic(), journal():
+        locked = statements.lock_run(run.pk)
+        assert locked is not None
+        add_step(StepRun(run=run, node_id="b", node_type="action", status="queued"))
+        record_event(locked, "three")
+        locked.status = WorkflowRun.Status.SUCCEEDED
+        add_state(locked)

@@ -1,9 +1,10 @@
 """A tick's writes, gathered: the step attempts it creates and the events it appends reach
 PostgreSQL in one multi-row ``INSERT`` each when the tick ends, in its transaction, with the
-run's new state (``add_state``), all in one statement rather than one per row.
+run's new state (``add_state``) and the rows of the runs it starts, all in one statement
+rather than one per row.
 
-Inside ``with journal():`` a new attempt (``add_step``) is kept in memory until the block ends:
-it can still be changed (``attempts.finish`` of an unsaved attempt sets its fields only), and
+Inside ``with journal():`` a new run (``add_run``) or attempt (``add_step``) is kept in memory
+until the block ends: it can still be changed (``attempts.finish`` of an unsaved attempt sets its fields only), and
 its id is known at once. An event (``add_event``) is numbered when it is written: its ``seq``
 follows the run's last one in the same statement (the run's row lock orders the writers).
 Outside a block each write goes at once. A nested block joins the outer one; ``mark()`` and
@@ -27,7 +28,7 @@ from django.db import connection
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
-from tenants.scoping import rows_insert, rows_inserted
+from tenants.scoping import insert_rows, rows_insert, rows_inserted
 from workflows.engine.statements import save_state, state_update, together
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
@@ -47,33 +48,36 @@ class Event:
 class Journal:
     """The attempts and events written inside one ``journal()`` block, not yet in PostgreSQL."""
 
+    runs: list[WorkflowRun] = field(default_factory=list)  # new runs' rows
     steps: list[StepRun] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     states: list[WorkflowRun] = field(default_factory=list)
     with_commit: bool = False  # written with the transaction's COMMIT, not before
 
-    def mark(self) -> tuple[int, int, int]:
-        return len(self.steps), len(self.events), len(self.states)
+    def mark(self) -> tuple[int, int, int, int]:
+        return len(self.runs), len(self.steps), len(self.events), len(self.states)
 
-    def rollback_to(self, mark: tuple[int, int, int]) -> None:
-        del self.steps[mark[0]:]
-        del self.events[mark[1]:]
-        del self.states[mark[2]:]
+    def rollback_to(self, mark: tuple[int, int, int, int]) -> None:
+        del self.runs[mark[0]:]
+        del self.steps[mark[1]:]
+        del self.events[mark[2]:]
+        del self.states[mark[3]:]
 
     def flush(self) -> None:
-        """Write what was gathered in one statement (``statements.together``): the attempts'
-        ``INSERT``, the events', the runs' new states. Should it fail, nothing is forgotten
-        (``rollback_to`` then drops what must go)."""
-        if not (self.steps or self.events or self.states):
+        """Write what was gathered in one statement (``statements.together``): the new runs'
+        ``INSERT``, the attempts', the events', the runs' new states. Should it fail, nothing is
+        forgotten (``rollback_to`` then drops what must go)."""
+        if not (self.runs or self.steps or self.events or self.states):
             return
-        parts = [rows_insert(self.steps)] if self.steps else []
+        parts = [rows_insert(rows) for rows in (self.runs, self.steps) if rows]
         if self.events:
             parts.append(events_insert(self.events))
         parts += [state_update(run) for run in {run.pk: run for run in self.states}.values()]  # each once, as last seen
         with connection.cursor() as cursor:
             cursor.execute(*together(parts))
+        rows_inserted(self.runs)
         rows_inserted(self.steps)
-        self.steps, self.events, self.states = [], [], []
+        self.runs, self.steps, self.events, self.states = [], [], [], []
 
 
 _current: ContextVar[Journal | None] = ContextVar("ductor_engine_journal", default=None)
@@ -106,6 +110,19 @@ def current_journal() -> Journal:
     if gathered is None:
         raise RuntimeError("no journal in progress")
     return gathered
+
+
+def add_run(run: WorkflowRun) -> None:
+    """Create the run ``run`` (an unsaved row, its id set) of the tenant in context: at the end of
+    the journal, else at once. Until then its row is not in the database: only its transaction may
+    need it (a foreign key to it is checked at the commit; a row that links to it is checked
+    against this instance, stamped with its tenant now)."""
+    gathered = _current.get()
+    if gathered is None:
+        insert_rows([run])
+    else:
+        run.bind_tenant(current_tenant())
+        gathered.runs.append(run)
 
 
 def add_step(step: StepRun) -> StepRun:
