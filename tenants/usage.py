@@ -2,7 +2,10 @@
 
 PostgreSQL is the truth for the run quota: one atomic upsert per run start,
 which only increments while under the quota. Redis holds a fast-path flag once
-a month is used up, so refused starts do not touch PostgreSQL. The flag records
+a month is used up, so refused starts do not touch PostgreSQL; a process whose
+last upsert for the tenant's month left room under the same quota does not ask
+for the flag (the upsert decides anyway: at worst one more refused upsert per
+process once the month is used up elsewhere). The flag records
 the quota it was set for and is honoured only while that is still the tenant's
 quota, so any change of the limit (override, plan change, plan edit) lifts it at
 once; it also expires at the month's reset and is cleared when the tenant's
@@ -52,6 +55,12 @@ def next_reset(now: datetime | None = None) -> datetime:
     return datetime(year, month, 1, tzinfo=UTC)
 
 
+# (tenant id, month) -> (the quota, the month's runs) that this process's last upsert of them
+# returned: while that left room, the flag is not read. Cleared whole beyond ``_ROOM_SEEN_MAX``.
+_room_seen: dict[tuple[Any, date], tuple[int, int]] = {}
+_ROOM_SEEN_MAX = 10_000
+
+
 def _flag_key(tenant: Tenant, month: date) -> str:
     return redis_key("quota-exhausted", f"{month:%Y-%m}", tenant=tenant)
 
@@ -86,11 +95,11 @@ def quota_consume(*, runs: int = 1) -> int:
     tenant = current_tenant()
     quota = effective_entitlements(tenant).monthly_run_quota
     month = month_start()
-    redis = get_redis()
-    flag = _flag_key(tenant, month)
-    flagged = redis.get(flag)
-    if flagged is not None and int(flagged) == quota:
-        raise _quota_error(tenant, quota)
+    flag, seen = _flag_key(tenant, month), _room_seen.get((tenant.pk, month))
+    if seen is None or seen[0] != quota or seen[1] + runs > quota:
+        flagged = get_redis().get(flag)
+        if flagged is not None and int(flagged) == quota:
+            raise _quota_error(tenant, quota)
     # One statement, atomic on its own: no savepoint inside the caller's transaction (two round trips).
     with connection.cursor() as cursor:
         cursor.execute(
@@ -106,10 +115,14 @@ def quota_consume(*, runs: int = 1) -> int:
         )
         row = cursor.fetchone()
     if row is None:
+        _room_seen.pop((tenant.pk, month), None)
         if runs == 1:  # only a refused single run proves the month is used up
             ttl = max(1, int((next_reset() - timezone.now()).total_seconds()))
-            redis.set(flag, quota, ex=ttl)
+            get_redis().set(flag, quota, ex=ttl)
         raise _quota_error(tenant, quota)
+    if len(_room_seen) >= _ROOM_SEEN_MAX:
+        _room_seen.clear()
+    _room_seen[(tenant.pk, month)] = (quota, int(row[0]))
     return int(row[0])
 
 

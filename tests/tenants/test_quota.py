@@ -224,6 +224,32 @@ def test_once_the_quota_is_used_up_refusals_come_from_redis_without_a_query(
     assert usage_row(tenant) == 1
 
 
+def test_while_this_process_s_last_charge_left_room_the_flag_is_not_read(tenant, redis_client, monkeypatch):
+    with_quota(tenant, 3)
+    charge(tenant)  # the month's first: the flag is read once
+    reads: list[str] = []
+    real = usage.get_redis
+
+    def counting() -> object:
+        client = real()
+        reads.append("client")
+        return client
+
+    monkeypatch.setattr(usage, "get_redis", counting)
+    charge(tenant)
+    charge(tenant)  # the last run of the quota: the charge before left room for it
+    assert reads == []
+    with pytest.raises(QuotaExceeded):
+        charge(tenant)  # no room left: the flag is read, then PostgreSQL refuses and Redis remembers
+    assert reads
+    assert redis_client.exists(flag_key(tenant)) == 1
+    reads.clear()
+    with pytest.raises(QuotaExceeded):
+        charge(tenant)  # from the flag
+    assert reads == ["client"]
+    assert usage_row(tenant) == 3
+
+
 def test_an_override_raising_the_quota_clears_the_redis_flag(tenant, redis_client):
     with_quota(tenant, 1)
     charge(tenant)
