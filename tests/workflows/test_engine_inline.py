@@ -387,6 +387,18 @@ def test_a_run_s_start_takes_three_round_trips_its_row_and_first_writes_sent_wit
     assert queued(tenant) == {items.step_item_id(by_node(tenant, run)["a"].pk)}
 
 
+def test_a_run_its_first_tick_finishes_is_written_finished_with_the_row_that_creates_it(tenant):
+    put(tenant, "skipped", {"nodes": [{**echo("a", {"n": 1}), "when": {"path": "input.go", "op": "exists"}}]})
+    run = start(tenant, "skipped")
+
+    with tenant_context(tenant):
+        stored = WorkflowRun.objects.get(pk=run.pk)
+        types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert (stored.status, stored.finished_at is not None) == (WorkflowRun.Status.SUCCEEDED, True)
+    assert types == ["created", "started", "step_skipped", "succeeded"]
+    assert by_node(tenant, run)["a"].status == StepRun.Status.SKIPPED
+
+
 def test_a_start_that_loses_the_idempotency_key_s_race_at_the_commit_returns_the_winner_charged_once(tenant):
     put(tenant, "one", {"nodes": [echo("a", {"n": 1})]})
     with tenant_context(tenant):

@@ -72,7 +72,10 @@ class Journal:
         parts = [rows_insert(rows) for rows in (self.runs, self.steps) if rows]
         if self.events:
             parts.append(events_insert(self.events))
-        parts += [state_update(run) for run in {run.pk: run for run in self.states}.values()]  # each once, as last seen
+        # Each run's state once, as last seen; a new run's row is inserted with it (an UPDATE in the
+        # same statement would not see that row).
+        new = {run.pk for run in self.runs}
+        parts += [state_update(run) for run in {run.pk: run for run in self.states}.values() if run.pk not in new]
         with connection.cursor() as cursor:
             cursor.execute(*together(parts))
         rows_inserted(self.runs)
