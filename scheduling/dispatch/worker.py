@@ -4,8 +4,9 @@ Workers run with prefetch disabled, ``acks_late`` and ``reject_on_worker_lost``.
 ``execute_item`` runs inside the item's tenant context (``@tenant_task``),
 runs its delivery (``delivery.run``), then the next items of its Celery queue
 by handoff (``handoff.chain``), what each item's commit enqueues held to travel
-with the next handoff's round trip (``fair_queue.holding_enqueues``); the last ack and the dispatch credit go to the
-process's finisher, sent right after the task whatever happened. Its Celery
+with the next handoff's round trip (``fair_queue.holding_enqueues``); the last
+ack and the dispatch credit go to the process's finisher, sent right after the
+task whatever happened. Its Celery
 result is not stored: the fair queue is the record of what ran. What Celery's
 tools show of it (its name, a failed item as a failed task, the handed-off
 items as tasks of their own) is ``task_events``'s.

@@ -4,8 +4,8 @@ run's new state (``add_state``) and the rows of the runs it starts, all in one s
 rather than one per row.
 
 Inside ``with journal():`` a new run (``add_run``) or attempt (``add_step``) is kept in memory
-until the block ends: it can still be changed (``attempts.finish`` of an unsaved attempt sets its fields only), and
-its id is known at once. An event (``add_event``) is numbered when it is written: its ``seq``
+until the block ends: it can still be changed (``attempts.finish`` of an unsaved attempt sets
+its fields only), and its id is known at once. An event (``add_event``) is numbered when it is written: its ``seq``
 follows the run's last one in the same statement (the run's row lock orders the writers).
 Outside a block each write goes at once. A nested block joins the outer one; ``mark()`` and
 ``rollback_to()`` drop what was gathered since a mark, as a savepoint rolled back drops what was
