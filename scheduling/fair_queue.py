@@ -590,9 +590,14 @@ def enqueue_many(
 
 def _enqueue_segment(tenant: Tenant, args: list[Any]) -> list[Any]:
     """One ``fq_enqueue`` call of one tenant's segment, in its shard, followed should it move."""
-    tenant_id = str(tenant.pk)
-    return list(tenant_moves.follow(tenant_id, lambda: _run(
-        "fq_enqueue", [redis_key("fq", "items", tenant=tenant)], [*_header(shard_of(tenant_id)), *args])))
+    return list(tenant_moves.follow(str(tenant.pk), lambda: _enqueue_call(tenant, args)))
+
+
+def _enqueue_call(tenant: Tenant, args: list[Any], batch: scripts.Batch | None = None,
+                  again: Callable[[], Any] | None = None) -> Any:
+    """The ``fq_enqueue`` call of one tenant's segment, in its shard (``_run``'s ``batch``, ``again``)."""
+    return _run("fq_enqueue", [redis_key("fq", "items", tenant=tenant)],
+                [*_header(shard_of(str(tenant.pk))), *args], batch, again)
 
 
 # The enqueues held for the next ``handoff`` of the context (``holding_enqueues``): each one
@@ -640,9 +645,7 @@ def holding_enqueues() -> Iterator[None]:
 def _queue_held(batch: scripts.Batch, held: list[tuple[Tenant, list[Any]]]) -> None:
     """The held segments' ``fq_enqueue`` calls on ``batch`` (each followed where its tenant moved)."""
     for tenant, args in held:
-        tenant_id = str(tenant.pk)
-        _run("fq_enqueue", [redis_key("fq", "items", tenant=tenant)], [*_header(shard_of(tenant_id)), *args],
-             batch=batch, again=partial(_enqueue_segment, tenant, args))
+        _enqueue_call(tenant, args, batch, again=partial(_enqueue_segment, tenant, args))
 
 
 def _settle_held(held: list[tuple[Tenant, list[Any]]], replies: list[Any]) -> list[Exception]:

@@ -177,6 +177,24 @@ def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_ten
 
 
 @pytest.mark.django_db
+def test_held_enqueues_of_two_tenants_each_go_to_their_own_queue_and_none_without_a_tenant(
+        make_tenant, redis_client):
+    a, _ = make_tenant("handoff-held-a")
+    b, _ = make_tenant("handoff-held-b")
+    with fq.holding_enqueues():
+        soon(a, "of-a")
+        soon(b, "of-b")
+        with pytest.raises(TenantScopeError):
+            fq.enqueue_soon([fq.NewItem("nobody", "standard", "p", {"kind": "test.noop"})])
+    assert (fq.stats(a).backlog, fq.stats(b).backlog) == (1, 1)
+    with tenant_context(a):
+        assert not fq.remove("of-b")  # b's item is not in a's queue
+        assert fq.remove("of-a")
+    with tenant_context(b):
+        assert fq.remove("of-b")
+
+
+@pytest.mark.django_db
 def test_an_enqueue_held_is_validated_when_it_is_made(make_tenant, redis_client):
     tenant, _ = make_tenant("handoff-held-bad")
     with fq.holding_enqueues(), tenant_context(tenant), pytest.raises(fq.TierNotAllowed):
