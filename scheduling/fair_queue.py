@@ -642,6 +642,20 @@ def holding_enqueues() -> Iterator[None]:
                 log.error("held_enqueues_lost", segments=len(held), error=repr(failed[0]))
 
 
+def _after_held(calls: Callable[[scripts.Batch], None]) -> list[Any]:
+    """The replies of the script calls that ``calls`` puts on a batch, sent after the enqueues
+    held in this context (``holding_enqueues``), in one round trip. Held segments that failed stay
+    held, for the block's end."""
+    batch, held = scripts.Batch(), _held.get() or []
+    _queue_held(batch, held)
+    sent = len(held)
+    calls(batch)
+    replies = batch.execute()
+    if sent and (failed := _settle_held(held, replies[:sent])):
+        log.warning("held_enqueues_failed", segments=len(failed), error=repr(failed[0]))
+    return replies[sent:]
+
+
 def _queue_held(batch: scripts.Batch, held: list[tuple[Tenant, list[Any]]]) -> None:
     """The held segments' ``fq_enqueue`` calls on ``batch`` (each followed where its tenant moved)."""
     for tenant, args in held:
@@ -784,18 +798,17 @@ def handoff(
     _dispatcher_side()
     shard = _check_shard(shard)
     _at_least("lease_ms", lease_ms, 1)
-    batch, held = scripts.Batch(), _held.get() or []
-    _queue_held(batch, held)
-    sent = len(held)
+    tiers = _tiers(tiers)
     if finished is not None:
         finished = Finished(*finished)
-        queue_ack(batch, finished.item_id, delivery=finished.delivery, tenant=finished.tenant,
-                  work_ms=finished.work_ms)
-    _queue_dequeue(batch, shard, lease_ms, _tiers(tiers), 1)
-    replies = batch.execute()
-    if sent and (failed := _settle_held(held, replies[:sent])):  # sent again at the block's end
-        log.warning("held_enqueues_failed", segments=len(failed), error=repr(failed[0]))
-    *acked, reply = replies[sent:]
+
+    def calls(batch: scripts.Batch) -> None:
+        if finished is not None:
+            queue_ack(batch, finished.item_id, delivery=finished.delivery, tenant=finished.tenant,
+                      work_ms=finished.work_ms)
+        _queue_dequeue(batch, shard, lease_ms, tiers, 1)
+
+    *acked, reply = _after_held(calls)
     if acked and isinstance(acked[0], Exception):
         raise acked[0]
     found, more = _dequeue_reply(reply)
@@ -867,9 +880,16 @@ def ack(item_id: str, *, delivery: int | None = None, work_ms: float | None = No
     Redis's clock, which counts its wait in a broker too: at most four times the
     tenant's estimate for its kind. Returns False, changing nothing, when the item (in that
     ``delivery``, when given) is not in flight: idempotent. One round trip,
-    atomic. Raises ``TenantScopeError`` without a tenant.
+    atomic; inside ``holding_enqueues()``, the enqueues held so far go first in it. Raises
+    ``TenantScopeError`` without a tenant.
     """
-    return bool(_tenant_call("fq_ack", _tenant(tenant), item_id, _delivery(delivery), _work(work_ms)) == 1)
+    tenant = _tenant(tenant)
+    if not _held.get():
+        return bool(_tenant_call("fq_ack", tenant, item_id, _delivery(delivery), _work(work_ms)) == 1)
+    [acked] = _after_held(partial(queue_ack, item_id=item_id, delivery=delivery, tenant=tenant, work_ms=work_ms))
+    if isinstance(acked, Exception):
+        raise acked
+    return bool(acked == 1)
 
 
 def queue_ack(batch: scripts.Batch, item_id: str, *, delivery: int | None, tenant: Tenant,

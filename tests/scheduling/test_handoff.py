@@ -141,6 +141,32 @@ def test_an_enqueue_held_in_a_worker_s_block_travels_with_its_handoff_and_is_deq
 
 
 @pytest.mark.django_db
+def test_an_ack_in_a_worker_s_block_carries_the_held_enqueues_in_its_round_trip(
+        make_tenant, redis_client, monkeypatch):
+    tenant, _ = make_tenant("handoff-held-ack")
+    enqueue(tenant, 1, kind="test.noop", prefix="a")
+    first = fq.dequeue(lease_ms=LEASE_MS)
+    assert first is not None
+    real, sent = fq.scripts.Batch._send, []
+
+    def send(calls: list[Any]) -> list[Any]:
+        sent.append(len(calls))
+        return real(calls)
+
+    with fq.holding_enqueues():
+        soon(tenant, "next")
+        monkeypatch.setattr(fq.scripts.Batch, "_send", staticmethod(send))
+        assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant) is True
+        assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant) is False  # nothing held: alone
+        monkeypatch.undo()
+    assert sent == [2]  # the held enqueue and the ack, in one round trip; the second ack not batched
+    stats = fq.stats(tenant)
+    assert (stats.backlog, stats.in_flight) == (1, 0)
+    with tenant_context(tenant):
+        assert fq.remove("next")
+
+
+@pytest.mark.django_db
 def test_what_is_still_held_when_the_block_ends_is_sent_then_and_outside_a_block_at_once(
         make_tenant, redis_client):
     tenant, _ = make_tenant("handoff-held-end")

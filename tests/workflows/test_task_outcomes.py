@@ -114,3 +114,28 @@ def test_an_unusable_run_time_is_ignored_never_refused(value):
 def test_a_usable_run_time_is_kept():
     assert task_nodes.reported_work(0) == 0.0
     assert task_nodes.reported_work(12.5) == 12.5
+
+
+def test_a_batch_of_task_items_is_published_through_one_producer_per_broker(tenant_a, tenant_b, monkeypatch):
+    steps = [running_task_step(owner) for owner, _ in (tenant_a, tenant_b, tenant_b)]
+    for step in steps:
+        with tenant_context(step.tenant):
+            StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.QUEUED)
+    items = [Dequeued(tenant_id=str(step.tenant_id), item_id=f"step:{step.pk}", tier="standard", partition="p",
+                      payload={"kind": "task", "step_id": str(step.pk), "name": "team.add", "queue": "team",
+                               "timeout_s": 30},
+                      waited_ms=0, attempt=1, delivery=1, lease_until_ms=0) for step in steps]
+    app, taken = task_nodes.broker_app("default"), []
+    real = app.producer_or_acquire
+
+    def producer_or_acquire(*args: Any, **kwargs: Any) -> Any:
+        taken.append(1)
+        return real(*args, **kwargs)
+
+    sent: list[Any] = []
+    monkeypatch.setattr(app, "producer_or_acquire", producer_or_acquire)
+    monkeypatch.setattr(app, "send_task", lambda *args, **kwargs: sent.append(kwargs["producer"]))
+    task_nodes.publish(items)
+    assert len(sent) == 3  # every item sent, of both tenants
+    assert len(taken) == 1 and len({id(producer) for producer in sent}) == 1
+    assert [status_of(step.tenant, step) for step in steps] == ["running"] * 3

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -79,17 +80,33 @@ def publish(items: list[Dequeued]) -> None:
     by_tenant: dict[str, list[Dequeued]] = {}
     for item in items:
         by_tenant.setdefault(item.tenant_id, []).append(item)
-    for tenant_id, group in by_tenant.items():
-        try:
-            tenant = restore_tenant(tenant_id)
-        except UnknownTenant:
-            log.error("task_items_of_unknown_tenant", tenant_id=tenant_id, items=len(group))
-            continue
-        with acting_for(tenant, tenant_id=tenant_id):
-            _publish_tenant(group)
+    with ExitStack() as held:
+        producers = Producers(held)
+        for tenant_id, group in by_tenant.items():
+            try:
+                tenant = restore_tenant(tenant_id)
+            except UnknownTenant:
+                log.error("task_items_of_unknown_tenant", tenant_id=tenant_id, items=len(group))
+                continue
+            with acting_for(tenant, tenant_id=tenant_id):
+                _publish_tenant(group, producers)
 
 
-def _publish_tenant(group: list[Dequeued]) -> None:
+class Producers:
+    """One producer per broker for a batch's publishes, taken from its app's pool at its first and
+    given back when the batch ends (``held``), not taken and given back for each message."""
+
+    def __init__(self, held: ExitStack) -> None:
+        self._held = held
+        self._open: dict[int, Any] = {}
+
+    def of(self, app: Celery) -> Any:
+        if id(app) not in self._open:
+            self._open[id(app)] = self._held.enter_context(app.producer_or_acquire())
+        return self._open[id(app)]
+
+
+def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
     steps = start_tasks([str(item.payload["step_id"]) for item in group])
     batch = scripts.Batch()
     tenant = current_tenant()
@@ -105,7 +122,7 @@ def _publish_tenant(group: list[Dequeued]) -> None:
             step_timeout(str(step.id), {})
             continue
         try:
-            queue = _send(item, step)
+            queue = _send(item, step, producers)
         except NoQueue as exc:
             _fail_unsent(step, item, str(exc))
             continue
@@ -120,7 +137,7 @@ def _publish_tenant(group: list[Dequeued]) -> None:
         batch.execute()
 
 
-def _send(item: Dequeued, step: StepRun) -> str:
+def _send(item: Dequeued, step: StepRun, producers: Producers) -> str:
     """Send the step's task to its queue; the queue's name."""
     call = item.payload
     # A connection its admission chose, unless the catalog queue's own scope admitted it.
@@ -146,6 +163,7 @@ def _send(item: Dequeued, step: StepRun) -> str:
         callback = {"queue": RESULTS_QUEUE, "ignore_result": True, **traced}
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
+            producer=producers.of(app),
             headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
                                        f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
                              strict=True)),
@@ -247,8 +265,10 @@ def exception_of(task_id: str) -> dict[str, str]:
 
 def _keep(sent: Sent, outcome: Outcome) -> None:
     run_id = sent.run_id or StepRun.objects.filter(pk=sent.step_id).values_list("run_id", flat=True).first()
-    if run_id is not None:
-        record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
-    # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
-    # charged the run time its worker reported, else its time in flight (bounded).
-    fair_queue.ack(sent.item_id, delivery=sent.delivery, work_ms=sent.work_ms)
+    # The next steps its commit makes ready are enqueued in the ack's round trip.
+    with fair_queue.holding_enqueues():
+        if run_id is not None:
+            record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
+        # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
+        # charged the run time its worker reported, else its time in flight (bounded).
+        fair_queue.ack(sent.item_id, delivery=sent.delivery, work_ms=sent.work_ms)
