@@ -34,7 +34,11 @@ from scheduling.dispatch.worker import execute_item, message_kwargs
 
 log = structlog.get_logger(__name__)
 
-# Credits a dispatcher reserves per call, at most (it gives back what it does not use).
+# Credits a dispatcher asks for per queue and round: at first ``RESERVE_MIN``, doubled after a round
+# that used all it got (more was due), at most ``RESERVE_BATCH``; after a round that used fewer,
+# twice what it used. Each credit is a Redis entry made and, unused, removed again: a round of a
+# few due items costs a few, not one per idle slot of the fleet.
+RESERVE_MIN = 8
 RESERVE_BATCH = 1000
 # A dispatcher without credits sleeps until a credit frees, or this long at most (so system
 # work waits at most this long while the work queue is saturated).
@@ -57,6 +61,7 @@ class Dispatcher:
         # Its shards: ``shards``, or its share of them among the live dispatchers (``ShardPlan``).
         self.plan = ShardPlan(shards)
         self._held: dict[str, list[str]] = {queue: [] for queue in QUEUES}
+        self._ask = dict.fromkeys(QUEUES, RESERVE_MIN)
         self._starved = False
         self._drained = False
         self.dispatched = 0
@@ -71,7 +76,8 @@ class Dispatcher:
         takes new ones, or until it sleeps."""
         held = self._held
         self._held = {queue: [] for queue in QUEUES}  # should the call fail, those age out
-        self._held = credits.reserve_credits({queue: RESERVE_BATCH for queue in QUEUES}, give_back=held)
+        self._held = credits.reserve_credits(self._ask, give_back=held)
+        reserved = {queue: len(taken) for queue, taken in self._held.items()}
         no_system_credit = not self._held[SYSTEM_QUEUE]
         dispatched = 0
         drained = True  # every dequeue came back short of its credits: nothing more is due now
@@ -87,7 +93,13 @@ class Dispatcher:
                 drained = drained and len(items) < limit
                 dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.
-        self._starved = no_system_credit or not self._held[WORK_QUEUE]
+        # A round that used all it asked for, and got all of it, is not out: it asks for more.
+        used_up = not self._held[WORK_QUEUE] and reserved[WORK_QUEUE] < self._ask[WORK_QUEUE]
+        self._starved = no_system_credit or used_up
+        for queue, got in reserved.items():
+            used = got - len(self._held[queue])
+            wanted_more = used == got == self._ask[queue]
+            self._ask[queue] = min(RESERVE_BATCH, max(RESERVE_MIN, 2 * self._ask[queue] if wanted_more else 2 * used))
         # Drained: the next round would find nothing, so the dispatcher sleeps at once; what was
         # enqueued since its dequeue left a wake-up signal, which ends that sleep at once.
         self._drained = drained

@@ -31,7 +31,7 @@ from scheduling import fair_queue as fq
 from scheduling.coordinator.reaper import reap_all
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.dispatch import credits as broker
-from scheduling.dispatch.dispatcher import Dispatcher
+from scheduling.dispatch.dispatcher import RESERVE_MIN, Dispatcher
 from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
@@ -208,6 +208,47 @@ def test_a_dispatcher_that_took_every_due_item_sleeps_at_once_on_all_its_shards_
     assert sleeps == [dispatcher.shards]
     assert broker.busy(WORK_QUEUE) == 2  # the two messages published; the unused credits given back
     assert broker.busy(SYSTEM_QUEUE) == 0
+
+
+@pytest.mark.django_db
+def test_a_dispatcher_asks_for_the_credits_its_load_needs_not_one_per_idle_slot_of_the_fleet(
+    make_tenant, redis_client, monkeypatch
+):
+    """Each credit is a Redis entry made and, unused, removed again: a round of one due item costs a
+    few whatever the fleet, and a backlog doubles the ask each round that used all it got, without
+    waiting for a freed credit it does not need."""
+    tenant, _ = make_tenant("asks")
+    broker.register_worker("fake@host", [WORK_QUEUE, SYSTEM_QUEUE], 500)
+    dispatcher = Dispatcher(shards=list(range(settings.DUCTOR_QUEUE_SHARDS)))
+    enqueue(tenant, 1, kind="test.noop", prefix="one")
+    assert dispatcher.run_once() == 1
+    assert broker.busy(WORK_QUEUE) <= RESERVE_MIN  # the published one and the unused ones held
+    assert broker.busy(SYSTEM_QUEUE) <= RESERVE_MIN
+    dispatcher.give_back()
+    assert broker.busy(WORK_QUEUE) == 1
+    assert fq.ack("one0", tenant=tenant)  # its partition free for the backlog
+
+    enqueue(tenant, 3 * RESERVE_MIN, kind="test.noop", partitions=3 * RESERVE_MIN, prefix="backlog")
+    reserved: list[int] = []
+    real_reserve = broker.reserve_credits
+
+    def reserve_credits(wanted: dict[str, int], **call: Any) -> dict[str, list[str]]:
+        reserved.append(wanted[WORK_QUEUE])
+        return real_reserve(wanted, **call)
+
+    def starved(*, timeout_s: float) -> bool:
+        raise AssertionError("a dispatcher with credits to take waited for a freed one")
+
+    stop = threading.Event()
+    monkeypatch.setattr(broker, "reserve_credits", reserve_credits)
+    monkeypatch.setattr(broker, "wait_for_credit", starved)
+    monkeypatch.setattr(fq, "wait_for_work", lambda **call: stop.set())
+    dispatcher.run_forever(stop)
+    assert dispatcher.dispatched == 1 + 3 * RESERVE_MIN
+    # The first round used one of its 8: it asks for 8 again; those used up, 16, then 32 (all
+    # 24 out), and a round more that finds nothing due.
+    assert reserved == [RESERVE_MIN, 2 * RESERVE_MIN, 4 * RESERVE_MIN]
+    assert fq.stats(tenant).backlog == 0
 
 
 @pytest.mark.django_db
