@@ -111,31 +111,42 @@ def soon(tenant: Tenant, item_id: str) -> None:
         fq.enqueue_soon([fq.NewItem(item_id, "standard", f"p-{item_id}", {"kind": "test.noop"})])
 
 
-@pytest.mark.django_db
-def test_an_enqueue_held_in_a_worker_s_block_travels_with_its_handoff_and_is_dequeued_by_it(
-        make_tenant, redis_client, monkeypatch):
-    tenant, _ = make_tenant("handoff-held")
-    enqueue(tenant, 1, kind="test.noop", prefix="h")
+def one_in_flight(make_tenant: Any, slug: str) -> tuple[Tenant, fq.Dequeued]:
+    """A new tenant with one item, dequeued."""
+    tenant, _ = make_tenant(slug)
+    enqueue(tenant, 1, kind="test.noop", prefix=slug)
     first = fq.dequeue(lease_ms=LEASE_MS)
     assert first is not None
+    return tenant, first
+
+
+def batches_sent(monkeypatch: Any) -> list[int]:
+    """From now on, the number of script calls of each batch sent (one round trip each)."""
     real, sent = fq.scripts.Batch._send, []
 
     def send(calls: list[Any]) -> list[Any]:
-        sent.append([keys[0] for _, keys, _ in calls])
+        sent.append(len(calls))
         return real(calls)
 
+    monkeypatch.setattr(fq.scripts.Batch, "_send", staticmethod(send))
+    return sent
+
+
+@pytest.mark.django_db
+def test_an_enqueue_held_in_a_worker_s_block_travels_with_its_handoff_and_is_dequeued_by_it(
+        make_tenant, redis_client, monkeypatch):
+    tenant, first = one_in_flight(make_tenant, "handoff-held")
     with fq.holding_enqueues():
         soon(tenant, "next")
         assert fq.stats(tenant).backlog == 0  # held: not sent
-        monkeypatch.setattr(fq.scripts.Batch, "_send", staticmethod(send))
+        sent = batches_sent(monkeypatch)
         acked, nxt = fq.handoff((tenant, first.item_id, first.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
         monkeypatch.undo()
     assert acked is True
     assert nxt is not None
     assert nxt.item_id == "next"
     # One round trip: the enqueue (the tenant's items key), the ack (its too), the dequeue (the shard's).
-    assert len(sent) == 1
-    assert len(sent[0]) == 3
+    assert sent == [3]
     stats = fq.stats(tenant)
     assert (stats.backlog, stats.in_flight) == (0, 1)
 
@@ -143,19 +154,10 @@ def test_an_enqueue_held_in_a_worker_s_block_travels_with_its_handoff_and_is_deq
 @pytest.mark.django_db
 def test_an_ack_in_a_worker_s_block_carries_the_held_enqueues_in_its_round_trip(
         make_tenant, redis_client, monkeypatch):
-    tenant, _ = make_tenant("handoff-held-ack")
-    enqueue(tenant, 1, kind="test.noop", prefix="a")
-    first = fq.dequeue(lease_ms=LEASE_MS)
-    assert first is not None
-    real, sent = fq.scripts.Batch._send, []
-
-    def send(calls: list[Any]) -> list[Any]:
-        sent.append(len(calls))
-        return real(calls)
-
+    tenant, first = one_in_flight(make_tenant, "handoff-held-ack")
     with fq.holding_enqueues():
         soon(tenant, "next")
-        monkeypatch.setattr(fq.scripts.Batch, "_send", staticmethod(send))
+        sent = batches_sent(monkeypatch)
         assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant) is True
         assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant) is False  # nothing held: alone
         monkeypatch.undo()
