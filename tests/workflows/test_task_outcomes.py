@@ -137,5 +137,6 @@ def test_a_batch_of_task_items_is_published_through_one_producer_per_broker(tena
     monkeypatch.setattr(app, "send_task", lambda *args, **kwargs: sent.append(kwargs["producer"]))
     task_nodes.publish(items)
     assert len(sent) == 3  # every item sent, of both tenants
-    assert len(taken) == 1 and len({id(producer) for producer in sent}) == 1
+    assert len(taken) == 1
+    assert len({id(producer) for producer in sent}) == 1
     assert [status_of(step.tenant, step) for step in steps] == ["running"] * 3
