@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from ductor_project.core.context import current_tenant, tenant_context
 from tenants import selectors, services
 from tenants.api import PlatformViewSet, TenantAPIView, TenantViewSet
+from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.serializers import (
     ApiKeyCreatedSerializer,
@@ -27,6 +28,10 @@ from tenants.serializers import (
     TenantPlanSerializer,
     TenantSerializer,
 )
+
+# The limit an override sets or clears: one of the plans' limits (another is a 400 naming ``field``).
+LIMIT_PARAMETER = OpenApiParameter("field", str, OpenApiParameter.PATH, enum=list(LIMIT_FIELDS),
+                                   description="The limit: one of the plans' limits.")
 
 
 class CurrentTenantView(TenantAPIView):
@@ -152,7 +157,9 @@ class PlatformTenantViewSet(PlatformViewSet):
         rows = selectors.override_list(selectors.get_tenant(slug))
         return Response(OverrideSerializer(rows, many=True).data)
 
-    @extend_schema(request=OverrideSetSerializer, responses={200: OverrideSerializer, 204: None})
+    @extend_schema(methods=["PUT"], parameters=[LIMIT_PARAMETER], request=OverrideSetSerializer,
+                   responses={200: OverrideSerializer})
+    @extend_schema(methods=["DELETE"], parameters=[LIMIT_PARAMETER], request=None, responses={204: None})
     @action(detail=True, methods=["put", "delete"], url_path=r"overrides/(?P<field>[a-z_]+)")
     def override(self, request: Request, slug: str, field: str) -> Response:
         tenant = selectors.get_tenant(slug)

@@ -26,6 +26,7 @@ from rest_framework.test import APIClient
 from ductor_project.core.errors import ErrorCode, error_body, exception_handler
 from ductor_project.core.openapi import collection_of, render_descriptions, rst_to_markdown, tag_for
 from scheduling import rules
+from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import Tier
 from tenants.permissions import IsPlatformAdmin
 from workflows import spec as spec_module
@@ -218,8 +219,10 @@ def test_an_invalid_rule_fails_its_schema(schema: dict[str, Any], component: str
 def test_every_operation_declares_its_error_responses_in_the_one_error_shape(schema: dict[str, Any]) -> None:
     for path, method, operation in operations(schema):
         expected = {"401", "403", "404", "406", "429", "503"}
-        if "requestBody" in operation or any(p["in"] == "query" for p in operation.get("parameters", [])):
-            expected.add("400")
+        parameters = operation.get("parameters", [])
+        if ("requestBody" in operation or any(p["in"] == "query" for p in parameters)
+                or any(p["in"] == "path" and "enum" in p["schema"] for p in parameters)):
+            expected.add("400")  # a body, a query or a path that names a choice can be invalid
         if "requestBody" in operation:
             expected |= {"413", "415"}
         if method != "get":
@@ -231,6 +234,18 @@ def test_every_operation_declares_its_error_responses_in_the_one_error_shape(sch
             assert content == {"$ref": "#/components/schemas/Error"}, (method, path, status)
         assert "Retry-After" in responses["429"]["headers"]
         assert "WWW-Authenticate" in responses["401"]["headers"]
+
+
+def test_an_override_s_limit_is_one_of_the_plans_limits_and_each_method_documents_its_own_answers(
+        schema: dict[str, Any]) -> None:
+    operations = schema["paths"]["/api/v1/tenants/{slug}/overrides/{field}/"]
+    for method in ("put", "delete"):
+        [limit] = [p for p in operations[method]["parameters"] if p["name"] == "field"]
+        assert sorted(limit["schema"]["enum"]) == sorted(LIMIT_FIELDS)
+        assert "400" in operations[method]["responses"]  # another name is refused, naming it
+    assert {"200", "204"} & set(operations["put"]["responses"]) == {"200"}
+    assert {"200", "204"} & set(operations["delete"]["responses"]) == {"204"}
+    assert "requestBody" not in operations["delete"]
 
 
 def _answer(exc: Exception) -> Any:

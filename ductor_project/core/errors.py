@@ -339,11 +339,14 @@ def error_components() -> dict[str, dict[str, Any]]:
 
 def _error_statuses(method: str, operation: dict[str, Any]) -> dict[int, str]:
     """The error statuses an operation can answer: every one can refuse the caller; one with a
-    query or a body can find it invalid (a bad id in the path is a 404); a write can conflict;
-    a body can be refused."""
+    query, a body or a path parameter that names one of a set of choices can find it invalid (a
+    bad id in the path is a 404); a write can conflict; a body can be refused."""
     statuses = dict(_ANY_OPERATION)
-    takes_query = any(parameter.get("in") == "query" for parameter in operation.get("parameters", []))
-    if takes_query or "requestBody" in operation:
+    parameters = operation.get("parameters", [])
+    takes_query = any(parameter.get("in") == "query" for parameter in parameters)
+    names_a_choice = any(parameter.get("in") == "path" and "enum" in parameter.get("schema", {})
+                         for parameter in parameters)
+    if takes_query or names_a_choice or "requestBody" in operation:
         statuses |= _WITH_INPUT
     if method in _UNSAFE_METHODS:
         statuses |= _UNSAFE
