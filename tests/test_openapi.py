@@ -30,6 +30,7 @@ from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import Tier
 from tenants.permissions import IsPlatformAdmin
 from workflows import spec as spec_module
+from workflows.models import WorkflowRun
 from workflows.spec import COMMON_FIELDS, NODE_TYPES, TYPE_FIELDS, validate_spec
 from workflows.spec_schema import NODE_SCHEMAS
 
@@ -246,6 +247,14 @@ def test_an_override_s_limit_is_one_of_the_plans_limits_and_each_method_document
     assert {"200", "204"} & set(operations["put"]["responses"]) == {"200"}
     assert {"200", "204"} & set(operations["delete"]["responses"]) == {"204"}
     assert "requestBody" not in operations["delete"]
+
+
+def test_the_run_list_declares_each_filter_with_the_type_it_is_validated_as(schema: dict[str, Any]) -> None:
+    parameters = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/runs/"]["get"]["parameters"]}
+    assert set(parameters["status"]["enum"]) == set(WorkflowRun.Status.values)
+    assert parameters["created_after"]["format"] == parameters["created_before"]["format"] == "date-time"
+    assert parameters["root_run_id"]["format"] == "uuid"
+    assert (parameters["page_size"]["minimum"], parameters["page_size"]["maximum"]) == (1, 500)
 
 
 def _answer(exc: Exception) -> Any:

@@ -106,8 +106,9 @@ class RunFilterSerializer(StrictSerializer):
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
     root_run_id = serializers.UUIDField(required=False)
-    cursor = serializers.CharField(required=False)
-    page_size = serializers.IntegerField(required=False, min_value=1, max_value=500)
+    cursor = serializers.CharField(required=False, help_text="The pagination cursor value.")
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=500,
+                                         help_text="Number of results to return per page.")
 
 
 class StepRunSerializer(StrictModelSerializer):

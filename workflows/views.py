@@ -128,11 +128,7 @@ class RunViewSet(TenantViewSet):
     serializer_class = RunSerializer
     queryset = WorkflowRun.all_tenants.none()
 
-    @extend_schema(parameters=[
-        OpenApiParameter("status", str), OpenApiParameter("workflow", str),
-        OpenApiParameter("created_after", str), OpenApiParameter("created_before", str),
-        OpenApiParameter("root_run_id", str),
-    ])
+    @extend_schema(parameters=[RunFilterSerializer])  # each filter with its type, as it is validated
     def list(self, request: Request) -> Response:
         filters = RunFilterSerializer(data=request.query_params.dict())
         filters.is_valid(raise_exception=True)
