@@ -207,7 +207,9 @@ class FairnessKeyViewSet(TenantViewSet):
     @extend_schema(request=FairnessKeyWeightSerializer, responses={200: FairnessKeySerializer})
     def update(self, request: Request, pk: str, partial: bool = False) -> Response:
         row = selectors.get_fairness_key_for_tenant(pk)
-        row = services.fairness_key_update(fairness_key=row, **parse(FairnessKeyWeightSerializer, request.data))
+        changes = parse(FairnessKeyWeightSerializer, request.data, partial=partial)
+        if changes:  # a PATCH may name nothing to change: the key as it is
+            row = services.fairness_key_update(fairness_key=row, **changes)
         return Response(FairnessKeySerializer(row).data)
 
     @extend_schema(request=FairnessKeyWeightSerializer, responses={200: FairnessKeySerializer})

@@ -114,6 +114,20 @@ def test_a_key_that_has_a_weight_already_is_400_naming_key(db, make_tenant):
     assert list(response.json()["error"]["details"]) == ["key"]
 
 
+def test_a_patch_that_names_nothing_changes_nothing_and_a_put_needs_the_weight(db, make_tenant):
+    _, raw = make_tenant("kw-partial")
+    client = api_client(raw)
+    row = create(client, "gold", 3).json()
+
+    patched = client.patch(f"{URL}/{row['id']}", {}, format="json")
+    assert patched.status_code == 200  # as its schema says: every field of a PATCH is optional
+    assert (patched.json()["key"], patched.json()["weight"]) == ("gold", 3)
+    put = client.put(f"{URL}/{row['id']}", {}, format="json")
+    assert put.status_code == 400
+    assert list(put.json()["error"]["details"]) == ["weight"]
+    assert client.get(f"{URL}/{row['id']}").json()["weight"] == 3
+
+
 def test_a_key_is_not_renamed_by_an_update(db, make_tenant):
     _, raw = make_tenant("kw-rename")
     client = api_client(raw)
