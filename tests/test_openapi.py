@@ -235,6 +235,8 @@ def test_every_operation_declares_its_error_responses_in_the_one_error_shape(sch
             assert content == {"$ref": "#/components/schemas/Error"}, (method, path, status)
         assert "Retry-After" in responses["429"]["headers"]
         assert "WWW-Authenticate" in responses["401"]["headers"]
+        # A request line too long for the web server: its own page, before the API sees it.
+        assert list(responses["414"]["content"]) == ["text/html"], (method, path)
 
 
 def test_an_override_s_limit_is_one_of_the_plans_limits_and_each_method_documents_its_own_answers(
