@@ -45,8 +45,8 @@ from bench.workflows import runs_per_s
 from ductor_project.stack import Child, Stack
 
 CONCURRENCY = 2
-CHAIN, RUNS, OUTSTANDING = 10, 40, 8
-BASELINE_TASKS = 1000
+CHAIN, RUNS, OUTSTANDING = 10, 200, 8  # 2,000 task steps: a steady state, not the ramp and the tail
+BASELINE_TASKS = 3000  # a few seconds too, as the phase it is compared with
 FAIR_RUNS, FAIR_MS, FAIR_SKIP, FAIR_WINDOW = 150, 20, 10, 140
 WEIGHTS = (1, 2, 4)
 TEAM_QUEUE, FAIR_QUEUE = "team", "team-fair"

@@ -58,10 +58,14 @@ CONCURRENCY = 2
 LATENCY_RUNS = 30
 LATENCY_WARMUP = 5
 LATENCY_GAP_S = 0.15
-RUNS_1NODE, OUTSTANDING_1NODE = 200, 20
-RUNS_10NODE, OUTSTANDING_10NODE = 40, 10
+# Long enough for a steady state (a few seconds each; 40 chains and 200 runs were over in about a
+# second, most of it the ramp and the tail), and, for one-node runs, enough unfinished that the
+# bench's own lazy polling does not bound them: with 20, a run that ended waited up to POLL_S for
+# its successor, so the phase measured about 20 / POLL_S, not the engine.
+RUNS_1NODE, OUTSTANDING_1NODE = 1000, 100
+RUNS_10NODE, OUTSTANDING_10NODE = 200, 10
 PHASE_BUDGET_S = 20.0
-BASELINE_TASKS = 1000
+BASELINE_TASKS = 3000  # a few seconds too, as the phases it is compared with
 DONE_TIMEOUT_S = 60.0
 PATH_RUNS = 20
 POLL_S = 0.05  # the bench's own polling shares the 2 CPUs with what it measures: keep it lazy
