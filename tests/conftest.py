@@ -12,6 +12,7 @@ first run leaves them out (deselected); the cluster run leaves out those marked
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -32,6 +33,7 @@ from ductor_project import redis_cluster
 from ductor_project.core.context import tenant_context
 from ductor_project.core.database.security import owner_credentials, use_credentials
 from ductor_project.core.keys import shard_of
+from ductor_project.logs import configure_logging
 from ductor_project.stack import Child, Stack
 from tenants import services
 from tenants.models import ApiKey, Tenant
@@ -184,6 +186,50 @@ def broker_redis() -> Any:
     import redis
 
     return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+
+def log_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON log records of a process's output (other lines are skipped)."""
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a process being killed
+    return records
+
+
+def handed_off(text: str) -> bool:
+    """Whether a worker's output shows an item taken by handoff (a process that finished one)."""
+    return any(line.get("event") == "dispatched" and line.get("handoff") for line in log_lines(text))
+
+
+class LogLines:
+    """What the process logged while a ``logged`` test ran: its lines, as they were written."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+
+    def lines(self) -> list[str]:
+        return [line for line in self.stream.getvalue().splitlines() if line]
+
+    def json(self, logger: str | None = None) -> list[dict[str, Any]]:
+        """The events of ``logger`` (every event without one)."""
+        events = [json.loads(line) for line in self.lines()]
+        return [event for event in events if logger is None or event.get("logger") == logger]
+
+
+@pytest.fixture
+def logged() -> Iterator[LogLines]:
+    """Every log line of the test (structlog's and the standard library's, at INFO and above, in
+    JSON), read from the stream the process logs to; the settings' logging after it."""
+    captured = LogLines()
+    configure_logging(fmt="json", level="INFO", stream=captured.stream)
+    try:
+        yield captured
+    finally:
+        configure_logging(fmt=settings.DUCTOR_LOG_FORMAT, level=settings.DUCTOR_LOG_LEVEL)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from scheduling.models import Connection, Pool, PoolMember, Rule
 from scheduling.secrets import decrypt
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant
-from tests.conftest import api_client, error_code, in_threads
+from tests.conftest import LogLines, api_client, error_code, in_threads
 
 pytestmark = pytest.mark.usefixtures("redis_client")
 
@@ -285,9 +285,9 @@ def test_an_empty_secret_on_update_removes_it(client_a: APIClient) -> None:
 
 
 def test_secret_never_appears_in_log_output(
-    client_a: APIClient, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    client_a: APIClient, logged: LogLines, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    caplog.set_level(logging.DEBUG)
+    logging.getLogger().setLevel(logging.DEBUG)  # the fixture's configuration ends with the test
     created = create(client_a, "connections", http_body(secret=SECRET))
     url = f"/api/v1/connections/{created['id']}"
     client_a.patch(url, {"secret": SECRET}, format="json")
@@ -297,11 +297,11 @@ def test_secret_never_appears_in_log_output(
     client_a.delete(url)
 
     out, err = capfd.readouterr()
-    logged = caplog.text + out + err
-    assert "connection_created" in logged
-    assert "connection_secret_rotated" in logged
-    assert SECRET not in logged
-    assert NEW_SECRET not in logged
+    text = "\n".join(logged.lines()) + out + err
+    assert "connection_created" in text
+    assert "connection_secret_rotated" in text
+    assert SECRET not in text
+    assert NEW_SECRET not in text
 
 
 def test_secret_never_appears_in_admin_pages(client_a: APIClient, superuser_client: Client) -> None:

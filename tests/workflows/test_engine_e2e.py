@@ -31,7 +31,7 @@ from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
-from tests.conftest import api_client, celery_worker_child, error_code, service_env, service_stack
+from tests.conftest import api_client, celery_worker_child, error_code, log_lines, service_env, service_stack
 from tests.waiting import wait_for
 from workflows import services
 from workflows.engine import items, reconcile
@@ -170,18 +170,6 @@ def snapshot(tenant: Tenant, run: WorkflowRun) -> tuple[Any, ...]:
                  for s in steps(tenant, run)]
     return (current.status, json.dumps(current.output, sort_keys=True), step_rows,
             [(e.seq, e.type, e.node_id) for e in events(tenant, run)])
-
-
-def log_lines(text: str) -> list[dict[str, Any]]:
-    """The JSON log records of a process's output (other lines are skipped)."""
-    records = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by a process being killed
-    return records
 
 
 def dispatches(stack: Processes, item_id: str) -> list[dict[str, Any]]:
