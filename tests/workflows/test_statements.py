@@ -135,6 +135,38 @@ def test_task_attempts_start_once_and_a_redelivered_one_keeps_its_start(two: Any
     assert StepRun.all_tenants.get(pk=step.pk).started_at == started.started_at
 
 
+def wal_flushes_of_this_backend() -> int:
+    """How often this connection's backend itself flushed WAL to disk (PostgreSQL's statistics of
+    the backend's own I/O): a synchronous commit of a write does, an asynchronous one leaves it to
+    the WAL writer."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_get_backend_io(pg_backend_pid()) "
+                       "WHERE object = 'wal'")
+        return int(cursor.fetchone()[0])
+
+
+def synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return str(cursor.fetchone()[0])
+
+
+def test_an_attempt_starts_without_waiting_for_the_disk_and_nothing_else_changes_its_commits(two: Any) -> None:
+    _, b, _, step = two
+    with tenant_context(b):
+        before = wal_flushes_of_this_backend()
+        assert statements.start_attempt(step.pk, None) is not None
+        assert statements.start_tasks([str(step.pk)])  # a task attempt's start, as the dispatcher's
+        assert wal_flushes_of_this_backend() == before
+        assert synchronous_commit() == "on"  # for the session's next commits
+        with transaction.atomic():  # in a transaction, the transaction's commit stays synchronous
+            StepRun.objects.filter(pk=step.pk).update(status="queued")
+            assert statements.start_attempt(step.pk, None) is not None
+            assert synchronous_commit() == "on"
+    assert stored(step)[0] == "running"
+
+
 def test_a_running_attempt_finishes_once_and_one_that_moved_on_is_left_alone(two: Any) -> None:
     _, b, run, step = two
     with tenant_context(b):
