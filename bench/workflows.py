@@ -16,8 +16,8 @@ runs left unfinished there: ``flush_state``), with one
    starts it), step row → step started (``step_hop``: the commit, enqueue, dispatcher,
    Celery, worker, routing and admission).
 2. **Runs per second**: ``RUNS_1NODE`` one-node runs and ``RUNS_10NODE`` runs of a
-   10-node chain (noop), started through ``workflows.services.run_start`` with a fixed
-   number unfinished at a time (a new run starts as soon as one ends); runs completed
+   10-node chain (noop), started through ``workflows.services.run_start`` by ``STARTERS``
+   threads, with a fixed number unfinished at a time (new runs start as runs end); runs completed
    per second from the first start until every run is terminal. A phase stops after
    ``PHASE_BUDGET_S`` on a slow or shared host: the runs completed by then count, the
    rest are cancelled. What each phase cost the system per step (``bench/_costs.py``):
@@ -40,8 +40,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import statistics
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -65,6 +67,7 @@ LATENCY_GAP_S = 0.15
 RUNS_1NODE, OUTSTANDING_1NODE = 1000, 100
 RUNS_10NODE, OUTSTANDING_10NODE = 200, 10
 PHASE_BUDGET_S = 20.0
+STARTERS = 2  # threads starting runs (``Starters``)
 BASELINE_TASKS = 3000  # a few seconds too, as the phases it is compared with
 DONE_TIMEOUT_S = 60.0
 PATH_RUNS = 20
@@ -134,38 +137,88 @@ def start_latency(tenant: Any, key: str, base_url: str) -> dict[str, Any]:
     }
 
 
+class Starters:
+    """``STARTERS`` threads that start runs of ``workflow`` for ``tenant`` through ``run_start``, in
+    parallel as several API processes would: one thread of starts, each waiting on its round trips,
+    was what bounded the one-node phase (the workers were idle half of the time). Each thread has
+    its own database connection, closed when it stops."""
+
+    def __init__(self, tenant: Any, workflow: str) -> None:
+        self.tenant, self.workflow = tenant, workflow
+        self._wanted: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._started: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._serve, daemon=True, name=f"starter-{n}")
+                         for n in range(STARTERS)]
+        for thread in self._threads:
+            thread.start()
+
+    def start(self, count: int) -> list[Any]:
+        """Start ``count`` runs; their ids (each, or the exception its start raised)."""
+        for _ in range(count):
+            self._wanted.put(1)
+        return [self._started.get() for _ in range(count)]
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._wanted.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _serve(self) -> None:
+        from django.db import connection
+
+        from ductor_project.core.context import tenant_context
+        from workflows.services import run_start
+
+        try:
+            with tenant_context(self.tenant):
+                while self._wanted.get() is not None:
+                    try:
+                        self._started.put(run_start(workflow=self.workflow)[0].pk)
+                    except Exception as exc:
+                        self._started.put(exc)
+        finally:
+            connection.close()
+
+
 def runs_per_s(tenant: Any, workflow: str, count: int, outstanding: int, steps_per_run: int = 1
                ) -> dict[str, Any]:
-    """Runs completed per second: ``count`` runs started through the service, at most
-    ``outstanding`` unfinished at a time (a new one starts as one ends), timed from the first
+    """Runs completed per second: ``count`` runs started through the service (by ``Starters``), at
+    most ``outstanding`` unfinished at a time (new ones start as runs end), timed from the first
     start until all are terminal. Steady-state throughput, whatever the speed of the host: on
     a slow one the phase stops after ``PHASE_BUDGET_S``, the runs done by then count, and the
     rest are cancelled so that they do not load the next phase. With what the phase cost per
     step (``Costs``; the bench's own polling left out), ``steps_per_run`` steps to a run."""
     from ductor_project.core.context import tenant_context
     from workflows.models import WorkflowRun
-    from workflows.services import run_cancel, run_start
+    from workflows.services import run_cancel
 
     active: set[Any] = set()
     started_ids: list[Any] = []
     done = 0
+    starters = Starters(tenant, workflow)
+    try:
+        with tenant_context(tenant):
+            costs = Costs.start()
+            started = time.perf_counter()
+            deadline = started + PHASE_BUDGET_S
+            while done < count and time.perf_counter() < deadline:
+                for run_id in starters.start(min(outstanding - len(active), count - len(started_ids))):
+                    if isinstance(run_id, Exception):
+                        raise run_id
+                    active.add(run_id)
+                    started_ids.append(run_id)
+                with costs.exclude():
+                    ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
+                                .values_list("pk", flat=True))
+                active -= ended
+                done += len(ended)
+                time.sleep(POLL_S)
+            elapsed = time.perf_counter() - started
+            cost = costs.per(done * steps_per_run)
+    finally:
+        starters.stop()
     with tenant_context(tenant):
-        costs = Costs.start()
-        started = time.perf_counter()
-        deadline = started + PHASE_BUDGET_S
-        while done < count and time.perf_counter() < deadline:
-            while len(active) < outstanding and len(started_ids) < count:
-                run = run_start(workflow=workflow)[0]
-                active.add(run.pk)
-                started_ids.append(run.pk)
-            with costs.exclude():
-                ended = set(WorkflowRun.objects.filter(pk__in=active, status__in=WorkflowRun.TERMINAL)
-                            .values_list("pk", flat=True))
-            active -= ended
-            done += len(ended)
-            time.sleep(POLL_S)
-        elapsed = time.perf_counter() - started
-        cost = costs.per(done * steps_per_run)
         runs = WorkflowRun.objects.filter(pk__in=started_ids)
         failed = runs.filter(status__in=WorkflowRun.TERMINAL).exclude(status="succeeded").count()
         for run in runs.exclude(status__in=WorkflowRun.TERMINAL):
