@@ -20,6 +20,7 @@ from kombu import Exchange, Queue
 
 from ductor_project import embedded
 from ductor_project.core import tracing
+from ductor_project.core.heap import freeze_startup_heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 
@@ -65,6 +66,13 @@ def _trace_worker(sender: Any = None, **kwargs: Any) -> None:
 @signals.worker_process_init.connect
 def _trace_pool_process(**kwargs: Any) -> None:
     tracing.configure()
+    freeze_startup_heap()
+
+
+@signals.worker_ready.connect
+def _freeze_worker(**kwargs: Any) -> None:
+    """The worker's own process (which runs the tasks of a solo or threads pool), once ready."""
+    freeze_startup_heap()
 
 
 @signals.worker_process_shutdown.connect

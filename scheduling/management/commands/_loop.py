@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ductor_project.core.heap import freeze_startup_heap
+
 
 def run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
     stop = threading.Event()
@@ -16,4 +18,5 @@ def run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
+    freeze_startup_heap()
     loop(stop)
