@@ -115,7 +115,7 @@ def unflushed(*, join: str) -> tuple[str, str]:
     that make a statement which is its own transaction commit asynchronously: without waiting
     for its WAL to reach the disk, about 0.1 ms here, on the step path's critical path. For the
     start of an attempt only: should the server crash before the WAL writer flushes it (within
-    ``wal_writer_delay``), the attempt is found queued again and its item, still leased, is
+    three times ``wal_writer_delay``), the attempt is found queued again and its item, still leased, is
     delivered again after its lease, as for a worker that died with it, and at least once holds.
     The outcome's commit, which the item's ack follows, flushes it first (WAL is written in
     order), and stays synchronous, as does every other commit. Inside a transaction, nothing:
