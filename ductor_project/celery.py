@@ -64,7 +64,9 @@ def _trace_worker(sender: Any = None, **kwargs: Any) -> None:
 
 
 @signals.worker_process_init.connect
-def _trace_pool_process(**kwargs: Any) -> None:
+def _start_pool_process(**kwargs: Any) -> None:
+    """A prefork pool's process, once forked: it traces, and keeps what it inherited out of the
+    garbage collector's way."""
     tracing.configure()
     freeze_startup_heap()
 
