@@ -16,6 +16,7 @@ its level, so ``DUCTOR_LOG_LEVEL`` and any logger's own level apply to both.
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.config
 import sys
@@ -48,8 +49,12 @@ def add_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
 
 def dumps(event_dict: EventDict, default: Any = None) -> str:
     """One event as JSON text, by orjson: a few times faster than ``json.dumps``. What it cannot
-    encode goes through ``default`` (structlog's renderer gives its fallback, the value's repr)."""
-    return orjson.dumps(event_dict, default=default, option=_JSON_OPTIONS).decode()
+    encode goes through ``default`` (structlog's renderer gives its fallback, the value's repr);
+    what it refuses outright (an integer beyond 64 bits) is written by ``json.dumps``."""
+    try:
+        return orjson.dumps(event_dict, default=default, option=_JSON_OPTIONS).decode()
+    except TypeError:
+        return json.dumps(event_dict, default=default)
 
 
 class LineWriter:
@@ -63,11 +68,21 @@ class LineWriter:
 
     def msg(self, message: str) -> None:
         handler = _console[0]
-        with handler.lock or _NO_LOCK:
-            handler.stream.write(message + "\n")
-            handler.flush()
+        try:
+            with handler.lock or _NO_LOCK:
+                handler.stream.write(message + "\n")
+                handler.flush()
+        except Exception:
+            failed(message)
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def failed(event: Any) -> None:
+    """A line that could not be made or written: reported as the standard library reports a
+    handler's failure (on standard error, unless ``logging.raiseExceptions`` is off), never raised
+    to the code that logged it."""
+    _console[0].handleError(logging.makeLogRecord({"msg": str(event)}))
 
 
 def _writer(*args: Any) -> LineWriter:
@@ -84,9 +99,13 @@ class BoundLogger(structlog.BoundLoggerBase):
     def _at(self, level: int, method: str, event: str | None, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         if not self._logger.enabled_for(level):
             return None
-        if args:
-            event = str(event) % args
-        return self._proxy_to_logger(method, event, **kw)
+        try:
+            if args:
+                event = str(event) % args
+            return self._proxy_to_logger(method, event, **kw)
+        except Exception:  # a processor or the renderer failed: the caller goes on, as with logging
+            failed(event)
+            return None
 
     def debug(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
         return self._at(logging.DEBUG, "debug", event, args, kw)

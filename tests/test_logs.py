@@ -147,3 +147,24 @@ def test_what_json_cannot_encode_is_logged_as_its_repr(logged: LogLines) -> None
     structlog.get_logger("ductor.test").info("odd values", value=Opaque(), ids={3}, ratio=float("nan"))
     (event,) = logged.json("ductor.test")
     assert (event["value"], event["ids"], event["ratio"]) == ("<opaque>", "{3}", None)
+
+
+def test_an_integer_json_cannot_hold_in_64_bits_is_still_written(logged: LogLines) -> None:
+    structlog.get_logger("ductor.test").info("big", value=2**70)
+    (event,) = logged.json("ductor.test")
+    assert event["value"] == 2**70
+
+
+def test_a_line_that_cannot_be_made_or_written_never_fails_the_code_that_logs(
+    logged: LogLines, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    log = structlog.get_logger("ductor.test")
+    log.info("cannot be rendered", value=Unprintable())
+    assert "--- Logging error ---" in capsys.readouterr().err  # reported as logging reports it
+    logged.stream.close()
+    log.info("cannot be written")
+    assert "--- Logging error ---" in capsys.readouterr().err
