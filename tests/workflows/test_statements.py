@@ -163,6 +163,7 @@ def test_an_attempt_starts_without_waiting_for_the_disk_and_nothing_else_changes
         with transaction.atomic():  # in a transaction, the transaction's commit stays synchronous
             StepRun.objects.filter(pk=step.pk).update(status="queued")
             assert statements.start_attempt(step.pk, None) is not None
+            assert statements.start_tasks([str(step.pk)])
             assert synchronous_commit() == "on"
     assert stored(step)[0] == "running"
 
