@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ductor_project.stack import Child, Stack
+
+N = TypeVar("N", int, float)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,7 +121,7 @@ def wait_until(done: Callable[[], Any], what: str, timeout: float = 120.0, every
     return value
 
 
-def percentile(values: list[int], q: float) -> int:
+def percentile(values: Sequence[N], q: float) -> N:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 100))

@@ -365,9 +365,11 @@ def step_latencies(tenant: Any, ids: list[Any]) -> dict[str, Any]:
                    timeout=DONE_TIMEOUT_S, every=0.5)
         failed = runs.exclude(status="succeeded").count()
         rows = StepRun.objects.filter(run_id__in=ids).values_list("created_at", "started_at")
-        latencies = [int((started - created).total_seconds() * 1000) for created, started in rows]
-    return {"steps": len(latencies), "runs_failed": failed, "p50_ms": percentile(latencies, 50),
-            "p99_ms": percentile(latencies, 99), "max_ms": max(latencies)}
+        # To a tenth of a millisecond: at a p99 of about 12 ms, whole milliseconds alone would move
+        # the growth by 8% a step.
+        latencies = [(started - created).total_seconds() * 1000 for created, started in rows]
+    return {"steps": len(latencies), "runs_failed": failed, "p50_ms": round(percentile(latencies, 50), 1),
+            "p99_ms": round(percentile(latencies, 99), 1), "max_ms": round(max(latencies), 1)}
 
 
 def old_runs_left(owner: Any) -> int:
