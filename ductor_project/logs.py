@@ -20,7 +20,6 @@ import json
 import logging
 import logging.config
 import sys
-import threading
 from typing import IO, Any
 
 import orjson
@@ -30,7 +29,6 @@ from structlog.types import EventDict, WrappedLogger
 from ductor_project.core.context import peek_tenant
 
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
-_NO_LOCK = threading.RLock()  # a handler whose lock was never made (it always is)
 
 # What ``configure_logging`` set, changed in place when it runs again: structlog's loggers are
 # cached on their first use, with this list of processors, and write to this handler.
@@ -68,12 +66,14 @@ class LineWriter:
 
     def msg(self, message: str) -> None:
         handler = _console[0]
+        handler.acquire()
         try:
-            with handler.lock or _NO_LOCK:
-                handler.stream.write(message + "\n")
-                handler.flush()
+            handler.stream.write(message + "\n")
+            handler.flush()
         except Exception:
             failed(message)
+        finally:
+            handler.release()
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
