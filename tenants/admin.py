@@ -234,8 +234,8 @@ class TenantEntitlementOverrideAdmin(SuperuserOnlyMixin, TenantScopedAdmin):
 
 @admin.register(MonthlyUsage)
 class MonthlyUsageAdmin(TenantScopedAdmin):
-    list_display = ["month", "runs_started"]
-    readonly_fields = ["month", "runs_started"]
+    list_display = ["month", "runs_started", "run_quota"]
+    readonly_fields = ["month", "runs_started", "run_quota"]
     date_hierarchy = "month"
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -245,15 +245,25 @@ class TenantEntitlementOverride(TenantScopedModel):
         return f"{self.field}={self.value}"
 
 
+WITHIN_RUN_QUOTA = "usage_within_run_quota"
+
+
 class MonthlyUsage(TenantScopedModel):
     """Runs started by a tenant in one calendar month (UTC). The truth for the run quota."""
 
     month = models.DateField(help_text="First day of the month, UTC.")
     runs_started = models.PositiveBigIntegerField(default=0)
+    run_quota = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="The monthly run quota the month's last charge was made under.")
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "month"], name="usage_unique_month")
+            models.UniqueConstraint(fields=["tenant", "month"], name="usage_unique_month"),
+            # What refuses a charge sent with its start's COMMIT (``usage.quota_consume_at_commit``).
+            models.CheckConstraint(
+                condition=models.Q(run_quota__isnull=True) | models.Q(runs_started__lte=models.F("run_quota")),
+                name=WITHIN_RUN_QUOTA,
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,7 +1,11 @@
 """Usage and the limits enforced on it: the monthly run quota and object ceilings.
 
 PostgreSQL is the truth for the run quota: one atomic upsert per run start,
-which only increments while under the quota. Redis holds a fast-path flag once
+which only increments while under the quota. A start that is a transaction of
+its own sends its charge with its ``COMMIT`` (``quota_consume_at_commit``), so
+that the month's row, which every start of the tenant updates, stays locked for
+the commit alone rather than for the whole start; a charge past the quota then
+fails the commit on the row's check constraint. Redis holds a fast-path flag once
 a month is used up, so refused starts do not touch PostgreSQL; a process whose
 last upsert for the tenant's month left room under the same quota does not ask
 for the flag (the upsert decides anyway: at worst one more refused upsert per
@@ -15,10 +19,11 @@ limits are invalidated.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.dispatch import receiver
 from django.utils import timezone
@@ -28,7 +33,7 @@ from ductor_project.core.errors import ApiError, ErrorCode
 from ductor_project.core.keys import redis_key
 from ductor_project.core.redis import get_redis
 from tenants.entitlements import CEILING_FIELDS, effective_entitlements, limits_changed
-from tenants.models import MonthlyUsage, Tenant
+from tenants.models import WITHIN_RUN_QUOTA, MonthlyUsage, Tenant
 
 
 class QuotaExceeded(ApiError):
@@ -82,48 +87,134 @@ def _quota_error(tenant: Tenant, quota: int) -> QuotaExceeded:
     )
 
 
+_TABLE = MonthlyUsage._meta.db_table
+
+
+@dataclass
+class Charge:
+    """One charge of the tenant's month: what it is made under, and what its answer means. Called,
+    it is the charge sent with a ``COMMIT`` (``quota_consume_at_commit``)."""
+
+    tenant: Tenant
+    month: date
+    quota: int
+    runs: int
+    cursor: Any = None  # the one its statement was sent on, read once the commit is back
+
+    def params(self) -> dict[str, Any]:
+        return {"tenant": self.tenant.pk, "month": self.month, "runs": self.runs, "quota": self.quota}
+
+    def __call__(self) -> None:
+        # Unconditional: past the quota, the row's check constraint fails the statement, and the commit.
+        self.cursor = connection.cursor()
+        self.cursor.execute(
+            f"""
+            INSERT INTO {_TABLE} (tenant_id, month, runs_started, run_quota)
+            VALUES (%(tenant)s, %(month)s, %(runs)s, %(quota)s)
+            ON CONFLICT (tenant_id, month) DO UPDATE
+                SET runs_started = {_TABLE}.runs_started + EXCLUDED.runs_started, run_quota = EXCLUDED.run_quota
+            RETURNING runs_started
+            """,  # noqa: S608 - table name from model meta, values are parameters
+            self.params(),
+        )
+
+    def committed(self) -> None:
+        with self.cursor as cursor:
+            self.room_left(int(cursor.fetchone()[0]))
+
+    def room_left(self, total: int) -> int:
+        """Note the month's new ``total`` (the flag is not read while it leaves room); returns it."""
+        if len(_room_seen) >= _ROOM_SEEN_MAX:
+            _room_seen.clear()
+        _room_seen[(self.tenant.pk, self.month)] = (self.quota, total)
+        return total
+
+    def refused(self, *, pending: int = 0) -> QuotaExceeded:
+        """PostgreSQL refused the charge: the refusal, remembered in Redis when it proves the month
+        is used up (a single run refused with no charge of the transaction still to commit)."""
+        _room_seen.pop((self.tenant.pk, self.month), None)
+        if self.runs == 1 and not pending:
+            ttl = max(1, int((next_reset() - timezone.now()).total_seconds()))
+            get_redis().set(_flag_key(self.tenant, self.month), self.quota, ex=ttl)
+        return _quota_error(self.tenant, self.quota)
+
+    def refusal(self, exc: IntegrityError) -> QuotaExceeded | None:
+        """The refusal when ``exc``, a commit's failure, is the row's check constraint."""
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != WITHIN_RUN_QUOTA:
+            return None
+        return self.refused()
+
+    @classmethod
+    def of(cls, runs: int) -> Charge:
+        """A charge of ``runs`` for the tenant in context, refused at once when the flag says the
+        month is used up under the same quota (read only when this process has not seen room)."""
+        if runs < 1:
+            raise ValueError(f"runs must be at least 1, not {runs!r}")
+        tenant = current_tenant()
+        quota = effective_entitlements(tenant).monthly_run_quota
+        month = month_start()
+        seen = _room_seen.get((tenant.pk, month))
+        if seen is None or seen[0] != quota or seen[1] + runs + pending_runs(tenant, month) > quota:
+            flagged = get_redis().get(_flag_key(tenant, month))
+            if flagged is not None and int(flagged) == quota:
+                raise _quota_error(tenant, quota)
+        return cls(tenant, month, quota, runs)
+
+
+def pending_runs(tenant: Tenant, month: date) -> int:
+    """Runs of the tenant's month that the transaction in progress charges with its ``COMMIT``."""
+    if not connection.in_atomic_block:
+        return 0
+    writes = connection.writes_with_commit()  # type: ignore[attr-defined]
+    charges = [write for write in writes if isinstance(write, Charge)]
+    return sum(charge.runs for charge in charges if charge.tenant.pk == tenant.pk and charge.month == month)
+
+
 def quota_consume(*, runs: int = 1) -> int:
     """Charge ``runs`` run starts to the tenant in context; returns the month's new total.
 
     Raises ``QuotaExceeded`` (429) when the quota would be passed, changing nothing,
     and ``ValueError`` when ``runs < 1``.
     Atomic under concurrency (one conditional upsert). Call it inside the
-    transaction that creates the run, so a failed start rolls the charge back.
+    transaction that creates the run, so a failed start rolls the charge back. What
+    the transaction charges with its commit counts as charged already.
     """
-    if runs < 1:
-        raise ValueError(f"runs must be at least 1, not {runs!r}")
-    tenant = current_tenant()
-    quota = effective_entitlements(tenant).monthly_run_quota
-    month = month_start()
-    flag, seen = _flag_key(tenant, month), _room_seen.get((tenant.pk, month))
-    if seen is None or seen[0] != quota or seen[1] + runs > quota:
-        flagged = get_redis().get(flag)
-        if flagged is not None and int(flagged) == quota:
-            raise _quota_error(tenant, quota)
+    charge = Charge.of(runs)
+    pending = pending_runs(charge.tenant, charge.month)
     # One statement, atomic on its own: no savepoint inside the caller's transaction (two round trips).
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            INSERT INTO {MonthlyUsage._meta.db_table} (tenant_id, month, runs_started)
-            SELECT %(tenant)s, %(month)s, %(runs)s WHERE %(runs)s <= %(quota)s
+            INSERT INTO {_TABLE} (tenant_id, month, runs_started, run_quota)
+            SELECT %(tenant)s, %(month)s, %(runs)s, %(quota)s WHERE %(runs)s + %(pending)s <= %(quota)s
             ON CONFLICT (tenant_id, month) DO UPDATE
-                SET runs_started = {MonthlyUsage._meta.db_table}.runs_started + EXCLUDED.runs_started
-                WHERE {MonthlyUsage._meta.db_table}.runs_started + EXCLUDED.runs_started <= %(quota)s
+                SET runs_started = {_TABLE}.runs_started + EXCLUDED.runs_started, run_quota = EXCLUDED.run_quota
+                WHERE {_TABLE}.runs_started + EXCLUDED.runs_started + %(pending)s <= %(quota)s
             RETURNING runs_started
             """,  # noqa: S608 - table name from model meta, values are parameters
-            {"tenant": tenant.pk, "month": month, "runs": runs, "quota": quota},
+            {**charge.params(), "pending": pending},
         )
         row = cursor.fetchone()
     if row is None:
-        _room_seen.pop((tenant.pk, month), None)
-        if runs == 1:  # only a refused single run proves the month is used up
-            ttl = max(1, int((next_reset() - timezone.now()).total_seconds()))
-            get_redis().set(flag, quota, ex=ttl)
-        raise _quota_error(tenant, quota)
-    if len(_room_seen) >= _ROOM_SEEN_MAX:
-        _room_seen.clear()
-    _room_seen[(tenant.pk, month)] = (quota, int(row[0]))
-    return int(row[0])
+        raise charge.refused(pending=pending)
+    return charge.room_left(int(row[0]))
+
+
+def quota_consume_at_commit(*, runs: int = 1) -> Charge:
+    """Charge ``runs`` run starts to the tenant in context with the ``COMMIT`` of the transaction
+    in progress, after its other writes (``send_with_commit``): the month's row, which every
+    start of the tenant updates, is locked from there to the commit's end only, not for the
+    whole transaction. For a start that is a transaction of its own; charges made before the
+    commit (``quota_consume``: a child run its first tick starts) count it as made.
+
+    Raises ``QuotaExceeded`` at once when the month is known to be used up (the flag). A charge
+    past the quota fails the commit on the row's check constraint (``WITHIN_RUN_QUOTA``) and
+    nothing of the transaction is kept: the caller turns that ``IntegrityError`` into the
+    refusal with the charge's ``refusal``."""
+    charge = Charge.of(runs)
+    connection.send_with_commit(charge, last=True)  # type: ignore[attr-defined]
+    transaction.on_commit(charge.committed)
+    return charge
 
 
 def runs_this_month() -> int:

@@ -14,7 +14,7 @@ from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
-from tenants.usage import enforce_ceiling, quota_consume
+from tenants.usage import enforce_ceiling, quota_consume, quota_consume_at_commit
 from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume
 from workflows.engine.events import record_event
@@ -154,17 +154,22 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
            rerun_of: WorkflowRun | None = None, fairness_key: str = "") -> tuple[WorkflowRun, bool]:
     """Create and start a run of ``found`` (checked by the caller), charging the quota: see ``run_start``."""
     workflow = found.definition.name
-    # In a transaction of its own, the run's row and its first tick's writes travel with the COMMIT.
+    # In a transaction of its own, the run's row and its first tick's writes travel with the COMMIT,
+    # and the quota's charge after them (the month's row stays locked for the commit alone).
     owned = not connection.in_atomic_block
+    charge = None
     try:
         with (tracing.span("ductor.run.start", workflow=workflow) as span, transaction.atomic(),
               journal(with_commit=owned)):
-            quota_consume(runs=1)
+            if owned:
+                charge = quota_consume_at_commit(runs=1)
+            else:
+                quota_consume(runs=1)
             # Written as started (what its first tick would make it first): one UPDATE of every index less.
             run = WorkflowRun(workflow=found, workflow_name=workflow, input=input or {},
-                              idempotency_key=idempotency_key or None, tier=tier, tags=tags or [], rerun_of=rerun_of,
-                              fairness_key=fairness_key or "", status=WorkflowRun.Status.RUNNING,
-                              started_at=timezone.now())
+                              idempotency_key=idempotency_key or None, tier=tier, tags=tags or [],
+                              rerun_of=rerun_of, fairness_key=fairness_key or "",
+                              status=WorkflowRun.Status.RUNNING, started_at=timezone.now())
             run.root_run_id = run.id
             span.set_attribute("run_id", str(run.id))
             add_run(run)  # written with the tick's writes; this transaction's until it commits: the tick's lock
@@ -174,7 +179,9 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
                 record_event(run, "created", version=found.number, rerun_of=str(rerun_of.pk))
             record_event(run, "started")
             advance_locked(run, latest={})  # a new run: no attempts yet
-    except IntegrityError:
+    except IntegrityError as exc:
+        if charge is not None and (refused := charge.refusal(exc)) is not None:
+            raise refused from None
         # Another request with the same idempotency key won the race.
         existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
         if existing is None:

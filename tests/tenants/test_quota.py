@@ -11,7 +11,7 @@ import threading
 from datetime import UTC, date, datetime, timedelta, timezone
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from ductor_project.core.capacity import acquire, tenant_in_flight, tenant_scope
 from ductor_project.core.context import TenantScopeError, tenant_context
@@ -26,6 +26,7 @@ from tenants.usage import (
     month_start,
     next_reset,
     quota_consume,
+    quota_consume_at_commit,
     runs_this_month,
 )
 from tests.conftest import api_client, in_threads
@@ -409,6 +410,136 @@ def test_threads_charging_several_runs_at_once_never_overshoot(
     charged = [1 + i % 3 for i, r in enumerate(results) if isinstance(r, int)]
     assert sum(charged) == usage_row(tenant)
     assert all(isinstance(r, int | QuotaExceeded) for r in results)
+
+
+# --- a charge sent with the start's COMMIT ---------------------------------------------
+
+
+def commit_with_charge(tenant: Tenant, runs: int = 1, *, name: str = "kept") -> None:
+    """A start's transaction of its own: a row of the tenant, then the charge sent with the COMMIT;
+    refused as a start refuses it."""
+    charge = None
+    try:
+        with tenant_context(tenant), transaction.atomic():
+            charge = quota_consume_at_commit(runs=runs)
+            Folder.objects.create(name=name)
+    except IntegrityError as exc:
+        refused = charge.refusal(exc) if charge is not None else None
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def folders(tenant: Tenant) -> list[str]:
+    with tenant_context(tenant):
+        return sorted(Folder.objects.values_list("name", flat=True))
+
+
+def test_a_charge_sent_with_the_commit_counts_and_past_the_quota_fails_the_commit_keeping_nothing(
+    transactional_db, make_tenant, redis_client
+):
+    tenant = with_quota(make_tenant("commit-co", plan="free")[0], 2)
+    commit_with_charge(tenant, name="one")
+    charge(tenant)  # another process's charge: this one's last answer still leaves room
+    assert usage_row(tenant) == 2
+
+    with pytest.raises(QuotaExceeded) as refused:
+        commit_with_charge(tenant, name="refused")  # the row's check constraint fails the COMMIT
+
+    assert refused.value.details["quota"] == 2
+    assert usage_row(tenant) == 2
+    assert folders(tenant) == ["one"]  # nothing of the refused transaction is kept
+    assert redis_client.get(flag_key(tenant)) == b"2"  # the month is known to be used up
+    with pytest.raises(QuotaExceeded):
+        commit_with_charge(tenant, name="flagged")  # refused at once, from the flag
+    assert folders(tenant) == ["one"]
+
+
+def test_the_answer_of_a_charge_sent_with_the_commit_spares_the_next_charge_the_flag(
+    transactional_db, make_tenant, redis_client, monkeypatch
+):
+    tenant = with_quota(make_tenant("seen-co", plan="free")[0], 3)
+    commit_with_charge(tenant, name="one")  # the month's first: the flag is read once
+    reads: list[str] = []
+    real = usage.get_redis
+    monkeypatch.setattr(usage, "get_redis", lambda: reads.append("client") or real())
+
+    commit_with_charge(tenant, name="two")
+    commit_with_charge(tenant, name="three")  # the charge before answered 2 of 3: room for it
+
+    assert reads == []
+    assert usage_row(tenant) == 3
+
+
+def test_a_charge_made_before_the_commit_counts_the_one_the_commit_will_send(
+    transactional_db, make_tenant, redis_client
+):
+    tenant = with_quota(make_tenant("pending-co", plan="free")[0], 2)
+    charge(tenant)
+    with tenant_context(tenant), transaction.atomic():
+        quota_consume_at_commit(runs=1)  # the run being started
+        with pytest.raises(QuotaExceeded):
+            quota_consume(runs=1)  # a child its first tick starts: the quota's last run is taken
+    assert usage_row(tenant) == 2
+    # The month is used up only if that transaction commits: the refusal leaves no flag.
+    assert redis_client.exists(flag_key(tenant)) == 0
+
+
+def test_the_month_s_row_is_not_locked_by_a_start_before_its_commit(transactional_db, make_tenant, redis_client):
+    tenant = with_quota(make_tenant("lock-co", plan="free")[0], 10)
+    charge(tenant)  # the month's row exists
+    charged, done = threading.Event(), threading.Event()
+
+    def start() -> None:  # a start whose transaction is still open
+        with tenant_context(tenant), transaction.atomic():
+            quota_consume_at_commit(runs=1)
+            Folder.objects.create(name="open")
+            charged.set()
+            assert done.wait(30)
+        connection.close()
+
+    opened = threading.Thread(target=start)
+    opened.start()
+    try:
+        assert charged.wait(30)
+        with tenant_context(tenant), transaction.atomic():
+            # Were the row locked, this charge would wait for the other transaction, which waits for it.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '5s'")
+            assert quota_consume(runs=1) == 2
+    finally:
+        done.set()
+        opened.join()
+    assert usage_row(tenant) == 3
+
+
+def test_threads_sending_charges_with_their_commits_at_the_quota_boundary_never_overshoot(
+    transactional_db, make_tenant, redis_client
+):
+    tenant = with_quota(make_tenant("commit-race-co", plan="free")[0], 5)
+    charge(tenant, runs=2)
+
+    def start(index: int) -> str | Exception:
+        try:
+            commit_with_charge(tenant, name=f"f{index}")
+            return "started"
+        except QuotaExceeded as exc:
+            return exc
+
+    results = in_threads(8, start)
+
+    assert results.count("started") == 3
+    assert all(r == "started" or isinstance(r, QuotaExceeded) for r in results)
+    assert usage_row(tenant) == 5
+    assert len(folders(tenant)) == 3
+
+
+def test_the_month_s_row_refuses_a_total_past_the_quota_it_was_charged_under(tenant):
+    with_quota(tenant, 2)
+    charge(tenant)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        MonthlyUsage.all_tenants.filter(tenant=tenant, month=month_start()).update(runs_started=3)
+    assert usage_row(tenant) == 1
 
 
 # --- object ceilings -------------------------------------------------------------

@@ -26,7 +26,7 @@ from scheduling.coordinator.loop import Coordinator
 from scheduling.dispatch.handlers import ItemContext
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tenants.usage import runs_this_month
+from tenants.usage import QuotaExceeded, quota_consume, runs_this_month
 from workflows import services
 from workflows.actions import ActionCall, action
 from workflows.engine import items, journal, reconcile, steps
@@ -140,6 +140,26 @@ def test_continue_as_new_is_charged_to_the_quota_and_fails_the_run_with_quota_ex
         assert not WorkflowRun.objects.filter(continued_from=successor).exists()  # nothing half-created
         assert WorkflowRun.objects.count() == 2
         assert runs_this_month() == 2
+
+
+def test_a_start_refused_at_its_commit_by_the_quota_leaves_no_run_history_or_item(tenant):
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
+    put(tenant, "one", {"nodes": [echo("a", {"n": 1})]})
+    start(tenant, "one")  # its charge answered 1 of 2: this process sees room for the next
+    queued(tenant)
+    with tenant_context(tenant):
+        quota_consume(runs=1)  # another process takes the last run meanwhile
+
+        # The charge goes with the run's writes and fails their COMMIT on the month's row.
+        with pytest.raises(QuotaExceeded) as refused:
+            services.run_start(workflow="one")
+
+        assert refused.value.status_code == 429
+        assert WorkflowRun.objects.count() == 1
+        assert RunEvent.objects.exclude(run__in=WorkflowRun.objects.all()).count() == 0
+        assert StepRun.objects.count() == 1
+        assert runs_this_month() == 2
+    assert queued(tenant) == set()
 
 
 # -- a busy pool ----------------------------------------------------------------------------------
@@ -367,18 +387,27 @@ def test_a_steps_start_and_outcome_take_three_round_trips_with_the_ticks_writes_
     assert (steps["a"].status, steps["b"].status) == (StepRun.Status.SUCCEEDED, StepRun.Status.QUEUED)
 
 
-def test_a_run_s_start_takes_three_round_trips_its_row_and_first_writes_sent_with_the_commit(tenant):
+def test_a_run_s_start_takes_two_round_trips_its_row_first_writes_and_charge_sent_with_the_commit(tenant):
     put(tenant, "chain", {"nodes": [echo("a", {"n": 1}), echo("b", {"n": 2}, "a")]})
     start(tenant, "chain")  # the version's spec and the routing table are read once per process
     queued(tenant)
-    with tenant_context(tenant), wire() as seen:
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, *args)
+
+    with tenant_context(tenant), wire() as seen, connection.execute_wrapper(record):
         run, created = services.run_start(workflow="chain")
 
-    # The version; the quota's charge (with the BEGIN); the run's row, its first attempt and its
-    # events, in one statement, with the COMMIT.
+    # The version; then the run's row, its first attempt and its events in one statement, and the
+    # quota's charge after it, with the COMMIT: the month's row is locked for the commit alone.
     assert created
-    assert seen.round_trips == 3
+    assert seen.round_trips == 2
     assert "COMMIT" in seen.statements
+    assert len(sent) == 3
+    assert "workflows_workflowrun" in sent[1]
+    assert "tenants_monthlyusage" in sent[2]
     with tenant_context(tenant):
         assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.RUNNING
         assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True)) == [

@@ -90,7 +90,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         self._unsent: list[str] = []  # savepoints created, sent with the next statement
         self._live: list[str] = []  # savepoints sent and not released, oldest first
         self._answered_at = -math.inf  # when the server last answered (time.monotonic())
-        self._with_commit: list[Callable[[], None]] = []  # writes sent with the COMMIT
+        self._with_commit: list[tuple[Callable[[], None], bool]] = []  # writes sent with the COMMIT, last?
         self._begin = False  # Django's transaction is open, its BEGIN not sent yet
         self.execute_wrappers.append(self._in_scope)
 
@@ -125,17 +125,22 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             self._answered_at = time.monotonic()
         return usable
 
-    def send_with_commit(self, write: Callable[[], None]) -> None:
-        """Have ``write`` (statements whose results it does not read) run when the transaction
-        commits, its statements sent with the ``COMMIT`` in one round trip. Should one fail, the
+    def send_with_commit(self, write: Callable[[], None], *, last: bool = False) -> None:
+        """Have ``write`` (statements whose results it does not read before the commit's end) run
+        when the transaction commits, its statements sent with the ``COMMIT`` in one round trip,
+        in the order they were given, those given ``last`` after the others. Should one fail, the
         transaction rolls back whole and the commit raises. Dropped by a rollback; not by a
         savepoint's: ``write`` reads at the commit what it must write."""
         if not self.in_atomic_block:
             raise RuntimeError("send_with_commit needs a transaction")
-        self._with_commit.append(write)
+        self._with_commit.append((write, last))
+
+    def writes_with_commit(self) -> list[Callable[[], None]]:
+        """What the transaction in progress will send with its ``COMMIT``, in order."""
+        return [write for write, last in sorted(self._with_commit, key=lambda pair: pair[1])]
 
     def _commit(self) -> None:
-        writes, self._with_commit = self._with_commit, []
+        writes, self._with_commit = self.writes_with_commit(), []
         self._unsent, self._live = [], []
         if writes and self.connection is not None:
             with self.wrap_database_errors, self.connection.pipeline():
