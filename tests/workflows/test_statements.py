@@ -8,6 +8,7 @@ order, and forgets what a rolled-back savepoint wrote.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from ductor_project.core.context import TenantScopeError, tenant_context
 from tenants.models import Tenant
 from tenants.scoping import insert_rows
 from workflows import services
+from workflows.engine import journal as journal_module
 from workflows.engine import statements
 from workflows.engine.attempts import outcome_fields, spec_of
 from workflows.engine.events import record_event
@@ -223,6 +225,32 @@ def test_a_journal_numbers_each_runs_events_after_its_last_in_one_insert(two: An
     assert got[run.pk] == [(last[run.pk] + 1, "one", {"n": 1}),
                            (last[run.pk] + 2, "three", {"when": str(run.created_at)})]
     assert got[other.pk] == [(last[other.pk] + 1, "two", {})]
+
+
+def test_events_go_as_one_parameter_the_statement_the_same_whatever_their_number(two: Any, monkeypatch: Any,
+                                                                                ) -> None:
+    _, b, run, _ = two
+    at = datetime(2026, 12, 4, 7, 0, 0, 123456, tzinfo=UTC)
+    monkeypatch.setattr(journal_module.timezone, "now", lambda: at)
+    with tenant_context(b):
+        sent = []
+        for count in (1, 3):
+            with transaction.atomic(), CaptureQueriesContext(connection) as seen, journal():
+                for n in range(count):
+                    record_event(run, "noted", "a" if n else "", text="é\u2028\"", nested={"list": [n, None]})
+            sent.append([q["sql"] for q in seen.captured_queries if "workflows_runevent" in q["sql"]])
+        rows = list(RunEvent.objects.filter(run=run, type="noted").order_by("seq")
+                    .values_list("node_id", "data", "created_at"))
+    # Its text is the same, so the driver converts it and the server plans it once (the values differ).
+    assert len(sent[0]) == len(sent[1]) == 1
+    assert sent[0][0].split("FROM jsonb_to_recordset")[0] == sent[1][0].split("FROM jsonb_to_recordset")[0]
+    assert [(node, data) for node, data, _ in rows] == [
+        ("", {"text": "é\u2028\"", "nested": {"list": [0, None]}}),
+        ("", {"text": "é\u2028\"", "nested": {"list": [0, None]}}),
+        ("a", {"text": "é\u2028\"", "nested": {"list": [1, None]}}),
+        ("a", {"text": "é\u2028\"", "nested": {"list": [2, None]}}),
+    ]
+    assert {created for _, _, created in rows} == {at}  # to the microsecond
 
 
 def test_a_journal_forgets_what_was_gathered_after_a_mark_it_rolls_back_to(two: Any) -> None:

@@ -165,20 +165,23 @@ def _insert_events(events: list[Event]) -> None:
 
 def events_insert(events: list[Event]) -> tuple[str, list[Any]]:
     """One ``INSERT`` of ``events``: each run's numbered on from its last ``seq``, read in the
-    same statement (which does not see its own rows, hence the offsets ``n``)."""
+    same statement (which does not see its own rows, hence the offsets ``n``). The rows go as
+    one JSON parameter, so that the statement's text is the same for any number of events (the
+    driver converts it once per process, and PostgreSQL plans it once per connection)."""
     tenant_id = current_tenant().pk
     offsets: dict[Any, int] = {}
-    values, params = [], []
+    rows = []
     for event in events:
         offsets[event.run_id] = n = offsets.get(event.run_id, 0) + 1
-        values.append("(%s::uuid, %s::integer, %s, %s, %s::jsonb, %s::timestamptz)")
-        params += [event.run_id, n, event.type, event.node_id, json.dumps(event.data, default=str), event.at]
+        rows.append({"run_id": event.run_id, "n": n, "type": event.type, "node_id": event.node_id,
+                     "data": event.data, "created_at": event.at})
     table = RunEvent._meta.db_table
     # The table is the model's, and every value a placeholder.
     sql = (
         f"INSERT INTO {table} (tenant_id, run_id, seq, type, node_id, data, created_at) "  # noqa: S608
         f"SELECT %s::uuid, v.run_id, COALESCE((SELECT max(e.seq) FROM {table} e "
         "WHERE e.tenant_id = %s::uuid AND e.run_id = v.run_id), 0) + v.n, v.type, v.node_id, v.data, v.created_at "
-        f"FROM (VALUES {', '.join(values)}) AS v (run_id, n, type, node_id, data, created_at)"
+        "FROM jsonb_to_recordset(%s::jsonb) "
+        "AS v (run_id uuid, n integer, type text, node_id text, data jsonb, created_at timestamptz)"
     )
-    return sql, [tenant_id, tenant_id, *params]
+    return sql, [tenant_id, tenant_id, json.dumps(rows, default=str)]
