@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
+from tenants import usage
 from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code
@@ -217,6 +218,30 @@ def test_an_exhausted_quota_is_a_429_and_creates_no_run(client_a, tenant_a):
     assert runs(tenant_a[0]) == 2
     with tenant_context(tenant_a[0]):
         assert runs_this_month() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_refused_at_its_commit_is_the_same_429_and_creates_no_run(client_a, tenant_a, monkeypatch):
+    # Each request is its own transaction here: the charge goes with the COMMIT, and the month's
+    # row refuses the second run there, after the run's writes were sent.
+    tenant_services.override_set(tenant=tenant_a[0], field="monthly_run_quota", value=1)
+    create(client_a, "w")
+    start(client_a, workflow="w")
+    refusals: list[object] = []
+    judge = usage.Charge.refusal
+    monkeypatch.setattr(usage.Charge, "refusal", lambda charge, exc: refusals.append(exc) or judge(charge, exc))
+
+    for _ in range(2):  # refused at the commit, then from the flag that refusal left
+        response = client_a.post("/api/v1/runs", {"workflow": "w"}, format="json")
+        assert response.status_code == 429, response.content
+        assert error_code(response) == "quota_exceeded"
+        assert response.json()["error"]["details"]["quota"] == 1
+        assert int(response["Retry-After"]) >= 1
+
+    assert len(refusals) == 1  # the first refusal came from the commit
+    assert runs(tenant_a[0]) == 1
+    with tenant_context(tenant_a[0]):
+        assert runs_this_month() == 1
 
 
 def test_run_input_tags_and_idempotency_key_are_stored(client_a):
