@@ -133,6 +133,22 @@ def test_the_scope_and_the_savepoint_travel_with_the_statement_and_still_hold(te
     assert seen.executed == 3  # the savepoint, the session's scope (B), the query
 
 
+def test_a_write_sent_with_the_commit_runs_as_the_tenant_it_was_given_for(tenant_a, tenant_b):
+    def create(name: str) -> None:
+        Folder.objects.create(name=name)
+
+    with transaction.atomic():
+        with tenant_context(tenant_a[0]):
+            connection.send_with_commit(lambda: create("a-at-commit"))
+        with tenant_context(tenant_b[0]):
+            connection.send_with_commit(lambda: create("b-at-commit"), last=True)
+            Folder.objects.create(name="b-now")
+    # The COMMIT ran for no tenant; each write ran as its own, and the other does not see it.
+
+    assert folders(tenant_a[0]) == {"a-at-commit"}
+    assert folders(tenant_b[0]) == {"b-now", "b-at-commit"}
+
+
 def test_a_connection_that_answered_a_moment_ago_is_not_checked_again(settings):
     select(1)
     settings.DUCTOR_DB_HEALTH_CHECK_IDLE_S = 3600

@@ -27,6 +27,7 @@ pooler does. Writes whose results nobody reads can travel with the
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -90,7 +91,8 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         self._unsent: list[str] = []  # savepoints created, sent with the next statement
         self._live: list[str] = []  # savepoints sent and not released, oldest first
         self._answered_at = -math.inf  # when the server last answered (time.monotonic())
-        self._with_commit: list[tuple[Callable[[], None], bool]] = []  # writes sent with the COMMIT, last?
+        # Writes sent with the COMMIT: each with whether it goes last, and the context it was given in.
+        self._with_commit: list[tuple[Callable[[], None], bool, contextvars.Context]] = []
         self._begin = False  # Django's transaction is open, its BEGIN not sent yet
         self.execute_wrappers.append(self._in_scope)
 
@@ -128,24 +130,29 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     def send_with_commit(self, write: Callable[[], None], *, last: bool = False) -> None:
         """Have ``write`` (statements whose results it does not read before the commit's end) run
         when the transaction commits, its statements sent with the ``COMMIT`` in one round trip,
-        in the order they were given, those given ``last`` after the others. Should one fail, the
-        transaction rolls back whole and the commit raises. Dropped by a rollback; not by a
-        savepoint's: ``write`` reads at the commit what it must write."""
+        in the order they were given, those given ``last`` after the others. Each runs in the
+        context it was given in: as the tenant (the database scope) it was given for, whoever the
+        commit runs for. Should one fail, the transaction rolls back whole and the commit raises.
+        Dropped by a rollback; not by a savepoint's: ``write`` reads at the commit what it must
+        write."""
         if not self.in_atomic_block:
             raise RuntimeError("send_with_commit needs a transaction")
-        self._with_commit.append((write, last))
+        self._with_commit.append((write, last, contextvars.copy_context()))
 
     def writes_with_commit(self) -> list[Callable[[], None]]:
         """What the transaction in progress will send with its ``COMMIT``, in order."""
-        return [write for write, last in sorted(self._with_commit, key=lambda pair: pair[1])]
+        return [write for write, _, _ in self._ordered()]
+
+    def _ordered(self) -> list[tuple[Callable[[], None], bool, contextvars.Context]]:
+        return sorted(self._with_commit, key=lambda sent: sent[1])
 
     def _commit(self) -> None:
-        writes, self._with_commit = self.writes_with_commit(), []
+        writes, self._with_commit = self._ordered(), []
         self._unsent, self._live = [], []
         if writes and self.connection is not None:
             with self.wrap_database_errors, self.connection.pipeline():
-                for write in writes:  # the first of their statements sends the BEGIN if none was
-                    write()
+                for write, _, context in writes:  # the first of their statements sends the BEGIN if none was
+                    context.run(write)
                 self.connection.execute("COMMIT")
         else:
             super()._commit()  # type: ignore[misc]
