@@ -99,6 +99,7 @@ class Charge:
     month: date
     quota: int
     runs: int
+    pending: int = 0  # runs the transaction charges with its COMMIT, besides this charge's
     cursor: Any = None  # the one its statement was sent on, read once the commit is back
 
     def params(self) -> dict[str, Any]:
@@ -129,11 +130,11 @@ class Charge:
         _room_seen[(self.tenant.pk, self.month)] = (self.quota, total)
         return total
 
-    def refused(self, *, pending: int = 0) -> QuotaExceeded:
+    def refused(self) -> QuotaExceeded:
         """PostgreSQL refused the charge: the refusal, remembered in Redis when it proves the month
-        is used up (a single run refused with no charge of the transaction still to commit)."""
+        is used up (a single run refused with no other charge of the transaction still to commit)."""
         _room_seen.pop((self.tenant.pk, self.month), None)
-        if self.runs == 1 and not pending:
+        if self.runs == 1 and not self.pending:
             ttl = max(1, int((next_reset() - timezone.now()).total_seconds()))
             get_redis().set(_flag_key(self.tenant, self.month), self.quota, ex=ttl)
         return _quota_error(self.tenant, self.quota)
@@ -153,15 +154,16 @@ class Charge:
         tenant = current_tenant()
         quota = effective_entitlements(tenant).monthly_run_quota
         month = month_start()
+        pending = _pending_runs(tenant, month)
         seen = _room_seen.get((tenant.pk, month))
-        if seen is None or seen[0] != quota or seen[1] + runs + pending_runs(tenant, month) > quota:
+        if seen is None or seen[0] != quota or seen[1] + runs + pending > quota:
             flagged = get_redis().get(_flag_key(tenant, month))
             if flagged is not None and int(flagged) == quota:
                 raise _quota_error(tenant, quota)
-        return cls(tenant, month, quota, runs)
+        return cls(tenant, month, quota, runs, pending)
 
 
-def pending_runs(tenant: Tenant, month: date) -> int:
+def _pending_runs(tenant: Tenant, month: date) -> int:
     """Runs of the tenant's month that the transaction in progress charges with its ``COMMIT``."""
     if not connection.in_atomic_block:
         return 0
@@ -180,7 +182,6 @@ def quota_consume(*, runs: int = 1) -> int:
     the transaction charges with its commit counts as charged already.
     """
     charge = Charge.of(runs)
-    pending = pending_runs(charge.tenant, charge.month)
     # One statement, atomic on its own: no savepoint inside the caller's transaction (two round trips).
     with connection.cursor() as cursor:
         cursor.execute(
@@ -192,11 +193,11 @@ def quota_consume(*, runs: int = 1) -> int:
                 WHERE {_TABLE}.runs_started + EXCLUDED.runs_started + %(pending)s <= %(quota)s
             RETURNING runs_started
             """,  # noqa: S608 - table name from model meta, values are parameters
-            {**charge.params(), "pending": pending},
+            {**charge.params(), "pending": charge.pending},
         )
         row = cursor.fetchone()
     if row is None:
-        raise charge.refused(pending=pending)
+        raise charge.refused()
     return charge.room_left(int(row[0]))
 
 

@@ -534,6 +534,30 @@ def test_threads_sending_charges_with_their_commits_at_the_quota_boundary_never_
     assert len(folders(tenant)) == 3
 
 
+def test_one_tenant_s_charges_sent_with_the_commit_neither_count_nor_refuse_for_another(
+    transactional_db, make_tenant, redis_client
+):
+    a = with_quota(make_tenant("commit-a-co", plan="free")[0], 1)
+    b = with_quota(make_tenant("commit-b-co", plan="free")[0], 1)
+    commit_with_charge(a, name="a1")
+    with pytest.raises(QuotaExceeded):
+        commit_with_charge(a, name="a2")  # a's month is used up, and flagged
+
+    commit_with_charge(b, name="b1")  # b's month is its own
+
+    assert (usage_row(a), usage_row(b)) == (1, 1)
+    assert (folders(a), folders(b)) == (["a1"], ["b1"])
+    assert redis_client.exists(flag_key(b)) == 0
+    c = with_quota(make_tenant("commit-c-co", plan="free")[0], 1)
+    d = with_quota(make_tenant("commit-d-co", plan="free")[0], 1)
+    with transaction.atomic():
+        with tenant_context(c):
+            quota_consume_at_commit(runs=1)
+        with tenant_context(d):
+            assert quota_consume(runs=1) == 1  # c's pending charge is c's alone
+    assert (usage_row(c), usage_row(d)) == (1, 1)
+
+
 def test_the_month_s_row_refuses_a_total_past_the_quota_it_was_charged_under(tenant):
     with_quota(tenant, 2)
     charge(tenant)
