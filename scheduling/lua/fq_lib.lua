@@ -1,5 +1,5 @@
--- The tiered fair queue: the Lua shared by every fq_*.lua script. scheduling/fair_queue.py
--- prepends capacity_lib.lua and then this file to each script body (scheduling/scripts.py).
+-- The tiered fair queue: the Lua shared by every fq_*.lua script. scheduling/fair_queue/layout.py
+-- prepends capacity_lib.lua and then this file to each script body (ductor_project/core/scripts.py).
 --
 -- Every script gets the same FQ_HEADER ARGV first (fq_init): the shard's tenant-key prefix
 -- ("{s<n>}:t:"), the tenant-relative suffixes of the fair-queue namespace (":fq:"), of the

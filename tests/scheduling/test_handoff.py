@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ductor_project.core import capacity
+from ductor_project.core import capacity, scripts
 from ductor_project.core.context import TenantScopeError, tenant_context
 from ductor_project.core.keys import shard_of
 from scheduling import fair_queue as fq
@@ -123,13 +123,13 @@ def one_in_flight(make_tenant: Any, slug: str) -> tuple[Tenant, fq.Dequeued]:
 
 def batches_sent(monkeypatch: Any) -> list[int]:
     """From now on, the number of script calls of each batch sent (one round trip each)."""
-    real, sent = fq.scripts.Batch._send, []
+    real, sent = scripts.Batch._send, []
 
     def send(calls: list[Any]) -> list[Any]:
         sent.append(len(calls))
         return real(calls)
 
-    monkeypatch.setattr(fq.scripts.Batch, "_send", staticmethod(send))
+    monkeypatch.setattr(scripts.Batch, "_send", staticmethod(send))
     return sent
 
 
@@ -184,7 +184,7 @@ def test_what_is_still_held_when_the_block_ends_is_sent_then_and_outside_a_block
 @pytest.mark.django_db
 def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_tenant, redis_client, monkeypatch):
     tenant, _ = make_tenant("handoff-held-fail")
-    real, calls = fq.scripts.Batch.execute, []
+    real, calls = scripts.Batch.execute, []
 
     def fails_once(batch: Any) -> list[Any]:
         calls.append(len(batch))
@@ -193,7 +193,7 @@ def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_ten
             raise ConnectionError("lost")
         return real(batch)
 
-    monkeypatch.setattr(fq.scripts.Batch, "execute", fails_once)
+    monkeypatch.setattr(scripts.Batch, "execute", fails_once)
     with fq.holding_enqueues():
         soon(tenant, "kept")
         with pytest.raises(ConnectionError):
