@@ -94,6 +94,18 @@ def test_every_body_nested_too_deep_is_400_malformed_json_on_every_operation(
     assert checked >= 15
 
 
+@pytest.mark.parametrize("host", ["%-", "a b", "evil.example"])
+def test_a_host_the_server_does_not_serve_is_the_documented_400_on_any_operation(
+    client_a: APIClient, host: str
+) -> None:
+    for url in ("/api/v1/runs", "/api/v1/api-keys/00000000-0000-0000-0000-000000000000"):
+        response = client_a.get(url, HTTP_HOST=host)
+        assert response.status_code == 400, (url, host, response.content[:300])
+        assert error_code(response) == "bad_request"
+    documented = schema(client_a)["paths"]["/api/v1/api-keys/{id}/"]["get"]["responses"]["400"]
+    assert documented["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+
+
 @pytest.mark.parametrize("body", [
     '{"workflow": "w", "input": {"name": "a\\u0000b"}}',
     '{"workflow": "w", "input": {"list": [1, {"k\\u0000": 2}]}}',

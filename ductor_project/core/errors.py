@@ -275,6 +275,8 @@ ERROR_COMPONENT = "Error"
 ERROR_INFO_COMPONENT = "ErrorInfo"
 ERROR_CODE_COMPONENT = "ErrorCodeEnum"
 _ANY_OPERATION = {
+    400: "The request itself is malformed (a Host header this server does not serve, a request Django "
+         "refuses as suspicious).",
     401: "Not authenticated: no key, or a malformed, unknown, revoked or expired one.",
     403: "The key lacks the scope, the tenant is suspended, the plan's limit is reached, or the caller "
          "may not use this endpoint.",
@@ -283,7 +285,8 @@ _ANY_OPERATION = {
     429: "The tenant's API rate or monthly run quota is used up; see Retry-After.",
     503: "A backing service is unavailable; retry after Retry-After.",
 }
-_WITH_INPUT = {400: "A parameter or a field is invalid, or the body is not valid JSON; details name them."}
+_WITH_INPUT = {400: "A parameter or a field is invalid, or the body is not valid JSON (details name them); "
+                    "or the request itself is malformed (a Host header this server does not serve)."}
 _WITH_BODY = {
     413: "The body, or a payload in it, is larger than allowed.",
     415: "The body is not application/json.",
@@ -342,7 +345,8 @@ def error_components() -> dict[str, dict[str, Any]]:
 
 
 def _error_statuses(method: str, operation: dict[str, Any]) -> dict[int, str]:
-    """The error statuses an operation can answer: every one can refuse the caller; one with a
+    """The error statuses an operation can answer: every one can refuse the caller or a malformed
+    request (``json_400``: a Host header the server does not serve reaches no view); one with a
     query, a body or a path parameter that names one of a set of choices can find it invalid (a
     bad id in the path is a 404); a write can conflict; a body can be refused."""
     statuses = dict(_ANY_OPERATION)
