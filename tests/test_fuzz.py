@@ -197,7 +197,8 @@ def names_foreign_object(world: World, path: str, path_parameters: dict[str, Any
 def fuzz_config() -> schemathesis.Config:
     """Bounded and deterministic: a fixed seed, derandomized Hypothesis, no example database, no
     deadline and no ``too_slow`` health check (both depend on the machine's speed), and no stateful
-    phase (its sequences of calls have no bound per operation)."""
+    phase (its sequences of calls have no bound per operation). ``only_its_own_constants`` keeps the
+    draws independent of the modules loaded before."""
     return schemathesis.Config.from_dict({
         "seed": SEED,
         "suppress-health-check": ["too_slow"],
@@ -207,7 +208,21 @@ def fuzz_config() -> schemathesis.Config:
 
 
 @pytest.fixture
-def api_schema(world: World, request: pytest.FixtureRequest) -> Any:
+def only_its_own_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Hypothesis now and then draws a string or a number it found in the source of the project's
+    modules loaded so far: which ones depends on the tests this process ran before (xdist shares
+    them out differently in each run), so the same seed drew other requests from one run to the
+    next (a header named ``host`` in one). Here it draws from its own constants only."""
+    from hypothesis.internal.conjecture import providers
+
+    monkeypatch.setattr(providers, "_get_local_constants", providers.Constants)
+    providers.CONSTANTS_CACHE.cache.clear()  # what earlier draws of this thread made of them
+    yield
+    providers.CONSTANTS_CACHE.cache.clear()  # nor do later draws keep what these made
+
+
+@pytest.fixture
+def api_schema(world: World, request: pytest.FixtureRequest, only_its_own_constants: None) -> Any:
     """The live schema, loaded from the app through WSGI, with real ids and bodies mixed into the
     generated path parameters and bodies."""
     from ductor_project.wsgi import application
