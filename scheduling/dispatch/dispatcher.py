@@ -91,7 +91,8 @@ class Dispatcher:
             batches = fair_queue.dequeue_batches(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, batches=wanted)
             for (queue, _), (_, limit), items in zip(groups, wanted, batches, strict=True):
                 drained = drained and len(items) < limit
-                dispatched += self._publish_all(queue, items)
+                if items:  # an empty dequeue takes no producer from the pool
+                    dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.
         # A round that used all it asked for, and got all of it, is not out: it asks for more.
         used_up = not self._held[WORK_QUEUE] and reserved[WORK_QUEUE] < self._ask[WORK_QUEUE]

@@ -252,6 +252,30 @@ def test_a_dispatcher_asks_for_the_credits_its_load_needs_not_one_per_idle_slot_
 
 
 @pytest.mark.django_db
+def test_a_round_takes_a_producer_only_for_a_queue_it_dequeued_items_for(make_tenant, redis_client, monkeypatch):
+    """A dispatcher is woken by every ack and often finds nothing due: such a round takes no
+    producer from the pool, nor does the queue of a round that dequeued nothing for it."""
+    tenant, _ = make_tenant("producers")
+    broker.register_worker("fake@host", [WORK_QUEUE, SYSTEM_QUEUE], 10)
+    dispatcher = Dispatcher(shards=list(range(settings.DUCTOR_QUEUE_SHARDS)))
+    taken: list[Any] = []
+    real = app.producer_or_acquire
+
+    def producer_or_acquire(producer: Any = None) -> Any:
+        if producer is None:  # one taken from the pool (a publish passes on the one it was given)
+            taken.append(producer)
+        return real(producer)
+
+    monkeypatch.setattr(app, "producer_or_acquire", producer_or_acquire)
+    assert dispatcher.run_once() == 0
+    assert taken == []
+    enqueue(tenant, 1, kind="test.noop", prefix="p")
+    assert dispatcher.run_once() == 1
+    assert len(taken) == 1  # the work queue's: the system queue had nothing
+    dispatcher.give_back()
+
+
+@pytest.mark.django_db
 def test_a_dispatcher_that_serves_no_shard_leaves_the_wake_signals_to_the_dispatchers_that_do(
     make_tenant, redis_client
 ):
