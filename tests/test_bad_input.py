@@ -189,3 +189,33 @@ def test_check_deploy_is_clean_with_the_production_settings_set(tmp_path: Any) -
                           env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
+
+
+def test_a_nul_character_in_a_path_or_query_parameter_is_a_4xx_on_every_operation(
+    client_a: APIClient, platform: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
+) -> None:
+    """PostgreSQL cannot compare text with a NUL in it: a name in the path is not found, a query
+    parameter is 400 ``invalid`` naming it; nothing reaches the database, nothing is a 500."""
+    paths, queries = 0, 0
+    for path, operations in schema(client_a)["paths"].items():
+        client = platform if any(p in path for p in ("/tenants", "/plans", "/task-catalog")) else client_a
+        for method, operation in operations.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            parameters = operation.get("parameters", [])
+            if "{" in path:
+                url = "/".join("a%00b" if "{" in part else part for part in path.split("/"))
+                response = getattr(client, method)(url, {}, format="json")
+                assert response.status_code == 404, (method, url, response.content[:300])
+                assert error_code(response) == "not_found"
+                paths += 1
+            url = concrete(path, world, tenant_a[0])
+            for name in (p["name"] for p in parameters if p["in"] == "query"):
+                response = getattr(client, method)(f"{url}?{name}=a%00b")
+                assert response.status_code == 400, (method, url, name, response.content[:300])
+                assert (error_code(response), list(response.json()["error"]["details"])) == ("invalid", [name])
+                queries += 1
+    assert paths >= 40, paths
+    assert queries >= 20, queries
+    response = client_a.get("/api/v1/runs?status=running&a%00=1")
+    assert (response.status_code, error_code(response)) == (400, "invalid")
