@@ -3,14 +3,22 @@
 The platform keeps it (``TaskCatalogEntry``: the API's ``/task-catalog``, the
 admin); a tenant sees and calls only the entries its plan or slug is allowed
 (``/tasks``). A spec whose ``task`` node names anything else is refused at
-validation, with the node and field named; so is a literal input that does not
-match the entry's input JSON Schema. A templated input is checked once rendered,
+validation, with the node and field named, and with the same words whether the
+task is not in the catalog at all or only not open to this tenant (a tenant
+learns nothing of the tasks of others); so is a literal input that does not
+match the entry's input JSON Schema (each field that does not, up to
+``MAX_INPUT_PROBLEMS``). A templated input is checked once rendered,
 when its attempt starts (the step fails with ``invalid_input``), and every start
 checks the entry again: a task taken out of the catalog, or away from a plan,
 is not called any more by workflows written before.
 
 Ductor's own tasks (``ductor.*``) and Celery's (``celery.*``) are never in the
 catalog. Entries are cached per process for ``CACHE_TTL_S``.
+
+An input schema is self-contained: its references (``$ref``) resolve within it,
+or to a JSON Schema draft's own meta-schema, and nothing is ever fetched (an
+entry whose references do not resolve is refused; one stored before that rule
+refuses every input, with the reason).
 """
 
 from __future__ import annotations
@@ -22,9 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import referencing.exceptions
+import referencing.jsonschema
 from cachetools import TTLCache
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
+from jsonschema_specifications import REGISTRY as META_SCHEMAS
 
 from ductor_project.core.context import current_tenant
 from tenants.entitlements import effective_entitlements
@@ -35,6 +46,7 @@ TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 MAX_TASK_NAME = 200
 RESERVED_PREFIXES = ("ductor.", "celery.")
 CACHE_TTL_S = 2.0
+MAX_INPUT_PROBLEMS = 20  # fields of one input reported, at most
 
 _cache: TTLCache[str, TaskCatalogEntry | None] = TTLCache(maxsize=4096, ttl=CACHE_TTL_S)
 _lock = threading.Lock()
@@ -57,7 +69,33 @@ def schema_problem(schema: Any) -> str | None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"is not a valid JSON Schema: {exc.message}"
+    return _reference_problem(schema)
+
+
+def _reference_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why a ``$ref`` of ``schema`` cannot be followed (each from the base its place in the schema
+    has), or None."""
+    dialect = referencing.jsonschema.specification_with(str(schema.get("$schema", "")),
+                                                        default=referencing.jsonschema.DRAFT202012)
+    root = dialect.create_resource(schema)
+    stack = [(root, META_SCHEMAS.resolver_with_root(root))]
+    while stack:
+        resource, resolver = stack.pop()
+        ref = resource.contents.get("$ref") if isinstance(resource.contents, Mapping) else None
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable:
+                return (f"is not a usable JSON Schema: its $ref '{ref[:100]}' does not resolve within it "
+                        f"(references to other documents are not fetched)")
+        stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
     return None
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """A validator of ``schema`` that resolves its references within it and the drafts'
+    meta-schemas only: it never fetches."""
+    return jsonschema.validators.validator_for(schema)(schema, registry=META_SCHEMAS)
 
 
 def entry(name: str) -> TaskCatalogEntry | None:
@@ -102,11 +140,9 @@ def callable_task(name: str) -> TaskCheck:
     if problem:
         return TaskCheck(None, problem)
     found = entry(name)
-    if found is None or not found.enabled:
-        return TaskCheck(None, f"task '{name}' is not in the task catalog")
-    if not _allowed(found):
-        plan = effective_entitlements(current_tenant()).plan
-        return TaskCheck(None, f"task '{name}' is not available to this tenant (plan '{plan}')")
+    if found is None or not _allowed(found):  # in words that do not tell whether it exists
+        return TaskCheck(None, f"task '{name}' is not in the task catalog (GET /api/v1/tasks lists those "
+                               f"this tenant may call)")
     return TaskCheck(found)
 
 
@@ -121,18 +157,24 @@ def is_literal(value: Any) -> bool:
     return True
 
 
-def input_problem(found: TaskCatalogEntry, value: Any) -> tuple[str, str] | None:
-    """Why ``value`` cannot be the task's input: ``(field path under input, message)``, or None."""
+def input_problems(found: TaskCatalogEntry, value: Any) -> list[tuple[str, str]]:
+    """Why ``value`` cannot be the task's input: ``(field path under input, message)`` for each field
+    that does not match (the first ``MAX_INPUT_PROBLEMS``, one message each); [] when it can."""
     if found.arguments == TaskCatalogEntry.Arguments.KWARGS and not isinstance(value, Mapping):
-        return "", "must be an object: the task takes it as keyword arguments"
+        return [("", "must be an object: the task takes it as keyword arguments")]
     if not found.input_schema:
-        return None
-    validator = jsonschema.validators.validator_for(found.input_schema)(found.input_schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    if error is None:
-        return None
-    path = ".".join(str(part) for part in error.absolute_path)
-    return path, error.message[:300]
+        return []
+    problems: dict[str, str] = {}
+    try:
+        for error in _validator(found.input_schema).iter_errors(value):
+            best = jsonschema.exceptions.best_match([error]) or error  # into anyOf / oneOf
+            problems.setdefault(".".join(str(part) for part in best.absolute_path), best.message[:300])
+            if len(problems) == MAX_INPUT_PROBLEMS:
+                break
+    except referencing.exceptions.Unresolvable as exc:  # an entry stored before references were checked
+        return [("", f"cannot be checked: the task's input schema has a reference that does not resolve "
+                     f"({str(exc)[:200]}); the platform must fix its catalog entry")]
+    return sorted(problems.items())
 
 
 def timeout_s(found: TaskCatalogEntry | None, node_timeout: float | None, default: float) -> float:

@@ -522,9 +522,7 @@ class _NodeParser:
             return None
         value = self.raw.get("input", {})
         if catalog.is_literal(value):
-            problem = catalog.input_problem(check.entry, templates.render(value, {}))
-            if problem is not None:
-                path, message = problem
+            for path, message in catalog.input_problems(check.entry, templates.render(value, {})):
                 self.error(f"input.{path}" if path else "input", message)
         return name
 

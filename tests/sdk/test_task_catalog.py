@@ -75,5 +75,6 @@ def test_a_task_node_in_the_catalog_applies_once_and_one_outside_is_refused_as_b
 
     assert (compiled.value.message, compiled.value.details) == (written.value.message, written.value.details)
     assert compiled.value.details["spec.nodes[0].task"] == [
-        "node 'charge': task: task 'billing.tasks.nope' is not in the task catalog"]
+        "node 'charge': task: task 'billing.tasks.nope' is not in the task catalog (GET /api/v1/tasks lists those "
+        "this tenant may call)"]
     assert any(name.startswith("spec.nodes[1].input") for name in compiled.value.fields)

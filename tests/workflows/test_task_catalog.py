@@ -7,6 +7,8 @@ answers 404. A refused request changes nothing.
 
 from __future__ import annotations
 
+import http.server
+import threading
 from typing import Any
 
 import pytest
@@ -66,6 +68,9 @@ def test_the_platform_creates_reads_changes_and_deletes_catalog_entries(platform
     ({"name": "not a task"}, "name", "Celery task name"),
     ({"name": "a.b", "queue": "ductor.work"}, "queue", "Ductor's own queues"),
     ({"name": "a.b", "input_schema": {"type": "no-such-type"}}, "input_schema", "not a valid JSON Schema"),
+    ({"name": "a.b", "input_schema": {"$ref": "#/nope"}}, "input_schema", "does not resolve"),
+    ({"name": "a.b", "input_schema": {"properties": {"x": {"$ref": "#/$defs/gone"}}}}, "input_schema", "#/$defs/gone"),
+    ({"name": "a.b", "input_schema": {"$ref": "http://127.0.0.1:1/x.json"}}, "input_schema", "not fetched"),
     ({"name": "a.b", "plans": ["platinum"]}, "plans", "unknown plan"),
     ({"name": "a.b", "tenants": ["nobody"]}, "tenants", "unknown tenant"),
     ({"name": "a.b", "timeout_s": 0}, "timeout_s", ""),
@@ -137,6 +142,9 @@ def test_a_spec_calling_another_tenants_task_is_refused_and_stores_nothing(platf
     assert response.status_code == 400
     assert "nodes[0].task" in str(response.json()["error"])
     assert not WorkflowDefinition.all_tenants.exists()
+    # In the words an unknown task gets: whether another tenant's task exists is not told.
+    unknown = create_workflow(api_client(a_key), task_node("shop.refunx")).json()["error"]
+    assert str(response.json()["error"]).replace("refund", "refunx") == str(unknown)
     assert create_workflow(api_client(b_key), task_node("shop.refund")).status_code == 201
 
 
@@ -149,6 +157,57 @@ def test_a_literal_input_that_does_not_match_the_tasks_schema_is_refused_naming_
     assert "nodes[0].input.amount" in errors
     assert "minimum" in errors
     assert create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 5})).status_code == 201
+
+
+def test_every_field_of_a_literal_input_that_does_not_match_is_named(platform, client_a):
+    entry(platform, name="billing.tasks.charge", input_schema=SCHEMA)
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 0, "currency": 5, "x": 1}))
+    assert response.status_code == 400
+    assert set(response.json()["error"]["details"]) == {"spec.nodes[0].input", "spec.nodes[0].input.amount",
+                                                        "spec.nodes[0].input.currency"}
+
+
+def test_references_within_the_schema_and_to_a_drafts_meta_schema_resolve(platform, client_a):
+    entry(platform, name="billing.tasks.charge", input_schema={
+        "$defs": {"amount": {"type": "integer", "minimum": 1}},
+        "properties": {"amount": {"$ref": "#/$defs/amount"},
+                       "nested": {"$id": "https://ductor.invalid/nested", "$defs": {"n": {"type": "string"}},
+                                  "$ref": "#/$defs/n"},
+                       "schema": {"$ref": "https://json-schema.org/draft/2020-12/schema"}}})
+    refused = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 0, "nested": 1}))
+    assert set(refused.json()["error"]["details"]) == {"spec.nodes[0].input.amount", "spec.nodes[0].input.nested"}
+    kept = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 2, "nested": "n", "schema": {}}))
+    assert kept.status_code == 201, kept.content
+
+
+def test_a_stored_schema_whose_reference_is_remote_is_never_fetched(platform, client_a):
+    """An entry stored before references were checked: its inputs are refused with the reason, and
+    nothing is fetched (a tenant's request must not make the server call out)."""
+    fetched: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"type": "object"}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = f"http://127.0.0.1:{server.server_address[1]}/schema.json"
+        TaskCatalogEntry.objects.create(name="billing.tasks.charge", queue="billing", input_schema={"$ref": remote})
+        response = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 1}))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert response.status_code == 400, response.content
+    assert "does not resolve" in str(response.json()["error"]["details"]["spec.nodes[0].input"])
+    assert fetched == []
 
 
 def test_a_templated_input_is_checked_when_its_attempt_starts_not_at_validation(platform, client_a):

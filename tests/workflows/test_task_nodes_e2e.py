@@ -219,7 +219,7 @@ def test_a_tenant_cannot_call_a_task_outside_the_catalog_or_its_plan(stack, cata
     catalogued("team.add", plans=["enterprise"])
     _free, free_key = make_tenant(plan="free")
     client = api_client(free_key)
-    for name, why in (("team.add", "not available"), ("team.unknown", "not in the task catalog"),
+    for name, why in (("team.add", "not in the task catalog"), ("team.unknown", "not in the task catalog"),
                       ("ductor.execute_item", "internal task")):
         response = client.post("/api/v1/workflows", {"name": "w", "spec": {"nodes": [task("a", name)]}},
                                format="json")

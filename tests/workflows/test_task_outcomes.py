@@ -140,3 +140,18 @@ def test_a_batch_of_task_items_is_published_through_one_producer_per_broker(tena
     assert len(taken) == 1
     assert len({id(producer) for producer in sent}) == 1
     assert [status_of(step.tenant, step) for step in steps] == ["running"] * 3
+
+
+def test_an_input_its_entrys_schema_cannot_check_fails_the_step_for_good_and_ends_the_run(tenant_b):
+    """A schema stored before references were checked (one that does not resolve) fails the attempt
+    with ``invalid_input``, saying why; the run ends instead of its tick failing again and again."""
+    TaskCatalogEntry.objects.create(name="team.add", queue="team", input_schema={"$ref": "#/nope"})
+    with tenant_context(tenant_b[0]):
+        services.workflow_put(name="w", spec={"nodes": [{"id": "t", "type": "task", "task": "team.add",
+                                                         "input": "$input"}]})
+        run, _ = services.run_start(workflow="w", input={"a": 1})
+        step = StepRun.objects.get(run=run)
+        run.refresh_from_db()
+    assert (step.status, step.error["code"], step.error["retryable"]) == ("failed", "invalid_input", False)
+    assert "does not resolve" in step.error["message"]
+    assert run.status == "failed"

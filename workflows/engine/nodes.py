@@ -115,12 +115,12 @@ def task_refusal(node: dict[str, Any], rendered: Any) -> Outcome | None:
     check = catalog.callable_task(node["task"])
     if check.entry is None:
         return Outcome.failed(StepErrorCode.TASK_NOT_ALLOWED, check.problem, field="task")
-    problem = catalog.input_problem(check.entry, rendered)
-    if problem is None:
+    problems = [(f"input.{path}" if path else "input", message)
+                for path, message in catalog.input_problems(check.entry, rendered)]
+    if not problems:
         return None
-    path, message = problem
-    field = f"input.{path}" if path else "input"
-    return Outcome.failed(StepErrorCode.INVALID_INPUT, f"{field}: {message}", field=field)
+    return Outcome.failed(StepErrorCode.INVALID_INPUT, "; ".join(f"{field}: {message}" for field, message in problems),
+                          field=problems[0][0])
 
 
 def _start_routed(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
