@@ -135,7 +135,7 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _shown(url: str) -> str:
+def shown(url: str) -> str:
     """``url`` with its password masked, for messages."""
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
@@ -146,12 +146,12 @@ def parse(url: str, *, setting: str) -> RedisUrl:
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in SCHEMES:
         raise RedisUrlError(
-            f"{setting} must be a Redis URL ({', '.join(f'{s}://' for s in SCHEMES)}), not {_shown(url)!r}")
+            f"{setting} must be a Redis URL ({', '.join(f'{s}://' for s in SCHEMES)}), not {shown(url)!r}")
     form, tls = SCHEMES[scheme]
     try:
         parsed = _parse(url, form, tls)
     except ValueError as exc:
-        raise RedisUrlError(f"{setting}: {exc} (in {_shown(url)!r})") from None
+        raise RedisUrlError(f"{setting}: {exc} (in {shown(url)!r})") from None
     return parsed
 
 
@@ -207,7 +207,7 @@ def django_cache_config(url: str, *, setting: str) -> CacheConfig:
     if parsed.form is Form.SERVER:
         return CacheConfig(url, {"CLIENT_CLASS": DEFAULT_CACHE_CLIENT})
     if parsed.form is Form.CLUSTER:
-        raise RedisUrlError(f"{setting} names a Redis Cluster ({_shown(url)!r}): the Django cache runs on one Redis "
+        raise RedisUrlError(f"{setting} names a Redis Cluster ({shown(url)!r}): the Django cache runs on one Redis "
                             "server or a Sentinel setup; put the cluster in DUCTOR_QUEUE_REDIS_URL only")
     query = urlencode(parsed._primary_options())
     location = f"redis://{parsed._userinfo()}{parsed.service}/{parsed.db}" + (f"?{query}" if query else "")
@@ -239,7 +239,7 @@ def kombu_config(url: str, *, setting: str) -> tuple[str, dict[str, Any]]:
         return url, {}
     parsed = parse(url, setting=setting)
     if parsed.form is Form.CLUSTER:
-        raise RedisUrlError(f"{setting} names a Redis Cluster ({_shown(url)!r}): Celery's transport (kombu) has no "
+        raise RedisUrlError(f"{setting} names a Redis Cluster ({shown(url)!r}): Celery's transport (kombu) has no "
                             "Redis Cluster support; use one Redis server, a Sentinel setup or RabbitMQ (amqp://)")
     if parsed._primary_options():
         names = ", ".join(sorted({name for name, _ in parsed._primary_options()}))

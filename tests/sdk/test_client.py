@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from ductor_sdk import (
@@ -297,20 +296,19 @@ def test_runs_list_one_page_and_iter_every_run_across_pages_newest_first(sdk: Cl
 
     page = sdk.runs.list(page_size=2)
     every = [run.id for run in sdk.runs.iter(page_size=2)]
-    second = sdk.runs.list(page_size=2, cursor=_cursor(page.next))
+    second = sdk.runs.list(page_size=2, cursor=page.next_cursor)
+    by_link = sdk.runs.list(page_size=2, cursor=page.next)  # the link itself will do too
+    back = sdk.runs.list(page_size=2, cursor=second.previous_cursor)
 
     assert len(page) == 2
     assert page.next is not None
     assert page.previous is None
     assert every == started[::-1]
-    assert [run.id for run in second] == every[2:4]
+    assert [run.id for run in second] == [run.id for run in by_link] == every[2:4]
+    assert [run.id for run in back] == every[:2]
+    assert page.previous_cursor is None
     assert [run.id for run in sdk.runs.iter(status="succeeded", workflow="greet")] == every
     assert list(sdk.runs.iter(status="failed")) == []
-
-
-def _cursor(link: str | None) -> str:
-    assert link is not None
-    return parse_qs(urlsplit(link).query)["cursor"][0]
 
 
 # --- the platform API ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from ductor_project import embedded
-from ductor_project.core import heartbeats
+from ductor_project.core import heartbeats, redis_urls
 from ductor_project.stack import Child, Stack, free_port
 
 READY_TIMEOUT_S = 60.0
@@ -73,6 +73,9 @@ class Command(BaseCommand):
         self.stdout.write(f"  API docs  {base}/api/docs/")
         self.stdout.write(f"  Admin     {base}/admin/   (login: admin / {password})")
         self.stdout.write(f"  Logs      {settings.DUCTOR_DATA_DIR / 'logs'}")
+        broker = redis_urls.shown(settings.CELERY_BROKER_URL)  # a password masked
+        self.stdout.write(f"  Broker    {broker}   (your Celery workers' broker, for task nodes)")
+        self.stdout.write(f"  Broker    {settings.CELERY_BROKER_URL}   (your Celery workers' broker, for task nodes)")
         self.stdout.write("  Create a tenant: python manage.py create_tenant acme --json")
         self.stdout.write("Press Ctrl-C to stop.")
 

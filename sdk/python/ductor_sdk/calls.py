@@ -28,6 +28,14 @@ def compact(**values: Any) -> dict[str, Any]:
             for key, value in values.items() if value is not None}
 
 
+def list_params(**values: Any) -> dict[str, Any]:
+    """A list's query string (``compact``): its ``cursor`` a bare cursor or a page's link."""
+    params = compact(**values)
+    if "cursor" in params:
+        params["cursor"] = models.cursor_in(str(params["cursor"]))
+    return params
+
+
 def _nothing(_: Any) -> None:
     return None
 
@@ -56,7 +64,7 @@ class Collection(Generic[M]):
         self.name, self.model = name, model
 
     def list(self, **params: Any) -> Call[Page[M]]:
-        return Call("GET", self.name, _page(self.model), params=compact(**params))
+        return Call("GET", self.name, _page(self.model), params=list_params(**params))
 
     def get(self, key: str) -> Call[M]:
         return Call("GET", path(self.name, key), self.model.from_json)
@@ -182,7 +190,7 @@ def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStart
 
 
 def run_steps(run_id: str, **params: Any) -> Call[Page[models.Step]]:
-    return Call("GET", path("runs", run_id, "steps"), _page(models.Step), params=compact(**params))
+    return Call("GET", path("runs", run_id, "steps"), _page(models.Step), params=list_params(**params))
 
 
 def run_events(run_id: str) -> Call[list[models.RunEvent]]:
@@ -221,7 +229,7 @@ def webhook_rotate(webhook_id: str, grace_s: int | None = None) -> Call[models.W
 
 def webhook_deliveries(webhook_id: str, **params: Any) -> Call[Page[models.WebhookDelivery]]:
     return Call("GET", path("webhooks", webhook_id, "deliveries"), _page(models.WebhookDelivery),
-                params=compact(**params))
+                params=list_params(**params))
 
 
 def webhook_delivery(webhook_id: str, delivery_id: str) -> Call[models.WebhookDelivery]:

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, Generic, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 M = TypeVar("M", bound="Model")
 T = TypeVar("T")
@@ -576,11 +577,20 @@ class Lineage(Model):
 
 @dataclasses.dataclass(frozen=True)
 class Page(Generic[T]):
-    """One page of a cursor-paginated list; ``next`` is the link to the following page, or None."""
+    """One page of a cursor-paginated list; ``next`` is the link to the following page, or None, and
+    ``next_cursor`` its cursor, what a list's ``cursor=`` takes (it takes the link as well)."""
 
     items: tuple[T, ...]
     next: str | None = None
     previous: str | None = None
+
+    @property
+    def next_cursor(self) -> str | None:
+        return cursor_in(self.next)
+
+    @property
+    def previous_cursor(self) -> str | None:
+        return cursor_in(self.previous)
 
     def __iter__(self) -> Iterator[T]:
         return iter(self.items)
@@ -591,3 +601,11 @@ class Page(Generic[T]):
     @classmethod
     def from_json(cls, data: Mapping[str, Any], item: Callable[[Mapping[str, Any]], T]) -> Page[T]:
         return cls(tuple(item(row) for row in data.get("results", [])), data.get("next"), data.get("previous"))
+
+
+def cursor_in(value: str | None) -> str | None:
+    """The cursor of a page's link (``https://…/runs?cursor=…``), or ``value`` itself when it is a
+    bare cursor already; None for no page."""
+    if value is None or "?" not in value:
+        return value
+    return parse_qs(urlsplit(value).query).get("cursor", [None])[0]
