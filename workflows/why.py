@@ -26,7 +26,7 @@ dequeue will read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -40,7 +40,7 @@ from tenants.usage import next_reset, runs_this_month
 from workflows.engine.attempts import latest_attempts, spec_of
 from workflows.engine.items import step_item_id, tick_item_id
 from workflows.engine.waits import WAIT
-from workflows.models import EventWait, StepRun, WorkflowRun
+from workflows.models import EventWait, RunEvent, StepRun, WorkflowRun
 
 SStatus = StepRun.Status
 RUN_STARTING_NODES = ("subworkflow", "continue_as_new")
@@ -86,13 +86,28 @@ def why_waiting(run: WorkflowRun) -> list[Waiting]:
     tick, *holds = fair_queue.holds_of([tick_item_id(run.pk), *(step_item_id(step.pk) for step in queued)])
     found: list[Waiting] = []
     if tick is not None:
-        found.append(_held(Waiting("", 0, "", "tick", Cause.IN_LINE, "the run's next tick"), tick))
+        found.append(_of_tick(run, tick))
     held = {step.pk: hold for step, hold in zip(queued, holds, strict=True)}
     for step in latest.values():
         waiting = _of_queued(step, held[step.pk]) if step.pk in held else _of_step(step)
         if waiting is not None:
             found.append(waiting)
     return found + _quota_holds(run, latest)
+
+
+def _of_tick(run: WorkflowRun, hold: ItemHold) -> Waiting:
+    """The run's own tick in the queue; and, when it waits to be delivered again after a failure,
+    the last failure its history has (it is delivered again until it succeeds)."""
+    waiting = _held(Waiting("", 0, "", "tick", Cause.IN_LINE, "the run's next tick"), hold)
+    if hold.state != "waiting" or not hold.deliveries:
+        return waiting
+    last = RunEvent.objects.filter(run=run, type="tick_failed").order_by("-seq").values("data").first()
+    if last is None:
+        return waiting
+    error = last["data"].get("error") or {}
+    failed = (f"; the run's tick keeps failing ({last['data'].get('failures')} failures when last recorded, "
+              f"with {error.get('type')}: {error.get('message')}), and is delivered again until it succeeds")
+    return replace(waiting, message=waiting.message + failed, details={**waiting.details, "tick_failed": last["data"]})
 
 
 def _base(step: StepRun) -> Waiting:

@@ -18,12 +18,15 @@ from ductor_project.core.keys import shard_of
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
 from scheduling.circuit import record_failure
+from scheduling.dispatch.handlers import ItemContext
 from scheduling.models import Connection, Pool, PoolMember
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import api_client
 from workflows import services
-from workflows.models import WorkflowRun
+from workflows.engine import tick as engine_tick
+from workflows.engine.items import enqueue_tick
+from workflows.models import RunEvent, WorkflowRun
 from workflows.why import Cause, why_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -230,3 +233,48 @@ def test_another_tenants_run_is_not_found(tenant, tenant_b, client_a):
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
     assert client_a.get("/api/v1/runs/not-a-uuid/why").status_code == 404
+
+
+def test_a_tick_that_keeps_failing_is_in_the_runs_history_and_its_why(tenant, client_a, monkeypatch):
+    """Each failed delivery of the run's tick is delivered again; its 1st, 2nd, 4th … failure is a
+    ``tick_failed`` event, and the run's why names the last one until a tick succeeds."""
+    put(tenant, {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 3600}]})
+    run = start(tenant)
+
+    def poisoned(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a row the engine cannot read")
+
+    monkeypatch.setattr(engine_tick.waits, "apply", poisoned)
+    with tenant_context(tenant):
+        enqueue_tick(run)
+    for delivery in range(1, 6):
+        item = take(tenant)
+        assert item is not None
+        assert (item.payload["kind"], item.delivery) == ("tick", delivery)
+        ctx = ItemContext(tenant_id=str(tenant.pk), item_id=item.item_id, tier=item.tier, partition=item.partition,
+                          delivery=item.delivery, waited_ms=item.waited_ms)
+        with tenant_context(tenant), pytest.raises(RuntimeError):
+            engine_tick.execute_tick(ctx, item.payload)
+        with tenant_context(tenant):
+            assert fq.nack(item.item_id, delay_ms=0, delivery=item.delivery)
+
+    with tenant_context(tenant):
+        failures = [event.data for event in RunEvent.objects.filter(run=run, type="tick_failed").order_by("seq")]
+    assert [data["failures"] for data in failures] == [1, 2, 4]
+    assert failures[-1]["error"] == {"type": "RuntimeError", "message": "a row the engine cannot read"}
+    [tick] = [w for w in client_a.get(f"/api/v1/runs/{run.pk}/why").json()["waiting"] if not w["node_id"]]
+    assert "RuntimeError: a row the engine cannot read" in tick["message"]
+    assert tick["details"]["tick_failed"]["failures"] == 4
+
+    monkeypatch.undo()  # the data or the code is fixed: the next delivery goes through
+    item = take(tenant)
+    assert item is not None
+    with tenant_context(tenant):
+        engine_tick.execute_tick(ItemContext(tenant_id=str(tenant.pk), item_id=item.item_id, tier=item.tier,
+                                             partition=item.partition, delivery=item.delivery, waited_ms=0),
+                                 item.payload)
+        assert fq.ack(item.item_id, delivery=item.delivery)
+        enqueue_tick(run)  # a later tick waits in the queue: the failure is history, not what holds it
+    [tick] = [w for w in client_a.get(f"/api/v1/runs/{run.pk}/why").json()["waiting"] if not w["node_id"]]
+    assert (tick["cause"], tick["message"]) == (Cause.IN_LINE, tick["message"].split(";")[0])
+    assert "tick_failed" not in tick["details"]

@@ -8,6 +8,12 @@ finish the run when nothing is left: failed with its first failed step, or
 succeeded with its rendered output, waking its parent. An output over the
 plan's payload limit fails the run with ``payload_too_large``. Each tick, queued
 or inline, is a ``ductor.tick`` span of the run's trace.
+
+A queued tick that raises is delivered again after ``DUCTOR_FAILED_ITEM_DELAY_MS``,
+until it succeeds (once the data or code it tripped on is fixed, or the run is
+cancelled): a run is never failed for an error of the engine's own. Its first,
+second, fourth, eighth … failure is in the run's history (``tick_failed``, with
+the exception), so that the run says why it does not move on.
 """
 
 from __future__ import annotations
@@ -82,7 +88,25 @@ def advance(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> No
 
 def execute_tick(ctx: ItemContext, body: dict[str, Any]) -> None:
     """The ``tick`` item handler."""
-    tick(body["run_id"])
+    try:
+        tick(body["run_id"])
+    except Exception as exc:
+        if ctx.delivery & (ctx.delivery - 1) == 0:  # 1, 2, 4, 8 …: a history that stays short
+            _record_failure(body["run_id"], ctx.delivery, exc)
+        raise
+
+
+def _record_failure(run_id: Any, delivery: int, exc: Exception) -> None:
+    """A ``tick_failed`` event, in a transaction of its own (the tick's rolled back); nothing when
+    that fails too (the database is away, say): the tick's own failure is what is raised."""
+    try:
+        with transaction.atomic(), journal():
+            run = lock_run(run_id)
+            if run is not None and not run.is_terminal:
+                record_event(run, "tick_failed", failures=delivery,
+                             error={"type": type(exc).__name__, "message": str(exc)[:500]})
+    except Exception:
+        log.exception("tick_failure_unrecorded", run_id=str(run_id))
 
 
 def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> None:
