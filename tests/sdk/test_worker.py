@@ -19,6 +19,7 @@ from django.conf import settings
 from ductor_sdk.worker import (
     ERRBACK_TASK,
     RESULTS_QUEUE,
+    NonRetryable,
     NotInStep,
     StepContext,
     current_step,
@@ -136,6 +137,27 @@ def test_a_failed_task_s_errback_runs_where_it_failed_and_forwards_the_exception
     assert kwargs == {"step_id": "s-1",
                       "error": {"type": "ValueError", "module": "builtins", "message": "card declined for o-7"}}
     assert _messages(redis_client, "celery") == []  # not published as a plain task with the task id only
+
+
+class CardDeclined(NonRetryable):
+    """A team's own failure that trying again cannot mend (module level: Celery pickles it)."""
+
+
+class OwnError(Exception):
+    ductor_retryable = False
+
+
+def test_a_task_that_says_its_failure_is_not_retryable_is_forwarded_so(app: Celery, redis_client) -> None:
+    @step(app, name="team.charge")
+    def charge(kind: str) -> None:
+        raise {"declined": CardDeclined, "own": OwnError, "plain": ValueError}[kind](kind)
+
+    for kind in ("declined", "own", "plain"):
+        charge.apply(args=[kind], link_error=app.signature(ERRBACK_TASK, kwargs={"step_id": "s-1"}))
+    errors = [json.loads(base64.b64decode(message["body"]))[1]["error"]
+              for message in _messages(redis_client, RESULTS_QUEUE)]
+    assert sorted((error["type"], error.get("retryable", True)) for error in errors) == [
+        ("CardDeclined", False), ("OwnError", False), ("ValueError", True)]
 
 
 def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran(app: Celery, redis_client) -> None:

@@ -74,6 +74,24 @@ def test_a_failure_keeps_the_exceptions_type_and_message_and_may_be_retried(tena
     assert error["exception"] == {"type": "OutOfStock", "module": "shop.services"}
 
 
+def test_a_failure_the_task_says_is_not_retryable_fails_the_step_for_good(tenant_b):
+    TaskCatalogEntry.objects.create(name="team.add", queue="team")
+    with tenant_context(tenant_b[0]):
+        services.workflow_put(name="w", spec={"nodes": [{"id": "t", "type": "task", "task": "team.add",
+                                                         "retry": {"max_attempts": 3, "backoff_s": 1}}]})
+        run, _ = services.run_start(workflow="w")
+        step = StepRun.objects.get(run=run)
+        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.RUNNING)
+    task_failed.apply(args=["celery-id"], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                                  "error": {"type": "CardDeclined", "module": "shop.payments",
+                                                            "message": "declined", "retryable": False}}).get()
+    with tenant_context(tenant_b[0]):
+        attempts = list(StepRun.objects.filter(run=run).values_list("attempt", "status", "error__retryable"))
+        run.refresh_from_db()
+    assert attempts == [(1, "failed", False)]  # no second attempt, whatever the policy allows
+    assert run.status == "failed"
+
+
 def test_the_publisher_acts_for_the_items_tenant_only(tenant_a, tenant_b):
     victim = running_task_step(tenant_b[0])
     with tenant_context(tenant_b[0]):

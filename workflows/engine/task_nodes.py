@@ -25,7 +25,8 @@ charges its tenant the task's run time (reported by ``ductor_sdk``'s worker
 hook; without it, its time in flight, bounded by the fair queue). A task
 that raised fails the step as retryable, with its exception's type and
 message: given by ``ductor_sdk``'s worker hook, else read from the result
-backend. A worker that died with the task is noticed by the timeout, which
+backend (the hook also says when the exception is ``NonRetryable``: the step
+then fails for good). A worker that died with the task is noticed by the timeout, which
 fails the step as retryable and acks the item (a cancel acks it at once). A
 result that arrives after a timeout or a cancel is recorded in the history and
 changes nothing else.
@@ -239,12 +240,14 @@ def task_succeeded(result: Any, sent: Sent) -> None:
 
 
 def task_failed(task_id: str, sent: Sent, error: Mapping[str, Any] | None = None) -> None:
-    """The team's task raised: the step fails as retryable, with the exception's type and message
-    (``error``, from ``ductor_sdk``'s worker hook, else the result backend's record of it)."""
+    """The team's task raised: the step fails with the exception's type and message (``error``, from
+    ``ductor_sdk``'s worker hook, else the result backend's record of it), as retryable unless the
+    hook says the exception is not (``ductor_sdk.worker.NonRetryable``)."""
     found = dict(error) if isinstance(error, Mapping) else exception_of(task_id)
     kind, message = str(found.get("type") or "Exception"), str(found.get("message") or "")[:2000]
     outcome = Outcome.failed(StepErrorCode.TASK_FAILED, f"{kind}: {message}" if message else kind,
-                             retryable=True, exception={"type": kind, "module": str(found.get("module") or "")})
+                             retryable=found.get("retryable") is not False,
+                             exception={"type": kind, "module": str(found.get("module") or "")})
     _keep(sent, outcome)
 
 

@@ -14,17 +14,20 @@ Importing this package does not import Celery; ``install`` and ``step`` use the 
 
 from ductor_sdk.worker.context import NotInStep, StepContext, current_step, current_step_or_none
 from ductor_sdk.worker.errback import ERRBACK_TASK, RESULTS_QUEUE
+from ductor_sdk.worker.failures import NonRetryable, is_retryable
 from ductor_sdk.worker.signals import install
 from ductor_sdk.worker.step import check_json_safe, step
 
 __all__ = [
     "ERRBACK_TASK",
     "RESULTS_QUEUE",
+    "NonRetryable",
     "NotInStep",
     "StepContext",
     "check_json_safe",
     "current_step",
     "current_step_or_none",
     "install",
+    "is_retryable",
     "step",
 ]

@@ -4,7 +4,7 @@ Ductor attaches ``link_error=signature("ductor.task_failed", ...)`` to a task
 node's message. A worker that has a task of that name whose function takes
 ``(request, exc, traceback, **kwargs)`` calls it synchronously, where the task
 failed, with the exception itself. This one forwards the exception's type,
-module and message to Ductor on the ``ductor.results`` queue, with the
+module and message, and whether it may be retried (``failures``), to Ductor on the ``ductor.results`` queue, with the
 signature's own kwargs. It never raises: a failing errback must not hide the
 task's failure. Without it, Celery publishes the errback as a plain task
 holding only the task id, and Ductor reads the exception from the result backend.
@@ -16,6 +16,8 @@ import logging
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from ductor_sdk.worker.failures import is_retryable
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -29,9 +31,13 @@ log = logging.getLogger(__name__)
 _registered: weakref.WeakSet[Celery] = weakref.WeakSet()  # the apps that have the errback
 
 
-def error_of(exc: BaseException) -> dict[str, str]:
-    """What Ductor records of a task's exception."""
-    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)[:MAX_MESSAGE_CHARS]}
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """What Ductor records of a task's exception; ``retryable`` False when it says so (``failures``)."""
+    error: dict[str, Any] = {"type": type(exc).__name__, "module": type(exc).__module__,
+                             "message": str(exc)[:MAX_MESSAGE_CHARS]}
+    if not is_retryable(exc):
+        error["retryable"] = False
+    return error
 
 
 def forwarder(app: Celery) -> Callable[..., None]:
