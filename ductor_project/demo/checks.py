@@ -161,7 +161,7 @@ def shop_orders(seen: Seen) -> Outcome:
     error = _reserve_error(refused)
     ok = ok and refused is not None and refused["status"] == "failed" and error.get("code") == "task_failed" \
         and str(error.get("message", "")).startswith("OutOfStock: ") \
-        and (error.get("exception") or {}).get("type") == "OutOfStock"
+        and (error.get("exception") or {}).get("type") == "OutOfStock" and error.get("retryable") is False
     return ok, (f"{'; '.join(parts)}; outputs match its rows; {shop.OUT_OF_STOCK['order']} "
                 f"{refused['status'] if refused else 'not started'} at reserve: {error.get('code')} "
                 f"\"{error.get('message')}\"")

@@ -83,8 +83,9 @@ def _task(node_id: str, task: str, node_input: dict[str, Any], *depends_on: str)
 
 ORDER = {  # the shop's tasks as steps, each order's number from the run's input
     "nodes": [
-        _task("reserve", "shop.reserve_stock",
-              {"order": "$input.order", "sku": "$input.sku", "quantity": "$input.quantity"}),
+        {**_task("reserve", "shop.reserve_stock",
+                 {"order": "$input.order", "sku": "$input.sku", "quantity": "$input.quantity"}),
+         "retry": {"max_attempts": 3, "backoff_s": 0.5, "jitter": False}},  # OutOfStock is not retried
         {**_task("charge", "shop.charge", {"order": "$input.order"}, "reserve"),
          "retry": {"max_attempts": 3, "backoff_s": 0.5, "jitter": False}},
         _task("ship", "shop.ship", {"order": "$input.order"}, "charge"),

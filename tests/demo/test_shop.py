@@ -183,12 +183,13 @@ def test_an_order_the_warehouse_cannot_fill_fails_at_reserve_with_its_out_of_sto
     tenant = shopper()
     run = finished(tenant, start(tenant, shop.WORKFLOW, shop.OUT_OF_STOCK).pk)
     assert run.status == "failed"
-    (reserve,) = steps(tenant, run)  # nothing charged, nothing shipped
+    (reserve,) = steps(tenant, run)  # not retried (OutOfStock says so), nothing charged, nothing shipped
     assert reserve.node_id == "reserve"
     assert reserve.error["code"] == "task_failed"
     assert reserve.error["message"] == (f"OutOfStock: order {shop.OUT_OF_STOCK['order']} asks for 3 x poster, "
                                         "2 in stock")
     assert reserve.error["exception"] == {"type": "OutOfStock", "module": "shop.services"}
+    assert reserve.error["retryable"] is False
     assert (str(tenant.pk), shop.OUT_OF_STOCK["order"]) not in shop_orders(running)
     drained(tenant)
 
@@ -198,7 +199,8 @@ def test_the_readmes_builder_form_compiles_to_the_demos_order_spec():
 
     wf = Workflow("order", description="Reserve, charge, ship: the shop's tasks")
     reserve = wf.task("reserve", task="shop.reserve_stock",
-                      input={"order": Input["order"], "sku": Input["sku"], "quantity": Input["quantity"]})
+                      input={"order": Input["order"], "sku": Input["sku"], "quantity": Input["quantity"]},
+                      retry=Retry(max_attempts=3, backoff_s=0.5, jitter=False))
     charge = wf.task("charge", task="shop.charge", input={"order": Input["order"]}, depends_on=[reserve],
                      retry=Retry(max_attempts=3, backoff_s=0.5, jitter=False))
     ship = wf.task("ship", task="shop.ship", input={"order": Input["order"]}, depends_on=[charge])

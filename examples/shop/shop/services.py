@@ -9,7 +9,11 @@ from shop.selectors import order_for_tenant
 
 
 class OutOfStock(Exception):
-    """The warehouse holds fewer of the product than the order asks for; nothing was reserved."""
+    """The warehouse holds fewer of the product than the order asks for; nothing was reserved. Asking
+    again at once would not change that: its Ductor step fails for good, whatever its retry policy
+    (``ductor_retryable``, which ``ductor_sdk``'s errback reads; the shop's domain imports no SDK)."""
+
+    ductor_retryable = False
 
 
 class NotCharged(Exception):
