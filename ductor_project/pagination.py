@@ -3,13 +3,22 @@
 ``page_size`` and ``cursor`` are checked on every list alike: a ``page_size``
 that is not a whole number from 1 to ``max_page_size``, or a cursor that is
 not one this API handed out, is ``400 invalid`` naming the parameter.
+
+A cursor is DRF's position, offset and direction, signed (Django's signing,
+with the ``SECRET_KEY``): its position goes into the list's query as it is, so
+one made up by a client (a date that is no date, a NUL) must not get there.
+A cursor from before a change of ``SECRET_KEY`` is refused like a made-up one.
 """
 
-from typing import Any
 
+from django.core import signing
 from rest_framework import pagination
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
+from rest_framework.utils.urls import replace_query_param
+
+_SALT = "ductor.pagination.cursor"
+_NOT_OURS = "Not a cursor of this list: use the next or previous link."
 
 
 class CursorPagination(pagination.CursorPagination):
@@ -26,8 +35,18 @@ class CursorPagination(pagination.CursorPagination):
             raise ValidationError({"page_size": [f"A whole number from 1 to {self.max_page_size}."]})
         return size
 
-    def decode_cursor(self, request: Request) -> Any:
+    def encode_cursor(self, cursor: pagination.Cursor) -> str:
+        signed = signing.dumps([cursor.offset, cursor.reverse, cursor.position], salt=_SALT)
+        return str(replace_query_param(self.base_url, self.cursor_query_param, signed))
+
+    def decode_cursor(self, request: Request) -> pagination.Cursor | None:
+        signed = request.query_params.get(self.cursor_query_param)
+        if signed is None:
+            return None
         try:
-            return super().decode_cursor(request)
-        except NotFound as exc:
-            raise ValidationError({"cursor": ["Not a cursor of this list: use the next or previous link."]}) from exc
+            offset, reverse, position = signing.loads(signed, salt=_SALT)
+        except (signing.BadSignature, TypeError, ValueError) as exc:
+            raise ValidationError({"cursor": [_NOT_OURS]}) from exc
+        if not isinstance(offset, int) or offset < 0 or offset > self.offset_cutoff:
+            raise ValidationError({"cursor": [_NOT_OURS]})
+        return pagination.Cursor(offset=offset, reverse=bool(reverse), position=position)

@@ -18,6 +18,7 @@ from typing import Any
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from ductor_project.core import capacity
 from ductor_project.core.errors import UnknownFields
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import (
@@ -88,7 +89,7 @@ class LimitsWriteMixin(serializers.Serializer):
 
     max_concurrency = serializers.IntegerField(min_value=1, max_value=INT_MAX, allow_null=True, default=None)
     rate_per_s = serializers.FloatField(
-        allow_null=True, default=None, help_text="Starts per second (GCRA); above 0."
+        allow_null=True, default=None, help_text=f"Starts per second (GCRA); from {capacity.MIN_RATE_PER_S:g}."
     )
     burst = serializers.IntegerField(
         min_value=1, max_value=INT_MAX, allow_null=True, default=None,
@@ -96,8 +97,8 @@ class LimitsWriteMixin(serializers.Serializer):
     )
 
     def validate_rate_per_s(self, value: float | None) -> float | None:
-        if value is not None and (not math.isfinite(value) or not 0 < value <= MAX_RATE_PER_S):
-            raise serializers.ValidationError(f"Must be above 0 and at most {MAX_RATE_PER_S:g}.")
+        if value is not None and (not math.isfinite(value) or not capacity.MIN_RATE_PER_S <= value <= MAX_RATE_PER_S):
+            raise serializers.ValidationError(f"Must be from {capacity.MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g}.")
         return value
 
 

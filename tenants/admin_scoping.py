@@ -16,10 +16,11 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin.views.main import ERROR_FLAG
 from django.db import models
 from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from ductor_project.core.context import tenant_context
 from tenants.scoping import TenantScopedModel
@@ -79,7 +80,22 @@ def _plain_scoped_select(
     )
 
 
-class TenantScopedAdmin(admin.ModelAdmin[Any]):
+class DateLookupsMixin:
+    """A changelist asked for a year no date can have (``?created_at__year=99999``) answers as Django
+    answers any lookup it cannot use (``?e=1``), instead of failing when the query's SQL is built."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        for key, value in request.GET.lists():
+            if "year" in key.split("__") and not all(_a_year(part) for raw in value for part in raw.split(",")):
+                return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
+def _a_year(text: str) -> bool:
+    return text.strip().lstrip("-").isdigit() and 1 <= int(text) <= 9999
+
+
+class TenantScopedAdmin(DateLookupsMixin, admin.ModelAdmin[Any]):
     """Base admin of every tenant-scoped model."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:

@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal, receiver
 
+from ductor_project.core import capacity
 from ductor_project.core.keys import refuse_foreign, tenant_key
 from tenants import freshness
 from tenants.models import Plan, Tenant, TenantEntitlementOverride, Tier
@@ -81,8 +82,9 @@ CEILING_FIELDS = {
 }
 
 
-# Largest value of each integer limit: what its Plan column can hold.
-_INT_MAX = {"monthly_run_quota": 2**63 - 1}
+# Largest value of each integer limit: what its Plan column can hold, or what its use can (a retention
+# period is subtracted from today's date: a century is as long as a date can take, and then some).
+_INT_MAX = {"monthly_run_quota": 2**63 - 1, "event_retention_days": 36_500, "history_retention_days": 36_500}
 _INT_MAX_DEFAULT = 2**31 - 1
 
 
@@ -102,9 +104,9 @@ def coerce_limit(field: str, value: Any) -> Any:
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
-            or value <= 0
+            or value < capacity.MIN_RATE_PER_S
         ):
-            raise ValueError("must be a finite number above 0")
+            raise ValueError(f"must be a finite number of at least {capacity.MIN_RATE_PER_S} per second")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("must be a non-negative integer")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -74,6 +75,19 @@ class Plan(models.Model):
 
 # A tenant's slug: lowercase, so that two tenants never differ by case alone.
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+SLUG_RULE = "Lowercase letters, digits and '-', starting with a letter or digit, and not in the form of a UUID."
+
+
+def slug_ok(slug: str) -> bool:
+    """Whether ``slug`` can name a tenant: ``SLUG_PATTERN``, and not a UUID, which a tenant's id is
+    (where a slug or an id is taken, a UUID is read as an id)."""
+    if not re.fullmatch(SLUG_PATTERN, slug):
+        return False
+    try:
+        uuid.UUID(slug)
+    except ValueError:
+        return True
+    return False
 
 
 class Tenant(models.Model):

@@ -456,11 +456,20 @@ class TenantScopedModel(models.Model):
             return tenant_context(self.tenant)
         return nullcontext()
 
+    def _unowned(self) -> bool:
+        """No tenant to validate in: none in context and none chosen (a form whose tenant field is
+        empty or wrong, which that field's own error reports; such a row cannot be saved)."""
+        return self.tenant_id is None and peek_tenant() is None
+
     def validate_unique(self, exclude: Any = None) -> None:
+        if self._unowned():
+            return
         with self._own_tenant():
             super().validate_unique(exclude)
 
     def validate_constraints(self, exclude: Any = None) -> None:
+        if self._unowned():
+            return
         with self._own_tenant():
             super().validate_constraints(exclude)
 

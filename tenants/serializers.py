@@ -6,7 +6,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from tenants.api import NameField, StrictModelSerializer, StrictSerializer, TextField
-from tenants.models import SLUG_PATTERN, ApiKey, Plan, Tenant, TenantEntitlementOverride
+from tenants.models import SLUG_PATTERN, SLUG_RULE, ApiKey, Plan, Tenant, TenantEntitlementOverride, slug_ok
 
 
 class TenantSerializer(StrictModelSerializer):
@@ -61,12 +61,15 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 
 
 class TenantCreateSerializer(StrictSerializer):
-    slug = serializers.RegexField(
-        SLUG_PATTERN, max_length=63, help_text="Lowercase letters, digits and '-', starting with a letter or digit."
-    )
+    slug = serializers.RegexField(SLUG_PATTERN, max_length=63, help_text=SLUG_RULE)
     name = NameField(max_length=200, required=False, allow_blank=True)
     plan = serializers.SlugField(required=False, default="free")
     create_api_key = serializers.BooleanField(default=False)
+
+    def validate_slug(self, value: str) -> str:
+        if not slug_ok(value):
+            raise serializers.ValidationError(SLUG_RULE)
+        return value
 
 
 class TenantCreatedSerializer(TenantSerializer):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -14,13 +13,14 @@ from ductor_project.core.context import SYSTEM_TENANT_SLUG, current_tenant, tena
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode, conflict_on_duplicate
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
-    SLUG_PATTERN,
+    SLUG_RULE,
     ApiKey,
     Plan,
     PlatformKey,
     Tenant,
     TenantEntitlementOverride,
     generate_key,
+    slug_ok,
 )
 
 log = structlog.get_logger(__name__)
@@ -39,9 +39,8 @@ def _plan_or_invalid(slug: str) -> Plan:
 def tenant_create(*, slug: str, name: str = "", plan: str = "free") -> Tenant:
     """Create an active tenant on ``plan``. Raises ``Conflict`` if the slug is taken or reserved,
     ``400 invalid`` if it is not lowercase letters, digits and '-'."""
-    if not re.fullmatch(SLUG_PATTERN, slug):
-        raise ApiError("Invalid field(s): slug. Lowercase letters, digits and '-', starting with a letter or digit.",
-                       code=ErrorCode.INVALID, details={"slug": ["Lowercase letters, digits and '-'."]})
+    if not slug_ok(slug):
+        raise ApiError(f"Invalid field(s): slug. {SLUG_RULE}", code=ErrorCode.INVALID, details={"slug": [SLUG_RULE]})
     if slug in RESERVED_SLUGS:
         raise Conflict(f"Tenant slug '{slug}' is reserved.", details={"slug": ["Reserved."]})
     _plan_or_invalid(plan)

@@ -141,13 +141,33 @@ LISTS = ["/api/v1/api-keys", "/api/v1/connections", "/api/v1/pools", "/api/v1/ru
 @pytest.mark.parametrize("url", LISTS)
 @pytest.mark.parametrize(("query", "field"), [("page_size=abc", "page_size"), ("page_size=0", "page_size"),
                                               ("page_size=501", "page_size"), ("page_size=-3", "page_size"),
-                                              ("cursor=not-a-cursor", "cursor")])
+                                              ("cursor=not-a-cursor", "cursor"),
+                                              ("cursor=cD1ub3RhZGF0ZQ==", "cursor"),  # DRF's form of p=notadate
+                                              ("cursor=cD14", "cursor"),  # p=x
+                                              ("cursor=cD1hAGI=", "cursor")])  # p=a<NUL>b
 def test_every_list_checks_page_size_and_cursor_alike(client_a: APIClient, url: str, query: str, field: str) -> None:
     response = client_a.get(f"{url}?{query}")
     assert response.status_code == 400, response.content[:300]
     assert error_code(response) == "invalid"
     assert field in response.json()["error"]["details"]
     assert client_a.get(f"{url}?page_size=500").status_code == 200
+
+
+def test_a_cursor_is_signed_so_a_made_up_or_altered_one_is_400_and_the_links_work(
+    client_a: APIClient, platform: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    with tenant_context(tenant_a[0]):
+        for name in ("a", "b", "c"):
+            workflow_services.workflow_put(name=name, spec={"nodes": [{"id": "x", "type": "action", "action": "noop"}]})
+    first = client_a.get("/api/v1/workflows?page_size=2").json()
+    second = client_a.get(first["next"]).json()
+    assert [w["name"] for w in first["results"] + second["results"]] == ["a", "b", "c"]
+    signed = first["next"].split("cursor=")[1].split("&")[0]
+    altered = signed[:4] + ("A" if signed[4] != "A" else "B") + signed[5:]
+    response = client_a.get(f"/api/v1/workflows?page_size=2&cursor={altered}")
+    assert (response.status_code, error_code(response)) == (400, "invalid")
+    forged = platform.get("/api/v1/tenants?cursor=cD1ub3RhZGF0ZQ==")
+    assert (forged.status_code, list(forged.json()["error"]["details"])) == (400, ["cursor"])
 
 
 @pytest.mark.parametrize("name", ["a\nb", "tab\there", "nul\x00", "bell\x07", "rtl\u202eevil", "zero\u200bwidth"])
@@ -168,7 +188,8 @@ def test_a_description_keeps_newlines_but_not_other_control_characters(client_a:
     assert "description" in bad.json()["error"]["details"]
 
 
-@pytest.mark.parametrize("slug", ["Upper", "ACME", "with space", "-lead", "a_b"])
+@pytest.mark.parametrize("slug", ["Upper", "ACME", "with space", "-lead", "a_b", "0123456789abcdef0123456789abcdef",
+                                  "01234567-89ab-cdef-0123-456789abcdef"])  # a UUID is read as an id
 def test_tenant_slugs_are_lowercase_letters_digits_and_dashes(platform: APIClient, slug: str) -> None:
     response = platform.post("/api/v1/tenants", {"slug": slug}, format="json")
     assert response.status_code == 400

@@ -47,6 +47,10 @@ MAX_TASK_NAME = 200
 RESERVED_PREFIXES = ("ductor.", "celery.")
 CACHE_TTL_S = 2.0
 MAX_INPUT_PROBLEMS = 20  # fields of one input reported, at most
+# The drafts an input schema may name in ``$schema`` (without it: the latest).
+DRAFTS = tuple(f"https://json-schema.org/draft/{year}/schema" for year in ("2020-12", "2019-09")) + tuple(
+    f"http://json-schema.org/draft-0{n}/schema" for n in (7, 6))
+DEFAULT_DRAFT = DRAFTS[0]
 
 _cache: TTLCache[str, TaskCatalogEntry | None] = TTLCache(maxsize=4096, ttl=CACHE_TTL_S)
 _lock = threading.Lock()
@@ -65,11 +69,29 @@ def schema_problem(schema: Any) -> str | None:
     """Why ``schema`` is not a usable JSON Schema, or None."""
     if not isinstance(schema, Mapping):
         return "must be a JSON Schema object"
+    dialect = schema.get("$schema", DEFAULT_DRAFT)
+    if not isinstance(dialect, str) or dialect.rstrip("#") not in DRAFTS:
+        return f"is not a usable JSON Schema: its $schema must name one of the drafts {', '.join(DRAFTS)}"
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"is not a valid JSON Schema: {exc.message}"
-    return _reference_problem(schema)
+    return _reference_problem(schema) or _probe_problem(schema)
+
+
+def _probe_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why ``schema`` cannot check anything (its references lead back to themselves without end, or
+    to nothing), as far as a few plain inputs show; an input that finds what they miss is refused
+    (``input_problems``), never a crash."""
+    validator = _validator(schema)
+    try:
+        for probe in ({}, [], "", 0, None):
+            next(iter(validator.iter_errors(probe)), None)
+    except RecursionError:
+        return "is not a usable JSON Schema: its references lead back to themselves without end"
+    except (referencing.exceptions.Unresolvable, ValueError) as exc:
+        return f"is not a usable JSON Schema: a reference of it does not resolve ({str(exc)[:200]})"
+    return None
 
 
 def _reference_problem(schema: Mapping[str, Any]) -> str | None:
@@ -85,7 +107,7 @@ def _reference_problem(schema: Mapping[str, Any]) -> str | None:
         if isinstance(ref, str):
             try:
                 resolver.lookup(ref)
-            except referencing.exceptions.Unresolvable:
+            except (referencing.exceptions.Unresolvable, ValueError):  # ValueError: a base that is no URI
                 return (f"is not a usable JSON Schema: its $ref '{ref[:100]}' does not resolve within it "
                         f"(references to other documents are not fetched)")
         stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
@@ -171,9 +193,12 @@ def input_problems(found: TaskCatalogEntry, value: Any) -> list[tuple[str, str]]
             problems.setdefault(".".join(str(part) for part in best.absolute_path), best.message[:300])
             if len(problems) == MAX_INPUT_PROBLEMS:
                 break
-    except referencing.exceptions.Unresolvable as exc:  # an entry stored before references were checked
+    except (referencing.exceptions.Unresolvable, ValueError) as exc:  # stored before references were checked
         return [("", f"cannot be checked: the task's input schema has a reference that does not resolve "
                      f"({str(exc)[:200]}); the platform must fix its catalog entry")]
+    except RecursionError:  # a loop of references that this input, and no probe, runs into
+        return [("", "cannot be checked: the task's input schema's references lead back to themselves "
+                     "without end here; the platform must fix its catalog entry")]
     return sorted(problems.items())
 
 

@@ -41,6 +41,9 @@ from ductor_project.core.keys import fence_key, redis_key, shard_of
 from ductor_project.core.renewals import renewals
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
+# The slowest rate any limiter takes (per second): one start in 1,000 s. A slower one is no rate but a
+# lock (1e-320 per second would admit nothing, ever), so every rate a tenant or the platform sets is at least this.
+MIN_RATE_PER_S = 0.001
 # The Lua functions of the counters, for scripts of other modules (see ``lua_library``).
 LUA_LIBRARY = LUA_DIR / "capacity_lib.lua"
 

@@ -13,6 +13,7 @@ from django.test import Client
 from ductor_project.core.context import tenant_context
 from tenants import services
 from tenants.models import ApiKey, Tenant, TenantMembership
+from tenants.scoping import TenantScopedModel
 from tests.scoped.models import Folder, Note
 from tests.tenants.helpers import grant, make_user
 
@@ -248,3 +249,41 @@ def test_superuser_bulk_delete_across_tenants_deletes_each_row_in_its_own_tenant
     assert response.status_code == 302
     assert not Note.all_tenants.exists()
     assert Folder.all_tenants.count() == 3
+
+
+# --- odd requests a superuser can make ----------------------------------------------------------
+
+
+def _admins_with(field: str) -> list[Any]:
+    return [model for model in admin.site._registry if any(f.name == field for f in model._meta.get_fields())]
+
+
+def test_a_year_no_date_can_have_is_a_bad_lookup_not_a_crash(world: SimpleNamespace, superuser: Client) -> None:
+    models = _admins_with("created_at")
+    assert len(models) > 10
+    for model in models:
+        response = superuser.get(url(model) + "?created_at__year=99999")
+        assert response.status_code == 302, (model, response.status_code)
+        assert response["Location"].endswith("?e=1")
+        assert superuser.get(url(model) + "?created_at__year=2026").status_code == 200, model
+
+
+def test_an_add_form_without_a_tenant_says_so_and_adds_nothing(world: SimpleNamespace, superuser: Client) -> None:
+    """The unique checks of a scoped row run in its tenant: with none chosen, they are skipped and the
+    form's own error on ``tenant`` is what the page shows."""
+    checked = 0
+    for model, model_admin in admin.site._registry.items():
+        if not issubclass(model, TenantScopedModel) or model_admin.inlines:
+            continue
+        request = SimpleNamespace(user=make_user(f"probe-{model._meta.model_name}", is_staff=True, is_superuser=True),
+                                  admin_tenant=None)
+        if not model_admin.has_add_permission(request) or "tenant" not in model_admin.get_form(request).base_fields:
+            continue
+        before = model.all_tenants.count()
+        for tenant in ("", "not-a-uuid"):
+            response = superuser.post(url(model, "add"), {"tenant": tenant})
+            assert response.status_code == 200, (model, tenant, response.status_code)
+            assert "tenant" in response.context["adminform"].form.errors, model
+        assert model.all_tenants.count() == before
+        checked += 1
+    assert checked >= 4, checked

@@ -71,6 +71,14 @@ def test_the_platform_creates_reads_changes_and_deletes_catalog_entries(platform
     ({"name": "a.b", "input_schema": {"$ref": "#/nope"}}, "input_schema", "does not resolve"),
     ({"name": "a.b", "input_schema": {"properties": {"x": {"$ref": "#/$defs/gone"}}}}, "input_schema", "#/$defs/gone"),
     ({"name": "a.b", "input_schema": {"$ref": "http://127.0.0.1:1/x.json"}}, "input_schema", "not fetched"),
+    ({"name": "a.b", "input_schema": {"$schema": []}}, "input_schema", "must name one of the drafts"),
+    ({"name": "a.b", "input_schema": {"$schema": 5}}, "input_schema", "must name one of the drafts"),
+    ({"name": "a.b", "input_schema": {"$schema": "http://json-schema.org/draft-03/schema#", "extends": {"$ref": "x"}}},
+     "input_schema", "must name one of the drafts"),
+    ({"name": "a.b", "input_schema": {"$ref": "#/$defs/x", "$defs": {"x": {"$ref": "#/$defs/x"}}}}, "input_schema",
+     "without end"),
+    ({"name": "a.b", "input_schema": {"$anchor": "a", "$ref": "#a"}}, "input_schema", "without end"),
+    ({"name": "a.b", "input_schema": {"$dynamicRef": "#nowhere"}}, "input_schema", "does not resolve"),
     ({"name": "a.b", "plans": ["platinum"]}, "plans", "unknown plan"),
     ({"name": "a.b", "tenants": ["nobody"]}, "tenants", "unknown tenant"),
     ({"name": "a.b", "timeout_s": 0}, "timeout_s", ""),
@@ -178,6 +186,17 @@ def test_references_within_the_schema_and_to_a_drafts_meta_schema_resolve(platfo
     assert set(refused.json()["error"]["details"]) == {"spec.nodes[0].input.amount", "spec.nodes[0].input.nested"}
     kept = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 2, "nested": "n", "schema": {}}))
     assert kept.status_code == 201, kept.content
+
+
+def test_an_input_that_runs_into_a_loop_of_references_is_refused_not_a_crash(platform, client_a):
+    """A loop no plain probe reaches at the entry's creation (behind a property): the input that
+    reaches it is refused, saying why."""
+    entry(platform, name="billing.tasks.charge",
+          input_schema={"properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"$ref": "#/$defs/x"}}})
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {"a": 1}))
+    assert response.status_code == 400, response.content
+    assert "without end" in str(response.json()["error"]["details"]["spec.nodes[0].input"])
+    assert create_workflow(client_a, task_node("billing.tasks.charge", {"b": 1})).status_code == 201
 
 
 def test_a_stored_schema_whose_reference_is_remote_is_never_fetched(platform, client_a):
