@@ -240,3 +240,37 @@ def test_a_nul_character_in_a_path_or_query_parameter_is_a_4xx_on_every_operatio
     assert queries >= 20, queries
     response = client_a.get("/api/v1/runs?status=running&a%00=1")
     assert (response.status_code, error_code(response)) == (400, "invalid")
+
+
+@pytest.mark.parametrize(("url", "body", "field"), [
+    ("/api/v1/api-keys", {"name": 5}, "name"),
+    ("/api/v1/runs", {"workflow": 5}, "workflow"),
+    ("/api/v1/connections", {"name": "c", "kind": "http", "config": {"base_url": "https://a.example"},
+                             "max_concurrency": "5"}, "max_concurrency"),
+    ("/api/v1/connections", {"name": "c", "kind": "http", "config": {"base_url": "https://a.example"},
+                             "rate_per_s": True}, "rate_per_s"),
+    ("/api/v1/connections", {"name": "c", "kind": "http", "config": {"base_url": "https://a.example"},
+                             "max_concurrency": 5.0}, "max_concurrency"),
+    ("/api/v1/fairness-keys", {"key": 0, "weight": 2}, "key"),
+    ("/api/v1/runs/bulk", {"runs": [{"workflow": "w", "tags": "nightly"}]}, "runs"),
+])
+def test_a_value_of_the_wrong_json_type_is_400_naming_its_field_and_stores_nothing(
+    client_a: APIClient, url: str, body: dict[str, Any], field: str
+) -> None:
+    """No quiet conversions: "5" is not a number, 5 not a string, true not a number, 5.0 not a whole
+    number."""
+    before = client_a.get(url.removesuffix("/bulk")).json()
+    response = client_a.post(url, body, format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    assert any(name.startswith(field) for name in response.json()["error"]["details"]), response.json()
+    assert client_a.get(url.removesuffix("/bulk")).json() == before
+
+
+@pytest.mark.parametrize(("body", "field"), [({"name": "a.b", "enabled": 0}, "enabled"),
+                                             ({"name": "a.b", "timeout_s": True}, "timeout_s"),
+                                             ({"name": "a.b", "plans": "pro"}, "plans")])
+def test_the_platform_api_takes_json_types_as_they_are_too(platform: APIClient, body: dict[str, Any],
+                                                          field: str) -> None:
+    response = platform.post("/api/v1/task-catalog", body, format="json")
+    assert (response.status_code, list(response.json()["error"]["details"])) == (400, [field])
+    assert not TaskCatalogEntry.objects.exists()

@@ -101,6 +101,7 @@ class RunBulkResultSerializer(serializers.Serializer):
 
 
 class RunFilterSerializer(StrictSerializer):
+    typed = False  # a query string's: every value is a string
     status = serializers.ChoiceField(choices=WorkflowRun.Status.choices, required=False)
     workflow = serializers.CharField(required=False)
     created_after = serializers.DateTimeField(required=False)
