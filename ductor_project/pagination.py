@@ -11,6 +11,8 @@ A cursor from before a change of ``SECRET_KEY`` is refused like a made-up one.
 """
 
 
+from typing import Any
+
 from django.core import signing
 from rest_framework import pagination
 from rest_framework.exceptions import ValidationError
@@ -34,6 +36,14 @@ class CursorPagination(pagination.CursorPagination):
         if not 1 <= size <= self.max_page_size:
             raise ValidationError({"page_size": [f"A whole number from 1 to {self.max_page_size}."]})
         return size
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        """DRF's, with the page size's bounds: what the schema allows, the server takes."""
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {**parameter["schema"], "minimum": 1, "maximum": self.max_page_size}
+        return parameters
 
     def encode_cursor(self, cursor: pagination.Cursor) -> str:
         signed = signing.dumps([cursor.offset, cursor.reverse, cursor.position], salt=_SALT)

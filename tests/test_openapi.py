@@ -257,6 +257,15 @@ def test_the_run_list_declares_each_filter_with_the_type_it_is_validated_as(sche
     assert (parameters["page_size"]["minimum"], parameters["page_size"]["maximum"]) == (1, 500)
 
 
+def test_every_lists_page_size_declares_the_bounds_the_server_takes(schema: dict[str, Any]) -> None:
+    bounds = {path: next(p["schema"] for p in operation["get"]["parameters"] if p["name"] == "page_size")
+              for path, operation in schema["paths"].items()
+              if any(p["name"] == "page_size" for p in operation.get("get", {}).get("parameters", []))}
+    assert len(bounds) >= 10
+    assert {(b["minimum"], b["maximum"]) for b in bounds.values()} == {(1, 500), (1, 100)}
+    assert bounds["/api/v1/runs/{id}/steps/"]["maximum"] == 100
+
+
 def _answer(exc: Exception) -> Any:
     return exception_handler(exc, {})
 

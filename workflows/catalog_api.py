@@ -30,7 +30,8 @@ class TaskCatalogEntrySerializer(StrictModelSerializer):
     # Declared: a taken name is a 409 conflict (conflict_on_duplicate), as everywhere else.
     name = serializers.CharField(max_length=200, help_text="The Celery task name, e.g. billing.tasks.charge.")
     description = TextField(max_length=500, required=False, allow_blank=True)
-    input_schema = serializers.JSONField(required=False, help_text="A JSON Schema the rendered input must match.")
+    input_schema = serializers.DictField(required=False, help_text="A JSON Schema (an object) the rendered input "
+                                                                   "must match; {} matches anything.")
     plans = serializers.ListField(child=serializers.CharField(max_length=50), required=False, max_length=100)
     tenants = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=1000)
     timeout_s = serializers.FloatField(min_value=0.001, max_value=MAX_TIMEOUT_S, required=False, allow_null=True)
