@@ -47,7 +47,7 @@ class CursorPagination(pagination.CursorPagination):
 
     def encode_cursor(self, cursor: pagination.Cursor) -> str:
         signed = signing.dumps([cursor.offset, cursor.reverse, cursor.position], salt=_SALT)
-        return str(replace_query_param(self.base_url, self.cursor_query_param, signed))
+        return str(replace_query_param(str(self.base_url), self.cursor_query_param, signed))
 
     def decode_cursor(self, request: Request) -> pagination.Cursor | None:
         signed = request.query_params.get(self.cursor_query_param)

@@ -85,7 +85,8 @@ def _probe_problem(schema: Mapping[str, Any]) -> str | None:
     (``input_problems``), never a crash."""
     validator = _validator(schema)
     try:
-        for probe in ({}, [], "", 0, None):
+        probes: tuple[Any, ...] = ({}, [], "", 0, None)
+        for probe in probes:
             next(iter(validator.iter_errors(probe)), None)
     except RecursionError:
         return "is not a usable JSON Schema: its references lead back to themselves without end"
