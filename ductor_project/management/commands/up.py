@@ -75,7 +75,6 @@ class Command(BaseCommand):
         self.stdout.write(f"  Logs      {settings.DUCTOR_DATA_DIR / 'logs'}")
         broker = redis_urls.shown(settings.CELERY_BROKER_URL)  # a password masked
         self.stdout.write(f"  Broker    {broker}   (your Celery workers' broker, for task nodes)")
-        self.stdout.write(f"  Broker    {settings.CELERY_BROKER_URL}   (your Celery workers' broker, for task nodes)")
         self.stdout.write("  Create a tenant: python manage.py create_tenant acme --json")
         self.stdout.write("Press Ctrl-C to stop.")
 

@@ -18,7 +18,8 @@ class Command(BaseCommand):
     help = "Run a fair dispatcher (any number may run at once)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--shards", default="", help="comma-separated shards (default: all)")
+        parser.add_argument("--shards", default="",
+                            help="comma-separated shards (default: its share of them among the live dispatchers)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         tracing.configure()
