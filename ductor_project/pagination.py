@@ -10,7 +10,6 @@ one made up by a client (a date that is no date, a NUL) must not get there.
 A cursor from before a change of ``SECRET_KEY`` is refused like a made-up one.
 """
 
-
 from typing import Any
 
 from django.core import signing

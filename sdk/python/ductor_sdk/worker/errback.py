@@ -4,8 +4,8 @@ Ductor attaches ``link_error=signature("ductor.task_failed", ...)`` to a task
 node's message. A worker that has a task of that name whose function takes
 ``(request, exc, traceback, **kwargs)`` calls it synchronously, where the task
 failed, with the exception itself. This one forwards the exception's type,
-module and message, and whether it may be retried (``failures``), to Ductor on the ``ductor.results`` queue, with the
-signature's own kwargs. It never raises: a failing errback must not hide the
+module and message, and whether it may be retried (``failures``), to Ductor
+on the ``ductor.results`` queue, with the signature's own kwargs. It never raises: a failing errback must not hide the
 task's failure. Without it, Celery publishes the errback as a plain task
 holding only the task id, and Ductor reads the exception from the result backend.
 """
