@@ -119,7 +119,12 @@ def _type_problem(field: serializers.Field, value: Any) -> str | None:
         return None
     for kind, name, fits in _JSON_TYPES:
         if isinstance(field, kind):
-            return None if fits(value) else f"Must be {name}, not {json.dumps(value)[:40]}."
+            if not fits(value):
+                return f"Must be {name}, not {json.dumps(value)[:40]}."
+            if isinstance(field, serializers.ListField):  # and each item of the type its child takes
+                return next((f"Item {i}: {problem}" for i, item in enumerate(value)
+                             if (problem := _type_problem(field.child, item))), None)
+            return None
     return None
 
 

@@ -253,6 +253,7 @@ def test_a_nul_character_in_a_path_or_query_parameter_is_a_4xx_on_every_operatio
                              "max_concurrency": 5.0}, "max_concurrency"),
     ("/api/v1/fairness-keys", {"key": 0, "weight": 2}, "key"),
     ("/api/v1/runs/bulk", {"runs": [{"workflow": "w", "tags": "nightly"}]}, "runs"),
+    ("/api/v1/runs", {"workflow": "w", "tags": ["nightly", 5]}, "tags"),
 ])
 def test_a_value_of_the_wrong_json_type_is_400_naming_its_field_and_stores_nothing(
     client_a: APIClient, url: str, body: dict[str, Any], field: str
