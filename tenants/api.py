@@ -113,17 +113,18 @@ _JSON_TYPES: tuple[tuple[type[serializers.Field], str, Any], ...] = (
 )
 
 
-def _type_problem(field: serializers.Field, value: Any) -> str | None:
-    """Why ``value`` is not of the JSON type ``field`` takes, or None (null is the field's to judge)."""
+def _type_errors(field: serializers.Field, value: Any) -> Any:
+    """Why ``value`` is not of the JSON type ``field`` takes, as DRF words a field's errors (a list of
+    messages; for a list's items, ``{index: messages}``), or None. Null is the field's to judge."""
     if value is None:
         return None
     for kind, name, fits in _JSON_TYPES:
         if isinstance(field, kind):
             if not fits(value):
-                return f"Must be {name}, not {json.dumps(value)[:40]}."
+                return [f"Must be {name}, not {json.dumps(value)[:40]}."]
             if isinstance(field, serializers.ListField):  # and each item of the type its child takes
-                return next((f"Item {i}: {problem}" for i, item in enumerate(value)
-                             if (problem := _type_problem(field.child, item))), None)
+                items = {i: errors for i, item in enumerate(value) if (errors := _type_errors(field.child, item))}
+                return items or None
             return None
     return None
 
@@ -143,8 +144,8 @@ class StrictSerializer(serializers.Serializer):
             if unknown:
                 raise UnknownFields(unknown)
             if self.typed and not isinstance(data, QueryDict):
-                wrong = {name: [problem] for name, value in data.items()
-                         if (problem := _type_problem(writable[name], value))}
+                wrong = {name: errors for name, value in data.items()
+                         if (errors := _type_errors(writable[name], value))}
                 if wrong:
                     raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)

@@ -995,7 +995,8 @@ def test_explain_needs_only_the_read_scope(make_tenant: Any) -> None:
         ({"workflow": "w"}, "action"),
         ({"workflow": "w", "action": "noop", "tier": "gold"}, "tier"),
         ({"workflow": "w", "action": "noop", "tags": "a"}, "tags"),
-        ({"workflow": "w", "action": "noop", "tags": ["a", 7, {"x": 1}]}, "tags[2]"),
+        ({"workflow": "w", "action": "noop", "tags": ["a", 7, {"x": 1}]}, "tags[1]"),  # 7 is no string either
+        ({"workflow": "w", "action": "noop", "tags": ["a", "b", {"x": 1}]}, "tags[2]"),
         ({"workflow": "w", "action": "noop", "colour": "red"}, "colour"),
     ],
 )
