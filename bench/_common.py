@@ -150,7 +150,9 @@ def flush_state() -> None:
 def plain_celery_noops(count: int, wait: Callable[[Callable[[], bool]], object]) -> float:
     """Seconds that ``count`` plain Celery no-op tasks (``bench.noop``, results ignored) take on
     the running workers: from the first publish until the work queue is empty and no message is
-    unacked, which ``wait`` polls for. The same-run baseline of the throughput benchmarks."""
+    unacked, which ``wait`` polls for (Ductor's transport keeps no ``unacked`` hash: the last
+    messages, at most one per worker process, may still be running then, well under a
+    millisecond). The same-run baseline of the throughput benchmarks."""
     from bench._worker_tasks import noop
     from ductor_project.celery import WORK_QUEUE, app
 

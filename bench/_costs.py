@@ -18,10 +18,10 @@ commands, and CPU time by process kind, read before and after it.
   which also counts reading and writing the sockets (``commandstats`` counts only running the
   commands); from ``INFO stats`` the requests it read (round trips) and the connections it
   accepted. The ``INFO`` requests that read them are left out of the commands and round trips.
-- **CPU**, from each process's user and system time (``psutil``), grouped by kind: the Celery
-  worker (its pool processes included), the dispatcher, the coordinator, the web server, the
-  PostgreSQL backends, Redis, and this benchmark process itself (which starts the runs and
-  polls for their end).
+- **CPU**, from each process's user and system time (``psutil``), grouped by kind: Ductor's Celery
+  worker (its pool processes included), a team's own Celery worker (``team_worker``), the
+  dispatcher, the coordinator, the web server, the PostgreSQL backends, Redis, and this benchmark
+  process itself (which starts the runs and polls for their end).
 
 The benchmark's own polling would count too: ``Costs.exclude()`` wraps it and takes its
 statements (counted in this process) back out.
@@ -52,6 +52,8 @@ def _kind(process: psutil.Process) -> str | None:
         return "postgres"
     if "redis-server" in name or "redis-server" in cmdline:
         return "redis"
+    if "celery" in cmdline and "ductor_project" not in cmdline:
+        return "team_worker"  # a team's own Celery app (bench/tasks.py), not Ductor's
     for marker, kind in (("celery", "worker"), ("run_dispatcher", "dispatcher"),
                          ("run_coordinator", "coordinator"), ("gunicorn", "web")):
         if marker in cmdline:

@@ -62,3 +62,39 @@ def test_a_named_task_broker_publishes_through_it_too(queue, settings):
         assert broker.llen(name) == 1
     finally:
         task_nodes._named_broker.cache_clear()
+
+
+def test_a_held_message_is_not_copied_to_redis_and_comes_back_flagged_as_redelivered(queue):
+    name, broker = queue
+    app.send_task("test.transport", args=[1], queue=name)
+    with app.connection_for_read() as connection:
+        channel = connection.channel()
+        held = channel.basic_get(name)
+        assert held is not None
+        assert not held.delivery_info.get("redelivered")
+        assert not broker.exists("unacked")  # no emulated ack: the worker keeps it in memory
+        held.reject(requeue=True)  # as a worker whose pool process died does
+        assert broker.llen(name) == 1
+        again = channel.basic_get(name)
+        # Where Celery reads it (``request.delivery_info``): the worker then checks the item's lease.
+        assert again.delivery_info["redelivered"] is True
+        assert again.headers["redelivered"] is True
+        assert again.decode()[0] == [1]
+        again.ack()
+    assert broker.llen(name) == 0
+    assert not broker.exists("unacked")
+
+
+def test_the_transport_options_turn_the_emulated_acks_back_on(queue):
+    name, broker = queue
+    app.send_task("test.transport", args=[2], queue=name)
+    with app.connection_for_read(transport_options={"ack_emulation": True}) as connection:
+        channel = connection.channel()
+        held = channel.basic_get(name)
+        assert broker.hlen("unacked") == 1
+        held.reject(requeue=True)
+        assert broker.llen(name) == 1
+        assert broker.hlen("unacked") == 0
+        again = channel.basic_get(name)
+        assert again.delivery_info["redelivered"] is True
+        again.ack()
