@@ -27,7 +27,7 @@ from ductor_project.stack import Child, Stack
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import api_client, service_env, service_stack
-from tests.workflows.test_engine_e2e import by_node, drained, finished, start, steps
+from tests.workflows.test_engine_e2e import by_node, drained, finished, put, start, steps
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -191,6 +191,28 @@ def test_an_order_the_warehouse_cannot_fill_fails_at_reserve_with_its_out_of_sto
     assert reserve.error["exception"] == {"type": "OutOfStock", "module": "shop.services"}
     assert reserve.error["retryable"] is False
     assert (str(tenant.pk), shop.OUT_OF_STOCK["order"]) not in shop_orders(running)
+    drained(tenant)
+
+
+def test_a_catalogued_task_the_shops_worker_does_not_have_fails_its_step_at_once(running, shopper):
+    # A name in the catalog that the shop's code does not register: Celery discards the message, and
+    # the SDK's hook sends the step's errback (without it, the step would wait out its 30 s timeout).
+    _, raw = tenant_services.platform_key_create(name="shop-missing")
+    entry = {"name": "shop.refund", "queue": shop.QUEUE, "timeout_s": 600, "plans": ["enterprise"]}
+    assert api_client(raw).post("/api/v1/task-catalog", entry, format="json").status_code == 201
+    tenant = shopper()
+    spec = {"nodes": [{"id": "refund", "type": "task", "task": "shop.refund", "input": {"order": "r-1"},
+                       "retry": {"max_attempts": 2, "backoff_s": 0.1, "jitter": False}}]}
+    put(tenant, "refund", spec)
+    run = finished(tenant, start(tenant, "refund", {}).pk, timeout=60)
+    assert run.status == "failed"
+    attempts = steps(tenant, run)
+    assert [(s.attempt, s.error["code"]) for s in attempts] == [(1, "task_failed"), (2, "task_failed")]
+    for attempt in attempts:
+        assert attempt.error["exception"] == {"type": "NotRegistered", "module": "celery.exceptions"}
+        assert "'shop.refund' is not registered on " in attempt.error["message"]
+        assert attempt.error.get("retryable", True) is True  # another worker may have it
+        assert (attempt.finished_at - attempt.started_at).total_seconds() < 30  # not the timeout (600 s)
     drained(tenant)
 
 

@@ -14,19 +14,22 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, task_unknown
 from django.conf import settings
 from ductor_sdk.worker import (
     ERRBACK_TASK,
     RESULTS_QUEUE,
     NonRetryable,
     NotInStep,
+    NotJSONSafe,
     StepContext,
     current_step,
     current_step_or_none,
     install,
     step,
 )
+from ductor_sdk.worker.errback import error_of
+from ductor_sdk.worker.signals import on_task_unknown
 
 HEADERS = {
     "ductor_tenant_id": "t-1", "ductor_run_id": "r-1", "ductor_step_id": "s-1", "ductor_node_id": "charge",
@@ -113,6 +116,7 @@ def test_install_connects_each_handler_once_and_registers_the_errback(app: Celer
 
     assert uids.count("ductor_sdk.worker.prerun") == 1
     assert uids.count("ductor_sdk.worker.postrun") == 1
+    assert [key[0] for key, _ in task_unknown.receivers].count("ductor_sdk.worker.unknown") == 1
     assert ERRBACK_TASK in app.tasks
 
 
@@ -214,6 +218,58 @@ def test_step_refuses_a_result_that_is_not_json_naming_the_task_and_the_type(app
         report.run(float("nan"))
     with pytest.raises(TypeError, match=r"task 'tests\.sdk\.test_worker\.unnamed' .* result is of type object"):
         unnamed()
+
+
+def test_a_result_that_is_not_json_fails_the_step_for_good(app: Celery) -> None:
+    @step(app, name="team.opaque")
+    def opaque() -> object:
+        return object()
+
+    with pytest.raises(NotJSONSafe) as refused:
+        opaque()
+    assert isinstance(refused.value, TypeError)
+    assert error_of(refused.value)["retryable"] is False  # the same code returns the same value again
+
+
+def _held(app: Celery, queue: str) -> Any:
+    """The next message of ``queue``, as a worker's consumer holds it (a real kombu message)."""
+    with app.connection_for_read() as connection:
+        message = connection.channel().basic_get(queue, no_ack=True)
+    assert message is not None
+    return message
+
+
+def test_a_step_s_message_for_a_task_the_worker_lacks_fails_the_step_through_its_errback(
+        app: Celery, redis_client) -> None:
+    queue = "team-unknown"
+    ids = {"step_id": "s-9", "item_id": "i-9", "delivery": 1, "tenant_id": "t-1"}
+    app.send_task("team.missing", kwargs={"order": "o-1"}, queue=queue, headers=HEADERS, task_id="task-9",
+                  link=app.signature("ductor.task_succeeded", kwargs=ids, queue=RESULTS_QUEUE),
+                  link_error=app.signature(ERRBACK_TASK, kwargs=ids))
+    app.send_task("team.missing", queue=queue, task_id="task-10")  # not a Ductor step: nothing to tell
+    worker = SimpleNamespace(app=app, hostname="team-1@host")
+    for task_id in ("task-9", "task-10"):
+        on_task_unknown(sender=worker, message=_held(app, queue), name="team.missing", id=task_id)
+
+    messages = _messages(redis_client, RESULTS_QUEUE)
+    assert len(messages) == 1
+    assert messages[0]["headers"]["task"] == ERRBACK_TASK
+    assert messages[0]["headers"]["ductor_tenant_id"] == "t-1"
+    args, kwargs, _ = json.loads(base64.b64decode(messages[0]["body"]))
+    assert args == ["task-9"]
+    error = kwargs.pop("error")
+    assert kwargs == ids
+    assert error["type"] == "NotRegistered"
+    assert error["module"] == "celery.exceptions"
+    assert error["message"].startswith("task 'team.missing' is not registered on team-1@host")
+    assert "retryable" not in error  # another worker may have the task
+
+
+def test_the_unknown_task_hook_never_raises(app: Celery, redis_client) -> None:
+    broken = SimpleNamespace(decode=lambda: (_ for _ in ()).throw(ValueError("undecodable")))
+    on_task_unknown(sender=SimpleNamespace(app=app), message=broken, name="x", id="task-11")
+    on_task_unknown(sender=None, message=None, name=None, id=None)
+    assert _messages(redis_client, RESULTS_QUEUE) == []
 
 
 def test_the_client_and_the_worker_helpers_import_without_celery() -> None:

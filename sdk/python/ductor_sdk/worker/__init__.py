@@ -16,13 +16,14 @@ from ductor_sdk.worker.context import NotInStep, StepContext, current_step, curr
 from ductor_sdk.worker.errback import ERRBACK_TASK, RESULTS_QUEUE
 from ductor_sdk.worker.failures import NonRetryable, is_retryable
 from ductor_sdk.worker.signals import install
-from ductor_sdk.worker.step import check_json_safe, step
+from ductor_sdk.worker.step import NotJSONSafe, check_json_safe, step
 
 __all__ = [
     "ERRBACK_TASK",
     "RESULTS_QUEUE",
     "NonRetryable",
     "NotInStep",
+    "NotJSONSafe",
     "StepContext",
     "check_json_safe",
     "current_step",

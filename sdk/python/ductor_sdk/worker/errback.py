@@ -40,18 +40,25 @@ def error_of(exc: BaseException) -> dict[str, Any]:
     return error
 
 
+def forward(app: Celery, task_id: str, kwargs: dict[str, Any], error: dict[str, Any]) -> None:
+    """Send Ductor's errback (its signature's ``kwargs``) for the task ``task_id`` that failed with
+    ``error`` (``error_of``) to ``ductor.results``, through ``app``'s broker. Raises what the publish
+    raises."""
+    tenant = kwargs.get("tenant_id")
+    app.send_task(
+        ERRBACK_TASK, args=[task_id], kwargs={**kwargs, "error": error}, queue=RESULTS_QUEUE,
+        serializer="json",  # what Ductor's workers accept, whatever the team's app defaults to
+        # Ductor's tasks carry their tenant as an argument and a header, which must agree.
+        headers={TENANT_HEADER: str(tenant)} if tenant else None,
+    )
+
+
 def forwarder(app: Celery) -> Callable[..., None]:
     """The errback function of ``app``: forwards the failure to Ductor, never raises."""
 
     def task_failed(request: Any, exc: BaseException, traceback: Any, **kwargs: Any) -> None:
         try:
-            tenant = kwargs.get("tenant_id")
-            app.send_task(
-                ERRBACK_TASK, args=[request.id], kwargs={**kwargs, "error": error_of(exc)}, queue=RESULTS_QUEUE,
-                serializer="json",  # what Ductor's workers accept, whatever the team's app defaults to
-                # Ductor's tasks carry their tenant as an argument and a header, which must agree.
-                headers={TENANT_HEADER: str(tenant)} if tenant else None,
-            )
+            forward(app, request.id, kwargs, error_of(exc))
         except Exception:
             log.exception("ductor_task_failed_not_forwarded", extra={"task_id": getattr(request, "id", None)})
 

@@ -10,22 +10,31 @@
   tenant is charged in Ductor's fair queue. Without it Ductor charges the
   task's time in flight (its wait in the broker too), bounded by what the
   tenant's tasks usually take.
+- A ``task_unknown`` handler: a message for a task this worker does not have
+  (a catalog name its code does not register, a worker started without the
+  module) is discarded by Celery, and its errbacks are not called. For a
+  Ductor step, the handler sends Ductor's errback itself, so that the step
+  fails at once with ``NotRegistered`` (retryable: another worker may have the
+  task) rather than at the end of its timeout.
 
 Celery is imported here only, when ``install`` is called.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 from ductor_sdk.worker import context
-from ductor_sdk.worker.errback import ERRBACK_TASK, register_errback
+from ductor_sdk.worker.errback import ERRBACK_TASK, MAX_MESSAGE_CHARS, forward, register_errback
 
 if TYPE_CHECKING:
     from celery import Celery
+
+log = logging.getLogger(__name__)
 
 # The outcomes Ductor's callbacks carry back: the task's run time is added to them.
 OUTCOME_TASKS = frozenset({"ductor.task_succeeded", ERRBACK_TASK})
@@ -79,11 +88,41 @@ def on_before_task_publish(sender: Any = None, body: Any = None, **_: Any) -> No
             kwargs["work_ms"] = round(work_ms, 3)
 
 
+def _errbacks_of(body: Any) -> list[dict[str, Any]]:
+    """Ductor's errbacks (``ductor.task_failed`` signatures) of a message body (protocol 2's embed)."""
+    embed = body[2] if isinstance(body, (tuple, list)) and len(body) >= 3 and isinstance(body[2], dict) else {}
+    found = embed.get("errbacks") or []
+    if not isinstance(found, list):
+        return []
+    return [e for e in found if isinstance(e, dict) and e.get("task") == ERRBACK_TASK]
+
+
+def on_task_unknown(sender: Any = None, message: Any = None, name: str | None = None, id: str | None = None,
+                    **_: Any) -> None:
+    """A message for a task this worker does not have (Celery discards it): if it is a Ductor step's,
+    tell Ductor through its errback. Never raises."""
+    try:
+        errbacks = _errbacks_of(message.decode()) if message is not None else []
+        if not errbacks:
+            return
+        app = sender.app
+        worker = getattr(sender, "hostname", None) or "this worker"
+        text = (f"task {name!r} is not registered on {worker}: Celery discarded the message (check the "
+                f"task's name in Ductor's catalog and the modules the worker imports)")
+        error = {"type": "NotRegistered", "module": "celery.exceptions", "message": text[:MAX_MESSAGE_CHARS]}
+        for errback in errbacks:
+            kwargs = errback.get("kwargs")
+            forward(app, str(id), dict(kwargs) if isinstance(kwargs, dict) else {}, error)
+    except Exception:
+        log.exception("ductor_unknown_task_not_forwarded", extra={"task_id": id, "task": name})
+
+
 def install(app: Celery) -> None:
     """Prepare ``app`` (the team's Celery app) for Ductor's task nodes. Idempotent."""
-    from celery.signals import before_task_publish, task_postrun, task_prerun
+    from celery.signals import before_task_publish, task_postrun, task_prerun, task_unknown
 
     task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="ductor_sdk.worker.prerun")
     task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="ductor_sdk.worker.postrun")
     before_task_publish.connect(on_before_task_publish, weak=False, dispatch_uid="ductor_sdk.worker.outcome")
+    task_unknown.connect(on_task_unknown, weak=False, dispatch_uid="ductor_sdk.worker.unknown")
     register_errback(app)

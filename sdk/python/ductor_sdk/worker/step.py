@@ -1,4 +1,7 @@
-"""``@step(app)``: a plain Celery task whose result is checked to be JSON, as Ductor stores it."""
+"""``@step(app)``: a plain Celery task whose result is checked to be JSON, as Ductor stores it.
+
+A result that is not JSON fails the task with ``NotJSONSafe``, which is not retryable: the same
+code would return the same value again."""
 
 from __future__ import annotations
 
@@ -8,8 +11,14 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ductor_sdk.worker.failures import NonRetryable
+
 if TYPE_CHECKING:
     from celery import Celery, Task
+
+
+class NotJSONSafe(NonRetryable, TypeError):
+    """A ``@step`` task returned a value that is not JSON; its step fails for good."""
 
 
 def _unsafe(value: Any, where: str, seen: set[int]) -> tuple[str, str] | None:
@@ -35,12 +44,13 @@ def _unsafe(value: Any, where: str, seen: set[int]) -> tuple[str, str] | None:
 
 
 def check_json_safe(value: Any, *, task: str) -> None:
-    """Raises ``TypeError`` naming the task and the offending type unless ``value`` dumps as strict JSON."""
+    """Raises ``NotJSONSafe`` (a ``TypeError``) naming the task and the offending type unless ``value``
+    dumps as strict JSON."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         where, kind = _unsafe(value, "result", set()) or ("result", type(value).__name__)
-        raise TypeError(f"task {task!r} returned a value that is not JSON-safe: {where} is of type {kind}") from None
+        raise NotJSONSafe(f"task {task!r} returned a value that is not JSON-safe: {where} is of type {kind}") from None
 
 
 def step(app: Celery, name: str | None = None, **task_options: Any) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
