@@ -16,10 +16,9 @@ import math
 from typing import Any
 
 from rest_framework import serializers
-from rest_framework.settings import api_settings
 
 from ductor_project.core import capacity
-from ductor_project.core.errors import UnknownFields
+from ductor_project.core.errors import UnknownFields, flat_details
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import (
     MAX_FAIRNESS_KEY,
@@ -45,31 +44,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$"
 NAME_HELP = "Letters, digits and '_.:-' (starting with a letter or digit), at most 100; unique per tenant."
 
 
-def flat_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
-    """DRF's nested error detail as ``{"members[1].weight": ["..."]}``."""
-    if isinstance(detail, dict):
-        out: dict[str, list[str]] = {}
-        for key, value in detail.items():
-            if isinstance(key, int):
-                path = f"{prefix}[{key}]"
-            elif key == api_settings.NON_FIELD_ERRORS_KEY and prefix:
-                path = prefix
-            else:
-                path = f"{prefix}.{key}" if prefix else str(key)
-            for name, messages in flat_errors(value, path).items():
-                out.setdefault(name, []).extend(messages)
-        return out
-    if isinstance(detail, list) and any(isinstance(item, dict | list) for item in detail):
-        out = {}
-        for index, item in enumerate(detail):
-            if item:
-                for name, messages in flat_errors(item, f"{prefix}[{index}]").items():
-                    out.setdefault(name, []).extend(messages)
-        return out
-    items = detail if isinstance(detail, list) else [detail]
-    return {prefix or api_settings.NON_FIELD_ERRORS_KEY: [str(item) for item in items]}
-
-
 def parse(
     serializer_class: type[serializers.Serializer], data: Any, *, partial: bool = False
 ) -> dict[str, Any]:
@@ -80,7 +54,7 @@ def parse(
     """
     serializer = serializer_class(data=data, partial=partial)
     if not serializer.is_valid():
-        raise serializers.ValidationError(flat_errors(serializer.errors))
+        raise serializers.ValidationError(flat_details(serializer.errors))
     return dict(serializer.validated_data)
 
 

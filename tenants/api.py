@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from ductor_project.core.context import tenant_context
-from ductor_project.core.errors import UnknownFields
+from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from tenants.permissions import IsPlatformAdmin, request_tenant
 
 
@@ -141,6 +141,8 @@ class StrictSerializer(serializers.Serializer):
         if isinstance(data, dict):
             writable = {name: field for name, field in self.fields.items() if not field.read_only}
             unknown = [str(key) for key in data if key not in writable]
+            if unknown and self.parent is not None:  # nested (an item of a list): named by its path
+                raise serializers.ValidationError({name: [unknown_field_detail()] for name in sorted(unknown)})
             if unknown:
                 raise UnknownFields(unknown)
             if self.typed and not isinstance(data, QueryDict):

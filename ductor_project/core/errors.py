@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from ductor_project.core.context import TenantScopeError
 
@@ -155,21 +156,37 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
     return {"error": {"code": str(code), "message": message, "details": details or {}}}
 
 
-def _flatten_fields(detail: Any, prefix: str = "") -> list[str]:
+def flat_details(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail as one list of messages per field path, as ``message`` names them
+    (``{"runs[1].tier": ["..."]}``, ``members[0].connection``); each message keeps its code."""
     if isinstance(detail, dict):
-        names: list[str] = []
+        out: dict[str, list[str]] = {}
         for key, value in detail.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            nested = _flatten_fields(value, path)
-            names.extend(nested or [path])
-        return names
+            if isinstance(key, int):
+                path = f"{prefix}[{key}]"
+            elif key == api_settings.NON_FIELD_ERRORS_KEY and prefix:
+                path = prefix
+            else:
+                path = f"{prefix}.{key}" if prefix else str(key)
+            for name, messages in flat_details(value, path).items():
+                out.setdefault(name, []).extend(messages)
+        return out
     if isinstance(detail, list) and any(isinstance(item, dict | list) for item in detail):
-        names = []
+        out = {}
         for index, item in enumerate(detail):
             if item:
-                names.extend(_flatten_fields(item, f"{prefix}[{index}]" if prefix else str(index)))
-        return names
-    return []
+                for name, messages in flat_details(item, f"{prefix}[{index}]").items():
+                    out.setdefault(name, []).extend(messages)
+        return out
+    items = detail if isinstance(detail, list) else [detail]
+    messages = [item if isinstance(item, str) else str(item) for item in items]
+    return {prefix or api_settings.NON_FIELD_ERRORS_KEY: messages}
+
+
+def unknown_field_detail() -> exceptions.ErrorDetail:
+    """The message of a field a nested serializer does not accept: ``400 unknown_field`` when every
+    field refused is one."""
+    return exceptions.ErrorDetail("Unknown field.", code=ErrorCode.UNKNOWN_FIELD.value)
 
 
 def _first_message(detail: Any) -> str:
@@ -178,8 +195,8 @@ def _first_message(detail: Any) -> str:
     return str(detail)
 
 
-def _validation_message(detail: Any) -> str:
-    fields = _flatten_fields(detail)
+def _validation_message(detail: Any, details: dict[str, list[str]]) -> str:
+    fields = [name for name in details if name != api_settings.NON_FIELD_ERRORS_KEY]
     if not fields:
         return _first_message(detail)
     return f"Invalid field(s): {', '.join(fields)}. {_first_message(detail)}"
@@ -193,8 +210,12 @@ def _drf_to_body(exc: exceptions.APIException) -> tuple[int, dict[str, Any], dic
         body = error_body(exc.error_code, str(exc.detail), exc.details)
         return exc.status_code, body, {**headers, **exc.headers}
     if isinstance(exc, exceptions.ValidationError):
-        message = _validation_message(exc.detail)
-        return 400, error_body(ErrorCode.INVALID, message, _as_details(exc.detail)), headers
+        details = flat_details(exc.detail)
+        if details and all(getattr(message, "code", None) == ErrorCode.UNKNOWN_FIELD.value
+                           for messages in details.values() for message in messages):
+            names = ", ".join(details)
+            return 400, error_body(ErrorCode.UNKNOWN_FIELD, f"Unknown field(s): {names}.", details), headers
+        return 400, error_body(ErrorCode.INVALID, _validation_message(exc.detail, details), details), headers
     if isinstance(exc, exceptions.ParseError):
         return 400, error_body(ErrorCode.MALFORMED_JSON, f"Malformed request body: {exc.detail}"), headers
     if isinstance(exc, exceptions.NotAuthenticated):
@@ -217,12 +238,6 @@ def _drf_to_body(exc: exceptions.APIException) -> tuple[int, dict[str, Any], dic
         body = error_body(ErrorCode.RATE_LIMITED, f"Rate limited; retry in {wait}s.", {"retry_after": wait})
         return 429, body, {"Retry-After": str(max(wait, 1))}
     return exc.status_code, error_body(ErrorCode.BAD_REQUEST, str(exc.detail)), headers
-
-
-def _as_details(detail: Any) -> dict[str, Any]:
-    if isinstance(detail, dict):
-        return {str(k): v for k, v in detail.items()}
-    return {"non_field_errors": detail}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:

@@ -288,7 +288,7 @@ def test_unknown_field_is_400_unknown_field_naming_it(client_a: APIClient, super
         ({"name": "x" * 101}, "name"),
         ({"name": "x", "scopes": "read"}, "scopes"),
         ({"name": "x", "scopes": []}, "scopes"),
-        ({"name": "x", "scopes": ["admin"]}, "scopes"),
+        ({"name": "x", "scopes": ["admin"]}, "scopes[0]"),  # the item, by its index
         ({"name": "x", "expires_at": "tomorrow"}, "expires_at"),
         ({"name": "x", "expires_at": 12}, "expires_at"),
         ({}, "name"),

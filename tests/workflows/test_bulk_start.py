@@ -79,6 +79,14 @@ def test_a_bad_item_is_a_400_naming_it_and_starts_nothing(make_tenant):
     assert_invalid(response, "runs[0].tier", "free")
     response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w", "colour": 1}]}, format="json")
     assert error_code(response) == "unknown_field"
+    assert response.json()["error"]["details"] == {"runs[0].colour": ["Unknown field."]}
+    # What the item's own fields refuse is named by the item's index too, one flat path per field.
+    response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w"}, {"workflow": "w", "tier": "turbo"},
+                                                          {"workflow": "w", "tags": ["a", 5]}, {"colour": 1}]},
+                           format="json")
+    assert_invalid(response, "runs[1].tier", "turbo")
+    assert sorted(response.json()["error"]["details"]) == ["runs[1].tier", "runs[2].tags[1]", "runs[3].colour"]
+    assert "runs[1].tier" in response.json()["error"]["message"]
     big = {"workflow": "w", "input": {"blob": "x" * 70_000}}
     response = client.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w"}, big]}, format="json")
     assert_invalid(response, "runs[1].input", code="payload_too_large", status=413)
