@@ -71,6 +71,9 @@ def test_only_calls_safe_to_repeat_are_retried_and_only_after_errors_that_pass()
     assert policy.delay(start, 1, broken) is not None
     assert policy.delay(start, 2, broken) is None  # out of retries
     assert policy.delay(create, 0, broken) is None  # not safe to repeat
+    assert policy.delay(create, 0, busy) is None
+    assert policy.delay(create, 0, throttled) == 2  # refused before it was looked at: nothing was made
+    assert policy.delay(create, 0, quota) is None
     assert policy.delay(get, 0, quota) is None
     assert policy.delay(get, 0, _error(500, {"error": {"code": "internal_error", "message": "bug"}})) is None
 
@@ -121,6 +124,11 @@ def test_the_client_sends_a_call_safe_to_repeat_again_and_another_once() -> None
           pytest.raises(ServerError)):
         sdk.pools.create("main")
     assert sent == ["POST"]
+
+    transport, sent = _answers(429, 429)
+    with Client("http://ductor.test", "dct_x_y", retry=retry, http_client=httpx.Client(transport=transport)) as sdk:
+        sdk.pools.create("main")  # rate limited: refused before anything was made, so sent again
+    assert sent == ["POST", "POST", "POST"]
 
     transport, sent = _answers(503)
     with Client("http://ductor.test", "dct_x_y", retry=retry, http_client=httpx.Client(transport=transport)) as sdk:

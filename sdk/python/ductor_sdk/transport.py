@@ -61,7 +61,9 @@ class Call(Generic[T]):
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-    """Retries of calls safe to repeat, after a transport error, a 429 ``rate_limited`` or a 502/503/504.
+    """Retries of calls safe to repeat, after a transport error, a 429 ``rate_limited`` or a 502/503/504;
+    and of any call after a 429 ``rate_limited``, which the server answers before it looks at the
+    request (nothing was done: a create is not made twice).
 
     The wait before retry ``n`` (from 1) is ``min(backoff_s * 2**(n-1), max_backoff_s)``, drawn
     uniformly from its upper half, and at least the server's ``Retry-After``. A ``Retry-After``
@@ -76,7 +78,9 @@ class RetryPolicy:
 
     def delay(self, call: Call[Any], retries_done: int, error: DuctorError) -> float | None:
         """Seconds to wait before sending ``call`` again after ``error``, or None: raise it."""
-        if retries_done >= self.max_retries or not call.safe_to_repeat or not _retryable(error):
+        if retries_done >= self.max_retries or not _retryable(error):
+            return None
+        if not (call.safe_to_repeat or _refused_unseen(error)):
             return None
         wait = min(self.backoff_s * 2.0**retries_done, self.max_backoff_s) * random.uniform(0.5, 1.0)
         if isinstance(error, RateLimited) and error.retry_after is not None:
@@ -84,6 +88,12 @@ class RetryPolicy:
                 return None
             wait = max(wait, error.retry_after)
         return wait
+
+
+def _refused_unseen(error: DuctorError) -> bool:
+    """Whether the server refused the request before looking at it (its rate limit), so that sending
+    it again cannot do anything twice."""
+    return isinstance(error, RateLimited) and error.code == "rate_limited"
 
 
 def _retryable(error: DuctorError) -> bool:
