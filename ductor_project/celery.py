@@ -34,6 +34,11 @@ app = Celery("ductor_project")
 # first configuration does (below).
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = WORK_QUEUE
+# Its workers' remote control and events on exchanges of their own: a team's workers share the
+# broker, and a team's habitual `celery control shutdown` (or `inspect`, `events`) must neither reach
+# Ductor's workers nor Ductor's reach theirs. `celery -A ductor_project ...` and Flower use these.
+app.conf.control_exchange = "ductor"
+app.conf.event_exchange = "ductor.ev"
 app.conf.task_queues = (
     Queue(WORK_QUEUE, Exchange(WORK_QUEUE), routing_key=WORK_QUEUE),
     Queue(SYSTEM_QUEUE, Exchange(SYSTEM_QUEUE), routing_key=SYSTEM_QUEUE),

@@ -266,3 +266,23 @@ def test_the_team_queues_slots_bound_the_tasks_in_flight_across_tenants(stack, t
     most = max(sum(1 for start_, end in spans if start_ <= moment < end) for moment, _ in spans)
     assert most <= 2  # never more than the queue's slots, though the team's worker could run four
     drained(*tenants)
+
+
+def test_a_teams_remote_control_reaches_its_own_workers_only(stack, team):
+    from celery import Celery
+
+    from ductor_project.celery import app
+
+    team_worker = team.start(concurrency=1)
+    teams = Celery("team-control", broker=settings.CELERY_BROKER_URL, set_as_current=False)
+    try:
+        # A broadcast of the team's app (``celery -A warehouse inspect ping``, or ``control shutdown``).
+        theirs = {name for reply in teams.control.ping(timeout=1.0) for name in reply}
+        ours = {name for reply in app.control.ping(timeout=1.0) for name in reply}
+    finally:
+        teams.close()
+    teams_worker, ductors_worker = f"{team_worker.name}@localhost", f"{stack.worker.name}@localhost"
+    assert teams_worker in theirs
+    assert ductors_worker not in theirs
+    assert ductors_worker in ours
+    assert teams_worker not in ours
