@@ -23,10 +23,12 @@ refuses every input, with the reason).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import jsonschema
@@ -117,8 +119,31 @@ def _reference_problem(schema: Mapping[str, Any]) -> str | None:
 
 def _validator(schema: Mapping[str, Any]) -> Any:
     """A validator of ``schema`` that resolves its references within it and the drafts'
-    meta-schemas only: it never fetches."""
-    return jsonschema.validators.validator_for(schema)(schema, registry=META_SCHEMAS)
+    meta-schemas only (it never fetches), and whose ``integer`` is a JSON number written without a
+    fraction (``_whole_numbers``)."""
+    return _whole_numbers(jsonschema.validators.validator_for(schema))(schema, registry=META_SCHEMAS)
+
+
+@cache
+def _whole_numbers(validator: Any) -> Any:
+    """``validator`` with ``integer`` taken as Ductor's API takes a whole number: ``2``, not ``2.0``
+    (which JSON Schema admits, and the task would get as a float)."""
+    checker = validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    return jsonschema.validators.extend(validator, type_checker=checker)
+
+
+def _in_json(error: Any) -> str:
+    """The error's message with the value it names written as JSON (``null``, ``true``), not as
+    Python writes it (``None``, ``True``)."""
+    shown = repr(error.instance)
+    if not error.message.startswith(shown):
+        return str(error.message)
+    try:
+        value = json.dumps(error.instance, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(error.message)
+    return (value if len(value) <= 100 else value[:97] + "...") + error.message[len(shown):]
 
 
 def entry(name: str) -> TaskCatalogEntry | None:
@@ -191,7 +216,7 @@ def input_problems(found: TaskCatalogEntry, value: Any) -> list[tuple[str, str]]
     try:
         for error in _validator(found.input_schema).iter_errors(value):
             best = jsonschema.exceptions.best_match([error]) or error  # into anyOf / oneOf
-            problems.setdefault(".".join(str(part) for part in best.absolute_path), best.message[:300])
+            problems.setdefault(".".join(str(part) for part in best.absolute_path), _in_json(best)[:300])
             if len(problems) == MAX_INPUT_PROBLEMS:
                 break
     except (referencing.exceptions.Unresolvable, ValueError) as exc:  # stored before references were checked

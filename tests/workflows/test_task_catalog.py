@@ -175,6 +175,18 @@ def test_every_field_of_a_literal_input_that_does_not_match_is_named(platform, c
                                                         "spec.nodes[0].input.currency"}
 
 
+def test_an_integer_is_a_whole_number_without_a_fraction_and_the_values_named_are_json(platform, client_a):
+    entry(platform, name="billing.tasks.charge", input_schema=SCHEMA)
+    # JSON Schema's own integer admits 2.0, which the task would get as a float: not here.
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 2.0, "currency": None}))
+    assert response.status_code == 400
+    details = response.json()["error"]["details"]
+    assert details["spec.nodes[0].input.amount"] == ["node 'charge': input.amount: 2.0 is not of type 'integer'"]
+    assert details["spec.nodes[0].input.currency"] == ["node 'charge': input.currency: null is not of type 'string'"]
+    assert create_workflow(client_a, task_node("billing.tasks.charge", {"amount": 2})).status_code == 201
+    assert create_workflow(client_a, task_node("billing.tasks.charge", {"amount": True})).status_code == 400
+
+
 def test_references_within_the_schema_and_to_a_drafts_meta_schema_resolve(platform, client_a):
     entry(platform, name="billing.tasks.charge", input_schema={
         "$defs": {"amount": {"type": "integer", "minimum": 1}},
