@@ -27,18 +27,22 @@ dequeue will read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from django.conf import settings
+
 from ductor_project.core.context import current_tenant
 from scheduling import fair_queue
+from scheduling.connection_config import DEFAULT_BROKER
 from scheduling.fair_queue import AdmissionView, ItemHold
 from scheduling.routing_table import routing_table
 from tenants.entitlements import effective_entitlements
 from tenants.usage import next_reset, runs_this_month
 from workflows.engine.attempts import latest_attempts, spec_of
-from workflows.engine.items import step_item_id, tick_item_id
+from workflows.engine.items import TASK, step_item_id, tick_item_id
+from workflows.engine.task_nodes import queue_depth
 from workflows.engine.waits import WAIT
 from workflows.models import EventWait, RunEvent, StepRun, WorkflowRun
 
@@ -59,6 +63,7 @@ class Cause(StrEnum):
     CHILD_RUN = "child_run"  # waiting for its child run to finish
     EVENT = "event"  # a wait_for_event: waiting for its event (or signal), until ``until`` at most
     DISPATCHING = "dispatching"  # admitted and dispatched: a worker is starting it
+    TASK_PUBLISHED = "task_published"  # a task node's message is on the team's queue: its worker has not answered
     IN_LINE = "in_line"  # due and admissible: waiting for its turn in the fair order
     LOST = "lost"  # its queue item is missing: the coordinator's reconciler enqueues it again
 
@@ -120,6 +125,8 @@ def _of_step(step: StepRun) -> Waiting | None:
     if step.status == SStatus.SCHEDULED:
         until = step.scheduled_for
         return _with(base, Cause.NOT_DUE, f"not due until {_iso(until)} (a sleep or a retry's backoff)", until)
+    if step.status == SStatus.RUNNING and step.node_type == TASK:
+        return _of_task(base, step)
     if step.status == SStatus.WAITING and step.node_type == WAIT:
         return _of_wait(base, step)
     if step.status == SStatus.WAITING:
@@ -141,6 +148,41 @@ def _of_wait(base: Waiting, step: StepRun) -> Waiting:
     what = f"an event '{name}'" + (f" with key '{key}'" if key else "") + f", or a signal '{name}' to the run"
     limit = f", until {_iso(until)} (its timeout)" if until else ""
     return _with(base, Cause.EVENT, f"waiting for {what}{limit}", until, details={"event": name, "key": key})
+
+
+def _of_task(base: Waiting, step: StepRun) -> Waiting:
+    """A task node's attempt, published: it waits for the team's worker to answer, until its timeout
+    (its lease). Whether messages wait in its queues tells a worker that does not consume them
+    (stopped, or started without ``-Q``) from one that is busy; how many is not told (a queue may
+    carry other tenants' tasks too)."""
+    trace = step.routing or {}
+    call = trace.get("task") or {}
+    timeout_s = float(call.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
+    until = step.started_at + timedelta(seconds=timeout_s) if step.started_at is not None else None
+    pool = routing_table().pool_by_id(str((trace.get("pool") or {}).get("id") or ""))
+    queues = sorted({(m.queue, m.broker or DEFAULT_BROKER) for m in pool.members if m.queue} if pool else set())
+    if not queues and call.get("queue"):
+        queues = [(str(call["queue"]), DEFAULT_BROKER)]
+    found = [(queue, broker, None if (n := queue_depth(queue, broker)) is None else n > 0) for queue, broker in queues]
+    waiting = [queue for queue, _, messages in found if messages]
+    taken = [queue for queue, _, messages in found if messages is False]
+    if waiting:
+        state = (f"messages wait in {_names(waiting)} that no worker has taken (if that lasts, is a worker "
+                 f"consuming {'it' if len(waiting) == 1 else 'them'}, with -Q {','.join(waiting)}?)")
+    elif taken:
+        state = f"no message waits in {_names(taken)}: a worker has taken it"
+    else:
+        state = "its queue cannot be read now"
+    message = (f"published to the team's queue at {_iso(step.started_at)}, waiting for its worker to answer: "
+               f"{state}; it times out at {_iso(until)}")
+    return _with(base, Cause.TASK_PUBLISHED, message, until,
+                 {"task": call.get("name"), "timeout_s": timeout_s,
+                  "queues": [{"queue": queue, "broker": broker, "messages_waiting": messages}
+                             for queue, broker, messages in found]})
+
+
+def _names(queues: list[str]) -> str:
+    return ("queue " if len(queues) == 1 else "queues ") + ", ".join(f"'{queue}'" for queue in queues)
 
 
 def _of_queued(step: StepRun, hold: ItemHold | None) -> Waiting:

@@ -278,3 +278,35 @@ def test_a_tick_that_keeps_failing_is_in_the_runs_history_and_its_why(tenant, cl
     [tick] = [w for w in client_a.get(f"/api/v1/runs/{run.pk}/why").json()["waiting"] if not w["node_id"]]
     assert (tick["cause"], tick["message"]) == (Cause.IN_LINE, tick["message"].split(";")[0])
     assert "tick_failed" not in tick["details"]
+
+
+def test_a_published_task_step_waits_for_the_teams_worker_and_counts_its_queues_messages(
+        tenant, client_a, redis_client):
+    from workflows.engine import task_nodes
+    from workflows.models import TaskCatalogEntry
+
+    queue = f"why-team-{tenant.pk.hex[:8]}"
+    TaskCatalogEntry.objects.create(name="team.why", queue=queue, timeout_s=120)
+    put(tenant, {"nodes": [{"id": "charge", "type": "task", "task": "team.why", "input": {}}]})
+    run = start(tenant)
+    item = take(tenant)
+    assert item is not None
+    with no_tenant():
+        task_nodes.publish([item])  # as the dispatcher does; no worker consumes the queue
+    try:
+        waiting = only(client_a, run)
+        assert (waiting["node_id"], waiting["status"], waiting["cause"]) == ("charge", "running", Cause.TASK_PUBLISHED)
+        assert waiting["details"] == {"task": "team.why", "timeout_s": 120.0,
+                                      "queues": [{"queue": queue, "broker": "default", "messages_waiting": True}]}
+        assert f"messages wait in queue '{queue}' that no worker has taken" in waiting["message"]
+        assert f"-Q {queue}?" in waiting["message"]
+        with tenant_context(tenant):
+            started = WorkflowRun.objects.get(pk=run.pk).steps.get().started_at
+        assert until(waiting) == started + timedelta(seconds=120)  # its timeout, which is its lease
+
+        assert redis_client.rpop(queue) is not None  # a worker took it: the step runs there
+        waiting = only(client_a, run)
+        assert waiting["details"]["queues"][0]["messages_waiting"] is False
+        assert f"no message waits in queue '{queue}': a worker has taken it" in waiting["message"]
+    finally:
+        redis_client.delete(queue)

@@ -204,6 +204,20 @@ def broker_app(name: str) -> Celery:
     return _named_broker(name)
 
 
+def queue_depth(queue: str, broker: str = DEFAULT_BROKER) -> int | None:
+    """How many messages wait in the team's ``queue`` on ``broker`` (none taken by a worker yet), or
+    None when the broker cannot tell now. One request to that broker."""
+    try:
+        with broker_app(broker or DEFAULT_BROKER).connection_for_read() as connection:
+            channel: Any = connection.default_channel
+            if hasattr(channel, "_size"):  # kombu's Redis channel: an empty queue has no key to declare
+                return int(channel._size(queue))
+            return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except Exception:  # a broker away, a queue AMQP does not know: nothing to tell
+        log.info("task_queue_depth_unknown", queue=queue, broker=broker)
+        return None
+
+
 def _fail_unsent(step: StepRun, item: Dequeued, message: str) -> None:
     record_outcome(step.id, step.run_id, Outcome.failed(StepErrorCode.PUBLISH_FAILED, message))
     fair_queue.ack(item.item_id, delivery=item.delivery)
