@@ -90,7 +90,7 @@ def test_a_runs_fairness_key_is_checked_shown_and_kept_by_a_rerun(redis_client: 
     assert too_long.status_code == 400
     assert "fairness_key" in too_long.json()["error"]["details"]
     assert bulk_bad.status_code == 400
-    assert "runs.1.fairness_key" in bulk_bad.json()["error"]["message"], bulk_bad.json()
+    assert "runs[1].fairness_key" in bulk_bad.json()["error"]["message"], bulk_bad.json()
     assert client_a.get("/api/v1/runs").json()["results"][0]["id"] == started.json()["id"]  # nothing else started
     assert started.status_code == 201
     assert started.json()["fairness_key"] == "acme"
