@@ -163,7 +163,7 @@ def _of_task(base: Waiting, step: StepRun) -> Waiting:
     queues = sorted({(m.queue, m.broker or DEFAULT_BROKER) for m in pool.members if m.queue} if pool else set())
     if not queues and call.get("queue"):
         queues = [(str(call["queue"]), DEFAULT_BROKER)]
-    found = [(queue, broker, None if (n := queue_depth(queue, broker)) is None else n > 0) for queue, broker in queues]
+    found = [(queue, broker, _messages_waiting(queue, broker)) for queue, broker in queues]
     waiting = [queue for queue, _, messages in found if messages]
     taken = [queue for queue, _, messages in found if messages is False]
     if waiting:
@@ -179,6 +179,12 @@ def _of_task(base: Waiting, step: StepRun) -> Waiting:
                  {"task": call.get("name"), "timeout_s": timeout_s,
                   "queues": [{"queue": queue, "broker": broker, "messages_waiting": messages}
                              for queue, broker, messages in found]})
+
+
+def _messages_waiting(queue: str, broker: str) -> bool | None:
+    """Whether messages wait in the queue that no worker has taken (None: the broker cannot tell)."""
+    depth = queue_depth(queue, broker)
+    return None if depth is None else depth > 0
 
 
 def _names(queues: list[str]) -> str:

@@ -204,7 +204,7 @@ def test_a_catalogued_task_the_shops_worker_does_not_have_fails_its_step_at_once
     spec = {"nodes": [{"id": "refund", "type": "task", "task": "shop.refund", "input": {"order": "r-1"},
                        "retry": {"max_attempts": 2, "backoff_s": 0.1, "jitter": False}}]}
     put(tenant, "refund", spec)
-    run = finished(tenant, start(tenant, "refund", {}).pk, timeout=60)
+    run = finished(tenant, start(tenant, "refund", {}).pk)
     assert run.status == "failed"
     attempts = steps(tenant, run)
     assert [(s.attempt, s.error["code"]) for s in attempts] == [(1, "task_failed"), (2, "task_failed")]
