@@ -54,9 +54,23 @@ def operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any
 
 
 def validator(schema: dict[str, Any], component: str) -> jsonschema.Draft4Validator:
-    """A validator for the component ``component`` of ``schema``, its ``$ref`` resolved in the schema."""
-    root = {"$ref": f"#/components/schemas/{component}", "components": schema["components"]}
+    """A validator for the component ``component`` of ``schema``, its ``$ref`` resolved in the schema
+    (OpenAPI 3.0's ``nullable`` read as JSON Schema's ``null`` type)."""
+    root = {"$ref": f"#/components/schemas/{component}", "components": _nullable(schema["components"])}
     return jsonschema.Draft4Validator(root)
+
+
+def _nullable(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_nullable(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _nullable(value) for key, value in node.items() if key != "nullable"}
+    if node.get("nullable") and isinstance(node.get("type"), str):
+        out["type"] = [node["type"], "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
 
 
 def docstring_example() -> dict[str, Any]:

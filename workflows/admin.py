@@ -42,6 +42,18 @@ from workflows.models import (
 )
 
 
+def _may_write(request: HttpRequest, tenant_id: Any, permission: str) -> bool:
+    """Whether the user may change an object of the tenant ``tenant_id``: a superuser, or staff of
+    that tenant with ``permission`` and a role that may write."""
+    if request.user.is_superuser:
+        return True
+    tenant = admin_tenant(request)
+    if tenant is None or tenant.pk != tenant_id or not request.user.has_perm(permission):
+        return False
+    membership = membership_for_user(request.user)
+    return membership is not None and membership.role not in READ_ONLY_ROLES
+
+
 def _pretty(value: Any) -> SafeString:
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True, default=str))
 
@@ -61,10 +73,38 @@ class VersionInline(ReadOnlyMixin, TenantScopedInline):
 
 @admin.register(WorkflowDefinition)
 class WorkflowDefinitionAdmin(TenantScopedAdmin):
-    list_display = ["name", "latest_version", "updated_at"]
+    list_display = ["name", "latest_version", "archived_at", "updated_at"]
+    list_filter = [("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["name"]
-    readonly_fields = ["latest_version", "created_at", "updated_at"]
+    readonly_fields = ["latest_version", "archived_at", "created_at", "updated_at"]
     inlines = [VersionInline]
+    actions = ["archive", "unarchive"]
+
+    @admin.action(description="Archive selected workflows (they start no new run)")
+    def archive(self, request: HttpRequest, queryset: Any) -> None:
+        self._each(request, queryset, services.workflow_archive, "archived")
+
+    @admin.action(description="Unarchive selected workflows")
+    def unarchive(self, request: HttpRequest, queryset: Any) -> None:
+        self._each(request, queryset, services.workflow_unarchive, "unarchived")
+
+    def _each(self, request: HttpRequest, queryset: Any, change: Any, done: str) -> None:
+        """Apply ``change`` (a service taking ``name``) to each selected workflow, in its tenant's
+        context; a refusal (the plan's ``max_workflows``) is shown and the others go on."""
+        changed = 0
+        for definition in queryset.select_related("tenant"):
+            if not _may_write(request, definition.tenant_id, "workflows.change_workflowdefinition"):
+                raise PermissionDenied
+            try:
+                with tenant_context(definition.tenant):
+                    change(name=definition.name)
+            except ApiError as exc:
+                messages.warning(request, f"{definition.name}: {exc.detail}")
+                continue
+            self.log_change(request, definition, done.capitalize() + ".")
+            changed += 1
+        if changed:
+            messages.success(request, f"{changed} workflow(s) {done}.")
 
 
 @admin.register(WorkflowVersion)
@@ -233,15 +273,8 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
         return run
 
     def may_act(self, request: HttpRequest, run: WorkflowRun) -> bool:
-        """Whether the user may act on ``run`` (cancel it): a superuser, or staff of the run's tenant
-        with the change permission on runs and a role that may write."""
-        if request.user.is_superuser:
-            return True
-        tenant = admin_tenant(request)
-        if tenant is None or tenant.pk != run.tenant_id or not request.user.has_perm("workflows.change_workflowrun"):
-            return False
-        membership = membership_for_user(request.user)
-        return membership is not None and membership.role not in READ_ONLY_ROLES
+        """Whether the user may act on ``run`` (cancel it)."""
+        return _may_write(request, run.tenant_id, "workflows.change_workflowrun")
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:

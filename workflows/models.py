@@ -12,12 +12,18 @@ from tenants.scoping import TenantScopedModel, tenant_field
 
 
 class WorkflowDefinition(TenantScopedModel):
-    """A named workflow of a tenant. Its specs live in numbered, immutable versions."""
+    """A named workflow of a tenant. Its specs live in numbered, immutable versions.
+
+    An archived one (``archived_at`` set) starts no new run and takes no new version, and does not
+    count toward the plan's ``max_workflows``; its runs in flight go on, and it keeps its name,
+    versions and history until it is unarchived or deleted (``workflows.services``).
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)
     description = models.CharField(max_length=500, blank=True, default="")
     latest_version = models.PositiveIntegerField(default=0)
+    archived_at = models.DateTimeField(null=True, blank=True, help_text="When it was archived; none: active.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -13,10 +13,12 @@ from tenants.selectors import first_or_404, parse_uuid
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 
-def workflow_list() -> QuerySet[WorkflowDefinition]:
-    """The tenant's workflows by name, each with its latest spec (``latest_spec``): one query."""
+def workflow_list(*, archived: bool = False) -> QuerySet[WorkflowDefinition]:
+    """The tenant's active (or archived) workflows by name, each with its latest spec (``latest_spec``):
+    one query."""
     latest = WorkflowVersion.objects.filter(definition=OuterRef("pk")).order_by("-number").values("spec")[:1]
-    return WorkflowDefinition.objects.annotate(latest_spec=Subquery(latest, output_field=JSONField())).order_by("name")
+    return (WorkflowDefinition.objects.filter(archived_at__isnull=not archived)
+            .annotate(latest_spec=Subquery(latest, output_field=JSONField())).order_by("name"))
 
 
 def get_workflow_for_tenant(name: str) -> WorkflowDefinition:

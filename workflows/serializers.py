@@ -38,10 +38,12 @@ class WorkflowVersionSerializer(StrictModelSerializer):
 
 class WorkflowSerializer(StrictModelSerializer):
     spec = serializers.SerializerMethodField()
+    archived_at = serializers.DateTimeField(read_only=True, allow_null=True,
+                                            help_text="When it was archived; null while it is active.")
 
     class Meta:
         model = WorkflowDefinition
-        fields = ["id", "name", "description", "latest_version", "spec", "created_at", "updated_at"]
+        fields = ["id", "name", "description", "latest_version", "spec", "archived_at", "created_at", "updated_at"]
         read_only_fields = fields
 
     @extend_schema_field(SpecField(allow_null=True, help_text="The latest version's spec."))
@@ -61,6 +63,16 @@ class WorkflowCreateSerializer(StrictSerializer):
 class WorkflowUpdateSerializer(StrictSerializer):
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = SpecField()
+
+
+class WorkflowFilterSerializer(StrictSerializer):
+    typed = False  # a query string's: every value is a string
+    archived = serializers.BooleanField(
+        required=False, default=False,
+        help_text="true: the archived workflows only; false (the default): the active ones only.")
+    cursor = serializers.CharField(required=False, help_text="The pagination cursor value.")
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=500,
+                                         help_text="Number of results to return per page.")
 
 
 class RunStartSerializer(StrictSerializer):

@@ -14,6 +14,7 @@ from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
+from tenants.selectors import first_or_404
 from tenants.usage import enforce_ceiling, quota_consume, quota_consume_at_commit
 from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume
@@ -93,8 +94,10 @@ def workflow_put(*, name: str, spec: Any, description: str = "") -> tuple[Workfl
     definition = WorkflowDefinition.objects.select_for_update().filter(name=name).first()
     created = definition is None
     if definition is None:
-        enforce_ceiling("workflows", WorkflowDefinition.objects.all())
+        enforce_ceiling("workflows", active_workflows())
         definition = WorkflowDefinition.objects.create(name=name, description=description)
+    elif definition.archived_at is not None:
+        raise archived(definition, "name", "takes no new version")
     elif description:
         definition.description = description
     definition.latest_version += 1
@@ -102,6 +105,58 @@ def workflow_put(*, name: str, spec: Any, description: str = "") -> tuple[Workfl
     version = WorkflowVersion.objects.create(definition=definition, number=definition.latest_version, spec=clean)
     log.info("workflow_version_created", workflow=name, version=version.number)
     return version, created
+
+
+def active_workflows() -> Any:
+    """The tenant's workflows that are not archived: those the plan's ``max_workflows`` counts."""
+    return WorkflowDefinition.objects.filter(archived_at__isnull=True)
+
+
+def archived(definition: WorkflowDefinition, field: str, refused: str) -> Conflict:
+    """The 409 of a change an archived workflow refuses, naming ``field``."""
+    message = f"Workflow '{definition.name}' is archived and {refused}: unarchive it first."
+    return Conflict(message, details={field: [message]})
+
+
+@transaction.atomic
+def workflow_archive(*, name: str) -> WorkflowDefinition:
+    """Archive the tenant's workflow ``name`` (404 when it has none): it starts no new run (by the
+    API, a schedule, an event trigger or a parent's sub-workflow step) and takes no new version, and
+    it leaves the plan's ``max_workflows`` count. Its runs in flight go on. Idempotent."""
+    definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
+    if definition.archived_at is None:
+        definition.archived_at = timezone.now()
+        definition.save(update_fields=["archived_at", "updated_at"])
+        log.info("workflow_archived", workflow=name)
+    return definition
+
+
+@transaction.atomic
+def workflow_unarchive(*, name: str) -> WorkflowDefinition:
+    """Make the archived workflow ``name`` active again, if the plan's ``max_workflows`` leaves room
+    for it (403 ``plan_limit_reached`` otherwise). Idempotent."""
+    definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
+    if definition.archived_at is not None:
+        enforce_ceiling("workflows", active_workflows())
+        definition.archived_at = None
+        definition.save(update_fields=["archived_at", "updated_at"])
+        log.info("workflow_unarchived", workflow=name)
+    return definition
+
+
+@transaction.atomic
+def workflow_delete(*, name: str) -> None:
+    """Delete the workflow ``name`` with its versions and event triggers, if none of its versions has a
+    run left (409 naming ``runs`` otherwise: archive it instead; runs go when the plan's history
+    retention removes them). Its name is free again."""
+    definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
+    count = WorkflowRun.objects.filter(workflow__definition=definition).count()
+    if count:
+        message = (f"Workflow '{name}' has {count} run(s) in its history and cannot be deleted: archive it "
+                   "instead (its runs are kept until the plan's history retention removes them).")
+        raise Conflict(message, details={"runs": [message]})
+    definition.delete()
+    log.info("workflow_deleted", workflow=name)
 
 
 def run_start(
@@ -146,6 +201,8 @@ def run_start(
     found = version_to_start(workflow, version)
     if found is None:
         raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
+    if found.definition.archived_at is not None:
+        raise archived(found.definition, "workflow", "starts no new run")
     return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
                   fairness_key=fairness_key)
 
@@ -206,6 +263,8 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     if size > limits.max_payload_bytes:
         raise payload_too_large("input", size, limits.max_payload_bytes)
     found = WorkflowVersion.objects.select_related("definition").get(pk=run.workflow_id)
+    if found.definition.archived_at is not None:
+        raise archived(found.definition, "workflow", "starts no new run")
     return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run,
                   fairness_key=run.fairness_key)
 
@@ -273,9 +332,12 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
         wanted = (item["workflow"], item.get("version"))
         if wanted not in versions:
             versions[wanted] = version_to_start(*wanted)
-        if versions[wanted] is None:
+        found = versions[wanted]
+        if found is None:
             errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}'" + (f" version {wanted[1]}" if wanted[1] else "")
                                            + " not found."]
+        elif found.definition.archived_at is not None:
+            errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}' is archived and starts no new run."]
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
     try:

@@ -40,6 +40,7 @@ from workflows.serializers import (
     TriggerSerializer,
     TriggerWriteSerializer,
     WorkflowCreateSerializer,
+    WorkflowFilterSerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
     WorkflowVersionSerializer,
@@ -84,15 +85,18 @@ class StepPagination(CursorPagination):
 
 
 class WorkflowViewSet(TenantViewSet):
-    """Workflow definitions. Every update adds an immutable version."""
+    """Workflow definitions. Every update adds an immutable version; archiving one retires it."""
 
     serializer_class = WorkflowSerializer
     queryset = WorkflowDefinition.all_tenants.none()
     pagination_class = ByNamePagination
     lookup_field = "name"
 
+    @extend_schema(parameters=[WorkflowFilterSerializer])
     def list(self, request: Request) -> Response:
-        page = self.paginate_queryset(selectors.workflow_list())
+        """The active workflows by name (``?archived=true``: the archived ones)."""
+        archived = parse(WorkflowFilterSerializer, request.query_params.dict())["archived"]
+        page = self.paginate_queryset(selectors.workflow_list(archived=archived))
         return self.get_paginated_response(WorkflowSerializer(page, many=True).data)
 
     @extend_schema(request=WorkflowCreateSerializer, responses={201: WorkflowSerializer, 200: WorkflowSerializer})
@@ -113,6 +117,27 @@ class WorkflowViewSet(TenantViewSet):
         params.is_valid(raise_exception=True)
         services.workflow_put(name=definition.name, **params.validated_data)
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
+
+    def destroy(self, request: Request, name: str) -> Response:
+        """Delete a workflow that has no run in its history, with its versions and event triggers; its
+        name is free again. ``409`` naming ``runs`` while it has runs: archive it instead."""
+        services.workflow_delete(name=name)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={200: WorkflowSerializer})
+    @action(detail=True, methods=["post"])
+    def archive(self, request: Request, name: str) -> Response:
+        """Archive it: it starts no new run (``409`` to a start, a failed step to a parent's sub-workflow,
+        a refused fire to a schedule; its event triggers are skipped) and takes no new version, and it no
+        longer counts toward the plan's ``max_workflows``. Its runs in flight go on. Idempotent."""
+        return Response(WorkflowSerializer(services.workflow_archive(name=name)).data)
+
+    @extend_schema(request=None, responses={200: WorkflowSerializer})
+    @action(detail=True, methods=["post"])
+    def unarchive(self, request: Request, name: str) -> Response:
+        """Make an archived workflow active again (``403 plan_limit_reached`` when the plan's
+        ``max_workflows`` has no room for it). Idempotent."""
+        return Response(WorkflowSerializer(services.workflow_unarchive(name=name)).data)
 
     @extend_schema(responses={200: WorkflowVersionSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page

@@ -80,6 +80,7 @@ class StepErrorCode(enum.StrEnum):
     ROUTING_DENIED = "routing_denied"  # a rule denied it, its tier or its pool is not allowed
     NESTING_TOO_DEEP = "nesting_too_deep"  # a sub-workflow past the plan's max_nesting_depth
     UNKNOWN_WORKFLOW = "unknown_workflow"  # a sub-workflow's definition or version is gone
+    WORKFLOW_ARCHIVED = "workflow_archived"  # a sub-workflow whose definition is archived
     QUOTA_EXCEEDED = "quota_exceeded"  # a child or successor run past the monthly run quota
     PAYLOAD_TOO_LARGE = "payload_too_large"  # a rendered input, an output or a run output past the plan
     CHILD_FAILED = "child_failed"

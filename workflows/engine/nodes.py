@@ -176,6 +176,9 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
         refuse(run, step, StepErrorCode.UNKNOWN_WORKFLOW,
                f"workflow '{name}' (version {node.get('version') or 'latest'}) does not exist")
         return step
+    if version.definition.archived_at is not None:
+        refuse(run, step, StepErrorCode.WORKFLOW_ARCHIVED, f"workflow '{name}' is archived and starts no new run")
+        return step
     try:
         quota_consume(runs=1)  # in the tick's transaction: charged only if the child is created
     except QuotaExceeded as exc:

@@ -109,8 +109,8 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
 def _start_triggered(events: list[Event]) -> None:
     """Start the runs ``events`` trigger (one ``run_start_many``) and record them on each event."""
     names = {event.name for event in events}
-    triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True).select_related("workflow")
-                    .order_by("created_at"))
+    triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True, workflow__archived_at__isnull=True)
+                    .select_related("workflow").order_by("created_at"))
     starts: list[tuple[Event, dict[str, Any]]] = []
     for event in events:
         data = event_input(event)

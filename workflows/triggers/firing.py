@@ -236,6 +236,9 @@ def _start_one(schedule: Schedule, fire: datetime) -> Outcome:
         with transaction.atomic():
             ((run, created),) = run_start_many(runs=[_request(schedule, fire)])
     except ApiError as exc:
-        error = {"fire_at": fire.isoformat(), "code": str(exc.error_code), "message": str(exc.detail)}
+        # The bulk start names the field (``runs[0].workflow``); the reason is in its details.
+        reasons = [str(m) for value in exc.details.values() if isinstance(value, list) for m in value]
+        error = {"fire_at": fire.isoformat(), "code": str(exc.error_code), "message": " ".join(reasons)
+                 or str(exc.detail)}
         return Outcome(None, error=error)
     return Outcome(run, created)

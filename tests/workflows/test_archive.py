@@ -1,0 +1,256 @@
+"""Archiving and deleting workflows, through the API on the real PostgreSQL and Redis: an archived
+workflow starts nothing by any path and takes no version, leaves the plan's ``max_workflows``
+count, lets its runs in flight finish and comes back when unarchived; a workflow is deleted only
+while it has no run; another tenant's workflow is a 404 to all of it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from ductor_project.core.context import tenant_context
+from tenants import services as tenant_services
+from tenants.models import Tenant
+from tests.conftest import error_code
+from tests.tenants.helpers import grant, make_user
+from workflows import services
+from workflows.engine import tick as engine_tick
+from workflows.models import EventTrigger, Schedule, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.triggers import firing
+from workflows.triggers import services as schedules
+
+pytestmark = pytest.mark.usefixtures("redis_client")
+
+FLOW = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
+
+
+def create(client: APIClient, name: str, code: int = 201) -> Any:
+    response = client.post("/api/v1/workflows", {"name": name, "spec": FLOW}, format="json")
+    assert response.status_code == code, response.content
+    return response.json()
+
+
+def archive(client: APIClient, name: str, verb: str = "archive", code: int = 200) -> Any:
+    response = client.post(f"/api/v1/workflows/{name}/{verb}")
+    assert response.status_code == code, response.content
+    return response.json()
+
+
+def names(client: APIClient, **params: str) -> list[str]:
+    response = client.get("/api/v1/workflows", params)
+    assert response.status_code == 200, response.content
+    return [row["name"] for row in response.json()["results"]]
+
+
+def assert_refused(response: Any, status: int, code: str, field: str) -> None:
+    assert response.status_code == status, response.content
+    assert error_code(response) == code, response.content
+    assert field in response.json()["error"]["details"], response.content
+
+
+def run_count(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return WorkflowRun.objects.count()
+
+
+def test_an_archived_workflow_is_listed_apart_and_refuses_every_start_and_every_new_version(client_a, tenant_a):
+    create(client_a, "billing")
+    create(client_a, "other")
+    run = client_a.post("/api/v1/runs", {"workflow": "billing"}, format="json").json()
+    first = archive(client_a, "billing")
+    assert first["archived_at"] is not None
+    assert archive(client_a, "billing")["archived_at"] == first["archived_at"]  # idempotent
+
+    assert names(client_a) == ["other"]
+    assert names(client_a, archived="true") == ["billing"]
+    assert client_a.get("/api/v1/workflows/billing").json()["archived_at"] == first["archived_at"]
+    assert_refused(client_a.get("/api/v1/workflows", {"archived": "maybe"}), 400, "invalid", "archived")
+
+    before = run_count(tenant_a[0])
+    assert_refused(client_a.post("/api/v1/runs", {"workflow": "billing"}, format="json"), 409, "conflict",
+                   "workflow")
+    bulk = client_a.post("/api/v1/runs/bulk", {"runs": [{"workflow": "other"}, {"workflow": "billing"}]},
+                         format="json")
+    assert_refused(bulk, 400, "invalid", "runs[1].workflow")
+    assert "archived" in " ".join(bulk.json()["error"]["details"]["runs[1].workflow"])
+    assert_refused(client_a.post(f"/api/v1/runs/{run['id']}/rerun", {}, format="json"), 409, "conflict", "workflow")
+    assert run_count(tenant_a[0]) == before  # nothing started, not even the bulk's other run
+
+    assert_refused(client_a.put("/api/v1/workflows/billing", {"spec": FLOW}, format="json"), 409, "conflict", "name")
+    assert_refused(client_a.post("/api/v1/workflows", {"name": "billing", "spec": FLOW}, format="json"), 409,
+                   "conflict", "name")
+    assert client_a.get("/api/v1/workflows/billing").json()["latest_version"] == 1
+
+    assert archive(client_a, "billing", "unarchive")["archived_at"] is None
+    assert names(client_a) == ["billing", "other"]
+    assert client_a.post("/api/v1/runs", {"workflow": "billing"}, format="json").status_code == 201
+
+
+def test_a_run_in_flight_finishes_after_its_workflow_is_archived(client_a, tenant_a):
+    create(client_a, "billing")
+    run = client_a.post("/api/v1/runs", {"workflow": "billing"}, format="json").json()
+    archive(client_a, "billing")
+    with tenant_context(tenant_a[0]):
+        engine_tick.tick(run["id"])  # the step is queued, as before the archive
+        assert StepRun.objects.filter(run_id=run["id"], node_id="a").exists()
+        assert WorkflowRun.objects.get(pk=run["id"]).status == "running"
+
+
+def test_archived_workflows_leave_the_plan_s_count_and_unarchiving_needs_room(client_a, tenant_a):
+    tenant_services.override_set(tenant=tenant_a[0], field="max_workflows", value=1)
+    create(client_a, "first")
+    assert error_code(client_a.post("/api/v1/workflows", {"name": "second", "spec": FLOW}, format="json")) \
+        == "plan_limit_reached"
+    archive(client_a, "first")
+    create(client_a, "second")
+
+    refused = client_a.post("/api/v1/workflows/first/unarchive")
+    assert refused.status_code == 403, refused.content
+    assert error_code(refused) == "plan_limit_reached"
+    assert refused.json()["error"]["details"]["limit"] == "max_workflows"
+    assert client_a.get("/api/v1/workflows/first").json()["archived_at"] is not None
+
+    archive(client_a, "second")
+    archive(client_a, "first", "unarchive")
+    assert names(client_a) == ["first"]
+
+
+def test_a_workflow_without_runs_is_deleted_with_its_versions_and_triggers_and_its_name_is_free(client_a, tenant_a):
+    create(client_a, "draft")
+    client_a.put("/api/v1/workflows/draft", {"spec": FLOW}, format="json")
+    trigger = client_a.post("/api/v1/triggers", {"workflow": "draft", "event": "x"}, format="json")
+    assert trigger.status_code == 201, trigger.content
+
+    response = client_a.delete("/api/v1/workflows/draft")
+
+    assert response.status_code == 204, response.content
+    assert client_a.get("/api/v1/workflows/draft").status_code == 404
+    with tenant_context(tenant_a[0]):
+        assert not WorkflowVersion.objects.exists()
+        assert not EventTrigger.objects.exists()
+    assert create(client_a, "draft")["latest_version"] == 1
+
+
+def test_a_workflow_with_runs_is_not_deleted_and_the_409_says_to_archive_it(client_a, tenant_a):
+    create(client_a, "billing")
+    client_a.post("/api/v1/runs", {"workflow": "billing"}, format="json")
+    archive(client_a, "billing")
+
+    response = client_a.delete("/api/v1/workflows/billing")
+
+    assert_refused(response, 409, "conflict", "runs")
+    assert "archive it" in response.json()["error"]["message"]
+    with tenant_context(tenant_a[0]):
+        assert WorkflowDefinition.objects.filter(name="billing").exists()
+        assert WorkflowVersion.objects.count() == 1
+    assert client_a.delete("/api/v1/workflows/ghost").status_code == 404
+
+
+def test_an_archived_workflow_s_triggers_schedules_and_sub_workflow_steps_start_nothing(client_a, tenant_a):
+    tenant = tenant_a[0]
+    create(client_a, "leaf")
+    with tenant_context(tenant):
+        services.workflow_put(name="parent", spec={"nodes": [{"id": "kid", "type": "subworkflow",
+                                                              "workflow": "leaf"}]})
+    assert client_a.post("/api/v1/triggers", {"workflow": "leaf", "event": "go"}, format="json").status_code == 201
+    with tenant_context(tenant):
+        schedule = schedules.schedule_create(name="s", workflow="leaf", interval_s=1, overlap="allow_all")
+    archive(client_a, "leaf")
+
+    event = client_a.post("/api/v1/events", {"name": "go"}, format="json")
+    assert event.status_code == 201, event.content
+    assert event.json()["runs"] == []
+
+    fire = datetime(2025, 1, 1, tzinfo=UTC)
+    with tenant_context(tenant):
+        (outcome,) = firing.start_fires([(Schedule.objects.get(pk=schedule.pk), fire)])
+    assert outcome.run is None
+    assert outcome.error is not None
+    assert "archived" in outcome.error["message"]
+
+    parent = client_a.post("/api/v1/runs", {"workflow": "parent"}, format="json").json()
+    with tenant_context(tenant):
+        engine_tick.tick(parent["id"])
+        kid = StepRun.objects.get(run_id=parent["id"], node_id="kid")
+        assert WorkflowRun.objects.filter(parent_run_id=parent["id"]).count() == 0
+    assert kid.status == "failed"
+    assert kid.error["code"] == "workflow_archived"
+    assert not kid.error["retryable"]
+    assert run_count(tenant) == 1  # the parent alone
+
+
+def test_another_tenant_s_workflow_is_a_404_to_archive_unarchive_and_delete_and_stays_as_it_was(
+    client_a, client_b, tenant_a
+):
+    create(client_a, "secret")
+    for response in (
+        client_b.post("/api/v1/workflows/secret/archive"),
+        client_b.post("/api/v1/workflows/secret/unarchive"),
+        client_b.delete("/api/v1/workflows/secret"),
+    ):
+        assert response.status_code == 404, response.content
+        assert error_code(response) == "not_found"
+    assert names(client_b, archived="true") == []
+    assert client_a.get("/api/v1/workflows/secret").json()["archived_at"] is None
+    archive(client_a, "secret")
+    assert client_b.post("/api/v1/workflows/secret/unarchive").status_code == 404
+    assert names(client_a, archived="true") == ["secret"]
+
+
+# --- the admin ---------------------------------------------------------------------------------
+
+
+def admin_as(username: str, tenant: Tenant, role: str) -> Client:
+    user = make_user(username, tenant=tenant, role=role, is_staff=True)
+    grant(user, "workflows.view_workflowdefinition", "workflows.change_workflowdefinition")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def act(client: Client, verb: str, *ids: Any) -> Any:
+    return client.post(reverse("admin:workflows_workflowdefinition_changelist"),
+                       {"action": verb, "_selected_action": [str(pk) for pk in ids]}, follow=True)
+
+
+def archived_at(tenant: Tenant, name: str) -> Any:
+    with tenant_context(tenant):
+        return WorkflowDefinition.objects.get(name=name).archived_at
+
+
+def test_staff_archive_and_unarchive_their_tenant_s_workflows_in_the_admin_within_the_plan(
+    client_a, client_b, tenant_a, tenant_b
+):
+    a, b = tenant_a[0], tenant_b[0]
+    create(client_a, "billing")
+    create(client_b, "theirs")
+    with tenant_context(b):
+        theirs = WorkflowDefinition.objects.get(name="theirs").pk
+    with tenant_context(a):
+        billing = WorkflowDefinition.objects.get(name="billing").pk
+    owner = admin_as("owner-a", a, "owner")
+
+    page = owner.get(reverse("admin:workflows_workflowdefinition_changelist"))
+    assert b"billing" in page.content
+    assert b"theirs" not in page.content
+    act(owner, "archive", billing, theirs)  # another tenant's id is not in this admin's list
+    assert archived_at(a, "billing") is not None
+    assert archived_at(b, "theirs") is None
+
+    tenant_services.override_set(tenant=a, field="max_workflows", value=1)
+    create(client_a, "second")
+    refused = act(owner, "unarchive", billing)
+    assert b"allows at most 1 workflows" in refused.content
+    assert archived_at(a, "billing") is not None
+
+    viewer = admin_as("viewer-a", a, "viewer")
+    with tenant_context(a):
+        second = WorkflowDefinition.objects.get(name="second").pk
+    assert act(viewer, "archive", second).status_code == 403
+    assert archived_at(a, "second") is None
