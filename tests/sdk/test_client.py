@@ -182,6 +182,54 @@ def test_idor_api_key_and_workflow_of_another_tenant_are_not_found(sdk: Client, 
     assert other.api_keys.get(their_key.id).state == "active"
 
 
+def test_a_workflow_is_archived_listed_apart_unarchived_and_deleted_once_it_has_no_run(
+    sdk: Client, other: Client
+) -> None:
+    sdk.workflows.apply(finishing("kept"))
+    sdk.workflows.apply(finishing("draft"))
+    sdk.runs.start("kept", {"name": "x"})
+
+    archived = sdk.workflows.archive("kept")
+
+    assert archived.archived_at is not None
+    assert [w.name for w in sdk.workflows.list().items] == ["draft"]
+    assert [w.name for w in sdk.workflows.iter(archived=True)] == ["kept"]
+    with pytest.raises(Conflict) as refused:
+        sdk.runs.start("kept", {})
+    assert refused.value.fields == ("workflow",)
+    with pytest.raises(Conflict) as has_runs:
+        sdk.workflows.delete("kept")
+    assert has_runs.value.fields == ("runs",)
+    for verb in (other.workflows.archive, other.workflows.unarchive, other.workflows.delete):
+        with pytest.raises(NotFound):
+            verb("kept")
+    assert sdk.workflows.unarchive("kept").archived_at is None
+    assert sdk.runs.start("kept", {"name": "y"}).workflow_name == "kept"
+
+    sdk.workflows.delete("draft")
+    with pytest.raises(NotFound):
+        sdk.workflows.get("draft")
+
+
+def test_the_async_client_archives_unarchives_and_deletes_a_workflow(server_url: str, make_tenant) -> None:
+    _, key = make_tenant("sdk-async-archive")
+
+    async def scenario() -> tuple[bool, list[str], bool, str]:
+        async with AsyncClient(server_url, key) as client:
+            await client.workflows.apply(finishing("a"))
+            archived = (await client.workflows.archive("a")).archived_at is not None
+            listed = [w.name async for w in client.workflows.iter(archived=True)]
+            active = (await client.workflows.unarchive("a")).archived_at is None
+            await client.workflows.delete("a")
+            try:
+                await client.workflows.get("a")
+            except NotFound as exc:
+                return archived, listed, active, exc.code
+            return archived, listed, active, ""
+
+    assert asyncio.run(scenario()) == (True, ["a"], True, "not_found")
+
+
 # --- routing resources -----------------------------------------------------------------------
 
 

@@ -198,11 +198,14 @@ class Routing(_Resource):
 
 
 class Workflows(_Resource):
-    async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.WorkflowDefinition]:
-        return await self._send(calls.WORKFLOWS.list(page_size=page_size, cursor=cursor))
+    async def list(
+        self, *, archived: bool = False, page_size: int | None = None, cursor: str | None = None
+    ) -> Page[models.WorkflowDefinition]:
+        """The active workflows by name; ``archived=True``: the archived ones."""
+        return await self._send(calls.WORKFLOWS.list(archived=archived or None, page_size=page_size, cursor=cursor))
 
-    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.WorkflowDefinition]:
-        return self._iterate(calls.WORKFLOWS.list(page_size=page_size))
+    def iter(self, *, archived: bool = False, page_size: int | None = None) -> AsyncIterator[models.WorkflowDefinition]:
+        return self._iterate(calls.WORKFLOWS.list(archived=archived or None, page_size=page_size))
 
     async def get(self, name: str) -> models.WorkflowDefinition:
         return await self._send(calls.WORKFLOWS.get(name))
@@ -218,6 +221,20 @@ class Workflows(_Resource):
     async def versions(self, name: str) -> builtins.list[models.WorkflowVersion]:
         """Every version, newest first."""
         return await self._send(calls.workflow_versions(name))
+
+    async def archive(self, name: str) -> models.WorkflowDefinition:
+        """Retire it: it starts no new run (a start raises ``Conflict``) and takes no new version, and it
+        leaves the plan's ``max_workflows`` count; its runs in flight go on. Idempotent."""
+        return await self._send(calls.WORKFLOWS.act(name, "archive", idempotent=True))
+
+    async def unarchive(self, name: str) -> models.WorkflowDefinition:
+        """Make it active again (``PlanLimitReached`` when the plan has no room for it). Idempotent."""
+        return await self._send(calls.WORKFLOWS.act(name, "unarchive", idempotent=True))
+
+    async def delete(self, name: str) -> None:
+        """Delete it with its versions and triggers; only while it has no run (``Conflict`` otherwise:
+        archive it instead)."""
+        await self._send(calls.WORKFLOWS.delete(name))
 
     async def apply(self, workflow: Workflow) -> models.Applied:
         """Make the server hold ``workflow``: create it, add a version if its spec changed, else nothing.

@@ -419,6 +419,7 @@ class WorkflowDefinition(Model):
     description: str = ""
     latest_version: int = 0
     spec: Mapping[str, Any] | None = None
+    archived_at: datetime | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
