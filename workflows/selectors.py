@@ -41,6 +41,10 @@ def run_list(filters: dict[str, Any]) -> QuerySet[WorkflowRun]:
         qs = qs.filter(created_at__lt=filters["created_before"])
     if filters.get("root_run_id"):
         qs = qs.filter(root_run_id=filters["root_run_id"])
+    if filters.get("tag"):  # ``tags @> [...]``: every one
+        qs = qs.filter(tags__contains=sorted(set(filters["tag"])))
+    if filters.get("fairness_key"):
+        qs = qs.filter(fairness_key=filters["fairness_key"])
     return qs
 
 

@@ -119,6 +119,11 @@ class RunFilterSerializer(StrictSerializer):
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
     root_run_id = serializers.UUIDField(required=False)
+    tag = serializers.ListField(
+        child=serializers.CharField(max_length=100), required=False, max_length=10,
+        help_text="The runs that have this tag; repeated (`?tag=a&tag=b`), the runs that have every one.")
+    fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False,
+                                         help_text="The runs of this fairness key of your tenant.")
     cursor = serializers.CharField(required=False, help_text="The pagination cursor value.")
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=500,
                                          help_text="Number of results to return per page.")

@@ -155,7 +155,7 @@ class RunViewSet(TenantViewSet):
 
     @extend_schema(parameters=[RunFilterSerializer])  # each filter with its type, as it is validated
     def list(self, request: Request) -> Response:
-        filters = RunFilterSerializer(data=request.query_params.dict())
+        filters = RunFilterSerializer(data=request.query_params)  # the QueryDict: ``tag`` may repeat
         filters.is_valid(raise_exception=True)
         page = self.paginate_queryset(selectors.run_list(filters.validated_data))
         return self.get_paginated_response(RunSerializer(page, many=True).data)

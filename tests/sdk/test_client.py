@@ -359,6 +359,25 @@ def test_runs_list_one_page_and_iter_every_run_across_pages_newest_first(sdk: Cl
     assert list(sdk.runs.iter(status="failed")) == []
 
 
+def test_runs_are_listed_by_every_tag_given_and_by_fairness_key_across_pages(sdk: Client, other: Client) -> None:
+    sdk.workflows.apply(finishing())
+    other.workflows.apply(finishing())
+    both = [sdk.runs.start("greet", {"name": f"n{i}"}, tags=["nightly", "eu"], fairness_key="acme").id
+            for i in range(3)]
+    nightly = sdk.runs.start("greet", {"name": "x"}, tags=["nightly"]).id
+    sdk.runs.start("greet", {"name": "y"})
+    other.runs.start("greet", {"name": "z"}, tags=["nightly", "eu"], fairness_key="acme")
+
+    # page_size=1: the next pages keep both values of the repeated ``tag``
+    assert [run.id for run in sdk.runs.iter(tags=["nightly", "eu"], page_size=1)] == both[::-1]
+    assert [run.id for run in sdk.runs.iter(tags=["nightly"])] == [nightly, *both[::-1]]
+    assert [run.id for run in sdk.runs.list(fairness_key="acme", page_size=2)] == both[:0:-1]
+    assert list(sdk.runs.iter(tags=["nightly"], fairness_key="globex")) == []
+    with pytest.raises(BadRequest) as refused:
+        sdk.runs.list(tags=["x" * 101])
+    assert refused.value.field == "tag[0]"
+
+
 # --- the platform API ------------------------------------------------------------------------
 
 

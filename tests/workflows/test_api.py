@@ -294,6 +294,33 @@ def test_run_list_filters_by_status_workflow_created_range_and_root(client_a, te
     assert_invalid(client_a.get("/api/v1/runs", {"created_after": "yesterday"}), "created_after")
 
 
+def test_run_list_filters_by_every_tag_given_and_by_fairness_key_within_the_tenant(client_a, client_b):
+    create(client_a, "w")
+    create(client_b, "w")
+    a = start(client_a, workflow="w", tags=["nightly", "eu"], fairness_key="acme")
+    b = start(client_a, workflow="w", tags=["nightly"])
+    start(client_a, workflow="w", fairness_key="globex")
+    untagged = start(client_a, workflow="w")
+    theirs = start(client_b, workflow="w", tags=["nightly", "eu"], fairness_key="acme")
+
+    def ids(client: APIClient, query: str) -> set[str]:
+        response = client.get(f"/api/v1/runs?{query}")
+        assert response.status_code == 200, response.content
+        return {r["id"] for r in response.json()["results"]}
+
+    assert ids(client_a, "tag=nightly") == {a["id"], b["id"]}
+    assert ids(client_a, "tag=nightly&tag=eu") == {a["id"]}  # every tag given
+    assert ids(client_a, "tag=eu&tag=eu") == {a["id"]}
+    assert ids(client_a, "tag=none-has-it") == set()
+    assert ids(client_a, "fairness_key=acme") == {a["id"]}
+    assert ids(client_a, "fairness_key=acme&tag=eu&status=running") == {a["id"]}
+    assert untagged["id"] not in ids(client_a, "tag=nightly")
+    assert ids(client_b, "tag=nightly&fairness_key=acme") == {theirs["id"]}  # another tenant's are not seen
+    assert_invalid(client_a.get("/api/v1/runs", {"tag": "x" * 101}), "tag[0]")
+    assert_invalid(client_a.get("/api/v1/runs", {"fairness_key": "x" * 129}), "fairness_key")
+    assert_invalid(client_a.get("/api/v1/runs?" + "&".join(f"tag=t{i}" for i in range(11))), "tag")
+
+
 def test_run_detail_includes_steps_with_their_routing_and_events_are_ordered(client_a, tenant_a):
     create(client_a, "w", spec(node("a", input={"v": "$input.v"}), node("b", "a")))
     run = start(client_a, workflow="w", input={"v": 5})

@@ -99,3 +99,11 @@ def test_a_step_reads_its_run_s_attempts_and_last_event_through_the_run_s_indexe
         events = plan_of(events_insert([Event(run.pk, "x", "a", {}, timezone.now())]))
     assert indexes_in(attempts) == {"steprun_unique_attempt"}
     assert indexes_in(events) == {"runevent_unique_seq"}
+
+
+def test_the_run_list_by_fairness_key_reads_its_index_newest_first_without_sorting(
+        tenant_a: tuple[Tenant, str], no_sequential_scans: None) -> None:
+    with tenant_context(tenant_a[0]):
+        page = plan(selectors.run_list({"fairness_key": "acme"}).order_by("-created_at", "-id")[:51])
+    assert "run_tenant_fairness_key" in page
+    assert "Sort" not in page

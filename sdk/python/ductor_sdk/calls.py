@@ -189,6 +189,11 @@ def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStart
     return Call("POST", "runs/bulk", models.BulkStarted.from_json, body={"runs": runs}, idempotent=True)
 
 
+def run_list(*, tags: Sequence[str] | None = None, **filters: Any) -> Call[Page[models.Run]]:
+    """The run list's call: ``tags`` as the repeated ``tag`` (the runs that have every one)."""
+    return RUNS.list(tag=list(tags) if tags else None, **filters)
+
+
 def run_steps(run_id: str, **params: Any) -> Call[Page[models.Step]]:
     return Call("GET", path("runs", run_id, "steps"), _page(models.Step), params=list_params(**params))
 

@@ -253,22 +253,24 @@ class Workflows(_Resource):
 class Runs(_Resource):
     def list(
         self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
-        created_before: datetime | None = None, root_run_id: str | None = None, page_size: int | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None,
+        tags: Sequence[str] | None = None, fairness_key: str | None = None, page_size: int | None = None,
         cursor: str | None = None,
     ) -> Page[models.Run]:
-        """One page of runs, newest first, filtered."""
-        return self._send(calls.RUNS.list(status=status, workflow=workflow, created_after=created_after,
-                                          created_before=created_before, root_run_id=root_run_id,
-                                          page_size=page_size, cursor=cursor))
+        """One page of runs, newest first, filtered (``tags``: those that have every one)."""
+        return self._send(calls.run_list(status=status, workflow=workflow, created_after=created_after,
+                                         created_before=created_before, root_run_id=root_run_id, tags=tags,
+                                         fairness_key=fairness_key, page_size=page_size, cursor=cursor))
 
     def iter(
         self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
-        created_before: datetime | None = None, root_run_id: str | None = None, page_size: int | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None,
+        tags: Sequence[str] | None = None, fairness_key: str | None = None, page_size: int | None = None,
     ) -> Iterator[models.Run]:
         """Every run that matches, newest first, across pages."""
-        return self._iterate(calls.RUNS.list(status=status, workflow=workflow, created_after=created_after,
-                                             created_before=created_before, root_run_id=root_run_id,
-                                             page_size=page_size))
+        return self._iterate(calls.run_list(status=status, workflow=workflow, created_after=created_after,
+                                            created_before=created_before, root_run_id=root_run_id, tags=tags,
+                                            fairness_key=fairness_key, page_size=page_size))
 
     def get(self, run_id: str) -> models.Run:
         """A run, with its first steps."""

@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 
@@ -55,8 +55,9 @@ class Call(Generic[T]):
 
     def following(self, link: str) -> Call[T]:
         """This list call for the page that ``link`` (a ``next`` link) points at: its query string
-        (cursor, page size, filters) on this call's own path, whatever host the server named."""
-        return dataclasses.replace(self, params=dict(parse_qsl(urlsplit(link).query)))
+        (cursor, page size, filters, a repeated one's every value) on this call's own path, whatever
+        host the server named."""
+        return dataclasses.replace(self, params=parse_qs(urlsplit(link).query, keep_blank_values=True))
 
 
 @dataclasses.dataclass(frozen=True)
