@@ -163,6 +163,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
         "error_pretty",
     )
     inlines = [EventInline]
+    actions = ["cancel_selected"]
 
     # --- the run list --------------------------------------------------------------------------
 
@@ -180,6 +181,20 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
+
+    @admin.action(description="Cancel selected runs (those still active)")
+    def cancel_selected(self, request: HttpRequest, queryset: Any) -> None:
+        """Ask the selected runs to stop, each tenant's in its context (``run_cancel_many``)."""
+        by_tenant: dict[Tenant, list[Any]] = {}
+        for run in queryset.select_related("tenant"):
+            if not self.may_act(request, run):
+                raise PermissionDenied
+            by_tenant.setdefault(run.tenant, []).append(run.pk)
+        asked = 0
+        for tenant, ids in by_tenant.items():
+            with tenant_context(tenant):
+                asked += len(services.run_cancel_many(filters={"ids": ids}, limit=len(ids))[0])
+        messages.success(request, f"{asked} run(s) asked to stop; the others had ended or were asked already.")
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         tenant = admin_tenant(request)

@@ -129,6 +129,34 @@ class RunFilterSerializer(StrictSerializer):
                                          help_text="Number of results to return per page.")
 
 
+class RunCancelManySerializer(StrictSerializer):
+    ids = serializers.ListField(child=serializers.UUIDField(), required=False, max_length=500,
+                                help_text="The runs to cancel, by id (the others' filters apply too).")
+    workflow = serializers.CharField(required=False, max_length=100, help_text="The runs of this workflow.")
+    tag = serializers.ListField(child=serializers.CharField(max_length=100), required=False, max_length=10,
+                                help_text="The runs that have every one of these tags.")
+    fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False,
+                                         help_text="The runs of this fairness key of your tenant.")
+    created_after = serializers.DateTimeField(required=False, help_text="Created at or after.")
+    created_before = serializers.DateTimeField(required=False, help_text="Created before.")
+    root_run_id = serializers.UUIDField(required=False, help_text="The runs of this run tree.")
+    limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=500,
+                                     help_text="At most this many runs in this call (`more` tells of the rest).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not any(value for name, value in attrs.items() if name != "limit"):
+            raise serializers.ValidationError({"ids": [
+                "Give the runs' ids or at least one filter (workflow, tag, fairness_key, created_after, "
+                "created_before, root_run_id): a cancel of every run is not taken."]})
+        return attrs
+
+
+class RunCancelManyResultSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField(help_text="How many runs this call asked to stop.")
+    runs = serializers.ListField(child=serializers.UUIDField(), help_text="Their ids, oldest first.")
+    more = serializers.BooleanField(help_text="True: more active runs match; call again for them.")
+
+
 class StepRunSerializer(StrictModelSerializer):
     class Meta:
         model = StepRun

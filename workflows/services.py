@@ -31,6 +31,7 @@ from workflows.models import (
     WorkflowRun,
     WorkflowVersion,
 )
+from workflows.selectors import run_list
 from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
@@ -395,3 +396,23 @@ def run_cancel(*, run: WorkflowRun) -> WorkflowRun:
         record_event(locked, "cancel_requested")
         enqueue_tick(locked)
     return locked
+
+
+@transaction.atomic
+def run_cancel_many(*, filters: dict[str, Any], limit: int) -> tuple[list[WorkflowRun], bool]:
+    """Ask up to ``limit`` of the tenant's active runs that match ``filters`` (the run list's, and
+    ``ids``) to stop, oldest first, as ``run_cancel`` does each; and whether more match. Locked in
+    one order, so two such calls never wait on each other in a cycle."""
+    matching = run_list(filters).filter(cancel_requested=False).exclude(status__in=WorkflowRun.TERMINAL)
+    if filters.get("ids"):
+        matching = matching.filter(pk__in=filters["ids"])
+    runs = list(matching.order_by("created_at", "id").select_for_update()[:limit + 1])
+    runs, more = runs[:limit], len(runs) > limit
+    WorkflowRun.objects.filter(pk__in=[run.pk for run in runs]).update(cancel_requested=True,
+                                                                     updated_at=timezone.now())
+    for run in runs:
+        run.cancel_requested = True
+        record_event(run, "cancel_requested")
+    enqueue_ticks(runs)
+    log.info("runs_cancel_requested", runs=len(runs), more=more)
+    return runs, more

@@ -24,6 +24,8 @@ from workflows.serializers import (
     EventSerializer,
     RunBulkResultSerializer,
     RunBulkStartSerializer,
+    RunCancelManyResultSerializer,
+    RunCancelManySerializer,
     RunDetailSerializer,
     RunEventSerializer,
     RunFilterSerializer,
@@ -200,6 +202,17 @@ class RunViewSet(TenantViewSet):
     def cancel(self, request: Request, pk: str) -> Response:
         run = services.run_cancel(run=selectors.get_run_for_tenant(pk))
         return Response(RunSerializer(run).data)
+
+    @extend_schema(request=RunCancelManySerializer, responses=RunCancelManyResultSerializer,
+                   operation_id="v1_runs_cancel_many")
+    @action(detail=False, methods=["post"], url_path="cancel", url_name="cancel-many")
+    def cancel_many(self, request: Request) -> Response:
+        """Ask the active runs that match (by ``ids`` and the run list's filters; at least one) to stop,
+        up to ``limit`` (500) a call, oldest first: each as ``POST /runs/{id}/cancel`` does. ``more``:
+        call again for the rest."""
+        params = parse(RunCancelManySerializer, request.data)
+        runs, more = services.run_cancel_many(filters=params, limit=params.pop("limit"))
+        return Response({"cancelled": len(runs), "runs": [str(run.id) for run in runs], "more": more})
 
     @extend_schema(request=RunRerunSerializer, responses={201: RunSerializer, 200: RunSerializer})
     @action(detail=True, methods=["post"])

@@ -338,6 +338,27 @@ def test_wait_times_out_on_a_run_waiting_for_a_worker_and_cancel_asks_it_to_stop
     assert sdk.runs.cancel(run.id).cancel_requested is True  # idempotent
 
 
+def test_cancel_many_asks_the_matching_active_runs_to_stop_a_batch_at_a_time(sdk: Client, other: Client) -> None:
+    sdk.workflows.apply(waiting())
+    other.workflows.apply(waiting())
+    acme = [sdk.runs.start("slow", {"name": f"n{i}"}, fairness_key="acme", tags=["eu"]).id for i in range(3)]
+    globex = sdk.runs.start("slow", {"name": "g"}, fairness_key="globex").id
+    theirs = other.runs.start("slow", {"name": "t"}, fairness_key="acme").id
+
+    first = sdk.runs.cancel_many(fairness_key="acme", tags=["eu"], limit=2)
+    rest = sdk.runs.cancel_many(fairness_key="acme", tags=["eu"], limit=2)
+    with pytest.raises(BadRequest) as unfiltered:
+        sdk.runs.cancel_many()
+
+    assert (first.cancelled, first.runs, first.more) == (2, tuple(acme[:2]), True)
+    assert (rest.cancelled, rest.runs, rest.more) == (1, tuple(acme[2:]), False)
+    assert sdk.runs.cancel_many(ids=acme).cancelled == 0  # asked already
+    assert unfiltered.value.field == "ids"
+    assert all(sdk.runs.get(run_id).cancel_requested for run_id in acme)
+    assert not sdk.runs.get(globex).cancel_requested
+    assert not other.runs.get(theirs).cancel_requested
+
+
 def test_runs_list_one_page_and_iter_every_run_across_pages_newest_first(sdk: Client) -> None:
     sdk.workflows.apply(finishing())
     started = [sdk.runs.start("greet", {"name": f"n{i}"}).id for i in range(5)]

@@ -182,7 +182,7 @@ def test_superusers_see_every_tenants_runs_with_a_tenant_column(world: SimpleNam
     response = superuser.get(reverse("admin:workflows_workflowrun_changelist"))
     assert response.status_code == 200
     changelist = response.context["cl"]
-    assert changelist.list_display[:3] == ["short_id", "tenant", "workflow_column"]
+    assert changelist.list_display[:4] == ["action_checkbox", "short_id", "tenant", "workflow_column"]
     assert {run.pk for run in changelist.result_list} >= {world.run.pk, world.other.pk}
     html = response.content.decode()
     assert "tenant-a" in html
@@ -230,7 +230,8 @@ def test_the_run_list_filters_by_status_created_date_and_finds_a_run_by_id_or_id
 def test_runs_cannot_be_deleted_not_even_in_bulk(world: SimpleNamespace, superuser: Client) -> None:
     response = superuser.get(reverse("admin:workflows_workflowrun_changelist"))
     assert "delete_selected" not in response.content.decode()
-    assert response.context["action_form"] is None  # no action at all, so no checkboxes
+    actions = [name for name, _ in response.context["action_form"].fields["action"].choices if name]
+    assert actions == ["cancel_selected"]  # the one action: nothing deletes
 
     bulk = superuser.post(reverse("admin:workflows_workflowrun_changelist"),
                           {"action": "delete_selected", "_selected_action": [world.old.pk], "post": "yes"})

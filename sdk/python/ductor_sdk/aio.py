@@ -312,6 +312,17 @@ class Runs(_Resource):
         """Ask the run (and the children it waits for) to stop. Idempotent."""
         return await self._send(calls.RUNS.act(run_id, "cancel", idempotent=True))
 
+    async def cancel_many(
+        self, *, ids: Sequence[str] | None = None, workflow: str | None = None, tags: Sequence[str] | None = None,
+        fairness_key: str | None = None, created_after: datetime | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None, limit: int | None = None,
+    ) -> models.RunsCancelled:
+        """Ask the active runs that match (``ids`` and the filters: at least one) to stop, as ``cancel``
+        does each: up to ``limit`` (500) a call, oldest first; ``more`` tells of the rest. Idempotent."""
+        return await self._send(calls.runs_cancel_many(ids=ids, workflow=workflow, tags=tags, fairness_key=fairness_key,
+                                                       created_after=created_after, created_before=created_before,
+                                                       root_run_id=root_run_id, limit=limit))
+
     async def retry(self, run_id: str) -> models.Run:
         """Resume a failed run where it failed (see ``Runs.retry``)."""
         return await self._send(calls.RUNS.act(run_id, "retry", idempotent=False))

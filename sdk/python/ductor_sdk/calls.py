@@ -189,6 +189,13 @@ def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStart
     return Call("POST", "runs/bulk", models.BulkStarted.from_json, body={"runs": runs}, idempotent=True)
 
 
+def runs_cancel_many(*, ids: Sequence[str] | None = None, tags: Sequence[str] | None = None,
+                     **filters: Any) -> Call[models.RunsCancelled]:
+    """Safe to send again: a run already asked to stop is not asked (nor counted) twice."""
+    body = compact(ids=list(ids) if ids else None, tag=list(tags) if tags else None, **filters)
+    return Call("POST", "runs/cancel", models.RunsCancelled.from_json, body=body, idempotent=True)
+
+
 def run_list(*, tags: Sequence[str] | None = None, **filters: Any) -> Call[Page[models.Run]]:
     """The run list's call: ``tags`` as the repeated ``tag`` (the runs that have every one)."""
     return RUNS.list(tag=list(tags) if tags else None, **filters)

@@ -540,6 +540,16 @@ class BulkStarted(Model):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RunsCancelled(Model):
+    """A cancel of many runs: the ``runs`` (ids, oldest first) asked to stop by this call, and whether
+    ``more`` active runs match (call again for them)."""
+
+    cancelled: int = 0
+    runs: tuple[str, ...] = tupled()
+    more: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Waiting(Model):
     """One waiting step (or the run's tick: ``node_id`` ""), and what holds it now: ``cause`` is one
     of not_due, partition, tenant_concurrency, rate_limited, pool_full, connection_full,
