@@ -112,34 +112,31 @@ class RunBulkResultSerializer(serializers.Serializer):
     runs = RunBulkItemSerializer(many=True, help_text="One per item, in the order given.")
 
 
-class RunFilterSerializer(StrictSerializer):
-    typed = False  # a query string's: every value is a string
-    status = serializers.ChoiceField(choices=WorkflowRun.Status.choices, required=False)
-    workflow = serializers.CharField(required=False)
-    created_after = serializers.DateTimeField(required=False)
-    created_before = serializers.DateTimeField(required=False)
-    root_run_id = serializers.UUIDField(required=False)
+class RunMatchSerializer(StrictSerializer):
+    """What picks runs out of the tenant's: the run list's filters and the cancel of many's."""
+
+    workflow = serializers.CharField(required=False, max_length=100, help_text="The runs of this workflow.")
+    created_after = serializers.DateTimeField(required=False, help_text="Created at or after.")
+    created_before = serializers.DateTimeField(required=False, help_text="Created before.")
+    root_run_id = serializers.UUIDField(required=False, help_text="The runs of this run tree.")
     tag = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, max_length=10,
-        help_text="The runs that have this tag; repeated (`?tag=a&tag=b`), the runs that have every one.")
+        help_text="The runs that have every one of these tags (in a query string, `?tag=a&tag=b`).")
     fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False,
                                          help_text="The runs of this fairness key of your tenant.")
+
+
+class RunFilterSerializer(RunMatchSerializer):
+    typed = False  # a query string's: every value is a string
+    status = serializers.ChoiceField(choices=WorkflowRun.Status.choices, required=False)
     cursor = serializers.CharField(required=False, help_text="The pagination cursor value.")
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=500,
                                          help_text="Number of results to return per page.")
 
 
-class RunCancelManySerializer(StrictSerializer):
+class RunCancelManySerializer(RunMatchSerializer):
     ids = serializers.ListField(child=serializers.UUIDField(), required=False, max_length=500,
-                                help_text="The runs to cancel, by id (the others' filters apply too).")
-    workflow = serializers.CharField(required=False, max_length=100, help_text="The runs of this workflow.")
-    tag = serializers.ListField(child=serializers.CharField(max_length=100), required=False, max_length=10,
-                                help_text="The runs that have every one of these tags.")
-    fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False,
-                                         help_text="The runs of this fairness key of your tenant.")
-    created_after = serializers.DateTimeField(required=False, help_text="Created at or after.")
-    created_before = serializers.DateTimeField(required=False, help_text="Created before.")
-    root_run_id = serializers.UUIDField(required=False, help_text="The runs of this run tree.")
+                                help_text="The runs to cancel, by id (the filters given apply too).")
     limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=500,
                                      help_text="At most this many runs in this call (`more` tells of the rest).")
 
