@@ -53,3 +53,15 @@ def grant(user: Any, *codenames: str) -> None:
     for name in codenames:
         app_label, codename = name.split(".")
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+
+
+def staff_client(username: str, tenant: Tenant, role: str, *codenames: str) -> Any:
+    """A Django test client logged in as a staff member of ``tenant`` with ``role`` and the
+    permissions ``codenames``."""
+    from django.test import Client
+
+    user = make_user(username, tenant=tenant, role=role, is_staff=True)
+    grant(user, *codenames)
+    client = Client()
+    client.force_login(user)
+    return client

@@ -18,7 +18,7 @@ from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import error_code
-from tests.tenants.helpers import grant, make_user
+from tests.tenants.helpers import staff_client
 from workflows import services
 from workflows.engine import tick as engine_tick
 from workflows.models import EventTrigger, Schedule, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
@@ -207,11 +207,8 @@ def test_another_tenant_s_workflow_is_a_404_to_archive_unarchive_and_delete_and_
 
 
 def admin_as(username: str, tenant: Tenant, role: str) -> Client:
-    user = make_user(username, tenant=tenant, role=role, is_staff=True)
-    grant(user, "workflows.view_workflowdefinition", "workflows.change_workflowdefinition")
-    client = Client()
-    client.force_login(user)
-    return client
+    return staff_client(username, tenant, role, "workflows.view_workflowdefinition",
+                        "workflows.change_workflowdefinition")
 
 
 def act(client: Client, verb: str, *ids: Any) -> Any:

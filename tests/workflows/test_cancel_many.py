@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
 from tests.conftest import api_client, error_code
-from tests.tenants.helpers import grant, make_user
+from tests.tenants.helpers import staff_client
 from tests.workflows.test_api import assert_invalid, create, start, tick
 from workflows.models import RunEvent, WorkflowRun
 
@@ -104,11 +104,7 @@ def test_a_read_only_key_cannot_cancel_runs(client_a, tenant_a):
 
 
 def admin_as(username: str, tenant: Any, role: str) -> Client:
-    user = make_user(username, tenant=tenant, role=role, is_staff=True)
-    grant(user, "workflows.view_workflowrun", "workflows.change_workflowrun")
-    client = Client()
-    client.force_login(user)
-    return client
+    return staff_client(username, tenant, role, "workflows.view_workflowrun", "workflows.change_workflowrun")
 
 
 def cancel_in_admin(client: Client, *ids: Any) -> Any:
