@@ -4,14 +4,15 @@ Python's JSON decoder recurses per level, so a 2 KB body nested a thousand times
 deep would raise ``RecursionError`` (a 500) in the parser, or later in whatever
 walks the value. Every body is decoded here and refused with
 ``400 malformed_json`` when it is nested deeper than ``DUCTOR_MAX_JSON_DEPTH``
-(the check walks the value iteratively). A string or key that holds a NUL
-character (``\\u0000``), which PostgreSQL's ``jsonb`` cannot store, is
-``400 invalid`` naming where it is (``input.name``).
+(the check walks the value iteratively). A string or key that holds what
+PostgreSQL's ``jsonb`` cannot store, a NUL character (``\\u0000``) or a lone
+surrogate (``\\ud800``), is ``400 invalid`` naming where it is (``input.name``).
 
 The URL gets the same care before any view (``NulCharacterMiddleware``): a
 path with a NUL in it names nothing that can exist (``404 not_found``), and a
-query parameter with one, in its name or its value, is ``400 invalid`` naming
-the parameter. Otherwise PostgreSQL would refuse the lookup's text (a 500).
+query parameter with such a character, in its name or its value, is ``400
+invalid`` naming the parameter. Otherwise PostgreSQL would refuse the lookup's
+text (a 500).
 """
 
 from __future__ import annotations
@@ -25,13 +26,11 @@ from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 
 from ductor_project.core.errors import ApiError, ErrorCode, error_body, json_404
-from ductor_project.core.payloads import json_depth, nul_path
-
-NUL_DETAIL = "A NUL character (\\u0000) cannot be stored."
+from ductor_project.core.payloads import json_depth, unstorable_char, unstorable_detail, unstorable_path
 
 
-def _nul_message(where: str) -> str:
-    return f"Invalid field(s): {where}. It holds a NUL character (\\u0000), which cannot be stored."
+def _message(where: str, char: str) -> str:
+    return f"Invalid field(s): {where}. {unstorable_detail(char)}"
 
 
 class JSONParser(parsers.JSONParser):
@@ -46,14 +45,16 @@ class JSONParser(parsers.JSONParser):
         depth = json_depth(data)
         if depth > limit:
             raise ParseError(f"JSON parse error - nested {depth} levels deep; at most {limit} are accepted")
-        where = nul_path(data)
-        if where is not None:
-            raise ApiError(_nul_message(where), code=ErrorCode.INVALID, details={where: [NUL_DETAIL]})
+        found = unstorable_path(data)
+        if found is not None:
+            where, char = found
+            raise ApiError(_message(where, char), code=ErrorCode.INVALID, details={where: [unstorable_detail(char)]})
         return data
 
 
 class NulCharacterMiddleware:
-    """Refuses a NUL character in the request's path (404) or in a query parameter (400 naming it)."""
+    """Refuses a NUL character in the request's path (404), and what cannot be stored in a query
+    parameter (400 naming it)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -62,7 +63,8 @@ class NulCharacterMiddleware:
         if "\x00" in request.path:
             return json_404(request)
         for name, values in request.GET.lists():
-            if "\x00" in name or any("\x00" in value for value in values):
-                body = error_body(ErrorCode.INVALID, _nul_message(name), {name: [NUL_DETAIL]})
+            char = next(filter(None, map(unstorable_char, [name, *values])), None)
+            if char is not None:
+                body = error_body(ErrorCode.INVALID, _message(name, char), {name: [unstorable_detail(char)]})
                 return JsonResponse(body, status=400)
         return self.get_response(request)

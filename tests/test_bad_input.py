@@ -106,17 +106,37 @@ def test_a_host_the_server_does_not_serve_is_the_documented_400_on_any_operation
     assert documented["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
 
 
-@pytest.mark.parametrize("body", [
-    '{"workflow": "w", "input": {"name": "a\\u0000b"}}',
-    '{"workflow": "w", "input": {"list": [1, {"k\\u0000": 2}]}}',
+@pytest.mark.parametrize(("body", "named", "word"), [
+    ('{"workflow": "w", "input": {"name": "a\\u0000b"}}', "input.name", "NUL"),
+    ('{"workflow": "w", "input": {"list": [1, {"k\\u0000": 2}]}}', "input.list[1].k\x00", "NUL"),
+    ('{"workflow": "w", "input": {"name": "a\\ud800b"}}', "input.name", "U+D800"),
+    ('{"workflow": "w", "input": {"list": [{"\\udfff": 1}]}}', "input.list[0].\\udfff", "U+DFFF"),
 ])
-def test_a_nul_character_anywhere_is_400_invalid_naming_where(client_a: APIClient, body: str) -> None:
+def test_a_character_that_cannot_be_stored_anywhere_is_400_invalid_naming_where(
+    client_a: APIClient, body: str, named: str, word: str
+) -> None:
     response = client_a.post("/api/v1/runs", body, content_type="application/json")
     assert (response.status_code, error_code(response)) == (400, "invalid")
-    [where] = response.json()["error"]["details"]
-    assert where in ("input.name", "input.list[1].k\x00")
-    assert "NUL" in response.json()["error"]["message"]
+    assert list(response.json()["error"]["details"]) == [named]
+    assert word in response.json()["error"]["message"]
     assert client_a.get("/api/v1/runs").json()["results"] == []
+
+
+@pytest.mark.parametrize(("url", "body", "named"), [
+    ("/api/v1/runs/bulk", '{"runs": [{"workflow": "w", "input": {"s": "\\ud800"}}]}', "runs[0].input.s"),
+    ("/api/v1/events", '{"name": "e", "payload": {"s": "\\ud83d"}}', "payload.s"),
+    ("/api/v1/workflows", '{"name": "w", "spec": {"nodes": [{"id": "a", "type": "action", "action": "noop", '
+                          '"input": {"x": "\\ud800"}}]}}', "spec.nodes[0].input.x"),
+    ("/api/v1/task-catalog", '{"name": "shop.q", "input_schema": {"x": "\\ud800"}}', "input_schema.x"),
+])
+def test_a_lone_surrogate_in_any_json_body_is_400_naming_it_not_a_500(
+    client_a: APIClient, platform: APIClient, url: str, body: str, named: str
+) -> None:
+    client = platform if "task-catalog" in url else client_a
+    response = client.post(url, body, content_type="application/json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content
+    assert list(response.json()["error"]["details"]) == [named]
+    assert "surrogate" in response.json()["error"]["message"]
 
 
 def test_a_body_just_within_the_depth_limit_is_read(client_a: APIClient, settings: Any) -> None:

@@ -6,6 +6,7 @@ Both are iterative (no recursion): safe on hostile input, however deep.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,20 +28,39 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def nul_path(value: Any) -> str | None:
-    """The path (``input.name``, ``nodes[2]``) of the first string or key of ``value`` that holds a NUL
-    character, which PostgreSQL's ``jsonb`` cannot store; None when there is none. Iterative."""
+# What PostgreSQL's text and ``jsonb`` cannot store: the NUL character, and the UTF-16 surrogates,
+# which JSON's ``\\ud800`` escapes can spell but no UTF-8 text holds (Python would not encode them).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_char(text: str) -> str | None:
+    """The first character of ``text`` that cannot be stored (``_UNSTORABLE``), or None."""
+    found = _UNSTORABLE.search(text)
+    return found.group() if found else None
+
+
+def unstorable_detail(char: str) -> str:
+    """Why ``char`` (an ``unstorable_char``) cannot be stored, as an error names it."""
+    if char == "\x00":
+        return "A NUL character (\\u0000) cannot be stored."
+    return f"A lone surrogate (U+{ord(char):04X}) is not a character and cannot be stored."
+
+
+def unstorable_path(value: Any) -> tuple[str, str] | None:
+    """The path (``input.name``, ``nodes[2]``) of the first string or key of ``value`` that holds a
+    character that cannot be stored, with that character; None when there is none. Iterative."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
-                return path or "(the body)"
+            if (char := unstorable_char(item)) is not None:
+                return path or "(the body)", char
         elif isinstance(item, Mapping):
             for key, child in item.items():
-                where = f"{path}.{key}" if path else str(key)
-                if "\x00" in str(key):
-                    return where
+                shown = str(key).encode("utf-8", "backslashreplace").decode()  # a surrogate as its escape
+                where = f"{path}.{shown}" if path else shown
+                if (char := unstorable_char(str(key))) is not None:
+                    return where, char
                 stack.append((child, where))
         elif isinstance(item, list | tuple):
             stack.extend((child, f"{path}[{index}]") for index, child in enumerate(item))
