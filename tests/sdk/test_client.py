@@ -99,6 +99,20 @@ def test_an_invalid_field_is_a_bad_request_naming_the_field(sdk: Client) -> None
     assert unknown.value.details == {"colour": ["Unknown field."]}
 
 
+def test_a_lone_surrogate_in_an_input_is_a_bad_request_naming_the_field(sdk: Client) -> None:
+    """A name ``os.listdir`` decoded with ``surrogateescape`` cannot be UTF-8: it is sent escaped, and
+    the server names it, rather than the SDK raising ``UnicodeEncodeError``."""
+    sdk.workflows.apply(finishing())
+    name = b"report-\xff.csv".decode("utf-8", "surrogateescape")
+
+    with pytest.raises(BadRequest) as refused:
+        sdk.runs.start("greet", {"name": name, "city": "Zürich"})
+
+    assert (refused.value.code, refused.value.field) == ("invalid", "input.name")
+    assert "U+DCFF" in refused.value.message
+    assert list(sdk.runs.iter()) == []
+
+
 def test_a_taken_name_is_a_conflict_naming_the_field(sdk: Client) -> None:
     with pytest.raises(Conflict) as taken:
         sdk.api_keys.create("test")  # make_tenant's key is named "test"

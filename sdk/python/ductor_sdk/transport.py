@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import random
 import time
@@ -147,8 +148,19 @@ class Config:
             "params": call.params, "timeout": self.timeout,
         }
         if call.body is not NO_BODY:
-            args["json"] = call.body
+            args["content"] = json_body(call.body)
+            args["headers"] = {**self.headers, "Content-Type": "application/json"}
         return args
+
+
+def json_body(body: Any) -> bytes:
+    """``body`` as compact UTF-8 JSON; with a lone surrogate in a string (a file name decoded with
+    ``surrogateescape``, say), which UTF-8 cannot carry, as ASCII with it escaped: the server then
+    answers ``BadRequest`` naming the field, where encoding it would raise ``UnicodeEncodeError`` here."""
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def read(call: Call[T], response: httpx.Response) -> T:
