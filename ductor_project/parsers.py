@@ -68,3 +68,36 @@ class NulCharacterMiddleware:
                 body = error_body(ErrorCode.INVALID, _message(name, char), {name: [unstorable_detail(char)]})
                 return JsonResponse(body, status=400)
         return self.get_response(request)
+
+
+class UnreadBodyMiddleware:
+    """Reads what a request's body the answer left unread, up to ``DISCARD_MAX_BYTES``, before the
+    answer goes: a ``413`` (over ``DATA_UPLOAD_MAX_MEMORY_SIZE``), or a ``401``, ``403`` or ``429``
+    given before the body was looked at. The server drains a few kilobytes of such a body itself and
+    otherwise closes the connection after the answer, which told the client to keep it: the client's
+    next request on it then fails (``Server disconnected``). Outermost, so it sees every answer."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        # Django's own flag: nothing of the body was read (``request.body`` or a parser's ``read``).
+        if not getattr(request, "_read_started", True) and request.META.get("CONTENT_LENGTH"):
+            discard(request, DISCARD_MAX_BYTES)
+        return response
+
+
+# How much of an unread body is read to keep the connection (a body over it still closes it).
+DISCARD_MAX_BYTES = 16 * 1024 * 1024
+
+
+def discard(request: HttpRequest, max_bytes: int) -> None:
+    """Read and drop up to ``max_bytes`` of ``request``'s body (no further than its length)."""
+    read = 0
+    while read < max_bytes:
+        chunk = request.read(min(64 * 1024, max_bytes - read))
+        if not chunk:
+            return
+        read += len(chunk)
+

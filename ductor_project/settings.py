@@ -100,6 +100,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "ductor_project.parsers.UnreadBodyMiddleware",
     "ductor_project.core.metrics.RequestMetricsMiddleware",
     "ductor_project.parsers.NulCharacterMiddleware",
     "django.middleware.security.SecurityMiddleware",

@@ -14,10 +14,13 @@ import sys
 from typing import Any
 
 import pytest
+from django.http import HttpResponse
+from django.test import RequestFactory
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError
+from ductor_project.parsers import DISCARD_MAX_BYTES, UnreadBodyMiddleware
 from scheduling import services as routing
 from tenants import services
 from tenants.models import Tenant
@@ -295,3 +298,35 @@ def test_the_platform_api_takes_json_types_as_they_are_too(platform: APIClient, 
     response = platform.post("/api/v1/task-catalog", body, format="json")
     assert (response.status_code, list(response.json()["error"]["details"])) == (400, [field])
     assert not TaskCatalogEntry.objects.exists()
+
+
+@pytest.mark.parametrize(("length", "left"), [(1_100_000, 0), (DISCARD_MAX_BYTES + 5, 5)])
+def test_a_body_the_answer_left_unread_is_read_so_the_connection_can_be_kept(length: int, left: int) -> None:
+    """A server drains only a little of a body the application did not read and then closes the
+    connection its answer said to keep; the middleware reads it (up to its bound) before answering."""
+    request = RequestFactory().generic("POST", "/api/v1/runs", b"x" * length, content_type="application/json")
+    answered = []
+
+    def refuse_unread(req: Any) -> HttpResponse:
+        answered.append(req)
+        return HttpResponse(status=413)
+
+    response = UnreadBodyMiddleware(refuse_unread)(request)
+
+    assert response.status_code == 413
+    assert answered == [request]
+    assert len(request.read()) == left
+
+
+def test_a_body_the_view_read_is_not_read_again() -> None:
+    request = RequestFactory().generic("POST", "/api/v1/runs", b'{"a": 1}', content_type="application/json")
+    seen: list[bytes] = []
+
+    def read_it(req: Any) -> HttpResponse:
+        seen.append(req.body)
+        return HttpResponse(status=201)
+
+    UnreadBodyMiddleware(read_it)(request)
+
+    assert seen == [b'{"a": 1}']
+    assert request.body == b'{"a": 1}'  # still there for whatever reads it after
