@@ -5,6 +5,7 @@ Both are iterative (no recursion): safe on hostile input, however deep.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -67,11 +68,20 @@ def unstorable_path(value: Any) -> tuple[str, str] | None:
     return None
 
 
+def json_text(value: Any) -> str:
+    """What a payload holds for a value JSON has no type for (``json.dumps``'s ``default``): a date,
+    a time or a datetime in ISO 8601 (``2026-12-05T07:59:19.438558+00:00``), anything else its text
+    (a UUID, a ``Decimal``)."""
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return str(value)
+
+
 def json_size(value: Any) -> int:
     """Compact UTF-8 JSON size in bytes, as a plan's ``max_payload_bytes`` counts it (dates and
     other objects as their text). ``value`` must be no deeper than what ``json`` can encode: the
     API refuses deeper bodies before anything measures them."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=json_text).encode())
 
 
 def payload_excess(value: Any, *, max_bytes: int, max_depth: int) -> str | None:

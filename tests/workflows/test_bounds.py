@@ -7,6 +7,9 @@ and Redis; the API tests read what it wrote.
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -35,6 +38,13 @@ def blob(call: ActionCall) -> Any:
             value = [value]
         return value
     return {"blob": "x" * int(call.input["bytes"])}
+
+
+@action("test.moments")
+def moments(call: ActionCall) -> Any:
+    """Returns values JSON has no type for: an aware and a naive datetime, a date, a UUID, a Decimal."""
+    return {"aware": datetime(2026, 12, 5, 7, 59, 19, 438558, tzinfo=UTC), "naive": datetime(2026, 12, 5, 8, 1),
+            "day": date(2026, 12, 5), "id": uuid.UUID(int=7), "amount": Decimal("1.50")}
 
 
 @pytest.fixture
@@ -80,6 +90,17 @@ def test_a_sub_workflow_or_successor_input_over_the_plan_starts_no_run(tenant):
         with tenant_context(tenant):
             assert not WorkflowRun.objects.filter(parent_run=run).exists()
             assert not WorkflowRun.objects.filter(continued_from=run).exists()
+
+
+def test_an_output_s_dates_are_kept_in_iso_8601_and_other_objects_as_their_text(tenant):
+    put(tenant, "moments", {"nodes": [{"id": "m", "type": "action", "action": "test.moments"}]})
+    run = tick(tenant, start(tenant, "moments"))
+
+    run = run_step(tenant, run, "m")
+
+    assert by_node(tenant, run)["m"].output == {
+        "aware": "2026-12-05T07:59:19.438558+00:00", "naive": "2026-12-05T08:01:00", "day": "2026-12-05",
+        "id": "00000000-0000-0000-0000-000000000007", "amount": "1.50"}
 
 
 def test_an_output_over_the_plan_fails_the_step_and_is_not_retried(tenant):

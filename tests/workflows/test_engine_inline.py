@@ -29,7 +29,7 @@ from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume, runs_this_month
 from workflows import services
 from workflows.actions import ActionCall, action
-from workflows.engine import items, journal, reconcile, steps
+from workflows.engine import items, journal, reconcile, steps, timers
 from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
@@ -199,6 +199,17 @@ def test_a_step_whose_only_connection_is_busy_is_parked_at_dequeue_and_dispatche
     assert (step.routing["connection"]["name"], step.routing["admitted"]) == ("api", "round robin: turn 2")
     run = tick(tenant, second_run)
     assert (run.status, run.output) == ("succeeded", {"v": 1})
+
+
+def test_a_sleep_that_ended_has_its_end_as_iso_8601_in_its_output(tenant):
+    put(tenant, "nap", {"nodes": [{"id": "nap", "type": "sleep", "until": "2026-01-01T09:00:00+01:00"}]})
+    run = tick(tenant, start(tenant, "nap"))
+    step = by_node(tenant, run)["nap"]
+
+    with tenant_context(tenant):
+        timers.sleep_done(str(step.pk), {})
+
+    assert by_node(tenant, run)["nap"].output == {"slept_until": "2026-01-01T08:00:00+00:00"}
 
 
 # -- ContinueAsNew ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from ductor_project.core.payloads import json_text
 from workflows.engine.journal import add_event
 from workflows.models import WorkflowRun
 
@@ -43,5 +44,5 @@ def record_event(run: WorkflowRun, type_: str, node_id: str = "", **data: Any) -
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as JSON would carry it (dates and other objects as text)."""
-    return json.loads(json.dumps(value, default=str))
+    """``value`` as JSON would carry it (dates in ISO 8601 and other objects as text: ``json_text``)."""
+    return json.loads(json.dumps(value, default=json_text))

@@ -72,7 +72,8 @@ def sleep_done(ref: str, data: dict[str, Any]) -> None:
         if step.scheduled_for and step.scheduled_for > timezone.now() + SLEEP_SLACK:
             wakeup_on_commit(ref, kind="sleep_done", delay_s=(step.scheduled_for - timezone.now()).total_seconds())
             return
-        finish(step, Outcome.succeeded({"slept_until": str(step.scheduled_for)}))
+        until = step.scheduled_for.isoformat() if step.scheduled_for else None
+        finish(step, Outcome.succeeded({"slept_until": until}))
         enqueue_tick(run)
 
     _with_step(ref, go)
