@@ -32,7 +32,7 @@ from scheduling.models import (
 from scheduling.rules import MAX_PARTITION_KEY
 from scheduling.services import MemberSpec
 from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS, OPERATORS
-from tenants.api import NameField, StrictModelSerializer, StrictSerializer
+from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSerializer
 from tenants.models import Tier
 
 INT_MAX = 2**31 - 1
@@ -92,7 +92,7 @@ class ConnectionSerializer(StrictModelSerializer):
 
 
 class ConnectionWriteSerializer(LimitsWriteMixin, StrictSerializer):
-    name = serializers.RegexField(NAME_PATTERN, max_length=100, help_text=NAME_HELP)
+    name = PatternField(NAME_PATTERN, max_length=100, rule=NAME_HELP)
     kind = serializers.ChoiceField(choices=Connection.Kind.choices)
     config = serializers.JSONField(
         default=dict,
@@ -154,7 +154,7 @@ MEMBER_FIELDS = frozenset(PoolMemberWriteSerializer().fields)
 
 
 class PoolWriteSerializer(LimitsWriteMixin, StrictSerializer):
-    name = serializers.RegexField(NAME_PATTERN, max_length=100, help_text=NAME_HELP)
+    name = PatternField(NAME_PATTERN, max_length=100, rule=NAME_HELP)
     strategy = serializers.ChoiceField(choices=Pool.Strategy.choices, default=Pool.Strategy.ROUND_ROBIN)
     is_default = serializers.BooleanField(
         default=False, help_text="Route here when no rule matches; setting it unsets the previous default."

@@ -91,6 +91,16 @@ class NameField(serializers.CharField):
         return refuse_control_characters(super().to_internal_value(data))
 
 
+class PatternField(serializers.RegexField):
+    """A ``RegexField`` whose refusal says what the value may hold (``rule``, also its help text),
+    where DRF's says only that it "does not match the required pattern"."""
+
+    def __init__(self, regex: Any, *, rule: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", rule)
+        kwargs["error_messages"] = {"invalid": f"Invalid value. Allowed: {rule}", **kwargs.get("error_messages", {})}
+        super().__init__(regex, **kwargs)
+
+
 class TextField(serializers.CharField):
     """A short text (a description, a reason): printable characters, newlines and tabs."""
 

@@ -5,7 +5,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from tenants.api import NameField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSerializer, TextField
 from tenants.models import SLUG_PATTERN, SLUG_RULE, ApiKey, Plan, Tenant, TenantEntitlementOverride, slug_ok
 
 
@@ -61,7 +61,7 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 
 
 class TenantCreateSerializer(StrictSerializer):
-    slug = serializers.RegexField(SLUG_PATTERN, max_length=63, help_text=SLUG_RULE)
+    slug = PatternField(SLUG_PATTERN, max_length=63, rule=SLUG_RULE)
     name = NameField(max_length=200, required=False, allow_blank=True)
     plan = serializers.SlugField(required=False, default="free")
     create_api_key = serializers.BooleanField(default=False)

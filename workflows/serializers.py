@@ -8,7 +8,7 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from scheduling.models import MAX_FAIRNESS_KEY
-from tenants.api import StrictModelSerializer, StrictSerializer, TextField
+from tenants.api import PatternField, StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import (
     Event,
     EventTrigger,
@@ -55,7 +55,7 @@ class WorkflowSerializer(StrictModelSerializer):
 
 
 class WorkflowCreateSerializer(StrictSerializer):
-    name = serializers.RegexField(r"^[A-Za-z0-9_.\-]{1,100}$", help_text="Letters, digits, '_', '.', '-'.")
+    name = PatternField(r"^[A-Za-z0-9_.\-]+$", max_length=100, rule="Letters, digits, '_', '.' and '-', at most 100.")
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = SpecField()
 
@@ -231,6 +231,7 @@ class RunWhySerializer(serializers.Serializer[Any]):
 # --- schedules -------------------------------------------------------------------------------
 
 SCHEDULE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$"
+EVENT_NAME_RULE = "Letters, digits and '_.:/-' (starting with a letter or digit), at most 200."
 
 
 class ScheduleSerializer(StrictModelSerializer):
@@ -264,8 +265,8 @@ class ScheduleDetailSerializer(ScheduleSerializer):
 
 
 class ScheduleWriteSerializer(StrictSerializer):
-    name = serializers.RegexField(SCHEDULE_NAME, max_length=100, help_text="Letters, digits and '_.:-' (starting "
-                                  "with a letter or digit), at most 100; unique per tenant.")
+    name = PatternField(SCHEDULE_NAME, max_length=100, rule="Letters, digits and '_.:-' (starting with a letter or "
+                        "digit), at most 100; unique per tenant.")
     workflow = serializers.CharField(max_length=100, help_text="The name of one of your workflows.")
     version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True, default=None,
                                        help_text="The workflow version its runs start on; null: the latest.")
@@ -299,8 +300,8 @@ class ScheduleWriteSerializer(StrictSerializer):
 
 
 class EventSendSerializer(StrictSerializer):
-    name = serializers.RegexField(EVENT_NAME, max_length=200, help_text="What happened: letters, digits and "
-                                  "`_.:/-`, e.g. `order.paid`.")
+    name = PatternField(EVENT_NAME, max_length=200, rule=EVENT_NAME_RULE,
+                        help_text=f"What happened (`order.paid`): {EVENT_NAME_RULE}")
     key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
                                 help_text="What it is about (an order id): a correlation key.")
     payload = serializers.JSONField(required=False, default=dict)
@@ -308,8 +309,9 @@ class EventSendSerializer(StrictSerializer):
 
 
 class SignalSendSerializer(StrictSerializer):
-    name = serializers.RegexField(EVENT_NAME, max_length=200, help_text="What it says: the name a "
-                                  "`wait_for_event` node of the run waits for, e.g. `approved`.")
+    name = PatternField(EVENT_NAME, max_length=200, rule=EVENT_NAME_RULE,
+                        help_text=f"What it says: the name a `wait_for_event` node of the run waits for (`approved`): "
+                                  f"{EVENT_NAME_RULE}")
     payload = serializers.JSONField(required=False, default=dict, help_text="The waiting node's output.")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
                                             help_text="The same key again answers the first signal, and does nothing.")
@@ -358,7 +360,8 @@ class TriggerSerializer(StrictModelSerializer):
 
 class TriggerWriteSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=100, help_text="The workflow whose runs its events start.")
-    event = serializers.RegexField(EVENT_NAME, max_length=200, help_text="The name of the events it starts runs for.")
+    event = PatternField(EVENT_NAME, max_length=200, rule=EVENT_NAME_RULE,
+                         help_text=f"The name of the events it starts runs for: {EVENT_NAME_RULE}")
     filter = serializers.JSONField(required=False, allow_null=True, default=None,
                                    help_text="A condition on `event.name`, `event.key` or `event.payload…`; "
                                              "none: every event of the name.")

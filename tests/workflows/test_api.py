@@ -111,6 +111,16 @@ def test_versions_are_immutable_rows(tenant_a):
             version.save()
 
 
+@pytest.mark.parametrize(("url", "body", "field", "words"), [
+    ("/api/v1/workflows", {"name": "has space/slash", "spec": spec()}, "name", "Allowed: Letters, digits, '_', '.'"),
+    ("/api/v1/workflows", {"name": "w" * 101, "spec": spec()}, "name", "no more than 100 characters"),
+    ("/api/v1/events", {"name": "-starts-badly"}, "name", "Allowed: Letters, digits and '_.:/-'"),
+    ("/api/v1/schedules", {"name": "a b", "workflow": "w", "interval_s": 60}, "name", "Allowed: Letters"),
+])
+def test_a_name_that_does_not_fit_is_refused_saying_what_a_name_may_hold(client_a, url, body, field, words):
+    assert_invalid(client_a.post(url, body, format="json"), field, words)
+
+
 def test_list_and_detail_show_the_latest_spec(client_a):
     for name in ("zeta", "alpha", "mid"):
         create(client_a, name)
