@@ -172,12 +172,14 @@ def test_a_failed_run_is_retried_where_it_failed_and_rerun_as_a_new_run(sdk: Cli
     sdk.workflows.apply(finishing("later"))
 
     retried = sdk.runs.retry(run.id)
-    rerun = sdk.runs.rerun(run.id, {"order": 2})
+    rerun = sdk.runs.rerun(run.id, {"order": 2}, idempotency_key="rerun-1")
+    again = sdk.runs.rerun(run.id, {"order": 3}, idempotency_key="rerun-1")
 
     assert (retried.id, retried.status, retried.error) == (run.id, "running", None)
     assert [(s.node_id, s.attempt, s.status) for s in sdk.runs.iter_steps(run.id)] == [
         ("kid", 1, "failed"), ("kid", 2, "waiting")]
     assert (rerun.rerun_of, rerun.input, rerun.version) == (run.id, {"order": 2}, 1)
+    assert (rerun.created, again.created, again.id, again.input) == (True, False, rerun.id, {"order": 2})
     with pytest.raises(Conflict) as refused:
         sdk.runs.retry(run.id)
     assert refused.value.status == 409
@@ -290,6 +292,8 @@ def test_a_start_with_the_same_idempotency_key_starts_one_run(sdk: Client) -> No
 
     assert again.id == first.id
     assert again.input == {"name": "Ada"}
+    assert (first.created, again.created, keyed_by_sdk.created) == (True, False, True)
+    assert sdk.runs.get(first.id).created is None  # told by a start only
     assert first.tags == ("web",)
     assert first.version == 1
     assert keyed_by_sdk.idempotency_key is not None

@@ -7,6 +7,7 @@ server's defaults apply.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -151,7 +152,8 @@ def run_request(
 
 def run_start(body: Mapping[str, Any]) -> Call[models.Run]:
     """Idempotent through the body's ``idempotency_key``."""
-    return Call("POST", "runs", models.Run.from_json, body=dict(body), idempotent=bool(body.get("idempotency_key")))
+    return Call("POST", "runs", models.Run.from_json, body=dict(body), idempotent=bool(body.get("idempotency_key")),
+                tells_created=True)
 
 
 def event_request(name: str, payload: Any = None, *, key: str | None = None,
@@ -173,7 +175,7 @@ def events_send_many(items: Sequence[Mapping[str, Any]]) -> Call[models.EventsSe
 def run_rerun(run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> Call[models.Run]:
     """Idempotent through its key (a new one when not given), as a start is."""
     body = compact(input=input, idempotency_key=idempotency_key or new_idempotency_key())
-    return RUNS.act(run_id, "rerun", body, idempotent=True)
+    return dataclasses.replace(RUNS.act(run_id, "rerun", body, idempotent=True), tells_created=True)
 
 
 def run_signal(run_id: str, name: str, payload: Any = None, *,

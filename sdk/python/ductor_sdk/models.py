@@ -485,6 +485,9 @@ class Run(Model):
     steps_total: int | None = None
     steps_truncated: bool = False
     steps_url: str | None = None
+    # Told by ``runs.start`` and ``runs.rerun`` only (None elsewhere): True when this call created the
+    # run; False when its idempotency key had started it before (the input sent then is the run's).
+    created: bool | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -47,6 +47,9 @@ class Call(Generic[T]):
     params: Mapping[str, Any] | None = None
     body: Any = NO_BODY
     idempotent: bool | None = None
+    # A start's answer: 201 for a run it created, 200 for the run its idempotency key had started,
+    # told to the model as ``created``.
+    tells_created: bool = False
 
     @property
     def safe_to_repeat(self) -> bool:
@@ -172,6 +175,8 @@ def read(call: Call[T], response: httpx.Response) -> T:
     except ValueError as exc:  # a proxy's page, say: not Ductor's answer
         raise DuctorError(f"{call.method} {call.path}: the answer is not JSON", status=response.status_code,
                           code="invalid_response") from exc
+    if call.tells_created and isinstance(body, dict):
+        body = {**body, "created": response.status_code == 201}
     return call.parse(body)
 
 
