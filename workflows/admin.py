@@ -23,7 +23,7 @@ from tenants.admin_scoping import DateLookupsMixin, TenantScopedAdmin, TenantSco
 from tenants.models import Plan, Tenant
 from tenants.permissions import READ_ONLY_ROLES
 from tenants.selectors import membership_for_user
-from workflows import catalog, console, services
+from workflows import catalog, console, schemas, services
 from workflows.dag_svg import render_dag
 from workflows.models import (
     Event,
@@ -424,7 +424,7 @@ class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
         checks = {
             "name": catalog.name_problem(data.get("name")),
             "queue": queue_name_error(data["queue"]) if data.get("queue") else None,
-            "input_schema": catalog.schema_problem(data.get("input_schema") or {}),
+            "input_schema": schemas.schema_problem(data.get("input_schema") or {}),
         }
         plans = data.get("plans") or []
         if not isinstance(plans, list) or set(plans) - set(Plan.objects.values_list("slug", flat=True)):

@@ -19,7 +19,7 @@ from ductor_project.core.errors import NotFound, conflict_on_duplicate
 from scheduling.connection_config import queue_name_error
 from tenants.api import PlatformViewSet, StrictModelSerializer, TenantViewSet, TextField
 from tenants.models import Plan, Tenant
-from workflows import catalog
+from workflows import catalog, schemas
 from workflows.models import TaskCatalogEntry
 from workflows.spec import MAX_TIMEOUT_S
 
@@ -57,7 +57,7 @@ class TaskCatalogEntrySerializer(StrictModelSerializer):
         return value
 
     def validate_input_schema(self, value: Any) -> Any:
-        problem = catalog.schema_problem(value)
+        problem = schemas.schema_problem(value)
         if problem:
             raise serializers.ValidationError(problem)
         return value
