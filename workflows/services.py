@@ -17,7 +17,7 @@ from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404
 from tenants.usage import enforce_ceiling, quota_consume, quota_consume_at_commit
 from workflows.engine import waits
-from workflows.engine.attempts import latest_attempts, resume
+from workflows.engine.attempts import latest_attempts, resume, run_input_problems
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, enqueue_ticks
 from workflows.engine.journal import add_run, add_state, journal
@@ -204,8 +204,23 @@ def run_start(
         raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
+    _check_input(found, input)
     return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
                   fairness_key=fairness_key)
+
+
+def _input_errors(found: WorkflowVersion, value: Any, prefix: str = "") -> dict[str, list[str]]:
+    """What the workflow's ``input_schema`` finds wrong in a run's input, by field (``input.qty``,
+    under ``prefix``, such as ``runs[3].``)."""
+    return {prefix + field: [message] for field, message in run_input_problems(found.pk, value or {})}
+
+
+def _check_input(found: WorkflowVersion, value: Any) -> None:
+    """``400 invalid`` naming each field of the input the workflow's ``input_schema`` refuses."""
+    errors = _input_errors(found, value)
+    if errors:
+        raise ApiError(f"Invalid field(s): {', '.join(errors)}. The workflow's input_schema refuses them.",
+                       code=ErrorCode.INVALID, details=errors)
 
 
 def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, tier: str, tags: list[str] | None,
@@ -266,6 +281,7 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     found = WorkflowVersion.objects.select_related("definition").get(pk=run.workflow_id)
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
+    _check_input(found, given)
     return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run,
                   fairness_key=run.fairness_key)
 
@@ -339,6 +355,8 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
                                            + " not found."]
         elif found.definition.archived_at is not None:
             errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}' is archived and starts no new run."]
+        else:
+            errors.update(_input_errors(found, item.get("input"), f"{field}."))
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
     try:

@@ -21,8 +21,10 @@ A spec is a JSON object::
       "output": {"user": "$nodes.fetch.output.body", "done": true}
     }
 
-Top level: ``nodes`` (required, 1 to ``DUCTOR_MAX_SPEC_NODES``) and ``output``
-(optional template; the run's output, null when absent).
+Top level: ``nodes`` (required, 1 to ``DUCTOR_MAX_SPEC_NODES``), ``output``
+(optional template; the run's output, null when absent) and ``input_schema``
+(optional JSON Schema, ``workflows.schemas``: every run's input must match it,
+or its start is refused naming the field).
 
 Every node:
 
@@ -88,7 +90,7 @@ from django.conf import settings
 from ductor_project.core.payloads import json_depth
 from scheduling import templates
 from scheduling.templates import NODE_ID, template_errors, when_errors
-from workflows import actions, catalog
+from workflows import actions, catalog, schemas
 
 NODE_TYPES = ("action", "task", "sleep", "wait_for_event", "subworkflow", "continue_as_new")
 COMMON_FIELDS = ("id", "type", "depends_on", "when", "retry", "timeout_s", "tags", "pool")
@@ -101,7 +103,7 @@ TYPE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "continue_as_new": ("input",),
 })
 RETRY_FIELDS = ("max_attempts", "backoff_s", "max_backoff_s", "jitter")
-TOP_FIELDS = ("nodes", "output")
+TOP_FIELDS = ("nodes", "output", "input_schema")
 MAX_ATTEMPTS = 100
 MAX_DELAY_S = 86_400.0
 MAX_TIMEOUT_S = 86_400.0
@@ -219,6 +221,7 @@ class Spec:
 
     nodes: tuple[Node, ...]
     output: Any = None  # a template; None when the spec has none
+    input_schema: Mapping[str, Any] | None = None  # what a run's input must match; None: anything
     sinks: tuple[str, ...] = ()  # nodes nothing depends on, in topological order
     continue_as_new: str | None = None  # the id of the continue_as_new node, if any
     size_bytes: int = field(default=0, compare=False)  # compact JSON size of the submitted spec
@@ -267,6 +270,8 @@ class Spec:
         data: dict[str, Any] = {"nodes": [node.to_dict() for node in self.nodes]}
         if self.output is not None:
             data["output"] = self.output
+        if self.input_schema is not None:
+            data["input_schema"] = self.input_schema
         return data
 
 
@@ -632,15 +637,17 @@ class _SpecChecker:
             self._order_and_upstream()
         self._check_templates_and_when()
         self._check_output()
+        self._check_input_schema()
         self.errors.raise_if_any()
         assert self.upstream is not None  # unsound ids always left an error
-        return _build(self.parsed, self.order, self.upstream, self.spec.get("output"), self.size)
+        return _build(self.parsed, self.order, self.upstream, self.spec.get("output"), self.size,
+                      self.spec.get("input_schema"))
 
     def _check_top_level(self) -> list[Any]:
         """Only ``nodes`` and ``output`` at the top; ``nodes`` is a non-empty list within the limit (else raises)."""
         for name in self.spec:
             if name not in TOP_FIELDS:
-                self.errors.add(str(name), f"{name}: unknown field; use nodes and output")
+                self.errors.add(str(name), f"{name}: unknown field; use nodes, output and input_schema")
         raw_nodes = self.spec.get("nodes")
         max_nodes = settings.DUCTOR_MAX_SPEC_NODES
         if not isinstance(raw_nodes, list) or not raw_nodes:
@@ -746,6 +753,13 @@ class _SpecChecker:
                 for path, message in template_errors(fields[name], field=name, upstream=allowed, known=known):
                     self.errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
 
+    def _check_input_schema(self) -> None:
+        """The spec's ``input_schema``, if any, is a usable, self-contained JSON Schema."""
+        if "input_schema" in self.spec:
+            problem = schemas.schema_problem(self.spec["input_schema"])
+            if problem:
+                self.errors.add("input_schema", f"input_schema: {problem}")
+
     def _check_output(self) -> None:
         """The spec's ``output`` is a valid template that refers only to known nodes."""
         output = self.spec.get("output")
@@ -770,6 +784,7 @@ def _build(
     upstream: Mapping[str, frozenset[str]],
     output: Any,
     size: int,
+    input_schema: Mapping[str, Any] | None = None,
 ) -> Spec:
     by_id = {fields["id"]: fields for fields in parsed}
     position = {node_id: i for i, node_id in enumerate(order)}
@@ -792,6 +807,7 @@ def _build(
     return Spec(
         nodes=nodes,
         output=output,
+        input_schema=input_schema,
         sinks=tuple(node.id for node in nodes if not node.dependents),
         continue_as_new=continuation,
         size_bytes=size,

@@ -226,6 +226,15 @@ def spec_components() -> dict[str, dict[str, Any]]:
                 "nodes": {"type": "array", "items": component_ref(NODE), "minItems": 1,
                           "maxItems": settings.DUCTOR_MAX_SPEC_NODES},
                 "output": _template("The run's output (null when absent)."),
+                "input_schema": {
+                    "type": "object",
+                    "description": "A JSON Schema (draft 2020-12 unless its `$schema` names 2019-09, 7 or 6; "
+                                   "self-contained: its `$ref`s resolve within it) every run's input must match. "
+                                   "A start, a rerun or a bulk item whose input does not is a 400 naming each "
+                                   "field (`input.qty`); a sub-workflow or ContinueAsNew step fails with "
+                                   "`invalid_input`. Absent: any input.",
+                    "additionalProperties": True,
+                },
             },
             "additionalProperties": False,
         },

@@ -35,7 +35,15 @@ from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements
 from tenants.usage import QuotaExceeded, quota_consume
 from workflows import catalog
-from workflows.engine.attempts import Outcome, abort_active, new_step, payload_refusal, refuse
+from workflows.engine.attempts import (
+    Outcome,
+    abort_active,
+    input_refusal,
+    new_step,
+    payload_refusal,
+    refuse,
+    run_input_problems,
+)
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state
@@ -117,10 +125,7 @@ def task_refusal(node: dict[str, Any], rendered: Any) -> Outcome | None:
         return Outcome.failed(StepErrorCode.TASK_NOT_ALLOWED, check.problem, field="task")
     problems = [(f"input.{path}" if path else "input", message)
                 for path, message in catalog.input_problems(check.entry, rendered)]
-    if not problems:
-        return None
-    return Outcome.failed(StepErrorCode.INVALID_INPUT, "; ".join(f"{field}: {message}" for field, message in problems),
-                          field=problems[0][0])
+    return input_refusal(problems) if problems else None
 
 
 def _start_routed(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
@@ -179,6 +184,10 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     if version.definition.archived_at is not None:
         refuse(run, step, StepErrorCode.WORKFLOW_ARCHIVED, f"workflow '{name}' is archived and starts no new run")
         return step
+    problems = run_input_problems(version.pk, rendered)
+    if problems:  # the child's workflow's input_schema refuses it
+        refuse(run, step, input_refusal(problems))
+        return step
     try:
         quota_consume(runs=1)  # in the tick's transaction: charged only if the child is created
     except QuotaExceeded as exc:
@@ -203,8 +212,9 @@ def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, S
                      now: datetime) -> bool:
     node_id = node["id"]
     rendered, refusal = _rendered_input(node, context)
-    if refusal is not None:
-        latest[node_id] = _refused(run, node, SStatus.QUEUED, refusal)
+    problems = run_input_problems(run.workflow_id, rendered) if refusal is None else []
+    if refusal is not None or problems:  # too large, or not what the workflow's input_schema takes
+        latest[node_id] = _refused(run, node, SStatus.QUEUED, refusal or input_refusal(problems))
         return False  # the failed step fails the run
     try:
         quota_consume(runs=1)

@@ -10,6 +10,8 @@ version with the event as its input (``{"id", "name", "key", "payload", "created
   tier the plan does not allow) refuses the event, and nothing is left of it;
 - an event sent again with its ``idempotency_key`` answers the event recorded the first time,
   and starts nothing;
+- a trigger whose workflow's ``input_schema`` refuses the event starts nothing for it (logged as
+  ``event_trigger_input_refused``, with the fields): the event, and the other triggers' runs, stand;
 - only the tenant's own triggers are read: another tenant's event never starts a run here;
 - the tenant's runs waiting for the event (a ``wait_for_event`` node of its name and key) are
   resumed in the same transaction (``workflows.engine.waits.deliver``).
@@ -35,6 +37,8 @@ from scheduling import templates
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404, parse_uuid
+from workflows.engine.attempts import run_input_problems
+from workflows.engine.statements import version_to_start
 from workflows.engine.waits import deliver
 from workflows.models import Event, EventTrigger, WorkflowDefinition
 from workflows.services import MAX_BULK_RUNS, check_payload, run_start_many
@@ -112,11 +116,20 @@ def _start_triggered(events: list[Event]) -> None:
     triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True, workflow__archived_at__isnull=True)
                     .select_related("workflow").order_by("created_at"))
     starts: list[tuple[Event, dict[str, Any]]] = []
+    versions: dict[str, Any] = {}  # the latest version of each workflow triggered, read once
     for event in events:
         data = event_input(event)
         for trigger in triggers:
             if trigger.event == event.name and templates.evaluate_when(trigger.filter, {"event": data}):
-                starts.append((event, {"workflow": trigger.workflow.name, "input": data,
+                name = trigger.workflow.name
+                if name not in versions:
+                    versions[name] = version_to_start(name)
+                problems = run_input_problems(versions[name].pk, data) if versions[name] is not None else []
+                if problems:
+                    log.warning("event_trigger_input_refused", event_id=str(event.id), trigger_id=str(trigger.id),
+                                workflow=name, fields=dict(problems))
+                    continue
+                starts.append((event, {"workflow": name, "input": data,
                                        "tags": [f"event:{event.name}"[:100]],
                                        "idempotency_key": f"event:{event.id}:{trigger.id}"}))
     for first in range(0, len(starts), MAX_BULK_RUNS):

@@ -26,6 +26,8 @@ from ductor_project.core.errors import ApiError, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling
+from workflows.engine.attempts import run_input_problems
+from workflows.engine.statements import version_to_start
 from workflows.models import Schedule, WorkflowVersion
 from workflows.triggers.arming import arm_on_commit, timing_of, wake_of
 from workflows.triggers.timing import TimingError, checked_timing
@@ -58,11 +60,18 @@ def _check(schedule: Schedule) -> None:
         raise ApiError(f"Invalid field(s): input. It is {size} bytes; the plan allows {limit}.",
                        code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
                        details={"input": [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
-    versions = WorkflowVersion.objects.filter(definition__name=schedule.workflow)
-    if not versions.exists():
+    version = version_to_start(schedule.workflow, schedule.version)
+    if version is None and schedule.version is None:
         raise invalid({"workflow": f"Workflow '{schedule.workflow}' not found."})
-    if schedule.version is not None and not versions.filter(number=schedule.version).exists():
+    if version is None:
+        if not WorkflowVersion.objects.filter(definition__name=schedule.workflow).exists():
+            raise invalid({"workflow": f"Workflow '{schedule.workflow}' not found."})
         raise invalid({"version": f"Workflow '{schedule.workflow}' has no version {schedule.version}."})
+    # The input its runs will start with, as the version it starts on now takes it (a later version's
+    # schema is checked at each fire: a refused fire is counted, with the reason, in last_error).
+    problems = run_input_problems(version.pk, schedule.input)
+    if problems:
+        raise invalid(dict(problems))
 
 
 def _restart_timing(schedule: Schedule) -> None:
