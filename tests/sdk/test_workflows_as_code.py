@@ -129,6 +129,26 @@ def test_apply_creates_the_workflow_then_changes_nothing_then_adds_a_version_whe
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_workflow_s_input_schema_is_applied_compared_and_refuses_a_start_naming_the_field(sdk: Client) -> None:
+    schema = {"type": "object", "required": ["qty"], "properties": {"qty": {"type": "integer", "minimum": 1}}}
+
+    def order(minimum: int = 1) -> Workflow:
+        wf = Workflow("order", input_schema={**schema, "properties": {"qty": {"type": "integer", "minimum": minimum}}})
+        wf.action("a", "noop")
+        return wf
+
+    outcomes = [sdk.workflows.apply(order()).outcome, sdk.workflows.apply(order()).outcome,
+                sdk.workflows.apply(order(minimum=2)).outcome]
+    with pytest.raises(BadRequest) as refused:
+        sdk.runs.start("order", {"qty": 1})
+
+    assert outcomes == ["created", "unchanged", "updated"]
+    assert (refused.value.field, refused.value.code) == ("input.qty", "invalid")
+    assert "1 is less than the minimum of 2" in refused.value.message + str(refused.value.details)
+    assert sdk.runs.start("order", {"qty": 2}).created is True
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_compiled_spec_is_refused_like_the_same_spec_written_by_hand(sdk: Client) -> None:
     wf = Workflow("broken")
     wf.action("a", "echo", depends_on=["c"])

@@ -109,13 +109,16 @@ def _topological(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def normalized(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """``spec`` as the server would store it: nodes normalized, in topological order, and ``output``."""
+    """``spec`` as the server would store it: nodes normalized, in topological order, ``output`` and
+    ``input_schema``."""
     nodes = [normalized_node(node) if isinstance(node, Mapping) else node for node in spec.get("nodes", [])]
     if all(isinstance(node, dict) for node in nodes):
         nodes = _topological(nodes)
     result: dict[str, Any] = {"nodes": nodes}
     if spec.get("output") is not None:
         result["output"] = spec["output"]
+    if spec.get("input_schema") is not None:
+        result["input_schema"] = spec["input_schema"]
     return result
 
 

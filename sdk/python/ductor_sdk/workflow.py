@@ -168,9 +168,12 @@ class Workflow:
 
     input = Input
 
-    def __init__(self, name: str, *, description: str = "") -> None:
+    def __init__(self, name: str, *, description: str = "", input_schema: Mapping[str, Any] | None = None) -> None:
+        """``input_schema``: a JSON Schema every run's input must match (a start that does not raises
+        ``BadRequest`` naming the field: ``input.qty``); None: any input."""
         self.name = name
         self.description = description
+        self.input_schema = input_schema
         self._nodes: list[dict[str, Any]] = []
         self._output: Any = _UNSET
 
@@ -244,4 +247,6 @@ class Workflow:
         spec: dict[str, Any] = {"nodes": to_json(self._nodes)}
         if self._output is not _UNSET:
             spec["output"] = to_json(self._output)
+        if self.input_schema is not None:
+            spec["input_schema"] = dict(self.input_schema)
         return spec
