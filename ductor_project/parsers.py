@@ -70,6 +70,10 @@ class NulCharacterMiddleware:
         return self.get_response(request)
 
 
+# How much of an unread body is read to keep the connection (a body over it still closes it).
+DISCARD_MAX_BYTES = 16 * 1024 * 1024
+
+
 class UnreadBodyMiddleware:
     """Reads what a request's body the answer left unread, up to ``DISCARD_MAX_BYTES``, before the
     answer goes: a ``413`` (over ``DATA_UPLOAD_MAX_MEMORY_SIZE``), or a ``401``, ``403`` or ``429``
@@ -88,10 +92,6 @@ class UnreadBodyMiddleware:
         return response
 
 
-# How much of an unread body is read to keep the connection (a body over it still closes it).
-DISCARD_MAX_BYTES = 16 * 1024 * 1024
-
-
 def discard(request: HttpRequest, max_bytes: int) -> None:
     """Read and drop up to ``max_bytes`` of ``request``'s body (no further than its length)."""
     read = 0
@@ -100,4 +100,3 @@ def discard(request: HttpRequest, max_bytes: int) -> None:
         if not chunk:
             return
         read += len(chunk)
-
