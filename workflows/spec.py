@@ -644,7 +644,8 @@ class _SpecChecker:
                       self.spec.get("input_schema"))
 
     def _check_top_level(self) -> list[Any]:
-        """Only ``nodes`` and ``output`` at the top; ``nodes`` is a non-empty list within the limit (else raises)."""
+        """Only ``nodes``, ``output`` and ``input_schema`` at the top; ``nodes`` is a non-empty list within
+        the limit (else raises)."""
         for name in self.spec:
             if name not in TOP_FIELDS:
                 self.errors.add(str(name), f"{name}: unknown field; use nodes, output and input_schema")
