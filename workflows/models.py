@@ -328,6 +328,9 @@ class Event(TenantScopedModel):
     # NULL, not "", when absent: the per-tenant unique constraint only covers real keys.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     runs = models.JSONField(default=list, blank=True, help_text="The ids of the runs it started.")
+    refused = models.JSONField(default=list, blank=True,
+                               help_text="The triggers that started nothing for it because their workflow's "
+                                         "input_schema refused it: {trigger, workflow, details}.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

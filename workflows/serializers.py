@@ -337,10 +337,18 @@ class EventBulkSendSerializer(StrictSerializer):
     events = EventSendSerializer(many=True, help_text="1 to 100 events, each as POST /events takes it.")
 
 
+class EventRefusalSerializer(serializers.Serializer[Any]):
+    trigger = serializers.UUIDField(help_text="The trigger that started nothing for the event.")
+    workflow = serializers.CharField(help_text="Its workflow, whose input_schema refused the event.")
+    details = serializers.DictField(child=serializers.CharField(), help_text="Why, by field (`input.payload.qty`).")
+
+
 class EventSerializer(StrictModelSerializer):
+    refused = EventRefusalSerializer(many=True, read_only=True)
+
     class Meta:
         model = Event
-        fields = ["id", "name", "key", "payload", "idempotency_key", "runs", "created_at"]
+        fields = ["id", "name", "key", "payload", "idempotency_key", "runs", "refused", "created_at"]
         read_only_fields = fields
 
 

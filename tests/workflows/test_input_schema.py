@@ -112,6 +112,10 @@ def test_an_event_the_workflow_refuses_starts_nothing_for_that_trigger_and_stand
 
     assert sent.status_code == 201, sent.content
     assert len(sent.json()["runs"]) == 1
+    [refused] = sent.json()["refused"]
+    assert (refused["workflow"], sorted(refused["details"])) == ("order", ["input"])  # sku, qty: required
+    assert "'sku' is a required property" in refused["details"]["input"]
+    assert client_a.get(f"/api/v1/events/{sent.json()['id']}").json()["refused"] == [refused]
     with tenant_context(tenant_a[0]):
         assert list(WorkflowRun.objects.values_list("workflow_name", flat=True)) == ["audit"]
 

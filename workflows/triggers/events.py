@@ -10,8 +10,9 @@ version with the event as its input (``{"id", "name", "key", "payload", "created
   tier the plan does not allow) refuses the event, and nothing is left of it;
 - an event sent again with its ``idempotency_key`` answers the event recorded the first time,
   and starts nothing;
-- a trigger whose workflow's ``input_schema`` refuses the event starts nothing for it (logged as
-  ``event_trigger_input_refused``, with the fields): the event, and the other triggers' runs, stand;
+- a trigger whose workflow's ``input_schema`` refuses the event starts nothing for it (the event's
+  ``refused`` names it, its workflow and why, by field; logged as ``event_trigger_input_refused``): the
+  event, and the other triggers' runs, stand;
 - only the tenant's own triggers are read: another tenant's event never starts a run here;
 - the tenant's runs waiting for the event (a ``wait_for_event`` node of its name and key) are
   resumed in the same transaction (``workflows.engine.waits.deliver``).
@@ -126,6 +127,7 @@ def _start_triggered(events: list[Event]) -> None:
                     versions[name] = version_to_start(name)
                 problems = run_input_problems(versions[name].pk, data) if versions[name] is not None else []
                 if problems:
+                    event.refused.append({"trigger": str(trigger.id), "workflow": name, "details": dict(problems)})
                     log.warning("event_trigger_input_refused", event_id=str(event.id), trigger_id=str(trigger.id),
                                 workflow=name, fields=dict(problems))
                     continue
@@ -137,8 +139,8 @@ def _start_triggered(events: list[Event]) -> None:
         for (event, _), (run, _) in zip(chunk, run_start_many(runs=[start for _, start in chunk]), strict=True):
             event.runs.append(str(run.id))
     for event in events:
-        if event.runs:
-            Event.objects.filter(pk=event.pk).update(runs=event.runs)
+        if event.runs or event.refused:
+            Event.objects.filter(pk=event.pk).update(runs=event.runs, refused=event.refused)
 
 
 # --- triggers -------------------------------------------------------------------------------------------

@@ -297,7 +297,9 @@ class CatalogEntry(TaskEntry):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Event(Model):
-    """An event the tenant sent; ``runs``: the ids of the runs it started."""
+    """An event the tenant sent; ``runs``: the ids of the runs it started; ``refused``: the triggers
+    that started nothing for it because their workflow's ``input_schema`` refused it, each
+    ``{"trigger", "workflow", "details"}``."""
 
     id: str = ""
     name: str = ""
@@ -305,6 +307,7 @@ class Event(Model):
     payload: Any = None
     idempotency_key: str | None = None
     runs: tuple[str, ...] = tupled()
+    refused: tuple[Mapping[str, Any], ...] = tupled()
     created_at: datetime | None = None
 
 
