@@ -6,18 +6,27 @@ draft's own meta-schema, and nothing is ever fetched. ``integer`` is a JSON numb
 without a fraction, as everywhere in Ductor's API (``2``, not ``2.0``). A value that does not
 match is answered field by field (``value_problems``: each field's path and one message, the
 value named as JSON), never with a crash, whatever the schema's references do.
+
+A schema's regular expressions (``pattern``, ``patternProperties``) are a tenant's, and Python's
+``re`` backtracks: ``^(a+)+$`` against thirty ``a`` and a ``!`` would hold a web worker for
+minutes. They are matched by RE2 (``google-re2``), in time linear in the text; a pattern RE2
+cannot run (a backreference, a lookaround: the features that need backtracking) is refused when
+the schema is saved, and so is ``unevaluatedProperties`` beside ``patternProperties``, which the
+library would match with ``re``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import jsonschema
+import re2  # google-re2
 import referencing.exceptions
 import referencing.jsonschema
+from jsonschema.exceptions import ValidationError
 from jsonschema_specifications import REGISTRY as META_SCHEMAS
 
 MAX_INPUT_PROBLEMS = 20  # fields of one value reported, at most
@@ -38,7 +47,7 @@ def schema_problem(schema: Any) -> str | None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"is not a valid JSON Schema: {exc.message}"
-    return _reference_problem(schema) or _probe_problem(schema)
+    return _reference_problem(schema) or _regex_problem(schema) or _probe_problem(schema)
 
 
 def _probe_problem(schema: Mapping[str, Any]) -> str | None:
@@ -57,24 +66,110 @@ def _probe_problem(schema: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _reference_problem(schema: Mapping[str, Any]) -> str | None:
-    """Why a ``$ref`` of ``schema`` cannot be followed (each from the base its place in the schema
-    has), or None."""
+def _subschemas(schema: Mapping[str, Any]) -> Any:
+    """Every subschema of ``schema`` (itself included), as the draft it names reads them, each with
+    the resolver of its place: ``(contents, resolver)``."""
     dialect = referencing.jsonschema.specification_with(str(schema.get("$schema", "")),
                                                         default=referencing.jsonschema.DRAFT202012)
     root = dialect.create_resource(schema)
     stack = [(root, META_SCHEMAS.resolver_with_root(root))]
     while stack:
         resource, resolver = stack.pop()
-        ref = resource.contents.get("$ref") if isinstance(resource.contents, Mapping) else None
+        if isinstance(resource.contents, Mapping):
+            yield resource.contents, resolver
+        stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
+
+
+def _reference_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why a ``$ref`` of ``schema`` cannot be followed (each from the base its place in the schema
+    has), or None."""
+    for contents, resolver in _subschemas(schema):
+        ref = contents.get("$ref")
         if isinstance(ref, str):
             try:
                 resolver.lookup(ref)
             except (referencing.exceptions.Unresolvable, ValueError):  # ValueError: a base that is no URI
                 return (f"is not a usable JSON Schema: its $ref '{ref[:100]}' does not resolve within it "
                         f"(references to other documents are not fetched)")
-        stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
     return None
+
+
+def _regex_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why a regular expression of ``schema`` cannot be run in linear time (RE2 refuses it), or why
+    its ``unevaluatedProperties`` cannot be checked; None when neither."""
+    uses = {"unevaluatedProperties": False, "patternProperties": False}
+    for contents, _ in _subschemas(schema):
+        patterns = [contents["pattern"]] if isinstance(contents.get("pattern"), str) else []
+        if isinstance(contents.get("patternProperties"), Mapping):
+            patterns.extend(contents["patternProperties"])
+        for pattern in patterns:
+            try:
+                _regex(pattern)
+            except re2.error as exc:
+                return (f"is not a usable JSON Schema: its pattern {pattern[:100]!r} cannot be matched in linear "
+                        f"time ({exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc}); "
+                        "backreferences and lookarounds are not supported")
+        for keyword in uses:
+            uses[keyword] = uses[keyword] or keyword in contents
+    if all(uses.values()):
+        return ("is not a usable JSON Schema: unevaluatedProperties beside patternProperties is not supported "
+                "(list the properties, or use additionalProperties)")
+    return None
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is answered, not logged by the library
+
+
+@lru_cache(maxsize=1024)
+def _regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (``re2.error`` when it cannot be)."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """Whether ``pattern`` matches somewhere in ``text`` (JSON Schema's ``pattern``: unanchored), in
+    time linear in ``text``. A pattern saved before RE2 checked it matches nothing."""
+    try:
+        return _regex(pattern).search(text) is not None
+    except re2.error:
+        return False
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]) -> Any:
+    if validator.is_type(instance, "string") and not _matches(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: Any,
+                        schema: Mapping[str, Any]) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _matches(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, additional: Any, instance: Any, schema: Mapping[str, Any]) -> Any:
+    """``additionalProperties`` as the library checks it, with ``patternProperties`` matched by RE2."""
+    if not validator.is_type(instance, "object"):
+        return
+    known, patterns = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+    extras = sorted((key for key in instance
+                     if key not in known and not any(_matches(pattern, key) for pattern in patterns)), key=str)
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif additional is False and extras:
+        listed = ", ".join(repr(extra) if len(extra) <= 60 else repr(extra[:57] + "...") for extra in extras[:10])
+        listed += f" and {len(extras) - 10} more" if len(extras) > 10 else ""
+        if patterns:
+            yield ValidationError(f"{listed} {'does' if len(extras) == 1 else 'do'} not match any of the regexes: "
+                                  f"{', '.join(repr(pattern) for pattern in sorted(patterns))}")
+        else:
+            yield ValidationError(f"Additional properties are not allowed ({listed} "
+                                  f"{'was' if len(extras) == 1 else 'were'} unexpected)")
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
@@ -87,10 +182,13 @@ def _validator(schema: Mapping[str, Any]) -> Any:
 @cache
 def _whole_numbers(validator: Any) -> Any:
     """``validator`` with ``integer`` taken as Ductor's API takes a whole number: ``2``, not ``2.0``
-    (which JSON Schema admits, and the task would get as a float)."""
+    (which JSON Schema admits, and the task would get as a float), and its regular expressions
+    matched by RE2 (``_matches``)."""
     checker = validator.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
-    return jsonschema.validators.extend(validator, type_checker=checker)
+    keywords = {"pattern": _pattern, "patternProperties": _pattern_properties,
+                "additionalProperties": _additional_properties}
+    return jsonschema.validators.extend(validator, validators=keywords, type_checker=checker)
 
 
 def _in_json(error: Any) -> str:
@@ -106,16 +204,32 @@ def _in_json(error: Any) -> str:
     return (value if len(value) <= 100 else value[:97] + "...") + error.message[len(shown):]
 
 
+def _path(parts: Any) -> str:
+    """A field's path as the API names it: ``items[1].sku`` ("" for the value itself)."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def under(prefix: str, path: str) -> str:
+    """``path`` (a ``value_problems`` field) under ``prefix``: ``input``, ``input.qty``, ``input[0]``."""
+    if not path:
+        return prefix
+    return prefix + (path if path.startswith("[") else "." + path)
+
+
 def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: str) -> list[tuple[str, str]]:
     """Why ``value`` does not match ``schema``: ``(field path, message)`` for each field that does not
-    (the first ``MAX_INPUT_PROBLEMS``, one message each, by path); [] when it does. A schema that
+    (the first ``MAX_INPUT_PROBLEMS``, one message each, by path: ``items[1].sku``, "" for the value
+    itself; ``under`` puts it under a field); [] when it does. A schema that
     cannot check this value (a reference that does not resolve, or leads back to itself without end)
     is one problem at the root, naming ``owner`` and who must ``fix`` it."""
     problems: dict[str, str] = {}
     try:
         for error in _validator(schema).iter_errors(value):
             best = jsonschema.exceptions.best_match([error]) or error  # into anyOf / oneOf
-            problems.setdefault(".".join(str(part) for part in best.absolute_path), _in_json(best)[:300])
+            problems.setdefault(_path(best.absolute_path), _in_json(best)[:300])
             if len(problems) == MAX_INPUT_PROBLEMS:
                 break
     except (referencing.exceptions.Unresolvable, ValueError) as exc:  # stored before references were checked

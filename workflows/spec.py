@@ -528,7 +528,7 @@ class _NodeParser:
         value = self.raw.get("input", {})
         if catalog.is_literal(value):
             for path, message in catalog.input_problems(check.entry, templates.render(value, {})):
-                self.error(f"input.{path}" if path else "input", message)
+                self.error(schemas.under("input", path), message)
         return name
 
     def _sleep(self) -> dict[str, Any]:

@@ -129,3 +129,40 @@ def test_a_schedule_whose_input_the_schema_refuses_is_400_naming_the_field(clien
 
     assert_invalid(refused, "input.qty", '"many" is not of type')
     assert taken.status_code == 201, taken.content
+
+
+def test_a_schema_s_regexes_run_in_linear_time_and_one_that_needs_backtracking_is_refused(client_a):
+    """``^(a+)+$`` against thirty ``a`` and a ``!`` backtracks for minutes in Python's ``re``; RE2
+    answers at once (the test would hang without it). A backreference needs backtracking: refused."""
+    def create(name: str, schema: dict[str, Any]) -> Any:
+        return client_a.post("/api/v1/workflows", {"name": name, "spec": {"nodes": NOOP, "input_schema": schema}},
+                             format="json")
+
+    assert create("evil", {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
+                           "patternProperties": {"^(x+)+$": {"type": "integer"}}, "additionalProperties": False}
+                  ).status_code == 201
+    refused = client_a.post("/api/v1/runs", {"workflow": "evil", "input": {"s": "a" * 5000 + "!",
+                                                                           "x" * 5000 + "!": 1}}, format="json")
+    assert_invalid(refused, "input.s", "does not match")
+    assert_invalid(refused, "input", "does not match any of the regexes")
+    assert_invalid(create("backref", {"type": "string", "pattern": "(a)\\1"}), "spec.input_schema",
+                   "cannot be matched in linear time")
+    assert_invalid(create("lookahead", {"properties": {"s": {"pattern": "^(?=a)"}}}), "spec.input_schema",
+                   "lookarounds are not supported")
+    assert_invalid(create("unevaluated", {"patternProperties": {"^x": {}}, "unevaluatedProperties": False}),
+                   "spec.input_schema", "unevaluatedProperties beside patternProperties")
+
+
+def test_a_field_inside_a_list_is_named_with_its_index(client_a):
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {
+        "type": "object", "properties": {"qty": {"type": "integer"}}}}}}
+    response = client_a.post("/api/v1/workflows", {"name": "lines", "spec": {"nodes": NOOP, "input_schema": schema}},
+                             format="json")
+    assert response.status_code == 201, response.content
+    response = client_a.post("/api/v1/workflows", {"name": "list", "spec": {"nodes": NOOP, "input_schema": {
+        "type": "array", "items": {"type": "integer"}}}}, format="json")
+    assert response.status_code == 201, response.content
+
+    assert_invalid(client_a.post("/api/v1/runs", {"workflow": "lines", "input": {"items": [{"qty": 1}, {"qty": "x"}]}},
+                                 format="json"), "input.items[1].qty")
+    assert_invalid(client_a.post("/api/v1/runs", {"workflow": "list", "input": [1, "x"]}, format="json"), "input[1]")

@@ -151,7 +151,7 @@ def test_a_task_that_takes_its_input_as_one_argument(stack, team, catalogued, ma
     assert bad.status == "failed"
     step = by_node(tenant, bad)["sum"]
     assert step.error["code"] == "invalid_input"
-    assert step.error["field"] == "input.0"
+    assert step.error["field"] == "input[0]"
     drained(tenant)
 
 

@@ -25,7 +25,7 @@ from workflows.engine.items import enqueue_tick, release_on_commit
 from workflows.engine.journal import add_step
 from workflows.engine.statements import attempts_of
 from workflows.models import EventWait, StepRun, WorkflowRun, WorkflowVersion
-from workflows.schemas import value_problems
+from workflows.schemas import under, value_problems
 
 SStatus = StepRun.Status
 ACTIVE = frozenset({SStatus.SCHEDULED, SStatus.QUEUED, SStatus.RUNNING, SStatus.WAITING})
@@ -95,14 +95,14 @@ def version_spec(version_id: Any, *, known: dict[str, Any] | None = None) -> dic
 
 def run_input_problems(version_id: Any, value: Any) -> list[tuple[str, str]]:
     """Why ``value`` cannot be the input of a run of the workflow version ``version_id``: (its field,
-    ``input.<path>``, and a message) for each field its spec's ``input_schema`` refuses; [] when none
+    ``input.qty`` or ``input[0]``, and a message) for each field its spec's ``input_schema`` refuses; [] when none
     does, or when the spec has no schema."""
     schema = version_spec(version_id).get("input_schema")
     if not schema:
         return []
     problems = value_problems(schema, value, owner="the workflow's input_schema",
                               fix="a new version of the workflow must fix it")
-    return [(f"input.{path}" if path else "input", message) for path, message in problems]
+    return [(under("input", path), message) for path, message in problems]
 
 
 def input_refusal(problems: list[tuple[str, str]]) -> Outcome:

@@ -50,6 +50,7 @@ from workflows.engine.journal import add_state
 from workflows.engine.statements import version_to_start
 from workflows.engine.waits import WAIT, start_wait
 from workflows.models import StepRun, WorkflowRun
+from workflows.schemas import under
 
 SStatus = StepRun.Status
 # The node types whose attempts are routed and go through the fair queue as step items.
@@ -123,8 +124,7 @@ def task_refusal(node: dict[str, Any], rendered: Any) -> Outcome | None:
     check = catalog.callable_task(node["task"])
     if check.entry is None:
         return Outcome.failed(StepErrorCode.TASK_NOT_ALLOWED, check.problem, field="task")
-    problems = [(f"input.{path}" if path else "input", message)
-                for path, message in catalog.input_problems(check.entry, rendered)]
+    problems = [(under("input", path), message) for path, message in catalog.input_problems(check.entry, rendered)]
     return input_refusal(problems) if problems else None
 
 
