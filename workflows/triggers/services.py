@@ -67,6 +67,8 @@ def _check(schedule: Schedule) -> None:
         if not WorkflowVersion.objects.filter(definition__name=schedule.workflow).exists():
             raise invalid({"workflow": f"Workflow '{schedule.workflow}' not found."})
         raise invalid({"version": f"Workflow '{schedule.workflow}' has no version {schedule.version}."})
+    if version.definition.archived_at is not None:
+        raise invalid({"workflow": f"Workflow '{schedule.workflow}' is archived and starts no new run."})
     # The input its runs will start with, as the version it starts on now takes it (a later version's
     # schema is checked at each fire: a refused fire is counted, with the reason, in last_error).
     problems = run_input_problems(version.pk, schedule.input)
