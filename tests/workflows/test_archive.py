@@ -175,6 +175,8 @@ def test_an_archived_workflow_s_triggers_schedules_and_sub_workflow_steps_start_
     assert "archived" in outcome.error["message"]
     another = client_a.post("/api/v1/schedules", {"name": "t", "workflow": "leaf", "interval_s": 60}, format="json")
     assert_refused(another, 400, "invalid", "workflow")  # a new schedule of it: refused at once
+    paused = client_a.post(f"/api/v1/schedules/{schedule.pk}/pause")
+    assert (paused.status_code, paused.json()["paused"]) == (200, True)  # its old one can still be paused
 
     parent = client_a.post("/api/v1/runs", {"workflow": "parent"}, format="json").json()
     with tenant_context(tenant):

@@ -129,6 +129,12 @@ def test_a_schedule_whose_input_the_schema_refuses_is_400_naming_the_field(clien
 
     assert_invalid(refused, "input.qty", '"many" is not of type')
     assert taken.status_code == 201, taken.content
+    stricter = {**ORDER, "properties": {**ORDER["properties"], "qty": {"type": "integer", "minimum": 5}}}
+    client_a.put("/api/v1/workflows/order", {"spec": {"nodes": NOOP, "input_schema": stricter}}, format="json")
+    schedule = taken.json()["id"]
+    assert client_a.post(f"/api/v1/schedules/{schedule}/pause").status_code == 200  # not its input's change
+    assert_invalid(client_a.patch(f"/api/v1/schedules/{schedule}", {"input": {"sku": "A", "qty": 4}}, format="json"),
+                   "input.qty", "4 is less than the minimum of 5")
 
 
 def test_a_schema_s_regexes_run_in_linear_time_and_one_that_needs_backtracking_is_refused(client_a):

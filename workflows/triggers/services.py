@@ -14,7 +14,7 @@ Guarantees of every function here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -46,9 +46,11 @@ def invalid(errors: Mapping[str, str]) -> ApiError:
                     details={field: [message] for field, message in errors.items()})
 
 
-def _check(schedule: Schedule) -> None:
+def _check(schedule: Schedule, changed: Iterable[str] | None = None) -> None:
     """The tenant-data checks of a schedule about to be written: its timing (normalized in place),
-    its input's size and its workflow (and version)."""
+    its input's size and, when new or when ``changed`` holds its workflow, version or input, its
+    workflow (and version: there, not archived) and its input as that version's ``input_schema``
+    takes it. A schedule of a workflow archived or deleted since can still be paused or retimed."""
     try:
         schedule.cron = checked_timing(cron=schedule.cron, interval_s=schedule.interval_s,
                                        timezone=schedule.timezone).cron
@@ -60,6 +62,8 @@ def _check(schedule: Schedule) -> None:
         raise ApiError(f"Invalid field(s): input. It is {size} bytes; the plan allows {limit}.",
                        code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
                        details={"input": [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
+    if changed is not None and not {"workflow", "version", "input"} & set(changed):
+        return
     version = version_to_start(schedule.workflow, schedule.version)
     if version is None and schedule.version is None:
         raise invalid({"workflow": f"Workflow '{schedule.workflow}' not found."})
@@ -135,7 +139,7 @@ def schedule_update(*, schedule: Schedule, changes: Mapping[str, Any]) -> Schedu
         row.cron = ""
     for field, value in changes.items():
         setattr(row, field, value)
-    _check(row)
+    _check(row, changes)
     moved = any(getattr(row, field) != before[field] for field in (*TIMING_FIELDS, "paused"))
     if moved:
         _restart_timing(row)
