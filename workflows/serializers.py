@@ -97,13 +97,14 @@ class RunRerunSerializer(StrictSerializer):
 
 
 class RunBulkStartSerializer(StrictSerializer):
-    runs = RunStartSerializer(many=True, help_text="1 to 500 runs, each as POST /runs takes it.")
+    runs = serializers.ListField(child=RunStartSerializer(), min_length=1, max_length=500,
+                                 help_text="1 to 500 runs, each as POST /runs takes it.")
 
 
 class RunBulkItemSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     idempotency_key = serializers.CharField(allow_null=True)
-    status = serializers.CharField()
+    status = serializers.ChoiceField(choices=WorkflowRun.Status.choices)
     created = serializers.BooleanField(help_text="False: the key was used before; this is that run.")
 
 
@@ -164,6 +165,8 @@ class StepRunSerializer(StrictModelSerializer):
 
 class RunSerializer(StrictModelSerializer):
     version = serializers.IntegerField(source="workflow.number", read_only=True)
+    tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], read_only=True)
+    tags = serializers.ListField(child=serializers.CharField(), read_only=True)
 
     class Meta:
         model = WorkflowRun
@@ -334,7 +337,8 @@ class SignalSerializer(StrictModelSerializer):
 
 
 class EventBulkSendSerializer(StrictSerializer):
-    events = EventSendSerializer(many=True, help_text="1 to 100 events, each as POST /events takes it.")
+    events = serializers.ListField(child=EventSendSerializer(), min_length=1, max_length=100,
+                                   help_text="1 to 100 events, each as POST /events takes it.")
 
 
 class EventRefusalSerializer(serializers.Serializer[Any]):
