@@ -101,6 +101,20 @@ class PatternField(serializers.RegexField):
         super().__init__(regex, **kwargs)
 
 
+class AnyJSONField(serializers.JSONField):
+    """Any JSON value; ``null`` is taken as leaving the field out (its default, such as ``{}``), so the
+    schema's "any JSON" holds for null too."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_null", True)
+        super().__init__(**kwargs)
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:
+            return True, self.get_default()
+        return super().validate_empty_values(data)
+
+
 class TextField(serializers.CharField):
     """A short text (a description, a reason): printable characters, newlines and tabs."""
 

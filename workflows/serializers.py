@@ -8,7 +8,7 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from scheduling.models import MAX_FAIRNESS_KEY
-from tenants.api import PatternField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.api import AnyJSONField, PatternField, StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import (
     Event,
     EventTrigger,
@@ -78,7 +78,7 @@ class WorkflowFilterSerializer(StrictSerializer):
 class RunStartSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=100)
     version = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
-    input = serializers.JSONField(required=False, default=dict)
+    input = AnyJSONField(required=False, default=dict, help_text="The run's input: any JSON; absent or null: {}.")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
     tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], required=False, default=None,
                                    allow_null=True)
@@ -273,7 +273,7 @@ class ScheduleWriteSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=100, help_text="The name of one of your workflows.")
     version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True, default=None,
                                        help_text="The workflow version its runs start on; null: the latest.")
-    input = serializers.JSONField(default=dict, help_text="The input of every run it starts.")
+    input = AnyJSONField(default=dict, help_text="The input of every run it starts (absent or null: {}).")
     cron = serializers.CharField(max_length=MAX_CRON_CHARS, allow_blank=True, allow_null=True, default="",
                                  help_text="5 fields (minute hour day month weekday) or 6 (seconds first), read "
                                            "in `timezone`. Give this or `interval_s`.")
@@ -307,7 +307,7 @@ class EventSendSerializer(StrictSerializer):
                         help_text=f"What happened (`order.paid`): {EVENT_NAME_RULE}")
     key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
                                 help_text="What it is about (an order id): a correlation key.")
-    payload = serializers.JSONField(required=False, default=dict)
+    payload = AnyJSONField(required=False, default=dict, help_text="What it carries: any JSON; absent or null: {}.")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
 
 
@@ -315,7 +315,7 @@ class SignalSendSerializer(StrictSerializer):
     name = PatternField(EVENT_NAME, max_length=200, rule=EVENT_NAME_RULE,
                         help_text=f"What it says: the name a `wait_for_event` node of the run waits for (`approved`): "
                                   f"{EVENT_NAME_RULE}")
-    payload = serializers.JSONField(required=False, default=dict, help_text="The waiting node's output.")
+    payload = AnyJSONField(required=False, default=dict, help_text="The waiting node's output (absent or null: {}).")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
                                             help_text="The same key again answers the first signal, and does nothing.")
 

@@ -421,3 +421,13 @@ def test_the_workflow_list_reads_the_latest_specs_in_its_one_query(client_a, dja
         listed = client_a.get("/api/v1/workflows").json()["results"]
     assert {w["name"]: w["spec"]["nodes"][0]["id"] for w in listed} == {"four": "a", "one": "a", "three": "a",
                                                                          "two": "b"}
+
+
+def test_a_null_input_or_payload_is_taken_as_none_given(client_a):
+    create(client_a, "w")
+
+    run = start(client_a, workflow="w", input=None)
+    event = client_a.post("/api/v1/events", {"name": "e", "payload": None}, format="json")
+
+    assert run["input"] == {}
+    assert (event.status_code, event.json()["payload"]) == (201, {})
