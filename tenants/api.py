@@ -18,6 +18,7 @@ from typing import Any
 
 from django.http import HttpRequest, QueryDict
 from django.http.response import HttpResponseBase
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers, viewsets
 from rest_framework.metadata import BaseMetadata
 from rest_framework.request import Request
@@ -175,6 +176,21 @@ class StrictSerializer(serializers.Serializer):
                 if wrong:
                     raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
+
+
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """In the OpenAPI schema, a strict serializer's request body declares ``additionalProperties:
+    false``: the field it does not declare is refused (``400 unknown_field``), and a client
+    generated from the schema should not offer to send one."""
+
+    target_class = StrictSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: str) -> Any:
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        if direction == "request" and self.target.typed:  # a query string's is no body
+            schema["additionalProperties"] = False
+        return schema
 
 
 class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
