@@ -17,7 +17,9 @@ class WorkflowsConfig(AppConfig):
         from workflows.triggers import arming, events, firing
         from workflows.triggers import reconcile as schedules_reconcile
 
-        register_ceiling_counter("workflows", lambda: WorkflowDefinition.objects.count())
+        # Active workflows only: an archived one leaves the plan's max_workflows (services.active_workflows).
+        register_ceiling_counter("workflows",
+                                 lambda: WorkflowDefinition.objects.filter(archived_at__isnull=True).count())
         register_ceiling_counter("schedules", lambda: Schedule.objects.count())
         register_handler(items.TICK, tick.execute_tick)
         register_handler(items.STEP, steps.execute_step)

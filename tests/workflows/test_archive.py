@@ -108,6 +108,7 @@ def test_archived_workflows_leave_the_plan_s_count_and_unarchiving_needs_room(cl
     assert error_code(client_a.post("/api/v1/workflows", {"name": "second", "spec": FLOW}, format="json")) \
         == "plan_limit_reached"
     archive(client_a, "first")
+    assert client_a.get("/api/v1/entitlements").json()["usage"]["objects"]["workflows"] == 0  # as the ceiling counts
     create(client_a, "second")
 
     refused = client_a.post("/api/v1/workflows/first/unarchive")
