@@ -212,7 +212,8 @@ def run_start(
 def _input_errors(found: WorkflowVersion, value: Any, prefix: str = "") -> dict[str, list[str]]:
     """What the workflow's ``input_schema`` finds wrong in a run's input, by field (``input.qty``,
     under ``prefix``, such as ``runs[3].``)."""
-    return {prefix + field: [message] for field, message in run_input_problems(found.pk, value or {})}
+    given = {} if value is None else value
+    return {prefix + field: [message] for field, message in run_input_problems(found.pk, given)}
 
 
 def _check_input(found: WorkflowVersion, value: Any) -> None:
@@ -239,7 +240,7 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
             else:
                 quota_consume(runs=1)
             # Written as started (what its first tick would make it first): one UPDATE of every index less.
-            run = WorkflowRun(workflow=found, workflow_name=workflow, input=input or {},
+            run = WorkflowRun(workflow=found, workflow_name=workflow, input={} if input is None else input,
                               idempotency_key=idempotency_key or None, tier=tier, tags=tags or [],
                               rerun_of=rerun_of, fairness_key=fairness_key or "",
                               status=WorkflowRun.Status.RUNNING, started_at=timezone.now())
@@ -339,7 +340,7 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
     errors: dict[str, list[str]] = {}
     for index, item in enumerate(runs):
         field = f"runs[{index}]"
-        size = json_size(item.get("input") or {})
+        size = json_size({} if item.get("input") is None else item["input"])
         if size > limits.max_payload_bytes:
             raise payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
         if (item.get("tier") or "standard") not in limits.allowed_tiers:
@@ -383,7 +384,8 @@ def _start_many(
             continue
         version = versions[(item["workflow"], item.get("version"))]
         assert version is not None  # checked by run_start_many
-        run = WorkflowRun(workflow=version, workflow_name=version.definition.name, input=item.get("input") or {},
+        given = {} if item.get("input") is None else item["input"]
+        run = WorkflowRun(workflow=version, workflow_name=version.definition.name, input=given,
                           idempotency_key=key, tier=item.get("tier") or "standard", tags=item.get("tags") or [],
                           fairness_key=item.get("fairness_key") or "")
         run.root_run_id = run.id

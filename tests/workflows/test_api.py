@@ -431,3 +431,7 @@ def test_a_null_input_or_payload_is_taken_as_none_given(client_a):
 
     assert run["input"] == {}
     assert (event.status_code, event.json()["payload"]) == (201, {})
+    for value in ([], 0, False, ""):  # any other JSON is kept as it is
+        assert start(client_a, workflow="w", input=value)["input"] == value
+        sent = client_a.post("/api/v1/events", {"name": "e", "payload": value}, format="json")
+        assert (sent.status_code, sent.json()["payload"]) == (201, value)

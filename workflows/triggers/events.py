@@ -79,7 +79,8 @@ def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     if not items or len(items) > MAX_BULK_EVENTS:
         raise _invalid("events", f"Give 1 to {MAX_BULK_EVENTS} events, not {len(items)}.")
     for index, item in enumerate(items):
-        check_payload(item.get("payload") or {}, f"events[{index}].payload" if len(items) > 1 else "payload")
+        payload = {} if item.get("payload") is None else item["payload"]
+        check_payload(payload, f"events[{index}].payload" if len(items) > 1 else "payload")
     try:
         return _send(items)
     except IntegrityError:
@@ -99,7 +100,8 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
                 results.append((known[key], False))
                 continue
             event = Event.objects.create(name=item["name"], key=item.get("key") or "",
-                                         payload=item.get("payload") or {}, idempotency_key=key)
+                                         payload={} if item.get("payload") is None else item["payload"],
+                                         idempotency_key=key)
             if key is not None:
                 known[key] = event
             new.append(event)
