@@ -226,7 +226,8 @@ class Workflows(_Resource):
         return self._send(calls.WORKFLOWS.act(name, "archive", idempotent=True))
 
     def unarchive(self, name: str) -> models.WorkflowDefinition:
-        """Make it active again (``PlanLimitReached`` when the plan has no room for it). Idempotent."""
+        """Make it active again (``PermissionDenied``, code ``plan_limit_reached``, when the plan has no
+        room for it). Idempotent."""
         return self._send(calls.WORKFLOWS.act(name, "unarchive", idempotent=True))
 
     def delete(self, name: str) -> None:
