@@ -13,7 +13,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError
+import hiredis
+from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from ductor_project.core import tenant_moves
 from ductor_project.core.redis import REDIRECTED, get_redis, per_node
@@ -104,12 +105,12 @@ class Batch:
         replies: list[Any] = [None] * len(calls)
 
         def send(server: Any, positions: list[int]) -> None:
-            with server.pipeline(transaction=False) as pipe:
-                for i in positions:
-                    registered, keys, args = calls[i]
-                    pipe.evalsha(registered.sha, len(keys), *keys, *args)
-                for i, reply in zip(positions, pipe.execute(raise_on_error=False), strict=True):
-                    replies[i] = reply
+            commands = []
+            for i in positions:
+                registered, keys, args = calls[i]
+                commands.append(("EVALSHA", registered.sha, len(keys), *keys, *args))
+            for i, reply in zip(positions, _round_trip(server, commands), strict=True):
+                replies[i] = reply
 
         per_node([keys[0] for _, keys, _ in calls], send)
         for i, reply in enumerate(replies):
@@ -120,6 +121,40 @@ class Batch:
                 except Exception as exc:  # the call's reply is its error, as in the pipeline
                     replies[i] = exc
         return replies
+
+
+def _round_trip(server: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """The replies of ``commands`` sent to ``server`` (a ``redis.Redis``) in one round trip, in
+    order, a command's error in its place: what its pipeline does without raising, for a tenth of
+    the client's CPU. The arguments go to hiredis as they are (``str``, ``bytes``, ``int``,
+    ``float``, as redis-py accepts), not through redis-py's encoder one by one; a batch is sent
+    again on a new connection after a dropped one, as the client's retry policy says."""
+    try:
+        packed = [hiredis.pack_command(command) for command in commands]
+    except TypeError as exc:  # None, a bool …: what redis-py's encoder refuses too
+        raise DataError(f"a script argument redis cannot send: {exc}") from exc
+    pool = server.connection_pool
+    connection = pool.get_connection()
+    try:
+        return connection.retry.call_with_retry(
+            lambda: _exchange(connection, packed), lambda error: connection.disconnect())
+    finally:
+        pool.release(connection)
+
+
+def _exchange(connection: Any, packed: list[bytes]) -> list[Any]:
+    connection.send_packed_command(packed)
+    replies: list[Any] = []
+    try:
+        for _ in packed:
+            try:
+                replies.append(connection.read_response())
+            except ResponseError as exc:  # the reply is an error: read in full, the next follows
+                replies.append(exc)
+    except BaseException:
+        connection.disconnect()  # replies may be left on the socket: it must not go back to the pool
+        raise
+    return replies
 
 
 def _again(call: Callable[[], Any]) -> Any:

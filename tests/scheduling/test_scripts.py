@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from ductor_project.core import scripts
 from ductor_project.core.context import tenant_context
@@ -67,3 +68,41 @@ def test_a_batch_keeps_its_order_even_when_the_server_has_not_seen_its_first_scr
     assert acked is True
     assert nxt is not None
     assert nxt.item_id == "o1"
+
+
+def _server(redis_client: Any, key: str) -> Any:
+    """The plain client of the server that holds ``key`` (the cluster run's node, or the one server)."""
+    from ductor_project.core.redis import on_node
+
+    return on_node(key, lambda server: server)
+
+
+def test_a_round_trip_answers_each_command_in_place_an_error_among_them(redis_client: Any):
+    key = "{s0}:test:round-trip"
+    server = _server(redis_client, key)
+    good = server.script_load("return ARGV[1] .. ':' .. #ARGV")
+    bad = server.script_load("return redis.error_reply('ERR refused')")
+
+    replies = scripts._round_trip(server, [("EVALSHA", good, 1, key, "a", 2, 1.5, b"\xff"),
+                                           ("EVALSHA", bad, 1, key),
+                                           ("EVALSHA", "0" * 40, 1, key),
+                                           ("EVALSHA", good, 1, key, "after")])
+
+    assert replies[0] == b"a:4"
+    assert isinstance(replies[1], ResponseError)
+    assert "refused" in str(replies[1])
+    assert isinstance(replies[2], NoScriptError)
+    assert replies[3] == b"after:1"  # the errors were read in full: the next replies are intact
+    assert server.ping()  # and the connection went back to the pool usable
+
+
+def test_a_round_trip_refuses_what_redis_cannot_send_before_sending_anything(redis_client: Any):
+    key = "{s0}:test:round-trip-refused"
+    server = _server(redis_client, key)
+    counted = server.script_load("return redis.call('INCR', KEYS[1])")
+
+    for value in (None, True):
+        with pytest.raises(DataError):
+            scripts._round_trip(server, [("EVALSHA", counted, 1, key), ("EVALSHA", counted, 1, key, value)])
+
+    assert server.get(key) is None  # neither batch sent its first command
