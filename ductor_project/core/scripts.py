@@ -130,23 +130,23 @@ def _round_trip(server: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     ``float``, as redis-py accepts), not through redis-py's encoder one by one; a batch is sent
     again on a new connection after a dropped one, as the client's retry policy says."""
     try:
-        packed = [hiredis.pack_command(command) for command in commands]
+        packed = b"".join([hiredis.pack_command(command) for command in commands])  # one write
     except TypeError as exc:  # None, a bool …: what redis-py's encoder refuses too
         raise DataError(f"a script argument redis cannot send: {exc}") from exc
     pool = server.connection_pool
     connection = pool.get_connection()
     try:
         return connection.retry.call_with_retry(
-            lambda: _exchange(connection, packed), lambda error: connection.disconnect())
+            lambda: _exchange(connection, packed, len(commands)), lambda error: connection.disconnect())
     finally:
         pool.release(connection)
 
 
-def _exchange(connection: Any, packed: list[bytes]) -> list[Any]:
-    connection.send_packed_command(packed)
+def _exchange(connection: Any, packed: bytes, count: int) -> list[Any]:
+    connection.send_packed_command([packed])
     replies: list[Any] = []
     try:
-        for _ in packed:
+        for _ in range(count):
             try:
                 replies.append(connection.read_response())
             except ResponseError as exc:  # the reply is an error: read in full, the next follows
