@@ -317,3 +317,39 @@ def write_again(run: WorkflowRun) -> None:
         record_event(locked, "three")
         locked.status = WorkflowRun.Status.SUCCEEDED
         add_state(locked)
+
+
+def test_attempts_read_by_hand_are_the_instances_a_queryset_makes(two: Any) -> None:
+    _, b, run, step = two
+    with tenant_context(b):
+        StepRun.objects.filter(pk=step.pk).update(output={"n": [1, "x"]}, routing={"pool": "p"})
+        read, = statements.attempts_of(run.pk)
+        queried = StepRun.objects.get(pk=step.pk)
+
+        fields = [f.attname for f in StepRun._meta.concrete_fields]
+        assert {name: getattr(read, name) for name in fields} == {name: getattr(queried, name) for name in fields}
+        assert (read._state.adding, read._state.db) == (False, "default")
+        assert read.stored_tenant_id() == b.pk
+        assert read.run == run  # a link is loaded when first used, as a queryset's is
+        read.status = StepRun.Status.FAILED
+        read.save(update_fields=["status"])  # an instance that saves as one read by a queryset
+    assert stored(step)[0] == "failed"
+
+
+def test_rows_become_instances_through_init_when_a_receiver_listens(two: Any) -> None:
+    from django.db.models.signals import post_init
+
+    _, b, run, step = two
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=StepRun)
+    try:
+        with tenant_context(b):
+            read, = statements.attempts_of(run.pk)
+    finally:
+        post_init.disconnect(receiver, sender=StepRun)
+    assert seen == [step.pk]
+    assert read.stored_tenant_id() == b.pk
