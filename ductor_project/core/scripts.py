@@ -35,7 +35,7 @@ def script(path: Path, *libraries: Path) -> Any:
 
 def run(path: Path, keys: list[str], args: list[Any], *, libraries: tuple[Path, ...] = (),
         batch: Batch | None = None, again: Callable[[], Any] | None = None) -> Any:
-    """Run a script in one round trip (redis-py reloads it if the server lost it).
+    """Run a script in one round trip (reloaded first if the server lost it); its error raised.
 
     With ``batch``, the call is only queued on it; its reply comes from ``batch.execute()``, or
     from ``again()`` should a tenant's fence have answered it (see ``Batch``).
@@ -43,7 +43,12 @@ def run(path: Path, keys: list[str], args: list[Any], *, libraries: tuple[Path, 
     if batch is not None:
         batch.add(script(path, *libraries), keys, args, again=again)
         return None
-    return script(path, *libraries)(keys=keys, args=args, client=get_redis())
+    alone = Batch()  # a batch of one: its round trip costs the client less than redis-py's call
+    alone.add(script(path, *libraries), keys, args)
+    (reply,) = alone.execute()
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
 
 
 class Batch:

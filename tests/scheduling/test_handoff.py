@@ -162,7 +162,7 @@ def test_an_ack_in_a_worker_s_block_carries_the_held_enqueues_in_its_round_trip(
         assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant) is True
         assert fq.ack(first.item_id, delivery=first.delivery, tenant=tenant) is False  # nothing held: alone
         monkeypatch.undo()
-    assert sent == [2]  # the held enqueue and the ack, in one round trip; the second ack not batched
+    assert sent == [2, 1]  # the held enqueue and the ack, in one round trip; the second ack alone
     stats = fq.stats(tenant)
     assert (stats.backlog, stats.in_flight) == (1, 0)
     with tenant_context(tenant):
