@@ -1,0 +1,141 @@
+"""What a chain step and a run's start cost the process that runs them: CPU, or instructions.
+
+On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis and ends the runs left
+unfinished there: ``flush_state``), with no worker running: this process starts ``RUNS`` runs of a
+10-node chain of no-op actions (``bench/workflows.py``'s), timing the starts, then runs their
+steps as a worker's pool process runs handed-off items (``handoff.chain`` inside
+``holding_enqueues``: each step's outcome, its tick, the handoff's ack and dequeue, the next
+attempt's start), timing the steps. The heap is frozen first, as a worker's is
+(``core/heap.py``).
+
+Times on a shared host vary from run to run by a fifth or more. With ``--instructions`` the
+measuring runs again under valgrind's callgrind, counting the instructions this process executes
+in the two loops alone (the servers' are not counted): the same figure, within a few in ten
+thousand, from run to run, whatever else the host is doing. That is the figure to compare two
+versions of the code with; it needs ``valgrind`` on the PATH and takes a minute or two.
+
+    DUCTOR_DATA_DIR=.ductor/bench-s .venv/bin/python bench/step_cost.py [--instructions] [--runs N]
+
+Progress on stderr; the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import flush_state, log, setup_django
+
+STEPS_PER_RUN = 10
+WARMUP_RUNS = 5
+COUNTING = "DUCTOR_BENCH_COUNTING"  # set in the process valgrind runs: toggle its counting
+
+
+@contextmanager
+def counted() -> Iterator[dict[str, float]]:
+    """The block's CPU seconds, and under valgrind its instructions (callgrind's counters, zeroed
+    at its start and read at its end, every thread's)."""
+    found: dict[str, float] = {}
+    if os.environ.get(COUNTING):
+        _callgrind("--instr=on")
+        _callgrind("--zero")
+    began = time.process_time()
+    yield found
+    found["cpu_s"] = time.process_time() - began
+    if os.environ.get(COUNTING):
+        report = _callgrind("-e", "Ir")
+        found["instructions"] = sum(int(line.split()[-1].replace(",", "")) for line in report.splitlines()
+                                    if line.strip().startswith("Th "))
+        _callgrind("--instr=off")
+
+
+def _callgrind(*args: str) -> str:
+    return subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def measure(runs: int) -> dict[str, Any]:
+    setup_django("bench/step_cost.py")
+    from bench.workflows import make_tenant
+    from ductor_project.celery import WORK_QUEUE
+    from ductor_project.core.context import tenant_context
+    from ductor_project.core.keys import shard_of
+    from scheduling import fair_queue
+    from scheduling.dispatch import handoff
+    from workflows.models import WorkflowRun
+    from workflows.services import run_start
+
+    flush_state()
+    tenant, _ = make_tenant()
+
+    def starts(count: int) -> None:
+        with tenant_context(tenant):
+            for _ in range(count):
+                run_start(workflow="ten")
+
+    def steps() -> None:
+        with fair_queue.holding_enqueues():
+            handoff.chain(None, queue=WORK_QUEUE, credit="bench", shard=shard_of(str(tenant.pk)),
+                          until=time.monotonic() + 3600)
+
+    starts(WARMUP_RUNS)  # every statement prepared, every cache filled
+    steps()
+    gc.collect()
+    gc.freeze()
+    with counted() as start_cost:
+        starts(runs)
+    with counted() as step_cost:
+        steps()
+    done = WorkflowRun.all_tenants.filter(tenant=tenant, status=WorkflowRun.Status.SUCCEEDED).count()
+    if done != runs + WARMUP_RUNS:
+        raise SystemExit(f"{done} runs succeeded of {runs + WARMUP_RUNS}: the loop did not run them all")
+    found = {"cpu_ms_per_start": round(start_cost["cpu_s"] * 1000 / runs, 3),
+             "cpu_ms_per_step": round(step_cost["cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
+             "runs": runs, "steps": runs * STEPS_PER_RUN}
+    if os.environ.get(COUNTING):
+        found["instructions_per_start"] = int(start_cost["instructions"]) // runs
+        found["instructions_per_step"] = int(step_cost["instructions"]) // (runs * STEPS_PER_RUN)
+    return found
+
+
+def instructions(runs: int) -> dict[str, Any]:
+    """``measure`` again under callgrind (its times are then valgrind's, not the host's)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--instructions needs valgrind (with callgrind_control) on the PATH")
+    with tempfile.TemporaryDirectory() as out:
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/callgrind.%p",
+                   sys.executable, __file__, "--runs", str(runs)]
+        log(f"under callgrind ({runs} runs; a minute or two)")
+        child = subprocess.run(command, env={**os.environ, COUNTING: "1"}, capture_output=True, text=True,
+                               check=False)
+    if child.returncode != 0:
+        raise SystemExit(f"the counted run failed:\n{child.stderr[-2000:]}")
+    found: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    return found
+
+
+def main(argv: list[str] | None = None, *, run: Callable[[int], dict[str, Any]] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50, help="chains to start and run (10 steps each)")
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
+    args = parser.parse_args(argv)
+    result = (run or (instructions if args.instructions else measure))(args.runs)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
