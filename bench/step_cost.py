@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -127,12 +127,12 @@ def instructions(runs: int) -> dict[str, Any]:
     return found
 
 
-def main(argv: list[str] | None = None, *, run: Callable[[int], dict[str, Any]] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50, help="chains to start and run (10 steps each)")
     parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
     args = parser.parse_args(argv)
-    result = (run or (instructions if args.instructions else measure))(args.runs)
+    result = (instructions if args.instructions else measure)(args.runs)
     print(json.dumps(result))
     return 0
 

@@ -247,8 +247,8 @@ def instances_of(model: type[models.Model], rows: Iterable[Sequence[Any]], *, us
     read when first used).
 
     A queryset makes each through ``Model.__init__``, which sets the fields one by one through
-    their descriptors and sends ``pre_init`` and ``post_init``: about a fifth of a step's client
-    CPU on the step path, which reads a run's attempts at every tick. When no receiver listens
+    their descriptors and sends ``pre_init`` and ``post_init``: 6% of the instructions of a chain
+    step in a worker, whose every tick reads its run's attempts. When no receiver listens
     to those signals for ``model``, the instance's fields are set at once instead, as
     ``__init__`` would leave them on a new instance (nothing cached to clear)."""
     connection, converters = connections[using], _converters(model, using, defer)
