@@ -74,6 +74,10 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
         ("pg_roundtrips_per_step", None, "", None),
         ("redis_roundtrips_per_step", None, "", None),
     ],
+    "step_cost": [
+        ("cpu_ms_per_step", None, "", None),
+        ("cpu_ms_per_start", None, "", None),
+    ],
     "row_security": [
         ("ratio", None, ">= 0.9", lambda r: r["ratio"] >= 0.9),
         ("runs_per_s_with", "runs_per_s_without", "", None),
