@@ -163,7 +163,10 @@ def check_histories(tenant: Tenant) -> None:
             assert [e.seq for e in events] == list(range(1, len(events) + 1)), run.pk  # in order, no gaps
             assert events[0].type == "created"
             assert [e.type for e in events if e.type in TERMINAL_EVENTS] == ["succeeded"], run.pk  # ended once
-            assert events[-1].type == "succeeded"
+            end = next(i for i, e in enumerate(events) if e.type == "succeeded")
+            # After its end, a run's history takes only the results that came late (a step a
+            # fault made run twice: a vanished lease's item delivered again), which change nothing.
+            assert {e.type for e in events[end + 1:]} <= {"step_result_discarded"}, run.pk
             times = [e.created_at for e in events]
             assert times == sorted(times), run.pk
             wins = Counter(step.node_id for step in StepRun.objects.filter(run=run, status="succeeded"))

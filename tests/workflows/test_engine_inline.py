@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
@@ -341,6 +341,40 @@ def test_an_outcome_is_kept_on_a_new_connection_when_the_database_dropped_it_dur
     assert CALLS == [1]  # the action ran once: its outcome was not lost with the connection
     with tenant_context(tenant):
         assert WorkflowRun.objects.get(pk=run.pk).status == "succeeded"
+
+
+def test_an_outcome_whose_commit_went_through_before_the_connection_was_lost_is_not_recorded_twice(
+        tenant, monkeypatch):
+    put(tenant, "kept", {"nodes": [echo("a", {"n": 1})]})
+    run = start(tenant, "kept")
+    real, tries = steps.record_outcome, []
+
+    def committed_then_lost(*args: Any, **kwargs: Any) -> None:
+        tries.append(kwargs.get("again", False))
+        real(*args, **kwargs)
+        if len(tries) == 1:  # the COMMIT went through; its answer was lost with the connection
+            raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(steps, "record_outcome", committed_then_lost)
+    execute(tenant, by_node(tenant, run)["a"])
+
+    assert tries == [False, True]  # recorded once more on a new connection, as a lost COMMIT needs
+    with tenant_context(tenant):
+        history = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert history.count("step_succeeded") == 1
+    assert "step_result_discarded" not in history  # the first try kept it: no result came late
+    assert history[-1] == "succeeded"
+
+
+def test_a_late_result_of_an_attempt_that_ended_otherwise_is_still_recorded_as_discarded(tenant):
+    put(tenant, "late", {"nodes": [echo("a", {"n": 1})]})
+    run = start(tenant, "late")
+    step = by_node(tenant, run)["a"]
+    with tenant_context(tenant):
+        StepRun.objects.filter(pk=step.pk).update(status="cancelled", finished_at=timezone.now())
+        steps.record_outcome(step.pk, run.pk, steps.Outcome.succeeded({"n": 1}), again=True)
+        history = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert history[-1] == "step_result_discarded"  # ``again`` hides only the outcome it finds kept
 
 
 # -- ticks that skip the queue ------------------------------------------------------------------

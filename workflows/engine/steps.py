@@ -107,7 +107,8 @@ def _keep(step: Started, outcome: Outcome) -> None:
             raise
         log.warning("step_outcome_reconnecting", step_id=str(step.id))
         connection.close()
-        record_outcome(step.id, step.run_id, outcome)
+        # The lost connection may have taken only the COMMIT's answer: ``again`` finds it kept then.
+        record_outcome(step.id, step.run_id, outcome, again=True)
 
 
 def admission_trace(connection_id: str, admitted: str) -> dict[str, Any]:
@@ -122,29 +123,31 @@ def admission_trace(connection_id: str, admitted: str) -> dict[str, Any]:
 
 
 def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
-                   admission: tuple[str, str] | None = None) -> None:
+                   admission: tuple[str, str] | None = None, again: bool = False) -> None:
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
     has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
     history records. ``admission`` (the connection its admission chose, and why), when given, goes
-    on the step's routing trace in the same ``UPDATE``.
+    on the step's routing trace in the same ``UPDATE``. ``again``: this outcome's recording is
+    made once more after its connection was lost, so that a step found ended with this very
+    outcome was ended by the first try, whose commit went through: nothing is recorded twice.
 
     In a transaction of its own, the tick's writes travel with the ``COMMIT`` (two round trips in
     all: the outcome's batch, then the writes and the commit). Should one of them fail, nothing
     was written: the outcome is recorded again alone, and its run ticked through the queue."""
     if connection.in_atomic_block:  # the caller's transaction: its writes go in a batch of their own
-        _record_outcome(step_id, run_id, outcome, admission, with_commit=False)
+        _record_outcome(step_id, run_id, outcome, admission, with_commit=False, again=again)
         return
     try:
-        _record_outcome(step_id, run_id, outcome, admission, with_commit=True)
+        _record_outcome(step_id, run_id, outcome, admission, with_commit=True, again=again)
     except (OperationalError, InterfaceError):
         raise  # the connection may be lost: the caller decides (``_keep`` records it on a new one)
     except DatabaseError:
         log.exception("outcome_commit_failed", step_id=str(step_id), run_id=str(run_id))
-        _record_outcome(step_id, run_id, outcome, admission, with_commit=False, tick=False)
+        _record_outcome(step_id, run_id, outcome, admission, with_commit=False, tick=False, again=again)
 
 
 def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, admission: tuple[str, str] | None, *,
-                    with_commit: bool, tick: bool = True) -> None:
+                    with_commit: bool, tick: bool = True, again: bool = False) -> None:
     with transaction.atomic(), journal(with_commit=with_commit):
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
         added = admission_trace(*admission) if admission else None
@@ -152,10 +155,7 @@ def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, admission: tupl
         if run is None:
             return
         if finished is None:
-            found = StepRun.objects.filter(pk=step_id, run_id=run_id).values_list("node_id", "attempt").first()
-            if found is not None:
-                log.info("step_result_discarded", step_id=str(step_id))
-                record_event(run, "step_result_discarded", found[0], attempt=found[1], result=outcome.status)
+            _discard(run, step_id, outcome, again=again)
             return
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", finished[0], attempt=finished[1],
@@ -165,6 +165,22 @@ def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, admission: tupl
             advance_locked(run, latest=latest_of(attempts))
         else:
             enqueue_tick(run)
+
+
+def _discard(run: WorkflowRun, step_id: Any, outcome: Outcome, *, again: bool) -> None:
+    """The outcome of an attempt that moved on (cancelled, timed out, or ended by another delivery
+    of it) changes nothing; the run's history records that it came. Unless ``again`` finds the
+    attempt ended with this very outcome: it was kept by the first try."""
+    found = StepRun.objects.filter(pk=step_id, run_id=run.pk).values_list(
+        "node_id", "attempt", "status", "output", "error").first()
+    if found is None:
+        return
+    node_id, attempt, status, output, error = found
+    if again and (status, output, error) == (outcome.status, outcome.output, outcome.error):
+        log.info("step_outcome_kept_already", step_id=str(step_id))
+        return
+    log.info("step_result_discarded", step_id=str(step_id))
+    record_event(run, "step_result_discarded", node_id, attempt=attempt, result=outcome.status)
 
 
 def _observe(attempts: list[StepRun], finished: tuple[str, int], status: str) -> None:
