@@ -9,6 +9,7 @@ from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from ductor_project.core import scripts
 from ductor_project.core.context import tenant_context
+from ductor_project.core.keys import global_redis_key
 from scheduling import fair_queue as fq
 
 # Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0, which its direct
@@ -78,7 +79,7 @@ def _server(redis_client: Any, key: str) -> Any:
 
 
 def test_a_round_trip_answers_each_command_in_place_an_error_among_them(redis_client: Any):
-    key = "{s0}:test:round-trip"
+    key = global_redis_key("test", "round-trip")
     server = _server(redis_client, key)
     good = server.script_load("return ARGV[1] .. ':' .. #ARGV")
     bad = server.script_load("return redis.error_reply('ERR refused')")
@@ -97,7 +98,7 @@ def test_a_round_trip_answers_each_command_in_place_an_error_among_them(redis_cl
 
 
 def test_a_round_trip_refuses_what_redis_cannot_send_before_sending_anything(redis_client: Any):
-    key = "{s0}:test:round-trip-refused"
+    key = global_redis_key("test", "round-trip-refused")
     server = _server(redis_client, key)
     counted = server.script_load("return redis.call('INCR', KEYS[1])")
 
