@@ -291,3 +291,20 @@ def test_ductors_own_tasks_stay_off_a_team_app_made_in_the_same_process():
     team = Celery("team-shared-process", set_as_current=False)
     install(team)
     assert "forwarder" in team.tasks["ductor.task_failed"].run.__qualname__
+
+
+def test_a_step_is_a_task_of_its_own_app_alone():
+    """Two apps of one process (two test cases, a monolith) each keep their own step of one name."""
+    first = Celery("team-first", set_as_current=False)
+    second = Celery("team-second", set_as_current=False)
+
+    @step(first, name="team.same_name")
+    def one() -> str:
+        return "first"
+
+    @step(second, name="team.same_name")
+    def other() -> str:
+        return "second"
+
+    assert (first.tasks["team.same_name"].run(), second.tasks["team.same_name"].run()) == ("first", "second")
+    assert "team.same_name" not in Celery("team-third", set_as_current=False).tasks

@@ -55,7 +55,9 @@ def check_json_safe(value: Any, *, task: str) -> None:
 
 def step(app: Celery, name: str | None = None, **task_options: Any) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
     """Make a function a task of ``app`` (``app.task(name=name, **task_options)``) whose return value
-    must be JSON-safe. It is a plain Celery task: called outside Ductor it works the same."""
+    must be JSON-safe. It is a plain Celery task: called outside Ductor it works the same. It is a
+    task of ``app`` alone (``shared=False`` unless ``task_options`` says otherwise): Celery would
+    otherwise add it to every app of the process, where another callable of the same name may be."""
 
     def decorate(fun: Callable[..., Any]) -> Task[Any, Any]:
         @functools.wraps(fun)
@@ -64,7 +66,7 @@ def step(app: Celery, name: str | None = None, **task_options: Any) -> Callable[
             check_json_safe(result, task=task.name)
             return result
 
-        options = {**task_options, **({"name": name} if name else {})}
+        options = {"shared": False, **task_options, **({"name": name} if name else {})}
         task: Task[Any, Any] = app.task(**options)(run)
         return task
 
