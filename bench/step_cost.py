@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import flush_state, log, setup_django
@@ -44,17 +46,38 @@ WARMUP_RUNS = 5
 COUNTING = "DUCTOR_BENCH_COUNTING"  # set in the process valgrind runs: toggle its counting
 
 
+def _servers() -> list[psutil.Process]:
+    """This process's PostgreSQL backend and the Redis server: the servers its loops keep busy."""
+    from django.db import connection
+
+    from ductor_project.core.redis import get_redis
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    return [psutil.Process(backend), psutil.Process(int(get_redis().info("server")["process_id"]))]
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 @contextmanager
 def counted() -> Iterator[dict[str, float]]:
-    """The block's CPU seconds, and under valgrind its instructions (callgrind's counters, zeroed
-    at its start and read at its end, every thread's)."""
+    """The block's CPU seconds (this process's, and its PostgreSQL backend's and Redis's: their
+    work for it, on a host where nothing else uses them), and under valgrind its instructions
+    (callgrind's counters, zeroed at its start and read at its end, every thread's)."""
     found: dict[str, float] = {}
+    servers = _servers()
     if os.environ.get(COUNTING):
         _callgrind("--instr=on")
         _callgrind("--zero")
-    began = time.process_time()
+    began, began_servers = time.process_time(), [_cpu_s(server) for server in servers]
     yield found
     found["cpu_s"] = time.process_time() - began
+    found["postgres_cpu_s"], found["redis_cpu_s"] = (
+        _cpu_s(server) - before for server, before in zip(servers, began_servers, strict=True))
     if os.environ.get(COUNTING):
         report = _callgrind("-e", "Ir")
         found["instructions"] = sum(int(line.split()[-1].replace(",", "")) for line in report.splitlines()
@@ -104,6 +127,10 @@ def measure(runs: int) -> dict[str, Any]:
         raise SystemExit(f"{done} runs succeeded of {runs + WARMUP_RUNS}: the loop did not run them all")
     found = {"cpu_ms_per_start": round(start_cost["cpu_s"] * 1000 / runs, 3),
              "cpu_ms_per_step": round(step_cost["cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
+             "postgres_cpu_ms_per_start": round(start_cost["postgres_cpu_s"] * 1000 / runs, 3),
+             "postgres_cpu_ms_per_step": round(step_cost["postgres_cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
+             "redis_cpu_ms_per_start": round(start_cost["redis_cpu_s"] * 1000 / runs, 3),
+             "redis_cpu_ms_per_step": round(step_cost["redis_cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
              "runs": runs, "steps": runs * STEPS_PER_RUN}
     if os.environ.get(COUNTING):
         found["instructions_per_start"] = int(start_cost["instructions"]) // runs

@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_stack, bench_worker, flush_state, log, redis_client, setup_django, wait_until
+from bench._costs import Costs
 from bench.workflows import runs_per_s
 from ductor_project.stack import Child, Stack
 
@@ -96,18 +97,20 @@ def throughput(stack: Stack) -> dict[str, Any]:
             "seconds": runs["seconds"], "costs": runs["costs"]}
 
 
-def baseline() -> float:
-    """Plain send_task of team.noop on the same team worker: tasks run per second."""
+def baseline() -> tuple[float, dict[str, Any]]:
+    """Plain send_task of team.noop on the same team worker: tasks run per second, and what a task
+    cost each kind of process (the benchmark's own is the publisher's)."""
     from ductor_project.celery import app  # the same broker the team's worker consumes
 
     redis = redis_client()
     redis.delete(COUNT_KEY)
+    costs = Costs.start()
     began = time.perf_counter()
     with app.producer_or_acquire() as producer:
         for _ in range(BASELINE_TASKS):
             app.send_task("team.noop", queue=TEAM_QUEUE, producer=producer)
     wait_until(lambda: int(redis.get(COUNT_KEY) or 0) >= BASELINE_TASKS, what="the plain tasks")
-    return BASELINE_TASKS / (time.perf_counter() - began)
+    return BASELINE_TASKS / (time.perf_counter() - began), costs.per(BASELINE_TASKS)
 
 
 def fairness(stack: Stack) -> dict[str, Any]:
@@ -178,8 +181,8 @@ def main() -> int:
         log(f"up in {time.monotonic() - began:.1f}s; task chains")
         steps = throughput(stack)
         log(f"task steps: {json.dumps(steps)}")
-        plain = baseline()
-        log(f"plain send_task: {plain:.0f} tasks/s")
+        plain, plain_costs = baseline()
+        log(f"plain send_task: {plain:.0f} tasks/s, {json.dumps(plain_costs)}")
         stack.stop(team)
         fair = fairness(stack)
         log(f"fairness at task start: {json.dumps(fair)}")
@@ -194,6 +197,7 @@ def main() -> int:
         "worst_share_per_weight": fair["worst_share_per_weight"],
         "fairness": fair,
         "throughput": steps,
+        "baseline_costs_per_task": plain_costs,
         "config": {"concurrency": CONCURRENCY, "chain": CHAIN, "runs": RUNS, "outstanding": OUTSTANDING,
                    "baseline_tasks": BASELINE_TASKS, "weights": list(WEIGHTS), "fair_task_ms": FAIR_MS,
                    "load_average_1m": round(load[0], 2), "cpus": os.cpu_count()},
