@@ -27,6 +27,7 @@ KEY_TTL_S = 7 * 24 * 3600
 # breaker never closed again is dropped a day after its cooldown.
 OPEN_INDEX = global_redis_key("breakers", "opened")
 INDEX_KEEP_MS = 24 * 3600 * 1000
+_RECORD = LUA_DIR / "breaker_record.lua"
 
 
 class BreakerState(enum.StrEnum):
@@ -46,7 +47,7 @@ def _record(connection_id: object, ok: bool, tenant: Tenant | None) -> BreakerSt
     tenant_id = str(named_or_current(tenant, what="breakers").pk)
     args = [1 if ok else 0, settings.DUCTOR_BREAKER_FAILURES, int(settings.DUCTOR_BREAKER_COOLDOWN_S * 1000), KEY_TTL_S]
     state = tenant_moves.follow(tenant_id, lambda: scripts.run(
-        LUA_DIR / "breaker_record.lua",
+        _RECORD,
         [breaker_key(connection_id, tenant=tenant), fence_key(tenant_id, shard_of(tenant_id))],
         args,
         libraries=(tenant_moves.FENCE_LIBRARY,),

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -137,13 +137,19 @@ def lua_library() -> str:
     return str(scripts.source(LUA_LIBRARY))
 
 
+@cache
+def _script_path(name: str) -> Path:
+    """``capacity_<name>.lua``'s path, made once (a new ``Path`` hashes its parts again)."""
+    return LUA_DIR / f"capacity_{name}.lua"
+
+
 def _run(name: str, tenant: Any, keys: Callable[[], list[str]], args: list[Any]) -> Any:
     """One EVALSHA of ``capacity_<name>.lua`` with ``keys()`` and the tenant's fence, followed to
     the tenant's new shard should it have moved (``keys`` is built again for each try)."""
     # On the client the script was registered with: django-redis gives each thread its own
     # client object, all on one shared pool (which resets after a fork), and looking the
     # thread's up again would cost ~10 µs on the hot path.
-    script = scripts.script(LUA_DIR / f"capacity_{name}.lua", tenant_moves.FENCE_LIBRARY, LUA_LIBRARY)
+    script = scripts.script(_script_path(name), tenant_moves.FENCE_LIBRARY, LUA_LIBRARY)
     tenant_id = str(tenant.pk)
 
     def call() -> Any:

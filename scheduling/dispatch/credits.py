@@ -45,6 +45,7 @@ OUTSTANDING_TTL_S = 60.0
 RESERVED_TTL_S = 5.0
 # Shortest blocking wait: Redis 6.2 truncates a timeout to whole ms, and 0 ms means "forever".
 MIN_WAIT_S = 0.01
+_RESERVE, _MARK = LUA_DIR / "broker_reserve.lua", LUA_DIR / "broker_mark.lua"  # made once: see fair_queue.layout
 
 
 def queue_for(tier: str) -> str:
@@ -132,7 +133,7 @@ def reserve_credits(
     for queue in queues:
         returned = (give_back or {}).get(queue, [])
         args += [wanted[queue], len(returned), *returned]
-    taken = scripts.run(LUA_DIR / "broker_reserve.lua", keys, args)
+    taken = scripts.run(_RESERVE, keys, args)
     return {queue: [c.decode() if isinstance(c, bytes) else str(c) for c in got]
             for queue, got in zip(queues, taken, strict=True)}
 
@@ -148,14 +149,14 @@ def mark_sent(queue: str, credits: list[str]) -> None:
     ``credit_lifetime_s()`` at most. One round trip."""
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run(LUA_DIR / "broker_mark.lua", keys, ["sent", credit_lifetime_s(), *credits])
+        scripts.run(_MARK, keys, ["sent", credit_lifetime_s(), *credits])
 
 
 def mark_running(queue: str, credits: list[str], lease_s: float) -> None:
     """The credits' tasks started (or still run): they count as running for ``lease_s``. One round trip."""
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run(LUA_DIR / "broker_mark.lua", keys, ["run", lease_s, *credits])
+        scripts.run(_MARK, keys, ["run", lease_s, *credits])
 
 
 def free_credits(queue: str, credits: list[str], *, signal: bool = True, batch: scripts.Batch | None = None) -> None:
@@ -167,7 +168,7 @@ def free_credits(queue: str, credits: list[str], *, signal: bool = True, batch: 
     """
     if credits:
         keys = [_key("outstanding", queue), _key("running", queue), _key("freed", queue)]
-        scripts.run(LUA_DIR / "broker_mark.lua", keys, ["free" if signal else "unused", 0, *credits], batch=batch)
+        scripts.run(_MARK, keys, ["free" if signal else "unused", 0, *credits], batch=batch)
 
 
 def wait_for_credit(*, timeout_s: float) -> bool:

@@ -15,6 +15,7 @@ import math
 import uuid
 from collections.abc import Callable, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -144,10 +145,17 @@ def global_key(name: str, *, shard: int = 0) -> str:
     return global_redis_key("fq", name, shard=shard)
 
 
+@cache
+def _script_path(name: str) -> Path:
+    """One ``Path`` per script, made once: a path hashes its parts again whenever it is made anew,
+    and every call of a script looks its registration up by its paths."""
+    return LUA_DIR / f"{name}.lua"
+
+
 def run_script(name: str, keys: list[str], args: Sequence[Any], batch: scripts.Batch | None = None,
          again: Callable[[], Any] | None = None) -> Any:
     libraries = _ADMISSION if name in ("fq_dequeue", "fq_admit_peek", "fq_why") else _LIBRARIES
-    return scripts.run(LUA_DIR / f"{name}.lua", keys, list(args), libraries=libraries, batch=batch, again=again)
+    return scripts.run(_script_path(name), keys, list(args), libraries=libraries, batch=batch, again=again)
 
 
 def shard_script(name: str, shard: int, keys: list[str], args: Sequence[Any]) -> Any:
