@@ -8,6 +8,7 @@ tenant's step is out of their reach.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -173,3 +174,45 @@ def test_an_input_its_entrys_schema_cannot_check_fails_the_step_for_good_and_end
     assert (step.status, step.error["code"], step.error["retryable"]) == ("failed", "invalid_input", False)
     assert "does not resolve" in step.error["message"]
     assert run.status == "failed"
+
+
+def test_the_callbacks_carry_their_arguments_text_so_the_team_worker_does_not_build_it(tenant_a, monkeypatch):
+    """Celery writes a message's arguments as text for its events and logs (``saferepr``, in
+    Python). The callbacks' text comes with them: the team's worker sends a callback without
+    making it, and the task's result, the step's output, is not copied into it."""
+    from celery import Celery, signature
+
+    step = running_task_step(tenant_a[0])
+    with tenant_context(tenant_a[0]):
+        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.QUEUED)
+    item = Dequeued(tenant_id=str(tenant_a[0].pk), item_id=f"step:{step.pk}", tier="standard", partition="p",
+                    payload={"kind": "task", "step_id": str(step.pk), "name": "team.add", "queue": "team",
+                             "timeout_s": 30},
+                    waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(task_nodes.broker_app("default"), "send_task", lambda *args, **kwargs: sent.append(kwargs))
+    task_nodes.publish([item])
+    (message,) = sent
+
+    team = Celery("team", broker="memory://", set_as_current=False)  # the team's app: the callbacks' publisher
+    published: list[Any] = []
+    monkeypatch.setattr(team.amqp, "send_task_message", lambda producer, name, msg, **options: published.append(msg))
+    import celery.app.amqp as amqp
+
+    made = amqp.saferepr
+
+    def no_saferepr(*args: Any, **kwargs: Any) -> str:
+        raise AssertionError("the team's worker made a callback's arguments' text")
+
+    monkeypatch.setattr(amqp, "saferepr", no_saferepr)
+    # As the team's worker has them: JSON, out of the task's message.
+    link, link_error = (json.loads(json.dumps(message[name])) for name in ("link", "link_error"))
+    signature(link, app=team).apply_async(({"secret": "output"},))
+    monkeypatch.setattr(amqp, "saferepr", made)  # the errback's one argument, the task's id: Celery's text of it
+    signature(link_error, app=team).apply_async(("task-id",))
+
+    succeeded, failed = (msg[0] for msg in published)  # each message's headers
+    assert succeeded["kwargsrepr"] == repr(link["kwargs"])
+    assert succeeded["argsrepr"] == task_nodes.RESULT_REPR
+    assert failed["kwargsrepr"] == repr(link_error["kwargs"])
+    assert failed["argsrepr"] == "('task-id',)"
