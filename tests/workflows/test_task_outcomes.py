@@ -180,6 +180,7 @@ def test_the_callbacks_carry_their_arguments_text_so_the_team_worker_does_not_bu
     """Celery writes a message's arguments as text for its events and logs (``saferepr``, in
     Python). The callbacks' text comes with them: the team's worker sends a callback without
     making it, and the task's result, the step's output, is not copied into it."""
+    import celery.app.amqp as amqp
     from celery import Celery, signature
 
     step = running_task_step(tenant_a[0])
@@ -197,8 +198,6 @@ def test_the_callbacks_carry_their_arguments_text_so_the_team_worker_does_not_bu
     team = Celery("team", broker="memory://", set_as_current=False)  # the team's app: the callbacks' publisher
     published: list[Any] = []
     monkeypatch.setattr(team.amqp, "send_task_message", lambda producer, name, msg, **options: published.append(msg))
-    import celery.app.amqp as amqp
-
     made = amqp.saferepr
 
     def no_saferepr(*args: Any, **kwargs: Any) -> str:

@@ -168,7 +168,7 @@ def _send(item: Dequeued, step: StepRun, producers: Producers) -> str:
         traced: dict[str, Any] = {"headers": tracing.headers()} if tracing.enabled else {}
         # Their arguments' text for Celery's events and logs, given here: else the team's worker
         # makes it with Celery's ``saferepr``, in Python, for every outcome (a quarter of what the
-        # callback's publish costs it), and walks the task's whole result to do it.
+        # callback's publish costs it), and copies the task's result into it.
         callback = {"queue": RESULTS_QUEUE, "ignore_result": True, "kwargsrepr": repr(ids), **traced}
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
