@@ -90,6 +90,22 @@ def test_a_run_s_attempts_and_events_have_no_index_of_the_tenant_alone(table: st
     assert not [name for name, definition in indexes.items() if "(tenant_id)" in definition]
 
 
+def test_the_runs_table_writes_no_index_that_no_query_needs() -> None:
+    """Every run started, and every change of its status, writes each of the table's indexes: none
+    on the tenant alone (the tenant's indexes lead with it) and no pattern index of the status."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", ["workflows_workflowrun"])
+        indexes = dict(cursor.fetchall())
+    assert not [name for name, definition in indexes.items() if "(tenant_id)" in definition]
+    assert not [name for name, definition in indexes.items() if "pattern_ops" in definition]
+    assert "USING btree (status)" in indexes["run_status"]
+
+
+def test_the_admins_filter_of_every_tenant_s_runs_by_status_reads_the_status_index(
+        no_sequential_scans: None) -> None:
+    assert "run_status" in indexes_in(plan(WorkflowRun.all_tenants.filter(status="failed").order_by()))
+
+
 def test_a_step_reads_its_run_s_attempts_and_last_event_through_the_run_s_indexes(
         tenant_a: tuple[Tenant, str], no_sequential_scans: None) -> None:
     with tenant_context(tenant_a[0]):
