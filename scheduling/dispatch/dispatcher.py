@@ -113,6 +113,8 @@ class Dispatcher:
         go to it, without a credit."""
         total = len(items)
         items = hand_to_publishers(items)
+        if not items:  # all handed over (task nodes' items): no producer to take from the pool
+            return total
         held = self._held[queue]
         sent: list[str] = []
         try:
