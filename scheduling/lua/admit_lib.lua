@@ -48,7 +48,7 @@ local function ad_rate_wait(key, conf)
   if rate <= 0 then return 0 end
   local r = cap_gcra(key, 1000000 / rate, tonumber(conf.burst) or 1, 1, false, fq.now_us)
   if r[1] == 1 then return 0 end
-  return math.max(1, math.ceil(r[2] / 1000))
+  return fq_wait_ms(r[2])
 end
 
 -- One member connection as admission sees it now: its slots, its breaker, its rate.

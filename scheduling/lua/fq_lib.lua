@@ -180,12 +180,19 @@ local function fq_interval_us(conf)
   return 1000000 / conf.rate
 end
 
+-- ms from fq.now until a GCRA's wait of ``wait_us`` (from fq.now_us) has passed. Counted from
+-- the µs clock: fq.now is floored, so fq.now + ceil(wait_us / 1000) can fall short of the moment
+-- by up to a ms, and a timer set there would fire before the limiter admits.
+local function fq_wait_ms(wait_us)
+  return math.max(1, math.ceil((fq.now_us + wait_us) / 1000) - fq.now)
+end
+
 -- ms until the tenant's step rate admits one more start (0: now).
 local function fq_rate_wait_ms(tid, conf)
   if conf.rate <= 0 then return 0 end
   local r = cap_gcra(fq_rate_key(tid), fq_interval_us(conf), conf.burst, 1, false, fq.now_us)
   if r[1] == 1 then return 0 end
-  return math.max(1, math.ceil(r[2] / 1000))
+  return fq_wait_ms(r[2])
 end
 
 -- One token at most: a dispatcher that wakes drains everything ready anyway.

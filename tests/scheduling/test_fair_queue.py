@@ -362,6 +362,10 @@ def test_a_rate_limited_tenant_is_skipped_and_resumes_when_its_rate_allows(tenan
     when = redis_client.zscore(fq.global_key("timers"), f"standard|{slow.pk}")
     assert when is not None
     assert when > after_burst
+    # Not before the limiter admits: its TAT (µs) less its tolerance, one interval of 200 ms a
+    # burst of 2 (the scripts' clock floors to the ms; the timer must round the moment up).
+    tat_us = float(redis_client.get(capacity.rate_key(capacity.STEP_RATE_LIMITER, tenant=slow)))
+    assert when * 1000 >= tat_us + 200_000 - 2 * 200_000 - 1
     sleep_until(redis_client, when)
     resumed = take()
     assert resumed.tenant_id == str(slow.pk)
