@@ -17,7 +17,7 @@ from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.keys import shard_of
 from scheduling import admission, routing_table
 from scheduling import fair_queue as fq
-from scheduling.circuit import BreakerState, record_failure, record_success
+from scheduling.circuit import OPEN_INDEX, BreakerState, record_failure, record_success
 from scheduling.models import Connection, Pool, PoolMember
 from scheduling.routing import explain
 from scheduling.rules import Step
@@ -77,6 +77,13 @@ def take_all(tenant: Tenant) -> list[fq.Dequeued]:
 
 def ack(item: fq.Dequeued, tenant: Tenant) -> None:
     assert fq.ack(item.item_id, delivery=item.delivery, tenant=tenant)
+
+
+def open_until(redis: Any, tenant: Tenant, connection: Connection) -> float:
+    """When ``connection``'s open breaker half-opens (ms, Redis TIME), as the platform's index has it."""
+    until = redis.zscore(OPEN_INDEX, f"{tenant.pk}|{connection.id}")
+    assert until is not None
+    return float(until)
 
 
 def names(items: list[fq.Dequeued]) -> list[str]:
@@ -150,10 +157,9 @@ def test_failover_moves_to_the_backup_while_the_primarys_breaker_is_open_and_bac
     record_failure(primary.id)
     record_failure(primary.id)
     assert next_pick() == "primary"  # below the threshold
-    opened_at = redis_now_ms(redis_client)
     assert record_failure(primary.id) == BreakerState.OPEN
     assert next_pick() == "backup"
-    sleep_until(redis_client, opened_at + 350)
+    sleep_until(redis_client, open_until(redis_client, tenant, primary))
     assert next_pick() == "primary"  # cooldown over: half-open, a trial call
     assert record_failure(primary.id) == BreakerState.OPEN  # the trial failed: open again
     assert next_pick() == "backup"
@@ -266,13 +272,12 @@ def test_an_open_breaker_parks_its_only_connection_until_it_half_opens(tenant, s
     settings.DUCTOR_BREAKER_COOLDOWN_S = 0.3
     only = conn("only")
     pool("main", [only])
-    opened_at = redis_now_ms(redis_client)
     record_failure(only.id)
     waiting = enqueue()
     assert take_all(tenant) == []
     with no_tenant():
         assert fq.next_due_ms(shard_of(str(tenant.pk))) > 0  # a timer, not a poll
-    sleep_until(redis_client, opened_at + 320)
+    sleep_until(redis_client, open_until(redis_client, tenant, only))
     [item] = take_all(tenant)
     assert (item.item_id, item.admitted) == (waiting, "round robin: turn 1")
 
