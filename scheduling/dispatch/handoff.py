@@ -12,6 +12,12 @@ If the process dies mid-chain, the items it acked are done; Celery delivers
 the chain's first message again, flagged as redelivered, so the worker asks
 Redis about its lease and drops it; the item it was running comes back after
 its lease.
+
+An item of a kind with a publisher (a task node's) is held while the team's
+worker runs it, and acked when its outcome comes back: ``settle_published``
+then takes, in the ack's round trip, the next item of that kind the fair order
+gives, and hands it to its publisher, as a dispatcher would have. The round
+trips of both wake no dispatcher for the item they take (``fair_queue.handoff``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from typing import Any
 import structlog
 from django.conf import settings
 
+from ductor_project.celery import WORK_QUEUE
 from ductor_project.core import metrics
 from ductor_project.core.context import no_tenant
+from ductor_project.core.keys import shard_of
 from scheduling import fair_queue
 from scheduling.dispatch import credits
 from scheduling.dispatch.delivery import Delivery, Outcome, run_delivery
@@ -75,6 +83,30 @@ def _next(finished: Finished | None, queue: str, shard: int) -> fair_queue.Deque
         log.warning("ack_of_lost_lease", item_id=finished.item_id, tenant_id=str(finished.tenant.pk))
     if item is not None:
         log_dispatch(item, handoff=True)
+    return item
+
+
+def settle_published(finished: Finished, *, kind: str) -> fair_queue.Dequeued | None:
+    """Ack ``finished``, an item of a kind with a publisher whose outcome came back (a task
+    node's), and in the same round trip take its shard's next item of the work queue's tiers if
+    the fair order gives one of ``kind``, and hand it to the publisher, as a dispatcher would
+    have: the Ductor worker that kept a task step's outcome publishes its run's next task step,
+    and no dispatcher is woken for it (``fair_queue.handoff``). Returns the item it took, or None.
+    Should the round trip fail, the ack is sent alone (acks are idempotent), and raises if that
+    fails too."""
+    try:
+        with no_tenant():
+            _, item = fair_queue.handoff(finished, shard=shard_of(str(finished.tenant.pk)),
+                                         lease_ms=settings.DUCTOR_LEASE_MS, tiers=credits.tiers_of(WORK_QUEUE),
+                                         kind=kind)
+    except Exception:
+        log.warning("handoff_failed", exc_info=True)
+        fair_queue.ack(finished.item_id, delivery=finished.delivery, work_ms=finished.work_ms,
+                       tenant=finished.tenant)
+        return None
+    if item is not None:
+        log_dispatch(item, handoff=True)
+        hand_to_publishers([item])
     return item
 
 

@@ -27,6 +27,7 @@ from scheduling.fair_queue.layout import (
     check_shard,
     dispatcher_side,
     global_key,
+    quiet_wakes,
     run_script,
     script_header,
     text,
@@ -60,11 +61,12 @@ def dequeue_many(
 
 
 def dequeue_batches(
-    *, shard: int = 0, lease_ms: int, batches: Sequence[tuple[Sequence[str] | None, int]]
+    *, shard: int = 0, lease_ms: int, batches: Sequence[tuple[Sequence[str] | None, int]], kind: str = ""
 ) -> list[list[Dequeued]]:
     """``dequeue_many(tiers=..., limit=...)`` for each ``(tiers, limit)`` of ``batches``, one
     after the other, all in one round trip: a dispatcher takes the system tier with its
-    system credits, then the customer tiers with its work credits."""
+    system credits, then the customer tiers with its work credits. With ``kind``, only items of
+    that kind, each batch stopping at the first item of another (``handoff``)."""
     dispatcher_side()
     shard = check_shard(shard)
     at_least("lease_ms", lease_ms, 1)
@@ -77,7 +79,7 @@ def dequeue_batches(
         batch = scripts.Batch()
         for i in pending:
             tiers, limit = wanted[i]
-            _queue_dequeue(batch, shard, lease_ms, tiers, limit - len(results[i]))
+            _queue_dequeue(batch, shard, lease_ms, tiers, limit - len(results[i]), kind)
         again = []
         for i, reply in zip(pending, batch.execute(), strict=True):
             found, more = _dequeue_reply(reply)
@@ -89,16 +91,19 @@ def dequeue_batches(
 
 
 def handoff(
-    finished: Finished | None, *, shard: int, lease_ms: int, tiers: Sequence[str]
+    finished: Finished | None, *, shard: int, lease_ms: int, tiers: Sequence[str], kind: str = ""
 ) -> tuple[bool | None, Dequeued | None]:
     """Ack ``finished`` (tenant, item id, delivery), when given, then dequeue the shard's next
     item of ``tiers`` (see ``dequeue``): one round trip for both, in that order, so that the
     slot and the partition the ack frees are already free for the dequeue. The enqueues
-    held in this context (``holding_enqueues``) go first in the same round trip.
+    held in this context (``holding_enqueues``) go first in the same round trip. With
+    ``kind``, the item the fair order gives next is taken only if it is of that kind (the
+    payload's ``kind`` unless the item named its own); else nothing is taken.
 
-    For a worker that finishes an item and takes the next one itself. Returns
-    whether the ack acked (None without ``finished``) and the item, or None.
-    Call it outside any customer tenant's context.
+    For a worker that finishes an item and takes the next one itself: the tenants the round
+    trip makes ready do not wake the dispatchers, unless its dequeue leaves some ready
+    (``quiet_wakes``). Returns whether the ack acked (None without ``finished``) and the item,
+    or None. Call it outside any customer tenant's context.
     """
     dispatcher_side()
     shard = check_shard(shard)
@@ -111,19 +116,21 @@ def handoff(
         if finished is not None:
             queue_ack(batch, finished.item_id, delivery=finished.delivery, tenant=finished.tenant,
                       work_ms=finished.work_ms)
-        _queue_dequeue(batch, shard, lease_ms, tiers, 1)
+        _queue_dequeue(batch, shard, lease_ms, tiers, 1, kind)
 
-    *acked, reply = after_held(calls)
+    with quiet_wakes(shard):
+        *acked, reply = after_held(calls)
     if acked and isinstance(acked[0], Exception):
         raise acked[0]
     found, more = _dequeue_reply(reply)
     if not found and more:  # a mass wake-up: finish it the usual way
-        found = dequeue_many(shard=shard, lease_ms=lease_ms, tiers=tiers, limit=1)
+        found = dequeue_batches(shard=shard, lease_ms=lease_ms, batches=[(tiers, 1)], kind=kind)[0]
     return (acked[0] == 1 if acked else None), (found[0] if found else None)
 
 
-def _queue_dequeue(batch: scripts.Batch, shard: int, lease_ms: int, tiers: list[str], limit: int) -> None:
-    args = [*script_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit, *tiers]
+def _queue_dequeue(batch: scripts.Batch, shard: int, lease_ms: int, tiers: list[str], limit: int,
+                   kind: str = "") -> None:
+    args = [*script_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit, kind, *tiers]
     run_script("fq_dequeue", [global_key("timers", shard=shard)], args, batch)
 
 

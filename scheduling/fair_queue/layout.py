@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -135,9 +137,29 @@ def _key_header(shard: int) -> tuple[str, ...]:
 def script_header(shard: int) -> tuple[str, ...]:
     """The ARGV every fair-queue script starts with (``fq_init`` and ``FQ_HEADER`` in fq_lib.lua):
     the shard's key layout, then how items are charged (``DUCTOR_FAIR_COST``, the most one item
-    is charged, what an unmeasured kind is estimated at)."""
+    is charged, what an unmeasured kind is estimated at), then whether the call is one of a
+    handoff's round trip on this shard (``quiet_wakes``)."""
     return (*_key_header(shard), settings.DUCTOR_FAIR_COST, str(settings.DUCTOR_FAIR_MAX_COST_MS),
-            str(settings.DUCTOR_FAIR_FIRST_COST_MS))
+            str(settings.DUCTOR_FAIR_FIRST_COST_MS), "1" if _quiet_shard.get() == shard else "0")
+
+
+# The shard whose script calls are being put on a handoff's round trip now (``quiet_wakes``).
+_quiet_shard: ContextVar[int | None] = ContextVar("ductor_fq_quiet_shard", default=None)
+
+
+@contextmanager
+def quiet_wakes(shard: int) -> Iterator[None]:
+    """The calls on ``shard`` made in this block belong to one round trip that ends with a
+    dequeue: the tenants their enqueues and acks make ready do not wake the dispatchers, and that
+    dequeue (the last call) wakes them for what it leaves ready. A worker's handoff takes the next
+    item itself; a dispatcher woken for each of its steps would find nothing (fq_lib.lua's
+    ``fq_wake``). Should the round trip break before its dequeue, the dispatchers look again
+    within their idle wait."""
+    token = _quiet_shard.set(shard)
+    try:
+        yield
+    finally:
+        _quiet_shard.reset(token)
 
 
 def global_key(name: str, *, shard: int = 0) -> str:

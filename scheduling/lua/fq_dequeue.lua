@@ -5,7 +5,9 @@
 -- (admit_lib.lua), all taken or none.
 -- KEYS[1] = the shard's timers ZSET (it routes the call).
 -- ARGV[1..FQ_HEADER] = fq_init; then: lease (ms); how many due timers to promote; how many
--- tenants to look at per item; how many items at most; the tiers to serve, highest first.
+-- tenants to look at per item; how many items at most; the kind of item to take ("" any: the
+-- call stops, changing nothing of it, at an item of another kind that the fair order gives
+-- next); the tiers to serve, highest first.
 -- Returns {status, item...}: each item {tenant, item, tier, partition, payload, waited ms,
 -- attempt, delivery token, lease expiry (ms, Redis clock), connection chosen ("" for none),
 -- why it was chosen}; status "again" when a work bound was reached before the call found all it
@@ -14,7 +16,10 @@ fq_init(ARGV)
 local A = FQ_HEADER
 local lease_ms = tonumber(ARGV[A + 1])
 local want = tonumber(ARGV[A + 4])
+local only_kind = ARGV[A + 5]
 local timers = fq_gkey('timers')
+-- What serve answers for an item of another kind than only_kind: the call ends there.
+local STOP = {}
 
 -- Due timers: those tenants' tiers are looked at again (bounded per call).
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', timers, '-inf', fq.now, 'LIMIT', 0, tonumber(ARGV[A + 2]))) do
@@ -116,6 +121,7 @@ local function serve(tid, tier, tag, part, key, ktag, conf_of)
     redis.call('ZADD', parts, fq_num(it.due), part)
     return nil
   end
+  if only_kind ~= '' and (it.kind or '') ~= only_kind then return STOP end
   local conf = fq_conf(tid)
   if conf.suspended then
     fq_suspend(tier, tid, tag)
@@ -150,7 +156,7 @@ end
 -- The next item, or nil when none is eligible, or false when the tenant budget ran out first.
 local function next_item()
   local budget = tonumber(ARGV[A + 3])
-  for t = A + 5, #ARGV do
+  for t = A + 6, #ARGV do
     local tier = ARGV[t]
     local ready = fq_gkey('ready:' .. tier)
     while budget > 0 do
@@ -170,6 +176,7 @@ local function next_item()
         fq_drop_part(tid, tier, part, key)
       else
         local row = serve(tid, tier, tag, part, key, ktag, scopes_of(tid))
+        if row == STOP then return nil end
         if row then return row end
       end
     end
@@ -194,4 +201,5 @@ end
 if #out - 1 < want and redis.call('ZCOUNT', timers, '-inf', fq.now) > 0 then
   out[1] = 'again'
 end
+fq_wake_if_ready()
 return out

@@ -9,7 +9,8 @@
 -- limiters (":rate:"), of connection breakers (":breaker:"), of a pool's round-robin
 -- state (":rr:") and the tenant's fence (":moved", fence_lib.lua), then how items are charged: the cost mode ("time" or "items"), the most
 -- one item is charged (ms) and what a kind of item nobody has measured yet is estimated at
--- (ms). Python derives all of them from ductor_project.core.keys and .capacity,
+-- (ms), and "1" when the call is one of a worker's handoff round trip, whose ready-wakes wait
+-- for its dequeue (fq_wake), else "0". Python derives all of them from ductor_project.core.keys and .capacity,
 -- scheduling.circuit and tenants.models.Tier, so key formats and tiers live there; a script
 -- reads tenant ids from the shard's global indexes and builds those tenants' keys as
 -- prefix .. id .. suffix. All of them carry the shard's hash tag: a script stays in one
@@ -72,7 +73,7 @@ local FQ_HOLDER = 'fq:'
 local FQ_BLOCKED_RECHECK_MS = 5000
 
 -- The number of header ARGV every script starts with; its own arguments follow.
-local FQ_HEADER = 15
+local FQ_HEADER = 16
 
 local fq = {}
 
@@ -83,6 +84,7 @@ local function fq_init(argv)
   for tier in string.gmatch(argv[7], '[^,]+') do fq.tiers[#fq.tiers + 1] = tier end
   fq.cap, fq.rates, fq.breaker, fq.rr, fq.fence = argv[8], argv[9], argv[10], argv[11], argv[12]
   fq.cost_mode, fq.max_cost, fq.first_cost = argv[13], tonumber(argv[14]), tonumber(argv[15])
+  fq.quiet = argv[16] == '1'
   fq.now_us = cap_now_us()
   fq.now = math.floor(fq.now_us / 1000)
 end
@@ -195,10 +197,33 @@ local function fq_rate_wait_ms(tid, conf)
   return fq_wait_ms(r[2])
 end
 
--- One token at most: a dispatcher that wakes drains everything ready anyway.
-local function fq_wake()
+-- Wake the shard's dispatchers. One token at most: a dispatcher that wakes drains everything
+-- ready anyway.
+local function fq_signal()
   local key = fq_gkey('wake')
   if redis.call('LLEN', key) == 0 then redis.call('LPUSH', key, '1') end
+end
+
+-- A tenant's tier became ready: wake the dispatchers, unless the call is one of a worker's
+-- handoff round trip (fq.quiet). There the dequeue comes last and takes the next item itself;
+-- a dispatcher woken for each of its enqueues and acks would find nothing left (a round of
+-- credits and an empty dequeue for every step), so that dequeue wakes them once, for what it
+-- leaves ready (fq_wake_if_ready). A timer still wakes them at once (fq_set_timer): their sleep
+-- is measured by the earliest.
+local function fq_wake()
+  if not fq.quiet then fq_signal() end
+end
+
+-- At the end of a handoff's dequeue: wake the dispatchers if any tier of the shard has a tenant
+-- ready, which that dequeue left (its round trip's wakes were held for this).
+local function fq_wake_if_ready()
+  if not fq.quiet then return end
+  for _, tier in ipairs(fq.tiers) do
+    if redis.call('ZCARD', fq_gkey('ready:' .. tier)) > 0 then
+      fq_signal()
+      return
+    end
+  end
 end
 
 local function fq_timer_member(tier, tid)
@@ -210,7 +235,7 @@ end
 local function fq_set_timer(tier, tid, at)
   local key, member = fq_gkey('timers'), fq_timer_member(tier, tid)
   redis.call('ZADD', key, 'LT', fq_num(at), member)
-  if redis.call('ZRANGE', key, 0, 0)[1] == member then fq_wake() end
+  if redis.call('ZRANGE', key, 0, 0)[1] == member then fq_signal() end
 end
 
 -- The second level: a tenant's fairness keys. Inside a tenant's tier its keys are served by SFQ as

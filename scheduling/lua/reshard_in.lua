@@ -51,5 +51,5 @@ end
 
 fq_count(tid)
 redis.call('DEL', fq.tprefix .. tid .. fq.fence, KEYS[1])
-fq_wake()
+fq_signal()
 return 1

@@ -104,6 +104,65 @@ def test_handoff_crosses_tenants_so_it_refuses_to_run_in_a_customer_tenants_cont
         fq.handoff(None, shard=0, lease_ms=LEASE_MS, tiers=TIERS)
 
 
+def wake_token(redis: Any) -> bool:
+    """Whether shard 0's dispatchers have a wake-up signal waiting (taken from them: a test's own look)."""
+    return redis.lpop(fq.global_key("wake")) is not None
+
+
+@pytest.mark.django_db
+def test_a_handoff_of_a_kind_takes_the_next_item_only_if_the_fair_order_gives_one_of_that_kind(
+    make_tenant, redis_client
+):
+    tenant, _ = make_tenant("handoff-kind")
+    enqueue(tenant, 1, kind="task", prefix="t")
+    with tenant_context(tenant):  # behind t0 in the same partition
+        fq.enqueue("s0", tier="standard", partition="p0", payload={"kind": "step"}, delay_ms=20)
+    first = fq.dequeue(lease_ms=LEASE_MS)
+    assert first is not None
+    assert first.item_id == "t0"
+    sleep_until(redis_client, redis_now_ms(redis_client) + 25)  # s0 is due
+    acked, nxt = fq.handoff((tenant, first.item_id, first.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS,
+                            kind="task")
+    # The next in the fair order is a step: nothing is taken, nothing of it changed.
+    assert (acked, nxt) == (True, None)
+    stats = fq.stats(tenant)
+    assert (stats.backlog, stats.in_flight) == (1, 0)
+    assert capacity.tenant_in_flight(tenant=tenant) == 0
+    enqueue(tenant, 1, kind="task", prefix="u")
+    other = fq.dequeue(lease_ms=LEASE_MS)
+    assert other is not None
+    assert other.item_id == "s0"  # the dispatcher's dequeue takes it, in its turn
+    _, nxt = fq.handoff((tenant, other.item_id, other.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS,
+                        kind="task")
+    assert nxt is not None
+    assert nxt.item_id == "u0"
+
+
+@pytest.mark.django_db
+def test_a_handoff_wakes_no_dispatcher_for_the_item_it_takes_and_wakes_them_for_what_it_leaves(
+    make_tenant, redis_client
+):
+    tenant, first = one_in_flight(make_tenant, "handoff-quiet")
+    wake_token(redis_client)
+    with fq.holding_enqueues():
+        soon(tenant, "next")
+        _, nxt = fq.handoff((tenant, first.item_id, first.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+    assert nxt is not None
+    assert nxt.item_id == "next"
+    assert not wake_token(redis_client)  # the enqueue made the tenant ready; the handoff took its item
+
+    with fq.holding_enqueues():
+        soon(tenant, "a")
+        soon(tenant, "b")
+        _, taken = fq.handoff((tenant, nxt.item_id, nxt.delivery), shard=0, lease_ms=LEASE_MS, tiers=TIERS)
+    assert taken is not None
+    assert wake_token(redis_client)  # one more is ready: a dispatcher is woken for it
+    # Outside a handoff, an enqueue that makes a tenant ready wakes them at once.
+    other, _ = make_tenant("handoff-loud")
+    soon(other, "c")
+    assert wake_token(redis_client)
+
+
 # --- enqueues held for the handoff ------------------------------------------------------------
 
 

@@ -215,3 +215,45 @@ def test_the_callbacks_carry_their_arguments_text_so_the_team_worker_does_not_bu
     assert succeeded["argsrepr"] == task_nodes.RESULT_REPR
     assert failed["kwargsrepr"] == repr(link_error["kwargs"])
     assert failed["argsrepr"] == "('task-id',)"
+
+
+def test_the_worker_that_keeps_a_task_step_s_outcome_publishes_its_run_s_next_task_step(
+    tenant_a, redis_client, monkeypatch
+):
+    """A task step's outcome takes, in its ack's round trip, the next item the fair order gives when
+    it is a task node's, and publishes it as the dispatcher would have: here, the run's second step.
+    No dispatcher is woken for it."""
+    from ductor_project.core.context import no_tenant
+    from ductor_project.core.keys import shard_of
+    from scheduling import fair_queue as fq
+
+    tenant = tenant_a[0]
+    shard = shard_of(str(tenant.pk))
+    TaskCatalogEntry.objects.get_or_create(name="team.add", defaults={"queue": "team"})
+    sent: list[str] = []
+    monkeypatch.setattr(task_nodes.broker_app("default"), "send_task", lambda name, **kwargs: sent.append(name))
+    with tenant_context(tenant):
+        services.workflow_put(name="two", spec={"nodes": [
+            {"id": "a", "type": "task", "task": "team.add"},
+            {"id": "b", "type": "task", "task": "team.add", "depends_on": ["a"]},
+        ]})
+        run, _ = services.run_start(workflow="two")
+    with no_tenant():
+        first = fq.dequeue(lease_ms=30_000, shard=shard)
+    assert first is not None
+    task_nodes.publish([first])  # the dispatcher's publish of the first step
+    assert sent == ["team.add"]
+    redis_client.delete(fq.global_key("wake", shard=shard))  # the start's signal, taken
+    with tenant_context(tenant):
+        a = StepRun.objects.get(run=run, node_id="a")
+
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant.pk), "step_id": str(a.pk),
+                                                    "item_id": first.item_id, "delivery": first.delivery,
+                                                    "run_id": str(run.pk)}).get()
+
+    assert sent == ["team.add", "team.add"]  # b, published by the worker that kept a's outcome
+    with tenant_context(tenant):
+        assert StepRun.objects.get(run=run, node_id="b").status == "running"
+    assert redis_client.llen(fq.global_key("wake", shard=shard)) == 0  # no dispatcher woken for it
+    with no_tenant():
+        assert fq.dequeue(lease_ms=30_000, shard=shard) is None  # b's item is out, leased

@@ -3,7 +3,8 @@
 A task node's attempt is a fair-queue item of kind ``task``, routed like an
 action (its pool balances the tenant's celery connections, and the pool's and
 connection's concurrency bound its messages in flight). The dispatcher hands
-the items it dequeued to ``publish``, which, per tenant:
+the items it dequeued to ``publish`` (and so does the Ductor worker that keeps
+an outcome, for the next task step it takes: below), which, per tenant:
 
 1. marks their steps running (one ``UPDATE``), skipping those that moved on
    (cancelled meanwhile: their items are acked);
@@ -22,7 +23,10 @@ the items it dequeued to ``publish``, which, per tenant:
 The callbacks record the outcome and tick the run in one transaction
 (``steps.record_outcome``), then ack the item, which frees its slots and
 charges its tenant the task's run time (reported by ``ductor_sdk``'s worker
-hook; without it, its time in flight, bounded by the fair queue). A task
+hook; without it, its time in flight, bounded by the fair queue). The ack's
+round trip also takes the next item the fair order gives if it is a task
+node's, which this worker then publishes, as a dispatcher would have, and no
+dispatcher is woken for it (``handoff.settle_published``). A task
 that raised fails the step as retryable, with its exception's type and
 message: given by ``ductor_sdk``'s worker hook, else read from the result
 backend (the hook also says when the exception is ``NonRetryable``: the step
@@ -30,8 +34,8 @@ then fails for good). A worker that died with the task is noticed by the timeout
 fails the step as retryable and acks the item (a cancel acks it at once). A
 result that arrives after a timeout or a cancel is recorded in the history and
 changes nothing else.
-Delivery is at least once: an item whose publish was not confirmed (the
-dispatcher died, the broker was away) is published again after its lease.
+Delivery is at least once: an item whose publish was not confirmed (its
+publisher died, the broker was away) is published again after its lease.
 """
 
 from __future__ import annotations
@@ -55,11 +59,13 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import fair_queue
 from scheduling.connection_config import DEFAULT_BROKER
-from scheduling.fair_queue import Dequeued
+from scheduling.dispatch.handoff import settle_published
+from scheduling.fair_queue import Dequeued, Finished
 from scheduling.routing_table import routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
+from workflows.engine.items import TASK
 from workflows.engine.statements import start_tasks
 from workflows.engine.steps import record_outcome
 from workflows.engine.timers import step_timeout
@@ -82,7 +88,8 @@ class NoQueue(LookupError):
 
 
 def publish(items: list[Dequeued]) -> None:
-    """The dispatcher's publisher of ``task`` items: each tenant's, in its context."""
+    """The publisher of ``task`` items (a dispatcher's, or a worker's after an outcome): each
+    tenant's, in its context."""
     by_tenant: dict[str, list[Dequeued]] = {}
     for item in items:
         by_tenant.setdefault(item.tenant_id, []).append(item)
@@ -295,5 +302,6 @@ def _keep(sent: Sent, outcome: Outcome) -> None:
         if run_id is not None:
             record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
         # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
-        # charged the run time its worker reported, else its time in flight (bounded).
-        fair_queue.ack(sent.item_id, delivery=sent.delivery, work_ms=sent.work_ms)
+        # charged the run time its worker reported, else its time in flight (bounded). The same round
+        # trip takes the next task step the fair order gives, which this worker publishes.
+        settle_published(Finished(current_tenant(), sent.item_id, sent.delivery, sent.work_ms), kind=TASK)
