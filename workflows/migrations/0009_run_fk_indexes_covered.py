@@ -10,6 +10,8 @@ operation would drop and add each foreign key again, which checks every row unde
 import django.db.models.deletion
 from django.db import migrations, models
 
+from workflows.migrations._ops import drop_index_concurrently
+
 INDEXES = {"workflows_runevent": "workflows_runevent_run_id_73b2add6",
            "workflows_steprun": "workflows_steprun_run_id_7280c46a"}
 
@@ -38,10 +40,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[
-                migrations.RunSQL(f'DROP INDEX CONCURRENTLY IF EXISTS "{index}"',
-                                  reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{index}" '
-                                              f'ON "{table}" ("run_id")')
-                for table, index in INDEXES.items()
+                drop_index_concurrently(table, index, "run_id") for table, index in INDEXES.items()
             ],
         ),
     ]

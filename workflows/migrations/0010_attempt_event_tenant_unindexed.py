@@ -12,6 +12,8 @@ indexes ``CONCURRENTLY``, leaving the foreign keys as they are."""
 import django.db.models.deletion
 from django.db import migrations, models
 
+from workflows.migrations._ops import drop_index_concurrently
+
 INDEXES = {"workflows_runevent": "workflows_runevent_tenant_id_3199c25d",
            "workflows_steprun": "workflows_steprun_tenant_id_ec081902"}
 
@@ -36,10 +38,7 @@ class Migration(migrations.Migration):
                 for model in ("runevent", "steprun")
             ],
             database_operations=[
-                migrations.RunSQL(f'DROP INDEX CONCURRENTLY IF EXISTS "{index}"',
-                                  reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{index}" '
-                                              f'ON "{table}" ("tenant_id")')
-                for table, index in INDEXES.items()
+                drop_index_concurrently(table, index, "tenant_id") for table, index in INDEXES.items()
             ],
         ),
     ]

@@ -16,6 +16,8 @@ indexes ``CONCURRENTLY`` and renames the third, rebuilding nothing."""
 import django.db.models.deletion
 from django.db import migrations, models
 
+from workflows.migrations._ops import drop_index_concurrently
+
 TABLE = "workflows_workflowrun"
 TENANT, STATUS = "workflows_workflowrun_tenant_id_d39ee853", "workflows_workflowrun_status_f49f0a75"
 
@@ -49,9 +51,7 @@ class Migration(migrations.Migration):
                 migrations.AddIndex(model_name="workflowrun", index=models.Index(fields=["status"], name="run_status")),
             ],
             database_operations=[
-                migrations.RunSQL(f'DROP INDEX CONCURRENTLY IF EXISTS "{TENANT}"',
-                                  reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{TENANT}" '
-                                              f'ON "{TABLE}" ("tenant_id")'),
+                drop_index_concurrently(TABLE, TENANT, "tenant_id"),
                 migrations.RunSQL(f'DROP INDEX CONCURRENTLY IF EXISTS "{STATUS}_like"',
                                   reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{STATUS}_like" '
                                               f'ON "{TABLE}" ("status" varchar_pattern_ops)'),
