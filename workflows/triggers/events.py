@@ -195,12 +195,17 @@ _expiry_round = TenantRound()
 def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_PER_PASS) -> int:
     """Delete events older than their tenant's ``event_retention_days``: up to ``batch`` of each of the
     next ``tenants_per_pass`` tenants (by id, on from where the previous pass stopped, round and
-    round), each in its own short transaction. A coordinator housekeeper; returns how many it deleted.
-    The runs an event started keep it as their input."""
+    round), each in one statement of its own. A coordinator housekeeper; returns how many it deleted.
+    The runs an event started keep it as their input.
+
+    The tenant's retention is read before the delete, not in its transaction: a transaction that
+    held the read's lock on the entitlements' tables while it waited for the events table could
+    deadlock with a statement that locks both tables in the other order (a ``TRUNCATE``, an
+    ``ALTER TABLE``)."""
     deleted = 0
     now = timezone.now()
     for tenant in _expiry_round.next(tenants_per_pass):
-        with tenant_context(tenant), transaction.atomic():
+        with tenant_context(tenant):
             cutoff = now - timedelta(days=effective_entitlements(tenant).event_retention_days)
             old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
             count, _ = Event.objects.filter(pk__in=old).delete()
