@@ -13,7 +13,12 @@ coordinator, and the team's own Celery worker
    every run succeeded. The same-run baseline, ``baseline_send_task_per_s``, is
    ``BASELINE_TASKS`` plain ``send_task`` calls of the same task on the same team
    worker, timed until each has run. ``ratio`` = the first over the second (goal >= 0.3).
-2. **Fair where the work starts.** Three tenants of weights 1, 2 and 4 each start
+2. **One chain alone.** ``LATENCY_RUNS`` runs of the same chain, one at a time: of each
+   step, ``step_ms`` from its publish to its outcome's record (the team's worker's message
+   and the callback's), and ``between_steps_ms`` from one step's outcome to the next
+   step's publish (the tick, and the publish by the Ductor worker that kept the outcome),
+   by the steps' own timestamps; ``task_chain_latency`` has their p50 and p99.
+3. **Fair where the work starts.** Three tenants of weights 1, 2 and 4 each start
    ``FAIR_RUNS`` one-node runs of ``team.record`` (``FAIR_MS`` ms) on the team queue
    ``team-fair``, whose slots are shared (``DUCTOR_TASK_QUEUE_SLOTS=team-fair=CONCURRENCY``;
    the throughput phase's queue ``team`` is bounded by the tenant's plan only), before the
@@ -35,18 +40,29 @@ import sys
 import time
 import uuid
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, flush_state, log, redis_client, setup_django, wait_until
+from bench._common import (
+    bench_stack,
+    bench_worker,
+    flush_state,
+    log,
+    percentile,
+    redis_client,
+    setup_django,
+    wait_until,
+)
 from bench._costs import Costs
 from bench.workflows import runs_per_s
 from ductor_project.stack import Child, Stack
 
 CONCURRENCY = 2
 CHAIN, RUNS, OUTSTANDING = 10, 200, 8  # 2,000 task steps: a steady state, not the ramp and the tail
+LATENCY_RUNS = 20  # 200 steps of one chain at a time
 BASELINE_TASKS = 3000  # a few seconds too, as the phase it is compared with
 FAIR_RUNS, FAIR_MS, FAIR_SKIP, FAIR_WINDOW = 150, 20, 10, 140
 WEIGHTS = (1, 2, 4)
@@ -95,6 +111,35 @@ def throughput(stack: Stack) -> dict[str, Any]:
     runs = runs_per_s(tenant(1, {"nodes": chain}), "w", RUNS, OUTSTANDING, steps_per_run=CHAIN)
     return {"task_steps_per_s": round(runs["runs_per_s"] * CHAIN, 1), "steps": runs["completed"] * CHAIN,
             "seconds": runs["seconds"], "costs": runs["costs"]}
+
+
+def chain_latency() -> dict[str, Any]:
+    """One chain at a time: each task step's time from its publish to its outcome, and the time
+    between one step's outcome and the next step's publish (p50 and p99, ms)."""
+    from ductor_project.core.context import tenant_context
+    from workflows.models import StepRun
+
+    chain = [{"id": f"n{i}", "type": "task", "task": "team.noop", "depends_on": [f"n{i - 1}"] if i else []}
+             for i in range(CHAIN)]
+    owner = tenant(1, {"nodes": chain})
+    runs_per_s(owner, "w", LATENCY_RUNS, 1, steps_per_run=CHAIN)
+    steps: list[float] = []
+    between: list[float] = []
+    with tenant_context(owner):
+        rows = StepRun.objects.filter(status="succeeded").order_by("run_id", "node_id")
+        by_run: dict[Any, list[Any]] = {}
+        for row in rows.values("run_id", "node_id", "started_at", "finished_at"):
+            by_run.setdefault(row["run_id"], []).append(row)
+    for run in by_run.values():
+        run.sort(key=lambda row: int(row["node_id"][1:]))
+        steps += [(row["finished_at"] - row["started_at"]).total_seconds() * 1000 for row in run]
+        between += [(after["started_at"] - before["finished_at"]).total_seconds() * 1000
+                    for before, after in pairwise(run)]
+    if not steps:
+        raise SystemExit("no task step of the one-chain phase succeeded")
+    return {"step_ms_p50": round(percentile(steps, 50), 1), "step_ms_p99": round(percentile(steps, 99), 1),
+            "between_steps_ms_p50": round(percentile(between, 50), 1),
+            "between_steps_ms_p99": round(percentile(between, 99), 1), "runs": len(by_run), "steps": len(steps)}
 
 
 def baseline() -> tuple[float, dict[str, Any]]:
@@ -181,6 +226,8 @@ def main() -> int:
         log(f"up in {time.monotonic() - began:.1f}s; task chains")
         steps = throughput(stack)
         log(f"task steps: {json.dumps(steps)}")
+        latency = chain_latency()
+        log(f"one chain alone: {json.dumps(latency)}")
         plain, plain_costs = baseline()
         log(f"plain send_task: {plain:.0f} tasks/s, {json.dumps(plain_costs)}")
         stack.stop(team)
@@ -197,8 +244,10 @@ def main() -> int:
         "worst_share_per_weight": fair["worst_share_per_weight"],
         "fairness": fair,
         "throughput": steps,
+        "task_chain_latency": latency,
         "baseline_costs_per_task": plain_costs,
         "config": {"concurrency": CONCURRENCY, "chain": CHAIN, "runs": RUNS, "outstanding": OUTSTANDING,
+                   "latency_runs": LATENCY_RUNS,
                    "baseline_tasks": BASELINE_TASKS, "weights": list(WEIGHTS), "fair_task_ms": FAIR_MS,
                    "load_average_1m": round(load[0], 2), "cpus": os.cpu_count()},
     }))
