@@ -257,3 +257,44 @@ def test_the_worker_that_keeps_a_task_step_s_outcome_publishes_its_run_s_next_ta
     assert redis_client.llen(fq.global_key("wake", shard=shard)) == 0  # no dispatcher woken for it
     with no_tenant():
         assert fq.dequeue(lease_ms=30_000, shard=shard) is None  # b's item is out, leased
+
+
+def test_the_next_task_step_an_outcome_takes_of_another_tenant_is_published_as_that_tenant_s(
+    tenant_a, tenant_b, redis_client, monkeypatch
+):
+    """The fair order may give the worker that keeps tenant A's outcome tenant B's task step: it is
+    published in B's context, marked running among B's steps, with B in its headers."""
+    from ductor_project.core.context import no_tenant
+    from ductor_project.core.keys import shard_of
+    from scheduling import fair_queue as fq
+
+    a_tenant, b_tenant = tenant_a[0], tenant_b[0]
+    assert shard_of(str(a_tenant.pk)) == shard_of(str(b_tenant.pk))  # one shard: the handoff sees both
+    TaskCatalogEntry.objects.get_or_create(name="team.add", defaults={"queue": "team"})
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(task_nodes.broker_app("default"), "send_task", lambda name, **kwargs: sent.append(kwargs))
+    one = {"nodes": [{"id": "t", "type": "task", "task": "team.add"}]}
+    with tenant_context(a_tenant):
+        services.workflow_put(name="w", spec=one)
+        a_run, _ = services.run_start(workflow="w")
+    with no_tenant():
+        a_item = fq.dequeue(lease_ms=30_000, shard=shard_of(str(a_tenant.pk)))
+    assert a_item is not None
+    task_nodes.publish([a_item])
+    with tenant_context(b_tenant):
+        services.workflow_put(name="w", spec=one)
+        b_run, _ = services.run_start(workflow="w")
+    with tenant_context(a_tenant):
+        a_step = StepRun.objects.get(run=a_run)
+
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(a_tenant.pk), "step_id": str(a_step.pk),
+                                                    "item_id": a_item.item_id, "delivery": a_item.delivery,
+                                                    "run_id": str(a_run.pk)}).get()
+
+    assert len(sent) == 2
+    assert sent[1]["headers"]["ductor_tenant_id"] == str(b_tenant.pk)
+    with tenant_context(b_tenant):
+        assert StepRun.objects.get(run=b_run).status == "running"
+    with tenant_context(a_tenant):
+        assert StepRun.objects.get(run=a_run).status == "succeeded"
+        assert not StepRun.objects.filter(run=b_run).exists()  # B's step is not A's to see
