@@ -126,7 +126,7 @@ def chain_latency() -> dict[str, Any]:
     steps: list[float] = []
     between: list[float] = []
     with tenant_context(owner):
-        rows = StepRun.objects.filter(status="succeeded").order_by("run_id", "node_id")
+        rows = StepRun.objects.filter(status="succeeded")
         by_run: dict[Any, list[Any]] = {}
         for row in rows.values("run_id", "node_id", "started_at", "finished_at"):
             by_run.setdefault(row["run_id"], []).append(row)
