@@ -19,7 +19,8 @@ commands, and CPU time by process kind, read before and after it.
   commands); from ``INFO stats`` the requests it read (round trips) and the connections it
   accepted. The ``INFO`` requests that read them are left out of the commands and round trips.
 - **CPU**, from each process's user and system time (``psutil``), grouped by kind: Ductor's Celery
-  worker (its pool processes included), a team's own Celery worker (``team_worker``), the
+  worker (its pool processes included), a results worker (``results_worker``: the outcomes of task
+  nodes alone), a team's own Celery worker (``team_worker``), the
   dispatcher, the coordinator, the web server, the PostgreSQL backends, Redis, and this benchmark
   process itself (which starts the runs and polls for their end).
 
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+
+from ductor_project.celery import RESULTS_QUEUE
 
 CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "SET ", "SELECT set_config(")
 
@@ -54,6 +57,8 @@ def _kind(process: psutil.Process) -> str | None:
         return "redis"
     if "celery" in cmdline and "ductor_project" not in cmdline:
         return "team_worker"  # a team's own Celery app (bench/tasks.py), not Ductor's
+    if "celery" in cmdline and RESULTS_QUEUE in cmdline.split():
+        return "results_worker"  # a worker of the outcomes of task nodes alone
     for marker, kind in (("celery", "worker"), ("run_dispatcher", "dispatcher"),
                          ("run_coordinator", "coordinator"), ("gunicorn", "web")):
         if marker in cmdline:

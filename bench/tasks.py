@@ -1,22 +1,23 @@
 """Task nodes end to end: the team's own Celery tasks as steps, against plain send_task.
 
 On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis and ends the
-runs left unfinished there: ``flush_state``): one Ductor worker, one dispatcher and the
-coordinator, and the team's own Celery worker
-(``bench/_team_tasks.py``: its own app, no Django, queue ``team``), all of concurrency
-``CONCURRENCY``, children of ``ductor_project.stack.Stack``.
+runs left unfinished there: ``flush_state``): Ductor's processes as ``manage.py up`` starts
+them (one worker of steps, of concurrency ``CONCURRENCY``, and ``RESULTS_WORKERS`` results
+workers, one per core: the outcomes are recorded there), one dispatcher and the coordinator;
+and the team's own Celery worker (``bench/_team_tasks.py``: its own app, no Django, queue
+``team``) of concurrency ``CONCURRENCY``; all children of ``ductor_project.stack.Stack``.
 
 1. **Throughput.** ``RUNS`` runs of a ``CHAIN``-step chain of ``team.noop`` task nodes,
    at most ``OUTSTANDING`` unfinished at a time: ``task_steps_per_s`` is the task steps
    completed (published by the dispatcher, run by the team's worker, their outcome
-   recorded by a Ductor worker and the run ticked) per second, from the first start until
+   recorded by a results worker and the run ticked) per second, from the first start until
    every run succeeded. The same-run baseline, ``baseline_send_task_per_s``, is
    ``BASELINE_TASKS`` plain ``send_task`` calls of the same task on the same team
    worker, timed until each has run. ``ratio`` = the first over the second (goal >= 0.3).
 2. **One chain alone.** ``LATENCY_RUNS`` runs of the same chain, one at a time: of each
    step, ``step_ms`` from its publish to its outcome's record (the team's worker's message
    and the callback's), and ``between_steps_ms`` from one step's outcome to the next
-   step's publish (the tick, and the publish by the Ductor worker that kept the outcome),
+   step's publish (the tick, and the publish by the results worker that kept the outcome),
    by the steps' own timestamps; ``task_chain_latency`` has their p50 and p99.
 3. **Fair where the work starts.** Three tenants of weights 1, 2 and 4 each start
    ``FAIR_RUNS`` one-node runs of ``team.record`` (``FAIR_MS`` ms) on the team queue
@@ -48,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     bench_stack,
-    bench_worker,
     flush_state,
     log,
     percentile,
@@ -58,9 +58,11 @@ from bench._common import (
 )
 from bench._costs import Costs
 from bench.workflows import runs_per_s
+from ductor_project.management.commands.up import start_workers
 from ductor_project.stack import Child, Stack
 
 CONCURRENCY = 2
+RESULTS_WORKERS = os.cpu_count() or 1
 CHAIN, RUNS, OUTSTANDING = 10, 200, 8  # 2,000 task steps: a steady state, not the ramp and the tail
 LATENCY_RUNS = 20  # 200 steps of one chain at a time
 BASELINE_TASKS = 3000  # a few seconds too, as the phase it is compared with
@@ -218,11 +220,11 @@ def main() -> int:
     catalog()
     stack = bench_stack("tasks", DUCTOR_TASK_QUEUE_SLOTS=SLOTS)
     try:
-        worker = bench_worker(stack, "worker-0", concurrency=CONCURRENCY, tasks=False)
+        workers = start_workers(stack, workers=1, concurrency=CONCURRENCY, results_workers=RESULTS_WORKERS)
         dispatcher = stack.dispatcher("dispatcher-0")
         stack.coordinator("coordinator-0")
         team = team_worker(stack, "team-0")
-        stack.wait_ready(worker, dispatcher, team)
+        stack.wait_ready(*workers, dispatcher, team)
         log(f"up in {time.monotonic() - began:.1f}s; task chains")
         steps = throughput(stack)
         log(f"task steps: {json.dumps(steps)}")
@@ -246,7 +248,8 @@ def main() -> int:
         "throughput": steps,
         "task_chain_latency": latency,
         "baseline_costs_per_task": plain_costs,
-        "config": {"concurrency": CONCURRENCY, "chain": CHAIN, "runs": RUNS, "outstanding": OUTSTANDING,
+        "config": {"concurrency": CONCURRENCY, "results_workers": RESULTS_WORKERS, "chain": CHAIN, "runs": RUNS,
+                   "outstanding": OUTSTANDING,
                    "latency_runs": LATENCY_RUNS,
                    "baseline_tasks": BASELINE_TASKS, "weights": list(WEIGHTS), "fair_task_ms": FAIR_MS,
                    "load_average_1m": round(load[0], 2), "cpus": os.cpu_count()},

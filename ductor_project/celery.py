@@ -2,7 +2,10 @@
 
 A plain worker consumes the customer work queue, the reserved system queue
 (``ductor.system``) and the results of task nodes (``ductor.results``);
-``-Q ductor.system`` makes a worker serve only engine-internal work.
+``-Q ductor.system`` makes a worker serve only engine-internal work. A results
+worker (``RESULTS_WORKER_ARGS``: ``-Q ductor.results --pool solo``) records the
+outcomes of task nodes alone, in its own process; beside one, the other workers
+take ``STEP_WORKER_ARGS`` (docs/operations.md).
 
 A worker traces (``ductor_project.core.tracing``, when the environment asks for
 it) in each process that runs tasks: every prefork pool process from its start,
@@ -28,6 +31,13 @@ WORK_QUEUE = "ductor.work"
 SYSTEM_QUEUE = "ductor.system"
 # The outcomes of task nodes: the team's workers send them here (Celery's link / link_error).
 RESULTS_QUEUE = "ductor.results"
+# A worker of the outcomes alone. Recording one is Ductor's own short code that waits on PostgreSQL
+# and Redis: the solo pool runs it in the worker's process, where a prefork pool would pass each
+# message to a pool process and its result back through a pipe (about a quarter of the outcome's
+# CPU, docs/performance.md). One such worker per core; ``manage.py up`` starts one.
+RESULTS_WORKER_ARGS = ("-Q", RESULTS_QUEUE, "--pool", "solo")
+# The other workers' queues where results workers run: steps and engine-internal work.
+STEP_WORKER_ARGS = ("-Q", f"{WORK_QUEUE},{SYSTEM_QUEUE}")
 
 app = Celery("ductor_project")
 # Lazy: nothing here reads the settings, so importing the package starts no server; the app's

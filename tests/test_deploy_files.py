@@ -1,5 +1,7 @@
 """The production artifacts (``Procfile``, ``examples/deploy``) run the product's real commands:
-every process kind appears in each, with a program and a ``manage.py`` command that exist."""
+every process kind appears in each, with a program and a ``manage.py`` command that exist, and
+the workers with the queues and pool of their kind (``ductor_project.celery``): the steps' workers
+leave the results queue to the results workers, which run the solo pool."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ from pathlib import Path
 import yaml
 from django.core.management import get_commands
 
+from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "examples" / "deploy"
 # What each process kind runs: the program, and its first arguments.
 KINDS = {
     "web": ["gunicorn", "ductor_project.wsgi:application"],
-    "worker": ["celery", "-A", "ductor_project", "worker"],
+    "worker": ["celery", "-A", "ductor_project", "worker", *STEP_WORKER_ARGS],
+    "results": ["celery", "-A", "ductor_project", "worker", *RESULTS_WORKER_ARGS],
     "dispatcher": ["python", "manage.py", "run_dispatcher"],
     "coordinator": ["python", "manage.py", "run_coordinator"],
 }
@@ -47,7 +52,7 @@ def test_the_compose_file_runs_each_process_kind_after_the_migration_with_no_sec
 
 
 def test_each_systemd_unit_runs_its_process_kind_from_the_virtualenv():
-    units = {"web": "ductor-web.service", "worker": "ductor-worker.service",
+    units = {"web": "ductor-web.service", "worker": "ductor-worker.service", "results": "ductor-results@.service",
              "dispatcher": "ductor-dispatcher@.service", "coordinator": "ductor-coordinator.service"}
     for kind, name in units.items():
         unit = configparser.ConfigParser(strict=False, interpolation=None)

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
 from ductor_project.stack import free_port
 from tests.conftest import ROOT
 from tests.test_embedded import alive, new_data_dir
@@ -33,6 +34,13 @@ def descendants(pid: int) -> list[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier}
         found += frontier
     return found
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_text().rstrip("\0").split("\0")
+    except OSError:  # gone meanwhile
+        return []
 
 
 def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
@@ -60,7 +68,12 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
         [broker] = [line for line in lines if line.startswith("Broker")]  # once, its password (none here) masked
         assert broker.startswith(f"Broker    redis://127.0.0.1:{services['redis_port']}/")
         children = descendants(proc.pid)
-        assert len(children) > 3  # web server, worker, dispatcher, coordinator (and their own children)
+        assert len(children) > 4  # web server, workers, dispatcher, coordinator (and their own children)
+        # A worker of steps that leaves the outcomes of task nodes to a results worker (solo pool).
+        commands = [" ".join(command_line(pid)) for pid in children]
+        workers = [command for command in commands if " -A ductor_project worker " in command]
+        assert any(command.endswith(" ".join(STEP_WORKER_ARGS)) for command in workers), workers
+        assert any(command.endswith(" ".join(RESULTS_WORKER_ARGS)) for command in workers), workers
 
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the terminal's foreground group
         proc.wait(timeout=60)

@@ -28,11 +28,12 @@ from ductor_project.demo.checks import print_checks, run_checks
 from ductor_project.demo.scenario import TENANTS, Api, DemoApiError, Workload
 from ductor_project.demo.service import DemoService
 from ductor_project.demo.view import DemoView, Row, fmt_ms
+from ductor_project.management.commands.up import start_workers
 from ductor_project.stack import Child, ChildError, Stack, free_port
 from tenants import services as tenant_services
 from tenants.models import PlatformKey, Tenant
 
-WORKERS, WORKER_CONCURRENCY, DISPATCHERS, WEB_WORKERS = 1, 4, 1, 2
+WORKERS, WORKER_CONCURRENCY, RESULTS_WORKERS, DISPATCHERS, WEB_WORKERS = 1, 4, 1, 1, 2
 WORKLOAD_CAP_S = 100.0  # the workload window ends here even if the normal tenants' runs are not all done
 # Once the others are done, the window stays open this long: the flood gets the whole machine.
 FLOOD_ALONE_S = 4.0
@@ -51,7 +52,8 @@ def run(console: Console, box: scratch.Scratch) -> int:
     service = DemoService(token=secrets.token_urlsafe(16))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    view = DemoView(console, f"web {base} · {WORKERS} worker x {WORKER_CONCURRENCY} · {DISPATCHERS} dispatcher "
+    view = DemoView(console, f"web {base} · {WORKERS} worker x {WORKER_CONCURRENCY} · {RESULTS_WORKERS} results "
+                             f"worker · {DISPATCHERS} dispatcher "
                              f"· coordinator · local service {service.url} · shop worker x {shop.CONCURRENCY}")
     started = _Started(Stack(settings.DUCTOR_DATA_DIR / "logs", env=_child_env(box), say=view.note), service)
     try:
@@ -149,11 +151,11 @@ def _bring_up(console: Console, started: _Started, port: int, phases: _Phases,
 
 
 def _start_stack(stack: Stack, port: int) -> Child:
-    """gunicorn, the workers, the dispatchers and the coordinator; returns the web server. It is ready once
+    """gunicorn, the workers (of steps, and of task nodes' outcomes), the dispatchers and the coordinator;
+    returns the web server. It is ready once
     ``/api/v1/tenant`` answers (401 without a key is an answer)."""
     web = stack.web(port=port, workers=WEB_WORKERS, ready_path="/api/v1/tenant")
-    for i in range(WORKERS):
-        stack.worker(f"worker-{i + 1}", concurrency=WORKER_CONCURRENCY)
+    start_workers(stack, workers=WORKERS, concurrency=WORKER_CONCURRENCY, results_workers=RESULTS_WORKERS)
     for i in range(DISPATCHERS):
         stack.dispatcher(f"dispatcher-{i + 1}")
     stack.coordinator()
@@ -163,7 +165,8 @@ def _start_stack(stack: Stack, port: int) -> Child:
 def _item_log(stack: Stack, tenants: dict[str, Tenant]) -> metrics.ItemLog:
     """Follows what the dispatchers publish, what the workers take themselves (handoff) and what they
     finish, from now on."""
-    logs = [child.log_path for child in stack.children if child.name.startswith(("dispatcher-", "worker-"))]
+    logs = [child.log_path for child in stack.children
+            if child.name.startswith(("dispatcher-", "worker-", "results-"))]
     return metrics.ItemLog(logs, {str(tenant.pk): slug for slug, tenant in tenants.items()})
 
 

@@ -1,8 +1,9 @@
 """``python manage.py up``: the whole stack on this machine, until Ctrl-C.
 
 Starts (or attaches to) PostgreSQL and Redis, migrates, then runs the web
-server (gunicorn; ``--dev`` for runserver), Celery workers, dispatchers and the
-coordinator as children of ``ductor_project.stack.Stack``. A child that dies is
+server (gunicorn; ``--dev`` for runserver), Celery workers (of steps, and of the
+outcomes of task nodes: ``--results-workers``), dispatchers and the coordinator
+as children of ``ductor_project.stack.Stack``. A child that dies is
 reported and restarted, and so is a coordinator or dispatcher that lives but
 has not beaten for ``DUCTOR_HEARTBEAT_STALE_S`` (its loop is stuck, or cannot
 reach PostgreSQL). Ctrl-C stops every child cleanly, then the embedded
@@ -28,6 +29,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from ductor_project import embedded
+from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
 from ductor_project.core import heartbeats, redis_urls
 from ductor_project.stack import Child, Stack, free_port
 
@@ -41,6 +43,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--workers", type=int, default=1)
         parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument("--results-workers", type=int, default=1,
+                            help="workers of the outcomes of task nodes alone (solo pool); 0: the other workers "
+                                 "record them")
         parser.add_argument("--dispatchers", type=int, default=1)
         parser.add_argument("--dev", action="store_true", help="runserver instead of gunicorn")
         parser.add_argument("--keep-services", action="store_true",
@@ -93,11 +98,22 @@ def _start_children(stack: Stack, *, port: int, options: dict[str, Any]) -> tupl
     """Start the web server, the workers, the dispatchers and the coordinator; returns the web server,
     and the children that beat with their heartbeat kinds."""
     web = stack.web(port=port, dev=options["dev"])
-    for i in range(options["workers"]):
-        stack.worker(f"worker-{i + 1}", concurrency=options["concurrency"])
+    start_workers(stack, workers=options["workers"], concurrency=options["concurrency"],
+                  results_workers=options["results_workers"])
     loops = [(stack.dispatcher(f"dispatcher-{i + 1}"), heartbeats.DISPATCHER) for i in range(options["dispatchers"])]
     loops.append((stack.coordinator(), heartbeats.COORDINATOR))
     return web, loops
+
+
+def start_workers(stack: Stack, *, workers: int, concurrency: int, results_workers: int) -> list[Child]:
+    """``workers`` Celery workers of ``concurrency`` processes (``worker-N``) and ``results_workers``
+    workers of the outcomes of task nodes alone (``results-N``); with any of the latter, the former
+    take only steps and engine-internal work. Not waited for."""
+    queues = list(STEP_WORKER_ARGS) if results_workers else []
+    started = [stack.worker(f"worker-{i + 1}", concurrency=concurrency, extra=queues) for i in range(workers)]
+    started += [stack.worker(f"results-{i + 1}", concurrency=1, extra=RESULTS_WORKER_ARGS)
+                for i in range(results_workers)]
+    return started
 
 
 class HeartbeatWatch:
