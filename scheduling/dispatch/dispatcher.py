@@ -6,9 +6,13 @@ call, which also gives back the ones held since the last round), dequeues per
 shard the system tier with the system credits and the customer tiers with
 the work credits (one round trip), and publishes one ``ductor.execute_item``
 message per item (shown as what it runs: ``task_events``): ``ductor.system``
-for the system tier, ``ductor.work`` for the rest. Items of a kind with a publisher (task nodes) go to it instead, and
-use no credit. An item it dequeued was admitted already (every slot and rate it
-needs taken), so a published message runs when a worker slot takes it.
+for the system tier, ``ductor.work`` for the rest. Items of a kind with a
+publisher (task nodes) go to it instead, and use no credit: they come in the fair
+order with the others, and once no work credit is left, the customer tiers'
+dequeue still takes up to ``RESERVE_BATCH`` of them, passing over (for that call
+only, in their place) the tenants whose next item would need one. An item it
+dequeued was admitted already (every slot and rate it needs taken), so a
+published message runs when a worker slot takes it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from scheduling import fair_queue
 from scheduling.dispatch import credits, task_events
 from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
 from scheduling.dispatch.delivery import Delivery
-from scheduling.dispatch.handlers import hand_to_publishers
+from scheduling.dispatch.handlers import hand_to_publishers, kind_of, publisher_kinds
 from scheduling.dispatch.handoff import log_dispatch
 from scheduling.dispatch.shards import ShardPlan
 from scheduling.dispatch.worker import execute_item, message_kwargs
@@ -79,18 +83,24 @@ class Dispatcher:
         self._held = credits.reserve_credits(self._ask, give_back=held)
         reserved = {queue: len(taken) for queue, taken in self._held.items()}
         no_system_credit = not self._held[SYSTEM_QUEUE]
+        free_kinds = publisher_kinds()  # task nodes': they use no credit
         dispatched = 0
-        drained = True  # every dequeue came back short of its credits: nothing more is due now
+        drained = True  # every dequeue came back short of what it asked: nothing more is due now
         for shard in self.shards:
-            # The credits left after the shards before: a queue whose credits they used up waits.
-            groups = [(queue, tiers) for queue, tiers in ((SYSTEM_QUEUE, [SYSTEM_TIER]), (WORK_QUEUE, CUSTOMER_TIERS))
-                      if self._held[queue]]
+            # The credits left after the shards before: a queue whose credits they used up waits,
+            # but for the customer tiers' items of the free kinds, up to RESERVE_BATCH of them. (With
+            # a work credit left, those come in the fair order with the others, each given back.)
+            free_only = RESERVE_BATCH if free_kinds and not self._held[WORK_QUEUE] else 0
+            groups = [(SYSTEM_QUEUE, [SYSTEM_TIER], 0), (WORK_QUEUE, CUSTOMER_TIERS, free_only)]
+            groups = [(queue, tiers, free) for queue, tiers, free in groups if self._held[queue] or free]
             if not groups:
                 break
-            wanted = [(tiers, len(self._held[queue])) for queue, tiers in groups]
-            batches = fair_queue.dequeue_batches(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, batches=wanted)
-            for (queue, _), (_, limit), items in zip(groups, wanted, batches, strict=True):
-                drained = drained and len(items) < limit
+            wanted = [(tiers, len(self._held[queue]), free) for queue, tiers, free in groups]
+            batches = fair_queue.dequeue_batches(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, batches=wanted,
+                                                 free_kinds=free_kinds if free_only else ())
+            for (queue, _, free), (_, limit, _), items in zip(groups, wanted, batches, strict=True):
+                free_taken = sum(1 for item in items if kind_of(item) in free_kinds) if free else 0
+                drained = drained and len(items) - free_taken < limit and (not free or free_taken < free)
                 if items:  # an empty dequeue takes no producer from the pool
                     dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.

@@ -73,7 +73,14 @@ _publishers: dict[str, Publisher] = {}
 def register_publisher(kind: str, publisher: Publisher) -> None:
     """Have the dispatcher pass the items of ``kind`` it dequeued to ``publisher`` (in dequeue
     order, a list per round) instead of a Ductor worker."""
+    if not kind or "," in kind:  # the queue's dequeue takes the publishers' kinds comma-separated
+        raise ValueError(f"a publisher's kind is a non-empty name without a comma, not {kind!r}")
     _publishers[kind] = publisher
+
+
+def publisher_kinds() -> frozenset[str]:
+    """The kinds of item a publisher takes (task nodes'): they need no Ductor worker."""
+    return frozenset(_publishers)
 
 
 def kind_of(item: Dequeued) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ductor_project.core import scripts
@@ -61,16 +61,26 @@ def dequeue_many(
 
 
 def dequeue_batches(
-    *, shard: int = 0, lease_ms: int, batches: Sequence[tuple[Sequence[str] | None, int]], kind: str = ""
+    *, shard: int = 0, lease_ms: int, batches: Sequence[tuple[Sequence[str] | None, int] | Batched],
+    kind: str = "", free_kinds: Collection[str] = (),
 ) -> list[list[Dequeued]]:
     """``dequeue_many(tiers=..., limit=...)`` for each ``(tiers, limit)`` of ``batches``, one
     after the other, all in one round trip: a dispatcher takes the system tier with its
     system credits, then the customer tiers with its work credits. With ``kind``, only items of
-    that kind, each batch stopping at the first item of another (``handoff``)."""
+    that kind, each batch stopping at the first item of another (``handoff``).
+
+    With ``free_kinds``, a batch's third number (``(tiers, limit, free)``) is how many items of
+    those kinds it may take beside its ``limit`` of others: the items its caller's credits do not
+    bound (a dispatcher's task nodes, which go to the team's queue). A tenant whose next item is
+    of a class already taken as many times as wanted is passed over for the rest of the call,
+    keeping its place in the fair order: with no work credit left, task nodes still go out. A
+    call passes over at most 16 tenants (``fq_dequeue.lua``), and a tenant's items behind its own
+    next one wait for it."""
     dispatcher_side()
     shard = check_shard(shard)
     at_least("lease_ms", lease_ms, 1)
-    wanted = [(_tiers(tiers), at_least("limit", limit, 1)) for tiers, limit in batches]
+    free_kinds = sorted(free_kinds)
+    wanted = [_batched(entry, bool(free_kinds)) for entry in batches]
     results: list[list[Dequeued]] = [[] for _ in wanted]
     pending = list(range(len(wanted)))
     for _ in range(MAX_DEQUEUE_CALLS):
@@ -78,16 +88,40 @@ def dequeue_batches(
             break
         batch = scripts.Batch()
         for i in pending:
-            tiers, limit = wanted[i]
-            _queue_dequeue(batch, shard, lease_ms, tiers, limit - len(results[i]), kind)
+            tiers, limit, free = wanted[i]
+            free_taken = _of_kinds(results[i], free_kinds)
+            _queue_dequeue(batch, shard, lease_ms, tiers, limit - (len(results[i]) - free_taken), kind,
+                           ",".join(free_kinds), free - free_taken)
         again = []
         for i, reply in zip(pending, batch.execute(), strict=True):
             found, more = _dequeue_reply(reply)
             results[i] += found
-            if more and len(results[i]) < wanted[i][1]:
+            free_taken = _of_kinds(results[i], free_kinds)
+            if more and (len(results[i]) - free_taken < wanted[i][1] or free_taken < wanted[i][2]):
                 again.append(i)
         pending = again
     return results
+
+
+Batched = tuple[Sequence[str] | None, int, int]
+
+
+def _batched(entry: tuple[Sequence[str] | None, int] | Batched, any_free: bool) -> tuple[list[str], int, int]:
+    tiers, limit, free = (*entry, 0) if len(entry) == 2 else entry
+    if not any_free:
+        return _tiers(tiers), at_least("limit", limit, 1), at_least("free", free, 0)
+    at_least("limit", limit, 0)
+    at_least("free", free, 0)
+    if limit + free < 1:
+        raise ValueError(f"a batch takes at least one item: limit {limit} and free {free}")
+    return _tiers(tiers), limit, free
+
+
+def _of_kinds(items: Sequence[Dequeued], kinds: Collection[str]) -> int:
+    """How many of ``items`` are of one of ``kinds`` (the payload's kind, as the queue reads it)."""
+    if not kinds:
+        return 0
+    return sum(1 for item in items if isinstance(item.payload, dict) and item.payload.get("kind") in kinds)
 
 
 def handoff(
@@ -129,8 +163,9 @@ def handoff(
 
 
 def _queue_dequeue(batch: scripts.Batch, shard: int, lease_ms: int, tiers: list[str], limit: int,
-                   kind: str = "") -> None:
-    args = [*script_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit, kind, *tiers]
+                   kind: str = "", free_kinds: str = "", free: int = 0) -> None:
+    args = [*script_header(shard), lease_ms, PROMOTE_PER_CALL, TENANTS_PER_CALL, limit, kind, free_kinds, free,
+            *tiers]
     run_script("fq_dequeue", [global_key("timers", shard=shard)], args, batch)
 
 

@@ -7,7 +7,10 @@
 -- ARGV[1..FQ_HEADER] = fq_init; then: lease (ms); how many due timers to promote; how many
 -- tenants to look at per item; how many items at most; the kind of item to take ("" any: the
 -- call stops, changing nothing of it, at an item of another kind that the fair order gives
--- next); the tiers to serve, highest first.
+-- next); the kinds of item that the caller's credits do not bound (comma-separated, "" none), and
+-- how many of those at most, beside the others; the tiers to serve, highest first. With such
+-- kinds, a tenant whose head is of the class whose count is reached is set aside for the rest of
+-- the call, its start tag kept: it is first in the fair order again once the call ends.
 -- Returns {status, item...}: each item {tenant, item, tier, partition, payload, waited ms,
 -- attempt, delivery token, lease expiry (ms, Redis clock), connection chosen ("" for none),
 -- why it was chosen}; status "again" when a work bound was reached before the call found all it
@@ -17,9 +20,32 @@ local A = FQ_HEADER
 local lease_ms = tonumber(ARGV[A + 1])
 local want = tonumber(ARGV[A + 4])
 local only_kind = ARGV[A + 5]
+local free_kinds = {}
+for kind in string.gmatch(ARGV[A + 6], '[^,]+') do free_kinds[kind] = true end
+local any_free = next(free_kinds) ~= nil
+local free_want = tonumber(ARGV[A + 7])
+local FIRST_TIER = A + 8
 local timers = fq_gkey('timers')
 -- What serve answers for an item of another kind than only_kind: the call ends there.
 local STOP = {}
+-- What serve answers for an item of a class (free_kinds', or the others) taken as many times as
+-- wanted: its tenant is set aside.
+local SKIP = {}
+local served, served_free = 0, 0
+local set_aside = {}
+-- At most this many tenants set aside per call: a dispatcher out of credits, with many tenants
+-- whose next items need one, looks at no more of them each round.
+local MAX_SET_ASIDE = 16
+
+local function room()
+  return served < want or (any_free and served_free < free_want)
+end
+
+-- The tenants set aside go back where they were, each with its start tag.
+local function restore()
+  for _, s in ipairs(set_aside) do redis.call('ZADD', s[1], s[2], s[3]) end
+  set_aside = {}
+end
 
 -- Due timers: those tenants' tiers are looked at again (bounded per call).
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', timers, '-inf', fq.now, 'LIMIT', 0, tonumber(ARGV[A + 2]))) do
@@ -122,6 +148,8 @@ local function serve(tid, tier, tag, part, key, ktag, conf_of)
     return nil
   end
   if only_kind ~= '' and (it.kind or '') ~= only_kind then return STOP end
+  local free = any_free and free_kinds[it.kind or ''] == true
+  if (free and served_free >= free_want) or (not free and served >= want) then return SKIP end
   local conf = fq_conf(tid)
   if conf.suspended then
     fq_suspend(tier, tid, tag)
@@ -150,13 +178,14 @@ local function serve(tid, tier, tag, part, key, ktag, conf_of)
     fq_block(tier, tid, tag)
     return nil
   end
+  if free then served_free = served_free + 1 else served = served + 1 end
   return dispatch(tid, tier, tag, conf, part, key, ktag, id, it, d)
 end
 
 -- The next item, or nil when none is eligible, or false when the tenant budget ran out first.
 local function next_item()
   local budget = tonumber(ARGV[A + 3])
-  for t = A + 6, #ARGV do
+  for t = FIRST_TIER, #ARGV do
     local tier = ARGV[t]
     local ready = fq_gkey('ready:' .. tier)
     while budget > 0 do
@@ -177,16 +206,24 @@ local function next_item()
       else
         local row = serve(tid, tier, tag, part, key, ktag, scopes_of(tid))
         if row == STOP then return nil end
-        if row then return row end
+        if row == SKIP then
+          redis.call('ZREM', ready, tid)
+          set_aside[#set_aside + 1] = {ready, fq_num(tag), tid}
+          if #set_aside >= MAX_SET_ASIDE then return nil end
+        elseif row then
+          return row
+        end
       end
     end
   end
-  if budget == 0 then return false end
+  -- Out of budget: look again in another call, unless tenants were set aside, which that call
+  -- would find first again: then the call ends here (a bound on what one passes over).
+  if budget == 0 and #set_aside == 0 then return false end
   return nil
 end
 
 local out = {'done'}
-while #out - 1 < want do
+while room() do
   local item = next_item()
   if item == false then
     out[1] = 'again'
@@ -194,11 +231,13 @@ while #out - 1 < want do
   elseif item == nil then
     break
   elseif item.err then
+    restore()
     return item
   end
   out[#out + 1] = item
 end
-if #out - 1 < want and redis.call('ZCOUNT', timers, '-inf', fq.now) > 0 then
+restore()
+if room() and redis.call('ZCOUNT', timers, '-inf', fq.now) > 0 then
   out[1] = 'again'
 end
 fq_wake_if_ready()

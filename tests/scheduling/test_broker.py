@@ -32,6 +32,7 @@ from scheduling.coordinator.reaper import reap_all
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.dispatch import credits as broker
 from scheduling.dispatch.dispatcher import RESERVE_MIN, Dispatcher
+from scheduling.dispatch.handlers import _publishers, register_publisher
 from scheduling.dispatch.worker import execute_item
 from tenants import services
 from tenants.models import Tenant
@@ -172,6 +173,35 @@ def test_a_dispatcher_out_of_work_credits_sleeps_holding_none_so_two_never_split
     second._idle()
     assert broker.busy(SYSTEM_QUEUE) == 0
     assert broker.busy(WORK_QUEUE) == 2  # the two messages published and not yet run
+
+
+@pytest.mark.django_db
+def test_a_dispatcher_out_of_work_credits_still_hands_task_nodes_to_their_publisher_and_leaves_the_rest(
+    make_tenant, redis_client
+):
+    """Task nodes' items need no Ductor worker: with every work slot taken, a round still hands
+    them to their publisher, and the items that need a slot stay queued for one."""
+    steps, _ = make_tenant("slotless-steps")
+    tasks, _ = make_tenant("slotless-tasks")
+    broker.register_worker("fake@host", [WORK_QUEUE, SYSTEM_QUEUE], 1)
+    published: list[fq.Dequeued] = []
+    register_publisher("test.published", published.extend)
+    try:
+        dispatcher = Dispatcher(shards=list(range(settings.DUCTOR_QUEUE_SHARDS)))
+        enqueue(steps, 3, kind="test.noop", partitions=3, prefix="s")
+        assert dispatcher.run_once() == 1  # the one work slot
+        dispatcher.give_back()
+        assert broker.credits(WORK_QUEUE) == 0
+        enqueue(tasks, 2, kind="test.published", partitions=2, prefix="t")
+
+        assert dispatcher.run_once() == 2
+        assert sorted(item.item_id for item in published) == ["t0", "t1"]
+        assert all(item.tenant_id == str(tasks.pk) for item in published)
+        assert fq.stats(steps).backlog == 2  # still queued: no slot for them
+        assert broker.busy(WORK_QUEUE) == 1  # the task nodes took no credit
+        dispatcher.give_back()
+    finally:
+        _publishers.pop("test.published")
 
 
 @pytest.mark.django_db

@@ -603,3 +603,34 @@ def test_dequeue_validates_its_arguments(redis_client):
     with pytest.raises(ValueError, match="shard"):
         fq.dequeue(shard=99, lease_ms=LEASE_MS)
     assert fq.dequeue(lease_ms=LEASE_MS, tiers=[fq.SYSTEM_TIER]) is None
+
+
+def test_with_no_credit_left_a_dequeue_takes_items_of_the_free_kinds_and_passes_over_the_others_in_place(
+        tenant_with, queue, redis_client):
+    """Task nodes use no work credit: a dispatcher with none left still takes them, beside at most
+    its credits' worth of other items; a tenant whose next item needs a credit keeps its start tag."""
+    steps_a, tasks, steps_c = (queue.add(tenant_with(name)) for name in ("free-a", "free-b", "free-c"))
+    for tenant, kind in ((steps_a, "step"), (tasks, "task"), (steps_c, "step")):
+        fq.enqueue_many([fq.NewItem(f"{kind}-{n}", "standard", f"p{n}", {"kind": kind}) for n in range(3)],
+                        tenant=tenant)
+    ready = fq.global_key("ready:standard", shard=0)
+    tags = dict(redis_client.zrange(ready, 0, -1, withscores=True))
+    assert len(tags) == 3
+
+    [none_credited] = fq.dequeue_batches(shard=0, lease_ms=LEASE_MS, batches=[(None, 0, 10)], free_kinds=["task"])
+
+    assert [(item.tenant_id, item.item_id) for item in none_credited] == [(str(tasks.pk), f"task-{n}")
+                                                                         for n in range(3)]
+    after = dict(redis_client.zrange(ready, 0, -1, withscores=True))
+    passed_over = {member: tag for member, tag in tags.items() if member.decode() != str(tasks.pk)}
+    assert after == passed_over  # both still ready, each at its own start tag
+
+    [one_credit] = fq.dequeue_batches(shard=0, lease_ms=LEASE_MS, batches=[(None, 1, 10)], free_kinds=["task"])
+    assert len(one_credit) == 1
+    assert one_credit[0].payload["kind"] == "step"
+    first = min(passed_over, key=lambda member: (passed_over[member], member))
+    assert one_credit[0].tenant_id == first.decode()  # the fair order's first, as if never passed over
+    with pytest.raises(ValueError, match="at least one item"):
+        fq.dequeue_batches(shard=0, lease_ms=LEASE_MS, batches=[(None, 0, 0)], free_kinds=["task"])
+    with pytest.raises(ValueError, match="limit"):
+        fq.dequeue_batches(shard=0, lease_ms=LEASE_MS, batches=[(None, 0, 10)])  # no free kind: a credit each

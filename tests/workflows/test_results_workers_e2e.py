@@ -75,7 +75,8 @@ def test_a_task_steps_outcome_is_recorded_while_every_slot_of_the_steps_worker_r
         layout, make_tenant):
     """Tenant B's first task step runs on the team's worker; tenant A's action then takes the
     steps' worker's only slot. B's outcomes go to the results worker, not behind A's action:
-    B's run ends while A's action still runs."""
+    B's run ends while A's action still runs, and so does a run B starts then, whose first step
+    a dispatcher publishes with no work credit free."""
     TaskCatalogEntry.objects.create(name="team.slow_first", queue="team")
     TaskCatalogEntry.objects.create(name="team.add", queue="team")
     a, b = make_tenant()[0], make_tenant()[0]
@@ -106,6 +107,12 @@ def test_a_task_steps_outcome_is_recorded_while_every_slot_of_the_steps_worker_r
         fresh(a, summed.pk)
     with pytest.raises(WorkflowRun.DoesNotExist):
         fresh(b, held.pk)
+
+    # A run B starts now: its first task step goes out though no work credit is free (it uses none).
+    put(b, "quick", {"nodes": [task("add", "team.add", {"a": 1, "b": 2})], "output": "$nodes.add.output.sum"})
+    quick = finished(b, start(b, "quick").pk)
+    assert (quick.status, quick.output) == ("succeeded", 3)
+    assert by_node(a, held)["hold"].status == StepRun.Status.RUNNING
 
     drained(b)
     # No waiting out A's action: its worker goes at once, and the run is cancelled.
