@@ -33,7 +33,7 @@ SYSTEM_QUEUE = "ductor.system"
 RESULTS_QUEUE = "ductor.results"
 # A worker of the outcomes alone. Recording one is Ductor's own short code that waits on PostgreSQL
 # and Redis: the solo pool runs it in the worker's process, where a prefork pool would pass each
-# message to a pool process and its result back through a pipe (about a quarter of the outcome's
+# message to a pool process and its result back through a pipe (8 to 20% of the outcome's
 # CPU, docs/performance.md). One such worker per core; ``manage.py up`` starts one.
 RESULTS_WORKER_ARGS = ("-Q", RESULTS_QUEUE, "--pool", "solo")
 # The other workers' queues where results workers run: steps and engine-internal work.
