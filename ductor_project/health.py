@@ -6,7 +6,8 @@ nothing else, so a database outage does not get every web process restarted.
 cluster) answer and at least one
 coordinator and one dispatcher beat within ``DUCTOR_HEARTBEAT_STALE_S``
 (``ductor_project.core.heartbeats``), and the apps' own checks pass (``register_check``: every
-fair-queue shard served by a live dispatcher, ``scheduling.dispatch.shards``); else 503. Both answer JSON, need no
+fair-queue shard served by a live dispatcher, ``scheduling.dispatch.shards``; a live worker on each
+of Ductor's queues, ``scheduling.dispatch.credits``); else 503. Both answer JSON, need no
 credentials and show no tenant data: what is checked, whether it passed, how
 long it took, and the heartbeat ages.
 """

@@ -27,7 +27,7 @@ class SchedulingConfig(AppConfig):
         from scheduling import admission, fairness_keys, routing_table
         from scheduling.coordinator import wakeups
         from scheduling.coordinator.reconcile import register_reconciler
-        from scheduling.dispatch import shards, worker
+        from scheduling.dispatch import credits, shards, worker
         from scheduling.dispatch.handlers import register_handler
         from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
         from tenants.entitlements import limits_changed
@@ -50,4 +50,5 @@ class SchedulingConfig(AppConfig):
         register_handler(wakeups.ITEM_KIND, wakeups.run_wakeup)
         worker.install()
         register_check("shards", shards.readiness)
+        register_check("workers", credits.readiness)
         checks.register(check_task_settings)

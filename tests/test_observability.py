@@ -19,6 +19,7 @@ from django.db import connections
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from ductor_project.celery import RESULTS_QUEUE, SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import heartbeats
 from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.management.commands.up import HeartbeatWatch
@@ -26,6 +27,7 @@ from ductor_project.stack import Stack
 from scheduling import fair_queue as fq
 from scheduling.circuit import record_failure, record_success
 from scheduling.coordinator.loop import Coordinator
+from scheduling.dispatch import credits
 from scheduling.dispatch.dispatcher import IDLE_WAIT_S, Dispatcher
 from scheduling.metrics import SharedStateCollector
 from tenants.models import Tenant
@@ -244,6 +246,7 @@ def ready() -> tuple[int, dict[str, Any]]:
 
 
 def test_readyz_is_unavailable_until_a_coordinator_and_a_dispatcher_beat(settings, redis_client):
+    credits.register_worker("w@host", [WORK_QUEUE, SYSTEM_QUEUE, RESULTS_QUEUE], 2)
     status, body = ready()
     assert status == 503
     assert body["status"] == "unavailable"
@@ -259,7 +262,27 @@ def test_readyz_is_unavailable_until_a_coordinator_and_a_dispatcher_beat(setting
     assert ready()[0] == 200
 
 
+def test_readyz_is_unavailable_while_one_of_ductors_queues_has_no_live_worker(settings, redis_client):
+    """A deployment whose workers of steps leave the results queue to results workers, with none
+    running: the outcomes of task nodes would wait there for good."""
+    heartbeats.beat(heartbeats.COORDINATOR, "c1")
+    heartbeats.beat(heartbeats.DISPATCHER, "d1")
+    credits.register_worker("steps@host", [WORK_QUEUE, SYSTEM_QUEUE], 4)
+    status, body = ready()
+    assert status == 503
+    assert body["checks"]["workers"] | {"ms": 0} == {
+        "ok": False, "slots": {WORK_QUEUE: 4, SYSTEM_QUEUE: 4, RESULTS_QUEUE: 0},
+        "error": f"no live worker consumes {RESULTS_QUEUE}", "ms": 0}
+    credits.register_worker("results-1@host", [RESULTS_QUEUE], 1)
+    status, body = ready()
+    assert status == 200
+    assert body["checks"]["workers"]["slots"] == {WORK_QUEUE: 4, SYSTEM_QUEUE: 4, RESULTS_QUEUE: 1}
+    credits.unregister_worker("steps@host", [WORK_QUEUE, SYSTEM_QUEUE], 4)  # a warm shutdown
+    assert ready()[1]["checks"]["workers"]["error"] == f"no live worker consumes {WORK_QUEUE}, {SYSTEM_QUEUE}"
+
+
 def test_readyz_turns_unhealthy_when_the_coordinators_heartbeat_stops_and_healthy_when_it_resumes(loops):
+    credits.register_worker("w@host", [WORK_QUEUE, SYSTEM_QUEUE, RESULTS_QUEUE], 2)
     wait_for(lambda: ready()[0] == 200, what="both loops beating")
     loops.clear()  # the coordinator's next pass hangs: it beats no more, though its thread lives
     _status, body = wait_for(lambda: (found := ready())[0] == 503 and found, what="the stale coordinator")

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE
+from ductor_project.celery import RESULTS_QUEUE, SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import scripts
 from ductor_project.core.keys import global_redis_key
 from ductor_project.core.redis import get_redis, on_node
@@ -94,6 +94,18 @@ def worker_slots(queue: str) -> int:
     """Live worker slots consuming ``queue``."""
     members = get_redis().zrangebyscore(_key("workers", queue), _now(), "+inf")
     return sum(int(m.decode().rsplit("|", 1)[1]) for m in members)
+
+
+def readiness() -> dict[str, Any]:
+    """``/readyz``'s check (``ductor_project.health.register_check``): each of Ductor's queues (the
+    steps', the system's, the outcomes of task nodes') has a live worker slot; the live slots by
+    queue, and the queues no live worker consumes named. Without one, what is sent there waits."""
+    slots = {queue: worker_slots(queue) for queue in (WORK_QUEUE, SYSTEM_QUEUE, RESULTS_QUEUE)}
+    result: dict[str, Any] = {"slots": slots}
+    unserved = [queue for queue, count in slots.items() if not count]
+    if unserved:
+        result.update(ok=False, error=f"no live worker consumes {', '.join(unserved)}")
+    return result
 
 
 def busy(queue: str) -> int:

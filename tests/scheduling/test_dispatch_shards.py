@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from ductor_project.celery import RESULTS_QUEUE, SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import heartbeats
-from scheduling.dispatch import shards
+from scheduling.dispatch import credits, shards
 from scheduling.dispatch.dispatcher import Dispatcher
 from scheduling.dispatch.shards import ShardPlan, assigned
 from tenants import services
@@ -77,6 +78,7 @@ def ready() -> tuple[int, dict[str, Any]]:
 
 def test_a_shard_no_live_dispatcher_serves_is_named_in_readyz_and_the_platform_view(settings, db) -> None:
     settings.DUCTOR_QUEUE_SHARDS = 3
+    credits.register_worker("w@host", [WORK_QUEUE, SYSTEM_QUEUE, RESULTS_QUEUE], 1)
     heartbeats.beat(heartbeats.COORDINATOR, "c")
     heartbeats.beat(heartbeats.DISPATCHER, "only-0-and-2")
     ShardPlan([0, 2], name="only-0-and-2").shards()
