@@ -31,7 +31,7 @@ from scheduling import fair_queue
 from scheduling.dispatch import credits, task_events
 from scheduling.dispatch.credits import CUSTOMER_TIERS, QUEUES, SYSTEM_TIER
 from scheduling.dispatch.delivery import Delivery
-from scheduling.dispatch.handlers import hand_to_publishers, kind_of, publisher_kinds
+from scheduling.dispatch.handlers import hand_to_publishers, publisher_kinds
 from scheduling.dispatch.handoff import log_dispatch
 from scheduling.dispatch.shards import ShardPlan
 from scheduling.dispatch.worker import execute_item, message_kwargs
@@ -98,9 +98,9 @@ class Dispatcher:
             wanted = [(tiers, len(self._held[queue]), free) for queue, tiers, free in groups]
             batches = fair_queue.dequeue_batches(shard=shard, lease_ms=settings.DUCTOR_LEASE_MS, batches=wanted,
                                                  free_kinds=free_kinds if free_only else ())
-            for (queue, _, free), (_, limit, _), items in zip(groups, wanted, batches, strict=True):
-                free_taken = sum(1 for item in items if kind_of(item) in free_kinds) if free else 0
-                drained = drained and len(items) - free_taken < limit and (not free or free_taken < free)
+            for (queue, _, _), (_, limit, _), items in zip(groups, wanted, batches, strict=True):
+                # Without a credit (limit 0) it cannot tell: it is out of credits, and waits for one.
+                drained = drained and len(items) < limit
                 if items:  # an empty dequeue takes no producer from the pool
                     dispatched += self._publish_all(queue, items)
         # Out of work credits (or without a system credit): the next round waits for a freed one.

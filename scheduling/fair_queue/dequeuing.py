@@ -108,10 +108,10 @@ Batched = tuple[Sequence[str] | None, int, int]
 
 def _batched(entry: tuple[Sequence[str] | None, int] | Batched, any_free: bool) -> tuple[list[str], int, int]:
     tiers, limit, free = (*entry, 0) if len(entry) == 2 else entry
-    if not any_free:
-        return _tiers(tiers), at_least("limit", limit, 1), at_least("free", free, 0)
     at_least("limit", limit, 0)
     at_least("free", free, 0)
+    if free and not any_free:
+        raise ValueError(f"free {free} needs free_kinds: without them a batch takes its limit ({limit}) alone")
     if limit + free < 1:
         raise ValueError(f"a batch takes at least one item: limit {limit} and free {free}")
     return _tiers(tiers), limit, free
