@@ -217,6 +217,42 @@ def test_the_callbacks_carry_their_arguments_text_so_the_team_worker_does_not_bu
     assert failed["argsrepr"] == "('task-id',)"
 
 
+def test_on_redis_neither_the_task_nor_its_callback_declares_its_queue(tenant_a):
+    """On a Redis broker a queue needs no declaring: the task goes into its queue's list, the team's
+    worker sends the callback into ``ductor.results``, and neither publish writes kombu's binding
+    of its queue (which Celery otherwise looks up again for every message it publishes)."""
+    import base64
+
+    from celery import Celery, signature
+    from django.conf import settings
+
+    from ductor_project.celery import RESULTS_QUEUE
+    from tests.conftest import broker_redis
+
+    broker = broker_redis()
+    bindings = [f"_kombu.binding.{queue}" for queue in ("team", RESULTS_QUEUE)]
+    broker.delete("team", RESULTS_QUEUE, *bindings)
+    step = running_task_step(tenant_a[0])
+    with tenant_context(tenant_a[0]):
+        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.QUEUED)
+    item = Dequeued(tenant_id=str(tenant_a[0].pk), item_id=f"step:{step.pk}", tier="standard", partition="p",
+                    payload={"kind": "task", "step_id": str(step.pk), "name": "team.add", "queue": "team",
+                             "timeout_s": 30},
+                    waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)
+    task_nodes.publish([item])
+    message = json.loads(broker.rpop("team"))  # as the team's worker takes it
+    _args, _kwargs, embed = json.loads(base64.b64decode(message["body"]))
+    team = Celery("team", broker=settings.CELERY_BROKER_URL, set_as_current=False)  # kombu's own Redis transport
+    try:
+        signature(embed["callbacks"][0], app=team).apply_async(({"sum": 3},))
+    finally:
+        team.close()
+
+    callback = json.loads(broker.rpop(RESULTS_QUEUE))
+    assert (callback["headers"]["task"], message["headers"]["task"]) == ("ductor.task_succeeded", "team.add")
+    assert [key for key in bindings if broker.exists(key)] == []
+
+
 def test_the_worker_that_keeps_a_task_step_s_outcome_publishes_its_run_s_next_task_step(
     tenant_a, redis_client, monkeypatch
 ):
