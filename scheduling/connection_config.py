@@ -62,7 +62,8 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"config.{unknown[0]}", f"unknown field; use {', '.join(HTTP_KEYS)}")
     base_url = config.get("base_url")
     if not isinstance(base_url, str) or not base_url:
-        raise ConfigError("config.base_url", "is required: an http or https URL")
+        wanted = "is required" if base_url is None else "must be"
+        raise ConfigError("config.base_url", f"{wanted}: an http or https URL")
     try:
         _url(base_url)
     except ValidationError as exc:

@@ -204,6 +204,18 @@ def _in_json(error: Any) -> str:
     return (value if len(value) <= 100 else value[:97] + "...") + error.message[len(shown):]
 
 
+def _field_of(error: Any) -> list[Any]:
+    """The path of the field an error is about: a missing property's own (``input.sku``), one
+    for each that ``required`` lists and the value lacks, where the error's path is its object's."""
+    path = list(error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, Mapping):
+        missing = [name for name in error.validator_value if isinstance(name, str) and name not in error.instance]
+        named = next((name for name in missing if error.message.startswith(repr(name))), None)
+        if named is not None:
+            path.append(named)
+    return path
+
+
 def _path(parts: Any) -> str:
     """A field's path as the API names it: ``items[1].sku`` ("" for the value itself)."""
     path = ""
@@ -229,7 +241,7 @@ def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: st
     try:
         for error in _validator(schema).iter_errors(value):
             best = jsonschema.exceptions.best_match([error]) or error  # into anyOf / oneOf
-            problems.setdefault(_path(best.absolute_path), _in_json(best)[:300])
+            problems.setdefault(_path(_field_of(best)), _in_json(best)[:300])
             if len(problems) == MAX_INPUT_PROBLEMS:
                 break
     except (referencing.exceptions.Unresolvable, ValueError) as exc:  # stored before references were checked

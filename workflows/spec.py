@@ -386,11 +386,15 @@ class _NodeParser:
         key = f"nodes[{self.index}].{name}" if name else f"nodes[{self.index}]"
         self.errors.add(key, f"{self.label}: {name}: {message}" if name else f"{self.label}: {message}")
 
+    def wanted(self, name: str, what: str) -> None:
+        """The field ``name`` is missing ("is required: ``what``") or is not ``what`` ("must be")."""
+        self.error(name, f"{'is required' if self.raw.get(name) is None else 'must be'}: {what}")
+
     def parse(self) -> dict[str, Any]:
         """The node's fields with defaults filled; every problem found goes to ``errors``, in field order."""
         raw = self.raw
         if self.id is None:
-            self.error("id", "is required: a slug of a-z, 0-9 and _ starting with a letter, at most 63 long")
+            self.wanted("id", "a slug of a-z, 0-9 and _ starting with a letter, at most 63 long")
         node_type = raw.get("type")
         self._check_field_names(node_type, self._allowed_fields(node_type))
         fields: dict[str, Any] = {"index": self.index, "id": self.id, "type": node_type}
@@ -506,7 +510,7 @@ class _NodeParser:
         """``action`` names an action registered in ``workflows.actions``."""
         name = self.raw.get("action")
         if not isinstance(name, str) or not name:
-            self.error("action", "is required: the name of a registered action")
+            self.wanted("action", "the name of a registered action")
             return None
         if not actions.is_registered(name):
             known = actions.registered_names()
@@ -519,7 +523,7 @@ class _NodeParser:
         """``task`` names a catalog task the tenant may call; a literal ``input`` matches its schema."""
         name = self.raw.get("task")
         if not isinstance(name, str) or not name:
-            self.error("task", "is required: the name of a task in the task catalog")
+            self.wanted("task", "the name of a task in the task catalog")
             return None
         check = catalog.callable_task(name)
         if check.entry is None:
@@ -557,8 +561,8 @@ class _NodeParser:
         fields: dict[str, Any] = {}
         name = self.raw.get("event")
         if not isinstance(name, str) or not EVENT_NAME.fullmatch(name):
-            self.error("event", "is required: an event name of letters, digits and _.:/-, starting with a letter "
-                       "or digit, at most 200 long")
+            self.wanted("event", "an event name of letters, digits and _.:/-, starting with a letter "
+                                 "or digit, at most 200 long")
         fields["event"] = name if isinstance(name, str) else None
         if "key" in self.raw:
             key = self.raw["key"]
@@ -652,7 +656,8 @@ class _SpecChecker:
         raw_nodes = self.spec.get("nodes")
         max_nodes = settings.DUCTOR_MAX_SPEC_NODES
         if not isinstance(raw_nodes, list) or not raw_nodes:
-            self.errors.add("nodes", "nodes: is required: a non-empty list of nodes")
+            wanted = "is required" if raw_nodes is None else "must be"
+            self.errors.add("nodes", f"nodes: {wanted}: a non-empty list of nodes")
             raise SpecError(self.errors.items)
         if len(raw_nodes) > max_nodes:
             self.errors.add("nodes", f"nodes: has {len(raw_nodes)} nodes; the limit is {max_nodes}")

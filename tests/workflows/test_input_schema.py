@@ -42,7 +42,8 @@ def test_a_start_whose_input_the_schema_refuses_is_400_naming_each_field_and_sta
 
     assert_invalid(wrong, "input.qty", "1.5 is not of type 'integer'")
     assert set(wrong.json()["error"]["details"]) == {"input.sku", "input.qty"}
-    assert_invalid(missing, "input", "'sku' is a required property")
+    assert_invalid(missing, "input.sku", "'sku' is a required property")
+    assert set(missing.json()["error"]["details"]) == {"input.sku", "input.qty"}  # every one it lacks
     assert good.status_code == 201, good.content
     assert run_count(tenant_a[0]) == 1
 
@@ -74,7 +75,7 @@ def test_a_bulk_item_or_a_rerun_whose_input_is_refused_names_it_and_starts_nothi
 
     assert_invalid(bulk, "runs[1].input.qty", "0 is less than the minimum of 1")
     assert "runs[1].input" in bulk.json()["error"]["details"]  # the field it does not know, at the root
-    assert_invalid(rerun, "input", "'qty' is a required property")
+    assert_invalid(rerun, "input.qty", "'qty' is a required property")
     assert rerun_as_it_was.status_code == 201, rerun_as_it_was.content
     assert run_count(tenant_a[0]) == 2
 
@@ -113,8 +114,9 @@ def test_an_event_the_workflow_refuses_starts_nothing_for_that_trigger_and_stand
     assert sent.status_code == 201, sent.content
     assert len(sent.json()["runs"]) == 1
     [refused] = sent.json()["refused"]
-    assert (refused["workflow"], sorted(refused["details"])) == ("order", ["input"])  # sku, qty: required
-    assert "'sku' is a required property" in refused["details"]["input"]
+    # Not an order (its fields unknown to the schema, at the root), and sku and qty, required, missing.
+    assert (refused["workflow"], sorted(refused["details"])) == ("order", ["input", "input.qty", "input.sku"])
+    assert "'sku' is a required property" in refused["details"]["input.sku"]
     assert client_a.get(f"/api/v1/events/{sent.json()['id']}").json()["refused"] == [refused]
     with tenant_context(tenant_a[0]):
         assert list(WorkflowRun.objects.values_list("workflow_name", flat=True)) == ["audit"]

@@ -232,13 +232,14 @@ def test_not_json_is_rejected() -> None:
     [
         ("x", "nodes[0]", "must be an object"),
         ({"type": "action", "action": "noop"}, "nodes[0].id", "is required"),
-        (act("Bad"), "nodes[0].id", "slug"),
+        (act("Bad"), "nodes[0].id", "must be: a slug"),  # given, but not one: not "required"
         (act("1a"), "nodes[0].id", "slug"),
         (act("a" * 64), "nodes[0].id", "slug"),
         ({"id": "a", "type": "cron"}, "nodes[0].type", "unknown type 'cron'"),
         ({"id": "a"}, "nodes[0].type", "unknown type missing"),
         (act("a", colour="red"), "nodes[0].colour", "unknown field"),
         ({"id": "a", "type": "action"}, "nodes[0].action", "is required"),
+        ({"id": "a", "type": "action", "action": 5}, "nodes[0].action", "must be: the name of a registered action"),
         ({"id": "a", "type": "action", "action": "nope"}, "nodes[0].action", "unknown action 'nope'"),
         (act("a", depends_on="b"), "nodes[0].depends_on", "must be a list"),
         (act("a", depends_on=[1]), "nodes[0].depends_on", "must be a list"),
