@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant
-from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
+from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound, check_key_reuse
 from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
@@ -186,8 +186,9 @@ def run_start(
     tenant = current_tenant()
     limits = effective_entitlements(tenant)
     if idempotency_key:
-        existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
+        existing = _run_of_key(idempotency_key)
         if existing is not None:
+            _check_same_start(existing, "idempotency_key", workflow, version, input)
             return existing, False
     size = json_size(input if input is not None else {})
     if size > limits.max_payload_bytes:
@@ -205,8 +206,25 @@ def run_start(
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
     _check_input(found, input)
-    return _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
-                  fairness_key=fairness_key)
+    run, created = _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
+                          fairness_key=fairness_key)
+    if not created:  # a concurrent start with the key won
+        _check_same_start(run, "idempotency_key", workflow, version, input)
+    return run, created
+
+
+def _run_of_key(key: str) -> WorkflowRun | None:
+    """The tenant's run that ``key`` started, if any (with its version, to compare a request with)."""
+    return WorkflowRun.objects.select_related("workflow").filter(idempotency_key=key).first()
+
+
+def _check_same_start(run: WorkflowRun, field: str, workflow: str, version: int | None, input: Any) -> None:
+    """``409 idempotency_key_reused`` unless a start of ``workflow`` (``version``, if named) with
+    ``input`` is the one that started ``run`` with its key."""
+    compared = {"workflow": (run.workflow_name, workflow), "input": (run.input, {} if input is None else input)}
+    if version is not None:
+        compared["version"] = (run.workflow.number, version)
+    check_key_reuse(field, str(run.idempotency_key), f"run {run.pk}", compared)
 
 
 def _input_errors(found: WorkflowVersion, value: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -257,7 +275,7 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
         if charge is not None and (refused := charge.refusal(exc)) is not None:
             raise refused from None
         # Another request with the same idempotency key won the race.
-        existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
+        existing = _run_of_key(idempotency_key) if idempotency_key else None
         if existing is None:
             raise
         return existing, False
@@ -270,11 +288,12 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     """Start a new run of ``run``'s version, with its input (or ``input``), tier and tags; the new run
     records that it is a rerun of ``run`` (``rerun_of``, and its ``created`` event). Charged to the
     quota like any start; idempotent with ``idempotency_key``. Returns ``(run, created)``."""
-    if idempotency_key:
-        existing = WorkflowRun.objects.filter(idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return existing, False
     given = run.input if input is None else input
+    if idempotency_key:
+        existing = _run_of_key(idempotency_key)
+        if existing is not None:
+            _check_same_rerun(existing, run, given)
+            return existing, False
     limits = effective_entitlements(current_tenant())
     size = json_size(given)
     if size > limits.max_payload_bytes:
@@ -283,8 +302,17 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
     _check_input(found, given)
-    return _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags, rerun_of=run,
-                  fairness_key=run.fairness_key)
+    again, created = _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags,
+                            rerun_of=run, fairness_key=run.fairness_key)
+    if not created:  # a concurrent start with the key won
+        _check_same_rerun(again, run, given)
+    return again, created
+
+
+def _check_same_rerun(existing: WorkflowRun, run: WorkflowRun, given: Any) -> None:
+    """``409 idempotency_key_reused`` unless ``existing`` is the rerun of ``run`` with ``given`` as input."""
+    check_key_reuse("idempotency_key", str(existing.idempotency_key), f"run {existing.pk}",
+                    {"rerun_of": (str(existing.rerun_of_id), str(run.pk)), "input": (existing.input, given)})
 
 
 # Attempts a retry starts again: those that failed, and those the failure cancelled.
@@ -321,12 +349,14 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
     return locked
 
 
-def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, bool]]:
+def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> list[tuple[WorkflowRun, bool]]:
     """Start many runs of the tenant in context at once, all or none. Returns ``(run, created)`` per item, in order.
 
     Each item holds what ``run_start`` takes. An item whose ``idempotency_key``
     this tenant already used, or that an earlier item of the batch uses, gets
-    that run and starts nothing. Every item is checked before anything is
+    that run and starts nothing (with ``same_keys``, as the API asks: only if it
+    is the same start, ``409 idempotency_key_reused`` naming it otherwise;
+    schedules and triggers own their keys). Every item is checked before anything is
     written: a bad item is a 400 naming it (``runs[3].tier``) and starts
     nothing. The new runs are charged to the monthly quota together, in the
     transaction that creates them (429 when they do not all fit). A few
@@ -361,14 +391,14 @@ def run_start_many(*, runs: list[dict[str, Any]]) -> list[tuple[WorkflowRun, boo
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
     try:
-        return _start_many(runs, versions)
+        return _start_many(runs, versions, same_keys)
     except IntegrityError:
         # A concurrent start took one of the keys: that run now exists, so the retry returns it.
-        return _start_many(runs, versions)
+        return _start_many(runs, versions, same_keys)
 
 
 def _start_many(
-    runs: list[dict[str, Any]], versions: dict[tuple[str, int | None], WorkflowVersion | None]
+    runs: list[dict[str, Any]], versions: dict[tuple[str, int | None], WorkflowVersion | None], same_keys: bool
 ) -> list[tuple[WorkflowRun, bool]]:
     keys = [item["idempotency_key"] for item in runs if item.get("idempotency_key")]
     by_key: dict[str, WorkflowRun] = {}
@@ -377,9 +407,12 @@ def _start_many(
                   .filter(idempotency_key__in=keys) if run.idempotency_key}
     results: list[tuple[WorkflowRun, bool]] = []
     new: list[WorkflowRun] = []
-    for item in runs:
+    for index, item in enumerate(runs):
         key = item.get("idempotency_key") or None
         if key is not None and key in by_key:
+            if same_keys:
+                _check_same_start(by_key[key], f"runs[{index}].idempotency_key", item["workflow"],
+                                  item.get("version"), item.get("input"))
             results.append((by_key[key], False))
             continue
         version = versions[(item["workflow"], item.get("version"))]

@@ -176,7 +176,7 @@ class RunViewSet(TenantViewSet):
         """Start up to 500 runs in one call, all or none (idempotent per item with its key)."""
         params = RunBulkStartSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        results = services.run_start_many(runs=params.validated_data["runs"])
+        results = services.run_start_many(runs=params.validated_data["runs"], same_keys=True)
         created = sum(1 for _, new in results if new)
         body = {"created": created,
                 "runs": [{"id": str(run.id), "idempotency_key": run.idempotency_key, "status": run.status,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,6 +50,7 @@ class ErrorCode(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NOT_ACCEPTABLE = "not_acceptable"
     CONFLICT = "conflict"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXCEEDED = "quota_exceeded"
     PLAN_LIMIT_REACHED = "plan_limit_reached"
@@ -151,6 +152,20 @@ class UnknownFields(ApiError):
             f"Unknown field(s): {names}.",
             details={name: ["Unknown field."] for name in sorted(fields)},
         )
+
+
+def check_key_reuse(field: str, key: str, first: str, compared: Mapping[str, tuple[Any, Any]]) -> None:
+    """``409 idempotency_key_reused`` naming ``field`` when a request that sends ``key`` again differs
+    from the one that first used it (``first``: "run <id>") in one of ``compared``: each of its
+    names maps to (the first request's value, this one's). The same request again is answered as
+    the first was; another request under a used key is a client's bug, never a silent answer."""
+    differs = [name for name, (was, now) in compared.items() if was != now]
+    if differs:
+        names = ", ".join(differs)
+        raise ApiError(f"Idempotency key {key!r} was first used for {first}, with another {names}. Send the "
+                       "first request again as it was, or use a new key.",
+                       code=ErrorCode.IDEMPOTENCY_KEY_REUSED, status_code=status.HTTP_409_CONFLICT,
+                       details={field: [f"Already used for {first}, with another {names}."]})
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -173,7 +173,10 @@ def test_a_failed_run_is_retried_where_it_failed_and_rerun_as_a_new_run(sdk: Cli
 
     retried = sdk.runs.retry(run.id)
     rerun = sdk.runs.rerun(run.id, {"order": 2}, idempotency_key="rerun-1")
-    again = sdk.runs.rerun(run.id, {"order": 3}, idempotency_key="rerun-1")
+    again = sdk.runs.rerun(run.id, {"order": 2}, idempotency_key="rerun-1")
+    with pytest.raises(Conflict) as reused:
+        sdk.runs.rerun(run.id, {"order": 3}, idempotency_key="rerun-1")
+    assert (reused.value.code, reused.value.field) == ("idempotency_key_reused", "idempotency_key")
 
     assert (retried.id, retried.status, retried.error) == (run.id, "running", None)
     assert [(s.node_id, s.attempt, s.status) for s in sdk.runs.iter_steps(run.id)] == [
@@ -287,7 +290,10 @@ def test_a_start_with_the_same_idempotency_key_starts_one_run(sdk: Client) -> No
     sdk.workflows.apply(finishing())
 
     first = sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="order-1", tags=["web"])
-    again = sdk.runs.start("greet", {"name": "Someone else"}, idempotency_key="order-1")
+    again = sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="order-1")
+    with pytest.raises(Conflict) as reused:  # the key again, for another start: the client's bug, not the run
+        sdk.runs.start("greet", {"name": "Someone else"}, idempotency_key="order-1")
+    assert (reused.value.code, reused.value.field) == ("idempotency_key_reused", "idempotency_key")
     keyed_by_sdk = sdk.runs.start(finishing(), {"name": "Bo"})
 
     assert again.id == first.id
@@ -530,7 +536,7 @@ def test_an_event_sent_starts_the_workflows_its_triggers_subscribe_and_only_here
 
     free = sdk.events.send("user.signed_up", {"plan": "free"}, key="u-1")
     pro = sdk.events.send("user.signed_up", {"plan": "pro", "name": "Ada"}, key="u-2", idempotency_key="signup-2")
-    again = sdk.events.send("user.signed_up", {"plan": "pro"}, idempotency_key="signup-2")
+    again = sdk.events.send("user.signed_up", {"plan": "pro", "name": "Ada"}, key="u-2", idempotency_key="signup-2")
     bulk = sdk.events.send_many([{"name": "user.signed_up", "payload": {"plan": "pro"}}, {"name": "other"}])
 
     assert free.runs == ()

@@ -263,9 +263,37 @@ def test_run_input_tags_and_idempotency_key_are_stored(client_a):
     assert run["root_run_id"] == run["id"]
     assert run["nesting_depth"] == 0
     assert run["parent_run"] is None
-    same = start(client_a, code=200, workflow="w", idempotency_key="abc", input={"other": 1})
+    same = start(client_a, code=200, workflow="w", idempotency_key="abc", input={"x": [1, {"y": None}]})
     assert same["id"] == run["id"]
-    assert same["input"] == run["input"]
+
+
+def test_a_used_idempotency_key_sent_with_another_start_is_409_naming_it_and_starts_nothing(
+        client_a, client_b, tenant_a):
+    create(client_a, "w")
+    create(client_a, "other")
+    run = start(client_a, workflow="w", input={"n": 1}, idempotency_key="k")
+    for body, differs in [({"workflow": "other", "input": {"n": 1}}, "workflow"),
+                          ({"workflow": "w", "input": {"n": 2}}, "input"),
+                          ({"workflow": "w"}, "input"),  # no input is {}, not the first one's
+                          ({"workflow": "w", "input": {"n": 1}, "version": 2}, "version")]:
+        reused = client_a.post("/api/v1/runs", {**body, "idempotency_key": "k"}, format="json")
+        assert_invalid(reused, "idempotency_key", f"run {run['id']}", f"another {differs}",
+                       code="idempotency_key_reused", status=409)
+    assert start(client_a, code=200, workflow="w", input={"n": 1}, version=1, idempotency_key="k")["id"] == run["id"]
+
+    # A batch: a used key, or one an earlier item of the batch uses, with another start: all or none.
+    for items, field in [([{"workflow": "other", "idempotency_key": "k"}], "runs[0].idempotency_key"),
+                         ([{"workflow": "w", "idempotency_key": "j"}, {"workflow": "other", "idempotency_key": "j"}],
+                          "runs[1].idempotency_key")]:
+        reused = client_a.post("/api/v1/runs/bulk", {"runs": items}, format="json")
+        assert_invalid(reused, field, "another workflow", code="idempotency_key_reused", status=409)
+    with tenant_context(tenant_a[0]):
+        assert WorkflowRun.objects.count() == 1
+
+    # Each tenant's keys are its own: another tenant's start under the same key is a new run of its own.
+    create(client_b, "other")
+    theirs = start(client_b, workflow="other", idempotency_key="k")
+    assert theirs["id"] != run["id"]
 
 
 # --- reading runs ----------------------------------------------------------------------------

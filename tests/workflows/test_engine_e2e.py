@@ -610,9 +610,10 @@ def test_a_duplicate_start_with_the_same_idempotency_key_returns_the_same_run_an
     put(tenant, "once", {"nodes": [echo("a", {"v": "$input.v"})], "output": "$nodes.a.output"})
     body = {"workflow": "once", "input": {"v": 1}, "idempotency_key": "order-42"}
     first = client_a.post("/api/v1/runs", body, format="json")
-    second = client_a.post("/api/v1/runs", {**body, "input": {"v": 2}}, format="json")
+    second = client_a.post("/api/v1/runs", body, format="json")
+    another = client_a.post("/api/v1/runs", {**body, "input": {"v": 2}}, format="json")  # the key, not the start
 
-    assert (first.status_code, second.status_code) == (201, 200)
+    assert (first.status_code, second.status_code, another.status_code) == (201, 200, 409)
     assert first.json()["id"] == second.json()["id"]
     run = finished(tenant, first.json()["id"])
     third = client_a.post("/api/v1/runs", body, format="json")

@@ -79,6 +79,15 @@ def test_an_event_is_idempotent_with_its_key_and_a_bulk_send_is_all_or_none(tena
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json() == again.json()
     assert len(runs_of(tenant)) == 1
+    other = client_a.post("/api/v1/events", {**body, "payload": {"amount": 5}}, format="json")
+    assert (other.status_code, error_code(other)) == (409, "idempotency_key_reused")
+    assert "another payload" in other.json()["error"]["details"]["idempotency_key"][0]
+    in_batch = client_a.post("/api/v1/events/bulk", {"events": [{"name": "order.paid", "idempotency_key": "b"},
+                                                                {"name": "other", "idempotency_key": "b"}]},
+                             format="json")
+    assert (in_batch.status_code, error_code(in_batch)) == (409, "idempotency_key_reused")
+    assert "another name" in in_batch.json()["error"]["details"]["events[1].idempotency_key"][0]
+    assert len(runs_of(tenant)) == 1
 
     bulk = client_a.post("/api/v1/events/bulk", {"events": [body, {"name": "order.paid"}, {"name": "other"}]},
                          format="json")

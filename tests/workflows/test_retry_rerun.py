@@ -177,6 +177,12 @@ def test_a_rerun_is_idempotent_with_a_key_and_charged_to_the_quota(tenant, clien
     again = client_a.post(f"/api/v1/runs/{first.pk}/rerun", keyed, format="json")
     assert (created.status_code, again.status_code) == (201, 200)
     assert created.json()["id"] == again.json()["id"]
+    # The key again, with another input, or for a rerun of another run: a client's bug, refused.
+    other_input = client_a.post(f"/api/v1/runs/{first.pk}/rerun", {**keyed, "input": {"n": 2}}, format="json")
+    other_run = client_a.post(f"/api/v1/runs/{created.json()['id']}/rerun", keyed, format="json")
+    for refused, differs in [(other_input, "input"), (other_run, "rerun_of")]:
+        assert (refused.status_code, error_code(refused)) == (409, "idempotency_key_reused")
+        assert f"another {differs}" in refused.json()["error"]["details"]["idempotency_key"][0]
 
     tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
     refused = client_a.post(f"/api/v1/runs/{first.pk}/rerun", {}, format="json")

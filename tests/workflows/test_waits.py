@@ -305,6 +305,9 @@ def test_a_signal_is_idempotent_with_its_key_and_refused_for_an_ended_run(tenant
     again = client_a.post(f"/api/v1/runs/{run.pk}/signal", body, format="json")
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
+    other = client_a.post(f"/api/v1/runs/{run.pk}/signal", {**body, "payload": {"by": "someone else"}}, format="json")
+    assert (other.status_code, error_code(other)) == (409, "idempotency_key_reused")
+    assert "another payload" in other.json()["error"]["details"]["idempotency_key"][0]
     advance(tenant, run)
 
     ended = client_a.post(f"/api/v1/runs/{run.pk}/signal", {"name": "approved"}, format="json")

@@ -40,7 +40,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
-from ductor_project.core.errors import Conflict, StepErrorCode
+from ductor_project.core.errors import Conflict, StepErrorCode, check_key_reuse
 from scheduling import templates
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.engine.attempts import Outcome, finish, new_step, payload_refusal, refuse
@@ -223,6 +223,8 @@ def _send_signal(run_id: Any, name: str, payload: Any, key: str | None) -> tuple
         if key:
             known = RunSignal.objects.filter(run=run, idempotency_key=key).first()
             if known is not None:
+                check_key_reuse("idempotency_key", key, f"signal {known.pk}",
+                                {"name": (known.name, name), "payload": (known.payload, payload)})
                 return known, False
         if run.is_terminal:
             raise Conflict(f"Run {run.pk} is {run.status}: a signal can only go to an active run.",

@@ -33,7 +33,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
-from ductor_project.core.errors import ApiError, ErrorCode
+from ductor_project.core.errors import ApiError, ErrorCode, check_key_reuse
 from scheduling import templates
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
@@ -94,14 +94,18 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     results: list[tuple[Event, bool]] = []
     with transaction.atomic():
         new: list[Event] = []
-        for item in items:
+        for index, item in enumerate(items):
             key = item.get("idempotency_key") or None
+            name, event_key = item["name"], item.get("key") or ""
+            payload = {} if item.get("payload") is None else item["payload"]
             if key is not None and key in known:
-                results.append((known[key], False))
+                first = known[key]
+                field = f"events[{index}].idempotency_key" if len(items) > 1 else "idempotency_key"
+                check_key_reuse(field, key, f"event {first.pk}", {
+                    "name": (first.name, name), "key": (first.key, event_key), "payload": (first.payload, payload)})
+                results.append((first, False))
                 continue
-            event = Event.objects.create(name=item["name"], key=item.get("key") or "",
-                                         payload={} if item.get("payload") is None else item["payload"],
-                                         idempotency_key=key)
+            event = Event.objects.create(name=name, key=event_key, payload=payload, idempotency_key=key)
             if key is not None:
                 known[key] = event
             new.append(event)

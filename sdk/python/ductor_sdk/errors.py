@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 # The codes whose ``details`` map field paths (``spec.nodes[0].action``, ``members[1].weight``) to messages.
-FIELD_CODES = frozenset({"invalid", "unknown_field", "conflict", "payload_too_large"})
+FIELD_CODES = frozenset({"invalid", "unknown_field", "conflict", "idempotency_key_reused", "payload_too_large"})
 
 
 class DuctorError(Exception):
@@ -71,7 +71,8 @@ class NotFound(DuctorError):
 
 
 class Conflict(DuctorError):
-    """409: a unique name or slug is taken."""
+    """409: a unique name or slug is taken, a run or a workflow is not in the state the request needs, or an
+    ``idempotency_key`` already used by another request (``idempotency_key_reused``)."""
 
 
 class RateLimited(DuctorError):
