@@ -31,7 +31,9 @@ RESERVED_SLUGS = {SYSTEM_TENANT_SLUG, "admin", "api", "platform"}
 def _plan_or_invalid(slug: str) -> Plan:
     plan = Plan.objects.filter(pk=slug).first()
     if plan is None:
-        raise ApiError(f"Unknown plan '{slug}'.", code=ErrorCode.INVALID, details={"plan": ["Unknown plan."]})
+        known = ", ".join(Plan.objects.order_by("pk").values_list("pk", flat=True))
+        raise ApiError(f"Unknown plan '{slug}'; the plans are {known}.", code=ErrorCode.INVALID,
+                       details={"plan": ["Unknown plan."]})
     return plan
 
 

@@ -95,6 +95,15 @@ def test_a_task_node_compiles_to_the_task_node_shape() -> None:
     }
 
 
+def test_an_option_given_as_none_is_left_to_the_server_s_default_not_sent_as_null() -> None:
+    wf = Workflow("billing")
+    wf.task("charge", task="billing.tasks.charge", retry=None, timeout_s=None, pool=None, when=None, tags=None,
+            depends_on=None)
+
+    assert wf.to_spec()["nodes"][0] == {"id": "charge", "type": "task", "task": "billing.tasks.charge",
+                                        "input": {}, "depends_on": []}
+
+
 def test_the_sdk_normalizes_a_spec_as_the_server_stores_it() -> None:
     specs = [documented_example(), documented_example_as_code().to_spec(), {"nodes": [
         {"id": "b", "type": "action", "action": "noop", "depends_on": ["a"], "retry": {"backoff_s": 500}},

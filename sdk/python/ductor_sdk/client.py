@@ -570,7 +570,8 @@ class PlatformTaskCatalog(_Resource):
         return self._send(calls.TASK_CATALOG.get(name))
 
     def create(
-        self, name: str, *, description: str | None = None, queue: str | None = None, arguments: str | None = None,
+        self, name: str, *, description: str | None = None, queue: str | None = None,
+        arguments: models.TaskArguments | None = None,
         input_schema: Mapping[str, Any] | None = None, timeout_s: float | None = None,
         plans: Sequence[str] | None = None, tenants: Sequence[str] | None = None, enabled: bool | None = None,
     ) -> models.CatalogEntry:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 M = TypeVar("M", bound="Model")
@@ -262,6 +262,10 @@ class QueueStats(Model):
     # Its share of worker time over the last minute beside its weight-fair share, and its keys'
     # (``work["keys"]``: key, weight, work_ms, share, fair_share).
     work: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# How a task node's input reaches the task: as its keyword arguments, or as its one positional argument.
+TaskArguments = Literal["kwargs", "single"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

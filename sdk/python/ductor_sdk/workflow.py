@@ -132,14 +132,14 @@ class Retry:
 
 
 class NodeOptions(TypedDict, total=False):
-    """The fields every node type takes."""
+    """The fields every node type takes; None (as not given) leaves one to the server's default."""
 
-    depends_on: Sequence[str | StepRef]
-    when: Mapping[str, Any]
-    retry: Retry | Mapping[str, Any]
-    timeout_s: float
-    tags: Sequence[str]
-    pool: str
+    depends_on: Sequence[str | StepRef] | None
+    when: Mapping[str, Any] | None
+    retry: Retry | Mapping[str, Any] | None
+    timeout_s: float | None
+    tags: Sequence[str] | None
+    pool: str | None
 
 
 def to_json(value: Any) -> Any:
@@ -182,9 +182,10 @@ class Workflow:
 
     def _add(self, node_id: str, node_type: str, fields: Mapping[str, Any], options: NodeOptions) -> StepRef:
         node: dict[str, Any] = {"id": node_id, "type": node_type, **fields}
-        node["depends_on"] = [dep.id if isinstance(dep, StepRef) else dep for dep in options.get("depends_on", ())]
+        node["depends_on"] = [dep.id if isinstance(dep, StepRef) else dep for dep in options.get("depends_on") or ()]
         given: dict[str, Any] = dict(options)
-        node.update((name, given[name]) for name in ("when", "retry", "timeout_s", "tags", "pool") if name in given)
+        node.update((name, given[name]) for name in ("when", "retry", "timeout_s", "tags", "pool")
+                    if given.get(name) is not None)
         self._nodes.append(node)
         return StepRef(node_id)
 
