@@ -23,9 +23,10 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework import exceptions
 from rest_framework.test import APIClient
 
-from ductor_project.core.errors import ErrorCode, error_body, exception_handler
+from ductor_project.core.errors import ErrorCode, StepErrorCode, error_body, exception_handler
 from ductor_project.core.openapi import collection_of, render_descriptions, rst_to_markdown, tag_for
 from scheduling import rules
+from scheduling.action_errors import RetryableActionError
 from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import Tier
 from tenants.permissions import IsPlatformAdmin
@@ -210,6 +211,33 @@ def test_a_workflow_the_api_returns_validates_against_its_response_schema(
     validator(schema, "Workflow").validate(created.json())
     for version in client_a.get("/api/v1/workflows/doc/versions").json():
         validator(schema, "WorkflowVersion").validate(version)
+
+
+@pytest.mark.django_db
+def test_a_failed_run_and_its_steps_validate_against_their_typed_error_schemas(
+    client_a: APIClient, redis_client: Any, schema: dict[str, Any]
+) -> None:
+    # A sub-workflow of no workflow: refused by the engine as the run starts, which fails it at once.
+    created = client_a.post("/api/v1/workflows", {"name": "orphan", "spec": {"nodes": [
+        {"id": "kid", "type": "subworkflow", "workflow": "later"}]}}, format="json")
+    assert created.status_code == 201, created.content[:300]
+    run = client_a.post("/api/v1/runs", {"workflow": "orphan"}, format="json").json()
+    detail = client_a.get(f"/api/v1/runs/{run['id']}").json()
+
+    assert (detail["status"], detail["error"]["node"], detail["error"]["error"]["code"]) == (
+        "failed", "kid", "unknown_workflow")
+    validator(schema, "RunDetail").validate(detail)
+    for step in client_a.get(f"/api/v1/runs/{run['id']}/steps").json()["results"]:
+        validator(schema, "StepRun").validate(step)
+    errors = schema["components"]["schemas"]
+    assert errors["StepError"]["properties"]["code"] == {"$ref": "#/components/schemas/StepErrorCode"}
+    assert set(errors["StepErrorCode"]["enum"]) == {code.value for code in StepErrorCode}
+    assert not validator(schema, "StepError").is_valid({"code": "no_such_code", "message": "", "retryable": False})
+    failed_task = {"code": "task_failed", "message": "KeyError: 'sku'", "retryable": True,
+                   "exception": {"type": "KeyError", "module": "builtins"}}
+    validator(schema, "StepError").validate(failed_task)
+    validator(schema, "StepError").validate(
+        RetryableActionError("busy", code=StepErrorCode.RATE_LIMITED, status=429, retry_after_s=2).describe())
 
 
 # --- routing rules ---------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
+from ductor_project.core.errors import StepErrorCode
+from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.api import AnyJSONField, PatternField, StrictModelSerializer, StrictSerializer, TextField
 from workflows.models import (
@@ -25,6 +27,58 @@ from workflows.spec_schema import SpecField
 from workflows.triggers.selectors import next_fires
 from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_INTERVAL_S, MAX_JITTER_S
 from workflows.why import Cause
+
+STEP_ERROR, RUN_ERROR, STEP_ERROR_CODE = "StepError", "RunError", "StepErrorCode"
+
+
+def error_components() -> dict[str, dict[str, Any]]:
+    """The schemas of a step attempt's stored ``error`` and of a run's (the step's that failed it)."""
+    text, number = {"type": "string"}, {"type": "number", "nullable": True}
+    return {
+        STEP_ERROR_CODE: {"type": "string", "enum": [code.value for code in StepErrorCode],
+                          "description": "Why a step attempt failed (docs/workflows.md, step error codes)."},
+        STEP_ERROR: {
+            "type": "object", "required": ["code", "message", "retryable"], "additionalProperties": True,
+            "description": "Why a step attempt failed. An action's error adds `status`, `retry_after_s` and "
+                           "`details`; the engine's may add `field`, `exception` or `child_error`.",
+            "properties": {
+                "code": component_ref(STEP_ERROR_CODE),
+                "message": {**text, "description": "For people; a task's names its exception's type."},
+                "retryable": {"type": "boolean", "description": "Whether the retry policy may try it again."},
+                "field": {**text, "description": "The field it is about (`input`, `output`, `task`, `key`)."},
+                "status": {"type": "integer", "nullable": True, "description": "An HTTP action's answer status."},
+                "retry_after_s": {**number, "description": "The server's hint, when it gave one."},
+                "details": {"type": "object", "additionalProperties": True},
+                "exception": {"type": "object", "description": "A task's exception (`task_failed`).",
+                              "properties": {"type": text, "module": text}},
+                "child_error": {"allOf": [component_ref(RUN_ERROR)], "nullable": True,
+                                "description": "The error of the child run (`child_failed`)."},
+            },
+        },
+        RUN_ERROR: {
+            "type": "object", "required": ["node", "attempt", "error"], "additionalProperties": True,
+            "description": "Why a run failed: the step attempt that failed it (`node` and `attempt` null "
+                           "when the run itself was refused, such as an output over the plan).",
+            "properties": {"node": {**text, "nullable": True}, "attempt": {"type": "integer", "nullable": True},
+                           "error": component_ref(STEP_ERROR)},
+        },
+    }
+
+
+class StepErrorField(ComponentJSONField):
+    """A step attempt's ``error`` (null unless it failed)."""
+
+    component = STEP_ERROR
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return error_components()
+
+
+class RunErrorField(StepErrorField):
+    """A run's ``error`` (null unless it failed)."""
+
+    component = RUN_ERROR
 
 
 class WorkflowVersionSerializer(StrictModelSerializer):
@@ -156,6 +210,8 @@ class RunCancelManyResultSerializer(serializers.Serializer):
 
 
 class StepRunSerializer(StrictModelSerializer):
+    error = StepErrorField(read_only=True, allow_null=True)
+
     class Meta:
         model = StepRun
         fields = ["id", "node_id", "node_type", "attempt", "status", "input", "output", "error", "routing",
@@ -167,6 +223,7 @@ class RunSerializer(StrictModelSerializer):
     version = serializers.IntegerField(source="workflow.number", read_only=True)
     tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], read_only=True)
     tags = serializers.ListField(child=serializers.CharField(), read_only=True)
+    error = RunErrorField(read_only=True, allow_null=True)
 
     class Meta:
         model = WorkflowRun
