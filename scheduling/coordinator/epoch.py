@@ -37,14 +37,25 @@ class RedisWatch:
 
     A loss is owed until ``repaired()`` is called: a pass that found it and then failed (a node
     still away, PostgreSQL away during the repair) does not make the next pass forget it.
+
+    Every epoch missing at this process's first look is a first start as much as a loss: it is
+    told (``redis_data_lost``, a warning) only if the repair then finds something lost, and is
+    otherwise ``redis_epoch_set`` (info), so a fresh install does not start with a false alarm.
     """
 
     def __init__(self) -> None:
         self._servers: dict[int, str] = {}  # shard -> the run id of the server that held it last time
         self._owed = False
+        self._untold: dict[str, Any] | None = None  # a first look's empty Redis, told after its repair
 
-    def repaired(self) -> None:
-        """Everything was repaired since the last ``lost()`` that said so."""
+    def repaired(self, count: int = 0) -> None:
+        """Everything was repaired since the last ``lost()`` that said so; ``count``: what that fixed."""
+        if self._untold is not None:
+            if count:
+                log.warning("redis_data_lost", **self._untold, repaired=count)
+            else:
+                log.info("redis_epoch_set", shards=self._untold["shards_without_epoch"])
+            self._untold = None
         self._owed = False
 
     def lost(self) -> bool:
@@ -67,12 +78,18 @@ class RedisWatch:
                 if run_id is not None:
                     self._servers[shard] = run_id
 
+        first_look = not self._servers
+        shards = queue_shards()
         try:  # one key per shard, in order: a key's position is its shard
-            per_node([epoch_key(shard) for shard in queue_shards()], look)
+            per_node([epoch_key(shard) for shard in shards], look)
         finally:  # what the servers that answered said is kept, whether the others did or not
             emptied = sorted(shard for shard, new in created.items() if new)
             if emptied or restarted:
-                log.warning("redis_data_lost", shards_without_epoch=emptied, restarted=restarted)
+                noticed = {"shards_without_epoch": emptied, "restarted": restarted}
+                if first_look and not restarted and len(emptied) == len(shards):
+                    self._untold = noticed
+                else:
+                    log.warning("redis_data_lost", **noticed)
                 self._owed = True
         return self._owed
 

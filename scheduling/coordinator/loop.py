@@ -46,7 +46,7 @@ class Coordinator:
         if full or time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
             repaired = reconcile_all(full=full)
             if full:
-                self._redis.repaired()
+                self._redis.repaired(repaired)
             removed = housekeep_all()
             self._last_reconcile = time.monotonic()
         if reaped or repaired or removed:

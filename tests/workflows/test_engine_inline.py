@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
+from structlog.testing import capture_logs
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.database.wire import wire
@@ -281,16 +282,31 @@ def test_the_coordinator_notices_a_flush_on_its_next_pass_and_repairs_everything
     put(tenant, "one", {"nodes": [echo("a", {})]})
     runs = [tick(tenant, start(tenant, "one")) for _ in range(2)]
     coordinator = Coordinator(reconcile_every_s=3600)  # its periodic reconcile never comes
-    assert coordinator.tick()["repaired"] == 2  # the first look finds no epoch: a full repair
+    with capture_logs() as logs:
+        assert coordinator.tick()["repaired"] == 2  # the first look finds no epoch: a full repair
+    # A first look at an empty Redis is a loss only if the repair found something lost: here, it did.
+    assert [(line["event"], line.get("repaired")) for line in logs if "epoch" in line["event"]
+            or line["event"] == "redis_data_lost"] == [("redis_data_lost", 2)]
     assert coordinator.tick()["repaired"] == 0
     assert queued(tenant)  # drained: nothing waits any more
 
     redis_client.flushdb()
 
-    assert coordinator.tick()["repaired"] == 2
+    with capture_logs() as logs:
+        assert coordinator.tick()["repaired"] == 2
+    assert [line["event"] for line in logs if line["event"] == "redis_data_lost"] == ["redis_data_lost"]
     assert coordinator.tick()["repaired"] == 0
     assert queued(tenant) == {items.step_item_id(by_node(tenant, run)["a"].pk) for run in runs} | {
         items.tick_item_id(run.pk) for run in runs}
+
+
+def test_a_first_start_on_an_empty_redis_with_nothing_to_repair_is_no_alarm(redis_client):
+    with capture_logs() as logs:
+        assert Coordinator(reconcile_every_s=3600).tick()["repaired"] == 0  # an empty Redis: a full repair
+    events = [line["event"] for line in logs]
+    assert "redis_epoch_set" in events
+    assert "redis_data_lost" not in events
+    assert [line["log_level"] for line in logs if line["event"] == "redis_epoch_set"] == ["info"]
 
 
 def test_the_redis_watch_says_lost_until_the_loss_is_repaired():
