@@ -191,6 +191,7 @@ def test_a_team_worker_killed_mid_task_is_caught_by_the_timeout_and_the_retry_ru
     attempts = steps(tenant, run)
     assert [(s.attempt, s.status, (s.error or {}).get("code")) for s in attempts] == [
         (1, "failed", "timeout"), (2, "succeeded", None)]
+    assert "task 'team.slow_first' on queue 'team' within its timeout of 3 s" in attempts[0].error["message"]
     assert "step_timed_out" in types(tenant, run)
     drained(tenant)
 

@@ -61,7 +61,7 @@ from scheduling import fair_queue
 from scheduling.connection_config import DEFAULT_BROKER
 from scheduling.dispatch.handoff import settle_published
 from scheduling.fair_queue import Dequeued, Finished
-from scheduling.routing_table import routing_table
+from scheduling.routing_table import MemberInfo, routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
@@ -132,7 +132,11 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
         timeout_s = float(item.payload.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
         left_ms = int((timeout_s - (now - (step.started_at or now)).total_seconds()) * 1000)
         if left_ms <= 0:  # its lease, the timeout, ended with no result
-            step_timeout(str(step.id), {})
+            queue = _queue_of(item)[1] or "(none)"
+            step_timeout(str(step.id), {"message": (
+                f"no outcome from task '{item.payload.get('name')}' on queue '{queue}' within its timeout of "
+                f"{timeout_s:g} s: the task is still running, its worker died with it, or no worker consumes "
+                f"that queue")})
             continue
         try:
             queue = _send(item, step, producers)
@@ -150,12 +154,17 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
         batch.execute()
 
 
+def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
+    """The celery connection its admission chose (None: the catalog queue's own scope admitted it),
+    and the queue the task goes to ("" for none)."""
+    member = routing_table().member(item.connection_id) if item.connection_id else None
+    return member, (member.queue if member else "") or str(item.payload.get("queue") or "")
+
+
 def _send(item: Dequeued, step: StepRun, producers: Producers) -> str:
     """Send the step's task to its queue; the queue's name."""
     call = item.payload
-    # A connection its admission chose, unless the catalog queue's own scope admitted it.
-    member = routing_table().member(item.connection_id) if item.connection_id else None
-    queue = (member.queue if member else "") or str(call.get("queue") or "")
+    member, queue = _queue_of(item)
     if not queue:
         raise NoQueue(f"task '{call.get('name')}' has no queue: its catalog entry names none and its "
                       f"routing chose no celery connection")

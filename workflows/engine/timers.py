@@ -80,14 +80,16 @@ def sleep_done(ref: str, data: dict[str, Any]) -> None:
 
 
 def step_timeout(ref: str, data: dict[str, Any]) -> None:
-    """A running step passed its ``timeout_s``: it fails as retryable; its late result is discarded.
+    """A running step passed its ``timeout_s``: it fails as retryable (``data["message"]`` says why,
+    when the caller knows more); its late result is discarded.
     A task node's item is released too: its slots were held for the team's worker, which may have
     died with the task."""
 
     def go(step: StepRun, run: WorkflowRun) -> None:
         if step.status != SStatus.RUNNING:
             return
-        finish(step, Outcome.failed(StepErrorCode.TIMEOUT, "step timed out", retryable=True))
+        message = str(data.get("message") or "the step ran past its timeout_s")
+        finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=True))
         record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
         if step.node_type == TASK:
             release_on_commit(step)
