@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,26 +105,44 @@ def callable_task(name: str) -> TaskCheck:
     return TaskCheck(found)
 
 
-def is_literal(value: Any) -> bool:
-    """Whether a template holds no reference (it renders as itself, ``$$`` escapes aside)."""
-    if isinstance(value, str):
-        return not value.startswith("$") and "{{" not in value
+def is_reference(value: Any) -> bool:
+    """Whether a template's string refers to something (it does not render as itself)."""
+    return isinstance(value, str) and ((value.startswith("$") and not value.startswith("$$")) or "{{" in value)
+
+
+def known_part(value: Any, path: tuple[str | int, ...] = ()) -> tuple[Any, list[tuple[str | int, ...]]]:
+    """A template with each of its references as null, and their paths (``("order",)``; ``()``: the
+    template is one), in order."""
+    if is_reference(value):
+        return None, [path]
+    holes: list[tuple[str | int, ...]] = []
     if isinstance(value, Mapping):
-        return all(is_literal(v) for v in value.values())
+        known: dict[str, Any] = {}
+        for key, item in value.items():
+            known[key], found = known_part(item, (*path, key))
+            holes += found
+        return known, holes
     if isinstance(value, list):
-        return all(is_literal(v) for v in value)
-    return True
+        items = []
+        for index, item in enumerate(value):
+            part, found = known_part(item, (*path, index))
+            items.append(part)
+            holes += found
+        return items, holes
+    return value, holes
 
 
-def input_problems(found: TaskCatalogEntry, value: Any) -> list[tuple[str, str]]:
+def input_problems(found: TaskCatalogEntry, value: Any,
+                   unknown: Collection[tuple[str | int, ...]] = ()) -> list[tuple[str, str]]:
     """Why ``value`` cannot be the task's input: ``(field path under input, message)`` for each field
-    that does not match (the first ``MAX_INPUT_PROBLEMS``, one message each); [] when it can."""
+    that does not match (the first ``MAX_INPUT_PROBLEMS``, one message each); [] when it can. The
+    values at the ``unknown`` paths are not known yet (templates): only what they cannot change counts."""
     if found.arguments == TaskCatalogEntry.Arguments.KWARGS and not isinstance(value, Mapping):
         return [("", "must be an object: the task takes it as keyword arguments")]
     if not found.input_schema:
         return []
     return value_problems(found.input_schema, value, owner="the task's input schema",
-                          fix="the platform must fix its catalog entry")
+                          fix="the platform must fix its catalog entry", unknown=unknown)
 
 
 def timeout_s(found: TaskCatalogEntry | None, node_timeout: float | None, default: float) -> float:

@@ -18,7 +18,7 @@ library would match with ``re``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import cache, lru_cache
 from typing import Any
 
@@ -231,15 +231,34 @@ def under(prefix: str, path: str) -> str:
     return prefix + (path if path.startswith("[") else "." + path)
 
 
-def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: str) -> list[tuple[str, str]]:
+# What a schema says of an object's keys alone: true whatever the values at its keys turn out to be.
+KEY_KEYWORDS = frozenset({"required", "additionalProperties", "propertyNames", "minProperties", "maxProperties",
+                          "dependentRequired"})
+
+
+def _knowable(error: Any, unknown: Collection[tuple[Any, ...]]) -> bool:
+    """Whether ``error`` holds whatever the values at the ``unknown`` paths turn out to be: it is about
+    none of them, nor about something that holds one, unless it is about that object's keys alone."""
+    path = tuple(error.absolute_path)
+    for hole in unknown:
+        if hole[:len(path)] == path and (len(hole) == len(path) or error.validator not in KEY_KEYWORDS):
+            return False
+    return True
+
+
+def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: str,
+                   unknown: Collection[tuple[Any, ...]] = ()) -> list[tuple[str, str]]:
     """Why ``value`` does not match ``schema``: ``(field path, message)`` for each field that does not
     (the first ``MAX_INPUT_PROBLEMS``, one message each, by path: ``items[1].sku``, "" for the value
-    itself; ``under`` puts it under a field); [] when it does. A schema that
-    cannot check this value (a reference that does not resolve, or leads back to itself without end)
-    is one problem at the root, naming ``owner`` and who must ``fix`` it."""
+    itself; ``under`` puts it under a field); [] when it does. The values at the ``unknown`` paths
+    (templates, at a spec's save) are not known yet: only the problems they cannot change count.
+    A schema that cannot check this value (a reference that does not resolve, or leads back to itself
+    without end) is one problem at the root, naming ``owner`` and who must ``fix`` it."""
     problems: dict[str, str] = {}
     try:
         for error in _validator(schema).iter_errors(value):
+            if unknown and not _knowable(error, unknown):
+                continue
             best = jsonschema.exceptions.best_match([error]) or error  # into anyOf / oneOf
             problems.setdefault(_path(_field_of(best)), _in_json(best)[:300])
             if len(problems) == MAX_INPUT_PROBLEMS:

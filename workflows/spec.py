@@ -529,9 +529,10 @@ class _NodeParser:
         if check.entry is None:
             self.error("task", check.problem)
             return None
-        value = self.raw.get("input", {})
-        if catalog.is_literal(value):
-            for path, message in catalog.input_problems(check.entry, templates.render(value, {})):
+        # What the input's templates cannot change is checked now: its literal values, and its keys.
+        known, unknown = catalog.known_part(self.raw.get("input", {}))
+        if () not in unknown:  # not one template as a whole
+            for path, message in catalog.input_problems(check.entry, templates.render(known, {}), unknown):
                 self.error(schemas.under("input", path), message)
         return name
 

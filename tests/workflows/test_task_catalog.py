@@ -175,6 +175,27 @@ def test_every_field_of_a_literal_input_that_does_not_match_is_named(platform, c
                                                         "spec.nodes[0].input.currency"}
 
 
+def test_what_an_inputs_templates_cannot_change_is_checked_at_save(platform, client_a):
+    entry(platform, name="billing.tasks.charge", input_schema={**SCHEMA, "properties": {
+        **SCHEMA["properties"], "lines": {"type": "array", "items": {"type": "integer"}}}})
+    # Literal values beside templates, a key the schema does not allow, a required key absent: refused.
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {
+        "currency": 5, "colour": "$input.colour", "lines": ["$input.first", "two"]}))
+    assert response.status_code == 400, response.content
+    details = response.json()["error"]["details"]
+    assert set(details) == {"spec.nodes[0].input", "spec.nodes[0].input.amount", "spec.nodes[0].input.currency",
+                            "spec.nodes[0].input.lines[1]"}
+    assert "'amount' is a required property" in str(details["spec.nodes[0].input.amount"])
+    assert "'colour' was unexpected" in str(details["spec.nodes[0].input"])
+    # What a template fills is not known yet: checked when the step runs, not here.
+    for given in ({"amount": "$input.amount", "currency": "eur-{{ $input.region }}", "lines": "$input.lines"},
+                  {"amount": "$input.amount", "lines": [1, "$input.n"]},
+                  "$input"):
+        kept = create_workflow(client_a, task_node("billing.tasks.charge", given))
+        assert kept.status_code == 201, (given, kept.content)
+        assert client_a.delete("/api/v1/workflows/pay").status_code == 204
+
+
 def test_an_integer_is_a_whole_number_without_a_fraction_and_the_values_named_are_json(platform, client_a):
     entry(platform, name="billing.tasks.charge", input_schema=SCHEMA)
     # JSON Schema's own integer admits 2.0, which the task would get as a float: not here.
