@@ -36,6 +36,17 @@ def running_task_step(tenant: Tenant) -> StepRun:
         return step
 
 
+def queued_task_item(tenant: Any) -> Dequeued:
+    """A task step of ``tenant`` queued, and its item as a dispatcher dequeues it (``team.add``)."""
+    step = running_task_step(tenant)
+    with tenant_context(tenant):
+        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.QUEUED)
+    return Dequeued(tenant_id=str(tenant.pk), item_id=f"step:{step.pk}", tier="standard", partition="p",
+                    payload={"kind": "task", "step_id": str(step.pk), "name": "team.add", "queue": "team",
+                             "timeout_s": 30},
+                    waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)
+
+
 def status_of(tenant: Tenant, step: StepRun) -> str:
     with tenant_context(tenant):
         return StepRun.objects.get(pk=step.pk).status
@@ -183,13 +194,7 @@ def test_the_callbacks_carry_their_arguments_text_so_the_team_worker_does_not_bu
     import celery.app.amqp as amqp
     from celery import Celery, signature
 
-    step = running_task_step(tenant_a[0])
-    with tenant_context(tenant_a[0]):
-        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.QUEUED)
-    item = Dequeued(tenant_id=str(tenant_a[0].pk), item_id=f"step:{step.pk}", tier="standard", partition="p",
-                    payload={"kind": "task", "step_id": str(step.pk), "name": "team.add", "queue": "team",
-                             "timeout_s": 30},
-                    waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)
+    item = queued_task_item(tenant_a[0])
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(task_nodes.broker_app("default"), "send_task", lambda *args, **kwargs: sent.append(kwargs))
     task_nodes.publish([item])
@@ -232,13 +237,7 @@ def test_on_redis_neither_the_task_nor_its_callback_declares_its_queue(tenant_a)
     broker = broker_redis()
     bindings = [f"_kombu.binding.{queue}" for queue in ("team", RESULTS_QUEUE)]
     broker.delete("team", RESULTS_QUEUE, *bindings)
-    step = running_task_step(tenant_a[0])
-    with tenant_context(tenant_a[0]):
-        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.QUEUED)
-    item = Dequeued(tenant_id=str(tenant_a[0].pk), item_id=f"step:{step.pk}", tier="standard", partition="p",
-                    payload={"kind": "task", "step_id": str(step.pk), "name": "team.add", "queue": "team",
-                             "timeout_s": 30},
-                    waited_ms=0, attempt=1, delivery=1, lease_until_ms=0)
+    item = queued_task_item(tenant_a[0])
     task_nodes.publish([item])
     message = json.loads(broker.rpop("team"))  # as the team's worker takes it
     _args, _kwargs, embed = json.loads(base64.b64decode(message["body"]))
