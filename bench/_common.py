@@ -147,19 +147,27 @@ def flush_state() -> None:
         status=WorkflowRun.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now())
 
 
-def plain_celery_noops(count: int, wait: Callable[[Callable[[], bool]], object]) -> float:
-    """Seconds that ``count`` plain Celery no-op tasks (``bench.noop``, results ignored) take on
-    the running workers: from the first publish until the work queue is empty and no message is
-    unacked, which ``wait`` polls for (Ductor's transport keeps no ``unacked`` hash: the last
-    messages, at most one per worker process, may still be running then, well under a
-    millisecond). The same-run baseline of the throughput benchmarks."""
-    from bench._worker_tasks import noop
-    from ductor_project.celery import WORK_QUEUE, app
+def plain_celery_noops(count: int, wait: Callable[[Callable[[], bool]], object], *, stock: bool = False) -> float:
+    """Seconds that ``count`` plain Celery no-op tasks (results ignored) take on the running workers:
+    from the first publish until their queue is empty and no message is unacked, which ``wait``
+    polls for. The same-run baseline of the throughput benchmarks: ``bench.noop`` on Ductor's work
+    queue, run by Ductor's workers through Ductor's broker transport (which keeps no ``unacked``
+    hash: the last messages, at most one per worker process, may still be running then, well under
+    a millisecond); with ``stock``, ``bench.plain_noop`` on the queue of ``bench/_plain_celery.py``,
+    Celery's defaults on kombu's own transport, for workers of that app."""
+    if stock:
+        from bench._plain_celery import QUEUE as queue
+        from bench._plain_celery import app
+        from bench._plain_celery import plain_noop as task
+    else:
+        from bench._worker_tasks import noop as task
+        from ductor_project.celery import WORK_QUEUE as queue
+        from ductor_project.celery import app
 
     redis = redis_client()
     started = time.perf_counter()
     with app.producer_or_acquire() as producer:
         for _ in range(count):
-            noop.apply_async(queue=WORK_QUEUE, producer=producer)
-    wait(lambda: redis.llen(WORK_QUEUE) == 0 and redis.hlen("unacked") == 0)
+            task.apply_async(queue=queue, producer=producer)
+    wait(lambda: redis.llen(queue) == 0 and redis.hlen("unacked") == 0)
     return time.perf_counter() - started

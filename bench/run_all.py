@@ -69,6 +69,8 @@ GOALS: dict[str, list[tuple[str, str | None, str, Check]]] = {
     "workflows": [
         ("steps_per_s_10node", "baseline_celery_tasks_per_s", "step_ratio >= 0.5", lambda r: r["step_ratio"] >= 0.5),
         ("runs_per_s_1node", "baseline_celery_tasks_per_s", "run_ratio >= 0.3", lambda r: r["run_ratio"] >= 0.3),
+        ("steps_per_s_10node", "stock_celery.tasks_per_s", "", None),
+        ("runs_per_s_1node", "stock_celery.tasks_per_s", "", None),
         ("start_latency_ms_p50", None, "<= 15 (idle system)", lambda r: r["start_latency_ms_p50"] <= 15),
         ("start_latency_ms_p99", None, "<= 40", lambda r: r["start_latency_ms_p99"] <= 40),
         ("pg_roundtrips_per_step", None, "", None),

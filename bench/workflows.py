@@ -29,7 +29,12 @@ runs left unfinished there: ``flush_state``), with one
    protocol trace), and Redis's (requests it read).
 4. **Baseline**: plain Celery no-op tasks per second on the same worker
    (``bench.noop`` of ``bench/_worker_tasks.py``, passed with ``--include``):
-   ``BASELINE_TASKS`` published, timed until the queue is empty and nothing unacked.
+   ``BASELINE_TASKS`` published, timed until the queue is empty and nothing unacked. The ratios
+   are over this one. Ductor's worker runs them through Ductor's broker transport, which makes
+   plain Celery itself faster (no emulated acks, one Redis client per channel: about 1.6 times
+   on this benchmark's host). For comparison, ``stock_celery`` gives the same figure for a worker
+   of Celery's defaults on kombu's own transport (``bench/_plain_celery.py``), with the
+   ratios over it: what the engine does against Celery as a team runs it without Ductor.
 
 Needs its own data dir: ``DUCTOR_DATA_DIR=.ductor/bench-w .venv/bin/python
 bench/workflows.py``. Progress on stderr; the last stdout line is one JSON object.
@@ -269,9 +274,22 @@ def step_path(tenant: Any) -> dict[str, Any]:
             "items": count, "runs": PATH_RUNS}
 
 
-def baseline_celery(count: int) -> float:
-    """Plain Celery no-op tasks per second on the same worker."""
-    return count / plain_celery_noops(count, lambda done: wait_until(done, what="the no-op tasks"))
+def baseline_celery(count: int, *, stock: bool = False) -> float:
+    """Plain Celery no-op tasks per second on the same worker (with ``stock``, on the running worker of
+    ``bench/_plain_celery.py``)."""
+    return count / plain_celery_noops(count, lambda done: wait_until(done, what="the no-op tasks"), stock=stock)
+
+
+def stock_baseline(stack: Stack, count: int) -> float:
+    """``baseline_celery`` on a worker of Celery's defaults (kombu's own transport), of the same
+    concurrency, started for it and warmed up first."""
+    from django.conf import settings
+
+    os.environ["REDIS_URL"] = settings.REDIS_URL  # the broker of bench/_plain_celery.py
+    worker = bench_worker(stack, "stock-worker", "bench._plain_celery", concurrency=CONCURRENCY, tasks=False)
+    stack.wait_ready(worker)
+    baseline_celery(count // 10, stock=True)  # its pool processes' first tasks
+    return baseline_celery(count, stock=True)
 
 
 def start_children(stack: Stack, *, port: int) -> tuple[Child, Child, Child]:
@@ -327,7 +345,9 @@ def main() -> int:
         ten = runs_per_s(tenant, "ten", RUNS_10NODE, OUTSTANDING_10NODE, steps_per_run=10)
         log(f"10-node chain: {json.dumps(ten)}")
         baseline = baseline_celery(BASELINE_TASKS)
-        log(f"plain Celery: {baseline:.0f} no-op tasks/s")
+        log(f"plain Celery: {baseline:.0f} no-op tasks/s; now on kombu's own transport")
+        stock = stock_baseline(stack, BASELINE_TASKS)
+        log(f"plain Celery, stock: {stock:.0f} no-op tasks/s")
         with tenant_context(tenant):
             wait_until(lambda: capacity.tenant_in_flight() == 0, what="the tenant's slots to come back")
     finally:
@@ -351,6 +371,8 @@ def main() -> int:
         "cpu_ms_per_step": ten["costs"]["cpu_ms_per_step"],
         "goals": {"step_ratio": GOAL_STEP_RATIO, "run_ratio": GOAL_RUN_RATIO,
                   "start_latency_ms_p50": GOAL_P50_MS, "start_latency_ms_p99": GOAL_P99_MS},
+        "stock_celery": {"tasks_per_s": round(stock, 1), "step_ratio": round(ten["steps_per_s"] / stock, 3),
+                         "run_ratio": round(one["runs_per_s"] / stock, 3)},
         "phases": {"1node": one, "10node": ten},
         "config": {"concurrency": CONCURRENCY, "latency_runs": LATENCY_RUNS, "ten_node_shape": "chain",
                    "phase_budget_s": PHASE_BUDGET_S, "baseline_tasks": BASELINE_TASKS,
