@@ -104,6 +104,21 @@ def test_an_option_given_as_none_is_left_to_the_server_s_default_not_sent_as_nul
                                         "input": {}, "depends_on": []}
 
 
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda wf: wf.task("x", task="t", timeout=5), "node 'x': unknown option 'timeout' (did you mean 'timeout_s'?)"),
+    (lambda wf: wf.action("x", "noop", depends=["a"]), "unknown option 'depends' (did you mean 'depends_on'?)"),
+    (lambda wf: wf.sleep("s", duraton_s=3), "unknown option 'duraton_s' (did you mean 'duration_s'?)"),
+    (lambda wf: wf.task("x", task="t", zzz=1), "unknown option 'zzz' (every node takes depends_on, when,"),
+])
+def test_an_unknown_option_is_refused_at_once_not_dropped(call: Any, message: str) -> None:
+    # Untyped code gets no type checker's warning: a dropped `timeout` ran under the catalog's timeout.
+    wf = Workflow("billing")
+    with pytest.raises(TypeError) as refused:
+        call(wf)
+    assert message in str(refused.value)
+    assert wf.to_spec()["nodes"] == []
+
+
 def test_the_sdk_normalizes_a_spec_as_the_server_stores_it() -> None:
     specs = [documented_example(), documented_example_as_code().to_spec(), {"nodes": [
         {"id": "b", "type": "action", "action": "noop", "depends_on": ["a"], "retry": {"backoff_s": 500}},

@@ -21,6 +21,7 @@ validation of the compiled spec is the same as of a spec written by hand.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -142,6 +143,18 @@ class NodeOptions(TypedDict, total=False):
     pool: str | None
 
 
+# Every keyword a node method takes, for the guess at a mistyped one.
+_KEYWORDS = (*NodeOptions.__annotations__, "input", "duration_s", "until", "event", "key", "default", "lookback_s",
+             "workflow", "version", "wait")
+
+
+def _with_guess(name: str) -> str:
+    """``name``, quoted, with the keyword it most likely means."""
+    close = difflib.get_close_matches(name, _KEYWORDS, n=1)
+    return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else
+                          f" (every node takes {', '.join(NodeOptions.__annotations__)})")
+
+
 def to_json(value: Any) -> Any:
     """``value`` as plain JSON: references become their strings, tuples lists, mappings dicts."""
     if isinstance(value, Ref):
@@ -181,6 +194,9 @@ class Workflow:
         return f"Workflow({self.name!r}, nodes={[node['id'] for node in self._nodes]})"
 
     def _add(self, node_id: str, node_type: str, fields: Mapping[str, Any], options: NodeOptions) -> StepRef:
+        unknown = sorted(set(options) - set(NodeOptions.__annotations__))
+        if unknown:  # a typo the type checker would flag, caught for untyped callers too
+            raise TypeError(f"node {node_id!r}: unknown option {_with_guess(unknown[0])}")
         node: dict[str, Any] = {"id": node_id, "type": node_type, **fields}
         node["depends_on"] = [dep.id if isinstance(dep, StepRef) else dep for dep in options.get("depends_on") or ()]
         given: dict[str, Any] = dict(options)
