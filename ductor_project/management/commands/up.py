@@ -40,13 +40,16 @@ class Command(BaseCommand):
     help = "Run the whole Ductor stack (web, workers, dispatchers, coordinator) until Ctrl-C."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--workers", type=int, default=1)
-        parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument("--port", type=int, default=8000, help="the web server's port (default: 8000)")
+        parser.add_argument("--workers", type=int, default=1,
+                            help="Celery workers of steps (default: 1)")
+        parser.add_argument("--concurrency", type=int, default=2,
+                            help="pool processes of each worker of steps (default: 2)")
         parser.add_argument("--results-workers", type=int, default=1,
                             help="workers of the outcomes of task nodes alone (solo pool); 0: the other workers "
                                  "record them")
-        parser.add_argument("--dispatchers", type=int, default=1)
+        parser.add_argument("--dispatchers", type=int, default=1,
+                            help="dispatchers, which move admitted items to the workers (default: 1)")
         parser.add_argument("--dev", action="store_true", help="runserver instead of gunicorn")
         parser.add_argument("--keep-services", action="store_true",
                             help="leave the embedded PostgreSQL and Redis running after Ctrl-C")
