@@ -13,7 +13,10 @@ checks the entry again: a task taken out of the catalog, or away from a plan,
 is not called any more by workflows written before.
 
 Ductor's own tasks (``ductor.*``) and Celery's (``celery.*``) are never in the
-catalog. Entries are cached per process for ``CACHE_TTL_S``.
+catalog. What the API answers (``/tasks``, a spec's validation) is read from the
+database, so a change applies there at once; an attempt's start reads the entry
+as its process cached it, at most ``CACHE_TTL_S`` before (a change made in that
+process applies at once).
 
 An input schema is self-contained (``workflows.schemas``): its references
 (``$ref``) resolve within it, or to a JSON Schema draft's own meta-schema, and
@@ -57,11 +60,11 @@ def name_problem(name: Any) -> str | None:
     return None
 
 
-def entry(name: str) -> TaskCatalogEntry | None:
+def entry(name: str, *, fresh: bool = False) -> TaskCatalogEntry | None:
     """The catalog entry ``name`` (enabled or not), as this process read it at most
-    ``CACHE_TTL_S`` ago."""
+    ``CACHE_TTL_S`` ago; with ``fresh``, as the database has it now."""
     with _lock:
-        if name in _cache:
+        if name in _cache and not fresh:
             return _cache[name]
     found = TaskCatalogEntry.objects.filter(name=name).first()
     with _lock:
@@ -93,12 +96,13 @@ class TaskCheck:
     problem: str = ""
 
 
-def callable_task(name: str) -> TaskCheck:
-    """Whether the tenant in context may call the task ``name``: its entry, or the problem."""
+def callable_task(name: str, *, fresh: bool = False) -> TaskCheck:
+    """Whether the tenant in context may call the task ``name``: its entry, or the problem (``fresh``:
+    as ``entry``)."""
     problem = name_problem(name)
     if problem:
         return TaskCheck(None, problem)
-    found = entry(name)
+    found = entry(name, fresh=fresh)
     if found is None or not _allowed(found):  # in words that do not tell whether it exists
         return TaskCheck(None, f"task '{name}' is not in the task catalog (GET /api/v1/tasks lists those "
                                f"this tenant may call)")

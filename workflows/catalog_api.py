@@ -139,7 +139,7 @@ class TaskViewSet(TenantViewSet):
         return Response(TaskSerializer(catalog.visible(), many=True).data)
 
     def retrieve(self, request: Request, name: str) -> Response:
-        check = catalog.callable_task(name)
+        check = catalog.callable_task(name, fresh=True)
         if check.entry is None:
             raise NotFound()
         return Response(TaskSerializer(check.entry).data)

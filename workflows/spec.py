@@ -525,7 +525,7 @@ class _NodeParser:
         if not isinstance(name, str) or not name:
             self.wanted("task", "the name of a task in the task catalog")
             return None
-        check = catalog.callable_task(name)
+        check = catalog.callable_task(name, fresh=True)  # a change of the catalog applies at once
         if check.entry is None:
             self.error("task", check.problem)
             return None

@@ -149,6 +149,24 @@ def test_a_tenant_sees_only_the_tasks_its_plan_or_slug_may_call(platform, make_t
     assert "plans" not in free.get("/api/v1/tasks/shop.refund").json()  # who else may call it is not theirs
 
 
+def test_the_api_sees_a_change_another_process_made_at_once_and_attempts_within_the_cache_s_life(
+        platform, make_tenant):
+    from workflows import catalog
+
+    _, key = make_tenant("co-a")
+    client = api_client(key)
+    entry(platform, name="shop.ship")
+    assert client.get("/api/v1/tasks/shop.ship").status_code == 200  # this process now holds the entry
+    # Disabled by another process: no signal reaches this one's cache.
+    TaskCatalogEntry.objects.filter(name="shop.ship").update(enabled=False)
+
+    assert client.get("/api/v1/tasks/shop.ship").status_code == 404
+    assert create_workflow(client, task_node("shop.ship")).status_code == 400
+    assert not WorkflowDefinition.all_tenants.exists()
+    # What an attempt's start reads was read again by those answers: it sees the change too.
+    assert catalog.entry("shop.ship").enabled is False
+
+
 def test_a_spec_calling_another_tenants_task_is_refused_and_stores_nothing(platform, make_tenant):
     _, a_key = make_tenant("co-a")
     _, b_key = make_tenant("co-b")
