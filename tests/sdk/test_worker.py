@@ -28,6 +28,7 @@ from ductor_sdk.worker import (
     install,
     step,
 )
+from ductor_sdk.worker.context import from_request
 from ductor_sdk.worker.errback import error_of
 from ductor_sdk.worker.signals import on_task_unknown
 
@@ -109,6 +110,25 @@ def test_celery_s_own_tracer_gives_the_task_its_step_from_nested_headers(app: Ce
     assert whoami.apply(headers=HEADERS).get() == {"node": "charge", "attempt": 2}
     assert whoami.apply().failed()  # not a Ductor step: current_step() raised
     assert current_step_or_none() is None
+
+
+def test_a_step_s_deadline_is_its_message_s_expiry(app: Celery) -> None:
+    @step(app, name="team.deadline")
+    def deadline() -> str | None:
+        found = current_step().deadline
+        return found.isoformat() if found else None
+
+    seen = []
+    for expires in ("2030-01-02T03:04:05+00:00", None):  # as a worker's request has the message's headers
+        deadline.push_request(id="task-1", **HEADERS, expires=expires)
+        send(task_prerun, deadline, "task-1")
+        seen.append(deadline.run())
+        send(task_postrun, deadline, "task-1")
+        deadline.pop_request()
+    assert seen == ["2030-01-02T03:04:05+00:00", None]
+    for unusable in ("soon", "2030-01-02T03:04:05"):  # not a time; a time without its zone
+        request = SimpleNamespace(**HEADERS, expires=unusable)
+        assert from_request(request) == EXPECTED
 
 
 def test_install_connects_each_handler_once_and_registers_the_errback(app: Celery) -> None:

@@ -252,6 +252,24 @@ def test_on_redis_neither_the_task_nor_its_callback_declares_its_queue(tenant_a)
     assert [key for key in bindings if broker.exists(key)] == []
 
 
+def test_a_task_s_message_expires_when_its_step_times_out(tenant_a):
+    """A worker that takes the message after the step's timeout (it was down, its queue was long)
+    discards it unrun: the step has timed out, and its retry has a message of its own."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import broker_redis
+
+    broker = broker_redis()
+    broker.delete("team")
+    item = queued_task_item(tenant_a[0])  # its timeout: 30 s
+    before = datetime.now(UTC)
+    task_nodes.publish([item])
+    message = json.loads(broker.rpop("team"))
+
+    expires = datetime.fromisoformat(message["headers"]["expires"])
+    assert before + timedelta(seconds=29) < expires < datetime.now(UTC) + timedelta(seconds=31)
+
+
 def test_the_worker_that_keeps_a_task_step_s_outcome_publishes_its_run_s_next_task_step(
     tenant_a, redis_client, monkeypatch
 ):

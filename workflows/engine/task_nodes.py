@@ -17,6 +17,9 @@ an outcome, for the next task step it takes: below), which, per tenant:
    ``ductor.task_succeeded`` / ``ductor.task_failed`` on ``ductor.results``;
 3. extends each item's lease to the end of the step's timeout, so the slots it
    holds stay held while the team's worker runs it: the timeout is the lease.
+   The message expires then too (Celery's ``expires``): a worker that takes it
+   later (it was down, or its queue was long) discards it unrun, as the step
+   has timed out and its retry, if any, has its own message.
    An item delivered again once its step's timeout has passed (the reaper
    returned it: no result came) times the step out (``timers.step_timeout``).
 
@@ -139,7 +142,7 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
                 f"that queue")})
             continue
         try:
-            queue = _send(item, step, producers)
+            queue = _send(item, step, producers, expires_s=left_ms / 1000)
         except NoQueue as exc:
             _fail_unsent(step, item, str(exc))
             continue
@@ -161,8 +164,9 @@ def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
     return member, (member.queue if member else "") or str(item.payload.get("queue") or "")
 
 
-def _send(item: Dequeued, step: StepRun, producers: Producers) -> str:
-    """Send the step's task to its queue; the queue's name."""
+def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: float) -> str:
+    """Send the step's task to its queue, to expire with its lease, ``expires_s`` from now; the
+    queue's name."""
     call = item.payload
     member, queue = _queue_of(item)
     if not queue:
@@ -190,7 +194,7 @@ def _send(item: Dequeued, step: StepRun, producers: Producers) -> str:
         callback = {"queue": RESULTS_QUEUE, "ignore_result": True, "kwargsrepr": repr(ids), **undeclared, **traced}
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
-            producer=producers.of(app), **undeclared,
+            producer=producers.of(app), expires=expires_s, **undeclared,
             headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
                                        f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
                              strict=True)),

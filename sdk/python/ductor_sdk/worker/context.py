@@ -4,7 +4,9 @@ Ductor publishes a ``task`` node's message with the headers ``ductor_tenant_id``
 ``ductor_run_id``, ``ductor_step_id``, ``ductor_node_id``, ``ductor_attempt``,
 ``ductor_idempotency_key`` and ``ductor_workflow``. Celery 5 shows custom
 headers as attributes of ``task.request``, or inside ``task.request.headers``:
-both are read. The step is held in a ``ContextVar`` that the signal handlers of
+both are read. The message expires when the step times out (Celery's own
+``expires``: a worker that takes it later discards it unrun); that moment is the
+step's ``deadline``. The step is held in a ``ContextVar`` that the signal handlers of
 ``ductor_sdk.worker.install`` set before each task and reset after it, so a
 task never sees the previous task's step.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
+from datetime import datetime
 from typing import Any
 
 HEADER_PREFIX = "ductor_"
@@ -27,7 +30,9 @@ class NotInStep(LookupError):
 @dataclasses.dataclass(frozen=True)
 class StepContext:
     """The step a task runs for. ``idempotency_key`` is the same for every delivery of one attempt
-    and differs between attempts: use it to make the task's side effects happen once."""
+    and differs between attempts: use it to make the task's side effects happen once. ``deadline``:
+    when the step times out (an aware datetime; None if the message did not say), after which its
+    outcome is only kept in the run's history."""
 
     tenant_id: str
     run_id: str
@@ -36,6 +41,7 @@ class StepContext:
     attempt: int
     idempotency_key: str
     workflow: str
+    deadline: datetime | None = None
 
 
 _current: ContextVar[StepContext | None] = ContextVar("ductor_step", default=None)
@@ -57,7 +63,18 @@ def from_request(request: Any) -> StepContext | None:
         return None
     attempt = values.pop("attempt")
     strings = {name: "" if value is None else str(value) for name, value in values.items()}
-    return StepContext(attempt=int(attempt) if attempt is not None else 1, **strings)
+    return StepContext(attempt=int(attempt) if attempt is not None else 1, deadline=_deadline(request), **strings)
+
+
+def _deadline(request: Any) -> datetime | None:
+    """The message's expiry (Celery gives it as an ISO 8601 text, or a datetime), if it has a usable one."""
+    value = getattr(request, "expires", None)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, datetime) and value.tzinfo is not None else None
 
 
 def enter(step: StepContext | None) -> Token[StepContext | None]:
