@@ -39,7 +39,7 @@ from django.dispatch import receiver
 from ductor_project.core.context import current_tenant
 from tenants.entitlements import effective_entitlements
 from workflows.models import TaskCatalogEntry
-from workflows.schemas import value_problems
+from workflows.schemas import TextHole, value_problems
 
 # A Celery task name: dotted identifiers (``billing.tasks.charge``).
 TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -115,10 +115,13 @@ def is_reference(value: Any) -> bool:
 
 
 def known_part(value: Any, path: tuple[str | int, ...] = ()) -> tuple[Any, list[tuple[str | int, ...]]]:
-    """A template with each of its references as null, and their paths (``("order",)``; ``()``: the
-    template is one), in order."""
+    """A template with each of its references as null (an interpolated string as ``""``), and their
+    paths (``("order",)``; ``()``: the template is one), in order; an interpolated string's is a
+    ``TextHole``, as what it renders is a string whatever it holds."""
     if is_reference(value):
-        return None, [path]
+        if value.startswith("$") and not value.startswith("$$"):
+            return None, [path]
+        return "", [TextHole(path)]
     holes: list[tuple[str | int, ...]] = []
     if isinstance(value, Mapping):
         known: dict[str, Any] = {}

@@ -236,14 +236,29 @@ KEY_KEYWORDS = frozenset({"required", "additionalProperties", "propertyNames", "
                           "dependentRequired"})
 
 
+class TextHole(tuple[Any, ...]):
+    """The path of a value not known yet that is a string whatever it turns out to be (a template's
+    interpolation, ``"{{ $input.n }}"``): whether its type fits is known already."""
+
+    __slots__ = ()
+
+
 def _knowable(error: Any, unknown: Collection[tuple[Any, ...]]) -> bool:
     """Whether ``error`` holds whatever the values at the ``unknown`` paths turn out to be: it is about
-    none of them, nor about something that holds one, unless it is about that object's keys alone."""
+    none of them, nor about something that holds one, unless it is about that object's keys alone, or
+    about the type of a string (``TextHole``)."""
     path = tuple(error.absolute_path)
     for hole in unknown:
+        if isinstance(hole, TextHole) and hole == path and error.validator == "type":
+            continue
         if hole[:len(path)] == path and (len(hole) == len(path) or error.validator not in KEY_KEYWORDS):
             return False
     return True
+
+
+def _of_text_hole(error: Any, unknown: Collection[tuple[Any, ...]]) -> bool:
+    path = tuple(error.absolute_path)
+    return error.validator == "type" and any(isinstance(hole, TextHole) and hole == path for hole in unknown)
 
 
 def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: str,
@@ -258,6 +273,12 @@ def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: st
     try:
         for error in _validator(schema).iter_errors(value):
             if unknown and not _knowable(error, unknown):
+                continue
+            if unknown and _of_text_hole(error, unknown):
+                wanted = error.validator_value
+                problems.setdefault(_path(_field_of(error)), (
+                    f"must be of type {json.dumps(wanted)}, but {{{{ … }}}} always renders a string: give the "
+                    f"reference alone (\"$input.x\", not \"{{{{ $input.x }}}}\") to pass its value as it is")[:300])
                 continue
             best = jsonschema.exceptions.best_match([error]) or error  # into anyOf / oneOf
             problems.setdefault(_path(_field_of(best)), _in_json(best)[:300])

@@ -221,6 +221,23 @@ def test_what_an_inputs_templates_cannot_change_is_checked_at_save(platform, cli
         assert client_a.delete("/api/v1/workflows/pay").status_code == 204
 
 
+def test_an_interpolation_where_the_schema_wants_another_type_is_refused_at_save(platform, client_a):
+    """``{{ … }}`` always renders a string: into an integer it could never pass; its text is unknown."""
+    entry(platform, name="billing.tasks.charge", input_schema={**SCHEMA, "properties": {
+        "amount": {"type": "integer"}, "currency": {"type": "string", "minLength": 50, "enum": ["x" * 50]}}})
+
+    response = create_workflow(client_a, task_node("billing.tasks.charge", {"amount": "{{ $input.amount }}"}))
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {"spec.nodes[0].input.amount": [
+        "node 'charge': input.amount: must be of type \"integer\", but {{ … }} always renders a string: give "
+        "the reference alone (\"$input.x\", not \"{{ $input.x }}\") to pass its value as it is"]}
+    assert not WorkflowDefinition.all_tenants.exists()
+    # The reference alone passes its value as it is; an interpolation into a string may hold any text.
+    for fine in ({"amount": "$input.amount"}, {"amount": 5, "currency": "EUR {{ $input.c }}"}):
+        assert create_workflow(client_a, task_node("billing.tasks.charge", fine)).status_code == 201, fine
+        WorkflowDefinition.all_tenants.all().delete()
+
+
 def test_an_integer_is_a_whole_number_without_a_fraction_and_the_values_named_are_json(platform, client_a):
     entry(platform, name="billing.tasks.charge", input_schema=SCHEMA)
     # JSON Schema's own integer admits 2.0, which the task would get as a float: not here.
