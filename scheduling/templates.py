@@ -277,11 +277,16 @@ def as_text(value: Any) -> str:
 
 
 def _render_string(text: str, context: Mapping[str, Any]) -> Any:
+    value = _lookup_whole(text, context)
+    return None if value is _MISSING else value
+
+
+def _lookup_whole(text: str, context: Mapping[str, Any]) -> Any:
+    """A string rendered, where a whole-value reference to a missing path is ``_MISSING``."""
     if text.startswith("$$"):
         text = text[1:]
     elif text.startswith("$"):
-        value = lookup(context, _parts(text))
-        return None if value is _MISSING else value
+        return lookup(context, _parts(text))
     if "{{" not in text:
         return text
     return _INTERPOLATION.sub(lambda found: as_text(lookup(context, _parts(found.group(1).strip()))), text)
@@ -302,12 +307,19 @@ def render(value: Any, context: Mapping[str, Any]) -> Any:
     ``context`` holds the language's roots: ``{"input": ..., "nodes": {id: {"output",
     "status"}}, "run": {"id", "root_id"}}`` for nodes, ``{"input", "workflow",
     "action"}`` for routing. Pure: ``value`` and ``context`` are not modified, but a
-    whole-value reference shares structure with ``context``. Missing paths render as
-    null (whole value) or "" (interpolation). Expects a validated template: a
+    whole-value reference shares structure with ``context``. A missing path leaves out
+    the key whose whole value refers to it (an optional field stays absent, as a JSON
+    Schema's optional property wants it), renders as null elsewhere (a list's item, the
+    whole template), and as "" in an interpolation. Expects a validated template: a
     malformed reference raises ``ValueError``.
     """
     if isinstance(value, Mapping):
-        return {key: render(item, context) for key, item in value.items()}
+        rendered = {}
+        for key, item in value.items():
+            found = _lookup_whole(item, context) if isinstance(item, str) else render(item, context)
+            if found is not _MISSING:
+                rendered[key] = found
+        return rendered
     if isinstance(value, list):
         return [render(item, context) for item in value]
     if isinstance(value, str):

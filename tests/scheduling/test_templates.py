@@ -67,6 +67,16 @@ def test_missing_path_renders_null_as_whole_value(template: str) -> None:
     assert render(template, CONTEXT) is None
 
 
+def test_a_key_whose_whole_value_refers_to_a_missing_path_is_left_out_elsewhere_null() -> None:
+    # An optional field stays absent, as a JSON Schema's optional property wants it; a value that
+    # exists, null included, is kept; a list keeps its positions.
+    template = {"id": "$input.user_id", "cursor": "$input.missing", "none": "$input.none",
+                "deep": {"x": "$nodes.maybe.output.body", "y": "$$5"}, "list": ["$input.missing", 1],
+                "text": "[{{ $input.missing }}]"}
+    assert render(template, CONTEXT) == {"id": 42, "none": None, "deep": {"y": "$5"}, "list": [None, 1],
+                                         "text": "[]"}
+
+
 def test_render_walks_nested_objects_and_lists_and_keeps_other_values() -> None:
     template = {"user": "$nodes.fetch.output.body", "list": [1, "$input.user_id", {"k": "$run.id"}],
                 "n": 3.5, "b": False, "z": None, "$input": "keys are not templates"}
