@@ -17,7 +17,7 @@ import httpx
 
 from ductor_sdk import calls, models
 from ductor_sdk.errors import NotFound, WaitTimeout
-from ductor_sdk.models import Page
+from ductor_sdk.models import Page, RunStatus
 from ductor_sdk.transport import AsyncSender, Call, Config, RetryPolicy
 from ductor_sdk.workflow import Workflow
 
@@ -255,7 +255,7 @@ class Workflows(_Resource):
 
 class Runs(_Resource):
     async def list(
-        self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
+        self, *, status: RunStatus | None = None, workflow: str | None = None, created_after: datetime | None = None,
         created_before: datetime | None = None, root_run_id: str | None = None,
         tags: Sequence[str] | None = None, fairness_key: str | None = None, page_size: int | None = None,
         cursor: str | None = None,
@@ -266,7 +266,7 @@ class Runs(_Resource):
                                                fairness_key=fairness_key, page_size=page_size, cursor=cursor))
 
     def iter(
-        self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
+        self, *, status: RunStatus | None = None, workflow: str | None = None, created_after: datetime | None = None,
         created_before: datetime | None = None, root_run_id: str | None = None,
         tags: Sequence[str] | None = None, fairness_key: str | None = None, page_size: int | None = None,
     ) -> AsyncIterator[models.Run]:

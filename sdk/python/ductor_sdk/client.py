@@ -16,7 +16,7 @@ import httpx
 
 from ductor_sdk import calls, models
 from ductor_sdk.errors import NotFound, WaitTimeout
-from ductor_sdk.models import Page
+from ductor_sdk.models import Page, RunStatus
 from ductor_sdk.transport import Call, Config, RetryPolicy, SyncSender
 from ductor_sdk.workflow import Workflow
 
@@ -253,7 +253,7 @@ class Workflows(_Resource):
 
 class Runs(_Resource):
     def list(
-        self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
+        self, *, status: RunStatus | None = None, workflow: str | None = None, created_after: datetime | None = None,
         created_before: datetime | None = None, root_run_id: str | None = None,
         tags: Sequence[str] | None = None, fairness_key: str | None = None, page_size: int | None = None,
         cursor: str | None = None,
@@ -264,7 +264,7 @@ class Runs(_Resource):
                                          fairness_key=fairness_key, page_size=page_size, cursor=cursor))
 
     def iter(
-        self, *, status: str | None = None, workflow: str | None = None, created_after: datetime | None = None,
+        self, *, status: RunStatus | None = None, workflow: str | None = None, created_after: datetime | None = None,
         created_before: datetime | None = None, root_run_id: str | None = None,
         tags: Sequence[str] | None = None, fairness_key: str | None = None, page_size: int | None = None,
     ) -> Iterator[models.Run]:

@@ -11,13 +11,48 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 M = TypeVar("M", bound="Model")
 T = TypeVar("T")
 
-TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "continued"})
+RunStatus = Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled", "continued"]
+StepStatus = Literal["scheduled", "queued", "running", "waiting", "succeeded", "failed", "skipped", "cancelled"]
+TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset({"succeeded", "failed", "cancelled", "continued"})
+
+
+class TaskException(TypedDict, total=False):
+    """A task's exception (``task_failed``): its class's name and module."""
+
+    type: str
+    module: str
+
+
+class StepError(TypedDict, total=False):
+    """Why a step attempt failed (the API's ``StepError``). ``code`` is one of the step error codes
+    (docs/workflows.md); an action's error adds ``status``, ``retry_after_s`` and ``details``, the
+    engine's may add ``field``, ``exception`` or ``child_error``. A key the SDK does not know yet is
+    kept too."""
+
+    code: str
+    message: str
+    retryable: bool
+    field: str
+    status: int | None
+    retry_after_s: float | None
+    details: dict[str, Any]
+    exception: TaskException
+    child_error: RunError | None
+
+
+class RunError(TypedDict, total=False):
+    """Why a run failed (the API's ``RunError``): the step attempt that failed it (``node`` and
+    ``attempt`` None when the run itself was refused, such as an output over the plan)."""
+
+    node: str | None
+    attempt: int | None
+    error: StepError
 
 
 def _identity(value: Any) -> Any:
@@ -451,10 +486,10 @@ class Step(Model):
     node_id: str = ""
     node_type: str = ""
     attempt: int = 1
-    status: str = ""
+    status: StepStatus = "queued"
     input: Any = None
     output: Any = None
-    error: Mapping[str, Any] | None = None
+    error: StepError | None = None
     routing: Mapping[str, Any] | None = None
     child_run: str | None = None
     created_at: datetime | None = None
@@ -470,10 +505,10 @@ class Run(Model):
     id: str = ""
     workflow_name: str = ""
     version: int = 0
-    status: str = ""
+    status: RunStatus = "pending"
     input: Any = None
     output: Any = None
-    error: Mapping[str, Any] | None = None
+    error: RunError | None = None
     idempotency_key: str | None = None
     tier: str = ""
     tags: tuple[str, ...] = tupled()
