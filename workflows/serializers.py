@@ -119,6 +119,10 @@ class WorkflowUpdateSerializer(StrictSerializer):
     spec = SpecField()
 
 
+class WorkflowDescribeSerializer(StrictSerializer):
+    description = TextField(max_length=500, allow_blank=True)
+
+
 class WorkflowFilterSerializer(StrictSerializer):
     typed = False  # a query string's: every value is a string
     archived = serializers.BooleanField(

@@ -108,6 +108,18 @@ def workflow_put(*, name: str, spec: Any, description: str = "") -> tuple[Workfl
     return version, created
 
 
+@transaction.atomic
+def workflow_describe(*, name: str, description: str) -> WorkflowDefinition:
+    """Change the description of the tenant's workflow ``name`` (404 when it has none), archived or
+    not; no new version: a description is not part of what a run runs."""
+    definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
+    if definition.description != description:
+        definition.description = description
+        definition.save(update_fields=["description", "updated_at"])
+        log.info("workflow_described", workflow=name)
+    return definition
+
+
 def active_workflows() -> Any:
     """The tenant's workflows that are not archived: those the plan's ``max_workflows`` counts."""
     return WorkflowDefinition.objects.filter(archived_at__isnull=True)

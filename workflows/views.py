@@ -42,6 +42,7 @@ from workflows.serializers import (
     TriggerSerializer,
     TriggerWriteSerializer,
     WorkflowCreateSerializer,
+    WorkflowDescribeSerializer,
     WorkflowFilterSerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
@@ -118,6 +119,14 @@ class WorkflowViewSet(TenantViewSet):
         params = WorkflowUpdateSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         services.workflow_put(name=definition.name, **params.validated_data)
+        return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
+
+    @extend_schema(request=WorkflowDescribeSerializer, responses={200: WorkflowSerializer})
+    def partial_update(self, request: Request, name: str) -> Response:
+        """Change its description alone, archived or not; no new version (a ``PUT`` of a spec adds one)."""
+        params = WorkflowDescribeSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        services.workflow_describe(name=name, **params.validated_data)
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
     def destroy(self, request: Request, name: str) -> Response:

@@ -153,6 +153,24 @@ def test_apply_creates_the_workflow_then_changes_nothing_then_adds_a_version_whe
 
 
 @pytest.mark.django_db(transaction=True)
+def test_apply_changes_a_description_alone_without_a_version(sdk: Client) -> None:
+    sdk.workflows.apply(documented_example_as_code())
+    renamed = documented_example_as_code()
+    renamed.description = "users, synced"
+    described = sdk.workflows.apply(renamed)
+    again = sdk.workflows.apply(renamed)
+    blank = documented_example_as_code()
+    blank.description = ""
+
+    assert (described.outcome, described.version, described.workflow.description) == ("described", 1, "users, synced")
+    assert again.outcome == "unchanged"
+    assert sdk.workflows.apply(blank).outcome == "unchanged"  # an empty description changes nothing
+    assert sdk.workflows.archive("users").archived_at is not None
+    assert sdk.workflows.describe("users", "retired").description == "retired"  # archived or not
+    assert [v.number for v in sdk.workflows.versions("users")] == [1]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_workflow_s_input_schema_is_applied_compared_and_refuses_a_start_naming_the_field(sdk: Client) -> None:
     schema = {"type": "object", "required": ["qty"], "properties": {"qty": {"type": "integer", "minimum": 1}}}
 

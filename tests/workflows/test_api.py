@@ -410,6 +410,7 @@ def test_idor_run_and_workflow_endpoints_answer_404_to_another_tenant(client_a, 
         client_b.get("/api/v1/workflows/secret"),
         client_b.get("/api/v1/workflows/secret/versions"),
         client_b.put("/api/v1/workflows/secret", {"spec": spec()}, format="json"),
+        client_b.patch("/api/v1/workflows/secret", {"description": "mine"}, format="json"),
         client_b.post("/api/v1/runs", {"workflow": "secret"}, format="json"),
     ):
         assert response.status_code == 404, response.content
@@ -418,6 +419,7 @@ def test_idor_run_and_workflow_endpoints_answer_404_to_another_tenant(client_a, 
     # B may use the same name for its own workflow: names are per tenant.
     assert create(client_b, "secret")["latest_version"] == 1
     assert client_a.get("/api/v1/workflows/secret").json()["latest_version"] == 1
+    assert client_a.get("/api/v1/workflows/secret").json()["description"] == ""
 
 
 # --- admin -----------------------------------------------------------------------------------
@@ -463,3 +465,16 @@ def test_a_null_input_or_payload_is_taken_as_none_given(client_a):
         assert start(client_a, workflow="w", input=value)["input"] == value
         sent = client_a.post("/api/v1/events", {"name": "e", "payload": value}, format="json")
         assert (sent.status_code, sent.json()["payload"]) == (201, value)
+
+
+def test_a_description_changes_alone_and_a_patch_takes_nothing_else(client_a):
+    create(client_a, "described")
+    changed = client_a.patch("/api/v1/workflows/described", {"description": "nightly sync"}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert (changed.json()["description"], changed.json()["latest_version"]) == ("nightly sync", 1)
+    for body, field in (({"spec": spec()}, "spec"), ({}, "description"), ({"description": "x" * 501}, "description"),
+                        ({"description": 5}, "description")):
+        refused = client_a.patch("/api/v1/workflows/described", body, format="json")
+        assert refused.status_code == 400, (body, refused.content)
+        assert field in refused.json()["error"]["details"], (body, refused.json())
+    assert client_a.get("/api/v1/workflows/described").json()["description"] == "nightly sync"

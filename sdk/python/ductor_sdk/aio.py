@@ -218,6 +218,10 @@ class Workflows(_Resource):
         """Add a version (always, even with the same spec)."""
         return await self._send(calls.WORKFLOWS.replace(name, {"spec": spec, "description": description}))
 
+    async def describe(self, name: str, description: str) -> models.WorkflowDefinition:
+        """Change its description alone, archived or not; no new version."""
+        return await self._send(calls.WORKFLOWS.update(name, {"description": description}))
+
     async def versions(self, name: str) -> builtins.list[models.WorkflowVersion]:
         """Every version, newest first."""
         return await self._send(calls.workflow_versions(name))
@@ -240,7 +244,8 @@ class Workflows(_Resource):
     async def apply(self, workflow: Workflow) -> models.Applied:
         """Make the server hold ``workflow``: create it, add a version if its spec changed, else nothing.
 
-        The description is sent with a new version only. Two concurrent applies may both add one.
+        When only its (non-empty) description differs, that alone changes, with no new version
+        (``described``). Two concurrent applies may both add a version.
         """
         try:
             stored: models.WorkflowDefinition | None = await self.get(workflow.name)

@@ -267,12 +267,15 @@ def workflow_apply(
     workflow: Workflow, stored: models.WorkflowDefinition | None
 ) -> tuple[Call[models.WorkflowDefinition] | None, str]:
     """What ``apply`` sends, given the stored workflow (None: there is none), and its outcome:
-    create it, add a version when its latest spec differs (``PUT`` adds one), or nothing."""
+    create it, add a version when its latest spec differs (``PUT`` adds one), change its description
+    alone when only that differs (``PATCH``: no version; an empty one changes nothing), or nothing."""
     spec = workflow.to_spec()
     if stored is None:
         body = {"name": workflow.name, "spec": spec, "description": workflow.description}
         return WORKFLOWS.create(body), "created"
     if stored.spec is not None and same_spec(spec, stored.spec):
+        if workflow.description and workflow.description != stored.description:
+            return WORKFLOWS.update(workflow.name, {"description": workflow.description}), "described"
         return None, "unchanged"
     return WORKFLOWS.replace(workflow.name, {"spec": spec, "description": workflow.description}), "updated"
 

@@ -468,7 +468,8 @@ class WorkflowDefinition(Model):
 
 @dataclasses.dataclass(frozen=True)
 class Applied:
-    """What ``workflows.apply`` did: ``created``, ``updated`` (a new version) or ``unchanged``."""
+    """What ``workflows.apply`` did: ``created``, ``updated`` (a new version), ``described`` (its
+    description alone changed, no version) or ``unchanged``."""
 
     workflow: WorkflowDefinition
     outcome: str
