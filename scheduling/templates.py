@@ -54,7 +54,6 @@ MAX_CONDITIONS = 20
 MAX_PATH_SEGMENTS = 11
 _REFERENCE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z0-9_\-]+)*)$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9_\-]+$")
-_INTERPOLATION = re.compile(r"\{\{(.*?)\}\}")
 _MISSING = object()
 
 
@@ -188,7 +187,28 @@ def _references(text: str) -> list[str]:
         return [text]
     else:
         body = text
-    return [inner.strip() for inner in _INTERPOLATION.findall(body)]
+    return [body[start + 2:end].strip() for start, end in _interpolations(body)]
+
+
+def _interpolations(text: str) -> list[tuple[int, int]]:
+    """Where each ``{{ … }}`` of ``text`` is: its ``{{``'s start and its ``}}``'s, leftmost first, each
+    ending at the first ``}}`` after it, within one line (what ``\\{\\{(.*?)\\}\\}`` finds). In one pass,
+    linear in ``text``: the regular expression tried every ``{{`` to the end of the text, quadratic
+    in a string of ``{{`` without a ``}}``."""
+    found: list[tuple[int, int]] = []
+    pos, close = 0, -1
+    while (start := text.find("{{", pos)) >= 0:
+        if close < start + 2:  # the first "}}" after this "{{" (else the one found for the last still is)
+            close = text.find("}}", start + 2)
+            if close < 0:
+                break
+        newline = text.find("\n", start + 2, close)
+        if newline >= 0:  # none can start before that line's end: its first "}}" is on a later line
+            pos = newline + 1
+            continue
+        found.append((start, close))
+        pos = close + 2
+    return found
 
 
 def node_problem(parts: tuple[str, ...], text: str, upstream: Collection[str] | None,
@@ -289,7 +309,11 @@ def _lookup_whole(text: str, context: Mapping[str, Any]) -> Any:
         return lookup(context, _parts(text))
     if "{{" not in text:
         return text
-    return _INTERPOLATION.sub(lambda found: as_text(lookup(context, _parts(found.group(1).strip()))), text)
+    pieces, last = [], 0
+    for start, end in _interpolations(text):
+        pieces += [text[last:start], as_text(lookup(context, _parts(text[start + 2:end].strip())))]
+        last = end + 2
+    return "".join([*pieces, text[last:]])
 
 
 @lru_cache(maxsize=4096)

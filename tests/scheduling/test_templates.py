@@ -366,3 +366,34 @@ def test_the_two_languages_share_one_grammar_with_their_own_roots() -> None:
     assert template_errors("$workflow", field="input") == [
         ("input", "unknown reference root '$workflow'; use $input…, $nodes.<id>.output…, $nodes.<id>.status or "
                   "$run.id or $run.root_id")]
+
+
+@given(st.text(alphabet="{}\n ab$.", max_size=60))
+def test_the_interpolations_are_where_the_regular_expression_finds_them(text: str) -> None:
+    import re
+
+    from scheduling.templates import _interpolations
+
+    expected = [(found.start(), found.end() - 2) for found in re.finditer(r"\{\{(.*?)\}\}", text)]
+    assert _interpolations(text) == expected
+
+
+def test_a_string_of_openings_is_read_in_one_pass() -> None:
+    # The regular expression tried each "{{" to the end of the text: a spec of 220 KB of "{{" held a web
+    # worker past its timeout. Counted, not timed: the characters the scan reads, against the text's.
+    from scheduling import templates
+
+    read = [0]
+
+    class Counted(str):
+        def find(self, sub: str, start: Any = None, end: Any = None) -> int:
+            found = str.find(self, sub, start, end)
+            read[0] += (found if found >= 0 else len(self) if end is None else end) - (start or 0)
+            return found
+
+    for text, expected in (("{{" * 50_000, []), ("{{" * 50_000 + "}}", [(0, 100_000)]),
+                           ("\n{{" * 50_000 + "}}", [(149_998, 150_000)]),
+                           ("{{ $input.a }}" * 10_000, [(14 * i, 14 * i + 12) for i in range(10_000)])):
+        read[0] = 0
+        assert templates._interpolations(Counted(text)) == expected
+        assert read[0] <= 3 * len(text), (text[:10], read[0])
