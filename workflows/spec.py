@@ -81,7 +81,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -115,6 +115,16 @@ MAX_NAME_LENGTH = 200
 
 PENDING, SUCCEEDED, SKIPPED, FAILED = "pending", "succeeded", "skipped", "failed"
 FINISHED_OK = frozenset({SUCCEEDED, SKIPPED})
+
+
+def _in_utc_range(moment: datetime) -> bool:
+    """Whether the aware ``moment`` is a time in UTC that a ``datetime`` holds (and PostgreSQL gives
+    back): ``9999-12-31T23:59:59-14:00`` is in the year 10000 there."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
 
 
 class SpecError(ValueError):
@@ -554,6 +564,9 @@ class _NodeParser:
             moment = None
         if moment is None or moment.tzinfo is None:
             self.error("until", "must be an ISO 8601 time with a timezone, such as 2027-01-01T00:00:00Z")
+        elif not _in_utc_range(moment):
+            self.error("until", "must fall within the years 1 to 9999 in UTC")
+            moment = None
         return {"until": moment}
 
     def _wait(self) -> dict[str, Any]:

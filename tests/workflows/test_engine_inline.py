@@ -262,6 +262,26 @@ def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_
     assert ticks == {items.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
 
 
+def test_a_run_whose_rows_cannot_be_read_is_logged_and_passed_over_and_the_others_are_repaired(tenant):
+    put(tenant, "one", {"nodes": [echo("a", {})]})
+    poisoned, healthy = (tick(tenant, start(tenant, "one")) for _ in range(2))
+    long_ago = timezone.now() - timedelta(hours=1)
+    WorkflowRun.all_tenants.filter(pk__in=[poisoned.pk, healthy.pk]).update(updated_at=long_ago)
+    with tenant_context(tenant), connection.cursor() as cursor:
+        # A time PostgreSQL keeps and no datetime holds: reading the step back fails.
+        cursor.execute("UPDATE workflows_steprun SET scheduled_for = '10000-01-01 00:00:00+00' WHERE run_id = %s",
+                       [poisoned.pk])
+
+    with capture_logs() as logs:
+        assert reconcile.reconcile_runs() == 1
+
+    assert [(line["event"], line["run_id"]) for line in logs if line["log_level"] == "error"] == [
+        ("run_repair_failed", str(poisoned.pk))]
+    assert items.tick_item_id(healthy.pk) in queued(tenant)
+    # Touched: the next passes take the others first.
+    assert WorkflowRun.all_tenants.get(pk=poisoned.pk).updated_at > long_ago
+
+
 def test_after_redis_lost_its_data_every_active_run_is_repaired_at_once_with_its_steps_items(
     tenant, redis_client, monkeypatch
 ):

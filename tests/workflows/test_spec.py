@@ -271,6 +271,9 @@ def test_not_json_is_rejected() -> None:
         ({"id": "s", "type": "sleep", "until": "2027-01-01T00:00:00"}, "nodes[0].until", "timezone"),
         ({"id": "s", "type": "sleep", "until": "tomorrow"}, "nodes[0].until", "ISO 8601"),
         ({"id": "s", "type": "sleep", "until": 1_800_000_000}, "nodes[0].until", "ISO 8601"),
+        # Out of what a datetime holds once in UTC: stored, a run's steps could not be read back.
+        ({"id": "s", "type": "sleep", "until": "9999-12-31T23:59:59-14:00"}, "nodes[0].until", "years 1 to 9999"),
+        ({"id": "s", "type": "sleep", "until": "0001-01-01T00:00:00+14:00"}, "nodes[0].until", "years 1 to 9999"),
         ({"id": "s", "type": "sleep", "duration_s": 1, "input": {}}, "nodes[0].input", "not allowed on a 'sleep'"),
         ({"id": "s", "type": "subworkflow"}, "nodes[0].workflow", "non-empty name"),
         ({"id": "s", "type": "subworkflow", "workflow": " "}, "nodes[0].workflow", "non-empty name"),

@@ -21,7 +21,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+import structlog
+from django.db import DataError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -32,6 +33,8 @@ from workflows.engine.items import enqueue_step, enqueue_tick, tick_item_id, wak
 from workflows.engine.waits import WAIT
 from workflows.engine.waits import repair as repair_wait
 from workflows.models import StepRun, WorkflowRun
+
+log = structlog.get_logger(__name__)
 
 SStatus = StepRun.Status
 STALE_RUN_S = 30.0
@@ -61,10 +64,24 @@ def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
     moving = _ticks_pending(stale)
     if moving:
         WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=timezone.now())
+    repaired = 0
     for run in stale:
         if run.pk not in moving:
-            _repair_run(run, now)
-    return len(stale) - len(moving), len(stale)
+            repaired += _repair_or_skip(run, now)
+    return repaired, len(stale)
+
+
+def _repair_or_skip(run: WorkflowRun, now: datetime) -> int:
+    """``_repair_run``, 1; or 0 when its rows cannot be read or repaired (data no code path expects:
+    a time out of a ``datetime``'s range, say). Logged, and touched so that the next batches take
+    others: one run never stops the repair of all of them. A lost database still fails the pass."""
+    try:
+        _repair_run(run, now)
+    except (DataError, ValueError, TypeError, KeyError):
+        log.exception("run_repair_failed", run_id=str(run.pk), tenant_id=str(run.tenant_id))
+        WorkflowRun.all_tenants.filter(pk=run.pk).update(updated_at=timezone.now())
+        return 0
+    return 1
 
 
 def stale_runs(cutoff: datetime) -> QuerySet[WorkflowRun]:
