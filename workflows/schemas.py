@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
+from fractions import Fraction
 from functools import cache, lru_cache
 from typing import Any
 
@@ -172,6 +173,23 @@ def _additional_properties(validator: Any, additional: Any, instance: Any, schem
                                   f"{'was' if len(extras) == 1 else 'were'} unexpected)")
 
 
+def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Any:
+    """``multipleOf``, exact where floats cannot hold the quotient: an integer past a float's range
+    divided by a float divisor (``2**1100`` and ``0.1``) raised ``OverflowError`` in jsonschema's."""
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        if isinstance(divisor, float):
+            quotient = instance / divisor
+            failed = int(quotient) != quotient
+        else:
+            failed = bool(instance % divisor)
+    except OverflowError:
+        failed = (Fraction(instance) / Fraction(divisor)).denominator != 1
+    if failed:
+        yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+
+
 def _validator(schema: Mapping[str, Any]) -> Any:
     """A validator of ``schema`` that resolves its references within it and the drafts'
     meta-schemas only (it never fetches), and whose ``integer`` is a JSON number written without a
@@ -187,7 +205,7 @@ def _whole_numbers(validator: Any) -> Any:
     checker = validator.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
     keywords = {"pattern": _pattern, "patternProperties": _pattern_properties,
-                "additionalProperties": _additional_properties}
+                "additionalProperties": _additional_properties, "multipleOf": _multiple_of}
     return jsonschema.validators.extend(validator, validators=keywords, type_checker=checker)
 
 

@@ -174,3 +174,19 @@ def test_a_field_inside_a_list_is_named_with_its_index(client_a):
     assert_invalid(client_a.post("/api/v1/runs", {"workflow": "lines", "input": {"items": [{"qty": 1}, {"qty": "x"}]}},
                                  format="json"), "input.items[1].qty")
     assert_invalid(client_a.post("/api/v1/runs", {"workflow": "list", "input": [1, "x"]}, format="json"), "input[1]")
+
+
+def test_a_multiple_of_a_fraction_is_checked_exactly_for_an_integer_past_a_float_s_range(client_a, tenant_a):
+    """``2**1100 / 0.1`` overflows a float: jsonschema's check raised, and the start answered 500."""
+    schema = {"type": "object", "properties": {"x": {"multipleOf": 0.1}, "y": {"multipleOf": 2 ** 1100}}}
+    response = client_a.post("/api/v1/workflows", {"name": "tenths", "spec": {"nodes": NOOP, "input_schema": schema}},
+                             format="json")
+    assert response.status_code == 201, response.content
+
+    assert_invalid(client_a.post("/api/v1/runs", {"workflow": "tenths", "input": {"x": 2 ** 1100}}, format="json"),
+                   "input.x", "is not a multiple of 0.1")
+    assert_invalid(client_a.post("/api/v1/runs", {"workflow": "tenths", "input": {"y": 0.5}}, format="json"),
+                   "input.y", "is not a multiple of")
+    assert run_count(tenant_a[0]) == 0
+    started = client_a.post("/api/v1/runs", {"workflow": "tenths", "input": {"x": 2.5, "y": 2 ** 1101}}, format="json")
+    assert started.status_code == 201, started.content
