@@ -7,7 +7,9 @@ not one this API handed out, is ``400 invalid`` naming the parameter.
 A cursor is DRF's position, offset and direction, signed (Django's signing,
 with the ``SECRET_KEY``): its position goes into the list's query as it is, so
 one made up by a client (a date that is no date, a NUL) must not get there.
-A cursor from before a change of ``SECRET_KEY`` is refused like a made-up one.
+A cursor from before a change of ``SECRET_KEY`` is refused like a made-up one, and
+so is one from another list: the signature covers the list's path, as each list
+reads a position of its own kind (a time, a name, a priority).
 """
 
 from typing import Any
@@ -44,8 +46,12 @@ class CursorPagination(pagination.CursorPagination):
                 parameter["schema"] = {**parameter["schema"], "minimum": 1, "maximum": self.max_page_size}
         return parameters
 
+    def _salt(self, request: Request) -> str:
+        return f"{_SALT}:{request.path}"
+
     def encode_cursor(self, cursor: pagination.Cursor) -> str:
-        signed = signing.dumps([cursor.offset, cursor.reverse, cursor.position], salt=_SALT)
+        request: Request = self.request  # type: ignore[attr-defined]  # set by DRF's paginate_queryset
+        signed = signing.dumps([cursor.offset, cursor.reverse, cursor.position], salt=self._salt(request))
         return str(replace_query_param(str(self.base_url), self.cursor_query_param, signed))
 
     def decode_cursor(self, request: Request) -> pagination.Cursor | None:
@@ -53,7 +59,7 @@ class CursorPagination(pagination.CursorPagination):
         if signed is None:
             return None
         try:
-            offset, reverse, position = signing.loads(signed, salt=_SALT)
+            offset, reverse, position = signing.loads(signed, salt=self._salt(request))
         except (signing.BadSignature, TypeError, ValueError) as exc:
             raise ValidationError({"cursor": [_NOT_OURS]}) from exc
         if not isinstance(offset, int) or offset < 0 or offset > self.offset_cutoff:

@@ -191,6 +191,10 @@ def test_a_cursor_is_signed_so_a_made_up_or_altered_one_is_400_and_the_links_wor
     assert (response.status_code, error_code(response)) == (400, "invalid")
     forged = platform.get("/api/v1/tenants?cursor=cD1ub3RhZGF0ZQ==")
     assert (forged.status_code, list(forged.json()["error"]["details"])) == (400, ["cursor"])
+    # A cursor of one list on another: signed, but its position (a name here) is another list's kind.
+    for other in ("/api/v1/runs", "/api/v1/api-keys", "/api/v1/rules", "/api/v1/events"):
+        replayed = client_a.get(f"{other}?cursor={signed}")
+        assert (replayed.status_code, list(replayed.json()["error"]["details"])) == (400, ["cursor"]), other
 
 
 @pytest.mark.parametrize("name", ["a\nb", "tab\there", "nul\x00", "bell\x07", "rtl\u202eevil", "zero\u200bwidth"])
