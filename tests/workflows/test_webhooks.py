@@ -663,3 +663,55 @@ def test_at_most_the_webhook_concurrency_of_a_tenant_s_deliveries_are_in_flight_
     with no_tenant():
         assert [item.item_id for item in fair_queue.dequeue_many(shard=shard, lease_ms=30_000, limit=10)] == [
             "webhook:d2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_never_deadlocks(
+    tenant: Tenant, client_a: APIClient, receiver: Receiver
+) -> None:
+    """An attempt's record locks the endpoint, then its delivery; the delete's cascade took the
+    deliveries, then the endpoint: each waited for the other, and PostgreSQL failed one (a 500)."""
+    import threading
+
+    delivery = one_delivery(tenant, client_a, receiver)
+    endpoint = stored(tenant, WebhookEndpoint, delivery.endpoint_id)
+    locked, go, failures = threading.Event(), threading.Event(), []
+
+    def record() -> None:  # an attempt's record, held between its two locks
+        try:
+            with tenant_context(tenant), transaction.atomic():
+                webhook_delivery._count(endpoint.pk, ok=False)
+                locked.set()
+                go.wait(30)
+                WebhookDelivery.objects.select_for_update().filter(pk=delivery.pk).first()
+        except Exception as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    def delete() -> None:
+        try:
+            with tenant_context(tenant):
+                webhooks.webhook_delete(endpoint)
+        except Exception as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    recorder, deleter = threading.Thread(target=record), threading.Thread(target=delete)
+    recorder.start()
+    assert locked.wait(30)
+    deleter.start()
+    with connection.cursor() as cursor:  # until the delete waits for a lock
+        for _ in range(600):
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock'")
+            if cursor.fetchone()[0]:
+                break
+            threading.Event().wait(0.05)
+    go.set()
+    recorder.join(30)
+    deleter.join(30)
+
+    assert failures == []
+    assert not deliveries(tenant) and not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()

@@ -235,8 +235,11 @@ def webhook_rotate(endpoint: WebhookEndpoint, *, grace_s: int = DEFAULT_GRACE_S)
 
 
 def webhook_delete(endpoint: WebhookEndpoint) -> None:
-    """Delete the endpoint and its delivery log; what is still pending is not sent."""
+    """Delete the endpoint and its delivery log; what is still pending is not sent. The endpoint's row
+    is locked first, as an attempt's record locks it (``webhook_delivery``): the cascade deletes the
+    deliveries before the endpoint, and taken in that order the two deadlocked."""
     with transaction.atomic():
+        list(WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).values_list("pk", flat=True))
         endpoint.delete()
         forget_endpoints()
     log.info("webhook_deleted", webhook_id=str(endpoint.pk))
