@@ -714,4 +714,5 @@ def test_deleting_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_neve
     deleter.join(30)
 
     assert failures == []
-    assert not deliveries(tenant) and not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
+    assert not deliveries(tenant)
+    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
