@@ -288,6 +288,7 @@ def test_every_operation_declares_its_error_responses_in_the_one_error_shape(sch
         assert "WWW-Authenticate" in responses["401"]["headers"]
         # A request line too long for the web server: its own page, before the API sees it.
         assert list(responses["414"]["content"]) == ["text/html"], (method, path)
+        assert list(responses["431"]["content"]) == ["text/html"], (method, path)
 
 
 def test_an_override_s_limit_is_one_of_the_plans_limits_and_each_method_documents_its_own_answers(

@@ -334,7 +334,8 @@ _WITH_BODY = {
 _UNSAFE = {409: "A unique name or slug is taken, or the object cannot change this way now."}
 # Answered by the web server before a request reaches the API, with a page of its own (gunicorn's,
 # or a proxy's in front of it): not in the error shape.
-_BY_THE_SERVER = {414: "The request line (the path and the query) is longer than the web server takes."}
+_BY_THE_SERVER = {414: "The request line (the path and the query) is longer than the web server takes.",
+                  431: "A header field (an Authorization, a cookie) is larger than the web server takes."}
 _SERVER_PAGE = {"text/html": {"schema": {"type": "string"}}}
 _UNSAFE_METHODS = frozenset({"post", "put", "patch", "delete"})
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
@@ -406,7 +407,7 @@ def _error_statuses(method: str, operation: dict[str, Any]) -> dict[int, str]:
 def document_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: every operation declares the error responses it can
     answer, each with the one error shape and the headers that come with it, and the one the web
-    server answers before the API sees the request (``414``, its own page); responses a view
+    server answers before the API sees the request (``414``, ``431``: its own page); responses a view
     declares itself are kept."""
     result.setdefault("components", {}).setdefault("schemas", {}).update(error_components())
     content = {"application/json": {"schema": _ref(ERROR_COMPONENT)}}
