@@ -178,6 +178,18 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class _NoBody(StrictSerializer):
+    """The body of an action that takes none: every field is unknown."""
+
+
+def no_body(request: Any) -> None:
+    """Refuse a body sent to an action that takes none (``POST /runs/{id}/cancel``): each of its
+    fields is ``400 unknown_field``, as on any other endpoint; anything but an object is ``400
+    invalid``. An empty one, ``{}`` or none, is what the action takes."""
+    if request.data:
+        _NoBody(data=request.data).is_valid(raise_exception=True)
+
+
 class StrictSerializerSchema(OpenApiSerializerExtension):
     """In the OpenAPI schema, a strict serializer's request body declares ``additionalProperties:
     false``: the field it does not declare is refused (``400 unknown_field``), and a client

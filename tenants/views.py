@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from ductor_project.core.context import current_tenant, tenant_context
 from tenants import selectors, services
-from tenants.api import PlatformViewSet, TenantAPIView, TenantViewSet
+from tenants.api import PlatformViewSet, TenantAPIView, TenantViewSet, no_body
 from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.serializers import (
@@ -83,6 +83,7 @@ class ApiKeyViewSet(TenantViewSet):
     @extend_schema(request=None, responses={200: ApiKeySerializer})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str) -> Response:
+        no_body(request)
         key = services.api_key_revoke(key=selectors.get_api_key_for_tenant(pk))
         return Response(ApiKeySerializer(key).data)
 
@@ -122,6 +123,7 @@ class PlatformTenantViewSet(PlatformViewSet):
     @extend_schema(request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def suspend(self, request: Request, slug: str) -> Response:
+        no_body(request)
         tenant = services.tenant_set_status(
             tenant=selectors.get_tenant(slug), status=Tenant.Status.SUSPENDED
         )
@@ -130,6 +132,7 @@ class PlatformTenantViewSet(PlatformViewSet):
     @extend_schema(request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def activate(self, request: Request, slug: str) -> Response:
+        no_body(request)
         tenant = services.tenant_set_status(
             tenant=selectors.get_tenant(slug), status=Tenant.Status.ACTIVE
         )

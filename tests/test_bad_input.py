@@ -334,3 +334,25 @@ def test_a_body_the_view_read_is_not_read_again() -> None:
 
     assert seen == [b'{"a": 1}']
     assert request.body == b'{"a": 1}'  # still there for whatever reads it after
+
+
+@pytest.mark.parametrize("path", ["runs/{runs}/cancel", "runs/{runs}/retry", "workflows/wf/archive",
+                                  "workflows/wf/unarchive", "schedules/{schedules}/pause",
+                                  "schedules/{schedules}/resume", "api-keys/{api-keys}/revoke"])
+def test_an_action_that_takes_no_body_refuses_one_naming_its_fields(
+    client_a: APIClient, world: dict[str, str], path: str
+) -> None:
+    url = "/api/v1/" + path.format_map(world)
+    refused = client_a.post(url, {"bogus_field": 1, "force": True}, format="json")
+    assert (refused.status_code, error_code(refused)) == (400, "unknown_field"), refused.content
+    assert sorted(refused.json()["error"]["details"]) == ["bogus_field", "force"]
+    listed = client_a.post(url, [1], format="json")
+    assert (listed.status_code, error_code(listed)) == (400, "invalid"), listed.content
+
+
+def test_a_platform_action_that_takes_no_body_refuses_one(platform: APIClient, tenant_a: tuple[Tenant, str]) -> None:
+    for verb in ("suspend", "activate"):
+        refused = platform.post(f"/api/v1/tenants/{tenant_a[0].slug}/{verb}", {"now": True}, format="json")
+        assert (refused.status_code, error_code(refused)) == (400, "unknown_field"), refused.content
+    assert platform.post(f"/api/v1/tenants/{tenant_a[0].slug}/suspend", {}, format="json").status_code == 200
+    assert platform.post(f"/api/v1/tenants/{tenant_a[0].slug}/activate").status_code == 200

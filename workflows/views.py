@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from ductor_project.pagination import CursorPagination
 from scheduling.serializers import parse
-from tenants.api import TenantViewSet
+from tenants.api import TenantViewSet, no_body
 from workflows import selectors, services
 from workflows.models import Event, EventTrigger, Schedule, StepRun, WorkflowDefinition, WorkflowRun
 from workflows.serializers import (
@@ -141,6 +141,7 @@ class WorkflowViewSet(TenantViewSet):
         """Archive it: it starts no new run (``409`` to a start, a failed step to a parent's sub-workflow,
         a refused fire to a schedule; its event triggers are skipped) and takes no new version, and it no
         longer counts toward the plan's ``max_workflows``. Its runs in flight go on. Idempotent."""
+        no_body(request)
         return Response(WorkflowSerializer(services.workflow_archive(name=name)).data)
 
     @extend_schema(request=None, responses={200: WorkflowSerializer})
@@ -148,6 +149,7 @@ class WorkflowViewSet(TenantViewSet):
     def unarchive(self, request: Request, name: str) -> Response:
         """Make an archived workflow active again (``403 plan_limit_reached`` when the plan's
         ``max_workflows`` has no room for it). Idempotent."""
+        no_body(request)
         return Response(WorkflowSerializer(services.workflow_unarchive(name=name)).data)
 
     @extend_schema(responses={200: WorkflowVersionSerializer(many=True)})
@@ -209,6 +211,7 @@ class RunViewSet(TenantViewSet):
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        no_body(request)
         run = services.run_cancel(run=selectors.get_run_for_tenant(pk))
         return Response(RunSerializer(run).data)
 
@@ -240,6 +243,7 @@ class RunViewSet(TenantViewSet):
         """Resume a failed run: a new attempt of each node that failed (or that the failure cancelled),
         then the nodes that never ran; the nodes that succeeded keep their outputs and do not run again.
         ``409`` for a run that has not failed, and for a child run (retry its parent)."""
+        no_body(request)
         run = services.run_retry(run=selectors.get_run_for_tenant(pk))
         return Response(RunSerializer(run).data)
 
@@ -322,6 +326,7 @@ class ScheduleViewSet(TenantViewSet):
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str) -> Response:
         """Pause: nothing fires until it resumes (a buffered fire is dropped). Idempotent."""
+        no_body(request)
         schedule = schedule_services.schedule_pause(schedule=schedule_selectors.get_schedule_for_tenant(pk))
         return Response(ScheduleDetailSerializer(schedule).data)
 
@@ -329,6 +334,7 @@ class ScheduleViewSet(TenantViewSet):
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """Resume: it fires again from the first fire time after now (the pause is not caught up). Idempotent."""
+        no_body(request)
         schedule = schedule_services.schedule_resume(schedule=schedule_selectors.get_schedule_for_tenant(pk))
         return Response(ScheduleDetailSerializer(schedule).data)
 

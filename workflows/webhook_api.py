@@ -24,7 +24,7 @@ from rest_framework.response import Response
 
 from ductor_project.pagination import CursorPagination
 from scheduling.serializers import parse
-from tenants.api import StrictModelSerializer, StrictSerializer, TenantViewSet, TextField
+from tenants.api import StrictModelSerializer, StrictSerializer, TenantViewSet, TextField, no_body
 from workflows.models import WebhookDelivery, WebhookEndpoint
 from workflows.triggers import webhooks
 from workflows.views import ByCreationPagination
@@ -160,5 +160,6 @@ class WebhookViewSet(TenantViewSet):
     def redeliver(self, request: Request, pk: str, delivery_id: str) -> Response:
         """Send the delivery again, at once, with a new series of attempts (``409`` while the endpoint
         is disabled)."""
+        no_body(request)
         found = webhooks.delivery_of(webhooks.webhook_of(pk), delivery_id)
         return Response(WebhookDeliveryDetailSerializer(webhooks.delivery_redeliver(found)).data)
