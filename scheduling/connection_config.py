@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -68,6 +69,8 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
         _url(base_url)
     except ValidationError as exc:
         raise ConfigError("config.base_url", "must be an http or https URL") from exc
+    if "@" in urlsplit(base_url).netloc:
+        raise ConfigError("config.base_url", "must not carry credentials; use the connection secret")
     headers = config.get("headers", {})
     if not isinstance(headers, Mapping) or len(headers) > HTTP_MAX_HEADERS:
         raise ConfigError("config.headers", f"must be an object of at most {HTTP_MAX_HEADERS} headers")

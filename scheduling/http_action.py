@@ -262,8 +262,23 @@ def refuse_literal(host: str) -> None:
     try:
         literal = ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
-        return
+        legacy = _legacy_ipv4(name)
+        if legacy is None:
+            return
+        literal = legacy
     _refuse_non_public(host, [literal])
+
+
+def _legacy_ipv4(name: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a resolver reads ``name`` as without asking DNS, in the forms ``inet_aton``
+    takes beside the dotted quad (``127.1``, ``2130706433``, ``0x7f000001``, ``0177.0.0.1``), else
+    None."""
+    if not name or not all(char in "0123456789abcdefx." for char in name):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(name))
+    except OSError:
+        return None
 
 
 def resolve_allowed(host: str, port: int) -> list[IPAddress]:

@@ -170,6 +170,9 @@ def test_a_bad_url_is_400_naming_url(tenant, client_a, url, message):
     "https://127.0.0.1/hook", "https://10.1.2.3/hook", "https://192.168.0.7:8443/hook", "https://[::1]/hook",
     "https://169.254.169.254/latest/meta-data", "https://[::ffff:127.0.0.1]/hook", "https://0.0.0.0/hook",
     "https://localhost:8000/hook",  # the loopback name
+    # The other forms a resolver reads as an IPv4 address without asking DNS.
+    "https://127.1/hook", "https://2130706433/hook", "https://0x7f000001/hook", "https://017700000001/hook",
+    "https://0/hook",
 ])
 def test_a_private_address_or_the_loopback_name_is_refused_at_create(tenant, client_a, url):
     response = client_a.post("/api/v1/webhooks", {"url": url, "events": ["run.failed"]}, format="json")
