@@ -15,6 +15,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ductor_project.core.context import SYSTEM_TENANT_SLUG
 from ductor_project.core.errors import NotFound, conflict_on_duplicate
 from scheduling.connection_config import queue_name_error
 from tenants.api import PlatformViewSet, StrictModelSerializer, TenantViewSet, TextField
@@ -69,7 +70,9 @@ class TaskCatalogEntrySerializer(StrictModelSerializer):
         return sorted(set(value))
 
     def validate_tenants(self, value: list[str]) -> list[str]:
-        found = set(Tenant.objects.filter(slug__in=value).values_list("slug", flat=True))
+        # The system tenant runs no workflow and is not reachable through the platform API: unknown here.
+        found = set(Tenant.objects.filter(slug__in=value).exclude(slug=SYSTEM_TENANT_SLUG)
+                    .values_list("slug", flat=True))
         unknown = sorted(set(value) - found)
         if unknown:
             raise serializers.ValidationError(f"unknown tenant '{unknown[0]}'")

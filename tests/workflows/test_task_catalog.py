@@ -84,6 +84,7 @@ def test_the_platform_creates_reads_changes_and_deletes_catalog_entries(platform
     ({"name": "a.b", "timeout_s": 0}, "timeout_s", ""),
     ({"name": "a.b", "arguments": "both"}, "arguments", ""),
     ({"name": "a.b", "secret": 1}, "secret", ""),
+    ({"name": "a.b", "tenants": ["system"]}, "tenants", "unknown tenant 'system'"),
 ])
 def test_a_bad_catalog_entry_is_refused_naming_its_field_and_nothing_is_stored(platform, fields, field, says):
     response = platform.post("/api/v1/task-catalog", fields, format="json")
