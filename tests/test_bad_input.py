@@ -356,3 +356,16 @@ def test_a_platform_action_that_takes_no_body_refuses_one(platform: APIClient, t
         assert (refused.status_code, error_code(refused)) == (400, "unknown_field"), refused.content
     assert platform.post(f"/api/v1/tenants/{tenant_a[0].slug}/suspend", {}, format="json").status_code == 200
     assert platform.post(f"/api/v1/tenants/{tenant_a[0].slug}/activate").status_code == 200
+
+
+def test_an_error_repeats_at_most_a_thousand_characters_of_what_it_was_sent(client_a: APIClient) -> None:
+    long = "x" * 100_000
+    for response in (client_a.post("/api/v1/api-keys", {"name": "k", long: 1}, format="json"),
+                     client_a.post("/api/v1/workflows", {"name": "w", "spec": {"nodes": [
+                         {"id": "a", "type": "action", "action": long}]}}, format="json")):
+        assert response.status_code == 400, response.content[:300]
+        error = response.json()["error"]
+        assert len(error["message"]) <= 1000
+        assert all(len(field) <= 200 and all(len(message) <= 1000 for message in messages)
+                   for field, messages in error["details"].items()), error
+        assert len(response.content) < 5000

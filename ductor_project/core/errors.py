@@ -168,8 +168,21 @@ def check_key_reuse(field: str, key: str, first: str, compared: Mapping[str, tup
                        details={field: [f"Already used for {first}, with another {names}."]})
 
 
+# The longest message, and field name, an error repeats: a value quoted in it (an unknown plan's
+# name, a type) comes from the request, which may be a megabyte.
+MAX_MESSAGE_CHARS, MAX_FIELD_CHARS = 1000, 200
+
+
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"error": {"code": str(code), "message": message, "details": details or {}}}
+    """The one error shape; its message and each field's messages at most ``MAX_MESSAGE_CHARS``."""
+    clipped = {_clipped(str(field), MAX_FIELD_CHARS): [_clipped(item, MAX_MESSAGE_CHARS) if isinstance(item, str)
+                                                       else item for item in value] if isinstance(value, list)
+               else value for field, value in (details or {}).items()}
+    return {"error": {"code": str(code), "message": _clipped(message, MAX_MESSAGE_CHARS), "details": clipped}}
 
 
 def flat_details(detail: Any, prefix: str = "") -> dict[str, list[str]]:
