@@ -14,7 +14,7 @@ import copy
 import json
 import unicodedata
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 from django.http import HttpRequest, QueryDict
 from django.http.response import HttpResponseBase
@@ -178,16 +178,21 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+T = TypeVar("T")
+
+
 class _NoBody(StrictSerializer):
     """The body of an action that takes none: every field is unknown."""
 
 
-def no_body(request: Any) -> None:
-    """Refuse a body sent to an action that takes none (``POST /runs/{id}/cancel``): each of its
-    fields is ``400 unknown_field``, as on any other endpoint; anything but an object is ``400
+def no_body(request: Any, *, found: T) -> T:
+    """``found``, the object the action is for (looked up first: another tenant's is a 404 whatever
+    the body), once the request is checked to carry no body (``POST /runs/{id}/cancel``): each field
+    of one is ``400 unknown_field``, as on any other endpoint, and anything but an object is ``400
     invalid``. An empty one, ``{}`` or none, is what the action takes."""
     if request.data:
         _NoBody(data=request.data).is_valid(raise_exception=True)
+    return found
 
 
 class StrictSerializerSchema(OpenApiSerializerExtension):

@@ -83,8 +83,7 @@ class ApiKeyViewSet(TenantViewSet):
     @extend_schema(request=None, responses={200: ApiKeySerializer})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str) -> Response:
-        no_body(request)
-        key = services.api_key_revoke(key=selectors.get_api_key_for_tenant(pk))
+        key = services.api_key_revoke(key=no_body(request, found=selectors.get_api_key_for_tenant(pk)))
         return Response(ApiKeySerializer(key).data)
 
 
@@ -123,18 +122,16 @@ class PlatformTenantViewSet(PlatformViewSet):
     @extend_schema(request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def suspend(self, request: Request, slug: str) -> Response:
-        no_body(request)
         tenant = services.tenant_set_status(
-            tenant=selectors.get_tenant(slug), status=Tenant.Status.SUSPENDED
+            tenant=no_body(request, found=selectors.get_tenant(slug)), status=Tenant.Status.SUSPENDED
         )
         return Response(TenantSerializer(tenant).data)
 
     @extend_schema(request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def activate(self, request: Request, slug: str) -> Response:
-        no_body(request)
         tenant = services.tenant_set_status(
-            tenant=selectors.get_tenant(slug), status=Tenant.Status.ACTIVE
+            tenant=no_body(request, found=selectors.get_tenant(slug)), status=Tenant.Status.ACTIVE
         )
         return Response(TenantSerializer(tenant).data)
 

@@ -124,9 +124,10 @@ class WorkflowViewSet(TenantViewSet):
     @extend_schema(request=WorkflowDescribeSerializer, responses={200: WorkflowSerializer})
     def partial_update(self, request: Request, name: str) -> Response:
         """Change its description alone, archived or not; no new version (a ``PUT`` of a spec adds one)."""
+        definition = selectors.get_workflow_for_tenant(name)  # another tenant's is not found, whatever the body
         params = WorkflowDescribeSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        services.workflow_describe(name=name, **params.validated_data)
+        services.workflow_describe(name=definition.name, **params.validated_data)
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
     def destroy(self, request: Request, name: str) -> Response:
@@ -141,7 +142,7 @@ class WorkflowViewSet(TenantViewSet):
         """Archive it: it starts no new run (``409`` to a start, a failed step to a parent's sub-workflow,
         a refused fire to a schedule; its event triggers are skipped) and takes no new version, and it no
         longer counts toward the plan's ``max_workflows``. Its runs in flight go on. Idempotent."""
-        no_body(request)
+        no_body(request, found=selectors.get_workflow_for_tenant(name))
         return Response(WorkflowSerializer(services.workflow_archive(name=name)).data)
 
     @extend_schema(request=None, responses={200: WorkflowSerializer})
@@ -149,7 +150,7 @@ class WorkflowViewSet(TenantViewSet):
     def unarchive(self, request: Request, name: str) -> Response:
         """Make an archived workflow active again (``403 plan_limit_reached`` when the plan's
         ``max_workflows`` has no room for it). Idempotent."""
-        no_body(request)
+        no_body(request, found=selectors.get_workflow_for_tenant(name))
         return Response(WorkflowSerializer(services.workflow_unarchive(name=name)).data)
 
     @extend_schema(responses={200: WorkflowVersionSerializer(many=True)})
@@ -211,8 +212,8 @@ class RunViewSet(TenantViewSet):
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
-        no_body(request)
-        run = services.run_cancel(run=selectors.get_run_for_tenant(pk))
+        run = no_body(request, found=selectors.get_run_for_tenant(pk))
+        run = services.run_cancel(run=run)
         return Response(RunSerializer(run).data)
 
     @extend_schema(request=RunCancelManySerializer, responses=RunCancelManyResultSerializer,
@@ -243,8 +244,8 @@ class RunViewSet(TenantViewSet):
         """Resume a failed run: a new attempt of each node that failed (or that the failure cancelled),
         then the nodes that never ran; the nodes that succeeded keep their outputs and do not run again.
         ``409`` for a run that has not failed, and for a child run (retry its parent)."""
-        no_body(request)
-        run = services.run_retry(run=selectors.get_run_for_tenant(pk))
+        run = no_body(request, found=selectors.get_run_for_tenant(pk))
+        run = services.run_retry(run=run)
         return Response(RunSerializer(run).data)
 
     @extend_schema(request=SignalSendSerializer, responses={201: SignalSerializer, 200: SignalSerializer})
@@ -326,16 +327,16 @@ class ScheduleViewSet(TenantViewSet):
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str) -> Response:
         """Pause: nothing fires until it resumes (a buffered fire is dropped). Idempotent."""
-        no_body(request)
-        schedule = schedule_services.schedule_pause(schedule=schedule_selectors.get_schedule_for_tenant(pk))
+        schedule = no_body(request, found=schedule_selectors.get_schedule_for_tenant(pk))
+        schedule = schedule_services.schedule_pause(schedule=schedule)
         return Response(ScheduleDetailSerializer(schedule).data)
 
     @extend_schema(request=None, responses=ScheduleDetailSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """Resume: it fires again from the first fire time after now (the pause is not caught up). Idempotent."""
-        no_body(request)
-        schedule = schedule_services.schedule_resume(schedule=schedule_selectors.get_schedule_for_tenant(pk))
+        schedule = no_body(request, found=schedule_selectors.get_schedule_for_tenant(pk))
+        schedule = schedule_services.schedule_resume(schedule=schedule)
         return Response(ScheduleDetailSerializer(schedule).data)
 
 

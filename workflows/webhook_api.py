@@ -160,6 +160,5 @@ class WebhookViewSet(TenantViewSet):
     def redeliver(self, request: Request, pk: str, delivery_id: str) -> Response:
         """Send the delivery again, at once, with a new series of attempts (``409`` while the endpoint
         is disabled)."""
-        no_body(request)
-        found = webhooks.delivery_of(webhooks.webhook_of(pk), delivery_id)
+        found = no_body(request, found=webhooks.delivery_of(webhooks.webhook_of(pk), delivery_id))
         return Response(WebhookDeliveryDetailSerializer(webhooks.delivery_redeliver(found)).data)

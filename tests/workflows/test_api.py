@@ -411,6 +411,9 @@ def test_idor_run_and_workflow_endpoints_answer_404_to_another_tenant(client_a, 
         client_b.get("/api/v1/workflows/secret/versions"),
         client_b.put("/api/v1/workflows/secret", {"spec": spec()}, format="json"),
         client_b.patch("/api/v1/workflows/secret", {"description": "mine"}, format="json"),
+        client_b.patch("/api/v1/workflows/secret", {"bogus": 1}, format="json"),
+        client_b.post("/api/v1/workflows/secret/archive", {"bogus": 1}, format="json"),
+        client_b.post(f"/api/v1/runs/{run['id']}/retry", {"bogus": 1}, format="json"),
         client_b.post("/api/v1/runs", {"workflow": "secret"}, format="json"),
     ):
         assert response.status_code == 404, response.content
