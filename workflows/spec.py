@@ -89,6 +89,7 @@ from django.conf import settings
 
 from ductor_project.core.payloads import json_depth
 from scheduling import templates
+from scheduling.models import Connection
 from scheduling.templates import NODE_ID, template_errors, when_errors
 from workflows import actions, catalog, schemas
 
@@ -538,6 +539,10 @@ class _NodeParser:
         check = catalog.callable_task(name, fresh=True)  # a change of the catalog applies at once
         if check.entry is None:
             self.error("task", check.problem)
+            return None
+        if not check.entry.queue and not Connection.objects.filter(kind=Connection.Kind.CELERY).exists():
+            self.error("task", f"task '{name}' has no queue: its catalog entry names none, and this tenant has "
+                               f"no celery connection for routing to send it to")
             return None
         # What the input's templates cannot change is checked now: its literal values, and its keys.
         known, unknown = catalog.known_part(self.raw.get("input", {}))

@@ -349,3 +349,19 @@ def test_a_bad_queue_slots_setting_is_told_by_the_system_checks(settings):
     assert [e.id for e in check_task_settings()] == ["ductor.E001"]
     settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": "4", "eu/billing": "2"}
     assert check_task_settings() == []
+
+
+def test_a_task_without_a_queue_needs_a_celery_connection_of_the_tenant_to_be_saved(platform, client_a):
+    """Else every run of it would fail to publish: nowhere to send it."""
+    entry(platform, name="shop.ship", queue="")
+    refused = create_workflow(client_a, task_node("shop.ship"))
+    assert refused.status_code == 400
+    assert refused.json()["error"]["details"] == {"spec.nodes[0].task": [
+        "node 'charge': task: task 'shop.ship' has no queue: its catalog entry names none, and this tenant has no "
+        "celery connection for routing to send it to"]}
+    assert not WorkflowDefinition.all_tenants.exists()
+
+    made = client_a.post("/api/v1/connections", {"name": "shop", "kind": "celery", "config": {"queue": "shop"}},
+                         format="json")
+    assert made.status_code == 201, made.content
+    assert create_workflow(client_a, task_node("shop.ship")).status_code == 201
