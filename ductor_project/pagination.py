@@ -47,7 +47,7 @@ class CursorPagination(pagination.CursorPagination):
         return parameters
 
     def _salt(self, request: Request) -> str:
-        return f"{_SALT}:{request.path}"
+        return f"{_SALT}:{request.path.rstrip('/')}"  # with or without its slash, one list
 
     def encode_cursor(self, cursor: pagination.Cursor) -> str:
         request: Request = self.request  # type: ignore[attr-defined]  # set by DRF's paginate_queryset
