@@ -23,6 +23,7 @@ from ductor_sdk import (
     WaitTimeout,
     Workflow,
 )
+from ductor_sdk.models import LineageNode
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -345,6 +346,9 @@ def test_wait_returns_the_finished_run_with_its_output_steps_events_and_lineage(
     assert [e.seq for e in events] == sorted(e.seq for e in events)
     lineage = sdk.runs.lineage(run.id)
     assert (lineage.root_run_id, lineage.runs, lineage.tree[0]["id"]) == (run.id, 1, run.id)
+    root = lineage.tree[0]  # a LineageNode: the keys its type names are the server's
+    assert set(root) == set(LineageNode.__annotations__)
+    assert (root["status"], root["children"], root["successor"], root["nesting_depth"]) == ("succeeded", [], None, 0)
 
 
 def test_wait_times_out_on_a_run_waiting_for_a_worker_and_cancel_asks_it_to_stop(sdk: Client) -> None:

@@ -620,13 +620,28 @@ class WhyWaiting(Model):
     waiting: tuple[Waiting, ...] = many(Waiting)
 
 
+class LineageNode(TypedDict):
+    """A run of a lineage tree: its sub-workflow runs (``children``), and the run it continued as
+    (``successor``, ContinueAsNew), each a node of its own. Times are ISO 8601 text."""
+
+    id: str
+    workflow_name: str
+    status: RunStatus
+    parent_run_id: str | None
+    continued_from_id: str | None
+    nesting_depth: int
+    created_at: str
+    children: list[LineageNode]
+    successor: LineageNode | None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Lineage(Model):
     """The tree of a run's root: ``tree`` nodes hold ``children`` and a ``successor``."""
 
     root_run_id: str = ""
     runs: int = 0
-    tree: tuple[Mapping[str, Any], ...] = tupled()
+    tree: tuple[LineageNode, ...] = tupled()
 
 
 # --- pages -----------------------------------------------------------------------------------
