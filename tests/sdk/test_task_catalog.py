@@ -52,7 +52,7 @@ def test_the_catalog_refuses_a_taken_name_and_an_internal_task(platform: Client)
 def test_a_task_node_in_the_catalog_applies_once_and_one_outside_is_refused_as_by_hand(
     platform: Client, sdk: Client
 ) -> None:
-    platform.platform.task_catalog.create(CHARGE, input_schema=ORDER_SCHEMA)
+    platform.platform.task_catalog.create(CHARGE, queue="billing", input_schema=ORDER_SCHEMA)
     wf = Workflow("billing")
     charge = wf.task("charge", task=CHARGE, input={"order": Input["order_id"]}, retry=Retry(max_attempts=3),
                      timeout_s=60)
