@@ -141,6 +141,12 @@ class TenantScopedAdmin(DateLookupsMixin, admin.ModelAdmin[Any]):
             excluded.append("tenant")
         return excluded
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """An admin's own ``fields`` without ``tenant`` for staff, whose forms exclude it (listed, the
+        page looked it up in the form: a 500)."""
+        fields = list(super().get_fields(request, obj))
+        return fields if request.user.is_superuser else [name for name in fields if name != "tenant"]
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         readonly = list(super().get_readonly_fields(request, obj))
         if obj is not None and request.user.is_superuser:
