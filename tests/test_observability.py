@@ -164,6 +164,16 @@ def test_requests_are_timed_by_url_pattern_and_status_not_by_path(fresh_metrics,
     assert all(str(run_id) not in route for run_id in missing)  # the pattern, never the id
 
 
+def test_a_made_up_http_method_is_labelled_other_not_by_its_name(fresh_metrics, client_a):
+    """Anyone who reaches the web server names the method: as a label, each name was a new series."""
+    for method in ("ZZPROBE1", "ZZPROBE2"):
+        client_a.generic(method, "/healthz")
+    methods = {dict(labels)["method"] for (name, labels), _ in scrape().items()
+               if name == "ductor_http_request_duration_seconds_count"}
+    assert "other" in methods
+    assert not {"ZZPROBE1", "ZZPROBE2"} & methods
+
+
 def test_a_scrape_merges_what_every_process_of_the_host_recorded(fresh_metrics, tmp_path, monkeypatch):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     record = ("from ductor_project.core import metrics; metrics.REAPED.inc(3); "

@@ -9,7 +9,7 @@ process serves only its own. The gauges of shared state (queue depth, leases,
 credits, breakers, heartbeats) are not recorded by anyone: ``/metrics`` reads
 them from Redis when scraped.
 
-Labels are bounded: kinds, tiers, outcomes, HTTP methods, URL patterns (not
+Labels are bounded: kinds, tiers, outcomes, HTTP methods (a made-up one is "other"), URL patterns (not
 paths) and status codes; never a tenant, run or item id (per-tenant series
 are the scrape-time top N, ``scheduling.metrics``).
 """
@@ -42,6 +42,8 @@ BREAKER_OPENED = Counter("ductor_breaker_opened_total", "Connection calls that f
 HTTP_DURATION = Histogram(
     "ductor_http_request_duration_seconds", "API and admin requests, by method, URL pattern and status.",
     ["method", "route", "status"], buckets=_FAST)
+# The methods that are labels of their own; any other is "other".
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class RequestMetricsMiddleware:
@@ -56,6 +58,6 @@ class RequestMetricsMiddleware:
         response = self.get_response(request)
         match = getattr(request, "resolver_match", None)
         route = getattr(match, "route", None) or "<unmatched>"
-        HTTP_DURATION.labels(request.method or "", route, str(response.status_code)).observe(
-            time.perf_counter() - started)
+        method = request.method if request.method in _METHODS else "other"  # any name a client makes up
+        HTTP_DURATION.labels(method, route, str(response.status_code)).observe(time.perf_counter() - started)
         return response
