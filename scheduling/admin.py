@@ -19,7 +19,7 @@ from ductor_project.core.context import peek_tenant, tenant_context
 from ductor_project.core.errors import ApiError
 from scheduling import services
 from scheduling.connection_config import ConfigError, validate_config
-from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
+from scheduling.models import MAX_FAIRNESS_KEY_WEIGHT, Connection, FairnessKey, Pool, PoolMember, Rule
 from scheduling.secrets import encrypt
 from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
 
@@ -118,9 +118,20 @@ class RuleAdmin(TenantScopedAdmin):
     readonly_fields = ["created_at", "updated_at"]
 
 
+class FairnessKeyAdminForm(forms.ModelForm):
+    weight = forms.IntegerField(min_value=1, max_value=MAX_FAIRNESS_KEY_WEIGHT,
+                                help_text=f"1 to {MAX_FAIRNESS_KEY_WEIGHT}, as the API takes it.")
+
+    class Meta:
+        model = FairnessKey
+        fields = ["tenant", "key", "weight"]
+
+
 @admin.register(FairnessKey)
 class FairnessKeyAdmin(TenantScopedAdmin):
     """A key's weight inside its tenant (other keys weigh 1); the fair queue follows on save."""
+
+    form = FairnessKeyAdminForm
 
     list_display = ["key", "weight", "updated_at"]
     search_fields = ["key"]

@@ -14,6 +14,7 @@ from tenants import services
 from tenants.admin_scoping import DateLookupsMixin, TenantScopedAdmin, admin_tenant
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
+    SLUG_RULE,
     ApiKey,
     MonthlyUsage,
     Plan,
@@ -22,6 +23,7 @@ from tenants.models import (
     TenantEntitlementOverride,
     TenantMembership,
     generate_key,
+    slug_ok,
 )
 
 
@@ -53,6 +55,8 @@ class TenantForm(forms.ModelForm[Tenant]):
         slug = str(self.cleaned_data["slug"])
         if slug in services.RESERVED_SLUGS and (self.instance.pk is None or self.instance.slug != slug):
             raise forms.ValidationError("This slug is reserved.")
+        if self.instance._state.adding and not slug_ok(slug):  # what tenant_create refuses (a UUID, say)
+            raise forms.ValidationError(SLUG_RULE)
         return slug
 
 

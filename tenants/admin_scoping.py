@@ -23,6 +23,7 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from ductor_project.core.context import tenant_context
+from ductor_project.core.payloads import unstorable_detail, unstorable_path
 from tenants.scoping import TenantScopedModel
 
 
@@ -95,7 +96,27 @@ def _a_year(text: str) -> bool:
     return text.strip().lstrip("-").isdigit() and 1 <= int(text) <= 9999
 
 
-class TenantScopedAdmin(DateLookupsMixin, admin.ModelAdmin[Any]):
+class StorableJSONField(forms.JSONField):
+    """A JSON form field that refuses what PostgreSQL's ``jsonb`` cannot store (a NUL, a lone
+    surrogate) with the field's error, naming where, as the API does; saved, it failed (a 500)."""
+
+    def validate(self, value: Any) -> None:
+        super().validate(value)
+        found = unstorable_path(value)
+        if found is not None:
+            raise forms.ValidationError(f"{found[0]}: {unstorable_detail(found[1])}")
+
+
+class StorableJSONMixin:
+    """Every JSON field of an admin's forms is a ``StorableJSONField``."""
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if isinstance(db_field, models.JSONField):
+            kwargs.setdefault("form_class", StorableJSONField)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)  # type: ignore[misc]
+
+
+class TenantScopedAdmin(StorableJSONMixin, DateLookupsMixin, admin.ModelAdmin[Any]):
     """Base admin of every tenant-scoped model."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:

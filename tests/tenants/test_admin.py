@@ -311,3 +311,27 @@ def test_staff_with_every_permission_opens_the_add_and_change_page_of_every_scop
         key = ApiKey.objects.get(name="a-admin-key")
     assert (client.get(url(ApiKey, "add")).status_code, client.get(url(ApiKey, "change", key.pk)).status_code) == (
         200, 200)
+
+
+def test_the_admin_refuses_what_the_api_refuses_with_the_field_s_error_and_saves_nothing(
+        world: SimpleNamespace, superuser: Client) -> None:
+    """Each was a 500: a NUL in a JSON field, a weight the fair queue refuses (saved all the same),
+    a tenant slug in the form of a UUID."""
+    from scheduling.models import Connection, FairnessKey
+
+    cases = [
+        (Connection, {"tenant": world.a.pk, "name": "nul", "kind": "http",
+                      "config": '{"base_url": "https://a.example", "headers": {"X-A": "\\u0000"}}'}, "config", "NUL"),
+        (FairnessKey, {"tenant": world.a.pk, "key": "zero", "weight": "0"}, "weight", "greater than or equal to 1"),
+        (FairnessKey, {"tenant": world.a.pk, "key": "huge", "weight": "2000000000"}, "weight", "less than or equal"),
+        (Tenant, {"slug": "8d314f24-4896-4e0b-a240-c689e6e12bea", "name": "x", "status": "active", "plan": "free"},
+         "slug", "not in the form of a UUID"),
+    ]
+    for model, form, field, words in cases:
+        before = model.all_tenants.count() if hasattr(model, "all_tenants") else model.objects.count()
+        response = superuser.post(url(model, "add"), form)
+        assert response.status_code == 200, (model, response.status_code)
+        errors = response.context["adminform"].form.errors
+        assert words in str(errors.get(field)), (model, errors)
+        after = model.all_tenants.count() if hasattr(model, "all_tenants") else model.objects.count()
+        assert after == before, model
