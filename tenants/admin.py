@@ -132,6 +132,23 @@ class TenantMembershipAdmin(TenantScopedAdmin):
     search_fields = ["user__username", "user__email"]
     raw_id_fields = ["user"]
 
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """For a tenant's staff, a form that takes only users of no other tenant, and no superuser: the
+        user field takes any id, and another tenant's user is not theirs to enrol."""
+        form = super().get_form(request, obj, change, **kwargs)
+        if request.user.is_superuser:
+            return form
+        tenant = admin_tenant(request)
+
+        class OwnUsersOnly(form):  # type: ignore[misc, valid-type]
+            def clean_user(self) -> Any:
+                user = self.cleaned_data["user"]
+                if user.is_superuser or TenantMembership.all_tenants.filter(user=user).exclude(tenant=tenant).exists():
+                    raise forms.ValidationError("This user belongs to another tenant, or to the platform.")
+                return user
+
+        return OwnUsersOnly
+
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):

@@ -335,3 +335,21 @@ def test_the_admin_refuses_what_the_api_refuses_with_the_field_s_error_and_saves
         assert words in str(errors.get(field)), (model, errors)
         after = model.all_tenants.count() if hasattr(model, "all_tenants") else model.objects.count()
         assert after == before, model
+
+
+def test_staff_cannot_enrol_a_user_of_another_tenant_or_a_superuser(world: SimpleNamespace) -> None:
+    user = make_user("staff-enrol", tenant=world.a, is_staff=True)
+    grant(user, "tenants.add_tenantmembership", "tenants.view_tenantmembership")
+    client = Client()
+    client.force_login(user)
+    theirs, root, free = (make_user("b-user", tenant=world.b), make_user("root-2", is_superuser=True),
+                          make_user("nobody-yet"))
+    before = TenantMembership.all_tenants.count()
+
+    for other in (theirs, root):
+        response = client.post(url(TenantMembership, "add"), {"user": other.pk, "role": "owner"})
+        assert response.status_code == 200, response.status_code
+        assert "another tenant" in str(response.context["adminform"].form.errors["user"])
+    assert TenantMembership.all_tenants.count() == before
+    assert client.post(url(TenantMembership, "add"), {"user": free.pk, "role": "viewer"}).status_code == 302
+    assert TenantMembership.all_tenants.get(user=free).tenant_id == world.a.pk
