@@ -11,7 +11,7 @@ from django.utils.html import format_html
 
 from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.admin_scoping import DateLookupsMixin, TenantScopedAdmin, admin_tenant
+from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, admin_tenant
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
     SLUG_RULE,
@@ -61,7 +61,7 @@ class TenantForm(forms.ModelForm[Tenant]):
 
 
 @admin.register(Tenant)
-class TenantAdmin(DateLookupsMixin, admin.ModelAdmin[Tenant]):
+class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
     form = TenantForm
     list_display = ["slug", "name", "status", "plan", "created_at", "console"]
     list_filter = ["status", "plan"]
@@ -183,7 +183,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
 
 @admin.register(PlatformKey)
-class PlatformKeyAdmin(SuperuserOnlyMixin, DateLookupsMixin, admin.ModelAdmin[PlatformKey]):
+class PlatformKeyAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[PlatformKey]):
     list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
     readonly_fields = ["prefix", "created_at", "last_used_at"]
 
@@ -217,7 +217,7 @@ class PlanAdminForm(forms.ModelForm[Plan]):
 
 
 @admin.register(Plan)
-class PlanAdmin(SuperuserOnlyMixin, DateLookupsMixin, admin.ModelAdmin[Plan]):
+class PlanAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[Plan]):
     form = PlanAdminForm
     list_display = [
         "slug", "name", "max_concurrency", "step_rate_per_s", "monthly_run_quota",

@@ -19,7 +19,7 @@ from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError
 from scheduling.connection_config import queue_name_error
 from tenants.admin import SuperuserOnlyMixin
-from tenants.admin_scoping import DateLookupsMixin, TenantScopedAdmin, TenantScopedInline, admin_tenant
+from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, TenantScopedInline, admin_tenant
 from tenants.models import Plan, Tenant
 from tenants.permissions import READ_ONLY_ROLES
 from tenants.selectors import membership_for_user
@@ -439,7 +439,7 @@ class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
 
 
 @admin.register(TaskCatalogEntry)
-class TaskCatalogEntryAdmin(SuperuserOnlyMixin, DateLookupsMixin, admin.ModelAdmin[TaskCatalogEntry]):
+class TaskCatalogEntryAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[TaskCatalogEntry]):
     """The team's Celery tasks tenants may call as task nodes (platform data: superusers only)."""
 
     form = TaskCatalogEntryForm
