@@ -83,6 +83,9 @@ def _plain_scoped_select(
     )
 
 
+MAX_SEARCH_TERMS = 10  # the words of a changelist search that are taken
+
+
 class ChangelistLimitsMixin:
     """What a changelist takes of its query string. A year no date can have
     (``?created_at__year=99999``) is answered as Django answers any lookup it cannot use (``?e=1``),
@@ -99,9 +102,6 @@ class ChangelistLimitsMixin:
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
         bounded = " ".join(islice(smart_split(search_term), MAX_SEARCH_TERMS)) if search_term else search_term
         return super().get_search_results(request, queryset, bounded)  # type: ignore[misc]
-
-
-MAX_SEARCH_TERMS = 10
 
 
 def _a_year(text: str) -> bool:

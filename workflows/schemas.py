@@ -263,18 +263,16 @@ class TextHole(tuple[Any, ...]):
 
 def _knowable(error: Any, unknown: Collection[tuple[Any, ...]]) -> bool:
     """Whether ``error`` holds whatever the values at the ``unknown`` paths turn out to be: it is about
-    none of them, nor about something that holds one, unless it is about that object's keys alone, or
-    about the type of a string (``TextHole``)."""
+    none of them, nor about something that holds one, unless it is about that object's keys alone."""
     path = tuple(error.absolute_path)
     for hole in unknown:
-        if isinstance(hole, TextHole) and hole == path and error.validator == "type":
-            continue
         if hole[:len(path)] == path and (len(hole) == len(path) or error.validator not in KEY_KEYWORDS):
             return False
     return True
 
 
 def _of_text_hole(error: Any, unknown: Collection[tuple[Any, ...]]) -> bool:
+    """Whether ``error`` is about the type of a string not known yet (``TextHole``): that, it holds."""
     path = tuple(error.absolute_path)
     return error.validator == "type" and any(isinstance(hole, TextHole) and hole == path for hole in unknown)
 
@@ -290,9 +288,10 @@ def value_problems(schema: Mapping[str, Any], value: Any, *, owner: str, fix: st
     problems: dict[str, str] = {}
     try:
         for error in _validator(schema).iter_errors(value):
-            if unknown and not _knowable(error, unknown):
+            text_hole = bool(unknown) and _of_text_hole(error, unknown)
+            if unknown and not text_hole and not _knowable(error, unknown):
                 continue
-            if unknown and _of_text_hole(error, unknown):
+            if text_hole:
                 wanted = error.validator_value
                 problems.setdefault(_path(_field_of(error)), (
                     f"must be of type {json.dumps(wanted)}, but {{{{ … }}}} always renders a string: give the "

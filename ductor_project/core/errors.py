@@ -179,9 +179,11 @@ def _clipped(text: str, limit: int) -> str:
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one error shape; its message and each field's messages at most ``MAX_MESSAGE_CHARS``."""
-    clipped = {_clipped(str(field), MAX_FIELD_CHARS): [_clipped(item, MAX_MESSAGE_CHARS) if isinstance(item, str)
-                                                       else item for item in value] if isinstance(value, list)
-               else value for field, value in (details or {}).items()}
+    clipped: dict[str, Any] = {}
+    for field, value in (details or {}).items():
+        if isinstance(value, list):
+            value = [_clipped(item, MAX_MESSAGE_CHARS) if isinstance(item, str) else item for item in value]
+        clipped[_clipped(str(field), MAX_FIELD_CHARS)] = value
     return {"error": {"code": str(code), "message": _clipped(message, MAX_MESSAGE_CHARS), "details": clipped}}
 
 
