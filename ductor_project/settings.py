@@ -312,8 +312,12 @@ DUCTOR_HANDOFF_MS = env.int("DUCTOR_HANDOFF_MS", default=100)
 DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=0 if DUCTOR_HANDOFF_MS else 2)
 # How long a dispatched item is leased to its worker (extended while it runs).
 DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
-# Delay before an item whose handler raised is delivered again.
+# Delay before an item whose handler raised is delivered again; it doubles with each failure in a
+# row of the same item, up to DUCTOR_FAILED_ITEM_MAX_DELAY_MS (an item that succeeds starts over).
 DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_000)
+DUCTOR_FAILED_ITEM_MAX_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", default=60_000)
+if not 0 <= DUCTOR_FAILED_ITEM_DELAY_MS <= DUCTOR_FAILED_ITEM_MAX_DELAY_MS:
+    raise ImproperlyConfigured("DUCTOR_FAILED_ITEM_DELAY_MS is >= 0 and at most DUCTOR_FAILED_ITEM_MAX_DELAY_MS")
 # Fair by work: what the fair queue charges a tenant for an item. "time": the work it did, as
 # measured on the worker (an estimate at dispatch, corrected at its ack); "items": its cost (1).
 # Every process of a deployment must agree. One item is charged at most DUCTOR_FAIR_MAX_COST_MS;

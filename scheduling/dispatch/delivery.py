@@ -10,7 +10,8 @@ and connection's slots and rates taken), so it never has to wait or come back.
 While the handler runs, the process's renewal thread renews the item's lease,
 and with it every slot its admission took.
 A handler that returns has its item acked (by the caller, off the task's
-path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later.
+path); one that raises has it put back, due ``DUCTOR_FAILED_ITEM_DELAY_MS`` later, twice that
+after its second failure in a row, and so on up to ``DUCTOR_FAILED_ITEM_MAX_DELAY_MS``.
 Either way the ack or the nack carries the handler's own run time, measured
 here around the call alone: what the fair queue charges the tenant (fair by work).
 Either way what it reports (``Failed``, or the exception) goes to the task's
@@ -110,8 +111,8 @@ def run_delivery(
         renewals.release(hold)
         log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)
         _record(tenant, item, Outcome.FAILED, time.perf_counter() - started, ran.ms)
-        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS, delivery=item.delivery,
-                        work_ms=ran.ms)
+        fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS,
+                        max_delay_ms=settings.DUCTOR_FAILED_ITEM_MAX_DELAY_MS, delivery=item.delivery, work_ms=ran.ms)
         return Outcome.FAILED, None
     renewals.release(hold)
     _record(tenant, item, Outcome.OK, time.perf_counter() - started, ran.ms)

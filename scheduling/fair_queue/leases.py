@@ -43,18 +43,24 @@ def queue_ack(batch: scripts.Batch, item_id: str, *, delivery: int | None, tenan
 
 
 def nack(
-    item_id: str, *, delay_ms: int = 0, delivery: int | None = None, work_ms: float | None = None,
-    tenant: Tenant | None = None,
+    item_id: str, *, delay_ms: int = 0, max_delay_ms: int | None = None, delivery: int | None = None,
+    work_ms: float | None = None, tenant: Tenant | None = None,
 ) -> bool:
     """Put an item in flight back in its partition, due ``delay_ms`` from now; its slot is freed.
 
-    ``work_ms`` as for ``ack``. Returns False, changing nothing, when the item (in
-    that ``delivery``) is not in flight. One round trip, atomic. Raises
-    ``TenantScopeError`` without a tenant.
+    With ``max_delay_ms``, the delay doubles with each failure in a row of the item
+    (each nack; an ack that keeps the item starts the count over), up to that: the
+    first nack waits ``delay_ms``, the second twice that, and so on. ``work_ms`` as for
+    ``ack``. Returns False, changing nothing, when the item (in that ``delivery``) is
+    not in flight. One round trip, atomic. Raises ``TenantScopeError`` without a tenant.
     """
     at_least("delay_ms", delay_ms, 0)
+    longest = ""
+    if max_delay_ms is not None:
+        at_least("max_delay_ms", max_delay_ms, delay_ms)
+        longest = str(max_delay_ms)
     return bool(tenant_call("fq_nack", tenant_of(tenant), item_id, delivery_arg(delivery), delay_ms,
-                             work_arg(work_ms)) == 1)
+                             work_arg(work_ms), longest) == 1)
 
 
 def extend_lease(

@@ -24,8 +24,8 @@
 --                            again, again_payload, scope (its pool), conn (the connection its
 --                            dispatch holds), kind, order (its order key, ms), charged (what
 --                            its dispatch charged), at (when it was dispatched, µs), key (its
---                            fairness key, absent for "")}; state is
---                            "waiting" or "inflight"
+--                            fairness key, absent for ""), fails (its handler's failures in a
+--                            row, fq_nack)}; state is "waiting" or "inflight"
 --   est                HASH  kind -> the tenant's moving average of that kind's work (ms)
 --   seq                STRING the last delivery token (tokens are unique per tenant)
 --   parts:<tier>       ZSET  unlocked partition of no fairness key -> score of its head in that tier

@@ -12,6 +12,7 @@ handoff). The names, arguments and failures themselves are checked in this proce
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ import pytest
 
 from ductor_project.celery import WORK_QUEUE, app
 from ductor_project.core.context import tenant_context
+from ductor_project.core.keys import redis_key
 from ductor_project.stack import Child, Stack
 from scheduling import fair_queue as fq
 from scheduling.dispatch import task_events
@@ -30,6 +32,7 @@ from scheduling.dispatch.handlers import Failed, ItemContext, _handlers, registe
 from scheduling.dispatch.worker import execute_item
 from tenants.models import Tenant
 from tests.conftest import celery_worker_child, service_env, service_stack
+from tests.scheduling.helpers import redis_now_ms, sleep_until
 from tests.waiting import wait_for
 from workflows import services
 from workflows.models import WorkflowRun
@@ -255,10 +258,13 @@ def enqueue(tenant: Tenant, item_id: str, kind: str) -> None:
     fq.enqueue(item_id, tier="standard", partition=item_id, payload={"kind": kind}, tenant=tenant)
 
 
-def run_message(tenant: Tenant, item_id: str, kind: str, *, then: tuple[str, str] | None = None) -> Any:
-    """Enqueue an item of ``kind`` and run it as a worker runs its message, here (with ``then``,
-    an ``(item id, kind)``, enqueued once it was dequeued); its Celery result."""
-    enqueue(tenant, item_id, kind)
+def run_message(tenant: Tenant, item_id: str, kind: str, *, then: tuple[str, str] | None = None,
+                again: bool = False) -> Any:
+    """Enqueue an item of ``kind`` (``again``: it is there already) and run it as a worker runs its
+    message, here (with ``then``, an ``(item id, kind)``, enqueued once it was dequeued); its Celery
+    result."""
+    if not again:
+        enqueue(tenant, item_id, kind)
     item = fq.dequeue(lease_ms=LEASE_MS)
     assert item is not None
     assert item.item_id == item_id
@@ -284,10 +290,17 @@ def test_a_message_whose_item_failed_or_whose_handler_raised_fails_after_its_ite
     assert str(failed.result) == "f1 failed on purpose"
     assert (fq.stats(tenant).backlog, fq.stats(tenant).in_flight) == (0, 0)  # done: acked
 
-    raised = run_message(tenant, "r1", "test.raises")
-    assert raised.state == "FAILURE"
-    assert str(raised.result) == "RuntimeError: a broken handler"
-    assert fq.stats(tenant).backlog == 1  # put back, for later
+    settings.DUCTOR_FAILED_ITEM_DELAY_MS, settings.DUCTOR_FAILED_ITEM_MAX_DELAY_MS = 100, 1_000
+    for delay in (100, 200):  # put back for later, twice as long after its second failure in a row
+        before = redis_now_ms(redis_client)
+        raised = run_message(tenant, "r1", "test.raises", again=delay > 100)
+        assert raised.state == "FAILURE"
+        assert str(raised.result) == "RuntimeError: a broken handler"
+        assert fq.stats(tenant).backlog == 1
+        with tenant_context(tenant):
+            due = json.loads(redis_client.hget(redis_key("fq", "items"), "r1"))["due"]
+        assert before + delay <= due <= redis_now_ms(redis_client) + delay
+        sleep_until(redis_client, due)
 
 
 @pytest.mark.django_db(transaction=True)

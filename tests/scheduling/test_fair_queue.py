@@ -3,6 +3,7 @@ capacity-aware dispatch, leases and tenant isolation."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -458,6 +459,36 @@ def test_nack_puts_the_item_back_after_its_delay_and_frees_its_slot(tenant_with,
     sleep_until(redis_client, nacked_at + 150)
     again = take()
     assert again.attempt == 2
+
+
+def test_a_nack_with_a_longest_delay_doubles_it_per_failure_in_a_row_and_an_ack_starts_over(tenant_with, queue,
+                                                                                            redis_client):
+    tenant = tenant_with("backoff")
+    with tenant_context(tenant):
+        fq.enqueue("job", tier="standard", partition="p")
+
+    def nack_waits() -> tuple[float, float]:
+        """How long the nack put the item off: at least and at most (Redis's clock around it)."""
+        item = take()
+        before = redis_now_ms(redis_client)
+        with tenant_context(tenant):
+            assert fq.nack("job", delay_ms=200, max_delay_ms=500, delivery=item.delivery)
+            due = json.loads(redis_client.hget(redis_key("fq", "items"), "job"))["due"]
+        after = redis_now_ms(redis_client)
+        sleep_until(redis_client, due)
+        return due - after, due - before
+
+    for expected in (200, 400, 500, 500):
+        low, high = nack_waits()
+        assert low <= expected <= high
+    item = take()
+    with tenant_context(tenant):
+        assert fq.enqueue("job", tier="standard", partition="p") == "rerun"
+    queue.ack(item)  # it succeeded: it waits again, its count of failures cleared
+    low, high = nack_waits()
+    assert low <= 200 <= high
+    with pytest.raises(ValueError, match="max_delay_ms"), tenant_context(tenant):
+        fq.nack("job", delay_ms=200, max_delay_ms=100)
 
 
 def test_enqueue_is_idempotent_and_coalesces_wakeups(tenant_with, queue):

@@ -9,8 +9,9 @@ succeeded with its rendered output, waking its parent. An output over the
 plan's payload limit fails the run with ``payload_too_large``. Each tick, queued
 or inline, is a ``ductor.tick`` span of the run's trace.
 
-A queued tick that raises is delivered again after ``DUCTOR_FAILED_ITEM_DELAY_MS``,
-until it succeeds (once the data or code it tripped on is fixed, or the run is
+A queued tick that raises is delivered again after ``DUCTOR_FAILED_ITEM_DELAY_MS``
+(doubled with each failure in a row, up to ``DUCTOR_FAILED_ITEM_MAX_DELAY_MS``), until
+it succeeds (once the data or code it tripped on is fixed, or the run is
 cancelled): a run is never failed for an error of the engine's own. Its first,
 second, fourth, eighth … failure is in the run's history (``tick_failed``, with
 the exception), so that the run says why it does not move on.
