@@ -292,7 +292,7 @@ def test_a_message_whose_item_failed_or_whose_handler_raised_fails_after_its_ite
 
     settings.DUCTOR_FAILED_ITEM_DELAY_MS, settings.DUCTOR_FAILED_ITEM_MAX_DELAY_MS = 100, 1_000
     for delay in (100, 200):  # put back for later, twice as long after its second failure in a row
-        before = redis_now_ms(redis_client)
+        before = int(redis_now_ms(redis_client))  # in whole ms, as the scripts read it
         raised = run_message(tenant, "r1", "test.raises", again=delay > 100)
         assert raised.state == "FAILURE"
         assert str(raised.result) == "RuntimeError: a broken handler"

@@ -468,9 +468,10 @@ def test_a_nack_with_a_longest_delay_doubles_it_per_failure_in_a_row_and_an_ack_
         fq.enqueue("job", tier="standard", partition="p")
 
     def nack_waits() -> tuple[float, float]:
-        """How long the nack put the item off: at least and at most (Redis's clock around it)."""
+        """How long the nack put the item off: at least and at most (Redis's clock around it, in
+        whole ms as the scripts read it)."""
         item = take()
-        before = redis_now_ms(redis_client)
+        before = int(redis_now_ms(redis_client))
         with tenant_context(tenant):
             assert fq.nack("job", delay_ms=200, max_delay_ms=500, delivery=item.delivery)
             due = json.loads(redis_client.hget(redis_key("fq", "items"), "job"))["due"]
