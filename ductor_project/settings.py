@@ -8,8 +8,10 @@ first (``manage.py``, the WSGI app, the Celery app; ``ductor_project.embedded.bo
 
 from __future__ import annotations
 
+import math
 import secrets
 from pathlib import Path
+from typing import Any
 
 import django_stubs_ext
 import environ
@@ -23,6 +25,23 @@ django_stubs_ext.monkeypatch()
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+
+
+def number(name: str, default: float, *, low: float, cast: type[int] | type[float] = int) -> Any:
+    """A numeric setting from the environment, at least ``low``: a value that is not one refuses to
+    start, naming it (a negative lease or a word would otherwise start, and misbehave later)."""
+    raw = env.str(name, default="").strip()
+    if raw == "":
+        return default
+    kind = "an integer" if cast is int else "a number"
+    try:
+        value = cast(raw)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < low:
+        raise ImproperlyConfigured(f"{name} is {kind} >= {low:g}, not {raw!r}")
+    return value
+
 
 DEBUG = env.bool("DEBUG", default=False)
 DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
@@ -47,7 +66,7 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 # Behind TLS in production (docs/configuration.md): each is off by default, for `make up` on http.
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
-SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_SECONDS = number("SECURE_HSTS_SECONDS", 0, low=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
@@ -143,18 +162,18 @@ DUCTOR_DB_APP_ROLE = DATABASES["default"]["USER"]
 DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="ductor_maintenance")
 # Off only to measure what the second wall costs (bench/row_security.py): never in production.
 DUCTOR_ROW_SECURITY = env.bool("DUCTOR_ROW_SECURITY", default=True)
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_MAX_AGE"] = number("DATABASE_CONN_MAX_AGE", 60, low=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # A kept connection the server answered less than this long ago is not health-checked again (a
 # `SELECT 1`) before a request's or task's first query, as a connection pooler does; 0: always.
-DUCTOR_DB_HEALTH_CHECK_IDLE_S = env.float("DATABASE_HEALTH_CHECK_IDLE_S", default=1.0)
+DUCTOR_DB_HEALTH_CHECK_IDLE_S = number("DATABASE_HEALTH_CHECK_IDLE_S", 1.0, low=0, cast=float)
 # Parameters bound by the server, so that psycopg prepares the statements a connection runs often
 # (after DATABASE_PREPARE_THRESHOLD runs: parsed and planned once, not on every call; about half
 # of PostgreSQL's CPU per step, docs/performance.md). Off (false) behind a pooler in transaction
 # mode that cannot keep a connection's prepared statements (PgBouncer before 1.21).
 if env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        server_side_binding=True, prepare_threshold=env.int("DATABASE_PREPARE_THRESHOLD", default=5)
+        server_side_binding=True, prepare_threshold=number("DATABASE_PREPARE_THRESHOLD", 5, low=0)
     )
 DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(
     "DATABASE_TEST_NAME", default=f"test_{DATABASES['default']['NAME']}"
@@ -197,14 +216,14 @@ WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 # Request bodies above this size are refused with 413 payload_too_large.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DUCTOR_MAX_REQUEST_BYTES", default=1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = number("DUCTOR_MAX_REQUEST_BYTES", 1024 * 1024, low=1024)
 # JSON request bodies nested deeper than this are refused with 400 malformed_json.
-DUCTOR_MAX_JSON_DEPTH = env.int("DUCTOR_MAX_JSON_DEPTH", default=64)
+DUCTOR_MAX_JSON_DEPTH = number("DUCTOR_MAX_JSON_DEPTH", 64, low=2)
 # A run's detail shows at most this many of its steps; /runs/{id}/steps lists them all.
-DUCTOR_RUN_DETAIL_MAX_STEPS = env.int("DUCTOR_RUN_DETAIL_MAX_STEPS", default=100)
+DUCTOR_RUN_DETAIL_MAX_STEPS = number("DUCTOR_RUN_DETAIL_MAX_STEPS", 100, low=0)
 # The bytes of step inputs, outputs, errors and traces one response carries: the run
 # detail's steps, and each page of /runs/{id}/steps (which always holds at least one).
-DUCTOR_STEPS_MAX_BYTES = env.int("DUCTOR_STEPS_MAX_BYTES", default=1024 * 1024)
+DUCTOR_STEPS_MAX_BYTES = number("DUCTOR_STEPS_MAX_BYTES", 1024 * 1024, low=1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -302,20 +321,20 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Celery's Django fixup would close the database connection around every task (a reconnect per
 # task); workers keep it instead, for CONN_MAX_AGE, health-checked (see tenants/tasking.py).
-CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
+CELERY_DB_REUSE_MAX = number("CELERY_DB_REUSE_MAX", 1000, low=1)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # How long a worker process that finished an item may go on taking the next ones of its queue
 # itself, per Celery message, instead of waiting for a dispatcher (0: never).
-DUCTOR_HANDOFF_MS = env.int("DUCTOR_HANDOFF_MS", default=100)
+DUCTOR_HANDOFF_MS = number("DUCTOR_HANDOFF_MS", 100, low=0)
 # Messages a dispatcher may publish beyond the free worker slots. With handoff a busy slot feeds
 # itself, and a message published for it would wait behind its chain: none by default.
-DUCTOR_DISPATCH_BUFFER = env.int("DUCTOR_DISPATCH_BUFFER", default=0 if DUCTOR_HANDOFF_MS else 2)
+DUCTOR_DISPATCH_BUFFER = number("DUCTOR_DISPATCH_BUFFER", 0 if DUCTOR_HANDOFF_MS else 2, low=0)
 # How long a dispatched item is leased to its worker (extended while it runs).
-DUCTOR_LEASE_MS = env.int("DUCTOR_LEASE_MS", default=30_000)
+DUCTOR_LEASE_MS = number("DUCTOR_LEASE_MS", 30_000, low=1000)
 # Delay before an item whose handler raised is delivered again; it doubles with each failure in a
 # row of the same item, up to DUCTOR_FAILED_ITEM_MAX_DELAY_MS (an item that succeeds starts over).
-DUCTOR_FAILED_ITEM_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_DELAY_MS", default=5_000)
-DUCTOR_FAILED_ITEM_MAX_DELAY_MS = env.int("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", default=60_000)
+DUCTOR_FAILED_ITEM_DELAY_MS = number("DUCTOR_FAILED_ITEM_DELAY_MS", 5_000, low=0)
+DUCTOR_FAILED_ITEM_MAX_DELAY_MS = number("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", 60_000, low=0)
 if not 0 <= DUCTOR_FAILED_ITEM_DELAY_MS <= DUCTOR_FAILED_ITEM_MAX_DELAY_MS:
     raise ImproperlyConfigured("DUCTOR_FAILED_ITEM_DELAY_MS is >= 0 and at most DUCTOR_FAILED_ITEM_MAX_DELAY_MS")
 # Fair by work: what the fair queue charges a tenant for an item. "time": the work it did, as
@@ -325,14 +344,14 @@ if not 0 <= DUCTOR_FAILED_ITEM_DELAY_MS <= DUCTOR_FAILED_ITEM_MAX_DELAY_MS:
 DUCTOR_FAIR_COST = env.str("DUCTOR_FAIR_COST", default="time")
 if DUCTOR_FAIR_COST not in ("time", "items"):
     raise ImproperlyConfigured(f"DUCTOR_FAIR_COST is 'time' or 'items', not {DUCTOR_FAIR_COST!r}")
-DUCTOR_FAIR_MAX_COST_MS = env.int("DUCTOR_FAIR_MAX_COST_MS", default=60_000)
-DUCTOR_FAIR_FIRST_COST_MS = env.float("DUCTOR_FAIR_FIRST_COST_MS", default=10.0)
+DUCTOR_FAIR_MAX_COST_MS = number("DUCTOR_FAIR_MAX_COST_MS", 60_000, low=1)
+DUCTOR_FAIR_FIRST_COST_MS = number("DUCTOR_FAIR_FIRST_COST_MS", 10.0, low=0, cast=float)
 if DUCTOR_FAIR_MAX_COST_MS < 1 or not 0 < DUCTOR_FAIR_FIRST_COST_MS <= DUCTOR_FAIR_MAX_COST_MS:
     raise ImproperlyConfigured("DUCTOR_FAIR_MAX_COST_MS is >= 1 and DUCTOR_FAIR_FIRST_COST_MS in (0, max]")
 
 # Redis keys of every tenant carry the hash tag of the fair-queue shard the
 # tenant maps to, so Lua scripts stay inside one Redis Cluster slot.
-DUCTOR_QUEUE_SHARDS = env.int("DUCTOR_QUEUE_SHARDS", default=1)
+DUCTOR_QUEUE_SHARDS = number("DUCTOR_QUEUE_SHARDS", 1, low=1)
 
 # Modules whose @action functions workflows may call (the built-ins are always there).
 DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.actions"])
@@ -341,7 +360,7 @@ DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.ac
 # node nor its catalog entry sets one (it is the task's lease: a worker that died with the task is
 # noticed then).
 DUCTOR_TASK_BROKERS = env.dict("DUCTOR_TASK_BROKERS", default={})
-DUCTOR_TASK_TIMEOUT_S = env.float("DUCTOR_TASK_TIMEOUT_S", default=300.0)
+DUCTOR_TASK_TIMEOUT_S = number("DUCTOR_TASK_TIMEOUT_S", 300.0, low=1, cast=float)
 # The slots of the team's worker queues that tenants share ("shop=8,eu/billing=4": queue, or
 # broker/queue, = how many of its tasks may be in flight at once, across every tenant): task steps
 # for such a queue are admitted in the fair order within them, so that the order holds where the
@@ -349,22 +368,22 @@ DUCTOR_TASK_TIMEOUT_S = env.float("DUCTOR_TASK_TIMEOUT_S", default=300.0)
 # concurrency only.
 DUCTOR_TASK_QUEUE_SLOTS = env.dict("DUCTOR_TASK_QUEUE_SLOTS", default={})
 # Largest number of nodes in one workflow spec, and deepest JSON nesting.
-DUCTOR_MAX_SPEC_NODES = env.int("DUCTOR_MAX_SPEC_NODES", default=500)
-DUCTOR_MAX_SPEC_DEPTH = env.int("DUCTOR_MAX_SPEC_DEPTH", default=32)
+DUCTOR_MAX_SPEC_NODES = number("DUCTOR_MAX_SPEC_NODES", 500, low=1)
+DUCTOR_MAX_SPEC_DEPTH = number("DUCTOR_MAX_SPEC_DEPTH", 32, low=2)
 # Schedules: the most due schedules of one tenant that one wake-up fires (the rest follow in the
 # next, at once), and how often a schedule holding a buffered fire looks whether its run ended.
-DUCTOR_SCHEDULE_FIRE_BATCH = env.int("DUCTOR_SCHEDULE_FIRE_BATCH", default=500)
-DUCTOR_SCHEDULE_BUFFER_CHECK_S = env.float("DUCTOR_SCHEDULE_BUFFER_CHECK_S", default=1.0)
+DUCTOR_SCHEDULE_FIRE_BATCH = number("DUCTOR_SCHEDULE_FIRE_BATCH", 500, low=1)
+DUCTOR_SCHEDULE_BUFFER_CHECK_S = number("DUCTOR_SCHEDULE_BUFFER_CHECK_S", 1.0, low=0.01, cast=float)
 # Webhooks (docs/triggers.md#webhooks): each attempt's timeout; the attempts of a delivery before it
 # fails; the first retry's delay (doubled per attempt, jittered, at most an hour); the consecutive
 # failed attempts that disable an endpoint; and the endpoints one tenant may have.
-DUCTOR_WEBHOOK_TIMEOUT_S = env.float("DUCTOR_WEBHOOK_TIMEOUT_S", default=10.0)
-DUCTOR_WEBHOOK_MAX_ATTEMPTS = env.int("DUCTOR_WEBHOOK_MAX_ATTEMPTS", default=8)
-DUCTOR_WEBHOOK_BACKOFF_S = env.float("DUCTOR_WEBHOOK_BACKOFF_S", default=10.0)
-DUCTOR_WEBHOOK_DISABLE_AFTER = env.int("DUCTOR_WEBHOOK_DISABLE_AFTER", default=20)
-DUCTOR_WEBHOOKS_PER_TENANT = env.int("DUCTOR_WEBHOOKS_PER_TENANT", default=20)
+DUCTOR_WEBHOOK_TIMEOUT_S = number("DUCTOR_WEBHOOK_TIMEOUT_S", 10.0, low=0.1, cast=float)
+DUCTOR_WEBHOOK_MAX_ATTEMPTS = number("DUCTOR_WEBHOOK_MAX_ATTEMPTS", 8, low=1)
+DUCTOR_WEBHOOK_BACKOFF_S = number("DUCTOR_WEBHOOK_BACKOFF_S", 10.0, low=0, cast=float)
+DUCTOR_WEBHOOK_DISABLE_AFTER = number("DUCTOR_WEBHOOK_DISABLE_AFTER", 20, low=1)
+DUCTOR_WEBHOOKS_PER_TENANT = number("DUCTOR_WEBHOOKS_PER_TENANT", 20, low=0)
 # Most webhook deliveries of one tenant in flight at once (each holds a worker slot while it waits).
-DUCTOR_WEBHOOK_CONCURRENCY = env.int("DUCTOR_WEBHOOK_CONCURRENCY", default=2)
+DUCTOR_WEBHOOK_CONCURRENCY = number("DUCTOR_WEBHOOK_CONCURRENCY", 2, low=1)
 
 # Fernet keys for connection secrets (comma-separated; first encrypts, all decrypt).
 # Empty: one key is generated once into the data dir.
@@ -372,23 +391,25 @@ DUCTOR_SECRET_KEYS = env.list("DUCTOR_SECRET_KEYS", default=[])
 # Outbound http.request to loopback, private and link-local addresses is refused unless this is on.
 DUCTOR_HTTP_ALLOW_PRIVATE = env.bool("DUCTOR_HTTP_ALLOW_PRIVATE", default=False)
 # Consecutive failures that open a connection's circuit breaker, and its cooldown.
-DUCTOR_BREAKER_FAILURES = env.int("DUCTOR_BREAKER_FAILURES", default=5)
-DUCTOR_BREAKER_COOLDOWN_S = env.float("DUCTOR_BREAKER_COOLDOWN_S", default=30.0)
+DUCTOR_BREAKER_FAILURES = number("DUCTOR_BREAKER_FAILURES", 5, low=1)
+DUCTOR_BREAKER_COOLDOWN_S = number("DUCTOR_BREAKER_COOLDOWN_S", 30.0, low=0, cast=float)
 
 # Observability (docs/operations.md). A loop (coordinator, dispatcher) whose last heartbeat is older
 # than this is stale: /readyz says so and `manage.py up` restarts it.
-DUCTOR_HEARTBEAT_STALE_S = env.float("DUCTOR_HEARTBEAT_STALE_S", default=15.0)
+DUCTOR_HEARTBEAT_STALE_S = number("DUCTOR_HEARTBEAT_STALE_S", 15.0, low=1, cast=float)
 # /metrics (Prometheus): served while on; with a token, only to "Authorization: Bearer <token>"; without one,
 # only to loopback (the per-tenant series name tenants).
 DUCTOR_METRICS_ENABLED = env.bool("DUCTOR_METRICS_ENABLED", default=True)
 DUCTOR_METRICS_TOKEN = env.str("DUCTOR_METRICS_TOKEN", default="")
 # Per-tenant series: the N tenants with the largest backlog, the others summed as tenant_id="other".
-DUCTOR_METRICS_TOP_TENANTS = env.int("DUCTOR_METRICS_TOP_TENANTS", default=20)
+DUCTOR_METRICS_TOP_TENANTS = number("DUCTOR_METRICS_TOP_TENANTS", 20, low=0)
 # The queue's gauges are read from Redis at most this often; a scrape in between reuses them.
-DUCTOR_METRICS_QUEUE_EVERY_S = env.float("DUCTOR_METRICS_QUEUE_EVERY_S", default=5.0)
+DUCTOR_METRICS_QUEUE_EVERY_S = number("DUCTOR_METRICS_QUEUE_EVERY_S", 5.0, low=0, cast=float)
 
 DUCTOR_LOG_FORMAT = env.str("DUCTOR_LOG_FORMAT", default="json")
-DUCTOR_LOG_LEVEL = env.str("DUCTOR_LOG_LEVEL", default="INFO")
+DUCTOR_LOG_LEVEL = env.str("DUCTOR_LOG_LEVEL", default="INFO").strip().upper()
+if DUCTOR_LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise ImproperlyConfigured(f"DUCTOR_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not {DUCTOR_LOG_LEVEL!r}")
 LOGGING_CONFIG = None
 
 from ductor_project.logs import configure_logging  # noqa: E402

@@ -1,0 +1,58 @@
+"""Settings read from the environment: a bad value stops the process at start, naming the setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from ductor_project.settings import number
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("raw", "cast", "expected"), [
+    ("", int, 30), ("  ", int, 30), ("1000", int, 1000), ("2_000", int, 2000), (" 5 ", int, 5),
+    ("0.25", float, 0.25), ("3", float, 3.0),
+])
+def test_a_number_within_its_range_is_read(monkeypatch: pytest.MonkeyPatch, raw: str, cast: type, expected: float):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    value = number("DUCTOR_PROBE", 30, low=0, cast=cast)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+@pytest.mark.parametrize(("raw", "cast", "message"), [
+    ("abc", int, "DUCTOR_PROBE is an integer >= 1, not 'abc'"),
+    ("-5", int, "DUCTOR_PROBE is an integer >= 1, not '-5'"),
+    ("0", int, "DUCTOR_PROBE is an integer >= 1, not '0'"),
+    ("1.5", int, "DUCTOR_PROBE is an integer >= 1, not '1.5'"),
+    ("nan", float, "DUCTOR_PROBE is a number >= 1, not 'nan'"),
+    ("inf", float, "DUCTOR_PROBE is a number >= 1, not 'inf'"),
+    ("0.5", float, "DUCTOR_PROBE is a number >= 1, not '0.5'"),
+])
+def test_a_number_out_of_its_range_or_not_a_number_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, raw: str, cast: type, message: str
+):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        number("DUCTOR_PROBE", 30, low=1, cast=cast)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("DUCTOR_LEASE_MS", "-5", "DUCTOR_LEASE_MS is an integer >= 1000, not '-5'"),
+    ("DUCTOR_LOG_LEVEL", "loud", "DUCTOR_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'"),
+    ("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", "10", "DUCTOR_FAILED_ITEM_DELAY_MS is >= 0 and at most"),
+])
+def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: str, value: str, message: str):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(DUCTOR_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="ductor_project.settings", **{setting: value})
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode != 0
+    assert f"ImproperlyConfigured: {message}" in done.stderr
