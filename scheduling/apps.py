@@ -6,14 +6,25 @@ from django.core.exceptions import ImproperlyConfigured
 
 
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``DUCTOR_TASK_QUEUE_SLOTS`` is read when work is enqueued; a bad value is told at start."""
+    """``DUCTOR_TASK_QUEUE_SLOTS`` is read when work is enqueued, and ``DUCTOR_TASK_BROKERS`` when a
+    task is published; a bad value is told at start."""
+    from django.conf import settings
+    from kombu.transport import TRANSPORT_ALIASES
+
     from scheduling import admission
 
+    errors: list[checks.CheckMessage] = []
     try:
         admission.queue_slots()
     except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), id="ductor.E001")]
-    return []
+        errors.append(checks.Error(str(exc), id="ductor.E001"))
+    for name, url in settings.DUCTOR_TASK_BROKERS.items():
+        scheme = str(url).partition("://")[0].lower() if "://" in str(url) else ""
+        if scheme not in TRANSPORT_ALIASES:
+            found = f"its scheme {scheme!r} is not a broker's" if scheme else "its URL has no scheme"
+            errors.append(checks.Error(f"DUCTOR_TASK_BROKERS: broker {name!r}: {found} (redis://, rediss://, "
+                                       "sentinel://, amqp:// …)", id="ductor.E002"))
+    return errors
 
 
 class SchedulingConfig(AppConfig):

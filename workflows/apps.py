@@ -1,4 +1,24 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.core import checks
+
+
+def check_action_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The modules of ``DUCTOR_ACTION_MODULES`` are imported at the first action looked up; one that
+    does not import is told at start, not as a failure of every workflow's validation and step."""
+    import importlib
+
+    from django.conf import settings
+
+    errors: list[checks.CheckMessage] = []
+    for module in settings.DUCTOR_ACTION_MODULES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            errors.append(checks.Error(f"DUCTOR_ACTION_MODULES: {module!r} does not import: "
+                                       f"{type(exc).__name__}: {exc}", id="ductor.E003"))
+    return errors
 
 
 class WorkflowsConfig(AppConfig):
@@ -37,6 +57,7 @@ class WorkflowsConfig(AppConfig):
         from workflows.triggers import webhook_delivery, webhooks
 
         register_listener(webhooks.on_run_event)
+        checks.register(check_action_modules)
         register_handler(webhooks.ITEM_KIND, webhook_delivery.execute_delivery)
         register_wakeup(webhook_delivery.WAKE_KIND, webhook_delivery.retry_due)
         register_reconciler(webhook_delivery.reconcile_deliveries)

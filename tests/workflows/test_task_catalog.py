@@ -351,6 +351,31 @@ def test_a_bad_queue_slots_setting_is_told_by_the_system_checks(settings):
     assert check_task_settings() == []
 
 
+@pytest.mark.parametrize(("url", "told"), [
+    ("shop-redis:6379", "its URL has no scheme"), ("http://shop-redis:6379/0", "its scheme 'http' is not a broker's")])
+def test_a_task_broker_without_a_brokers_url_is_told_by_the_system_checks(settings, url, told):
+    from scheduling.apps import check_task_settings
+
+    settings.DUCTOR_TASK_BROKERS = {"shop": url, "eu": "amqp://guest@rabbit//"}
+    [error] = check_task_settings()
+    assert (error.id, error.msg) == ("ductor.E002", f"DUCTOR_TASK_BROKERS: broker 'shop': {told} (redis://, "
+                                                    "rediss://, sentinel://, amqp:// …)")
+    settings.DUCTOR_TASK_BROKERS = {"shop": "redis://shop-redis:6379/0", "eu": "amqp://guest@rabbit//"}
+    assert check_task_settings() == []
+
+
+def test_an_action_module_that_does_not_import_is_told_by_the_system_checks(settings):
+    from workflows.apps import check_action_modules
+
+    settings.DUCTOR_ACTION_MODULES = ["workflows.actions", "no_such_package.actions"]
+    [error] = check_action_modules()
+    assert (error.id, error.msg) == (
+        "ductor.E003", "DUCTOR_ACTION_MODULES: 'no_such_package.actions' does not import: ModuleNotFoundError: "
+                       "No module named 'no_such_package'")
+    settings.DUCTOR_ACTION_MODULES = ["workflows.actions"]
+    assert check_action_modules() == []
+
+
 def test_a_task_without_a_queue_needs_a_celery_connection_of_the_tenant_to_be_saved(platform, client_a):
     """Else every run of it would fail to publish: nowhere to send it."""
     entry(platform, name="shop.ship", queue="")
