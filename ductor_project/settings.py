@@ -8,6 +8,7 @@ first (``manage.py``, the WSGI app, the Celery app; ``ductor_project.embedded.bo
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from pathlib import Path
@@ -40,6 +41,19 @@ def number(name: str, default: float, *, low: float, cast: type[int] | type[floa
         value = None
     if value is None or not math.isfinite(value) or value < low:
         raise ImproperlyConfigured(f"{name} is {kind} >= {low:g}, not {raw!r}")
+    return value
+
+
+def options(name: str) -> dict[str, Any]:
+    """A JSON object of options from the environment ({} when unset); anything else refuses to start,
+    naming it."""
+    raw = env.str(name, default="").strip()
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} is a JSON object, and this is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} is a JSON object, not {type(value).__name__}")
     return value
 
 
@@ -194,7 +208,7 @@ CACHES = {
         "KEY_FUNCTION": "ductor_project.core.keys.cache_key_function",
         "OPTIONS": {**_cache.options,
                     "CLIENT_CLASS": env.str("CACHE_CLIENT_CLASS", default=_cache.options["CLIENT_CLASS"]),
-                    **env.json("CACHE_OPTIONS", default={})},
+                    **options("CACHE_OPTIONS")},
     }
 }
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
@@ -305,12 +319,12 @@ CELERY_BROKER_URL, _broker_options = redis_urls.kombu_config(
     env.str("CELERY_BROKER_URL", default=REDIS_URL), setting=_redis_setting("CELERY_BROKER_URL"))
 CELERY_RESULT_BACKEND, _results_options = redis_urls.kombu_config(
     env.str("CELERY_RESULT_BACKEND", default=REDIS_URL), setting=_redis_setting("CELERY_RESULT_BACKEND"))
-CELERY_BROKER_TRANSPORT_OPTIONS = {**_broker_options, **env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})}
+CELERY_BROKER_TRANSPORT_OPTIONS = {**_broker_options, **options("CELERY_BROKER_TRANSPORT_OPTIONS")}
 # kombu's Redis transport, keeping one Redis client per channel (ductor_project/broker_transport.py);
 # another broker keeps kombu's own.
 CELERY_BROKER_TRANSPORT = redis_urls.kombu_transport(CELERY_BROKER_URL)
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
-    **_results_options, **env.json("CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS", default={})}
+    **_results_options, **options("CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS")}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from ductor_project.settings import number
+from ductor_project.settings import number, options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +42,25 @@ def test_a_number_out_of_its_range_or_not_a_number_is_refused_naming_it(
     with pytest.raises(ImproperlyConfigured) as refused:
         number("DUCTOR_PROBE", 30, low=1, cast=cast)
     assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", {}), ('{"visibility_timeout": 60}', {"visibility_timeout": 60})])
+def test_options_are_a_json_object(monkeypatch: pytest.MonkeyPatch, raw: str, expected: dict):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    assert options("DUCTOR_PROBE") == expected
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("{bad", "DUCTOR_PROBE is a JSON object, and this is not JSON: Expecting property name enclosed in double quotes"),
+    ("[1, 2]", "DUCTOR_PROBE is a JSON object, not list"),
+    ("60", "DUCTOR_PROBE is a JSON object, not int"),
+])
+def test_options_that_are_not_a_json_object_are_refused_naming_them(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                                    message: str):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        options("DUCTOR_PROBE")
+    assert str(refused.value).startswith(message)
 
 
 @pytest.mark.parametrize(("setting", "value", "message"), [
