@@ -15,6 +15,7 @@ from tenants.models import Tenant
 from tests.conftest import api_client, error_code
 from workflows import services
 from workflows.models import Event, EventTrigger, WorkflowRun
+from workflows.triggers import events as services_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,7 +87,8 @@ def test_an_event_is_idempotent_with_its_key_and_a_bulk_send_is_all_or_none(tena
                                                                 {"name": "other", "idempotency_key": "b"}]},
                              format="json")
     assert (in_batch.status_code, error_code(in_batch)) == (409, "idempotency_key_reused")
-    assert "another name" in in_batch.json()["error"]["details"]["events[1].idempotency_key"][0]
+    assert in_batch.json()["error"]["details"]["events[1].idempotency_key"] == [
+        "Already used for events[0], with another name."]  # not the id of an event the refusal rolled back
     assert len(runs_of(tenant)) == 1
 
     bulk = client_a.post("/api/v1/events/bulk", {"events": [body, {"name": "order.paid"}, {"name": "other"}]},
@@ -103,6 +105,59 @@ def test_an_event_is_idempotent_with_its_key_and_a_bulk_send_is_all_or_none(tena
     with tenant_context(tenant):
         assert Event.objects.count() == 3  # the refused batch left nothing, not even its untriggered event
     assert len(runs_of(tenant)) == 2
+
+
+def test_two_bulk_sends_of_the_same_new_keys_in_other_orders_never_deadlock(tenant, client_a, monkeypatch):
+    """Each send inserted its first key, then waited for the other's: PostgreSQL failed one (a 500).
+    Here each send, once it has inserted an event, waits until the other has too, or waits for a lock."""
+    import threading
+
+    from django.db import connection
+
+    put(tenant, "fulfil")
+    subscribe(client_a, "fulfil", "order.paid")
+    keys = [f"k-{n:02}" for n in range(20)]
+    manager, create = type(Event.objects), type(Event.objects).create
+    inserted, failures, answers = [0], [], []
+
+    def other_inserted_or_waits() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock'")
+            return inserted[0] == 2 or bool(cursor.fetchone()[0])
+
+    def created(self: Any, **fields: Any) -> Event:
+        event = create(self, **fields)
+        if fields["idempotency_key"] in (keys[0], keys[-1]):  # each send's first insert
+            inserted[0] += 1
+            for _ in range(600):
+                if other_inserted_or_waits():
+                    break
+                threading.Event().wait(0.02)
+        return event
+
+    def send(order: list[str]) -> None:
+        try:
+            with tenant_context(tenant):
+                answers.append(services_events.events_send([{"name": "order.paid", "idempotency_key": key}
+                                                            for key in order]))
+        except Exception as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(manager, "create", created)
+    senders = [threading.Thread(target=send, args=(order,)) for order in (keys, keys[::-1])]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(60)
+
+    assert failures == []
+    assert sorted(sum(created for _, created in answer) for answer in answers) == [0, 20]
+    with tenant_context(tenant):
+        assert sorted(Event.objects.values_list("idempotency_key", flat=True)) == keys
+    assert len(runs_of(tenant)) == 20
 
 
 def test_another_tenants_event_never_starts_a_run_here(tenant, tenant_b, client_a):

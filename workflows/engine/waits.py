@@ -111,12 +111,26 @@ def _lock_id(name: str, key: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def _lock_shared(pairs: set[tuple[str, str]]) -> None:
-    """Take the shared locks of ``pairs`` (name, key), in one statement, in ascending order (so
+def lock_in_order(ids: set[int], *, shared: bool = False) -> None:
+    """Take the advisory locks ``ids`` for the transaction, in one statement, in ascending order (so
     that two callers never hold one each of two they both want)."""
-    ids = sorted({_lock_id(name, key) for name, key in pairs})
+    statement = _LOCK_SHARED if shared else _LOCK
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(pg_advisory_xact_lock_shared(id)) FROM unnest(%s::bigint[]) AS id", [ids])
+        cursor.execute(statement, [sorted(ids)])
+
+
+_LOCK = "SELECT count(pg_advisory_xact_lock(id)) FROM unnest(%s::bigint[]) AS id"
+_LOCK_SHARED = "SELECT count(pg_advisory_xact_lock_shared(id)) FROM unnest(%s::bigint[]) AS id"
+
+
+def idempotency_lock_id(key: str) -> int:
+    """The advisory lock of the tenant's event idempotency key ``key`` (an event name is never empty,
+    so no wait's lock is this one)."""
+    return _lock_id("", f"idempotency_key\x00{key}")
+
+
+def _lock_shared(pairs: set[tuple[str, str]]) -> None:
+    lock_in_order({_lock_id(name, key) for name, key in pairs}, shared=True)
 
 
 def _lock_exclusive(name: str, key: str) -> None:

@@ -40,7 +40,7 @@ from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.engine.attempts import run_input_problems
 from workflows.engine.statements import version_to_start
-from workflows.engine.waits import deliver
+from workflows.engine.waits import deliver, idempotency_lock_id, lock_in_order
 from workflows.models import Event, EventTrigger, WorkflowDefinition
 from workflows.services import MAX_BULK_RUNS, check_payload, run_start_many
 
@@ -93,7 +93,13 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     known = {event.idempotency_key: event for event in Event.objects.filter(idempotency_key__in=keys)} if keys else {}
     results: list[tuple[Event, bool]] = []
     with transaction.atomic():
+        # Two sends of the same new keys in other orders would each insert one, then wait on the
+        # other's (a deadlock): the keys are locked first, in one order.
+        fresh = {key for item in items if (key := item.get("idempotency_key")) and key not in known}
+        if len(fresh) > 1:
+            lock_in_order({idempotency_lock_id(key) for key in fresh})
         new: list[Event] = []
+        in_batch: dict[str, int] = {}  # a key this batch records -> the index of its first item
         for index, item in enumerate(items):
             key = item.get("idempotency_key") or None
             name, event_key = item["name"], item.get("key") or ""
@@ -101,13 +107,15 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
             if key is not None and key in known:
                 first = known[key]
                 field = f"events[{index}].idempotency_key" if len(items) > 1 else "idempotency_key"
-                check_key_reuse(field, key, f"event {first.pk}", {
+                # An event of this very batch has no id to cite: it is kept only if the batch is.
+                cited = f"events[{in_batch[key]}]" if key in in_batch else f"event {first.pk}"
+                check_key_reuse(field, key, cited, {
                     "name": (first.name, name), "key": (first.key, event_key), "payload": (first.payload, payload)})
                 results.append((first, False))
                 continue
             event = Event.objects.create(name=name, key=event_key, payload=payload, idempotency_key=key)
             if key is not None:
-                known[key] = event
+                known[key], in_batch[key] = event, index
             new.append(event)
             results.append((event, True))
         deliver(new)
