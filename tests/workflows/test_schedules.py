@@ -78,6 +78,36 @@ def test_a_cron_fires_at_its_wall_clock_time_in_its_time_zone_across_a_daylight_
     assert skipped.next_after(datetime(2026, 3, 28, 12, tzinfo=UTC)) == datetime(2026, 3, 29, 1, tzinfo=UTC)
 
 
+def test_a_time_an_autumn_change_repeats_fires_once_and_never_in_the_past_from_inside_that_hour() -> None:
+    berlin = Timing(cron="30 2 * * *", interval_s=None, timezone="Europe/Berlin")
+    # 31 October 2027: 03:00 CEST (01:00 UTC) goes back to 02:00 CET; 02:30 fired at 00:30 UTC, once.
+    assert berlin.next_after(datetime(2027, 10, 31, 0, tzinfo=UTC)) == datetime(2027, 10, 31, 0, 30, tzinfo=UTC)
+    for inside in (datetime(2027, 10, 31, 1, tzinfo=UTC), datetime(2027, 10, 31, 1, 40, tzinfo=UTC)):
+        assert berlin.next_after(inside) == datetime(2027, 11, 1, 1, 30, tzinfo=UTC)  # not 00:30, gone by
+
+
+@pytest.mark.parametrize("seconds", ["0", "15"])
+def test_six_fields_move_a_time_of_day_across_daylight_saving_changes_as_five_do(seconds: str) -> None:
+    five = Timing(cron="30 2 * 3,10 *", interval_s=None, timezone="Europe/Berlin")
+    six = Timing(cron=f"{seconds} 30 2 * 3,10 *", interval_s=None, timezone="Europe/Berlin")
+    for start in (datetime(2027, 3, 26, tzinfo=UTC), datetime(2027, 10, 29, tzinfo=UTC)):
+        expected = five.upcoming(five.next_after(start), 4)
+        assert six.upcoming(six.next_after(start), 4) == [fire + timedelta(seconds=int(seconds)) for fire in expected]
+    # Spring: 02:30 on 28 March does not exist and fires at 03:00 CEST; autumn: 02:30 on 31 October fires once.
+    assert six.next_after(datetime(2027, 3, 27, 12, tzinfo=UTC)) == datetime(2027, 3, 28, 1, 0, int(seconds),
+                                                                               tzinfo=UTC)
+    assert six.upcoming(six.next_after(datetime(2027, 10, 30, 12, tzinfo=UTC)), 2) == [
+        datetime(2027, 10, 31, 0, 30, int(seconds), tzinfo=UTC), datetime(2028, 3, 1, 1, 30, int(seconds), tzinfo=UTC)]
+
+
+def test_six_fields_fire_at_each_of_their_seconds_from_inside_a_minute_and_back_from_a_cutoff() -> None:
+    twice = Timing(cron="10,40 * * * * *", interval_s=None)
+    assert twice.upcoming(twice.next_after(at(15)), 3) == [at(40), at(70), at(100)]
+    assert twice.next_after(at(40)) == at(70)
+    assert twice.skip_before(at(10), at(COUNT_CAP * 30 + 55)) == (
+        COUNT_CAP, at(COUNT_CAP * 30 + 40), at(COUNT_CAP * 30 + 70))
+
+
 def test_an_interval_fires_at_whole_multiples_since_the_epoch_strictly_after_a_moment() -> None:
     every_minute = Timing(cron="", interval_s=60)
     assert every_minute.next_after(at(0)) == at(60)

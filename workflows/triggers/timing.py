@@ -8,11 +8,12 @@ starts one run.
 
 - **cron**: five fields (minute, hour, day of month, month, day of week) or six
   (seconds first), as ``cronsim`` reads them: ranges, steps, lists, names of
-  months and days, ``L``, ``W`` and ``#``. The fields are read in the schedule's
+  months and days, ``L``, ``LW`` and ``#``. The fields are read in the schedule's
   IANA time zone. On daylight-saving changes it does what Debian's cron does: a
   time that a spring change skips fires at the first moment after it, and one
   that an autumn change repeats fires once (expressions with a ``*`` in the
-  minute or hour field fire by the clock on both sides).
+  minute or hour field fire by the clock on both sides). A six-field expression
+  fires at its seconds within the minutes the other five name, read so.
 - **interval**: every ``interval_s`` seconds, at the whole multiples of it
   since the Unix epoch (UTC): an interval of 60 fires at the start of every
   minute, whatever the time zone. For a fire at a time of day, use cron.
@@ -82,8 +83,11 @@ class Timing:
             while True:
                 yield datetime.fromtimestamp(at, UTC)
                 at += step
-        for fire in CronSim(self.cron, moment.astimezone(self.zone)):
-            yield fire.astimezone(UTC)
+        for fire in self._cron_fires(moment):
+            # From inside an hour an autumn change repeats, the once-a-day fire of its first pass
+            # is found again: it is in the past.
+            if fire > moment:
+                yield fire
 
     def next_after(self, moment: datetime) -> datetime | None:
         """The first fire time strictly after ``moment`` (None: it never fires again)."""
@@ -120,13 +124,35 @@ class Timing:
             count, last = count + 1, later
             if count >= COUNT_CAP:
                 first = self._first_from(cutoff)
-                before = next(CronSim(self.cron, (first or cutoff).astimezone(self.zone), reverse=True), None)
-                return Skipped(COUNT_CAP, before.astimezone(UTC) if before else last, first)
+                before = next(self._cron_fires(first or cutoff, reverse=True), None)
+                return Skipped(COUNT_CAP, before or last, first)
         return Skipped(count, last, None)  # it never fires again
 
     @property
     def zone(self) -> zoneinfo.ZoneInfo:
         return zoneinfo.ZoneInfo(self.timezone)
+
+    def _cron_fires(self, start: datetime, *, reverse: bool = False) -> Iterator[datetime]:
+        """The cron expression's fire times strictly after ``start`` (before it, ``reverse``), in UTC.
+
+        A six-field expression fires at its seconds within each minute its other five fields name,
+        those minutes read as a five-field expression is: so daylight-saving changes move a time of
+        day once, as they do without seconds (``cronsim`` reads six fields by the clock: a time an
+        autumn change repeats would fire twice, and one a spring change skips not at all)."""
+        parts = self.cron.split()
+        if len(parts) == 5:
+            for fire in CronSim(self.cron, start.astimezone(self.zone), reverse=reverse):
+                yield fire.astimezone(UTC)
+            return
+        seconds = sorted(CronSim(self.cron, start).seconds, reverse=reverse)
+        minute = start.replace(second=0, microsecond=0)
+        # The minutes from start's on (back from it, reverse), in the five-field reading.
+        origin = minute + timedelta(minutes=1) if reverse else minute - _ONE_SECOND
+        for named in CronSim(" ".join(parts[1:]), origin.astimezone(self.zone), reverse=reverse):
+            for second in seconds:
+                fire = named.astimezone(UTC) + timedelta(seconds=second)
+                if (fire < start) if reverse else (fire > start):
+                    yield fire
 
     def _first_from(self, moment: datetime) -> datetime | None:
         """The first fire time at or after ``moment``."""
