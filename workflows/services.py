@@ -26,6 +26,7 @@ from workflows.engine.tick import advance_locked
 from workflows.models import (
     RunEvent,
     RunSignal,
+    Schedule,
     StepRun,
     WorkflowDefinition,
     WorkflowRun,
@@ -159,17 +160,19 @@ def workflow_unarchive(*, name: str) -> WorkflowDefinition:
 
 @transaction.atomic
 def workflow_delete(*, name: str) -> None:
-    """Delete the workflow ``name`` with its versions and event triggers, if none of its versions has a
-    run left (409 naming ``runs`` otherwise: archive it instead; runs go when the plan's history
-    retention removes them). Its name is free again."""
+    """Delete the workflow ``name`` with its versions, event triggers and schedules, if none of its
+    versions has a run left (409 naming ``runs`` otherwise: archive it instead; runs go when the
+    plan's history retention removes them). Its name is free again: a schedule kept would start
+    runs of whatever workflow takes the name next."""
     definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
     count = WorkflowRun.objects.filter(workflow__definition=definition).count()
     if count:
         message = (f"Workflow '{name}' has {count} run(s) in its history and cannot be deleted: archive it "
                    "instead (its runs are kept until the plan's history retention removes them).")
         raise Conflict(message, details={"runs": [message]})
+    schedules, _ = Schedule.objects.filter(workflow=name).delete()
     definition.delete()
-    log.info("workflow_deleted", workflow=name)
+    log.info("workflow_deleted", workflow=name, schedules=schedules)
 
 
 def run_start(

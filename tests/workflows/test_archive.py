@@ -122,11 +122,17 @@ def test_archived_workflows_leave_the_plan_s_count_and_unarchiving_needs_room(cl
     assert names(client_a) == ["first"]
 
 
-def test_a_workflow_without_runs_is_deleted_with_its_versions_and_triggers_and_its_name_is_free(client_a, tenant_a):
+def test_a_workflow_without_runs_is_deleted_with_its_versions_triggers_and_schedules_and_its_name_is_free(
+    client_a, tenant_a
+):
     create(client_a, "draft")
     client_a.put("/api/v1/workflows/draft", {"spec": FLOW}, format="json")
     trigger = client_a.post("/api/v1/triggers", {"workflow": "draft", "event": "x"}, format="json")
     assert trigger.status_code == 201, trigger.content
+    for name, version in (("nightly", None), ("pinned", 1)):
+        schedule = client_a.post("/api/v1/schedules", {"name": name, "workflow": "draft", "version": version,
+                                                       "cron": "0 3 * * *", "paused": True}, format="json")
+        assert schedule.status_code == 201, schedule.content
 
     response = client_a.delete("/api/v1/workflows/draft")
 
@@ -135,6 +141,7 @@ def test_a_workflow_without_runs_is_deleted_with_its_versions_and_triggers_and_i
     with tenant_context(tenant_a[0]):
         assert not WorkflowVersion.objects.exists()
         assert not EventTrigger.objects.exists()
+        assert not Schedule.objects.exists()  # else they would start runs of the next workflow of its name
     assert create(client_a, "draft")["latest_version"] == 1
 
 
@@ -176,6 +183,9 @@ def test_an_archived_workflow_s_triggers_schedules_and_sub_workflow_steps_start_
     assert "archived" in outcome.error["message"]
     another = client_a.post("/api/v1/schedules", {"name": "t", "workflow": "leaf", "interval_s": 60}, format="json")
     assert_refused(another, 400, "invalid", "workflow")  # a new schedule of it: refused at once
+    trigger = client_a.post("/api/v1/triggers", {"workflow": "leaf", "event": "again"}, format="json")
+    assert_refused(trigger, 400, "invalid", "workflow")  # and a new trigger: it would start nothing
+    assert "archived" in trigger.json()["error"]["details"]["workflow"][0]
     paused = client_a.post(f"/api/v1/schedules/{schedule.pk}/pause")
     assert (paused.status_code, paused.json()["paused"]) == (200, True)  # its old one can still be paused
 

@@ -164,6 +164,8 @@ def _workflow(name: Any) -> WorkflowDefinition:
     found = WorkflowDefinition.objects.filter(name=name).first() if isinstance(name, str) else None
     if found is None:
         raise _invalid("workflow", f"No workflow named {name!r}.")
+    if found.archived_at is not None:
+        raise _invalid("workflow", f"Workflow '{name}' is archived and starts no new run: unarchive it first.")
     return found
 
 
