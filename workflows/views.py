@@ -131,8 +131,8 @@ class WorkflowViewSet(TenantViewSet):
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
     def destroy(self, request: Request, name: str) -> Response:
-        """Delete a workflow that has no run in its history, with its versions and event triggers; its
-        name is free again. ``409`` naming ``runs`` while it has runs: archive it instead."""
+        """Delete a workflow that has no run in its history, with its versions, event triggers and
+        schedules; its name is free again. ``409`` naming ``runs`` while it has runs: archive it instead."""
         services.workflow_delete(name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
