@@ -237,7 +237,7 @@ class Workflows(_Resource):
         return await self._send(calls.WORKFLOWS.act(name, "unarchive", idempotent=True))
 
     async def delete(self, name: str) -> None:
-        """Delete it with its versions and triggers; only while it has no run (``Conflict`` otherwise:
+        """Delete it with its versions, triggers and schedules; only while it has no run (``Conflict`` otherwise:
         archive it instead)."""
         await self._send(calls.WORKFLOWS.delete(name))
 
