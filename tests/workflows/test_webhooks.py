@@ -490,6 +490,11 @@ def test_an_endpoint_that_keeps_failing_is_disabled_with_a_reason_and_its_pendin
     [stopped] = deliveries(tenant, run=third)
     assert (stopped.status, stopped.next_attempt_at) == ("failed", None)
     assert stopped.attempts[-1]["note"].startswith("not sent: the endpoint was disabled (2 consecutive")
+    tripped = stored(tenant, WebhookDelivery, second_delivery.pk)  # the one whose attempt disabled it says so
+    assert tripped.status == "failed"
+    assert [entry.get("status_code") for entry in tripped.attempts] == [500, None]
+    assert tripped.attempts[-1]["note"] == ("not sent again: this attempt disabled the endpoint (2 consecutive "
+                                            "failed attempts; last: HTTP 500)")
     assert {d.status for d in deliveries(tenant)} == {"failed"}
     assert deliveries(tenant, run=start(tenant, "quiet")) == []  # a disabled endpoint gets nothing new
     make_due(tenant, stopped)

@@ -60,6 +60,7 @@ from workflows.triggers.webhooks import (
     REDELIVER_NOTE,
     Queued,
     deliveries_stop,
+    delivery_note,
     enqueue_deliveries,
     webhook_disable,
 )
@@ -278,8 +279,11 @@ def _after_failure(row: WebhookDelivery, attempt: Attempt, failures: int, now: d
     Returns why its endpoint must be disabled, if it must."""
     tried = tries(row.attempts)
     if failures >= settings.DUCTOR_WEBHOOK_DISABLE_AFTER:
+        reason = f"{failures} consecutive failed attempts; last: {attempt.error}"
         row.status, row.next_attempt_at, row.finished_at = Status.FAILED, None, now
-        return f"{failures} consecutive failed attempts; last: {attempt.error}"
+        row.attempts = [*row.attempts, delivery_note(now, f"not sent again: this attempt disabled the endpoint "
+                                                          f"({reason})")]
+        return reason
     if tried >= settings.DUCTOR_WEBHOOK_MAX_ATTEMPTS:
         row.status, row.next_attempt_at, row.finished_at = Status.FAILED, None, now
         return None

@@ -260,7 +260,7 @@ def webhook_disable(endpoint_id: Any, reason: str) -> bool:
 def deliveries_stop(endpoint_id: Any, reason: str) -> int:
     """Fail the endpoint's pending deliveries (one ``UPDATE``), each with a note of why; how many."""
     now = timezone.now()
-    note = {"at": _when(now), "note": f"not sent: the endpoint was disabled ({reason})"[:500]}
+    note = delivery_note(now, f"not sent: the endpoint was disabled ({reason})")
     appended = Func(F("attempts"), Value([note], output_field=models.JSONField()), template="(%(expressions)s)",
                     arg_joiner=" || ", output_field=models.JSONField())
     return WebhookDelivery.objects.filter(endpoint_id=endpoint_id, status=Status.PENDING).update(
@@ -289,7 +289,7 @@ def delivery_redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
         if not WebhookEndpoint.objects.filter(pk=row.endpoint_id, enabled=True).exists():
             raise Conflict("The endpoint is disabled: enable it first (PATCH with enabled true).")
         now = timezone.now()
-        row.attempts = [*row.attempts, {"at": _when(now), "note": REDELIVER_NOTE}]
+        row.attempts = [*row.attempts, delivery_note(now, REDELIVER_NOTE)]
         row.status, row.next_attempt_at, row.finished_at = Status.PENDING, now, None
         row.save(update_fields=["attempts", "status", "next_attempt_at", "finished_at"])
         enqueue_deliveries([Queued(*WebhookDelivery.objects.filter(pk=row.pk).values_list(*QUEUED_FIELDS).get())])
@@ -341,6 +341,11 @@ def on_run_event(run: WorkflowRun, type_: str, node_id: str, data: dict[str, Any
     insert_rows(deliveries)
     enqueue_deliveries([Queued(delivery.pk, run.tier, run.pk, run.workflow_name) for delivery in deliveries])
     log.info("webhook_deliveries_created", run_id=str(run.pk), type=kind, deliveries=len(deliveries))
+
+
+def delivery_note(now: datetime, text: str) -> dict[str, Any]:
+    """An entry of a delivery's log that is not an attempt: when, and what happened to it."""
+    return {"at": _when(now), "note": text[:500]}
 
 
 def _when(moment: datetime | None) -> str | None:
