@@ -156,6 +156,8 @@ def test_each_fire_starts_one_run_keyed_by_its_nominal_time_and_a_second_wake_up
     schedule = fire(tenant, at(2.2))
     assert fired_at(tenant) == [at(0), at(1), at(2)]
     assert (schedule.fired_count, schedule.next_fire_at, schedule.wake_at) == (3, at(3), at(3))
+    with tenant_context(tenant):  # tagged with the schedule's name, as an event's runs are with the event's
+        assert {tuple(run.tags) for run in WorkflowRun.objects.all()} == {(f"schedule:{schedule.name}",)}
     assert schedule.last_fire_at == at(2)
     again = fire(tenant, at(2.2))  # the same wake-up again: nothing moves
     assert (again.fired_count, again.next_fire_at, again.updated_at) == (
@@ -291,7 +293,7 @@ def test_a_refused_start_fails_that_fire_alone_and_keeps_the_reason(tenant_a: tu
     assert (refused.failed_count, refused.fired_count, refused.next_fire_at) == (1, 0, at(1))
     assert refused.last_error is not None
     assert refused.last_error["code"] == "invalid"
-    assert refused.last_error["fire_at"] == T0.isoformat()
+    assert refused.last_error["fire_at"] == T0.isoformat().replace("+00:00", "Z")  # as every time the API gives
     assert kept.fired_count == 1
 
 
