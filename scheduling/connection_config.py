@@ -71,6 +71,12 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError("config.base_url", "must be an http or https URL") from exc
     if "@" in urlsplit(base_url).netloc:
         raise ConfigError("config.base_url", "must not carry credentials; use the connection secret")
+    try:
+        port = urlsplit(base_url).port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ConfigError("config.base_url", "its port must be from 1 to 65535")
     headers = config.get("headers", {})
     if not isinstance(headers, Mapping) or len(headers) > HTTP_MAX_HEADERS:
         raise ConfigError("config.headers", f"must be an object of at most {HTTP_MAX_HEADERS} headers")

@@ -143,6 +143,8 @@ def test_connection_paths_accept_a_trailing_slash(client_a: APIClient) -> None:
         ({"base_url": "not a url"}, "config.base_url"),
         ({"base_url": "http://example.com@127.0.0.1:8999"}, "config.base_url"),  # credentials: the secret's
         ({"base_url": "https://user:pw@a.example"}, "config.base_url"),
+        ({"base_url": "https://a.example:99999"}, "config.base_url"),  # no such port
+        ({"base_url": "https://a.example:0/v1"}, "config.base_url"),
         ({"base_url": BASE_URL, "timeout_s": 0}, "config.timeout_s"),
         ({"base_url": BASE_URL, "timeout_s": 301}, "config.timeout_s"),
         ({"base_url": BASE_URL, "max_response_bytes": 0}, "config.max_response_bytes"),

@@ -154,6 +154,8 @@ def test_an_endpoint_is_created_with_its_secret_shown_once_read_changed_listed_a
     ("https://93.184.216.34/x#frag", "fragment"),
     ("https://93.184.216.34/" + "x" * 2000, "2000"),
     ("https:///nohost", "host"),
+    ("https://example.com:99999/hook", "port"),
+    ("https://example.com:0/hook", "port"),
     ("https://93.184.216.34/a b", "spaces"),
     ("not a url", ""),
     ("", ""),

@@ -239,7 +239,7 @@ def _start_one(schedule: Schedule, fire: datetime) -> Outcome:
     except ApiError as exc:
         # The bulk start names the field (``runs[0].workflow``); the reason is in its details.
         reasons = [str(m) for value in exc.details.values() if isinstance(value, list) for m in value]
-        error = {"fire_at": fire.isoformat().replace("+00:00", "Z"), "code": str(exc.error_code), "message": " ".join(reasons)
-                 or str(exc.detail)}
+        error = {"fire_at": fire.isoformat().replace("+00:00", "Z"), "code": str(exc.error_code),
+                 "message": " ".join(reasons) or str(exc.detail)}
         return Outcome(None, error=error)
     return Outcome(run, created)

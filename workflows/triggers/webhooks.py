@@ -114,6 +114,8 @@ def checked_url(value: Any) -> str:
         raise _invalid("url", "Must be an https URL.")
     if not url.host:
         raise _invalid("url", "Must name a host.")
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise _invalid("url", "Its port must be from 1 to 65535.")
     if url.userinfo:
         raise _invalid("url", "Must not carry credentials: check the signature of each delivery instead.")
     if url.fragment:
