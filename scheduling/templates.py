@@ -85,9 +85,10 @@ class Root:
 
 @dataclass(frozen=True)
 class Language:
-    """The roots a context offers."""
+    """The roots a context offers, and a path of it to show in messages."""
 
     roots: tuple[Root, ...]
+    example: str = "input.customer.id"
 
     def root(self, name: str) -> Root | None:
         return next((root for root in self.roots if root.name == name), None)
@@ -153,7 +154,8 @@ def _event_shape(parts: tuple[str, ...]) -> str | None:
 
 
 # An event trigger's filter: the event's name, key and payload.
-EVENTS = Language((Root("event", _event_shape, "$event.name, $event.key or $event.payload…"),))
+EVENTS = Language((Root("event", _event_shape, "$event.name, $event.key or $event.payload…"),),
+                  example="event.payload.customer.id")
 
 
 # -- references -------------------------------------------------------------------------------------
@@ -372,15 +374,18 @@ def _path_problem(path: str, language: Language) -> str | None:
         return f"path '{path}' must start with {language.path_hint}"
     problem = root.shape(tuple(parts[1:])) if root.shape else None
     if problem:
-        return f"path '{path}' must be written as a reference without its $: {problem.removeprefix('use ')}"
+        return f"path '{path}' reads nothing here: {problem.replace('$', '')}"
     return None
 
 
 def _check_path(field: str, path: Any, language: Language, legacy_root: str | None) -> str:
     """The condition's path, normalized; a deprecated root-less path gets ``legacy_root``."""
     parts = path.split(".") if isinstance(path, str) else []
+    if isinstance(path, str) and path.startswith("$"):
+        raise FieldError(f"{field}.path", f"a path is written without its $: '{path[1:]}'")
     if not parts or len(parts) > MAX_PATH_SEGMENTS or not all(_SEGMENT.fullmatch(p) for p in parts):
-        raise FieldError(f"{field}.path", "must be a dotted path such as 'input.customer.id'")
+        raise FieldError(f"{field}.path", f"must be a dotted path of at most {MAX_PATH_SEGMENTS} names (letters, "
+                                          f"digits, _ or -), such as '{language.example}'")
     if legacy_root is not None and language.root(parts[0]) is None:
         path = f"{legacy_root}.{path}"  # deprecated: a path into the step input, without its root
     problem = _path_problem(path, language)
