@@ -196,6 +196,16 @@ class Dispatcher:
                 wait_s = min(wait_s, due / 1000)
         fair_queue.wait_for_work(shards=shards, timeout_s=credits.blocking_wait_s(wait_s))
 
+    def _after_failure(self) -> None:
+        """A round failed after it may have reserved credits: they go back before the back-off, and
+        the next round asks for the fewest. (Held through it, round after round, the credits of a
+        dispatcher whose every round fails would leave the others none: no work would run.)"""
+        self._ask = dict.fromkeys(QUEUES, RESERVE_MIN)
+        try:
+            self.give_back()
+        except Exception:  # Redis away: they expire with their reservation (credits.RESERVED_TTL_S)
+            self._held = {queue: [] for queue in QUEUES}
+
     def run_forever(self, stop: threading.Event) -> None:
         """Dispatch until ``stop`` is set. A failing round (Redis away) is logged and retried; the
         rounds that work beat (``heartbeats``, at most once a second)."""
@@ -211,6 +221,7 @@ class Dispatcher:
                     beater.passed()
                 except Exception:
                     log.exception("dispatcher_round_failed")
+                    self._after_failure()
                     stop.wait(ERROR_BACKOFF_S)
         finally:
             with contextlib.suppress(Exception):

@@ -241,6 +241,37 @@ def test_a_dispatcher_that_took_every_due_item_sleeps_at_once_on_all_its_shards_
 
 
 @pytest.mark.django_db
+def test_a_dispatcher_whose_round_failed_holds_no_credit_through_its_back_off(make_tenant, redis_client, monkeypatch):
+    """Held round after round by a dispatcher whose every round fails (a shard it cannot serve, a
+    setting it trips on), the credits left the other dispatchers none, and no work ran anywhere."""
+    tenant, _ = make_tenant("failing-round")
+    broker.register_worker("fake@host", [WORK_QUEUE, SYSTEM_QUEUE], 10)
+    enqueue(tenant, 3, kind="test.noop", partitions=3, prefix="waiting")
+    dispatcher = Dispatcher(shards=list(range(settings.DUCTOR_QUEUE_SHARDS)))
+    dispatcher._ask = dict.fromkeys((WORK_QUEUE, SYSTEM_QUEUE), 4 * RESERVE_MIN)  # a busy one's ask
+
+    def dequeue_batches(**call: Any) -> list[list[fq.Dequeued]]:
+        raise RuntimeError("this round fails")
+
+    class BackOff(threading.Event):
+        """The back-off after the failed round: what the broker counts busy then; it ends the run."""
+
+        seen: list[tuple[int, int]] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.seen.append((broker.busy(WORK_QUEUE), broker.busy(SYSTEM_QUEUE)))
+            self.set()
+            return True
+
+    monkeypatch.setattr(fq, "dequeue_batches", dequeue_batches)
+    stop = BackOff()
+    dispatcher.run_forever(stop)
+    assert stop.seen == [(0, 0)]
+    assert dispatcher._ask == dict.fromkeys((WORK_QUEUE, SYSTEM_QUEUE), RESERVE_MIN)
+    assert fq.stats(tenant).backlog == 3  # nothing was taken
+
+
+@pytest.mark.django_db
 def test_a_dispatcher_asks_for_the_credits_its_load_needs_not_one_per_idle_slot_of_the_fleet(
     make_tenant, redis_client, monkeypatch
 ):
