@@ -60,9 +60,14 @@ def _shards_key() -> str:
     return global_redis_key("hb", "dispatcher-shards")
 
 
-def record_shards(name: str, shards: list[int]) -> None:
-    """Write which fair-queue shards dispatcher ``name`` serves (``scheduling.dispatch.shards``)."""
-    get_redis().hset(_shards_key(), name, ",".join(str(shard) for shard in shards))
+# Written before the shards of a dispatcher started with its own (``--shards``): the split leaves it out.
+_PINNED = "="
+
+
+def record_shards(name: str, shards: list[int], *, pinned: bool = False) -> None:
+    """Write which fair-queue shards dispatcher ``name`` serves (``scheduling.dispatch.shards``), and
+    whether they are its own (``pinned``) rather than its share of the split."""
+    get_redis().hset(_shards_key(), name, (_PINNED if pinned else "") + ",".join(str(shard) for shard in shards))
 
 
 def forget_shards(name: str) -> None:
@@ -71,11 +76,21 @@ def forget_shards(name: str) -> None:
 
 def shards_served() -> dict[str, list[int]]:
     """The shards each dispatcher last wrote that it serves (stale ones too: see ``ages``)."""
+    return {name: shards for name, (shards, _) in _written().items()}
+
+
+def pinned_dispatchers() -> set[str]:
+    """The dispatchers that serve shards of their own (``--shards``), not a share of the split."""
+    return {name for name, (_, pinned) in _written().items() if pinned}
+
+
+def _written() -> dict[str, tuple[list[int], bool]]:
     found = get_redis().hgetall(_shards_key())
-    out: dict[str, list[int]] = {}
+    out: dict[str, tuple[list[int], bool]] = {}
     for name, value in found.items():
         text = value.decode() if isinstance(value, bytes) else str(value)
-        out[name.decode() if isinstance(name, bytes) else str(name)] = [int(s) for s in text.split(",") if s]
+        shards = [int(s) for s in text.removeprefix(_PINNED).split(",") if s]
+        out[name.decode() if isinstance(name, bytes) else str(name)] = (shards, text.startswith(_PINNED))
     return out
 
 

@@ -12,7 +12,8 @@ Each dispatcher works the plan out for itself from the beats, at most once per
 (``heartbeats.record_shards``). A dispatcher that died keeps its shards until its beat goes stale:
 for up to ``DUCTOR_HEARTBEAT_STALE_S`` nobody else takes them (unless ``k`` > 1). ``unserved``
 lists the shards no live dispatcher serves; ``/readyz`` and the platform queue view show them.
-A dispatcher started with ``--shards`` serves those, whatever the others do.
+A dispatcher started with ``--shards`` serves those, whatever the others do, and the others split
+every shard between themselves without it (it writes its shards marked as its own).
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ def assigned(name: str, live: Collection[str], shards: int) -> list[int]:
 
 
 def live_dispatchers() -> dict[str, float]:
-    """The dispatchers that beat within the stale bound, with their beats' ages (s)."""
+    """The dispatchers that share the split: those that beat within the stale bound, with their beats'
+    ages (s), but for those started with shards of their own, which serve only those."""
     stale_s = settings.DUCTOR_HEARTBEAT_STALE_S
-    return {name: age for name, age in heartbeats.ages(heartbeats.DISPATCHER).items() if age <= stale_s}
+    pinned = heartbeats.pinned_dispatchers()
+    return {name: age for name, age in heartbeats.ages(heartbeats.DISPATCHER).items()
+            if age <= stale_s and name not in pinned}
 
 
 class ShardPlan:
@@ -76,7 +80,7 @@ class ShardPlan:
             try:
                 if self.fixed is None:
                     self._shards = assigned(self.name, live_dispatchers(), len(queue_shards()))
-                heartbeats.record_shards(self.name, self._shards)
+                heartbeats.record_shards(self.name, self._shards, pinned=self.fixed is not None)
             except Exception:  # the round's own Redis calls will fail and be retried the usual way
                 log.warning("shard_plan_unread", shards=self._shards, exc_info=True)
         if self.fixed is None:  # a shard a reshard stopped serving since the plan was made: drained

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.test import Client
 
 from ductor_project.celery import RESULTS_QUEUE, SYSTEM_QUEUE, WORK_QUEUE
@@ -71,6 +72,23 @@ def test_a_dispatcher_started_with_its_shards_keeps_them(settings) -> None:
     assert Dispatcher(shards=[1, 3]).shards == [1, 3]
 
 
+def test_the_others_split_every_shard_between_themselves_beside_a_dispatcher_started_with_its_own(
+    settings, db
+) -> None:
+    """Counted in the split, a pinned dispatcher was given shards it never served: they waited."""
+    settings.DUCTOR_QUEUE_SHARDS = 6
+    names = ("d-a", "d-b", "pinned")
+    for name in names:
+        heartbeats.beat(heartbeats.DISPATCHER, name)
+    ShardPlan([0], name="pinned").shards()
+    a, b = ShardPlan(name="d-a", every_s=0), ShardPlan(name="d-b", every_s=0)
+    assert sorted(a.shards() + b.shards()) == list(range(6))
+    assert a.shards() == assigned("d-a", ["d-a", "d-b"], 6)
+    assert shards.unserved() == []
+    assert shards.serving()[0][-1] == "pinned"
+    assert heartbeats.shards_served()["pinned"] == [0]
+
+
 def ready() -> tuple[int, dict[str, Any]]:
     response = Client().get("/readyz")
     return response.status_code, response.json()
@@ -110,3 +128,19 @@ def test_a_dead_dispatchers_shards_are_unserved_until_the_others_plan_again_then
     assert shards.unserved() == theirs  # until the live one plans again
     assert a.shards() == list(range(6))  # its next plan takes them all
     assert shards.unserved() == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run_dispatcher", "--shards", "abc"], "--shards is a comma-separated list of shard numbers, not 'abc'"),
+    (["run_dispatcher", "--shards", "1,9"], "--shards: the fair queue has shards 0 to 3 (DUCTOR_QUEUE_SHARDS), not 9"),
+    (["run_coordinator", "--interval", "-1"], "--interval is a number of seconds above 0, not -1.0"),
+    (["run_coordinator", "--reconcile-every", "0"], "--reconcile-every is a number of seconds above 0, not 0.0"),
+    (["run_coordinator", "--interval", "nan"], "--interval is a number of seconds above 0, not nan"),
+])
+def test_a_loop_started_with_a_bad_option_refuses_to_start_naming_it(settings, argv: list[str], message: str) -> None:
+    """Started, a dispatcher of a shard that does not exist failed every round, and a coordinator of a
+    negative interval spun on the CPU."""
+    settings.DUCTOR_QUEUE_SHARDS = 4
+    with pytest.raises(CommandError) as refused:
+        call_command(*argv)
+    assert str(refused.value) == message

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ductor_project.core import tracing
 from scheduling.coordinator.loop import Coordinator
@@ -23,6 +23,10 @@ class Command(BaseCommand):
                             help="Seconds between reconciliations and housekeeping (retention).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        for option in ("interval", "reconcile_every"):
+            if not 0 < options[option] < float("inf"):
+                flag = "--" + option.replace("_", "-")
+                raise CommandError(f"{flag} is a number of seconds above 0, not {options[option]}")
         tracing.configure()
         coordinator = Coordinator(interval_s=options["interval"], reconcile_every_s=options["reconcile_every"])
         log.info("coordinator_started")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ductor_project.core import tracing
+from ductor_project.core.keys import queue_shards
 from scheduling.dispatch.dispatcher import Dispatcher
 from scheduling.management.commands._loop import run_until_signalled
 
@@ -23,8 +24,22 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         tracing.configure()
-        shards = [int(s) for s in options["shards"].split(",") if s.strip()] or None
+        shards = _shards(options["shards"])
         dispatcher = Dispatcher(shards=shards)
         log.info("dispatcher_started", shards=dispatcher.shards)
         run_until_signalled(dispatcher.run_forever)
         log.info("dispatcher_stopped", dispatched=dispatcher.dispatched)
+
+
+def _shards(text: str) -> list[int] | None:
+    """``--shards``: the shards named, each one of the fair queue's; None (its share) when empty."""
+    served = queue_shards()
+    try:
+        shards = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise CommandError(f"--shards is a comma-separated list of shard numbers, not {text!r}") from None
+    wrong = [shard for shard in shards if shard not in served]
+    if wrong:
+        raise CommandError(f"--shards: the fair queue has shards 0 to {len(served) - 1} "
+                           f"(DUCTOR_QUEUE_SHARDS), not {', '.join(map(str, wrong))}")
+    return shards or None
