@@ -239,12 +239,15 @@ def _ensure_database(server: object, name: str) -> None:
 def _redis_port(redis_dir: Path) -> int:
     """The port this data dir's Redis used last time if it is free, else a new free one.
 
-    A stable port lets processes that are still running reconnect after a restart.
+    A stable port lets processes that are still running reconnect after a restart. "Free" as Redis
+    binds it, with ``SO_REUSEADDR``: after a crash the dead server's connections linger on the port
+    (``FIN_WAIT2``, ``TIME_WAIT``), which a plain bind refuses, and Redis does not.
     """
     path = redis_dir / "port"
     try:
         port = int(path.read_text())
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
     except (OSError, ValueError):
         port = free_port()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -203,3 +204,30 @@ def test_commands_that_need_no_server_start_none_on_a_fresh_data_dir(command: li
     finally:
         embedded.stop(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_redis_comes_back_on_its_port_after_a_crash_left_connections_on_it(tmp_path: Path) -> None:
+    """A crashed server's closed connections linger on its port (the client has not closed its end):
+    a plain bind refuses it, Redis binds it; so must the check, or running processes lose Redis."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server's
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server's end closes first: FIN_WAIT2 on the port
+    listener.close()
+    try:
+        (tmp_path / "port").write_text(str(port))
+        assert embedded._redis_port(tmp_path) == port
+        taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        try:
+            assert embedded._redis_port(tmp_path) != port  # a live server there: another port
+        finally:
+            taken.close()
+    finally:
+        client.close()
