@@ -359,6 +359,32 @@ def test_up_restarts_a_living_child_whose_heartbeat_went_stale(settings, redis_c
         stack.stop_all(grace_s=2)
 
 
+def test_up_judges_no_child_by_a_redis_outage_in_which_none_could_beat(settings, redis_client, tmp_path: Path,
+                                                                         monkeypatch):
+    settings.DUCTOR_HEARTBEAT_STALE_S = 0.5
+    stack = Stack(tmp_path, say=lambda line: None)
+    try:
+        loop = stack.start("coordinator", [sys.executable, "-c", "import time; time.sleep(120)"])
+        watch = HeartbeatWatch(stack, [(loop, heartbeats.COORDINATOR)])
+        heartbeats.beat(heartbeats.COORDINATOR, stack.process_name("coordinator"))
+        watch.check()
+        real_ages = heartbeats.ages
+
+        def unreadable(kind: str) -> dict[str, float]:
+            raise ConnectionError("Redis is away")
+
+        monkeypatch.setattr(heartbeats, "ages", unreadable)
+        watch.check()  # not judged while Redis is away
+        heartbeats.forget(heartbeats.COORDINATOR, stack.process_name("coordinator"))  # its beat lost with Redis
+        wait_for(lambda: time.monotonic() - loop.started_at > 1.0, what="an outage longer than the stale bound")
+        monkeypatch.setattr(heartbeats, "ages", real_ages)
+        watch.check()  # back: judged from now, not from its last beat before the outage
+        assert loop.restarts == 0
+        wait_for(lambda: (watch.check(), loop.restarts)[1] == 1, what="a restart once it stays silent")
+    finally:
+        stack.stop_all(grace_s=2)
+
+
 def test_the_breaker_gauges_count_breakers_that_opened_and_forget_those_closed_again(fresh_metrics, tenant_a,
                                                                                      tenant_b):
     fresh_metrics.DUCTOR_BREAKER_FAILURES = 1

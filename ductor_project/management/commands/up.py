@@ -123,20 +123,26 @@ class HeartbeatWatch:
     """Restarts a looping child (coordinator, dispatcher) that lives but has not beaten for
     ``DUCTOR_HEARTBEAT_STALE_S``. A child is judged from its last (re)start, and a beat missing
     for a moment (Redis lost its data) is not a stale one: only the time since it was last seen
-    beating counts. While Redis cannot be read, nobody is judged."""
+    beating counts. While Redis cannot be read, nobody is judged, and once it can again each child
+    is judged from then: no loop could beat while Redis was away."""
 
     def __init__(self, stack: Stack, loops: list[tuple[Child, str]]) -> None:
         self.stack = stack
         self.loops = loops
         self._seen: dict[str, float] = {}  # child name -> time.monotonic() of its last seen beat
+        self._blind = False  # the last check could not read Redis
 
     def check(self) -> None:
         stale_s = settings.DUCTOR_HEARTBEAT_STALE_S
         try:
             ages = {kind: heartbeats.ages(kind) for kind in {kind for _, kind in self.loops}}
         except Exception:
+            self._blind = True
             return
         now = time.monotonic()
+        if self._blind:
+            self._blind = False
+            self._seen = {child.name: now for child, _ in self.loops}
         for child, kind in self.loops:
             age = ages[kind].get(self.stack.process_name(child.name))
             seen = max(self._seen.get(child.name, 0.0), child.started_at)
