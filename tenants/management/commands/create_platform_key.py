@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants import services
+from tenants.models import PlatformKey
 
 
 class Command(BaseCommand):
@@ -18,7 +19,12 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        key, raw = services.platform_key_create(name=options["name"])
+        name = options["name"].strip()
+        if not name or len(name) > 100:
+            raise CommandError("NAME is 1 to 100 characters: what the key is for (e.g. 'ops', 'billing-sync')")
+        if PlatformKey.objects.filter(name=name).exists():
+            raise CommandError(f"A platform key named {name!r} exists already: give another name")
+        key, raw = services.platform_key_create(name=name)
         if options["json"]:
             self.stdout.write(json.dumps({"name": key.name, "platform_key": raw}))
         else:
