@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 from ductor_project.core.context import across_tenants, tenant_context
@@ -53,6 +54,17 @@ def test_the_app_connects_as_a_role_that_is_no_superuser_does_not_bypass_rls_and
     assert (superuser, bypass) == (False, False)
     owned = raw("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tableowner = current_user")
     assert owned == [(0,)]
+
+
+def test_migrate_as_the_app_role_refuses_and_says_the_owner_url_is_not_set(monkeypatch: pytest.MonkeyPatch):
+    """Without DATABASE_OWNER_URL, migrate runs as the app role, which the wall must bind: refused,
+    with what to set (it was a traceback that never named the unset URL)."""
+    monkeypatch.setattr(settings, "DUCTOR_DATABASE_OWNER", None)
+    with pytest.raises(CommandError) as refused:
+        call_command("migrate", verbosity=0)
+    assert "row-level security would not bind the app role" in str(refused.value)
+    assert str(refused.value).endswith(
+        "DATABASE_OWNER_URL is not set, so migrate ran as the app role (DATABASE_URL).")
 
 
 def test_every_tenant_table_has_row_level_security_and_the_two_policies():

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.management.base import CommandError
 from django.core.management.commands import migrate
 from django.db import connections
 
-from ductor_project.core.database.security import as_owner
+from ductor_project.core.database.security import RowSecurityError, as_owner, owner_credentials
 
 
 class Command(migrate.Command):
     help = f"{migrate.Command.help} Runs as DATABASE_OWNER_URL's role when set, and secures the tenant tables."
 
     def handle(self, *args: Any, **options: Any) -> Any:
-        with as_owner(connections[options["database"]]):
-            return super().handle(*args, **options)
+        try:
+            with as_owner(connections[options["database"]]):
+                return super().handle(*args, **options)
+        except RowSecurityError as exc:
+            unset = "" if owner_credentials() else (
+                " DATABASE_OWNER_URL is not set, so migrate ran as the app role (DATABASE_URL).")
+            raise CommandError(f"{str(exc).rstrip('.')}.{unset}") from exc
