@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from redis.exceptions import ClusterDownError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -300,10 +300,33 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         return Response(body, status=code, headers=headers)
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | ClusterDownError | SlotNotCoveredError):
         log.error("redis_unavailable", error=repr(exc))
-        body = error_body(ErrorCode.SERVICE_UNAVAILABLE, "A backing service is unavailable; retry shortly.")
-        return Response(body, status=503, headers={"Retry-After": "5"})
+        return _unavailable()
+    if database_unreachable(exc):
+        log.error("database_unavailable", error=repr(exc))
+        return _unavailable()
     log.exception("unhandled_api_error", error=repr(exc))
     return Response(error_body(ErrorCode.INTERNAL_ERROR, "Internal server error."), status=500)
+
+
+def _unavailable() -> Response:
+    body = error_body(ErrorCode.SERVICE_UNAVAILABLE, "A backing service is unavailable; retry shortly.")
+    return Response(body, status=503, headers={"Retry-After": "5"})
+
+
+# The SQLSTATEs of a server that is going or not there yet: a connection exception (class 08), an
+# administrator's or a crash's shutdown, a server still starting.
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says PostgreSQL cannot be reached (down, restarting, the connection lost), not
+    that a statement failed (a deadlock, a bad query: those stay 500s)."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    state = getattr(exc.__cause__, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _GONE_STATES
 
 
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
