@@ -44,6 +44,20 @@ def number(name: str, default: float, *, low: float, cast: type[int] | type[floa
     return value
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def flag(name: str, default: bool) -> bool:
+    """A true/false setting from the environment (1/0, true/false, yes/no, on/off, in any case);
+    anything else refuses to start, naming it (``DEBUG=maybe`` was read as false)."""
+    raw = env.str(name, default="").strip().lower()
+    if raw == "":
+        return default
+    if raw not in _TRUE + _FALSE:
+        raise ImproperlyConfigured(f"{name} is one of 1/0, true/false, yes/no, on/off, not {raw!r}")
+    return raw in _TRUE
+
+
 def options(name: str) -> dict[str, Any]:
     """A JSON object of options from the environment ({} when unset); anything else refuses to start,
     naming it."""
@@ -57,7 +71,7 @@ def options(name: str) -> dict[str, Any]:
     return value
 
 
-DEBUG = env.bool("DEBUG", default=False)
+DEBUG = flag("DEBUG", False)
 DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
 
 
@@ -79,15 +93,15 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[:
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 # Behind TLS in production (docs/configuration.md): each is off by default, for `make up` on http.
-SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_SSL_REDIRECT = flag("SECURE_SSL_REDIRECT", False)
 SECURE_HSTS_SECONDS = number("SECURE_HSTS_SECONDS", 0, low=0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
-SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
-SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
-CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = flag("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = flag("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = flag("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = flag("CSRF_COOKIE_SECURE", False)
 # A TLS-terminating proxy in front says so in this header (it must strip any the client sent).
 SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_X_FORWARDED_PROTO", "https") if env.bool("TRUST_X_FORWARDED_PROTO", default=False) else None
+    ("HTTP_X_FORWARDED_PROTO", "https") if flag("TRUST_X_FORWARDED_PROTO", False) else None
 )
 
 # What the environment does not name, the embedded servers recorded in the data dir serve (read,
@@ -175,7 +189,7 @@ DUCTOR_DB_APP_ROLE = DATABASES["default"]["USER"]
 # The role the app switches to for code that crosses tenants on purpose (its policy shows every row).
 DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="ductor_maintenance")
 # Off only to measure what the second wall costs (bench/row_security.py): never in production.
-DUCTOR_ROW_SECURITY = env.bool("DUCTOR_ROW_SECURITY", default=True)
+DUCTOR_ROW_SECURITY = flag("DUCTOR_ROW_SECURITY", True)
 DATABASES["default"]["CONN_MAX_AGE"] = number("DATABASE_CONN_MAX_AGE", 60, low=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # A kept connection the server answered less than this long ago is not health-checked again (a
@@ -185,7 +199,7 @@ DUCTOR_DB_HEALTH_CHECK_IDLE_S = number("DATABASE_HEALTH_CHECK_IDLE_S", 1.0, low=
 # (after DATABASE_PREPARE_THRESHOLD runs: parsed and planned once, not on every call; about half
 # of PostgreSQL's CPU per step, docs/performance.md). Off (false) behind a pooler in transaction
 # mode that cannot keep a connection's prepared statements (PgBouncer before 1.21).
-if env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
+if flag("DATABASE_SERVER_SIDE_BINDING", True):
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         server_side_binding=True, prepare_threshold=number("DATABASE_PREPARE_THRESHOLD", 5, low=0)
     )
@@ -403,7 +417,7 @@ DUCTOR_WEBHOOK_CONCURRENCY = number("DUCTOR_WEBHOOK_CONCURRENCY", 2, low=1)
 # Empty: one key is generated once into the data dir.
 DUCTOR_SECRET_KEYS = env.list("DUCTOR_SECRET_KEYS", default=[])
 # Outbound http.request to loopback, private and link-local addresses is refused unless this is on.
-DUCTOR_HTTP_ALLOW_PRIVATE = env.bool("DUCTOR_HTTP_ALLOW_PRIVATE", default=False)
+DUCTOR_HTTP_ALLOW_PRIVATE = flag("DUCTOR_HTTP_ALLOW_PRIVATE", False)
 # Consecutive failures that open a connection's circuit breaker, and its cooldown.
 DUCTOR_BREAKER_FAILURES = number("DUCTOR_BREAKER_FAILURES", 5, low=1)
 DUCTOR_BREAKER_COOLDOWN_S = number("DUCTOR_BREAKER_COOLDOWN_S", 30.0, low=0, cast=float)
@@ -413,7 +427,7 @@ DUCTOR_BREAKER_COOLDOWN_S = number("DUCTOR_BREAKER_COOLDOWN_S", 30.0, low=0, cas
 DUCTOR_HEARTBEAT_STALE_S = number("DUCTOR_HEARTBEAT_STALE_S", 15.0, low=1, cast=float)
 # /metrics (Prometheus): served while on; with a token, only to "Authorization: Bearer <token>"; without one,
 # only to loopback (the per-tenant series name tenants).
-DUCTOR_METRICS_ENABLED = env.bool("DUCTOR_METRICS_ENABLED", default=True)
+DUCTOR_METRICS_ENABLED = flag("DUCTOR_METRICS_ENABLED", True)
 DUCTOR_METRICS_TOKEN = env.str("DUCTOR_METRICS_TOKEN", default="")
 # Per-tenant series: the N tenants with the largest backlog, the others summed as tenant_id="other".
 DUCTOR_METRICS_TOP_TENANTS = number("DUCTOR_METRICS_TOP_TENANTS", 20, low=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from ductor_project.settings import number, options
+from ductor_project.settings import flag, number, options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,10 +63,27 @@ def test_options_that_are_not_a_json_object_are_refused_naming_them(monkeypatch:
     assert str(refused.value).startswith(message)
 
 
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("", True), ("1", True), ("TRUE", True), (" yes ", True), ("On", True),
+    ("0", False), ("false", False), ("No", False), ("off", False),
+])
+def test_a_flag_is_read_in_any_of_its_spellings(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    assert flag("DUCTOR_PROBE", True) is expected
+
+
+def test_a_flag_that_is_neither_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DUCTOR_PROBE", "maybe")
+    with pytest.raises(ImproperlyConfigured) as refused:
+        flag("DUCTOR_PROBE", False)
+    assert str(refused.value) == "DUCTOR_PROBE is one of 1/0, true/false, yes/no, on/off, not 'maybe'"
+
+
 @pytest.mark.parametrize(("setting", "value", "message"), [
     ("DUCTOR_LEASE_MS", "-5", "DUCTOR_LEASE_MS is an integer >= 1000, not '-5'"),
     ("DUCTOR_LOG_LEVEL", "loud", "DUCTOR_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'"),
     ("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", "10", "DUCTOR_FAILED_ITEM_DELAY_MS is >= 0 and at most"),
+    ("DEBUG", "maybe", "DEBUG is one of 1/0, true/false, yes/no, on/off, not 'maybe'"),
 ])
 def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: str, value: str, message: str):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
