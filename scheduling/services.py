@@ -74,7 +74,9 @@ def invalid(field: str, message: str) -> ApiError:
     )
 
 
-# Unique constraints of the routing models -> (field named in the error, message template).
+# Unique constraints of the routing models -> (field named in the error, message template). A value
+# another row holds is ``409 conflict`` (as a taken name is everywhere in the API); the same connection
+# twice in one pool's request is the request's own error, ``400 invalid``.
 _UNIQUE_FIELDS: dict[str, tuple[str, str]] = {
     "connection_unique_name": ("name", "A connection named '{obj.name}' already exists."),
     "pool_unique_name": ("name", "A pool named '{obj.name}' already exists."),
@@ -85,7 +87,8 @@ _UNIQUE_FIELDS: dict[str, tuple[str, str]] = {
 
 
 def _save(obj: Model, **kwargs: Any) -> None:
-    """``obj.save()`` in a savepoint; a duplicate of a unique field becomes ``400 invalid`` naming it."""
+    """``obj.save()`` in a savepoint; a duplicate of a unique field becomes ``409 conflict`` (``400
+    invalid`` for a pool's members) naming it."""
     try:
         with transaction.atomic():
             obj.save(**kwargs)
@@ -96,7 +99,10 @@ def _save(obj: Model, **kwargs: Any) -> None:
         if constraint not in _UNIQUE_FIELDS:
             raise
         field, template = _UNIQUE_FIELDS[constraint]
-        raise invalid(field, template.format(obj=obj)) from exc
+        message = template.format(obj=obj)
+        if constraint == "poolmember_unique_connection":
+            raise invalid(field, message) from exc
+        raise Conflict(message, details={field: [message]}) from exc
 
 
 @contextmanager

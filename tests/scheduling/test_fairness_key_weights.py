@@ -103,14 +103,14 @@ def test_a_bad_body_is_400_naming_the_field_and_writes_nothing(db, make_tenant, 
     assert not FairnessKey.all_tenants.filter(tenant=tenant).exists()
 
 
-def test_a_key_that_has_a_weight_already_is_400_naming_key(db, make_tenant):
+def test_a_key_that_has_a_weight_already_is_409_naming_key(db, make_tenant):
     _, raw = make_tenant("kw-twice")
     client = api_client(raw)
     assert create(client, "gold", 2).status_code == 201
 
     response = create(client, "gold", 3)
 
-    assert response.status_code == 400
+    assert (response.status_code, response.json()["error"]["code"]) == (409, "conflict")
     assert list(response.json()["error"]["details"]) == ["key"]
 
 

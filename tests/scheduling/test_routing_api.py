@@ -61,6 +61,13 @@ def assert_invalid(response: Any, field: str, code: str = "invalid") -> None:
     assert field in response.json()["error"]["details"], response.json()
 
 
+def assert_taken(response: Any, field: str) -> None:
+    """``409 conflict`` naming ``field``: what a value another row holds answers, everywhere in the API."""
+    assert response.status_code == 409, response.content
+    assert error_code(response) == "conflict", response.content
+    assert field in response.json()["error"]["details"], response.json()
+
+
 def stored_token(connection_id: str) -> str:
     """The stored column, read as an operator would (the maintenance role: raw SQL, no tenant)."""
     with across_tenants("a test reads the stored secret"), db.cursor() as cursor:
@@ -434,10 +441,10 @@ def test_a_refused_default_switch_leaves_the_previous_default(client_a: APIClien
     response = client_a.patch(
         f"/api/v1/pools/{second['id']}", {"is_default": True, "name": "first"}, format="json"
     )
-    assert_invalid(response, "name")
+    assert_taken(response, "name")
     assert client_a.get(f"/api/v1/pools/{first['id']}").json()["is_default"] is True
     refused = client_a.post("/api/v1/pools", {"name": "second", "is_default": True}, format="json")
-    assert_invalid(refused, "name")
+    assert_taken(refused, "name")
     assert client_a.get(f"/api/v1/pools/{first['id']}").json()["is_default"] is True
 
 
@@ -663,8 +670,8 @@ def test_duplicate_rule_priority_is_refused(client_a: APIClient, tenant_a: tuple
     duplicate = client_a.post(
         "/api/v1/rules", {"name": "three", "priority": 1, "action": {"tier": "batch"}}, format="json"
     )
-    assert_invalid(duplicate, "priority")
-    assert_invalid(client_a.patch(f"/api/v1/rules/{two['id']}", {"priority": 1}, format="json"), "priority")
+    assert_taken(duplicate, "priority")
+    assert_taken(client_a.patch(f"/api/v1/rules/{two['id']}", {"priority": 1}, format="json"), "priority")
     assert rows(tenant_a[0]) == before
     assert client_a.get(f"/api/v1/rules/{two['id']}").json()["priority"] == 2
 
@@ -677,12 +684,10 @@ def test_duplicate_connection_or_pool_name_is_refused(
     create(client_a, "pools", {"name": "main"})
     spare = create(client_a, "pools", {"name": "spare"})
     before = rows(tenant_a[0])
-    assert_invalid(client_a.post("/api/v1/connections", http_body("api"), format="json"), "name")
-    assert_invalid(
-        client_a.patch(f"/api/v1/connections/{other['id']}", {"name": "api"}, format="json"), "name"
-    )
-    assert_invalid(client_a.post("/api/v1/pools", {"name": "main"}, format="json"), "name")
-    assert_invalid(client_a.patch(f"/api/v1/pools/{spare['id']}", {"name": "main"}, format="json"), "name")
+    assert_taken(client_a.post("/api/v1/connections", http_body("api"), format="json"), "name")
+    assert_taken(client_a.patch(f"/api/v1/connections/{other['id']}", {"name": "api"}, format="json"), "name")
+    assert_taken(client_a.post("/api/v1/pools", {"name": "main"}, format="json"), "name")
+    assert_taken(client_a.patch(f"/api/v1/pools/{spare['id']}", {"name": "main"}, format="json"), "name")
     assert rows(tenant_a[0]) == before
 
 
@@ -742,7 +747,7 @@ def test_concurrent_default_switches_leave_exactly_one_default(tenant_a: tuple[T
 
 
 @transactional
-def test_concurrent_creates_of_one_name_store_one_and_refuse_the_rest_with_400(
+def test_concurrent_creates_of_one_name_store_one_and_refuse_the_rest_with_409(
     tenant_a: tuple[Tenant, str],
 ) -> None:
     def create_api(index: int) -> tuple[int, str]:
@@ -750,7 +755,7 @@ def test_concurrent_creates_of_one_name_store_one_and_refuse_the_rest_with_400(
         return response.status_code, error_code(response) if response.status_code != 201 else ""
 
     results = in_threads(6, create_api)
-    assert sorted(results) == [(201, "")] + [(400, "invalid")] * 5
+    assert sorted(results) == [(201, "")] + [(409, "conflict")] * 5
     assert rows(tenant_a[0])["connections"] == 1
 
 

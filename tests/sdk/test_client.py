@@ -593,8 +593,8 @@ def test_a_fairness_keys_weight_is_set_changed_listed_shown_and_deleted_and_hidd
     assert "keys" in sdk.queue.stats().work
     with pytest.raises(NotFound):
         other.fairness_keys.get(created.id)
-    with pytest.raises(BadRequest) as refused:
+    with pytest.raises(Conflict) as refused:
         sdk.fairness_keys.create("customer-42", weight=2)
-    assert refused.value.field == "key"
+    assert (refused.value.status, refused.value.field) == (409, "key")
     sdk.fairness_keys.delete(created.id)
     assert list(sdk.fairness_keys.iter()) == []

@@ -446,7 +446,7 @@ def test_unknown_fields_a_taken_name_and_a_bad_patch_are_refused(
     assert error_code(post(client_a, interval_s=60, every="day")) == "unknown_field"
     schedule_id = post(client_a, interval_s=60).json()["id"]
     taken = post(client_a, interval_s=60)
-    assert assert_error(taken, 400, "invalid")["details"] == {"name": ["A schedule named 's' already exists."]}
+    assert assert_error(taken, 409, "conflict")["details"] == {"name": ["A schedule named 's' already exists."]}
     url = f"/api/v1/schedules/{schedule_id}"
     before = client_a.get(url).json()
     for change, field in (({"cron": "nope"}, "cron"), ({"interval_s": None}, "cron"),

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
-from ductor_project.core.errors import ApiError, ErrorCode, NotFound
+from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from ductor_project.core.payloads import json_size
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling
@@ -89,14 +89,15 @@ def _restart_timing(schedule: Schedule) -> None:
 
 
 def _save(schedule: Schedule) -> None:
-    """Save in a savepoint; a taken name is ``400 invalid`` naming ``name``. Arms the tenant's wake-up."""
+    """Save in a savepoint; a taken name is ``409 conflict`` naming ``name``. Arms the tenant's wake-up."""
     try:
         with transaction.atomic():
             schedule.save()
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != "schedule_unique_name":
             raise
-        raise invalid({"name": f"A schedule named '{schedule.name}' already exists."}) from exc
+        message = f"A schedule named '{schedule.name}' already exists."
+        raise Conflict(message, details={"name": [message]}) from exc
     arm_on_commit(schedule.wake_at)
 
 
