@@ -187,7 +187,6 @@ class FairnessKeyViewSet(TenantViewSet):
     serializer_class = FairnessKeySerializer
     queryset = FairnessKey.all_tenants.none()  # schema introspection only; reads go through selectors
     pagination_class = ByKeyPagination
-    http_method_names = ["get", "post", "put", "patch", "delete", "head", "options"]
 
     def get_queryset(self) -> QuerySet[FairnessKey]:
         return selectors.fairness_key_list()

@@ -4,8 +4,9 @@
 whole request (permissions, throttles, the view body, serialization) and
 resets it afterwards. ``StrictSerializer`` refuses unknown fields, naming them.
 
-OPTIONS answers ``405``: DRF's metadata would describe a detail endpoint even
-for an id of another tenant, and every verb on such an id must answer 404 or 405.
+OPTIONS answers ``405``, and no ``Allow`` header offers it: DRF's metadata would describe a
+detail endpoint even for an id of another tenant, and every verb on such an id must answer 404
+or 405. The schema (``/api/schema/``) describes every operation.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import unicodedata
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any, TypeVar
 
@@ -28,11 +30,15 @@ from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from tenants.permissions import IsPlatformAdmin, request_tenant
 
+# Every method but OPTIONS (see the module docs).
+HTTP_METHODS = ["get", "post", "put", "patch", "delete", "head"]
+
 
 class TenantScopeMixin:
     """Enter the tenant context as soon as the request is authenticated."""
 
     metadata_class: str | type[BaseMetadata] | None = None
+    http_method_names: Sequence[str] = HTTP_METHODS
     _tenant_scope: ExitStack
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -60,6 +66,7 @@ class PlatformAPIView(APIView):
 
     permission_classes = [IsPlatformAdmin]
     metadata_class = None
+    http_method_names = HTTP_METHODS
 
 
 class PlatformViewSet(viewsets.GenericViewSet):
@@ -68,6 +75,7 @@ class PlatformViewSet(viewsets.GenericViewSet):
     permission_classes = [IsPlatformAdmin]
     lookup_value_regex = "[^/]+"
     metadata_class = None
+    http_method_names = HTTP_METHODS
 
 
 # Unicode categories no name or short text may hold: control characters, format characters

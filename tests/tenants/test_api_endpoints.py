@@ -384,11 +384,19 @@ def test_unsupported_verb_is_405_in_the_error_shape(
     assert key_rows() == before
 
 
-def test_options_is_405_in_the_error_shape(tenant_a: tuple[Tenant, str], client_a: APIClient) -> None:
+def test_options_is_405_in_the_error_shape_and_no_allow_header_offers_it(
+    tenant_a: tuple[Tenant, str], client_a: APIClient
+) -> None:
     with tenant_context(tenant_a[0]):
         key_id = ApiKey.objects.get().pk
-    assert_error(client_a.options(f"/api/v1/api-keys/{key_id}"), 405, "method_not_allowed")
-    assert_error(client_a.options("/api/v1/api-keys"), 405, "method_not_allowed")
+    platform = api_client(services.platform_key_create(name="ops")[1])
+    for client, path in ((client_a, f"/api/v1/api-keys/{key_id}"), (client_a, "/api/v1/api-keys"),
+                         (client_a, "/api/v1/runs"), (client_a, "/api/v1/fairness-keys"),
+                         (platform, "/api/v1/tenants"), (platform, "/api/v1/plans")):
+        response = client.options(path)
+        assert_error(response, 405, "method_not_allowed")
+        assert "GET" in response["Allow"], path
+        assert "OPTIONS" not in response["Allow"], path
 
 
 # --- OpenAPI -----------------------------------------------------------------------------
