@@ -1,11 +1,12 @@
 """Which shards each dispatcher serves: the fair queue's shards split between the live dispatchers.
 
 A dispatcher is live while it beats within ``DUCTOR_HEARTBEAT_STALE_S`` (``heartbeats``). Each
-shard goes to its ``k`` highest-ranked live dispatchers by rendezvous hashing (a hash of the shard
-and the dispatcher's name ranks every pair), with ``k = ceil(live / shards)``: with more shards
-than dispatchers each serves about ``shards / live`` of them, alone; with fewer, every shard is
-served by more than one (a dequeue is atomic, so two dispatchers on one shard share its work). A
-dispatcher that joins or leaves moves only the shards it takes or gives: the others keep theirs.
+shard goes to ``k = ceil(live / shards)`` live dispatchers, and each dispatcher gets ``shards * k /
+live`` of them, rounded down or up (``split``): with more shards than dispatchers each serves its
+even share alone; with fewer, every shard is served by more than one (a dequeue is atomic, so two
+dispatchers on one shard share its work). Which dispatcher gets which shard follows a rendezvous
+rank (a hash of the shard and the dispatcher's name), so a dispatcher that joins or leaves moves
+few shards besides those it takes or gives.
 
 Each dispatcher works the plan out for itself from the beats, at most once per
 ``heartbeats.BEAT_EVERY_S``, and writes the shards it serves beside its beat
@@ -21,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any
 
 import structlog
@@ -37,17 +38,40 @@ def _rank(shard: int, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{shard}:{name}".encode(), digest_size=8).digest(), "big")
 
 
-def owners(shard: int, names: Iterable[str], k: int) -> list[str]:
-    """The ``k`` dispatchers of ``names`` that rank highest for ``shard`` (rendezvous hashing)."""
-    return sorted(names, key=lambda name: (_rank(shard, name), name), reverse=True)[:k]
+def split(names: Collection[str], shards: int) -> dict[int, list[str]]:
+    """Each shard's dispatchers among ``names``: ``k = ceil(names / shards)`` per shard, every
+    dispatcher given ``floor`` or ``ceil`` of ``shards * k / names`` of them. The pairs are taken
+    in the order of their rendezvous rank (a hash of the shard and the name), a pair only while
+    its shard wants a dispatcher and its dispatcher has room: the same split wherever it is worked
+    out, which moves few shards when a dispatcher joins or leaves. (Plain rendezvous hashing, each
+    shard to its best-ranked, could give one of two dispatchers all four shards.)"""
+    ordered = sorted(set(names))
+    k = max(1, math.ceil(len(ordered) / shards))
+    base, extra = divmod(shards * k, len(ordered))
+    load = dict.fromkeys(ordered, 0)
+    out: dict[int, list[str]] = {shard: [] for shard in range(shards)}
+    pairs = sorted(((_rank(shard, name), name, shard) for shard in range(shards) for name in ordered), reverse=True)
+    for _, name, shard in pairs:
+        if len(out[shard]) >= k or load[name] > base or (load[name] == base and not extra):
+            continue
+        if load[name] == base:
+            extra -= 1
+        out[shard].append(name)
+        load[name] += 1
+    for owners in out.values():  # a shard the quotas left short (rare): the least loaded fill it
+        for name in sorted(ordered, key=lambda name: (load[name], name)):
+            if len(owners) >= k:
+                break
+            if name not in owners:
+                owners.append(name)
+                load[name] += 1
+    return out
 
 
 def assigned(name: str, live: Collection[str], shards: int) -> list[int]:
     """The shards of ``shards`` that dispatcher ``name`` serves among the ``live`` ones (it counts
     itself live whatever ``live`` says: it is running)."""
-    names = set(live) | {name}
-    k = max(1, math.ceil(len(names) / shards))
-    return [shard for shard in range(shards) if name in owners(shard, names, k)]
+    return [shard for shard, owners in split(set(live) | {name}, shards).items() if name in owners]
 
 
 def live_dispatchers() -> dict[str, float]:

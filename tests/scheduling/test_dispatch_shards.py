@@ -37,6 +37,16 @@ def test_every_shard_is_served_and_by_as_few_dispatchers_as_the_numbers_allow(li
     assert all(served.count(shard) == per_shard for shard in range(count))
 
 
+@pytest.mark.parametrize("count", [2, 3, 4, 6, 12, 64])
+@pytest.mark.parametrize("live", [2, 3, 4, 5])
+def test_each_dispatcher_serves_an_even_share_of_the_shards(live: int, count: int) -> None:
+    """Plain rendezvous hashing gave one of two dispatchers all four shards about one time in eight."""
+    for names in (NAMES[:live], [f"{name}@host-{count}" for name in NAMES[:live]], [f"d{n}" for n in range(live)]):
+        loads = [len(shard_list) for shard_list in split(names, count).values()]
+        assert max(loads) - min(loads) <= 1, (names, loads)
+        assert min(loads) >= 1
+
+
 def test_a_dispatcher_that_joins_takes_shards_only_from_the_others_and_gives_them_back_when_it_goes() -> None:
     before = split(NAMES[:2], 64)
     after = split(NAMES[:3], 64)
