@@ -410,6 +410,9 @@ DUCTOR_WEBHOOK_MAX_ATTEMPTS = number("DUCTOR_WEBHOOK_MAX_ATTEMPTS", 8, low=1)
 DUCTOR_WEBHOOK_BACKOFF_S = number("DUCTOR_WEBHOOK_BACKOFF_S", 10.0, low=0, cast=float)
 DUCTOR_WEBHOOK_DISABLE_AFTER = number("DUCTOR_WEBHOOK_DISABLE_AFTER", 20, low=1)
 DUCTOR_WEBHOOKS_PER_TENANT = number("DUCTOR_WEBHOOKS_PER_TENANT", 20, low=0)
+# The event triggers one tenant may have: each event is matched against every enabled trigger of its
+# name, in the request that sends it.
+DUCTOR_TRIGGERS_PER_TENANT = number("DUCTOR_TRIGGERS_PER_TENANT", 100, low=0)
 # Most webhook deliveries of one tenant in flight at once (each holds a worker slot while it waits).
 DUCTOR_WEBHOOK_CONCURRENCY = number("DUCTOR_WEBHOOK_CONCURRENCY", 2, low=1)
 

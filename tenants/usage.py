@@ -246,15 +246,10 @@ def enforce_ceiling(kind: str, existing: QuerySet[Any]) -> None:
     Locks the tenant row first, so concurrent creates of one tenant are
     serialized and cannot overshoot. Call it inside the creating transaction.
     """
-    if not connection.in_atomic_block:
-        raise RuntimeError("enforce_ceiling() must run inside the creating transaction")
     if kind not in CEILING_FIELDS:
         raise ValueError(f"unknown ceiling kind '{kind}'")
-    tenant = current_tenant()
+    tenant = _locked_tenant()
     field = CEILING_FIELDS[kind]
-    # FOR NO KEY UPDATE: serializes the tenant's ceiling checks without blocking
-    # (or waiting for) inserts of its rows, whose foreign keys take FOR KEY SHARE.
-    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk"))
     limit = getattr(effective_entitlements(tenant), field)
     current = existing.count()
     if current >= limit:
@@ -262,3 +257,25 @@ def enforce_ceiling(kind: str, existing: QuerySet[Any]) -> None:
             f"Plan '{tenant.plan_id}' allows at most {limit} {kind} ({field}).",
             details={"limit": field, "plan": tenant.plan_id, "maximum": limit, "current": current},
         )
+
+
+def enforce_setting_limit(what: str, limit: int, existing: QuerySet[Any], *, kind: str, setting: str) -> None:
+    """Refuse creating one more of ``existing``'s objects past a deployment's ``limit`` (the
+    ``setting`` that holds it), not a plan's: ``403 plan_limit_reached``, as ``enforce_ceiling``
+    answers and serialized as it is. ``what`` names them in the message, ``kind`` in its details."""
+    _locked_tenant()
+    current = existing.count()
+    if current >= limit:
+        raise PlanLimitReached(f"A tenant may have at most {limit} {what} ({setting}).",
+                               details={"limit": kind, "maximum": limit, "current": current})
+
+
+def _locked_tenant() -> Tenant:
+    """The tenant in context, its row locked ``FOR NO KEY UPDATE``: its ceiling checks run one at a
+    time, without blocking (or waiting for) inserts of its rows, whose foreign keys take ``FOR KEY
+    SHARE``. Inside the creating transaction."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("a ceiling is checked inside the creating transaction")
+    tenant = current_tenant()
+    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk"))
+    return tenant

@@ -160,6 +160,25 @@ def test_two_bulk_sends_of_the_same_new_keys_in_other_orders_never_deadlock(tena
     assert len(runs_of(tenant)) == 20
 
 
+def test_more_triggers_than_the_limit_is_403_plan_limit_reached_and_another_tenant_has_its_own(
+    tenant, tenant_b, client_a, settings
+):
+    settings.DUCTOR_TRIGGERS_PER_TENANT = 2
+    put(tenant, "fulfil")
+    put(tenant_b[0], "fulfil")
+    subscribe(client_a, "fulfil", "a")
+    subscribe(client_a, "fulfil", "b")
+
+    response = client_a.post("/api/v1/triggers", {"workflow": "fulfil", "event": "c"}, format="json")
+
+    assert (response.status_code, error_code(response)) == (403, "plan_limit_reached")
+    assert response.json()["error"]["details"] == {"limit": "triggers", "maximum": 2, "current": 2}
+    assert "DUCTOR_TRIGGERS_PER_TENANT" in response.json()["error"]["message"]
+    with tenant_context(tenant):
+        assert EventTrigger.objects.count() == 2
+    subscribe(api_client(tenant_b[1]), "fulfil", "a")  # the other tenant's count is its own
+
+
 def test_another_tenants_event_never_starts_a_run_here(tenant, tenant_b, client_a):
     put(tenant, "fulfil")
     subscribe(client_a, "fulfil", "order.paid")

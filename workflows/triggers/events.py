@@ -11,7 +11,8 @@ version with the event as its input (``{"id", "name", "key", "payload", "created
 - an event sent again with its ``idempotency_key`` answers the event recorded the first time,
   and starts nothing;
 - a trigger whose workflow's ``input_schema`` refuses the event starts nothing for it (the event's
-  ``refused`` names it, its workflow and why, by field; logged as ``event_trigger_input_refused``): the
+  ``refused`` names it, its workflow and why, by field; logged once per event as
+  ``event_trigger_input_refused``, with how many refused it and the first): the
   event, and the other triggers' runs, stand;
 - only the tenant's own triggers are read: another tenant's event never starts a run here;
 - the tenant's runs waiting for the event (a ``wait_for_event`` node of its name and key) are
@@ -29,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -38,6 +40,7 @@ from scheduling import templates
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404, parse_uuid
+from tenants.usage import enforce_setting_limit
 from workflows.engine.attempts import run_input_problems
 from workflows.engine.statements import version_to_start
 from workflows.engine.waits import deliver, idempotency_lock_id, lock_in_order
@@ -142,8 +145,6 @@ def _start_triggered(events: list[Event]) -> None:
                 problems = run_input_problems(versions[name].pk, data) if versions[name] is not None else []
                 if problems:
                     event.refused.append({"trigger": str(trigger.id), "workflow": name, "details": dict(problems)})
-                    log.warning("event_trigger_input_refused", event_id=str(event.id), trigger_id=str(trigger.id),
-                                workflow=name, fields=dict(problems))
                     continue
                 starts.append((event, {"workflow": name, "input": data,
                                        "tags": [f"event:{event.name}"[:100]],
@@ -155,6 +156,10 @@ def _start_triggered(events: list[Event]) -> None:
     for event in events:
         if event.runs or event.refused:
             Event.objects.filter(pk=event.pk).update(runs=event.runs, refused=event.refused)
+        if event.refused:  # one line per event, however many triggers refused it
+            first = event.refused[0]
+            log.warning("event_trigger_input_refused", event_id=str(event.id), refused=len(event.refused),
+                        trigger_id=first["trigger"], workflow=first["workflow"], fields=first["details"])
 
 
 # --- triggers -------------------------------------------------------------------------------------------
@@ -170,8 +175,11 @@ def _workflow(name: Any) -> WorkflowDefinition:
 
 
 def trigger_create(*, workflow: str, event: str, filter: Any = None, enabled: bool = True) -> EventTrigger:
-    """Subscribe ``workflow`` to the events named ``event`` (that meet ``filter``)."""
+    """Subscribe ``workflow`` to the events named ``event`` (that meet ``filter``); ``403
+    plan_limit_reached`` past ``DUCTOR_TRIGGERS_PER_TENANT``."""
     with transaction.atomic():
+        enforce_setting_limit("event triggers", settings.DUCTOR_TRIGGERS_PER_TENANT, EventTrigger.objects.all(),
+                              kind="triggers", setting="DUCTOR_TRIGGERS_PER_TENANT")
         return EventTrigger.objects.create(workflow=_workflow(workflow), event=event, filter=checked_filter(filter),
                                            enabled=enabled)
 

@@ -51,10 +51,9 @@ from scheduling.admission import webhook_scope
 from scheduling.http_action import MAX_URL_CHARS, refuse_literal
 from scheduling.secrets import encrypt
 from tenants import freshness
-from tenants.models import Tenant
 from tenants.scoping import insert_rows
 from tenants.selectors import first_or_404, parse_uuid
-from tenants.usage import PlanLimitReached
+from tenants.usage import enforce_setting_limit
 from workflows.engine.events import jsonable
 from workflows.engine.journal import current_journal
 from workflows.models import StepRun, WebhookDelivery, WebhookEndpoint, WorkflowDefinition, WorkflowRun, WorkflowVersion
@@ -154,15 +153,9 @@ def checked_workflows(value: Any) -> list[str]:
 
 
 def _enforce_limit() -> None:
-    """Refuse one more endpoint past ``DUCTOR_WEBHOOKS_PER_TENANT`` (``403 plan_limit_reached``).
-    Inside the creating transaction; the tenant row is locked first, as ``enforce_ceiling`` does,
-    so that concurrent creates cannot overshoot."""
-    tenant = current_tenant()
-    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk"))
-    limit, current = settings.DUCTOR_WEBHOOKS_PER_TENANT, WebhookEndpoint.objects.count()
-    if current >= limit:
-        raise PlanLimitReached(f"A tenant may have at most {limit} webhook endpoints.",
-                               details={"limit": "webhooks", "maximum": limit, "current": current})
+    """Refuse one more endpoint past ``DUCTOR_WEBHOOKS_PER_TENANT`` (``403 plan_limit_reached``)."""
+    enforce_setting_limit("webhook endpoints", settings.DUCTOR_WEBHOOKS_PER_TENANT, WebhookEndpoint.objects.all(),
+                          kind="webhooks", setting="DUCTOR_WEBHOOKS_PER_TENANT")
 
 
 # --- endpoints --------------------------------------------------------------------------------------------
