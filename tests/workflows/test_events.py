@@ -179,6 +179,29 @@ def test_more_triggers_than_the_limit_is_403_plan_limit_reached_and_another_tena
     subscribe(api_client(tenant_b[1]), "fulfil", "a")  # the other tenant's count is its own
 
 
+def test_an_event_whose_runs_input_would_be_over_the_payload_limit_is_413_naming_its_payload(tenant, client_a):
+    """The runs take the event with its id, name, key and time around the payload: a payload just
+    within the limit makes an input over it, and the 413 named ``runs[0].input``, not in the request."""
+    put(tenant, "fulfil")
+    subscribe(client_a, "fulfil", "order.paid")
+    tenant_services.override_set(tenant=tenant, field="max_payload_bytes", value=2048)
+    payload = {"note": "x" * 2000}
+
+    alone = client_a.post("/api/v1/events", {"name": "order.paid", "payload": payload}, format="json")
+    untriggered = client_a.post("/api/v1/events", {"name": "nobody.listens", "payload": payload}, format="json")
+    bulk = client_a.post("/api/v1/events/bulk", {"events": [{"name": "other"}, {"name": "order.paid",
+                                                                               "payload": payload}]}, format="json")
+
+    assert (alone.status_code, error_code(alone)) == (413, "payload_too_large")
+    assert list(alone.json()["error"]["details"]) == ["payload"]
+    assert "id, name, key and time around its payload" in alone.json()["error"]["details"]["payload"][0]
+    assert untriggered.status_code == 201  # no run to start: the payload alone is within the limit
+    assert list(bulk.json()["error"]["details"]) == ["events[1].payload"]
+    with tenant_context(tenant):
+        assert list(Event.objects.values_list("name", flat=True)) == ["nobody.listens"]
+    assert runs_of(tenant) == []
+
+
 def test_another_tenants_event_never_starts_a_run_here(tenant, tenant_b, client_a):
     put(tenant, "fulfil")
     subscribe(client_a, "fulfil", "order.paid")

@@ -34,8 +34,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ductor_project.core.context import tenant_context
+from ductor_project.core.context import current_tenant, tenant_context
 from ductor_project.core.errors import ApiError, ErrorCode, check_key_reuse
+from ductor_project.core.payloads import json_size
 from scheduling import templates
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
@@ -102,6 +103,7 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
         if len(fresh) > 1:
             lock_in_order({idempotency_lock_id(key) for key in fresh})
         new: list[Event] = []
+        fields: dict[Any, str] = {}  # a new event -> its payload's field in the request
         in_batch: dict[str, int] = {}  # a key this batch records -> the index of its first item
         for index, item in enumerate(items):
             key = item.get("idempotency_key") or None
@@ -119,17 +121,19 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
             event = Event.objects.create(name=name, key=event_key, payload=payload, idempotency_key=key)
             if key is not None:
                 known[key], in_batch[key] = event, index
+            fields[event.pk] = f"events[{index}].payload" if len(items) > 1 else "payload"
             new.append(event)
             results.append((event, True))
         deliver(new)
-        _start_triggered(new)
+        _start_triggered(new, fields)
     for event in (event for event, created in results if created):
         log.info("event_received", event_id=str(event.id), event_name=event.name, runs=len(event.runs))
     return results
 
 
-def _start_triggered(events: list[Event]) -> None:
-    """Start the runs ``events`` trigger (one ``run_start_many``) and record them on each event."""
+def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
+    """Start the runs ``events`` trigger (one ``run_start_many``) and record them on each event
+    (``fields``: each one's payload field in the request, for a ``413``)."""
     names = {event.name for event in events}
     triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True, workflow__archived_at__isnull=True)
                     .select_related("workflow").order_by("created_at"))
@@ -139,6 +143,7 @@ def _start_triggered(events: list[Event]) -> None:
         data = event_input(event)
         for trigger in triggers:
             if trigger.event == event.name and templates.evaluate_when(trigger.filter, {"event": data}):
+                _check_run_input(data, fields[event.pk])
                 name = trigger.workflow.name
                 if name not in versions:
                     versions[name] = version_to_start(name)
@@ -160,6 +165,18 @@ def _start_triggered(events: list[Event]) -> None:
             first = event.refused[0]
             log.warning("event_trigger_input_refused", event_id=str(event.id), refused=len(event.refused),
                         trigger_id=first["trigger"], workflow=first["workflow"], fields=first["details"])
+
+
+def _check_run_input(data: dict[str, Any], field: str) -> None:
+    """The input of an event's runs (``event_input``: ``data``) within the plan's payload limit: a
+    ``413`` naming the event's payload (``field``), which is what the sender can make smaller."""
+    limit = effective_entitlements(current_tenant()).max_payload_bytes
+    size = json_size(data)
+    if size > limit:
+        message = (f"The runs this event starts take it as their input, its id, name, key and time around its "
+                   f"payload: {size} bytes, over the plan's max_payload_bytes ({limit}).")
+        raise ApiError(f"Invalid field(s): {field}. {message}", code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
+                       details={field: [message]})
 
 
 # --- triggers -------------------------------------------------------------------------------------------
