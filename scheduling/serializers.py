@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ductor_project.core import capacity
 from ductor_project.core.errors import UnknownFields, flat_details
-from ductor_project.core.openapi import ComponentJSONField, component_ref
+from ductor_project.core.openapi import ComponentJSONField, JSONValueField, component_ref
 from scheduling.models import (
     MAX_FAIRNESS_KEY,
     MAX_FAIRNESS_KEY_WEIGHT,
@@ -91,10 +92,21 @@ class ConnectionSerializer(StrictModelSerializer):
         read_only_fields = fields
 
 
+class ConnectionConfigField(ComponentJSONField):
+    """A connection's ``config``: an object (``scheduling.connection_config`` checks it for its kind)."""
+
+    component = "ConnectionConfig"
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return {cls.component: {"type": "object", "additionalProperties": True,
+                                "description": "The connection's settings, as its kind takes them."}}
+
+
 class ConnectionWriteSerializer(LimitsWriteMixin, StrictSerializer):
     name = PatternField(NAME_PATTERN, max_length=100, rule=NAME_HELP)
     kind = serializers.ChoiceField(choices=Connection.Kind.choices)
-    config = serializers.JSONField(
+    config = ConnectionConfigField(
         default=dict,
         help_text=(
             "http: {base_url (required), headers, timeout_s (default 10, at most 300), "
@@ -226,9 +238,11 @@ def rule_components() -> dict[str, dict[str, Any]]:
             "description": "`input.<path>` (the step's input), `workflow` or `action`. A path without one of "
                            "these roots is read under `input.` (deprecated).",
         }),
+        # RuleDeny first: a generated client takes the first alternative that parses, and every
+        # property of RuleRoute is optional, so a deny would parse as an empty route.
         "RuleAction": {
-            "description": "Where a matching step goes (`RuleRoute`), or that it is refused (`RuleDeny`).",
-            "oneOf": [component_ref("RuleRoute"), component_ref("RuleDeny")],
+            "description": "That a matching step is refused (`RuleDeny`), or where it goes (`RuleRoute`).",
+            "oneOf": [component_ref("RuleDeny"), component_ref("RuleRoute")],
         },
         "RuleRoute": {
             "type": "object",
@@ -337,6 +351,12 @@ class FairnessKeyWriteSerializer(FairnessKeyWeightSerializer):
 # --- routing dry run -------------------------------------------------------------------------
 
 
+# A string checked against the tiers (validate_tier words the refusal), typed as their enum.
+@extend_schema_field({"type": "string", "enum": list(Tier.values)})
+class TierNameField(serializers.CharField):
+    """A tier's name."""
+
+
 class ExplainSerializer(StrictSerializer):
     """A hypothetical step."""
 
@@ -345,10 +365,8 @@ class ExplainSerializer(StrictSerializer):
     tags = serializers.ListField(
         child=serializers.CharField(max_length=100), max_length=50, default=list
     )
-    input = serializers.JSONField(default=dict)
-    # A string checked against the tiers rather than a ChoiceField: the schema already names
-    # that choice set after Plan.allowed_tiers, and a second name for it is a schema warning.
-    tier = serializers.CharField(
+    input = JSONValueField(default=dict)
+    tier = TierNameField(
         allow_null=True, default=None, help_text=f"One of {', '.join(Tier.values)}; the plan must allow it."
     )
     pool = serializers.CharField(

@@ -3,10 +3,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ductor_project.core.openapi import ComponentJSONField
 from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSerializer, TextField
-from tenants.models import SLUG_PATTERN, SLUG_RULE, ApiKey, Plan, Tenant, TenantEntitlementOverride, slug_ok
+from tenants.models import SLUG_PATTERN, SLUG_RULE, ApiKey, Plan, Tenant, TenantEntitlementOverride, Tier, slug_ok
+
+API_KEY_STATES = ("active", "revoked", "expired")  # ApiKey.state_at
 
 
 class TenantSerializer(StrictModelSerializer):
@@ -28,6 +32,7 @@ class ApiKeySerializer(StrictModelSerializer):
         ]
         read_only_fields = fields
 
+    @extend_schema_field(serializers.ChoiceField(choices=API_KEY_STATES))
     def get_state(self, obj: ApiKey) -> str:
         return obj.state_at()
 
@@ -40,6 +45,7 @@ class ApiKeyCreateSerializer(StrictSerializer):
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ApiKey.Scope.choices),
         allow_empty=False,
+        min_length=1,  # what allow_empty refuses, in the schema (minItems)
         default=lambda: [ApiKey.Scope.READ, ApiKey.Scope.WRITE],
     )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
@@ -137,6 +143,21 @@ class OverrideSerializer(StrictModelSerializer):
         read_only_fields = fields
 
 
+class LimitValueField(ComponentJSONField):
+    """An override's ``value``, as ``tenants.entitlements.coerce_limit`` takes it."""
+
+    component = "LimitValue"
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return {cls.component: {
+            "description": "A number for a limit (a whole one but for the `_per_s` rates); for `allowed_tiers`, "
+                           "a non-empty list of tiers.",
+            "oneOf": [{"type": "number", "minimum": 0},
+                      {"type": "array", "items": {"type": "string", "enum": list(Tier.values)}, "minItems": 1}],
+        }}
+
+
 class OverrideSetSerializer(StrictSerializer):
-    value = serializers.JSONField()
+    value = LimitValueField()
     reason = TextField(max_length=200, required=False, allow_blank=True, default="")

@@ -62,16 +62,21 @@ def validator(schema: dict[str, Any], component: str) -> jsonschema.Draft4Valida
 
 
 def _nullable(node: Any) -> Any:
+    """``nullable`` beside a ``type`` adds ``null`` to it; beside no type (a nullable ``allOf`` of a
+    component), the schema takes null or what it says."""
     if isinstance(node, list):
         return [_nullable(item) for item in node]
     if not isinstance(node, dict):
         return node
     out = {key: _nullable(value) for key, value in node.items() if key != "nullable"}
-    if node.get("nullable") and isinstance(node.get("type"), str):
+    if not node.get("nullable"):
+        return out
+    if isinstance(node.get("type"), str):
         out["type"] = [node["type"], "null"]
         if "enum" in out:
             out["enum"] = [*out["enum"], None]
-    return out
+        return out
+    return {"anyOf": [{"type": "null"}, out]}
 
 
 def docstring_example() -> dict[str, Any]:

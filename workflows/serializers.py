@@ -7,10 +7,13 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from ductor_project.core.errors import StepErrorCode
+from ductor_project.core.errors import ERROR_CODE_COMPONENT, StepErrorCode
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
+from scheduling.serializers import PATH_SEGMENT, condition_schema
+from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS
 from tenants.api import AnyJSONField, PatternField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.models import Tier
 from workflows.models import (
     Event,
     EventTrigger,
@@ -22,7 +25,7 @@ from workflows.models import (
     WorkflowRun,
     WorkflowVersion,
 )
-from workflows.spec import EVENT_NAME
+from workflows.spec import EVENT_NAME, NODE_TYPES
 from workflows.spec_schema import SpecField
 from workflows.triggers.selectors import next_fires
 from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_INTERVAL_S, MAX_JITTER_S
@@ -79,6 +82,59 @@ class RunErrorField(StepErrorField):
     """A run's ``error`` (null unless it failed)."""
 
     component = RUN_ERROR
+
+
+STEP_ROUTING = "StepRouting"
+# What workflows.engine records (record_event), as docs/workflows.md lists them.
+RUN_EVENT_TYPES = (
+    "created", "started", "step_queued", "step_skipped", "step_sleeping", "step_waiting", "signal_received",
+    "child_started", "step_succeeded", "step_failed", "step_result_discarded", "step_retry_scheduled",
+    "step_timed_out", "cancel_requested", "cancelled", "tick_failed", "continued", "retried", "succeeded", "failed",
+)
+
+
+def step_routing_components() -> dict[str, dict[str, Any]]:
+    """``StepRouting``: the trace an attempt keeps, ``RoutingDecision.trace()``, with what its admission adds
+    (``connection``, ``admitted``) and, for a task node, how it is published (``task``). Pure."""
+    text = {"type": "string"}
+    named: dict[str, Any] = {"type": "object", "required": ["id", "name"], "additionalProperties": True,
+                             "properties": {"id": text, "name": text}}
+    return {STEP_ROUTING: {
+        "type": "object", "additionalProperties": True,
+        "description": "How the attempt was routed, and the connection its admission chose.",
+        "required": ["allowed", "reason", "rule", "tier", "partition_key", "pool", "candidates", "connection"],
+        "properties": {
+            "allowed": {"type": "boolean", "description": "False: refused (`reason` says why)."},
+            "reason": text,
+            "rule": {"description": "The rule that matched, or `default` when none did.", "oneOf": [
+                {"type": "object", "required": ["id", "name", "priority"], "additionalProperties": True,
+                 "properties": {"id": text, "name": text, "priority": {"type": "integer"}}},
+                {"type": "string", "enum": ["default"]},
+            ]},
+            "tier": {"type": "string", "enum": list(Tier.values)},
+            "partition_key": {"type": "string", "nullable": True},
+            "fairness_key": {"type": "string", "nullable": True},
+            "pool": {**named, "properties": {**named["properties"], "strategy": text}, "nullable": True},
+            "candidates": {"type": "array", "description": "The pool's connections.", "items": {
+                "type": "object", "required": ["connection_id", "name"], "additionalProperties": True,
+                "properties": {"connection_id": text, "name": text}}},
+            "connection": {**named, "nullable": True, "description": "Chosen at admission; null until then."},
+            "admitted": {**text, "description": "Why admission chose it."},
+            "task": {"type": "object", "description": "A task node's: how its attempt is published.",
+                     "additionalProperties": True,
+                     "properties": {"name": text, "arguments": text, "queue": text, "timeout_s": {"type": "number"}}},
+        },
+    }}
+
+
+class StepRoutingField(ComponentJSONField):
+    """A step attempt's ``routing`` (null for a node that is not routed)."""
+
+    component = STEP_ROUTING
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return step_routing_components()
 
 
 class WorkflowVersionSerializer(StrictModelSerializer):
@@ -214,7 +270,10 @@ class RunCancelManyResultSerializer(serializers.Serializer):
 
 
 class StepRunSerializer(StrictModelSerializer):
+    node_type = serializers.ChoiceField(choices=NODE_TYPES, read_only=True)
     error = StepErrorField(read_only=True, allow_null=True)
+    routing = StepRoutingField(read_only=True, allow_null=True, help_text="The routing decision trace; null for a "
+                               "node that is not routed (only action and task nodes are).")
 
     class Meta:
         model = StepRun
@@ -265,6 +324,8 @@ class RunDetailSerializer(RunSerializer):
 
 
 class RunEventSerializer(StrictModelSerializer):
+    type = serializers.ChoiceField(choices=RUN_EVENT_TYPES, read_only=True)
+
     class Meta:
         model = RunEvent
         fields = ["seq", "type", "node_id", "data", "created_at"]
@@ -296,10 +357,28 @@ class RunWhySerializer(serializers.Serializer[Any]):
 
 SCHEDULE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$"
 EVENT_NAME_RULE = "Letters, digits and '_.:/-' (starting with a letter or digit), at most 200."
+SCHEDULE_ERROR = "ScheduleError"
+
+
+class ScheduleErrorField(ComponentJSONField):
+    """A schedule's ``last_error``, as ``workflows.triggers.firing`` records a refused fire."""
+
+    component = SCHEDULE_ERROR
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return {SCHEDULE_ERROR: {
+            "type": "object", "required": ["fire_at", "code", "message"],
+            "description": "Why a fire's run start was refused.",
+            "properties": {"fire_at": {"type": "string", "format": "date-time", "description": "The fire (UTC)."},
+                           "code": component_ref(ERROR_CODE_COMPONENT), "message": {"type": "string"}},
+        }}
 
 
 class ScheduleSerializer(StrictModelSerializer):
     last_run_id = serializers.UUIDField(read_only=True, allow_null=True, help_text="The last run it started.")
+    last_error = ScheduleErrorField(read_only=True, allow_null=True,
+                                    help_text="Why the last refused start was refused; null: none was.")
 
     class Meta:
         model = Schedule
@@ -361,6 +440,41 @@ class ScheduleWriteSerializer(StrictSerializer):
 
 # --- events and triggers ---------------------------------------------------------------------
 
+EVENT_FILTER, EVENT_FILTER_ALL, EVENT_FILTER_ANY = "EventFilter", "EventFilterAll", "EventFilterAny"
+EVENT_CONDITION = "EventCondition"
+# A condition's path in a trigger's filter: the events' language (scheduling.templates.EVENTS) without its "$".
+EVENT_PATH = rf"^event\.(?:name|key|payload(?:\.{PATH_SEGMENT}){{0,{MAX_PATH_SEGMENTS - 2}}})$"
+
+
+def event_filter_components() -> dict[str, dict[str, Any]]:
+    """``EventFilter`` (one condition, or ``all`` / ``any`` of a list of them) and its parts: what
+    ``workflows.triggers.events.checked_filter`` takes. Pure."""
+    conditions = {"type": "array", "items": component_ref(EVENT_CONDITION), "minItems": 1,
+                  "maxItems": MAX_CONDITIONS}
+    return {
+        EVENT_FILTER: {
+            "description": "A condition on the event, or `all` or `any` of a list of them.",
+            "oneOf": [component_ref(EVENT_CONDITION), component_ref(EVENT_FILTER_ALL), component_ref(EVENT_FILTER_ANY)],
+        },
+        EVENT_FILTER_ALL: {"type": "object", "description": "Every condition holds.", "required": ["all"],
+                           "properties": {"all": conditions}, "additionalProperties": False},
+        EVENT_FILTER_ANY: {"type": "object", "description": "At least one condition holds.", "required": ["any"],
+                           "properties": {"any": conditions}, "additionalProperties": False},
+        EVENT_CONDITION: condition_schema({
+            "type": "string", "pattern": EVENT_PATH,
+            "description": "`event.name`, `event.key` or `event.payload.<path>`: a reference without its `$`.",
+        }),
+    }
+
+
+class EventFilterField(ComponentJSONField):
+    """An event trigger's ``filter`` (null: every event of its name)."""
+
+    component = EVENT_FILTER
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return event_filter_components()
 
 
 class EventSendSerializer(StrictSerializer):
@@ -381,6 +495,14 @@ class SignalSendSerializer(StrictSerializer):
                                             help_text="The same key again answers the first signal, and does nothing.")
 
 
+class SignalDeliverySerializer(serializers.Serializer[Any]):
+    """The ``wait_for_event`` attempt a signal resumed."""
+
+    step_id = serializers.UUIDField()
+    node_id = serializers.CharField()
+    attempt = serializers.IntegerField()
+
+
 class SignalSerializer(StrictModelSerializer):
     delivered_to = serializers.SerializerMethodField(help_text="The waiting node it resumed; null: it is kept "
                                                      "until the run waits for it.")
@@ -390,6 +512,7 @@ class SignalSerializer(StrictModelSerializer):
         fields = ["id", "run", "name", "payload", "idempotency_key", "delivered_to", "created_at"]
         read_only_fields = fields
 
+    @extend_schema_field(SignalDeliverySerializer(allow_null=True))
     def get_delivered_to(self, signal: RunSignal) -> dict[str, Any] | None:
         if signal.delivered_to_id is None:
             return None
@@ -409,6 +532,8 @@ class EventRefusalSerializer(serializers.Serializer[Any]):
 
 
 class EventSerializer(StrictModelSerializer):
+    runs = serializers.ListField(child=serializers.UUIDField(), read_only=True, help_text="The ids of the runs it "
+                                 "started.")
     refused = EventRefusalSerializer(many=True, read_only=True)
 
     class Meta:
@@ -424,6 +549,8 @@ class EventBulkResultSerializer(serializers.Serializer[Any]):
 
 class TriggerSerializer(StrictModelSerializer):
     workflow = serializers.CharField(source="workflow.name", read_only=True)
+    filter = EventFilterField(read_only=True, allow_null=True,
+                              help_text="A condition the event must meet; null: every one.")
 
     class Meta:
         model = EventTrigger
@@ -435,7 +562,7 @@ class TriggerWriteSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=100, help_text="The workflow whose runs its events start.")
     event = PatternField(EVENT_NAME, max_length=200, rule=EVENT_NAME_RULE,
                          help_text=f"The name of the events it starts runs for: {EVENT_NAME_RULE}")
-    filter = serializers.JSONField(required=False, allow_null=True, default=None,
-                                   help_text="A condition on `event.name`, `event.key` or `event.payload…`; "
-                                             "none: every event of the name.")
+    filter = EventFilterField(required=False, allow_null=True, default=None,
+                              help_text="A condition on `event.name`, `event.key` or `event.payload…`; "
+                                        "none: every event of the name.")
     enabled = serializers.BooleanField(required=False, default=True)

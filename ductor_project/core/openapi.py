@@ -13,6 +13,7 @@ operation, in one place, so no view module has to repeat it:
   into Markdown (``rst_to_markdown``), which Swagger UI and Redoc render.
 - ``ComponentJSONField``: a ``JSONField`` whose schema is a named component (a workflow
   spec, a routing rule's ``match``), so a JSON field can be typed without a serializer.
+- ``JSONValueField``: a ``JSONField`` that refuses null, typed so (drf-spectacular's ``{}`` takes null too).
 - ``doc_excluded_bases`` (``GET_LIB_DOC_EXCLUDES``): the project's base serializers' own
   docstrings describe the base class, not each schema that inherits them.
 
@@ -300,3 +301,18 @@ class ComponentJSONFieldSchema(OpenApiSerializerFieldExtension):
                 ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=schema)
             )
         return component_ref(field.component)
+
+
+class JSONValueField(ComponentJSONField):
+    """A ``JSONField`` that refuses null (DRF's "may not be null"): its schema is ``JSONValue``, any JSON
+    value but null, where drf-spectacular's ``{}`` reads as taking null too."""
+
+    component = "JSONValue"
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return {cls.component: {
+            "description": "Any JSON value but null.",
+            "anyOf": [{"type": "object", "additionalProperties": True}, {"type": "array", "items": {}},
+                      {"type": "string"}, {"type": "number"}, {"type": "boolean"}],
+        }}

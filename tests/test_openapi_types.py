@@ -1,0 +1,357 @@
+"""The schema types what the server really takes and answers, as a generated client reads it.
+
+A client generated from the schema (openapi-python-client) tries the alternatives of a ``oneOf`` in
+order and takes the first whose required properties are there; it reads ``{}`` as any value, null
+too. So a response field the server fills with a fixed shape declares it, a request field the
+server refuses null for declares a type without null, and the first alternative a value parses as
+is the one it is. The schema is the one served (``GET /api/schema/?format=json``); real answers of
+the API are checked against it with ``jsonschema`` (OpenAPI 3.0's ``nullable`` read as JSON
+Schema's ``null``, as ``tests/test_openapi.py`` reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ductor_project.core.context import tenant_context
+from scheduling.dispatch.handlers import ItemContext
+from tenants import services as tenant_services
+from tenants.models import ApiKey, Tenant, Tier
+from tests.conftest import api_client
+from tests.tenants.helpers import assert_error
+from tests.test_openapi import validator
+from workflows.engine import items, steps
+from workflows.models import Schedule, StepRun
+from workflows.serializers import RUN_EVENT_TYPES
+from workflows.spec import NODE_TYPES
+from workflows.triggers import arming, firing
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOW = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
+pytestmark = pytest.mark.usefixtures("redis_client")
+
+
+@pytest.fixture(scope="module")
+def schema(django_db_setup: None, django_db_blocker: Any) -> dict[str, Any]:
+    with django_db_blocker.unblock():
+        response = api_client().get("/api/schema/?format=json")
+    assert response.status_code == 200, response.content[:300]
+    return dict(json.loads(response.content))
+
+
+def component(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    return dict(schema["components"]["schemas"][name])
+
+
+def resolved(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with its ``$ref`` (or its one ``allOf`` ``$ref``) followed."""
+    refs = [node] if "$ref" in node else node.get("allOf", [])
+    if len(refs) == 1 and "$ref" in refs[0]:
+        return resolved(schema, component(schema, refs[0]["$ref"].rsplit("/", 1)[1]))
+    return node
+
+
+def enum_of(schema: dict[str, Any], name: str, field: str) -> list[Any]:
+    return list(resolved(schema, component(schema, name)["properties"][field])["enum"])
+
+
+def first_alternative(schema: dict[str, Any], name: str, value: dict[str, Any]) -> str:
+    """The alternative of the ``oneOf`` component ``name`` a generated client reads ``value`` as: the
+    first whose required properties ``value`` has."""
+    for option in component(schema, name)["oneOf"]:
+        option_name = option["$ref"].rsplit("/", 1)[1]
+        if set(component(schema, option_name).get("required", [])) <= set(value):
+            return str(option_name)
+    raise AssertionError(f"no alternative of {name} reads {value}")
+
+
+def put_flow(client: APIClient, name: str, spec: dict[str, Any] = FLOW) -> None:
+    response = client.post("/api/v1/workflows", {"name": name, "spec": spec}, format="json")
+    assert response.status_code == 201, response.content[:300]
+
+
+def start(client: APIClient, workflow: str) -> dict[str, Any]:
+    response = client.post("/api/v1/runs", {"workflow": workflow}, format="json")
+    assert response.status_code == 201, response.content[:300]
+    return dict(response.json())
+
+
+# --- routing rules ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("action", "read_as"), [
+    ({"deny": "frozen"}, "RuleDeny"),
+    ({"pool": "main"}, "RuleRoute"),
+    ({"tier": "batch", "partition_key": "c-{{ $input.customer }}"}, "RuleRoute"),
+    ({"fairness_key": "{{ $input.customer }}"}, "RuleRoute"),
+])
+def test_a_rule_action_is_read_as_the_alternative_it_is_and_a_deny_never_as_an_empty_route(
+    schema: dict[str, Any], action: dict[str, Any], read_as: str
+) -> None:
+    assert first_alternative(schema, "RuleAction", action) == read_as
+    for name in ("RuleDeny", "RuleRoute"):
+        assert validator(schema, name).is_valid(action) is (name == read_as), name
+    route = component(schema, "RuleRoute")
+    assert (route["minProperties"], route["additionalProperties"]) == (1, False)
+    assert set(route["properties"]) == {"pool", "tier", "partition_key", "fairness_key"}
+
+
+# --- response shapes -------------------------------------------------------------------------
+
+
+def test_an_events_runs_are_typed_as_run_ids_and_its_answer_validates(
+    schema: dict[str, Any], client_a: APIClient
+) -> None:
+    assert component(schema, "Event")["properties"]["runs"]["items"] == {"type": "string", "format": "uuid"}
+    put_flow(client_a, "on-paid")
+    trigger = client_a.post("/api/v1/triggers", {"workflow": "on-paid", "event": "order.paid"}, format="json")
+    assert trigger.status_code == 201, trigger.content[:300]
+
+    sent = client_a.post("/api/v1/events", {"name": "order.paid", "payload": {"x": 1}}, format="json")
+
+    assert sent.status_code == 201, sent.content[:300]
+    assert len(sent.json()["runs"]) == 1
+    validator(schema, "Event").validate(sent.json())
+
+
+def test_a_signals_delivered_to_is_the_wait_it_resumed_or_null(schema: dict[str, Any], client_a: APIClient) -> None:
+    delivery = component(schema, "SignalDelivery")
+    assert set(delivery["required"]) == {"step_id", "node_id", "attempt"}
+    put_flow(client_a, "approval", {"nodes": [{"id": "wait", "type": "wait_for_event", "event": "approved"}]})
+    run = start(client_a, "approval")
+
+    kept = client_a.post(f"/api/v1/runs/{run['id']}/signal", {"name": "other"}, format="json")
+    delivered = client_a.post(f"/api/v1/runs/{run['id']}/signal", {"name": "approved"}, format="json")
+
+    assert delivered.json()["delivered_to"]["node_id"] == "wait", delivered.content[:300]
+    assert kept.json()["delivered_to"] is None, kept.content[:300]
+    for answer in (delivered, kept):
+        validator(schema, "Signal").validate(answer.json())
+    assert not validator(schema, "Signal").is_valid({**delivered.json(), "delivered_to": {"node_id": "wait"}})
+
+
+def _execute(tenant: Tenant, run_id: str, connection_id: str) -> None:
+    """Run the run's queued step as a worker does once admission chose ``connection_id``."""
+    with tenant_context(tenant):
+        step = StepRun.objects.get(run_id=run_id, status="queued")
+        ctx = ItemContext(tenant_id=str(tenant.pk), item_id=items.step_item_id(step.pk), tier="standard",
+                          partition=f"step:{step.pk}", delivery=1, waited_ms=0, connection_id=connection_id,
+                          admitted="round robin")
+        steps.execute_step(ctx, {"step_id": str(step.pk)})
+
+
+def test_a_steps_routing_trace_and_node_type_validate_against_their_schemas(
+    schema: dict[str, Any], client_a: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    assert enum_of(schema, "StepRun", "node_type") == list(NODE_TYPES)
+    routing = resolved(schema, component(schema, "StepRun")["properties"]["routing"])
+    assert routing["type"] == "object"
+    assert {"allowed", "reason", "rule", "tier", "pool", "candidates", "connection"} <= set(routing["required"])
+    connection = client_a.post("/api/v1/connections", {"name": "api", "kind": "http",
+                                                       "config": {"base_url": "https://example.com"}}, format="json")
+    assert connection.status_code == 201, connection.content[:300]
+    pool = client_a.post("/api/v1/pools", {"name": "main", "members": [{"connection": "api"}]}, format="json")
+    assert pool.status_code == 201, pool.content[:300]
+    for name, priority, action in (("route", 1, {"pool": "main", "fairness_key": "k"}), ("deny", 2, {"deny": "no"})):
+        rule = client_a.post("/api/v1/rules", {"name": name, "priority": priority, "match": {"workflow": name},
+                                               "action": action}, format="json")
+        assert rule.status_code == 201, rule.content[:300]
+    for name in ("route", "deny", "plain"):
+        put_flow(client_a, name)
+    routed, denied, plain = start(client_a, "route"), start(client_a, "deny"), start(client_a, "plain")
+    _execute(tenant_a[0], routed["id"], connection.json()["id"])
+
+    traces = {}
+    for run in (routed, denied, plain):
+        [step] = client_a.get(f"/api/v1/runs/{run['id']}/steps").json()["results"]
+        validator(schema, "StepRun").validate(step)
+        traces[run["workflow_name"]] = step["routing"]
+    assert traces["route"]["rule"]["name"] == "route"
+    assert traces["route"]["connection"] == {"id": connection.json()["id"], "name": "api"}
+    assert traces["deny"]["allowed"] is False
+    assert traces["plain"]["rule"] == "default"
+    assert not validator(schema, "StepRouting").is_valid({**traces["plain"], "rule": "other"})
+
+
+def test_every_event_type_the_engine_records_is_in_the_run_event_type_enum(
+    schema: dict[str, Any], client_a: APIClient
+) -> None:
+    assert enum_of(schema, "RunEvent", "type") == list(RUN_EVENT_TYPES)
+    source = "\n".join(path.read_text() for path in (ROOT / "workflows").rglob("*.py"))
+    recorded = set(re.findall(r"record_event\(\w+, \"(\w+)\"", source))
+    recorded |= set(re.findall(r"RunEvent\([^)]*type=\"(\w+)\"", source))
+    assert len(recorded) >= 15, recorded
+    assert recorded <= set(RUN_EVENT_TYPES), recorded - set(RUN_EVENT_TYPES)
+    # f"step_{status}": the end of an attempt, with its outcome's status
+    assert re.findall(r"record_event\(\w+, f\"(\w+)\{", source) == ["step_", "step_"]
+    assert {f"step_{status}" for status in ("succeeded", "failed")} <= set(RUN_EVENT_TYPES)
+    put_flow(client_a, "flow")
+    run = start(client_a, "flow")
+
+    events = client_a.get(f"/api/v1/runs/{run['id']}/events").json()
+
+    assert [event["type"] for event in events][:3] == ["created", "started", "step_queued"]
+    for event in events:
+        validator(schema, "RunEvent").validate(event)
+    assert not validator(schema, "RunEvent").is_valid({**events[0], "type": "no_such_event"})
+
+
+@pytest.mark.parametrize(("filter_", "valid"), [
+    ({"path": "event.payload.amount", "op": "gt", "value": 10}, True),
+    ({"path": "event.key", "op": "exists"}, True),
+    ({"all": [{"path": "event.name", "op": "prefix", "value": "order."},
+              {"path": "event.payload.customer.tier", "op": "in", "value": ["gold"]}]}, True),
+    ({"any": [{"path": "event.key", "op": "eq", "value": "k"}]}, True),
+    ({"path": "payload.amount", "op": "gt", "value": 10}, False),
+    ({"path": "event.other", "op": "eq", "value": 1}, False),
+    ({"path": "event.key", "op": "like", "value": "k"}, False),
+    ({"all": []}, False),
+    ({"path": "event.key", "op": "eq", "value": 1, "colour": "red"}, False),
+])
+def test_a_trigger_filter_the_server_takes_is_its_schema_and_one_it_refuses_is_not(
+    schema: dict[str, Any], client_a: APIClient, filter_: dict[str, Any], valid: bool
+) -> None:
+    put_flow(client_a, "on-paid")
+
+    created = client_a.post("/api/v1/triggers", {"workflow": "on-paid", "event": "order.paid", "filter": filter_},
+                            format="json")
+
+    assert created.status_code == (201 if valid else 400), created.content[:300]
+    assert validator(schema, "EventFilter").is_valid(filter_) is valid
+    if valid:
+        validator(schema, "Trigger").validate(created.json())
+        validator(schema, "Trigger").validate(client_a.get(f"/api/v1/triggers/{created.json()['id']}").json())
+    write = component(schema, "TriggerWriteRequest")["properties"]["filter"]
+    assert resolved(schema, write) == component(schema, "EventFilter")
+    assert write["nullable"] is True
+
+
+def test_a_schedules_last_error_is_the_refused_fire_or_null(
+    schema: dict[str, Any], client_a: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    put_flow(client_a, "nightly")
+    created = client_a.post("/api/v1/schedules", {"name": "s", "workflow": "nightly", "interval_s": 60},
+                            format="json")
+    assert created.status_code == 201, created.content[:300]
+    validator(schema, "ScheduleDetail").validate(created.json())
+    now = timezone.now()
+    with tenant_context(tenant_a[0]):
+        schedule = Schedule.objects.get(pk=created.json()["id"])
+        Schedule.objects.filter(pk=schedule.pk).update(workflow="deleted-since", next_fire_at=now,
+                                                       wake_at=arming.due_at(schedule, now))
+        firing.fire_schedules(now=now + timedelta(seconds=1))
+
+    refused = client_a.get(f"/api/v1/schedules/{schedule.pk}").json()
+
+    assert refused["last_error"]["code"] == "invalid", refused
+    validator(schema, "ScheduleDetail").validate(refused)
+    assert not validator(schema, "ScheduleError").is_valid({**refused["last_error"], "code": "no_such_code"})
+
+
+def test_an_api_keys_state_is_one_of_active_revoked_and_expired(
+    schema: dict[str, Any], client_a: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    assert enum_of(schema, "ApiKey", "state") == ["active", "revoked", "expired"]
+    revoked = client_a.post("/api/v1/api-keys", {"name": "revoked"}, format="json").json()
+    expired = client_a.post("/api/v1/api-keys", {"name": "expired"}, format="json").json()
+    client_a.post(f"/api/v1/api-keys/{revoked['id']}/revoke", format="json")
+    with tenant_context(tenant_a[0]):
+        ApiKey.objects.filter(pk=expired["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    keys = client_a.get("/api/v1/api-keys").json()["results"]
+
+    assert {key["state"] for key in keys} == {"active", "revoked", "expired"}
+    for key in keys:
+        validator(schema, "ApiKey").validate(key)
+
+
+def test_the_dry_runs_tier_is_the_tier_enum_or_null(schema: dict[str, Any]) -> None:
+    tier = component(schema, "ExplainRequest")["properties"]["tier"]
+    assert resolved(schema, tier)["enum"] == list(Tier.values)
+    assert tier["nullable"] is True
+
+
+# --- request bodies --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def platform(db: None) -> APIClient:
+    _, raw = tenant_services.platform_key_create(name="ops")
+    return api_client(raw)
+
+
+def _bodies(slug: str) -> Iterator[tuple[str, str, str, dict[str, Any], str, list[Any]]]:
+    """(component, field, path, a body the server takes, the client, values the server refuses)."""
+    yield ("ExplainRequest", "input", "/api/v1/routing/explain", {"workflow": "w", "action": "a", "input": [1]},
+           "tenant", [None])
+    yield ("ConnectionWriteRequest", "config", "/api/v1/connections",
+           {"name": "api", "kind": "http", "config": {"base_url": "https://example.com"}}, "tenant", [None, [], "x"])
+    yield ("ApiKeyCreateRequest", "scopes", "/api/v1/api-keys", {"name": "k", "scopes": ["read"]}, "tenant", [[]])
+    yield ("OverrideSetRequest", "value", f"/api/v1/tenants/{slug}/overrides/max_pools", {"value": 5}, "platform",
+           [None, [], "5"])
+
+
+@pytest.mark.parametrize("case", ["ExplainRequest", "ConnectionWriteRequest", "ApiKeyCreateRequest",
+                                  "OverrideSetRequest"])
+def test_a_request_field_declares_no_value_the_server_refuses_as_such(
+    schema: dict[str, Any], client_a: APIClient, platform: APIClient, tenant_a: tuple[Tenant, str], case: str
+) -> None:
+    [(name, field, path, body, who, refused)] = [found for found in _bodies(tenant_a[0].slug) if found[0] == case]
+    client = platform if who == "platform" else client_a
+    send = client.put if who == "platform" else client.post
+    body_schema = validator(schema, name)
+    assert body_schema.is_valid(body)
+    for value in refused:
+        answer = send(path, {**body, field: value}, format="json")
+        assert_error(answer, 400, "invalid")
+        assert field in answer.json()["error"]["details"], answer.content[:300]
+        assert not body_schema.is_valid({**body, field: value}), value
+    taken = send(path, body, format="json")
+    assert taken.status_code in (200, 201), taken.content[:300]
+
+
+def test_an_override_takes_a_list_of_tiers_for_allowed_tiers(
+    schema: dict[str, Any], platform: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    path = f"/api/v1/tenants/{tenant_a[0].slug}/overrides/allowed_tiers"
+    taken = platform.put(path, {"value": ["batch"]}, format="json")
+    assert taken.status_code == 200, taken.content[:300]
+    assert validator(schema, "OverrideSetRequest").is_valid({"value": ["batch"]})
+    assert not validator(schema, "OverrideSetRequest").is_valid({"value": ["gold"]})
+    assert_error(platform.put(path, {"value": ["gold"]}, format="json"), 400, "invalid")
+
+
+# --- the schema's endpoint -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("query", "headers", "status", "code"), [
+    ("?format=xml", {}, 404, "not_found"),
+    ("", {"Accept": "application/xml"}, 406, "not_acceptable"),
+    ("?format=json", {"Authorization": "Bearer dct_nope_nope"}, 401, "invalid_api_key"),
+])
+def test_the_schema_endpoint_answers_its_errors_in_the_json_error_shape(
+    query: str, headers: dict[str, str], status: int, code: str
+) -> None:
+    response = APIClient().get(f"/api/schema/{query}", headers=headers)
+
+    assert response["Content-Type"] == "application/json", response["Content-Type"]
+    assert_error(response, status, code)
+
+
+@pytest.mark.django_db
+def test_the_schema_endpoint_still_answers_yaml_by_default_and_json_when_asked() -> None:
+    default, as_json = APIClient().get("/api/schema/"), APIClient().get("/api/schema/?format=json")
+
+    assert (default.status_code, default["Content-Type"]) == (200, "application/vnd.oai.openapi; charset=utf-8")
+    assert default.content.startswith(b"openapi: ")
+    assert (as_json.status_code, json.loads(as_json.content)["openapi"][:2]) == (200, "3.")
