@@ -29,11 +29,14 @@ from tenants.models import ApiKey, Tenant, Tier
 from tests.conftest import api_client
 from tests.tenants.helpers import assert_error
 from tests.test_openapi import validator
+from workflows.catalog import TASK_NAME
 from workflows.engine import items, steps
+from workflows.engine import tick as engine_tick
 from workflows.models import Schedule, StepRun
 from workflows.serializers import RUN_EVENT_TYPES
 from workflows.spec import NODE_TYPES
-from workflows.triggers import arming, firing
+from workflows.triggers import arming, firing, webhooks
+from workflows.triggers.webhook_delivery import Attempt
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOW = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
@@ -355,3 +358,43 @@ def test_the_schema_endpoint_still_answers_yaml_by_default_and_json_when_asked()
     assert (default.status_code, default["Content-Type"]) == (200, "application/vnd.oai.openapi; charset=utf-8")
     assert default.content.startswith(b"openapi: ")
     assert (as_json.status_code, json.loads(as_json.content)["openapi"][:2]) == (200, "3.")
+
+
+def test_a_lineage_is_a_tree_of_typed_runs(schema: dict[str, Any], client_a: APIClient, tenant_a: Any) -> None:
+    put_flow(client_a, "leaf")
+    put_flow(client_a, "parent", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf"}]})
+    run = start(client_a, "parent")
+    with tenant_context(tenant_a[0]):
+        engine_tick.tick(run["id"])  # starts the child
+
+    lineage = client_a.get(f"/api/v1/runs/{run['id']}/lineage")
+
+    assert lineage.status_code == 200, lineage.content[:300]
+    validator(schema, "Lineage").validate(lineage.json())
+    [root] = lineage.json()["tree"]
+    [child] = root["children"]
+    assert (root["id"], child["parent_run_id"], child["successor"]) == (run["id"], run["id"], None)
+    assert not validator(schema, "LineageNode").is_valid({**child, "status": "sleeping"})
+
+
+def test_a_deliverys_log_entries_are_attempts_or_notes_as_they_are_kept(schema: dict[str, Any]) -> None:
+    now = timezone.now()
+    attempt = Attempt(at=now, status_code=None, error="timed out after 10 s", duration_ms=10002.3).as_json()
+    answered = Attempt(at=now, status_code=500, error="HTTP 500", duration_ms=41.7, response="oops").as_json()
+    note = webhooks.delivery_note(now, webhooks.REDELIVER_NOTE)
+    entry = validator(schema, "WebhookDeliveryLogEntry")
+    for value, kind in ((attempt, "WebhookAttempt"), (answered, "WebhookAttempt"), (note, "WebhookNote")):
+        entry.validate(value)
+        assert first_alternative(schema, "WebhookDeliveryLogEntry", value) == kind
+    assert not entry.is_valid({"at": note["at"]})
+    assert resolved(schema, component(schema, "WebhookDelivery")["properties"]["attempts"]["items"]) == component(
+        schema, "WebhookDeliveryLogEntry")
+
+
+def test_a_catalog_entrys_name_declares_the_pattern_the_server_checks(schema: dict[str, Any], platform: APIClient):
+    name = component(schema, "TaskCatalogEntryRequest")["properties"]["name"]
+    assert (name["pattern"], name["maxLength"]) == (TASK_NAME.pattern, 200)
+    for bad in ("not a task", "billing..charge", "9tasks.x"):
+        assert re.fullmatch(name["pattern"], bad) is None
+        refused = platform.post("/api/v1/task-catalog", {"name": bad}, format="json")
+        assert list(assert_error(refused, 400, "invalid")["details"]) == ["name"]

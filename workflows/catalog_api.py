@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from ductor_project.core.context import SYSTEM_TENANT_SLUG
 from ductor_project.core.errors import NotFound, conflict_on_duplicate
 from scheduling.connection_config import queue_name_error
-from tenants.api import PlatformViewSet, StrictModelSerializer, TenantViewSet, TextField
+from tenants.api import PatternField, PlatformViewSet, StrictModelSerializer, TenantViewSet, TextField
 from tenants.models import Plan, Tenant
 from workflows import catalog, schemas
 from workflows.models import TaskCatalogEntry
@@ -29,7 +29,9 @@ LOOKUP = r"[^/]+"
 
 class TaskCatalogEntrySerializer(StrictModelSerializer):
     # Declared: a taken name is a 409 conflict (conflict_on_duplicate), as everywhere else.
-    name = serializers.CharField(max_length=200, help_text="The Celery task name, e.g. billing.tasks.charge.")
+    name = PatternField(catalog.TASK_NAME.pattern, max_length=catalog.MAX_TASK_NAME,
+                        rule=f"a Celery task name: dotted identifiers such as billing.tasks.charge, at most "
+                             f"{catalog.MAX_TASK_NAME} characters (never ductor.* or celery.*)")
     description = TextField(max_length=500, required=False, allow_blank=True)
     input_schema = serializers.DictField(required=False, help_text="A JSON Schema (an object) the rendered input "
                                                                    "must match; {} matches anything.")

@@ -137,6 +137,32 @@ class StepRoutingField(ComponentJSONField):
         return step_routing_components()
 
 
+LINEAGE_NODE = "LineageNode"
+
+
+class LineageNodeField(ComponentJSONField):
+    """A run in a lineage tree (``selectors.lineage``), with its children and its successor."""
+
+    component = LINEAGE_NODE
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        uuid, node = {"type": "string", "format": "uuid"}, component_ref(LINEAGE_NODE)
+        return {LINEAGE_NODE: {
+            "type": "object",
+            "required": ["id", "workflow_name", "status", "parent_run_id", "continued_from_id", "nesting_depth",
+                         "created_at", "children", "successor"],
+            "properties": {
+                "id": uuid, "workflow_name": {"type": "string"},
+                "status": {"type": "string", "enum": list(WorkflowRun.Status.values)},
+                "parent_run_id": {**uuid, "nullable": True}, "continued_from_id": {**uuid, "nullable": True},
+                "nesting_depth": {"type": "integer"}, "created_at": {"type": "string", "format": "date-time"},
+                "children": {"type": "array", "items": node, "description": "The sub-workflow runs it started."},
+                "successor": {"allOf": [node], "nullable": True, "description": "The run it continued as new as."},
+            },
+        }}
+
+
 class WorkflowVersionSerializer(StrictModelSerializer):
     spec = SpecField(read_only=True)
 

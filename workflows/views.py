@@ -22,6 +22,7 @@ from workflows.serializers import (
     EventBulkSendSerializer,
     EventSendSerializer,
     EventSerializer,
+    LineageNodeField,
     RunBulkResultSerializer,
     RunBulkStartSerializer,
     RunCancelManyResultSerializer,
@@ -279,7 +280,7 @@ class RunViewSet(TenantViewSet):
 
     @extend_schema(responses=inline_serializer("Lineage", {"root_run_id": serializers.UUIDField(),
                                                            "runs": serializers.IntegerField(),
-                                                           "tree": serializers.ListField()}))
+                                                           "tree": serializers.ListField(child=LineageNodeField())}))
     @action(detail=True, methods=["get"])
     def lineage(self, request: Request, pk: str) -> Response:
         return Response(selectors.lineage(selectors.get_run_for_tenant(pk)))

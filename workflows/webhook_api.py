@@ -22,6 +22,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ductor_project.core.openapi import ComponentJSONField, component_ref
 from ductor_project.pagination import CursorPagination
 from scheduling.serializers import parse
 from tenants.api import StrictModelSerializer, StrictSerializer, TenantViewSet, TextField, no_body
@@ -82,7 +83,35 @@ class WebhookRotateSerializer(StrictSerializer):
                                        help_text="How long the previous secret goes on signing too (0: not at all).")
 
 
+DELIVERY_LOG_ENTRY, ATTEMPT, NOTE = "WebhookDeliveryLogEntry", "WebhookAttempt", "WebhookNote"
+
+
+class DeliveryLogEntryField(ComponentJSONField):
+    """An entry of a delivery's log: an attempt, or a note of what happened to it without one."""
+
+    component = DELIVERY_LOG_ENTRY
+
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        at = {"type": "string", "format": "date-time"}
+        return {
+            DELIVERY_LOG_ENTRY: {"oneOf": [component_ref(ATTEMPT), component_ref(NOTE)]},
+            ATTEMPT: {"type": "object", "required": ["at", "status_code", "error", "duration_ms", "response"],
+                      "description": "One POST to the endpoint.", "properties": {
+                          "at": at, "status_code": {"type": "integer", "nullable": True,
+                                                    "description": "Null: no answer (a timeout, a refused address)."},
+                          "error": {"type": "string", "nullable": True}, "duration_ms": {"type": "number"},
+                          "response": {"type": "string", "description": "The answer's first 500 characters."}}},
+            NOTE: {"type": "object", "required": ["at", "note"], "additionalProperties": False,
+                   "description": "Not an attempt: why the delivery stopped, or that it was asked again.",
+                   "properties": {"at": at, "note": {"type": "string"}}},
+        }
+
+
 class WebhookDeliverySerializer(StrictModelSerializer):
+    attempts = serializers.ListField(child=DeliveryLogEntryField(), read_only=True,
+                                     help_text="Its log: the attempts, and the notes between them, oldest first.")
+
     class Meta:
         model = WebhookDelivery
         fields = ["id", "endpoint", "run", "type", "status", "attempts", "next_attempt_at", "created_at",
