@@ -125,7 +125,9 @@ def test_a_receiver_answering_500_gets_retries_then_the_endpoint_is_disabled(sta
     assert disabled.disabled_reason == "3 consecutive failed attempts; last: HTTP 500"
     delivery = wait_for(lambda: (d := stored(tenant, WebhookDelivery, sent[0].headers["ductor-webhook-id"]))
                         .status == "failed" and d, what="the delivery to fail")
-    assert [attempt["status_code"] for attempt in delivery.attempts] == [500, 500, 500]
+    *attempts, note = delivery.attempts
+    assert [attempt["status_code"] for attempt in attempts] == [500, 500, 500]
+    assert note["note"].startswith("not sent again: this attempt disabled the endpoint (3 consecutive")
     wait_for(queue_is_empty, what="the queue to empty")
     assert len(receiver.requests) == 3  # no attempt after the endpoint was disabled
 
