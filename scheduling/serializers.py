@@ -216,6 +216,24 @@ def condition_schema(path: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def condition_tree(
+    names: tuple[str, str, str, str], description: str, path: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """A condition tree's components, by ``names`` (the tree, its ``all``, its ``any``, one condition):
+    one condition, or ``all`` or ``any`` of a list of them, each condition's path ``path``."""
+    tree, every, some, condition = names
+    conditions = {"type": "array", "items": component_ref(condition), "minItems": 1, "maxItems": MAX_CONDITIONS}
+    return {
+        tree: {"description": description,
+               "oneOf": [component_ref(condition), component_ref(every), component_ref(some)]},
+        every: {"type": "object", "description": "Every condition holds.", "required": ["all"],
+                "properties": {"all": conditions}, "additionalProperties": False},
+        some: {"type": "object", "description": "At least one condition holds.", "required": ["any"],
+               "properties": {"any": conditions}, "additionalProperties": False},
+        condition: condition_schema(path),
+    }
+
+
 def rule_components() -> dict[str, dict[str, Any]]:
     """``RuleMatch``, ``RuleAction`` and their parts: what ``scheduling.rules`` validates. Pure."""
     glob = "A glob on the {} name: letters, digits, `._-:/` and the wildcards `*?[]!`."

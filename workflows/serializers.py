@@ -10,8 +10,8 @@ from rest_framework.reverse import reverse
 from ductor_project.core.errors import ERROR_CODE_COMPONENT, StepErrorCode
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
-from scheduling.serializers import PATH_SEGMENT, condition_schema
-from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS
+from scheduling.serializers import PATH_SEGMENT, condition_tree
+from scheduling.templates import MAX_PATH_SEGMENTS
 from tenants.api import AnyJSONField, PatternField, StrictModelSerializer, StrictSerializer, TextField
 from tenants.models import Tier
 from workflows.models import (
@@ -475,22 +475,11 @@ EVENT_PATH = rf"^event\.(?:name|key|payload(?:\.{PATH_SEGMENT}){{0,{MAX_PATH_SEG
 def event_filter_components() -> dict[str, dict[str, Any]]:
     """``EventFilter`` (one condition, or ``all`` / ``any`` of a list of them) and its parts: what
     ``workflows.triggers.events.checked_filter`` takes. Pure."""
-    conditions = {"type": "array", "items": component_ref(EVENT_CONDITION), "minItems": 1,
-                  "maxItems": MAX_CONDITIONS}
-    return {
-        EVENT_FILTER: {
-            "description": "A condition on the event, or `all` or `any` of a list of them.",
-            "oneOf": [component_ref(EVENT_CONDITION), component_ref(EVENT_FILTER_ALL), component_ref(EVENT_FILTER_ANY)],
-        },
-        EVENT_FILTER_ALL: {"type": "object", "description": "Every condition holds.", "required": ["all"],
-                           "properties": {"all": conditions}, "additionalProperties": False},
-        EVENT_FILTER_ANY: {"type": "object", "description": "At least one condition holds.", "required": ["any"],
-                           "properties": {"any": conditions}, "additionalProperties": False},
-        EVENT_CONDITION: condition_schema({
-            "type": "string", "pattern": EVENT_PATH,
-            "description": "`event.name`, `event.key` or `event.payload.<path>`: a reference without its `$`.",
-        }),
-    }
+    return condition_tree(
+        (EVENT_FILTER, EVENT_FILTER_ALL, EVENT_FILTER_ANY, EVENT_CONDITION),
+        "A condition on the event, or `all` or `any` of a list of them.",
+        {"type": "string", "pattern": EVENT_PATH,
+         "description": "`event.name`, `event.key` or `event.payload.<path>`: a reference without its `$`."})
 
 
 class EventFilterField(ComponentJSONField):

@@ -24,8 +24,8 @@ from typing import Any
 from django.conf import settings
 
 from ductor_project.core.openapi import ComponentJSONField, component_ref
-from scheduling.serializers import PATH_SEGMENT, condition_schema
-from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS, NODE_ID
+from scheduling.serializers import PATH_SEGMENT, condition_tree
+from scheduling.templates import MAX_PATH_SEGMENTS, NODE_ID
 from workflows import catalog
 from workflows.spec import (
     EVENT_NAME,
@@ -192,23 +192,13 @@ def _retry() -> dict[str, Any]:
 
 def _when() -> dict[str, dict[str, Any]]:
     """``NodeWhen`` (one condition, or ``all`` / ``any`` of a list of them) and its parts."""
-    conditions = {"type": "array", "items": component_ref(CONDITION), "minItems": 1, "maxItems": MAX_CONDITIONS}
-    return {
-        WHEN: {
-            "description": "A condition, or `all` or `any` of a list of them; when it is false the node is "
-                           "skipped, and so is everything downstream of it.",
-            "oneOf": [component_ref(CONDITION), component_ref(WHEN_ALL), component_ref(WHEN_ANY)],
-        },
-        WHEN_ALL: {"type": "object", "description": "Every condition holds.", "required": ["all"],
-                   "properties": {"all": conditions}, "additionalProperties": False},
-        WHEN_ANY: {"type": "object", "description": "At least one condition holds.", "required": ["any"],
-                   "properties": {"any": conditions}, "additionalProperties": False},
-        CONDITION: condition_schema({
-            "type": "string", "pattern": _WHEN_PATH,
-            "description": "A reference without its `$`: `input.<path>`, `nodes.<id>.output.<path>`, "
-                           "`nodes.<id>.status`, `run.id` or `run.root_id`.",
-        }),
-    }
+    return condition_tree(
+        (WHEN, WHEN_ALL, WHEN_ANY, CONDITION),
+        "A condition, or `all` or `any` of a list of them; when it is false the node is skipped, and so is "
+        "everything downstream of it.",
+        {"type": "string", "pattern": _WHEN_PATH,
+         "description": "A reference without its `$`: `input.<path>`, `nodes.<id>.output.<path>`, "
+                        "`nodes.<id>.status`, `run.id` or `run.root_id`."})
 
 
 def spec_components() -> dict[str, dict[str, Any]]:
