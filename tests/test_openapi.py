@@ -280,7 +280,7 @@ def test_every_operation_declares_its_error_responses_in_the_one_error_shape(sch
         # 400: a malformed request (a Host header the server does not serve), besides an invalid body,
         # query or path choice.
         expected = {"400", "401", "403", "404", "406", "429", "503"}
-        if "requestBody" in operation:
+        if "requestBody" in operation or method in ("post", "put", "patch"):  # an action taking none too
             expected |= {"413", "415"}
         if method != "get":
             expected.add("409")
@@ -294,6 +294,27 @@ def test_every_operation_declares_its_error_responses_in_the_one_error_shape(sch
         # A request line too long for the web server: its own page, before the API sees it.
         assert list(responses["414"]["content"]) == ["text/html"], (method, path)
         assert list(responses["431"]["content"]) == ["text/html"], (method, path)
+
+
+def test_an_action_that_takes_no_body_answers_what_it_declares_for_one(
+    schema: dict[str, Any], client_a: Any, settings: Any
+) -> None:
+    """``cancel`` takes no body: a field of one is 400, a body too large 413, one not JSON 415."""
+    declared = schema["paths"]["/api/v1/runs/{id}/cancel/"]["post"]
+    assert "requestBody" not in declared
+    assert {"400", "413", "415"} <= set(declared["responses"])
+    client_a.post("/api/v1/workflows", {"name": "flow", "spec": {"nodes": [{"id": "a", "type": "action",
+                                                                            "action": "noop"}]}}, format="json")
+    run = client_a.post("/api/v1/runs", {"workflow": "flow"}, format="json").json()
+    url = f"/api/v1/runs/{run['id']}/cancel"
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    for response, status, code in (
+        (client_a.post(url, {"reason": "x"}, format="json"), 400, "unknown_field"),
+        (client_a.post(url, {"note": "x" * 2048}, format="json"), 413, "payload_too_large"),
+        (client_a.post(url, "stop", content_type="text/plain"), 415, "unsupported_media_type"),
+    ):
+        assert (response.status_code, response.json()["error"]["code"]) == (status, code), response.content[:200]
+    assert client_a.get(f"/api/v1/runs/{run['id']}").json()["status"] != "cancelled"
 
 
 def test_an_override_s_limit_is_one_of_the_plans_limits_and_each_method_documents_its_own_answers(

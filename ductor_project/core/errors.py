@@ -376,6 +376,7 @@ _BY_THE_SERVER = {414: "The request line (the path and the query) is longer than
                   431: "A header field (an Authorization, a cookie) is larger than the web server takes."}
 _SERVER_PAGE = {"text/html": {"schema": {"type": "string"}}}
 _UNSAFE_METHODS = frozenset({"post", "put", "patch", "delete"})
+_BODY_METHODS = frozenset({"post", "put", "patch"})
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
                                 "schema": {"type": "integer", "minimum": 1}}}
 # The headers that come with an error status, always (``_drf_to_body``, ``exception_handler``).
@@ -427,17 +428,20 @@ def _error_statuses(method: str, operation: dict[str, Any]) -> dict[int, str]:
     """The error statuses an operation can answer: every one can refuse the caller or a malformed
     request (``json_400``: a Host header the server does not serve reaches no view); one with a
     query, a body or a path parameter that names one of a set of choices can find it invalid (a
-    bad id in the path is a 404); a write can conflict; a body can be refused."""
+    bad id in the path is a 404); a write can conflict; a body can be refused, also by an action
+    that takes none (``tenants.api.no_body``: each field of it is ``400 unknown_field``, and a body
+    too large or not JSON is refused before that)."""
     statuses = dict(_ANY_OPERATION)
     parameters = operation.get("parameters", [])
     takes_query = any(parameter.get("in") == "query" for parameter in parameters)
     names_a_choice = any(parameter.get("in") == "path" and "enum" in parameter.get("schema", {})
                          for parameter in parameters)
-    if takes_query or names_a_choice or "requestBody" in operation:
+    sends_a_body = "requestBody" in operation or method in _BODY_METHODS
+    if takes_query or names_a_choice or sends_a_body:
         statuses |= _WITH_INPUT
     if method in _UNSAFE_METHODS:
         statuses |= _UNSAFE
-    if "requestBody" in operation:
+    if sends_a_body:
         statuses |= _WITH_BODY
     return statuses
 
