@@ -422,20 +422,47 @@ class AdmissionSerializer(serializers.Serializer):
     pool_limit = serializers.IntegerField(allow_null=True)
 
 
+_TEXT = {"type": "string"}
+_NAMED: dict[str, Any] = {"type": "object", "required": ["id", "name"], "additionalProperties": True,
+                          "properties": {"id": _TEXT, "name": _TEXT}}
+# The parts of a routing trace (``routing.RoutingDecision.trace()``) that are objects: the dry run's
+# and a step attempt's (``workflows.serializers.StepRouting``).
+TRACE_RULE: dict[str, Any] = {"description": "The rule that matched, or `default` when none did.", "oneOf": [
+    {"type": "object", "required": ["id", "name", "priority"], "additionalProperties": True,
+     "properties": {"id": _TEXT, "name": _TEXT, "priority": {"type": "integer"}}},
+    {"type": "string", "enum": ["default"]},
+]}
+TRACE_POOL: dict[str, Any] = {**_NAMED, "properties": {**_NAMED["properties"], "strategy": _TEXT}, "nullable": True}
+TRACE_CONNECTION: dict[str, Any] = {**_NAMED, "nullable": True}
+
+
+@extend_schema_field(TRACE_RULE)
+class TraceRuleField(serializers.JSONField):
+    """A trace's ``rule``."""
+
+
+@extend_schema_field(TRACE_POOL)
+class TracePoolField(serializers.JSONField):
+    """A trace's ``pool`` (null: none)."""
+
+
+@extend_schema_field(TRACE_CONNECTION)
+class TraceConnectionField(serializers.JSONField):
+    """A trace's ``connection`` (null: none)."""
+
+
 class DecisionTraceSerializer(serializers.Serializer):
     """The routing decision and how admission would treat it now (``routing.Explanation.trace()``)."""
 
     allowed = serializers.BooleanField()
     reason = serializers.CharField()
-    rule = serializers.JSONField(
-        help_text='{"id", "name", "priority"} of the rule that matched, or "default".'
-    )
+    rule = TraceRuleField(help_text='{"id", "name", "priority"} of the rule that matched, or "default".')
     tier = serializers.CharField()
     partition_key = serializers.CharField(allow_null=True)
     fairness_key = serializers.CharField(allow_null=True)
-    pool = serializers.JSONField(allow_null=True, help_text='{"id", "name", "strategy"} or null.')
+    pool = TracePoolField(allow_null=True, help_text='{"id", "name", "strategy"} or null.')
     candidates = CandidateSerializer(many=True)
-    connection = serializers.JSONField(
+    connection = TraceConnectionField(
         allow_null=True, help_text='{"id", "name"} of the connection admission would choose now, or null.'
     )
     admission = AdmissionSerializer(allow_null=True, help_text="Null when the step has no pool or is refused.")

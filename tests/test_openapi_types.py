@@ -398,3 +398,27 @@ def test_a_catalog_entrys_name_declares_the_pattern_the_server_checks(schema: di
         assert re.fullmatch(name["pattern"], bad) is None
         refused = platform.post("/api/v1/task-catalog", {"name": bad}, format="json")
         assert list(assert_error(refused, 400, "invalid")["details"]) == ["name"]
+
+
+def test_the_dry_runs_trace_types_its_rule_pool_and_connection_as_a_steps_routing_does(
+    schema: dict[str, Any], client_a: APIClient
+) -> None:
+    pool = client_a.post("/api/v1/pools", {"name": "main"}, format="json")
+    assert pool.status_code == 201, pool.content[:300]
+    rule = client_a.post("/api/v1/rules", {"name": "to-main", "priority": 1, "match": {"workflow": "w"},
+                                           "action": {"pool": "main"}}, format="json")
+    assert rule.status_code == 201, rule.content[:300]
+    traces = [client_a.post("/api/v1/routing/explain", {"workflow": workflow, "action": "noop"}, format="json")
+              for workflow in ("w", "other")]
+
+    trace = validator(schema, "DecisionTrace")
+    for response in traces:
+        assert response.status_code == 200, response.content[:300]
+        trace.validate(response.json())
+    matched, fallback = (response.json() for response in traces)
+    assert (matched["rule"]["name"], matched["pool"]["name"], fallback["rule"]) == ("to-main", "main", "default")
+    assert not trace.is_valid({**matched, "rule": "other"})
+    assert not trace.is_valid({**matched, "pool": {"name": "main"}})
+    dry_run, step = (component(schema, name)["properties"] for name in ("DecisionTrace", "StepRouting"))
+    assert dry_run["rule"]["oneOf"] == step["rule"]["oneOf"]  # one shape for both traces
+    assert dry_run["pool"]["properties"] == step["pool"]["properties"]

@@ -10,7 +10,7 @@ from rest_framework.reverse import reverse
 from ductor_project.core.errors import ERROR_CODE_COMPONENT, StepErrorCode
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
-from scheduling.serializers import PATH_SEGMENT, condition_tree
+from scheduling.serializers import PATH_SEGMENT, TRACE_CONNECTION, TRACE_POOL, TRACE_RULE, condition_tree
 from scheduling.templates import MAX_PATH_SEGMENTS
 from tenants.api import AnyJSONField, PatternField, StrictModelSerializer, StrictSerializer, TextField
 from tenants.models import Tier
@@ -97,8 +97,6 @@ def step_routing_components() -> dict[str, dict[str, Any]]:
     """``StepRouting``: the trace an attempt keeps, ``RoutingDecision.trace()``, with what its admission adds
     (``connection``, ``admitted``) and, for a task node, how it is published (``task``). Pure."""
     text = {"type": "string"}
-    named: dict[str, Any] = {"type": "object", "required": ["id", "name"], "additionalProperties": True,
-                             "properties": {"id": text, "name": text}}
     return {STEP_ROUTING: {
         "type": "object", "additionalProperties": True,
         "description": "How the attempt was routed, and the connection its admission chose.",
@@ -106,19 +104,15 @@ def step_routing_components() -> dict[str, dict[str, Any]]:
         "properties": {
             "allowed": {"type": "boolean", "description": "False: refused (`reason` says why)."},
             "reason": text,
-            "rule": {"description": "The rule that matched, or `default` when none did.", "oneOf": [
-                {"type": "object", "required": ["id", "name", "priority"], "additionalProperties": True,
-                 "properties": {"id": text, "name": text, "priority": {"type": "integer"}}},
-                {"type": "string", "enum": ["default"]},
-            ]},
+            "rule": TRACE_RULE,
             "tier": {"type": "string", "enum": list(Tier.values)},
             "partition_key": {"type": "string", "nullable": True},
             "fairness_key": {"type": "string", "nullable": True},
-            "pool": {**named, "properties": {**named["properties"], "strategy": text}, "nullable": True},
+            "pool": TRACE_POOL,
             "candidates": {"type": "array", "description": "The pool's connections.", "items": {
                 "type": "object", "required": ["connection_id", "name"], "additionalProperties": True,
                 "properties": {"connection_id": text, "name": text}}},
-            "connection": {**named, "nullable": True, "description": "Chosen at admission; null until then."},
+            "connection": {**TRACE_CONNECTION, "description": "Chosen at admission; null until then."},
             "admitted": {**text, "description": "Why admission chose it."},
             "task": {"type": "object", "description": "A task node's: how its attempt is published.",
                      "additionalProperties": True,
