@@ -141,19 +141,20 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
     versions: dict[str, Any] = {}  # the latest version of each workflow triggered, read once
     for event in events:
         data = event_input(event)
-        for trigger in triggers:
-            if trigger.event == event.name and templates.evaluate_when(trigger.filter, {"event": data}):
-                _check_run_input(data, fields[event.pk])
-                name = trigger.workflow.name
-                if name not in versions:
-                    versions[name] = version_to_start(name)
-                problems = run_input_problems(versions[name].pk, data) if versions[name] is not None else []
-                if problems:
-                    event.refused.append({"trigger": str(trigger.id), "workflow": name, "details": dict(problems)})
-                    continue
-                starts.append((event, {"workflow": name, "input": data,
-                                       "tags": [f"event:{event.name}"[:100]],
-                                       "idempotency_key": f"event:{event.id}:{trigger.id}"}))
+        matching = [trigger for trigger in triggers
+                    if trigger.event == event.name and templates.evaluate_when(trigger.filter, {"event": data})]
+        if matching:  # its runs' input, measured once whatever the number of triggers
+            _check_run_input(data, fields[event.pk])
+        for trigger in matching:
+            name = trigger.workflow.name
+            if name not in versions:
+                versions[name] = version_to_start(name)
+            problems = run_input_problems(versions[name].pk, data) if versions[name] is not None else []
+            if problems:
+                event.refused.append({"trigger": str(trigger.id), "workflow": name, "details": dict(problems)})
+                continue
+            starts.append((event, {"workflow": name, "input": data, "tags": [f"event:{event.name}"[:100]],
+                                   "idempotency_key": f"event:{event.id}:{trigger.id}"}))
     for first in range(0, len(starts), MAX_BULK_RUNS):
         chunk = starts[first:first + MAX_BULK_RUNS]
         for (event, _), (run, _) in zip(chunk, run_start_many(runs=[start for _, start in chunk]), strict=True):
