@@ -265,7 +265,7 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "ductor_project.core.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "ductor_project.pagination.CursorPagination",
     "PAGE_SIZE": 50,
@@ -282,6 +282,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Operation ids without the version: runs_list, connections_rotate_secret.
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
     # Every operation declares the error responses it can answer, in the one error shape; gets
     # one tag, tenant or platform (by its view's permission classes); and has Markdown descriptions.
     "POSTPROCESSING_HOOKS": [

@@ -91,8 +91,9 @@ class ConnectionViewSet(TenantViewSet):
     @extend_schema(
         request=SecretSerializer,
         responses={200: ConnectionSerializer},
-        operation_id="v1_connections_rotate_secret",
+        operation_id="connections_rotate_secret",
     )
+    @extend_schema(summary="Rotate a connection's secret")
     @action(detail=True, methods=["post"], url_path="rotate-secret")
     def rotate_secret(self, request: Request, pk: str) -> Response:
         connection = selectors.get_connection_for_tenant(pk)
@@ -228,6 +229,7 @@ class RoutingExplainView(TenantAPIView):
     @extend_schema(
         request=ExplainSerializer, responses={200: DecisionTraceSerializer}, operation_id="routing_explain"
     )
+    @extend_schema(summary="Explain how a step would be routed")
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         explanation = services.routing_explain(**parse(ExplainSerializer, request.data))
         return Response(explanation.trace())
@@ -237,7 +239,7 @@ class QueueView(TenantAPIView):
     """The tenant's fair-queue backlog, items in flight, due counts per tier and oldest waiting age,
     and its share of worker time over the last minute beside its weight-fair share."""
 
-    @extend_schema(responses=QueueStatsSerializer, operation_id="queue_current")
+    @extend_schema(summary="Get the tenant's queue", responses=QueueStatsSerializer, operation_id="queue_current")
     def get(self, request: Request) -> Response:
         row = {**dataclasses.asdict(fair_queue.stats()), "work": dataclasses.asdict(fair_queue.work_share())}
         return Response(QueueStatsSerializer(row).data)
@@ -247,7 +249,8 @@ class PlatformQueueView(PlatformAPIView):
     """Platform admin: the global view of every shard (tenants ready, parked, leases, worker slots,
     the live dispatchers that serve it: none, and its due items wait)."""
 
-    @extend_schema(responses=GlobalQueueStatsSerializer(many=True), operation_id="platform_queue")
+    @extend_schema(summary="Get every shard's queue",
+                   responses=GlobalQueueStatsSerializer(many=True), operation_id="platform_queue")
     def get(self, request: Request) -> Response:
         shards = []
         serving = dispatch_shards.serving()

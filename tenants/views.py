@@ -37,7 +37,7 @@ LIMIT_PARAMETER = OpenApiParameter("field", str, OpenApiParameter.PATH, enum=lis
 class CurrentTenantView(TenantAPIView):
     """The tenant the API key acts for."""
 
-    @extend_schema(responses=TenantSerializer, operation_id="tenant_current")
+    @extend_schema(summary="Get the key's tenant", responses=TenantSerializer, operation_id="tenant_current")
     def get(self, request: Request) -> Response:
         return Response(TenantSerializer(current_tenant()).data)
 
@@ -45,7 +45,8 @@ class CurrentTenantView(TenantAPIView):
 class EntitlementsView(TenantAPIView):
     """Effective limits (plan + overrides), current usage and reset times."""
 
-    @extend_schema(responses=EntitlementsSerializer, operation_id="entitlements_current")
+    @extend_schema(summary="Get the tenant's limits and usage",
+                   responses=EntitlementsSerializer, operation_id="entitlements_current")
     def get(self, request: Request) -> Response:
         return Response(EntitlementsSerializer(selectors.entitlements_report(current_tenant())).data)
 
@@ -80,7 +81,7 @@ class ApiKeyViewSet(TenantViewSet):
         key = services.api_key_revoke(key=selectors.get_api_key_for_tenant(pk))
         return Response(ApiKeySerializer(key).data)
 
-    @extend_schema(request=None, responses={200: ApiKeySerializer})
+    @extend_schema(summary="Revoke an API key", request=None, responses={200: ApiKeySerializer})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str) -> Response:
         key = services.api_key_revoke(key=no_body(request, found=selectors.get_api_key_for_tenant(pk)))
@@ -119,7 +120,7 @@ class PlatformTenantViewSet(PlatformViewSet):
             body["api_key"] = raw
         return Response(body, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: TenantSerializer})
+    @extend_schema(summary="Suspend a tenant", request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def suspend(self, request: Request, slug: str) -> Response:
         tenant = services.tenant_set_status(
@@ -127,7 +128,7 @@ class PlatformTenantViewSet(PlatformViewSet):
         )
         return Response(TenantSerializer(tenant).data)
 
-    @extend_schema(request=None, responses={200: TenantSerializer})
+    @extend_schema(summary="Activate a tenant", request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def activate(self, request: Request, slug: str) -> Response:
         tenant = services.tenant_set_status(
@@ -135,7 +136,8 @@ class PlatformTenantViewSet(PlatformViewSet):
         )
         return Response(TenantSerializer(tenant).data)
 
-    @extend_schema(request=TenantPlanSerializer, responses={200: TenantSerializer})
+    @extend_schema(summary="Move a tenant to another plan",
+                   request=TenantPlanSerializer, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def plan(self, request: Request, slug: str) -> Response:
         params = TenantPlanSerializer(data=request.data)
@@ -144,22 +146,24 @@ class PlatformTenantViewSet(PlatformViewSet):
         tenant = services.tenant_set_plan(tenant=tenant, plan_slug=params.validated_data["plan"])
         return Response(TenantSerializer(tenant).data)
 
-    @extend_schema(responses={200: EntitlementsSerializer})
+    @extend_schema(summary="Get a tenant's limits and usage", responses={200: EntitlementsSerializer})
     @action(detail=True, methods=["get"])
     def entitlements(self, request: Request, slug: str) -> Response:
         tenant = selectors.get_tenant(slug)
         with tenant_context(tenant):
             return Response(EntitlementsSerializer(selectors.entitlements_report(tenant)).data)
 
-    @extend_schema(responses={200: OverrideSerializer(many=True)})
+    @extend_schema(summary="List a tenant's overrides", responses={200: OverrideSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def overrides(self, request: Request, slug: str) -> Response:
         rows = selectors.override_list(selectors.get_tenant(slug))
         return Response(OverrideSerializer(rows, many=True).data)
 
-    @extend_schema(methods=["PUT"], parameters=[LIMIT_PARAMETER], request=OverrideSetSerializer,
+    @extend_schema(methods=["PUT"], summary="Override a limit of a tenant", parameters=[LIMIT_PARAMETER],
+                   request=OverrideSetSerializer,
                    responses={200: OverrideSerializer})
-    @extend_schema(methods=["DELETE"], parameters=[LIMIT_PARAMETER], request=None, responses={204: None})
+    @extend_schema(methods=["DELETE"], summary="Remove a tenant's override of a limit", parameters=[LIMIT_PARAMETER],
+                   request=None, responses={204: None})
     @action(detail=True, methods=["put", "delete"], url_path=r"overrides/(?P<field>[a-z_]+)")
     def override(self, request: Request, slug: str, field: str) -> Response:
         tenant = selectors.get_tenant(slug)

@@ -24,7 +24,7 @@ from rest_framework import exceptions
 from rest_framework.test import APIClient
 
 from ductor_project.core.errors import ErrorCode, StepErrorCode, error_body, exception_handler
-from ductor_project.core.openapi import collection_of, render_descriptions, rst_to_markdown, tag_for
+from ductor_project.core.openapi import collection_of, render_descriptions, rst_to_markdown, summary_for, tag_for
 from scheduling import rules
 from scheduling.action_errors import RetryableActionError
 from tenants.entitlements import LIMIT_FIELDS
@@ -425,6 +425,38 @@ def test_the_collection_of_a_path_skips_the_platform_segment() -> None:
     assert collection_of("/api/v1/platform/queue/") == "queue"
     assert collection_of("/api/v1/platform/") == "platform"
     assert collection_of("/admin/") == ""
+
+
+# --- summaries and operation ids ------------------------------------------------------------
+
+
+def test_every_operation_has_a_summary_of_its_own_and_an_id_without_the_version(schema: dict[str, Any]) -> None:
+    """A generated client names its methods by the ids and documents them by the summaries: each
+    says what its one operation does (a list, an action), and none repeats the version prefix."""
+    summaries: dict[str, tuple[str, str]] = {}
+    for path, method, operation in operations(schema):
+        summary = operation.get("summary")
+        assert summary, (method, path)
+        assert summary not in summaries, (method, path, summary, summaries.get(summary))
+        summaries[summary] = (method, path)
+        assert not operation["operationId"].startswith("v1_"), (method, path, operation["operationId"])
+    assert summaries["List routing rules"] == ("get", "/api/v1/rules/")
+    assert summaries["Delete an API key"] == ("delete", "/api/v1/api-keys/{id}/")
+    assert summaries["Start a run"] == ("post", "/api/v1/runs/")  # the view's own, over the standard one
+
+
+@pytest.mark.parametrize(("action", "path", "summary"), [
+    ("list", "/api/v1/pools/", "List pools"),
+    ("create", "/api/v1/api-keys/", "Create an API key"),
+    ("retrieve", "/api/v1/task-catalog/{name}/", "Get a catalog entry"),
+    ("update", "/api/v1/fairness-keys/{id}/", "Replace a fairness key"),
+    ("partial_update", "/api/v1/webhooks/{id}/", "Update a webhook endpoint"),
+    ("destroy", "/api/v1/triggers/{id}/", "Delete an event trigger"),
+    ("cancel", "/api/v1/runs/{id}/cancel/", None),  # an action of its own says its summary itself
+    ("list", "/admin/", None),
+])
+def test_a_standard_action_is_summarized_from_its_collection(action: str, path: str, summary: str | None) -> None:
+    assert summary_for(action, path) == summary
 
 
 # --- descriptions ----------------------------------------------------------------------------

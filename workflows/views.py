@@ -114,7 +114,8 @@ class WorkflowViewSet(TenantViewSet):
     def retrieve(self, request: Request, name: str) -> Response:
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
-    @extend_schema(request=WorkflowUpdateSerializer, responses={200: WorkflowSerializer})
+    @extend_schema(summary="Replace a workflow's spec (a new version)",
+                   request=WorkflowUpdateSerializer, responses={200: WorkflowSerializer})
     def update(self, request: Request, name: str) -> Response:
         definition = selectors.get_workflow_for_tenant(name)
         params = WorkflowUpdateSerializer(data=request.data)
@@ -122,7 +123,8 @@ class WorkflowViewSet(TenantViewSet):
         services.workflow_put(name=definition.name, **params.validated_data)
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
-    @extend_schema(request=WorkflowDescribeSerializer, responses={200: WorkflowSerializer})
+    @extend_schema(summary="Change a workflow's description",
+                   request=WorkflowDescribeSerializer, responses={200: WorkflowSerializer})
     def partial_update(self, request: Request, name: str) -> Response:
         """Change its description alone, archived or not; no new version (a ``PUT`` of a spec adds one)."""
         definition = selectors.get_workflow_for_tenant(name)  # another tenant's is not found, whatever the body
@@ -137,7 +139,7 @@ class WorkflowViewSet(TenantViewSet):
         services.workflow_delete(name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={200: WorkflowSerializer})
+    @extend_schema(summary="Archive a workflow", request=None, responses={200: WorkflowSerializer})
     @action(detail=True, methods=["post"])
     def archive(self, request: Request, name: str) -> Response:
         """Archive it: it starts no new run (``409`` to a start, a failed step to a parent's sub-workflow,
@@ -146,7 +148,7 @@ class WorkflowViewSet(TenantViewSet):
         no_body(request, found=selectors.get_workflow_for_tenant(name))
         return Response(WorkflowSerializer(services.workflow_archive(name=name)).data)
 
-    @extend_schema(request=None, responses={200: WorkflowSerializer})
+    @extend_schema(summary="Unarchive a workflow", request=None, responses={200: WorkflowSerializer})
     @action(detail=True, methods=["post"])
     def unarchive(self, request: Request, name: str) -> Response:
         """Make an archived workflow active again (``403 plan_limit_reached`` when the plan's
@@ -154,7 +156,7 @@ class WorkflowViewSet(TenantViewSet):
         no_body(request, found=selectors.get_workflow_for_tenant(name))
         return Response(WorkflowSerializer(services.workflow_unarchive(name=name)).data)
 
-    @extend_schema(responses={200: WorkflowVersionSerializer(many=True)})
+    @extend_schema(summary="List a workflow's versions", responses={200: WorkflowVersionSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def versions(self, request: Request, name: str) -> Response:
         rows = selectors.version_list(selectors.get_workflow_for_tenant(name))
@@ -175,14 +177,16 @@ class RunViewSet(TenantViewSet):
         page = self.paginate_queryset(selectors.run_list(filters.validated_data))
         return self.get_paginated_response(RunSerializer(page, many=True).data)
 
-    @extend_schema(request=RunStartSerializer, responses={201: RunSerializer, 200: RunSerializer})
+    @extend_schema(summary="Start a run",
+                   request=RunStartSerializer, responses={201: RunSerializer, 200: RunSerializer})
     def create(self, request: Request) -> Response:
         params = RunStartSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         run, created = services.run_start(**params.validated_data)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(request=RunBulkStartSerializer, responses={201: RunBulkResultSerializer,
+    @extend_schema(summary="Start runs in bulk",
+                   request=RunBulkStartSerializer, responses={201: RunBulkResultSerializer,
                                                               200: RunBulkResultSerializer})
     @action(detail=False, methods=["post"])
     def bulk(self, request: Request) -> Response:
@@ -203,22 +207,23 @@ class RunViewSet(TenantViewSet):
         preview = selectors.steps_preview(run, settings.DUCTOR_RUN_DETAIL_MAX_STEPS, settings.DUCTOR_STEPS_MAX_BYTES)
         return Response(RunDetailSerializer(run, context={"preview": preview, "request": request}).data)
 
-    @extend_schema(responses=StepRunSerializer(many=True))
+    @extend_schema(summary="List a run's step attempts", responses=StepRunSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=StepPagination)
     def steps(self, request: Request, pk: str) -> Response:
         """Every step attempt of the run, oldest first, a bounded page at a time."""
         page = self.paginate_queryset(selectors.run_steps(selectors.get_run_for_tenant(pk)))
         return self.get_paginated_response(StepRunSerializer(page, many=True).data)
 
-    @extend_schema(request=None, responses=RunSerializer)
+    @extend_schema(summary="Cancel a run", request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         run = no_body(request, found=selectors.get_run_for_tenant(pk))
         run = services.run_cancel(run=run)
         return Response(RunSerializer(run).data)
 
-    @extend_schema(request=RunCancelManySerializer, responses=RunCancelManyResultSerializer,
-                   operation_id="v1_runs_cancel_many")
+    @extend_schema(summary="Cancel the runs that match",
+                   request=RunCancelManySerializer, responses=RunCancelManyResultSerializer,
+                   operation_id="runs_cancel_many")
     @action(detail=False, methods=["post"], url_path="cancel", url_name="cancel-many")
     def cancel_many(self, request: Request) -> Response:
         """Ask the active runs that match (by ``ids`` and the run list's filters; at least one) to stop,
@@ -228,7 +233,8 @@ class RunViewSet(TenantViewSet):
         runs, more = services.run_cancel_many(filters=params, limit=params.pop("limit"))
         return Response({"cancelled": len(runs), "runs": [str(run.id) for run in runs], "more": more})
 
-    @extend_schema(request=RunRerunSerializer, responses={201: RunSerializer, 200: RunSerializer})
+    @extend_schema(summary="Rerun a run",
+                   request=RunRerunSerializer, responses={201: RunSerializer, 200: RunSerializer})
     @action(detail=True, methods=["post"])
     def rerun(self, request: Request, pk: str) -> Response:
         """Start a new run of this run's version, with its input (or ``input``), tier and tags. The new
@@ -239,7 +245,7 @@ class RunViewSet(TenantViewSet):
         run, created = services.run_rerun(run=original, **params.validated_data)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(request=None, responses=RunSerializer)
+    @extend_schema(summary="Retry a failed run", request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str) -> Response:
         """Resume a failed run: a new attempt of each node that failed (or that the failure cancelled),
@@ -249,7 +255,8 @@ class RunViewSet(TenantViewSet):
         run = services.run_retry(run=run)
         return Response(RunSerializer(run).data)
 
-    @extend_schema(request=SignalSendSerializer, responses={201: SignalSerializer, 200: SignalSerializer})
+    @extend_schema(summary="Send a signal to a run",
+                   request=SignalSendSerializer, responses={201: SignalSerializer, 200: SignalSerializer})
     @action(detail=True, methods=["post"])
     def signal(self, request: Request, pk: str) -> Response:
         """Send a named payload to the run: it resumes the run's ``wait_for_event`` node waiting for that
@@ -261,13 +268,13 @@ class RunViewSet(TenantViewSet):
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(SignalSerializer(signal).data, status=code)
 
-    @extend_schema(responses=RunEventSerializer(many=True))
+    @extend_schema(summary="List a run's history", responses=RunEventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def events(self, request: Request, pk: str) -> Response:
         run = selectors.get_run_for_tenant(pk)
         return Response(RunEventSerializer(selectors.run_events(run), many=True).data)
 
-    @extend_schema(responses=RunWhySerializer)
+    @extend_schema(summary="Explain why a run waits", responses=RunWhySerializer)
     @action(detail=True, methods=["get"], pagination_class=None)
     def why(self, request: Request, pk: str) -> Response:
         """Why is it waiting? For each waiting step of the run (and its tick, node ``""``), what holds it
@@ -278,7 +285,8 @@ class RunViewSet(TenantViewSet):
         run = selectors.get_run_for_tenant(pk)
         return Response(RunWhySerializer({"run_id": run.id, "status": run.status, "waiting": why_waiting(run)}).data)
 
-    @extend_schema(responses=inline_serializer("Lineage", {"root_run_id": serializers.UUIDField(),
+    @extend_schema(summary="Get a run's lineage",
+                   responses=inline_serializer("Lineage", {"root_run_id": serializers.UUIDField(),
                                                            "runs": serializers.IntegerField(),
                                                            "tree": serializers.ListField(child=LineageNodeField())}))
     @action(detail=True, methods=["get"])
@@ -324,7 +332,7 @@ class ScheduleViewSet(TenantViewSet):
         schedule_services.schedule_delete(schedule=schedule_selectors.get_schedule_for_tenant(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses=ScheduleDetailSerializer)
+    @extend_schema(summary="Pause a schedule", request=None, responses=ScheduleDetailSerializer)
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str) -> Response:
         """Pause: nothing fires until it resumes (a buffered fire is dropped). Idempotent."""
@@ -332,7 +340,7 @@ class ScheduleViewSet(TenantViewSet):
         schedule = schedule_services.schedule_pause(schedule=schedule)
         return Response(ScheduleDetailSerializer(schedule).data)
 
-    @extend_schema(request=None, responses=ScheduleDetailSerializer)
+    @extend_schema(summary="Resume a schedule", request=None, responses=ScheduleDetailSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """Resume: it fires again from the first fire time after now (the pause is not caught up). Idempotent."""
@@ -357,14 +365,16 @@ class EventViewSet(TenantViewSet):
         page = self.paginate_queryset(events)
         return self.get_paginated_response(EventSerializer(page, many=True).data)
 
-    @extend_schema(request=EventSendSerializer, responses={201: EventSerializer, 200: EventSerializer})
+    @extend_schema(summary="Record an event",
+                   request=EventSendSerializer, responses={201: EventSerializer, 200: EventSerializer})
     def create(self, request: Request) -> Response:
         """Record an event and start the runs it triggers: ``201`` with it and its ``runs``; ``200`` with
         the event an ``idempotency_key`` already recorded, starting nothing."""
         [(event, created)] = event_services.events_send([parse(EventSendSerializer, request.data)])
         return Response(EventSerializer(event).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(request=EventBulkSendSerializer, responses={201: EventBulkResultSerializer,
+    @extend_schema(summary="Record events in bulk",
+                   request=EventBulkSendSerializer, responses={201: EventBulkResultSerializer,
                                                                200: EventBulkResultSerializer})
     @action(detail=False, methods=["post"])
     def bulk(self, request: Request) -> Response:

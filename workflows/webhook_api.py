@@ -161,7 +161,8 @@ class WebhookViewSet(TenantViewSet):
         webhooks.webhook_delete(webhooks.webhook_of(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=WebhookRotateSerializer, responses=WebhookRevealedSerializer)
+    @extend_schema(summary="Rotate a webhook endpoint's secret",
+                   request=WebhookRotateSerializer, responses=WebhookRevealedSerializer)
     @action(detail=True, methods=["post"])
     def rotate(self, request: Request, pk: str) -> Response:
         """A new secret, answered in full this once; the previous one also signs for ``grace_s``."""
@@ -169,7 +170,7 @@ class WebhookViewSet(TenantViewSet):
         revealed = webhooks.webhook_rotate(endpoint, **parse(WebhookRotateSerializer, request.data))
         return Response(WebhookRevealedSerializer(revealed).data)
 
-    @extend_schema(responses=WebhookDeliverySerializer(many=True))
+    @extend_schema(summary="List a webhook endpoint's deliveries", responses=WebhookDeliverySerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=CursorPagination)  # newest first
     def deliveries(self, request: Request, pk: str) -> Response:
         """The endpoint's delivery log, newest first: each delivery's status and attempts."""
@@ -177,14 +178,16 @@ class WebhookViewSet(TenantViewSet):
         page = self.paginate_queryset(WebhookDelivery.objects.filter(endpoint=endpoint))
         return self.get_paginated_response(WebhookDeliverySerializer(page, many=True).data)
 
-    @extend_schema(parameters=[DELIVERY_ID], responses=WebhookDeliveryDetailSerializer)
+    @extend_schema(summary="Get a webhook delivery",
+                   parameters=[DELIVERY_ID], responses=WebhookDeliveryDetailSerializer)
     @action(detail=True, methods=["get"], url_path=DELIVERY_PATH, pagination_class=None)
     def delivery(self, request: Request, pk: str, delivery_id: str) -> Response:
         """One delivery, with the body it sends."""
         found = webhooks.delivery_of(webhooks.webhook_of(pk), delivery_id)
         return Response(WebhookDeliveryDetailSerializer(found).data)
 
-    @extend_schema(parameters=[DELIVERY_ID], request=None, responses=WebhookDeliveryDetailSerializer)
+    @extend_schema(summary="Send a webhook delivery again",
+                   parameters=[DELIVERY_ID], request=None, responses=WebhookDeliveryDetailSerializer)
     @action(detail=True, methods=["post"], url_path=f"{DELIVERY_PATH}/redeliver", pagination_class=None)
     def redeliver(self, request: Request, pk: str, delivery_id: str) -> Response:
         """Send the delivery again, at once, with a new series of attempts (``409`` while the endpoint

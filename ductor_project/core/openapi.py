@@ -9,6 +9,9 @@ operation, in one place, so no view module has to repeat it:
   its collection (``TENANT_TAGS`` groups some collections under one tag). The collection is
   the first segment of the path after ``/api/v1/`` (and after ``platform/``), so an
   endpoint added later is tagged without touching this module.
+- ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``) gives every create, read, update, delete and list
+  operation of a collection its summary (``List connections``, ``Delete a pool``: ``summary_for``);
+  any other operation says its own, with ``extend_schema(summary=...)`` on its view.
 - ``render_descriptions`` (a postprocessing hook) turns the reStructuredText of docstrings
   into Markdown (``rst_to_markdown``), which Swagger UI and Redoc render.
 - ``ComponentJSONField``: a ``JSONField`` whose schema is a named component (a workflow
@@ -32,6 +35,7 @@ from typing import Any, ClassVar
 from django.utils.module_loading import import_string
 from drf_spectacular.drainage import warn
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.plumbing import ResolvedComponent, get_lib_doc_excludes
 from rest_framework import serializers
 
@@ -147,6 +151,50 @@ def tag_operations(result: dict[str, Any], generator: Any, **kwargs: Any) -> dic
         if any(used[tag] is platform for tag in tags)
     ]
     return result
+
+
+# --- summaries -------------------------------------------------------------------------------
+
+# A collection's thing, where it is not the collection's name less its "s": (one, several).
+NOUNS = {
+    "api-keys": ("API key", "API keys"),
+    "rules": ("routing rule", "routing rules"),
+    "task-catalog": ("catalog entry", "catalog entries"),
+    "triggers": ("event trigger", "event triggers"),
+    "webhooks": ("webhook endpoint", "webhook endpoints"),
+}
+# A view's standard action → its summary, of the thing ("{one}", with its article) or things.
+ACTION_SUMMARIES = {
+    "list": "List {several}",
+    "create": "Create {one}",
+    "retrieve": "Get {one}",
+    "update": "Replace {one}",
+    "partial_update": "Update {one}",
+    "destroy": "Delete {one}",
+}
+
+
+def summary_for(action: str, path: str) -> str | None:
+    """The summary of a collection's standard ``action`` (``ACTION_SUMMARIES``) on ``path``, None
+    for any other action. Pure: ``summary_for("destroy", "/api/v1/pools/{id}/")`` is ``Delete a
+    pool``."""
+    template = ACTION_SUMMARIES.get(action)
+    collection = collection_of(path)
+    if template is None or not collection:
+        return None
+    name = collection.replace("-", " ")
+    one, several = NOUNS.get(collection, (name.removesuffix("s"), name))
+    article = "an" if one[0].lower() in "aeiou" else "a"
+    return template.format(one=f"{article} {one}", several=several)
+
+
+class AutoSchema(SpectacularAutoSchema):
+    """drf-spectacular's schema of a view, with a summary for each operation: the view's own
+    (``extend_schema(summary=...)``), else its standard action's (``summary_for``)."""
+
+    def get_summary(self) -> str | None:
+        action = getattr(self.view, "action", None)
+        return summary_for(action, self.path) if isinstance(action, str) else None
 
 
 # --- descriptions ----------------------------------------------------------------------------
