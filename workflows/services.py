@@ -93,6 +93,9 @@ def workflow_put(*, name: str, spec: Any, description: str = "") -> tuple[Workfl
     Versions are immutable; runs keep the version they started on.
     """
     clean = _validated(spec)
+    # Puts of one name take turns from here: the row lock below locks nothing while the name is new,
+    # and two creations of it would both insert it (one answered with the unique name's error).
+    waits.lock_in_order({waits.name_lock_id("workflow", name)})
     definition = WorkflowDefinition.objects.select_for_update().filter(name=name).first()
     created = definition is None
     if definition is None:
@@ -165,6 +168,7 @@ def workflow_delete(*, name: str) -> None:
     plan's history retention removes them). Its name is free again: a schedule kept would start
     runs of whatever workflow takes the name next."""
     definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
+    lock_versions(definition)
     count = WorkflowRun.objects.filter(workflow__definition=definition).count()
     if count:
         message = (f"Workflow '{name}' has {count} run(s) in its history and cannot be deleted: archive it "
@@ -173,6 +177,13 @@ def workflow_delete(*, name: str) -> None:
     schedules, _ = Schedule.objects.filter(workflow=name).delete()
     definition.delete()
     log.info("workflow_deleted", workflow=name, schedules=schedules)
+
+
+def lock_versions(definition: WorkflowDefinition) -> None:
+    """Lock the versions of ``definition``, as its deletion does before it counts its runs: a start
+    in flight, whose run's reference to its version is checked at its commit, has committed then,
+    and its run is counted; or it waits for the deletion and finds the workflow gone (404)."""
+    list(WorkflowVersion.objects.select_for_update().filter(definition=definition).values_list("pk", flat=True))
 
 
 def run_start(
@@ -272,11 +283,13 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
                 charge = quota_consume_at_commit(runs=1)
             else:
                 quota_consume(runs=1)
-            # Written as started (what its first tick would make it first): one UPDATE of every index less.
+            # Written as started (what its first tick would make it first): one UPDATE of every index less;
+            # created when it started, before its events and its first steps, though its row is written after them.
+            now = timezone.now()
             run = WorkflowRun(workflow=found, workflow_name=workflow, input={} if input is None else input,
                               idempotency_key=idempotency_key or None, tier=tier, tags=tags or [],
                               rerun_of=rerun_of, fairness_key=fairness_key or "",
-                              status=WorkflowRun.Status.RUNNING, started_at=timezone.now())
+                              status=WorkflowRun.Status.RUNNING, started_at=now, created_at=now)
             run.root_run_id = run.id
             span.set_attribute("run_id", str(run.id))
             add_run(run)  # written with the tick's writes; this transaction's until it commits: the tick's lock
@@ -289,6 +302,8 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
     except IntegrityError as exc:
         if charge is not None and (refused := charge.refusal(exc)) is not None:
             raise refused from None
+        if not WorkflowVersion.objects.filter(pk=found.pk).exists():  # deleted while this run started
+            raise NotFound(f"Workflow '{workflow}' not found: it was deleted.") from None
         # Another request with the same idempotency key won the race.
         existing = _run_of_key(idempotency_key) if idempotency_key else None
         if existing is None:

@@ -15,6 +15,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import Conflict
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import error_code
@@ -266,3 +267,110 @@ def test_staff_archive_and_unarchive_their_tenant_s_workflows_in_the_admin_withi
         second = WorkflowDefinition.objects.get(name="second").pk
     assert act(viewer, "archive", second).status_code == 403
     assert archived_at(a, "second") is None
+
+
+# --- races --------------------------------------------------------------------------------------
+
+
+def _another_waits_on_a_lock(timeout_s: float = 15.0) -> bool:
+    """Whether another backend of this database waits on a lock, polled for up to ``timeout_s``."""
+    import time
+
+    from django.db import connections
+
+    with connections["default"].cursor() as cursor:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+            if cursor.fetchone()[0]:
+                return True
+            time.sleep(0.02)
+    return False
+
+
+def test_two_creations_of_one_new_name_at_once_make_the_workflow_and_a_second_version(
+    transactional_db, tenant_a, monkeypatch
+):
+    """The first creation holds its new definition until the second waits for it: the second then
+    adds version 2. Before, the second found no row to lock, inserted the name too, and its unique
+    constraint answered a 500."""
+    import threading
+
+    from tests.conftest import in_threads
+
+    manager = type(WorkflowVersion.objects)
+    made = manager.create
+    first = threading.Lock()
+
+    def create_version(self: Any, **fields: Any) -> Any:
+        if self.model is WorkflowVersion and first.acquire(blocking=False):
+            _another_waits_on_a_lock()  # the other creation is under way, waiting for this one
+        return made(self, **fields)
+
+    monkeypatch.setattr(manager, "create", create_version)
+
+    def put(_: int) -> Any:
+        with tenant_context(tenant_a[0]):
+            version, created = services.workflow_put(name="raced", spec=FLOW)
+            return version.number, created
+
+    assert sorted(in_threads(2, put)) == [(1, True), (2, False)]
+    with tenant_context(tenant_a[0]):
+        assert WorkflowDefinition.objects.filter(name="raced").count() == 1
+
+
+def test_a_workflow_deleted_while_a_run_of_it_starts_is_gone_and_the_start_is_a_404(
+    transactional_db, tenant_a, monkeypatch
+):
+    """The deletion locks the versions, then waits until the start's commit waits for them: the
+    start's reference to its version is checked at its commit, which then finds it deleted. Before,
+    the start committed a run of a version the deletion had counted no run of, and the deletion's
+    own commit failed (a 500)."""
+    import threading
+
+    from ductor_project.core.errors import NotFound
+
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="doomed", spec=FLOW)
+    locked, lock = threading.Event(), services.lock_versions
+    results: dict[str, Any] = {}
+
+    def lock_then_wait(definition: WorkflowDefinition) -> None:
+        lock(definition)
+        locked.set()
+        _another_waits_on_a_lock()  # the start is at its commit, waiting for the versions
+
+    monkeypatch.setattr(services, "lock_versions", lock_then_wait)
+
+    def delete() -> None:
+        try:
+            with tenant_context(tenant_a[0]):
+                services.workflow_delete(name="doomed")
+            results["delete"] = "deleted"
+        except Exception as exc:
+            results["delete"] = exc
+        finally:
+            from django.db import connections
+            connections.close_all()
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    assert locked.wait(15)
+    with pytest.raises(NotFound, match="deleted"), tenant_context(tenant_a[0]):
+        services.run_start(workflow="doomed")
+    deleting.join(30)
+    assert results["delete"] == "deleted"
+    assert run_count(tenant_a[0]) == 0
+    with tenant_context(tenant_a[0]):
+        assert not WorkflowDefinition.objects.filter(name="doomed").exists()
+
+
+def test_a_workflow_whose_run_started_before_its_deletion_counted_them_is_kept_with_a_409(tenant_a):
+    """A start that committed first is counted by the deletion, which locks the versions first."""
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="kept", spec=FLOW)
+        services.run_start(workflow="kept")
+        with pytest.raises(Conflict, match="archive it instead"):
+            services.workflow_delete(name="kept")
+    assert run_count(tenant_a[0]) == 1

@@ -129,6 +129,12 @@ def idempotency_lock_id(key: str) -> int:
     return _lock_id("", f"idempotency_key\x00{key}")
 
 
+def name_lock_id(kind: str, name: str) -> int:
+    """The advisory lock of the tenant's ``kind`` of object named ``name`` (a workflow), which its
+    creations take in turn (no wait's lock is this one either)."""
+    return _lock_id("", f"{kind}\x00{name}")
+
+
 def _lock_shared(pairs: set[tuple[str, str]]) -> None:
     lock_in_order({_lock_id(name, key) for name, key in pairs}, shared=True)
 
