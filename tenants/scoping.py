@@ -226,11 +226,21 @@ def rows_insert(objs: Sequence[TenantScopedModel], *, using: str = "default") ->
             raise ValueError("insert_rows() takes new rows of one model, their primary keys set")
         obj.bind_tenant(tenant)
         obj.check_tenant_links()
-        params += [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+        params += [field.get_db_prep_save(_inserted_value(field, obj), connection) for field in fields]
     row = f"({', '.join(['%s'] * len(fields))})"
     columns = ", ".join(quote(str(field.column)) for field in fields)
     return (f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608 - placeholders only
             f"VALUES {', '.join([row] * len(objs))}", params)
+
+
+def _inserted_value(field: models.Field[Any, Any], obj: models.Model) -> Any:
+    """What ``field`` of the new row ``obj`` holds: its ``pre_save``, except that a creation time
+    (``auto_now_add``) given to the object is kept, as when it was made before its row is written."""
+    if getattr(field, "auto_now_add", False) and not getattr(field, "auto_now", False):
+        given = getattr(obj, field.attname)
+        if given is not None:
+            return given
+    return field.pre_save(obj, True)
 
 
 def rows_inserted(objs: Sequence[TenantScopedModel], *, using: str = "default") -> None:

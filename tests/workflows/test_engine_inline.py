@@ -573,3 +573,19 @@ def test_bulk_started_runs_steps_go_out_before_the_later_runs_first_ticks(tenant
     assert kinds == [(kind, n) for n in range(4) for kind in (items.TICK, items.STEP)]
     with tenant_context(tenant):
         assert set(WorkflowRun.objects.filter(pk__in=runs).values_list("status", flat=True)) == {"succeeded"}
+
+
+def test_a_run_is_created_when_it_starts_before_its_events_and_first_steps_though_its_row_is_written_after(
+    tenant,
+):
+    """Its row goes with its first tick's writes at the commit: its creation time is still the time
+    it started, not the commit's, so the newest-first run list shows a parent after its children."""
+    put(tenant, "nest", {"nodes": [echo("a", {}), echo("b", {})]})
+    run = start(tenant, "nest")
+    with tenant_context(tenant):
+        stored = WorkflowRun.objects.get(pk=run.pk)
+        events = list(RunEvent.objects.filter(run_id=run.pk).values_list("created_at", flat=True))
+        firsts = list(StepRun.objects.filter(run_id=run.pk).values_list("created_at", flat=True))
+    assert stored.created_at == stored.started_at
+    assert events and firsts
+    assert stored.created_at <= min(events) and stored.created_at <= min(firsts)
