@@ -377,6 +377,53 @@ def test_a_lineage_is_a_tree_of_typed_runs(schema: dict[str, Any], client_a: API
     assert not validator(schema, "LineageNode").is_valid({**child, "status": "sleeping"})
 
 
+def test_a_lineage_deeper_or_larger_than_it_answers_is_its_first_runs_marked_truncated(
+    schema: dict[str, Any], client_a: APIClient, tenant_a: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ContinueAsNew loop's chain nests each successor a level deeper: at about a thousand, the
+    answer failed to encode (a 500). It keeps its first levels and runs, and says it left some out."""
+    from tenants.scoping import insert_rows
+    from workflows import selectors
+    from workflows.models import WorkflowRun
+
+    put_flow(client_a, "loop")
+    first = start(client_a, "loop")
+    with tenant_context(tenant_a[0]):
+        root = WorkflowRun.objects.get(pk=first["id"])
+        chain, before = [], root
+        for n in range(1, 1100):  # each continued from the one before, as a loop's successors are
+            before = WorkflowRun(workflow_id=root.workflow_id, workflow_name="loop", root_run_id=root.pk,
+                                 continued_from=before, status="continued", input={},
+                                 created_at=root.created_at + timedelta(milliseconds=n))
+            chain.append(before)
+        insert_rows(chain)
+
+    lineage = client_a.get(f"/api/v1/runs/{chain[-1].pk}/lineage")
+
+    assert lineage.status_code == 200, lineage.content[:300]
+    body = lineage.json()
+    validator(schema, "Lineage").validate(body)
+    assert (body["runs"], body["truncated"]) == (1100, True)
+    levels, node = 0, body["tree"][0]
+    while node is not None:
+        levels, node = levels + 1, node["successor"]
+    assert levels == selectors.MAX_LINEAGE_DEPTH
+
+    monkeypatch.setattr(selectors, "MAX_LINEAGE_RUNS", 20)  # now the count bounds it
+    body = client_a.get(f"/api/v1/runs/{root.pk}/lineage").json()
+    levels, node = 0, body["tree"][0]
+    while node is not None:
+        levels, node = levels + 1, node["successor"]
+    assert (levels, body["runs"], body["truncated"]) == (selectors.MAX_LINEAGE_RUNS, 1100, True)
+
+
+def test_a_lineage_within_its_bounds_is_whole(client_a: APIClient) -> None:
+    put_flow(client_a, "single")
+    run = start(client_a, "single")
+    body = client_a.get(f"/api/v1/runs/{run['id']}/lineage").json()
+    assert (body["runs"], body["truncated"], [node["id"] for node in body["tree"]]) == (1, False, [run["id"]])
+
+
 def test_a_deliverys_log_entries_are_attempts_or_notes_as_they_are_kept(schema: dict[str, Any]) -> None:
     now = timezone.now()
     attempt = Attempt(at=now, status_code=None, error="timed out after 10 s", duration_ms=10002.3).as_json()

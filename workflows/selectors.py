@@ -118,22 +118,39 @@ def run_events(run: WorkflowRun) -> QuerySet[RunEvent]:
     return RunEvent.objects.filter(run=run).order_by("seq")
 
 
+# A lineage answers its tree's first runs, this many at most, and this many levels deep (a child
+# or a successor one level below its parent or predecessor): a ContinueAsNew loop makes a chain
+# of thousands, each a level deeper, past what a JSON encoder or a client's parser nests.
+MAX_LINEAGE_RUNS = 1000
+MAX_LINEAGE_DEPTH = 64
+
+
 def lineage(run: WorkflowRun) -> dict[str, Any]:
-    """The whole tree of the run's root: children and ContinueAsNew successors, one tenant only."""
+    """The tree of the run's root: children and ContinueAsNew successors, one tenant only; its
+    first ``MAX_LINEAGE_RUNS`` runs, ``MAX_LINEAGE_DEPTH`` levels deep at most (``truncated`` says
+    some are left out, ``runs`` counts them all; the run list's ``root_run_id`` filter has them)."""
+    tree = WorkflowRun.objects.filter(root_run_id=run.root_run_id)
     rows = list(
-        WorkflowRun.objects.filter(root_run_id=run.root_run_id)
-        .order_by("created_at")
+        tree.order_by("created_at", "id")
         .values("id", "workflow_name", "status", "parent_run_id", "continued_from_id", "nesting_depth",
-                "created_at")
+                "created_at")[:MAX_LINEAGE_RUNS + 1]
     )
-    nodes = {row["id"]: {**row, "children": [], "successor": None} for row in rows}
+    total = len(rows) if len(rows) <= MAX_LINEAGE_RUNS else tree.count()
+    nodes: dict[Any, dict[str, Any]] = {}
+    level: dict[Any, int] = {}
     roots = []
-    for row in rows:
-        node = nodes[row["id"]]
-        if row["continued_from_id"] in nodes:
-            nodes[row["continued_from_id"]]["successor"] = node
-        elif row["parent_run_id"] in nodes:
-            nodes[row["parent_run_id"]]["children"].append(node)
-        else:
+    for row in rows[:MAX_LINEAGE_RUNS]:
+        # Under the run it continued, else its parent, when that is in the tree; else a root.
+        above = row["continued_from_id"] if row["continued_from_id"] in level else row["parent_run_id"]
+        depth = level[above] + 1 if above in level else 0
+        level[row["id"]] = depth
+        if depth >= MAX_LINEAGE_DEPTH or (above in level and above not in nodes):
+            continue  # left out, and so is everything below it
+        node = nodes[row["id"]] = {**row, "children": [], "successor": None}
+        if above not in nodes:
             roots.append(node)
-    return {"root_run_id": str(run.root_run_id), "runs": len(rows), "tree": roots}
+        elif above == row["continued_from_id"]:
+            nodes[above]["successor"] = node
+        else:
+            nodes[above]["children"].append(node)
+    return {"root_run_id": str(run.root_run_id), "runs": total, "truncated": len(nodes) < total, "tree": roots}

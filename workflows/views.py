@@ -288,9 +288,14 @@ class RunViewSet(TenantViewSet):
     @extend_schema(summary="Get a run's lineage",
                    responses=inline_serializer("Lineage", {"root_run_id": serializers.UUIDField(),
                                                            "runs": serializers.IntegerField(),
+                                                           "truncated": serializers.BooleanField(),
                                                            "tree": serializers.ListField(child=LineageNodeField())}))
     @action(detail=True, methods=["get"])
     def lineage(self, request: Request, pk: str) -> Response:
+        """The tree of the run's root, from any run of it: sub-workflow runs under ``children``, the
+        run a run continued as under ``successor``. Its first 1,000 runs, 64 levels deep at most:
+        ``truncated`` says some are left out, ``runs`` counts them all (the run list's ``root_run_id``
+        filter lists every one)."""
         return Response(selectors.lineage(selectors.get_run_for_tenant(pk)))
 
 

@@ -637,10 +637,13 @@ class LineageNode(TypedDict):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Lineage(Model):
-    """The tree of a run's root: ``tree`` nodes hold ``children`` and a ``successor``."""
+    """The tree of a run's root: ``tree`` nodes hold ``children`` and a ``successor``. ``runs``
+    counts its runs; ``truncated``: the tree holds only the first of them, so many levels deep
+    (``runs.list(root_run_id=...)`` lists them all)."""
 
     root_run_id: str = ""
     runs: int = 0
+    truncated: bool = False
     tree: tuple[LineageNode, ...] = tupled()
 
 
