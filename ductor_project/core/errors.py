@@ -84,6 +84,7 @@ class StepErrorCode(enum.StrEnum):
     WORKFLOW_ARCHIVED = "workflow_archived"  # a sub-workflow whose definition is archived
     QUOTA_EXCEEDED = "quota_exceeded"  # a child or successor run past the monthly run quota
     PAYLOAD_TOO_LARGE = "payload_too_large"  # a rendered input, an output or a run output past the plan
+    INVALID_PAYLOAD = "invalid_payload"  # one that holds what no payload keeps: a NUL, a lone surrogate, bytes
     CHILD_FAILED = "child_failed"
     CHILD_CANCELLED = "child_cancelled"
     WAIT_TIMED_OUT = "wait_timed_out"  # a wait_for_event's timeout_s ran out, and it has no default

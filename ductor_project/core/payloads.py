@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 
@@ -47,25 +47,59 @@ def unstorable_detail(char: str) -> str:
     return f"A lone surrogate (U+{ord(char):04X}) is not a character and cannot be stored."
 
 
-def unstorable_path(value: Any) -> tuple[str, str] | None:
-    """The path (``input.name``, ``nodes[2]``) of the first string or key of ``value`` that holds a
-    character that cannot be stored, with that character; None when there is none. Iterative."""
+def _leaves(value: Any) -> Iterator[tuple[str, Any]]:
+    """Each key (as text) and each value that is not an object or an array, anywhere in ``value``,
+    with its path (``input.name``, ``nodes[2]``; ``""`` for ``value`` itself). Iterative."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, str):
-            if (char := unstorable_char(item)) is not None:
-                return path or "(the body)", char
-        elif isinstance(item, Mapping):
+        if isinstance(item, Mapping):
             for key, child in item.items():
                 shown = str(key).encode("utf-8", "backslashreplace").decode()  # a surrogate as its escape
                 where = f"{path}.{shown}" if path else shown
-                if (char := unstorable_char(str(key))) is not None:
-                    return where, char
+                yield where, str(key)
                 stack.append((child, where))
         elif isinstance(item, list | tuple):
             stack.extend((child, f"{path}[{index}]") for index, child in enumerate(item))
+        else:
+            yield path, item
+
+
+def unstorable_path(value: Any) -> tuple[str, str] | None:
+    """The path (``input.name``, ``nodes[2]``; ``(the body)`` for ``value`` itself) of the first
+    string or key of ``value`` that holds a character that cannot be stored, with that character;
+    None when there is none. Iterative."""
+    for path, leaf in _leaves(value):
+        if isinstance(leaf, str) and (char := unstorable_char(leaf)) is not None:
+            return path or "(the body)", char
     return None
+
+
+def unkeepable(value: Any) -> tuple[str, str] | None:
+    """Where ``value`` (a result, an output) holds what no payload keeps, and why, or None: a string
+    or a key with a character that cannot be stored, or bytes, which JSON has no type for (Celery's
+    JSON carries them; kept as text, they would be Python's ``b'...'``). The path is ``""`` for
+    ``value`` itself."""
+    for path, leaf in _leaves(value):
+        if isinstance(leaf, str):
+            if (char := unstorable_char(leaf)) is not None:
+                return path, unstorable_detail(char)
+        elif isinstance(leaf, bytes | bytearray | memoryview):
+            return path, "Bytes are not JSON: give text (decoded, or in base64)."
+    return None
+
+
+def storable(value: Any) -> Any:
+    """``value`` (an error: its message, its details, a few levels deep) with each character that
+    cannot be stored, in its strings and keys, replaced by U+FFFD: text that describes, kept
+    whatever it quoted."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub("\ufffd", value)
+    if isinstance(value, Mapping):
+        return {storable(key): storable(child) for key, child in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(child) for child in value]
+    return value
 
 
 def json_text(value: Any) -> str:
@@ -80,8 +114,10 @@ def json_text(value: Any) -> str:
 def json_size(value: Any) -> int:
     """Compact UTF-8 JSON size in bytes, as a plan's ``max_payload_bytes`` counts it (dates and
     other objects as their text). ``value`` must be no deeper than what ``json`` can encode: the
-    API refuses deeper bodies before anything measures them."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=json_text).encode())
+    API refuses deeper bodies before anything measures them. A lone surrogate, which no payload
+    keeps (``unkeepable``), counts as the three bytes it would take."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=json_text)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def payload_excess(value: Any, *, max_bytes: int, max_depth: int) -> str | None:

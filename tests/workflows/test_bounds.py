@@ -47,6 +47,17 @@ def moments(call: ActionCall) -> Any:
             "day": date(2026, 12, 5), "id": uuid.UUID(int=7), "amount": Decimal("1.50")}
 
 
+@action("test.unkeepable")
+def unkeepable_output(call: ActionCall) -> Any:
+    """Returns what no payload keeps: a NUL character, or bytes (``input.kind``)."""
+    return {"bytes": b"raw"} if call.input.get("kind") == "bytes" else {"text": "a\x00b"}
+
+
+@action("test.nul_error")
+def nul_error(call: ActionCall) -> Any:
+    raise RuntimeError("bad\x00byte")
+
+
 @pytest.fixture
 def tenant(redis_client: Any, make_tenant: Any) -> Tenant:
     tenant, _ = make_tenant("bounded")
@@ -220,3 +231,25 @@ def test_the_steps_list_checks_its_parameters_and_answers_404_for_another_tenant
         response = client.get(f"/api/v1/runs/{run.pk}/steps", params)
         assert response.status_code == 400, (params, response.content)
         assert field in response.json()["error"]["details"]
+
+
+@pytest.mark.parametrize(("kind", "field"), [("nul", "output.text"), ("bytes", "output.bytes")])
+def test_an_output_no_payload_keeps_fails_the_step_for_good_naming_where(tenant, kind, field):
+    """Before, the outcome's commit failed on the NUL (and bytes were kept as Python's ``b'raw'``)."""
+    node = {"id": "odd", "type": "action", "action": "test.unkeepable", "input": {"kind": kind},
+            "retry": {"max_attempts": 3, "backoff_s": 0.01}}
+    put(tenant, "odd", {"nodes": [node]})
+    run = run_step(tenant, tick(tenant, start(tenant, "odd")), "odd")
+
+    step = by_node(tenant, run)["odd"]
+    assert (step.status, step.output, step.error["code"], step.error["field"], step.error["retryable"]) == (
+        "failed", None, "invalid_payload", field, False)
+    assert run.status == "failed"
+
+
+def test_an_action_error_quoting_a_nul_is_kept_with_it_replaced(tenant):
+    put(tenant, "crash", {"nodes": [{"id": "c", "type": "action", "action": "test.nul_error"}]})
+    run = run_step(tenant, tick(tenant, start(tenant, "crash")), "c")
+
+    step = by_node(tenant, run)["c"]
+    assert (step.status, step.error["code"], step.error["message"]) == ("failed", "action_crashed", "bad\ufffdbyte")

@@ -86,6 +86,38 @@ def test_a_failure_keeps_the_exceptions_type_and_message_and_may_be_retried(tena
     assert error["exception"] == {"type": "OutOfStock", "module": "shop.services"}
 
 
+@pytest.mark.parametrize(("result", "field", "why"), [
+    ({"s": "a\x00b"}, "output.s", "NUL"),
+    ({"k\x00": 1}, "output.k\ufffd", "NUL"),  # the key as its error can be stored
+    ({"s": "a\ud800b"}, "output.s", "lone surrogate"),
+    ({"b": b"hello"}, "output.b", "Bytes are not JSON"),
+    ("\x00", "output", "NUL"),
+])
+def test_a_result_no_payload_keeps_fails_the_step_for_good_naming_where(tenant_b, result, field, why):
+    """A NUL character or a lone surrogate cannot be stored, and bytes would be kept as Python's
+    repr: the step fails at once, not retried, naming where. Before, the outcome's commit failed,
+    nothing was kept, and the step waited for its timeout, then failed as if its worker had died."""
+    step = running_task_step(tenant_b[0])
+    task_succeeded.apply(args=[result], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step)}).get()
+    with tenant_context(tenant_b[0]):
+        kept = StepRun.objects.get(pk=step.pk)
+    assert (kept.status, kept.output, kept.error["code"], kept.error["retryable"]) == (
+        "failed", None, "invalid_payload", False)
+    assert kept.error["field"] == field
+    assert why in kept.error["message"]
+
+
+def test_a_failure_whose_message_quotes_a_nul_or_a_lone_surrogate_is_kept_with_them_replaced(tenant_b):
+    step = running_task_step(tenant_b[0])
+    task_failed.apply(args=["celery-id"], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                                  "error": {"type": "Value\x00Error", "module": "shop",
+                                                            "message": "bad\x00byte \ud800"}}).get()
+    with tenant_context(tenant_b[0]):
+        error = StepRun.objects.get(pk=step.pk).error
+    assert (error["code"], error["message"]) == ("task_failed", "Value\ufffdError: bad\ufffdbyte \ufffd")
+    assert error["exception"]["type"] == "Value\ufffdError"
+
+
 def test_a_failure_the_task_says_is_not_retryable_fails_the_step_for_good(tenant_b):
     TaskCatalogEntry.objects.create(name="team.add", queue="team")
     with tenant_context(tenant_b[0]):

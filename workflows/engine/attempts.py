@@ -18,7 +18,7 @@ from django.utils import timezone
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from ductor_project.core.keys import tenant_key
-from ductor_project.core.payloads import payload_excess
+from ductor_project.core.payloads import payload_excess, storable, unkeepable
 from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, release_on_commit
@@ -47,24 +47,32 @@ class Outcome:
 
     @classmethod
     def failed(cls, code: StepErrorCode, message: str, *, retryable: bool = False, **details: Any) -> Outcome:
-        return cls(SStatus.FAILED, error={"code": str(code), "message": message, "retryable": retryable,
-                                          **details})
+        """A failure: its message and details as text that can be stored (``storable``: an exception's
+        message may quote a NUL character)."""
+        return cls(SStatus.FAILED, error={"code": str(code), "message": storable(message), "retryable": retryable,
+                                          **storable(details)})
 
     @classmethod
     def from_error(cls, error: dict[str, Any]) -> Outcome:
         """A failure described as an action error describes itself (``ActionError.describe()``)."""
-        return cls(SStatus.FAILED, error=error)
+        return cls(SStatus.FAILED, error=storable(error))
 
 
 def payload_refusal(value: Any, what: str) -> Outcome | None:
     """The failure of a step (or run) whose ``what`` (a rendered input, an output) is over the
-    tenant's plan: larger than its ``max_payload_bytes``, or nested deeper than
-    ``DUCTOR_MAX_JSON_DEPTH``. None when ``value`` is within both."""
+    tenant's plan (larger than its ``max_payload_bytes``, or nested deeper than
+    ``DUCTOR_MAX_JSON_DEPTH``: ``payload_too_large``), or holds what no payload keeps (a NUL
+    character, a lone surrogate, bytes: ``invalid_payload``, naming where). None when it is fine."""
     excess = payload_excess(value, max_bytes=effective_entitlements(current_tenant()).max_payload_bytes,
                             max_depth=settings.DUCTOR_MAX_JSON_DEPTH)
-    if excess is None:
+    if excess is not None:
+        return Outcome.failed(StepErrorCode.PAYLOAD_TOO_LARGE, f"the {what} is {excess}", field=what)
+    flaw = unkeepable(value)
+    if flaw is None:
         return None
-    return Outcome.failed(StepErrorCode.PAYLOAD_TOO_LARGE, f"the {what} is {excess}", field=what)
+    path, why = flaw
+    field = f"{what}.{path}" if path else what
+    return Outcome.failed(StepErrorCode.INVALID_PAYLOAD, f"the {what} cannot be kept: {field}: {why}", field=field)
 
 
 # Workflow versions never change, so a process keeps the specs it read (by tenant and version).
