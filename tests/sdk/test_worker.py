@@ -240,6 +240,17 @@ def test_step_refuses_a_result_that_is_not_json_naming_the_task_and_the_type(app
         unnamed()
 
 
+def test_a_bound_step_gets_its_task_first_and_its_result_is_checked(app: Celery) -> None:
+    @step(app, name="team.bound", bind=True)
+    def bound(task: Any, times: int) -> Any:
+        return {"name": task.name, "times": times} if times else {task}
+
+    assert bound(2) == {"name": "team.bound", "times": 2}  # callers pass no task
+    assert bound.apply(args=(3,)).get() == {"name": "team.bound", "times": 3}
+    with pytest.raises(NotJSONSafe, match=r"task 'team\.bound'"):
+        bound(0)
+
+
 def test_a_result_that_is_not_json_fails_the_step_for_good(app: Celery) -> None:
     @step(app, name="team.opaque")
     def opaque() -> object:

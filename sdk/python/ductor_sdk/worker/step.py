@@ -9,12 +9,15 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from ductor_sdk.worker.failures import NonRetryable
 
 if TYPE_CHECKING:
     from celery import Celery, Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class NotJSONSafe(NonRetryable, TypeError):
@@ -53,11 +56,29 @@ def check_json_safe(value: Any, *, task: str) -> None:
         raise NotJSONSafe(f"task {task!r} returned a value that is not JSON-safe: {where} is of type {kind}") from None
 
 
-def step(app: Celery, name: str | None = None, **task_options: Any) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
+@overload
+def step(
+    app: Celery, name: str | None = None, *, bind: Literal[False] = False, **task_options: Any
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+@overload
+def step(
+    app: Celery, name: str | None = None, *, bind: Literal[True], **task_options: Any
+) -> Callable[[Callable[Concatenate[Task[Any, Any], P], R]], Task[P, R]]: ...
+
+
+def step(
+    app: Celery, name: str | None = None, *, bind: bool = False, **task_options: Any
+) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
     """Make a function a task of ``app`` (``app.task(name=name, **task_options)``) whose return value
     must be JSON-safe. It is a plain Celery task: called outside Ductor it works the same. It is a
     task of ``app`` alone (``shared=False`` unless ``task_options`` says otherwise): Celery would
-    otherwise add it to every app of the process, where another callable of the same name may be."""
+    otherwise add it to every app of the process, where another callable of the same name may be.
+
+    Typed as ``Task[P, R]`` of the function (with Celery's types, ``celery-types``): a call, ``delay``
+    or ``si`` with the wrong arguments is a type error, and the result has the function's return
+    type. With ``bind=True`` the function's first parameter is the task, which callers do not pass."""
 
     def decorate(fun: Callable[..., Any]) -> Task[Any, Any]:
         @functools.wraps(fun)
@@ -66,7 +87,8 @@ def step(app: Celery, name: str | None = None, **task_options: Any) -> Callable[
             check_json_safe(result, task=task.name)
             return result
 
-        options = {"shared": False, **task_options, **({"name": name} if name else {})}
+        options = {"shared": False, **task_options, "bind": bind, **({"name": name} if name else {})}
+        # Celery's types make every ``app.task`` a ``Task[Any, Any]``; the overloads above give it the signature.
         task: Task[Any, Any] = app.task(**options)(run)
         return task
 

@@ -1,0 +1,44 @@
+"""The SDK's types as a team's code sees them: files under ``typecheck/`` checked by ``mypy --strict``.
+
+Each line marked ``# E: <code>`` must be reported with that error code (a wrong call must be
+caught), and every other line must be clean (``assert_type`` holds). mypy runs on the SDK's source
+and the installed stubs (``celery-types``), with no config file: as a team's strict check would."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+SDK = HERE.parents[1] / "sdk" / "python"
+MARK = re.compile(r"#\s*E:\s*([a-z-]+)\s*$")
+REPORTED = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: .*\[(?P<code>[a-z-]+)\]$")
+
+
+def expected(path: Path) -> set[tuple[int, str]]:
+    return {(number, found.group(1)) for number, line in enumerate(path.read_text().splitlines(), 1)
+            if (found := MARK.search(line))}
+
+
+@pytest.mark.parametrize("name", ["step_calls.py"])
+def test_mypy_strict_reports_exactly_the_marked_lines(name: str, tmp_path: Path) -> None:
+    path = HERE / "typecheck" / name
+    wanted = expected(path)
+    assert wanted, "the file marks no wrong call"
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--config-file=", "--no-error-summary", "--show-error-codes",
+         "--cache-dir", str(tmp_path / "mypy-cache"), str(path)],
+        capture_output=True, text=True, timeout=110, env={**os.environ, "MYPYPATH": str(SDK)},
+    )
+    reported = {(int(m["line"]), m["code"]) for line in done.stdout.splitlines() if (m := REPORTED.match(line))}
+    others = [line for line in done.stdout.splitlines() if ": error:" in line and not REPORTED.match(line)]
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert not done.stderr.strip(), done.stderr
+    assert not others, done.stdout
+    assert sorted(reported - wanted) == [], f"unexpected errors:\n{done.stdout}"
+    assert sorted(wanted - reported) == [], f"wrong calls mypy did not catch:\n{done.stdout}"
