@@ -25,7 +25,7 @@ def expected(path: Path) -> set[tuple[int, str]]:
             if (found := MARK.search(line))}
 
 
-@pytest.mark.parametrize("name", ["step_calls.py"])
+@pytest.mark.parametrize("name", ["step_calls.py", "model_literals.py"])
 def test_mypy_strict_reports_exactly_the_marked_lines(name: str, tmp_path: Path) -> None:
     path = HERE / "typecheck" / name
     wanted = expected(path)

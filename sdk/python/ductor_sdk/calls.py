@@ -265,7 +265,7 @@ def workflow_versions(name: str) -> Call[list[models.WorkflowVersion]]:
 
 def workflow_apply(
     workflow: Workflow, stored: models.WorkflowDefinition | None
-) -> tuple[Call[models.WorkflowDefinition] | None, str]:
+) -> tuple[Call[models.WorkflowDefinition] | None, models.ApplyOutcome]:
     """What ``apply`` sends, given the stored workflow (None: there is none), and its outcome:
     create it, add a version when its latest spec differs (``PUT`` adds one), change its description
     alone when only that differs (``PATCH``: no version; an empty one changes nothing), or nothing."""

@@ -20,6 +20,8 @@ T = TypeVar("T")
 RunStatus = Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled", "continued"]
 StepStatus = Literal["scheduled", "queued", "running", "waiting", "succeeded", "failed", "skipped", "cancelled"]
 TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset({"succeeded", "failed", "cancelled", "continued"})
+# What ``workflows.apply`` did (``Applied.outcome``).
+ApplyOutcome = Literal["created", "updated", "described", "unchanged"]
 
 
 class TaskException(TypedDict, total=False):
@@ -314,7 +316,7 @@ class TaskEntry(Model):
     name: str = ""
     description: str = ""
     queue: str = ""
-    arguments: str = "kwargs"
+    arguments: TaskArguments = "kwargs"
     input_schema: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     timeout_s: float | None = None
 
@@ -472,7 +474,7 @@ class Applied:
     description alone changed, no version) or ``unchanged``."""
 
     workflow: WorkflowDefinition
-    outcome: str
+    outcome: ApplyOutcome
 
     @property
     def version(self) -> int:
