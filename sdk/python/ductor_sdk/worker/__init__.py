@@ -1,11 +1,13 @@
 """Helpers for the team's own Celery workers that run Ductor's ``task`` nodes.
 
+    from typing import Any
+
     from ductor_sdk.worker import current_step, install, step
 
     install(app)
 
     @step(app, name="billing.tasks.charge")
-    def charge(order: str) -> dict:
+    def charge(order: str) -> dict[str, Any]:
         ctx = current_step()  # tenant, run, node, attempt, idempotency key
         return {"order": order, "key": ctx.idempotency_key}
 
