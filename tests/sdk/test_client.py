@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from ductor_sdk import (
@@ -292,13 +293,19 @@ def test_a_start_with_the_same_idempotency_key_starts_one_run(sdk: Client) -> No
 
     first = sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="order-1", tags=["web"])
     again = sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="order-1")
-    with pytest.raises(Conflict) as reused:  # the key again, for another start: the client's bug, not the run
-        sdk.runs.start("greet", {"name": "Someone else"}, idempotency_key="order-1")
-    assert (reused.value.code, reused.value.field) == ("idempotency_key_reused", "idempotency_key")
+    # Options other than the workflow, its input and its version are not compared: the first run's stand.
+    other_options = sdk.runs.start("greet", {"name": "Ada"}, idempotency_key="order-1", tags=["batch"],
+                                   fairness_key="customer-7", version=1)
+    for different in ({"input": {"name": "Someone else"}}, {"workflow": "another"}, {"version": 2}):
+        start: dict[str, Any] = {"workflow": "greet", "input": {"name": "Ada"}, **different}
+        with pytest.raises(Conflict) as reused:  # the key again, for another start: the client's bug, not the run
+            sdk.runs.start(start["workflow"], start["input"], idempotency_key="order-1", version=start.get("version"))
+        assert (reused.value.code, reused.value.field) == ("idempotency_key_reused", "idempotency_key")
     keyed_by_sdk = sdk.runs.start(finishing(), {"name": "Bo"})
 
-    assert again.id == first.id
+    assert again.id == first.id == other_options.id
     assert again.input == {"name": "Ada"}
+    assert (other_options.tags, other_options.fairness_key) == (("web",), "")
     assert (first.created, again.created, keyed_by_sdk.created) == (True, False, True)
     assert sdk.runs.get(first.id).created is None  # told by a start only
     assert first.tags == ("web",)
