@@ -8,11 +8,15 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
 from ductor_project.stack import free_port
@@ -95,3 +99,35 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
 
         embedded.stop(Path(data_dir))
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_taken_port_moves_the_web_server_to_a_free_one_and_says_so() -> None:
+    from ductor_project.management.commands.up import pick_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        port, note = pick_port(busy)
+    assert port != busy
+    assert f"Port {busy} is in use" in note
+    assert f"listens on {port} instead" in note
+    assert 'ARGS="--port' in note
+    free = free_port()
+    assert pick_port(free) == (free, "")
+
+
+@pytest.mark.parametrize("logged", [
+    "[ERROR] Connection in use: ('127.0.0.1', 8000)\n[ERROR] Can't connect to ('127.0.0.1', 8000)",  # gunicorn
+    "Error: That port is already in use.",  # runserver
+])
+def test_a_web_server_that_lost_its_port_is_told_as_such(logged: str, tmp_path: Path) -> None:
+    from ductor_project.management.commands.up import port_taken
+
+    dead = SimpleNamespace(alive=lambda: False, output=lambda: logged, log_path=tmp_path / "web.log")
+    error = port_taken(dead, 8000)
+    assert error is not None
+    assert "Port 8000 is in use by another process" in str(error)
+    assert 'make up ARGS="--port 8123"' in str(error)
+    other = SimpleNamespace(alive=lambda: False, output=lambda: "ImportError: no module", log_path=dead.log_path)
+    assert port_taken(other, 8000) is None

@@ -26,14 +26,16 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ductor_project import embedded
 from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
 from ductor_project.core import heartbeats, redis_urls
-from ductor_project.stack import Child, Stack, free_port
+from ductor_project.stack import Child, ChildError, Stack, free_port
 
 READY_TIMEOUT_S = 60.0
+# What the web server logs when its port is taken: gunicorn, runserver, a plain socket error.
+PORT_TAKEN = ("Connection in use", "That port is already in use", "Address already in use")
 
 
 class Command(BaseCommand):
@@ -57,14 +59,22 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         password = _admin_password()
-        port = options["port"] if _port_free(options["port"]) else free_port()
+        port, note = pick_port(options["port"])
+        if note:
+            self.stdout.write(self.style.WARNING(note))
         stack = Stack(settings.DUCTOR_DATA_DIR / "logs", env=_metrics_env(), say=self.stdout.write)
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
             web, loops = _start_children(stack, port=port, options=options)
-            stack.wait_ready(web, timeout_s=READY_TIMEOUT_S)
+            try:
+                stack.wait_ready(web, timeout_s=READY_TIMEOUT_S)
+            except ChildError as exc:
+                taken = port_taken(web, port)
+                if taken is None:
+                    raise
+                raise taken from exc
             self._print_urls(str(web.url), password)
             watch = HeartbeatWatch(stack, loops)
             while not stop.wait(1.0):
@@ -163,6 +173,26 @@ def _metrics_env() -> dict[str, str]:
         directory.mkdir(parents=True)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     return env
+
+
+def pick_port(asked: int) -> tuple[int, str]:
+    """The web server's port: ``asked`` when it is free on 127.0.0.1, else a free one, with a note
+    saying so (the URLs ``up`` prints then name that port, not the one asked for)."""
+    if _port_free(asked):
+        return asked, ""
+    port = free_port()
+    return port, (f"Port {asked} is in use by another process: the web server listens on {port} instead "
+                  f'(choose one with --port, as in make up ARGS="--port 8123").')
+
+
+def port_taken(web: Child, port: int) -> CommandError | None:
+    """A clear error when the web server exited because ``port`` was taken (by another process, after
+    ``pick_port`` found it free), None for any other failure."""
+    if web.alive() or not any(text in web.output() for text in PORT_TAKEN):
+        return None
+    return CommandError(f"Port {port} is in use by another process, so the web server could not listen on it "
+                        f'(log: {web.log_path}). Free it, or choose another port: make up ARGS="--port 8123" '
+                        "(manage.py up --port 8123).")
 
 
 def _port_free(port: int) -> bool:
