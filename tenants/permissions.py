@@ -10,6 +10,7 @@ from rest_framework.request import Request
 
 from ductor_project.core.errors import ErrorCode, Forbidden, NotFound
 from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership
+from tenants.scoping import TenantScopedModel
 from tenants.selectors import membership_for_user
 
 READ_ONLY_ROLES = {TenantMembership.Role.VIEWER}
@@ -76,10 +77,13 @@ class IsTenantMember(BasePermission):
 
 
 def refuse_unseen_object(view: Any) -> None:
-    """On a detail route, raise ``NotFound`` unless the object is in the view's (scoped) queryset.
+    """On a detail route, raise ``NotFound`` unless the object is in the view's (scoped) queryset:
+    its ``get_queryset()``, or, when that is the class's ``.none()`` (a view whose reads go through
+    selectors declares one for the schema alone), the tenant's rows of its model.
 
     Runs before a scope refusal, so that another tenant's id is a 404 whatever
-    the caller's scopes, exactly like an id that does not exist.
+    the caller's scopes, exactly like an id that does not exist; and the tenant's own object is
+    a 403 that names the scope it needs.
     """
     lookup_field: str | None = getattr(view, "lookup_field", None)
     if not lookup_field or not hasattr(view, "get_queryset"):
@@ -88,7 +92,10 @@ def refuse_unseen_object(view: Any) -> None:
     if value is None:
         return
     try:
-        found = view.get_queryset().filter(**{lookup_field: value}).exists()
+        seen = view.get_queryset()
+        if seen.query.is_empty() and issubclass(seen.model, TenantScopedModel):
+            seen = seen.model.objects.all()  # the tenant's own, as the scoped manager shows them
+        found = seen.filter(**{lookup_field: value}).exists()
     except (DjangoValidationError, ValueError, TypeError):
         found = False
     if not found:

@@ -207,3 +207,33 @@ def test_session_user_without_membership_gets_no_tenant(db: None) -> None:
     client.force_login(make_user("nobody"))
     assert_error(client.get("/api/v1/tenant"), 403, "permission_denied")
     assert_error(client.get("/api/v1/api-keys"), 403, "permission_denied")
+
+
+def test_a_read_only_key_writing_to_its_own_objects_is_403_and_another_tenant_s_key_404(
+    make_tenant: MakeTenant, redis_client: object
+) -> None:
+    """Each family's detail writes: the tenant's own object is there (403 naming the scope), another
+    tenant's is not (404). Views whose reads go through selectors declared an empty queryset for
+    the schema, so their own objects were a 404 to a read-only key."""
+    from workflows import services as workflows
+    from workflows.triggers import events, webhooks
+    from workflows.triggers import services as schedules_services
+
+    tenant, _ = make_tenant("owner")
+    _, other_raw = make_tenant("stranger", scopes=["read"])
+    with tenant_context(tenant):
+        _, reader_raw = services.api_key_create(name="reader", scopes=["read"])
+        workflows.workflow_put(name="w", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+        run, _ = workflows.run_start(workflow="w")
+        schedule = schedules_services.schedule_create(name="s", workflow="w", interval_s=3600)
+        trigger = events.trigger_create(workflow="w", event="order.paid")
+        hook = webhooks.webhook_create(url="https://93.184.216.34/hook", events=["run.failed"]).endpoint
+    writes = [("delete", "/api/v1/workflows/w"), ("post", "/api/v1/workflows/w/archive"),
+              ("post", f"/api/v1/runs/{run.pk}/cancel"), ("post", f"/api/v1/runs/{run.pk}/retry"),
+              ("delete", f"/api/v1/schedules/{schedule.pk}"), ("post", f"/api/v1/schedules/{schedule.pk}/pause"),
+              ("delete", f"/api/v1/triggers/{trigger.pk}"), ("delete", f"/api/v1/webhooks/{hook.pk}"),
+              ("post", f"/api/v1/webhooks/{hook.pk}/rotate")]
+    reader, stranger = api_client(reader_raw), api_client(other_raw)
+    for method, path in writes:
+        assert_error(getattr(reader, method)(path), 403, "insufficient_scope")
+        assert_error(getattr(stranger, method)(path), 404, "not_found")
