@@ -244,13 +244,15 @@ def _run_of_key(key: str) -> WorkflowRun | None:
     return WorkflowRun.objects.select_related("workflow").filter(idempotency_key=key).first()
 
 
-def _check_same_start(run: WorkflowRun, field: str, workflow: str, version: int | None, input: Any) -> None:
+def _check_same_start(run: WorkflowRun, field: str, workflow: str, version: int | None, input: Any,
+                      first: str = "") -> None:
     """``409 idempotency_key_reused`` unless a start of ``workflow`` (``version``, if named) with
-    ``input`` is the one that started ``run`` with its key."""
+    ``input`` is the one that started ``run`` with its key (``first`` names that start, when it is
+    not a run that exists: an earlier item of the same batch)."""
     compared = {"workflow": (run.workflow_name, workflow), "input": (run.input, {} if input is None else input)}
     if version is not None:
         compared["version"] = (run.workflow.number, version)
-    check_key_reuse(field, str(run.idempotency_key), f"run {run.pk}", compared)
+    check_key_reuse(field, str(run.idempotency_key), first or f"run {run.pk}", compared)
 
 
 def _input_errors(found: WorkflowVersion, value: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -437,12 +439,15 @@ def _start_many(
                   .filter(idempotency_key__in=keys) if run.idempotency_key}
     results: list[tuple[WorkflowRun, bool]] = []
     new: list[WorkflowRun] = []
+    first_in_batch: dict[str, int] = {}  # a key's first item, where this batch starts its run
     for index, item in enumerate(runs):
         key = item.get("idempotency_key") or None
         if key is not None and key in by_key:
             if same_keys:
+                earlier = first_in_batch.get(key)
                 _check_same_start(by_key[key], f"runs[{index}].idempotency_key", item["workflow"],
-                                  item.get("version"), item.get("input"))
+                                  item.get("version"), item.get("input"),
+                                  first=f"runs[{earlier}]" if earlier is not None else "")
             results.append((by_key[key], False))
             continue
         version = versions[(item["workflow"], item.get("version"))]
@@ -456,6 +461,7 @@ def _start_many(
         results.append((run, True))
         if key is not None:
             by_key[key] = run
+            first_in_batch[key] = index
     if new:
         with transaction.atomic():
             quota_consume(runs=len(new))

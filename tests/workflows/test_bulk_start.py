@@ -69,6 +69,22 @@ def test_bulk_start_returns_the_existing_run_for_a_used_key_and_dedupes_inside_t
     assert only_old["created"] == 0
 
 
+def test_a_key_reused_within_a_batch_with_another_input_cites_the_batch_s_item_and_starts_nothing(
+    client_a, tenant_a
+):
+    """The refusal rolls the whole batch back: it names the item that first used the key, not the id
+    of a run that was never kept."""
+    create(client_a, "w")
+    refused = client_a.post("/api/v1/runs/bulk", {"runs": [
+        {"workflow": "w", "idempotency_key": "dup", "input": {"x": 1}},
+        {"workflow": "w", "idempotency_key": "dup", "input": {"x": 2}}]}, format="json")
+    assert (refused.status_code, error_code(refused)) == (409, "idempotency_key_reused")
+    error = refused.json()["error"]
+    assert "first used for runs[0]" in error["message"]
+    assert list(error["details"]) == ["runs[1].idempotency_key"]
+    assert runs(tenant_a[0]) == 0
+
+
 def test_a_bad_item_is_a_400_naming_it_and_starts_nothing(make_tenant):
     tenant, key = make_tenant("freebie", plan="free")
     client = api_client(key)
