@@ -10,13 +10,14 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 from ductor_project import embedded
+from ductor_project.chunked import ChunkedBodies
 from ductor_project.core import tracing
 from ductor_project.core.heap import freeze_startup_heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 embedded.boot()
 tracing.configure()
-application = get_wsgi_application()
+application = ChunkedBodies(get_wsgi_application())
 
 
 def _warm_schema() -> None:

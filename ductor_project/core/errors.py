@@ -38,6 +38,7 @@ class ErrorCode(enum.StrEnum):
     INVALID = "invalid"
     UNKNOWN_FIELD = "unknown_field"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    LENGTH_REQUIRED = "length_required"  # a chunked body where the server cannot read one
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_AUTHENTICATED = "not_authenticated"
     INVALID_API_KEY = "invalid_api_key"
