@@ -57,6 +57,9 @@ class WorkflowsConfig(AppConfig):
         from workflows.triggers import webhook_delivery, webhooks
 
         register_listener(webhooks.on_run_event)
+        from workflows.services import workflow_deleted
+
+        workflow_deleted.connect(webhooks.workflow_deleted, dispatch_uid="webhooks.workflow_deleted")
         checks.register(check_action_modules)
         register_handler(webhooks.ITEM_KIND, webhook_delivery.execute_delivery)
         register_wakeup(webhook_delivery.WAKE_KIND, webhook_delivery.retry_due)

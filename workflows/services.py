@@ -6,6 +6,7 @@ from typing import Any
 
 import structlog
 from django.db import IntegrityError, connection, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from ductor_project.core import tracing
@@ -161,6 +162,11 @@ def workflow_unarchive(*, name: str) -> WorkflowDefinition:
     return definition
 
 
+# Sent (with ``name``) in the transaction that deletes a workflow of the tenant in context, for
+# what refers to it by name to let go of it (a webhook's ``workflows``).
+workflow_deleted = Signal()
+
+
 @transaction.atomic
 def workflow_delete(*, name: str) -> None:
     """Delete the workflow ``name`` with its versions, event triggers and schedules, if none of its
@@ -175,6 +181,7 @@ def workflow_delete(*, name: str) -> None:
                    "instead (its runs are kept until the plan's history retention removes them).")
         raise Conflict(message, details={"runs": [message]})
     schedules, _ = Schedule.objects.filter(workflow=name).delete()
+    workflow_deleted.send(sender=WorkflowDefinition, name=name)
     definition.delete()
     log.info("workflow_deleted", workflow=name, schedules=schedules)
 

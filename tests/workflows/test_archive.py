@@ -374,3 +374,34 @@ def test_a_workflow_whose_run_started_before_its_deletion_counted_them_is_kept_w
         with pytest.raises(Conflict, match="archive it instead"):
             services.workflow_delete(name="kept")
     assert run_count(tenant_a[0]) == 1
+
+
+def test_a_deleted_workflow_leaves_its_tenant_s_webhooks_and_one_it_alone_covered_is_disabled(
+    tenant_a, tenant_b
+):
+    """Kept, the name covered the next workflow given it, and a PUT of the endpoint as it read was
+    refused. Another tenant's endpoint that names a workflow of that name is its own."""
+    from workflows.models import WebhookEndpoint
+    from workflows.triggers import webhooks
+
+    url = "https://93.184.216.34/hook"
+    for tenant in (tenant_a[0], tenant_b[0]):
+        with tenant_context(tenant):
+            services.workflow_put(name="gone", spec=FLOW)
+            services.workflow_put(name="kept", spec=FLOW)
+    with tenant_context(tenant_a[0]):
+        both = webhooks.webhook_create(url=url, events=["run.failed"], workflows=["gone", "kept"]).endpoint
+        alone = webhooks.webhook_create(url=url, events=["run.failed"], workflows=["gone"]).endpoint
+    with tenant_context(tenant_b[0]):
+        theirs = webhooks.webhook_create(url=url, events=["run.failed"], workflows=["gone"]).endpoint
+
+    with tenant_context(tenant_a[0]):
+        services.workflow_delete(name="gone")
+        both, alone = WebhookEndpoint.objects.get(pk=both.pk), WebhookEndpoint.objects.get(pk=alone.pk)
+    with tenant_context(tenant_b[0]):
+        theirs = WebhookEndpoint.objects.get(pk=theirs.pk)
+
+    assert (both.workflows, both.enabled) == (["kept"], True)
+    assert (alone.workflows, alone.enabled) == ([], False)
+    assert "'gone', was deleted" in alone.disabled_reason
+    assert (theirs.workflows, theirs.enabled) == (["gone"], True)

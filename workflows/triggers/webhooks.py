@@ -252,6 +252,23 @@ def webhook_disable(endpoint_id: Any, reason: str) -> bool:
     return bool(changed)
 
 
+def workflow_deleted(name: str, **kwargs: Any) -> int:
+    """Take the tenant's deleted workflow ``name`` out of its endpoints' ``workflows``, in the
+    deletion's transaction (a receiver of ``services.workflow_deleted``): kept, it would cover the
+    next workflow given the name. An endpoint that covered that workflow alone is disabled, saying
+    why (with none left, it would cover all). How many endpoints changed."""
+    changed = 0
+    for endpoint in WebhookEndpoint.objects.select_for_update().filter(workflows__contains=[name]):
+        left = [workflow for workflow in endpoint.workflows if workflow != name]
+        if not left:
+            webhook_disable(endpoint.pk, f"its only workflow, '{name}', was deleted")
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(workflows=left, updated_at=timezone.now())
+        changed += 1
+    if changed:
+        forget_endpoints()
+    return changed
+
+
 def deliveries_stop(endpoint_id: Any, reason: str) -> int:
     """Fail the endpoint's pending deliveries (one ``UPDATE``), each with a note of why; how many."""
     now = timezone.now()
