@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ductor_project.core.bounds import MAX_KEY_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_TAG_CHARS, MAX_TAGS
 from scheduling.templates import (
     MAX_CONDITIONS,
     ROUTING,
@@ -40,8 +41,9 @@ MATCH_KEYS = ("workflow", "action", "tags", "conditions")
 ACTION_KEYS = ("pool", "tier", "partition_key", "fairness_key", "deny")
 # The key templates of an action: a step's partition (its serialization domain) and its fairness key.
 KEY_TEMPLATES = ("partition_key", "fairness_key")
-MAX_PARTITION_KEY = 200
-_GLOB = re.compile(r"^[A-Za-z0-9_.:/\-*?\[\]!]{1,200}$")
+MAX_PARTITION_KEY = MAX_KEY_CHARS
+MAX_GLOB_CHARS = MAX_KEY_CHARS
+_GLOB = re.compile(rf"^[A-Za-z0-9_.:/\-*?\[\]!]{{1,{MAX_GLOB_CHARS}}}$")
 
 
 def _check_glob(name: str, value: Any) -> str:
@@ -64,6 +66,16 @@ def _check_conditions(conditions: Any) -> list[dict[str, Any]]:
             for i, cond in enumerate(conditions)]
 
 
+def _check_tags(tags: Any) -> list[str]:
+    if not isinstance(tags, list) or len(tags) > MAX_TAGS:
+        raise FieldError("match.tags", f"must be a list of at most {MAX_TAGS} tags")
+    for index, tag in enumerate(tags):
+        if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_CHARS:
+            raise FieldError(f"match.tags[{index}]", f"must be a non-empty string of at most {MAX_TAG_CHARS} "
+                                                     "characters")
+    return sorted(set(tags))
+
+
 def validate_match(match: Any) -> dict[str, Any]:
     """A normalized copy of ``match``; raises ``FieldError`` naming the bad field."""
     if not isinstance(match, Mapping):
@@ -76,10 +88,7 @@ def validate_match(match: Any) -> dict[str, Any]:
         if key in match:
             clean[key] = _check_glob(f"match.{key}", match[key])
     if "tags" in match:
-        tags = match["tags"]
-        if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
-            raise FieldError("match.tags", "must be a list of non-empty strings")
-        clean["tags"] = sorted(set(tags))
+        clean["tags"] = _check_tags(match["tags"])
     if "conditions" in match:
         clean["conditions"] = _check_conditions(match["conditions"])
     return clean
@@ -112,13 +121,15 @@ def validate_action(action: Any, *, allowed_tiers: tuple[str, ...] | list[str]) 
     if "deny" in action:
         if len(action) > 1:
             raise FieldError("action.deny", "a deny rule cannot also route")
-        if not isinstance(action["deny"], str) or not action["deny"].strip():
-            raise FieldError("action.deny", "must be a non-empty reason")
-        return {"deny": action["deny"].strip()[:500]}
+        reason = action["deny"].strip() if isinstance(action["deny"], str) else ""
+        if not reason or len(reason) > MAX_REASON_CHARS:
+            raise FieldError("action.deny", f"must be a non-empty reason of at most {MAX_REASON_CHARS} characters")
+        return {"deny": reason}
     clean: dict[str, Any] = {}
     if "pool" in action:
-        if not isinstance(action["pool"], str) or not action["pool"]:
-            raise FieldError("action.pool", "must be a pool name")
+        pool = action["pool"]
+        if not isinstance(pool, str) or not pool or len(pool) > MAX_NAME_CHARS:
+            raise FieldError("action.pool", f"must be a pool name (at most {MAX_NAME_CHARS} characters)")
         clean["pool"] = action["pool"]
     if "tier" in action:
         if action["tier"] not in allowed_tiers:

@@ -19,6 +19,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ductor_project.core import capacity
+from ductor_project.core.bounds import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_TAG_CHARS, MAX_TAGS
 from ductor_project.core.errors import UnknownFields, flat_details
 from ductor_project.core.openapi import ComponentJSONField, JSONValueField, component_ref
 from scheduling.models import (
@@ -30,9 +31,17 @@ from scheduling.models import (
     PoolMember,
     Rule,
 )
-from scheduling.rules import MAX_PARTITION_KEY
+from scheduling.rules import MAX_GLOB_CHARS, MAX_PARTITION_KEY
 from scheduling.services import MemberSpec
-from scheduling.templates import MAX_CONDITIONS, MAX_PATH_SEGMENTS, OPERATORS
+from scheduling.templates import (
+    MAX_CONDITIONS,
+    MAX_IN_VALUES,
+    MAX_PATH_CHARS,
+    MAX_PATH_SEGMENTS,
+    MAX_VALUE_CHARS,
+    MAX_VALUE_JSON_CHARS,
+    OPERATORS,
+)
 from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSerializer
 from tenants.models import Tier
 
@@ -200,17 +209,20 @@ PATH_SEGMENT = r"[A-Za-z0-9_\-]+"
 
 
 def condition_schema(path: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI schema of one condition of ``scheduling.templates`` whose path is ``path``."""
+    """The OpenAPI schema of one condition of ``scheduling.templates`` whose path is ``path`` (at most
+    ``MAX_PATH_CHARS`` characters, whatever its pattern)."""
     return {
         "type": "object",
         "description": "Holds when the value at `path` compares with `value` by `op`.",
         "required": ["path", "op"],
         "properties": {
-            "path": path,
+            "path": {**path, "maxLength": MAX_PATH_CHARS},
             "op": {"type": "string", "enum": list(OPERATORS)},
-            "value": {"description": "Required but for `exists` (true or false; default true): a list for "
-                                     "`in`, a number for `gt` and `lt`, a string for `prefix`, any JSON for "
-                                     "`eq` and `ne`."},
+            "value": {"description": f"Required but for `exists` (true or false; default true): a list of at most "
+                                     f"{MAX_IN_VALUES} values for `in`, a number for `gt` and `lt`, a string for "
+                                     f"`prefix`, any JSON for `eq` and `ne`. Each string in it (a key too) at most "
+                                     f"{MAX_VALUE_CHARS} characters, the whole at most {MAX_VALUE_JSON_CHARS} "
+                                     "characters as JSON."},
         },
         "additionalProperties": False,
     }
@@ -242,10 +254,12 @@ def rule_components() -> dict[str, dict[str, Any]]:
             "type": "object",
             "description": "What a step must be for the rule to apply; `{}` matches every step.",
             "properties": {
-                "workflow": {"type": "string", "minLength": 1, "description": glob.format("workflow")},
-                "action": {"type": "string", "minLength": 1, "description": glob.format("action")},
-                "tags": {"type": "array", "items": {"type": "string", "minLength": 1},
-                         "description": "Tags the step must all have."},
+                "workflow": {"type": "string", "minLength": 1, "maxLength": MAX_GLOB_CHARS,
+                             "description": glob.format("workflow")},
+                "action": {"type": "string", "minLength": 1, "maxLength": MAX_GLOB_CHARS,
+                           "description": glob.format("action")},
+                "tags": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": MAX_TAG_CHARS},
+                         "maxItems": MAX_TAGS, "description": "Tags the step must all have."},
                 "conditions": {"type": "array", "items": component_ref("RuleCondition"), "maxItems": MAX_CONDITIONS,
                                "description": "Conditions on the step that must all hold."},
             },
@@ -266,15 +280,16 @@ def rule_components() -> dict[str, dict[str, Any]]:
             "type": "object",
             "description": "Any of a pool, a tier, a partition key and a fairness key for the step; at least one.",
             "properties": {
-                "pool": {"type": "string", "minLength": 1, "description": "The name of one of your pools."},
+                "pool": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS,
+                         "description": "The name of one of your pools."},
                 "tier": {"type": "string", "enum": list(Tier.values), "description": "A tier your plan allows."},
                 "partition_key": {
-                    "type": "string", "minLength": 1,
+                    "type": "string", "minLength": 1, "maxLength": MAX_PARTITION_KEY,
                     "description": f"A template of the routing language, at most {MAX_PARTITION_KEY} characters "
                                    "as sent, such as `customer-{{ $input.customer.id }}`.",
                 },
                 "fairness_key": {
-                    "type": "string", "minLength": 1,
+                    "type": "string", "minLength": 1, "maxLength": MAX_PARTITION_KEY,
                     "description": "The step's fairness key inside your tenant, a template like `partition_key` "
                                    "(`{{ $input.customer_id }}`): your backlogged keys share your dispatches by "
                                    "weight.",
@@ -287,7 +302,7 @@ def rule_components() -> dict[str, dict[str, Any]]:
             "type": "object",
             "description": "Refuse the step, for this reason.",
             "required": ["deny"],
-            "properties": {"deny": {"type": "string", "minLength": 1}},
+            "properties": {"deny": {"type": "string", "minLength": 1, "maxLength": MAX_REASON_CHARS}},
             "additionalProperties": False,
         },
     }
@@ -381,7 +396,7 @@ class ExplainSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=200)
     action = serializers.CharField(max_length=200)
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=100), max_length=50, default=list
+        child=serializers.CharField(max_length=MAX_TAG_CHARS), max_length=MAX_TAGS, default=list
     )
     input = JSONValueField(default=dict)
     tier = TierNameField(

@@ -48,10 +48,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from ductor_project.core.bounds import MAX_KEY_CHARS
+
 NODE_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 OPERATORS = ("eq", "ne", "in", "exists", "prefix", "gt", "lt")
 MAX_CONDITIONS = 20
 MAX_PATH_SEGMENTS = 11
+# A condition's path, each string its value holds (the value itself, an item of an ``in`` list, a
+# key or an item of an object or list it compares with), the items of an ``in`` list, and the whole
+# value as compact JSON.
+MAX_PATH_CHARS = MAX_KEY_CHARS
+MAX_VALUE_CHARS = MAX_KEY_CHARS
+MAX_IN_VALUES = 100
+MAX_VALUE_JSON_CHARS = 32 * 1024
 _REFERENCE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z0-9_\-]+)*)$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9_\-]+$")
 _MISSING = object()
@@ -380,6 +389,8 @@ def _path_problem(path: str, language: Language) -> str | None:
 
 def _check_path(field: str, path: Any, language: Language, legacy_root: str | None) -> str:
     """The condition's path, normalized; a deprecated root-less path gets ``legacy_root``."""
+    if isinstance(path, str) and len(path) > MAX_PATH_CHARS:
+        raise FieldError(f"{field}.path", f"must be at most {MAX_PATH_CHARS} characters, not {len(path)}")
     parts = path.split(".") if isinstance(path, str) else []
     if isinstance(path, str) and path.startswith("$"):
         raise FieldError(f"{field}.path", f"a path is written without its $: '{path[1:]}'")
@@ -408,7 +419,42 @@ def _check_value(field: str, op: str, cond: Mapping[str, Any]) -> Any:
         raise FieldError(f"{field}.value", f"must be a number for '{op}'")
     elif op == "prefix" and not isinstance(value, str):
         raise FieldError(f"{field}.value", "must be a string for 'prefix'")
+    if op == "in" and len(value) > MAX_IN_VALUES:
+        raise FieldError(f"{field}.value", f"must be a list of at most {MAX_IN_VALUES} values for 'in', "
+                                           f"not {len(value)}")
+    _check_value_size(f"{field}.value", value)
     return value
+
+
+def _check_value_size(field: str, value: Any) -> None:
+    """Raises ``FieldError`` naming the first string of ``value`` (a key or an item of it too) longer
+    than ``MAX_VALUE_CHARS`` (``when.value[3]``), or ``field`` for a value larger than
+    ``MAX_VALUE_JSON_CHARS`` as compact JSON. The caller bounds the nesting depth."""
+    found = _long_string(field, value)
+    if found is not None:
+        where, length = found
+        raise FieldError(where, f"must be a string of at most {MAX_VALUE_CHARS} characters, not {length}")
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    if size > MAX_VALUE_JSON_CHARS:
+        raise FieldError(field, f"must be at most {MAX_VALUE_JSON_CHARS} characters as JSON, not {size}")
+
+
+def _long_string(field: str, value: Any) -> tuple[str, int] | None:
+    if isinstance(value, str):
+        return (field, len(value)) if len(value) > MAX_VALUE_CHARS else None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _long_string(f"{field}[{index}]", item)
+            if found is not None:
+                return found
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if len(key) > MAX_VALUE_CHARS:
+                return f"{field}.{key[:40]}…", len(key)
+            found = _long_string(f"{field}.{key}", item)
+            if found is not None:
+                return found
+    return None
 
 
 def validate_condition(field: str, cond: Any, language: Language = NODES, *,

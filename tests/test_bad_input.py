@@ -369,3 +369,78 @@ def test_an_error_repeats_at_most_a_thousand_characters_of_what_it_was_sent(clie
         assert all(len(field) <= 200 and all(len(message) <= 1000 for message in messages)
                    for field, messages in error["details"].items()), error
         assert len(response.content) < 5000
+
+
+LONG_TAGS = ["t" * 1000] * 900
+
+
+@pytest.mark.parametrize(("match", "action", "field"), [
+    ({}, {"deny": "x" * 900_000}, "action.deny"),
+    ({}, {"deny": "x" * 501}, "action.deny"),
+    ({}, {"pool": "p" * 101}, "action.pool"),
+    ({"tags": LONG_TAGS}, {"tier": "batch"}, "match.tags"),
+    ({"tags": ["a", "b", "c", "t" * 101]}, {"tier": "batch"}, "match.tags[3]"),
+    ({"tags": [f"t{i}" for i in range(51)]}, {"tier": "batch"}, "match.tags"),
+    ({"conditions": [{"path": "input." + "p" * 100_000, "op": "exists"}]}, {"tier": "batch"},
+     "match.conditions[0].path"),
+    ({"conditions": [{"path": "input.x", "op": "in", "value": ["v" * 1000] * 800}]}, {"tier": "batch"},
+     "match.conditions[0].value"),
+    ({"conditions": [{"path": "input.x", "op": "in", "value": ["a", "v" * 201]}]}, {"tier": "batch"},
+     "match.conditions[0].value[1]"),
+    ({"conditions": [{"path": "input.x", "op": "eq", "value": {"k": ["v" * 201]}}]}, {"tier": "batch"},
+     "match.conditions[0].value.k[0]"),
+    ({"conditions": [{"path": "input.x", "op": "eq", "value": {f"k{i}": i for i in range(5000)}}]},
+     {"tier": "batch"}, "match.conditions[0].value"),
+])
+def test_a_rule_field_past_its_bound_is_400_invalid_naming_it_and_stores_nothing(
+    client_a: APIClient, match: dict[str, Any], action: dict[str, Any], field: str
+) -> None:
+    response = client_a.post("/api/v1/rules", {"name": "r", "priority": 1, "match": match, "action": action},
+                             format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    assert list(response.json()["error"]["details"]) == [field]
+    assert "at most" in response.json()["error"]["message"]
+    assert client_a.get("/api/v1/rules").json()["results"] == []
+
+
+def test_rule_fields_at_their_bounds_are_kept_whole(client_a: APIClient) -> None:
+    match = {"tags": [f"{i:02d}" + "t" * 98 for i in range(50)],
+             "conditions": [{"path": "input." + "p" * 194, "op": "in", "value": ["v" * 200] * 100}]}
+    body = {"name": "r", "priority": 1, "match": match, "action": {"deny": "d" * 500}}
+    response = client_a.post("/api/v1/rules", body, format="json")
+    assert response.status_code == 201, response.content[:300]
+    assert response.json()["action"] == {"deny": "d" * 500}
+    assert response.json()["match"]["tags"] == match["tags"]
+    assert response.json()["match"]["conditions"][0]["value"] == ["v" * 200] * 100
+
+
+@pytest.mark.parametrize(("condition", "named"), [
+    ({"path": "input." + "p" * 100_000, "op": "exists"}, "path"),
+    ({"path": "input.x", "op": "in", "value": ["v" * 1000] * 800}, "value"),
+    ({"path": "input.x", "op": "prefix", "value": "v" * 201}, "value"),
+])
+def test_a_node_when_and_a_trigger_filter_bound_their_conditions_as_rules_do(
+    client_a: APIClient, condition: dict[str, Any], named: str
+) -> None:
+    node = {"id": "a", "type": "action", "action": "noop", "when": condition}
+    response = client_a.post("/api/v1/workflows", {"name": "w", "spec": {"nodes": [node]}}, format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    assert list(response.json()["error"]["details"]) == [f"spec.nodes[0].when.{named}"]
+    spec = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
+    assert client_a.post("/api/v1/workflows", {"name": "w", "spec": spec}, format="json").status_code == 201
+    event_condition = {**condition, "path": condition["path"].replace("input.", "event.payload.")}
+    response = client_a.post("/api/v1/triggers", {"workflow": "w", "event": "e", "filter": {"any": [event_condition]}},
+                             format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    assert list(response.json()["error"]["details"]) == [f"filter.any[0].{named}"]
+    assert client_a.get("/api/v1/triggers").json()["results"] == []
+
+
+def test_the_schema_states_the_bounds_of_rules_and_conditions(client_a: APIClient) -> None:
+    components = schema(client_a)["components"]["schemas"]
+    match, deny, route = components["RuleMatch"], components["RuleDeny"], components["RuleRoute"]
+    assert (match["properties"]["tags"]["maxItems"], match["properties"]["tags"]["items"]["maxLength"]) == (50, 100)
+    assert deny["properties"]["deny"]["maxLength"] == 500
+    assert route["properties"]["pool"]["maxLength"] == 100
+    for condition in ("RuleCondition", "EventCondition", "NodeCondition"):
+        assert components[condition]["properties"]["path"]["maxLength"] == 200, condition

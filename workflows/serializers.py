@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
+from ductor_project.core.bounds import MAX_TAG_CHARS, MAX_TAGS
 from ductor_project.core.errors import ERROR_CODE_COMPONENT, StepErrorCode
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
@@ -216,8 +217,8 @@ class RunStartSerializer(StrictSerializer):
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
     tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], required=False, default=None,
                                    allow_null=True)
-    tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list,
-                                 max_length=50)
+    tags = serializers.ListField(child=serializers.CharField(max_length=MAX_TAG_CHARS), required=False, default=list,
+                                 max_length=MAX_TAGS)
     fairness_key = serializers.CharField(
         max_length=MAX_FAIRNESS_KEY, required=False, allow_blank=True, default="",
         help_text="Its fairness key inside your tenant (your own customer, say): your backlogged keys share your "

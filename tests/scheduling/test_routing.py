@@ -313,7 +313,7 @@ def test_no_partition_key_without_a_template(tenant):
         ({"action": ""}, "match.action"),
         ({"action": 5}, "match.action"),
         ({"tags": "pii"}, "match.tags"),
-        ({"tags": [""]}, "match.tags"),
+        ({"tags": [""]}, "match.tags[0]"),
         ({"conditions": {}}, "match.conditions"),
         ({"conditions": [{"path": "a", "op": "eq", "value": 1}] * 21}, "match.conditions"),
         ({"conditions": ["x"]}, "match.conditions[0]"),
