@@ -6,7 +6,14 @@ walks the value. Every body is decoded here and refused with
 ``400 malformed_json`` when it is nested deeper than ``DUCTOR_MAX_JSON_DEPTH``
 (the check walks the value iteratively). A string or key that holds what
 PostgreSQL's ``jsonb`` cannot store, a NUL character (``\\u0000``) or a lone
-surrogate (``\\ud800``), is ``400 invalid`` naming where it is (``input.name``).
+surrogate (``\\ud800``), or a number too large to be finite (``1e400``, which
+reads as infinity), is ``400 invalid`` naming where it is (``input.name``).
+
+Two more things valid JSON can hold are refused as ``400 malformed_json``, saying
+what is wrong in plain words: an object with a key twice (``{"workflow": "a",
+"workflow": "b"}``: which one was meant? JSON leaves it open, and Python would
+keep the last one silently), and a whole number with more digits than Python
+converts (``sys.get_int_max_str_digits()``, 4,300).
 
 The URL gets the same care before any view (``NulCharacterMiddleware``): a
 path with a NUL in it names nothing that can exist (``404 not_found``), and a
@@ -17,6 +24,10 @@ text (a 500).
 
 from __future__ import annotations
 
+import codecs
+import json
+import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,13 +35,58 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
+from rest_framework.parsers import get_encoding  # type: ignore[attr-defined]  # not in the stubs
 
 from ductor_project.core.errors import ApiError, ErrorCode, error_body, json_404
 from ductor_project.core.payloads import json_depth, unstorable_char, unstorable_detail, unstorable_path
 
 
-def _message(where: str, char: str) -> str:
-    return f"Invalid field(s): {where}. {unstorable_detail(char)}"
+def _message(where: str, why: str) -> str:
+    return f"Invalid field(s): {where}. {why}"
+
+
+class _Refused(ValueError):
+    """What valid JSON holds that a body may not: a repeated key, a number of too many digits. Its
+    message is said to the client as it is."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict (``object_pairs_hook``), refusing a key given twice."""
+    built = dict(pairs)
+    if len(built) == len(pairs):
+        return built
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            shown = json.dumps(key if len(key) <= 100 else key[:100] + "…", ensure_ascii=False)
+            raise _Refused(f"duplicate key {shown} in an object; give each key once")
+        seen.add(key)
+    raise AssertionError("unreachable: a shorter dict has a repeated key")
+
+
+def _constant(name: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity`` (``parse_constant``): not JSON, refused."""
+    raise _Refused(f"{name} is not a JSON number")
+
+
+# Python's refusal of a whole number of too many digits, which advises a call of Python's.
+_TOO_MANY_DIGITS = re.compile(r"integer string conversion: value has (\d+) digits")
+
+
+def loads(text: str) -> Any:
+    """``text`` as JSON, as the API reads every body: strict about constants, refusing a key given
+    twice and a whole number of more digits than ``sys.get_int_max_str_digits()`` (``ValueError``,
+    saying which in plain words). Whole numbers are read by the decoder's own C code (a
+    ``parse_int`` of Python's would make a body of numbers several times slower to read); its
+    refusal of a long one is reworded."""
+    try:
+        return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
+    except ValueError as exc:
+        too_long = _TOO_MANY_DIGITS.search(str(exc)) if type(exc) is ValueError else None
+        if too_long is None:
+            raise
+        limit = sys.get_int_max_str_digits()
+        raise _Refused(f"a number has {too_long.group(1)} digits; at most {limit} are accepted") from exc
 
 
 class JSONParser(parsers.JSONParser):
@@ -39,16 +95,19 @@ class JSONParser(parsers.JSONParser):
     ) -> Any:
         limit = settings.DUCTOR_MAX_JSON_DEPTH
         try:
-            data = super().parse(stream, media_type, parser_context)
+            text = codecs.getreader(get_encoding(parser_context or {}))(stream).read()
+            data = loads(text)
         except RecursionError as exc:
             raise ParseError(f"JSON parse error - nested deeper than {limit} levels") from exc
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from exc
         depth = json_depth(data)
         if depth > limit:
             raise ParseError(f"JSON parse error - nested {depth} levels deep; at most {limit} are accepted")
         found = unstorable_path(data)
         if found is not None:
-            where, char = found
-            raise ApiError(_message(where, char), code=ErrorCode.INVALID, details={where: [unstorable_detail(char)]})
+            where, why = found
+            raise ApiError(_message(where, why), code=ErrorCode.INVALID, details={where: [why]})
         return data
 
 
@@ -65,7 +124,8 @@ class NulCharacterMiddleware:
         for name, values in request.GET.lists():
             char = next(filter(None, map(unstorable_char, [name, *values])), None)
             if char is not None:
-                body = error_body(ErrorCode.INVALID, _message(name, char), {name: [unstorable_detail(char)]})
+                why = unstorable_detail(char)
+                body = error_body(ErrorCode.INVALID, _message(name, why), {name: [why]})
                 return JsonResponse(body, status=400)
         return self.get_response(request)
 

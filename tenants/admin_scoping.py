@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.text import smart_split
 
 from ductor_project.core.context import tenant_context
-from ductor_project.core.payloads import unstorable_detail, unstorable_path
+from ductor_project.core.payloads import unstorable_path
 from tenants.scoping import TenantScopedModel
 
 
@@ -110,13 +110,14 @@ def _a_year(text: str) -> bool:
 
 class StorableJSONField(forms.JSONField):
     """A JSON form field that refuses what PostgreSQL's ``jsonb`` cannot store (a NUL, a lone
-    surrogate) with the field's error, naming where, as the API does; saved, it failed (a 500)."""
+    surrogate, a number too large to be finite) with the field's error, naming where, as the API
+    does; saved, it failed (a 500)."""
 
     def validate(self, value: Any) -> None:
         super().validate(value)
         found = unstorable_path(value)
         if found is not None:
-            raise forms.ValidationError(f"{found[0]}: {unstorable_detail(found[1])}")
+            raise forms.ValidationError(f"{found[0]}: {found[1]}")
 
 
 class StorableJSONMixin:

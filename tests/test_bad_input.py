@@ -444,3 +444,66 @@ def test_the_schema_states_the_bounds_of_rules_and_conditions(client_a: APIClien
     assert route["properties"]["pool"]["maxLength"] == 100
     for condition in ("RuleCondition", "EventCondition", "NodeCondition"):
         assert components[condition]["properties"]["path"]["maxLength"] == 200, condition
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ('{"workflow": "w", "input": {"x": 1e400}}', "input.x"),
+    ('{"workflow": "w", "input": {"list": [1, -2.5e999]}}', "input.list[1]"),
+    ('{"workflow": "w", "input": {"x": 1' + "0" * 400 + '.5}}', "input.x"),
+])
+def test_a_number_too_large_to_be_finite_is_400_invalid_naming_it(client_a: APIClient, body: str, named: str) -> None:
+    response = client_a.post("/api/v1/runs", body, content_type="application/json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content
+    assert list(response.json()["error"]["details"]) == [named]
+    assert "number is too large" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_a_whole_number_of_too_many_digits_is_malformed_json_said_plainly(client_a: APIClient, sign: str) -> None:
+    body = '{"workflow": "w", "input": {"x": ' + sign + "9" * 5000 + "}}"
+    response = client_a.post("/api/v1/runs", body, content_type="application/json")
+    assert (response.status_code, error_code(response)) == (400, "malformed_json"), response.content
+    message = response.json()["error"]["message"]
+    assert "a number has 5000 digits; at most 4300 are accepted" in message
+    assert "sys." not in message
+    assert "set_int_max_str_digits" not in message
+    within = '{"workflow": "none", "input": {"x": ' + "9" * 4300 + "}}"
+    assert client_a.post("/api/v1/runs", within, content_type="application/json").status_code == 404
+
+
+@pytest.mark.parametrize(("body", "key"), [
+    ('{"workflow": "child", "workflow": "main"}', "workflow"),
+    ('{"workflow": "main", "input": {"a": 1, "b": 2, "a": 3}}', "a"),
+    ('{"workflow": "main", "input": {"list": [{"k": 1, "k": 1}]}}', "k"),
+])
+def test_a_key_given_twice_in_an_object_is_malformed_json_naming_it_and_starts_nothing(
+    client_a: APIClient, world: dict[str, str], body: str, key: str
+) -> None:
+    before = client_a.get("/api/v1/runs").json()
+    response = client_a.post("/api/v1/runs", body, content_type="application/json")
+    assert (response.status_code, error_code(response)) == (400, "malformed_json"), response.content
+    assert f'duplicate key "{key}"' in response.json()["error"]["message"]
+    assert client_a.get("/api/v1/runs").json() == before
+
+
+def test_every_api_view_reads_its_body_with_the_one_json_parser() -> None:
+    """One parser reads every body, so each refuses a repeated key, a number of too many digits and
+    one too large alike: no view names parsers of its own."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+    from rest_framework.views import APIView
+
+    from ductor_project.parsers import JSONParser
+
+    def views(patterns: list[Any]) -> Any:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                yield from views(pattern.url_patterns)
+            elif isinstance(pattern, URLPattern):
+                view = getattr(pattern.callback, "cls", None)
+                if isinstance(view, type) and issubclass(view, APIView):
+                    yield view
+
+    found = set(views(get_resolver().url_patterns))
+    assert len(found) >= 20
+    for view in found:
+        assert list(view.parser_classes) == [JSONParser], view

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -47,6 +48,14 @@ def unstorable_detail(char: str) -> str:
     return f"A lone surrogate (U+{ord(char):04X}) is not a character and cannot be stored."
 
 
+def nonfinite_detail(number: float) -> str:
+    """Why ``number`` (not finite: what a JSON number too large to be a double parses as) cannot be
+    stored, as an error names it."""
+    if math.isnan(number):
+        return "Not a number (NaN) cannot be stored."
+    return "This number is too large: it is past the largest a double holds (about 1.8e308) and reads as infinity."
+
+
 def _leaves(value: Any) -> Iterator[tuple[str, Any]]:
     """Each key (as text) and each value that is not an object or an array, anywhere in ``value``,
     with its path (``input.name``, ``nodes[2]``; ``""`` for ``value`` itself). Iterative."""
@@ -65,26 +74,36 @@ def _leaves(value: Any) -> Iterator[tuple[str, Any]]:
             yield path, item
 
 
+def _flaw(leaf: Any) -> str | None:
+    """Why a leaf (``_leaves``) cannot be stored in ``jsonb``: a character of its text, or a number
+    that is not finite (``1e400`` parses as infinity, which neither ``jsonb`` nor JSON holds)."""
+    if isinstance(leaf, str):
+        char = unstorable_char(leaf)
+        return unstorable_detail(char) if char is not None else None
+    if isinstance(leaf, float) and not math.isfinite(leaf):
+        return nonfinite_detail(leaf)
+    return None
+
+
 def unstorable_path(value: Any) -> tuple[str, str] | None:
     """The path (``input.name``, ``nodes[2]``; ``(the body)`` for ``value`` itself) of the first
-    string or key of ``value`` that holds a character that cannot be stored, with that character;
-    None when there is none. Iterative."""
+    string or key of ``value`` that holds a character that cannot be stored, or of the first number
+    that is not finite, with why it cannot be stored (a message); None when there is none. Iterative."""
     for path, leaf in _leaves(value):
-        if isinstance(leaf, str) and (char := unstorable_char(leaf)) is not None:
-            return path or "(the body)", char
+        if (why := _flaw(leaf)) is not None:
+            return path or "(the body)", why
     return None
 
 
 def unkeepable(value: Any) -> tuple[str, str] | None:
-    """Where ``value`` (a result, an output) holds what no payload keeps, and why, or None: a string
-    or a key with a character that cannot be stored, or bytes, which JSON has no type for (Celery's
-    JSON carries them; kept as text, they would be Python's ``b'...'``). The path is ``""`` for
+    """Where ``value`` (a result, an output) holds what no payload keeps, and why, or None: what
+    cannot be stored (``unstorable_path``), or bytes, which JSON has no type for (Celery's JSON
+    carries them; kept as text, they would be Python's ``b'...'``). The path is ``""`` for
     ``value`` itself."""
     for path, leaf in _leaves(value):
-        if isinstance(leaf, str):
-            if (char := unstorable_char(leaf)) is not None:
-                return path, unstorable_detail(char)
-        elif isinstance(leaf, bytes | bytearray | memoryview):
+        if (why := _flaw(leaf)) is not None:
+            return path, why
+        if isinstance(leaf, bytes | bytearray | memoryview):
             return path, "Bytes are not JSON: give text (decoded, or in base64)."
     return None
 
