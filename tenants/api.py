@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any, TypeVar
 
@@ -197,9 +197,11 @@ def no_body(request: Any, *, found: T) -> T:
     """``found``, the object the action is for (looked up first: another tenant's is a 404 whatever
     the body), once the request is checked to carry no body (``POST /runs/{id}/cancel``): each field
     of one is ``400 unknown_field``, as on any other endpoint, and anything but an object is ``400
-    invalid``. An empty one, ``{}`` or none, is what the action takes."""
-    if request.data:
-        _NoBody(data=request.data).is_valid(raise_exception=True)
+    invalid``, an empty one too (``[]``, ``null``, ``""``, ``0``, ``false``). An empty object, ``{}``
+    or no body at all, is what the action takes."""
+    data = request.data
+    if not (isinstance(data, Mapping) and not data):
+        _NoBody(data=data).is_valid(raise_exception=True)
     return found
 
 

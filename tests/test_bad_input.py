@@ -348,6 +348,18 @@ def test_an_action_that_takes_no_body_refuses_one_naming_its_fields(
     assert sorted(refused.json()["error"]["details"]) == ["bogus_field", "force"]
     listed = client_a.post(url, [1], format="json")
     assert (listed.status_code, error_code(listed)) == (400, "invalid"), listed.content
+    for empty in ("[]", "null", '""', "0", "false"):
+        refused = client_a.post(url, empty, content_type="application/json")
+        assert (refused.status_code, error_code(refused)) == (400, "invalid"), (empty, refused.content)
+
+
+@pytest.mark.parametrize("path", ["runs/{runs}/cancel", "schedules/{schedules}/pause", "api-keys/{api-keys}/revoke"])
+def test_an_action_that_takes_no_body_takes_none_or_an_empty_object(
+    client_a: APIClient, world: dict[str, str], path: str
+) -> None:
+    url = "/api/v1/" + path.format_map(world)
+    assert client_a.post(url).status_code == 200
+    assert client_a.post(url, "{}", content_type="application/json").status_code == 200
 
 
 def test_a_platform_action_that_takes_no_body_refuses_one(platform: APIClient, tenant_a: tuple[Tenant, str]) -> None:
