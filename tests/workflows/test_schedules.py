@@ -410,7 +410,11 @@ def test_a_schedule_is_created_read_listed_changed_paused_resumed_and_deleted(
 
 
 @pytest.mark.parametrize(("body", "field", "words"), [
-    ({"cron": "61 * * * *"}, "cron", ["Bad minute"]),
+    ({"cron": "61 * * * *"}, "cron", ["field 1 of 5, the minute, is '61'", "0-59"]),
+    ({"cron": "0 0 1 1 * 2099"}, "cron", ["field 6 of 6, the day of week, is '2099'", "0-7",
+                                          "the second comes first", "no year field"]),
+    ({"cron": "0 0 1 1 * 2099 *"}, "cron", ["it has 7 fields; give 5", "or 6"]),
+    ({"cron": "* * 31 2 *"}, "cron", ["the day of month, is '31'", "one of the months named has"]),
     ({"cron": "every day"}, "cron", ["Not a cron expression"]),
     ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "timezone", ["Unknown time zone"]),
     ({"cron": "* * * * *", "timezone": "localtime"}, "timezone", ["Unknown time zone"]),
@@ -437,6 +441,17 @@ def test_bad_input_is_a_400_naming_the_field_and_leaves_nothing(
     assert all(word in " ".join(error["details"][field]) for word in words), error
     with tenant_context(tenant_a[0]):
         assert not Schedule.objects.exists()
+
+
+@pytest.mark.parametrize("body", [{}, {"cron": "* * * * *", "interval_s": 60}])
+def test_a_message_said_of_both_cron_and_interval_s_is_said_once(
+    client_a: APIClient, tenant_a: tuple[Tenant, str], body: dict[str, Any]
+) -> None:
+    with_flow(tenant_a[0])
+    error = assert_error(post(client_a, **body), 400, "invalid")
+    assert sorted(error["details"]) == ["cron", "interval_s"]
+    said = error["details"]["cron"][0]
+    assert error["message"] == f"Invalid field(s): cron, interval_s. {said}"
 
 
 def test_unknown_fields_a_taken_name_and_a_bad_patch_are_refused(

@@ -41,8 +41,10 @@ FIELDS = frozenset({"name", "workflow", "version", "input", "overlap", "catchup_
 
 
 def invalid(errors: Mapping[str, str]) -> ApiError:
-    """``400 invalid`` naming each bad field, in the shape the API uses for validation errors."""
-    return ApiError(f"Invalid field(s): {', '.join(errors)}. " + " ".join(errors.values()), code=ErrorCode.INVALID,
+    """``400 invalid`` naming each bad field, in the shape the API uses for validation errors; a
+    message said of several fields (give cron or interval_s) is said once."""
+    messages = " ".join(dict.fromkeys(errors.values()))
+    return ApiError(f"Invalid field(s): {', '.join(errors)}. {messages}", code=ErrorCode.INVALID,
                     details={field: [message] for field, message in errors.items()})
 
 

@@ -190,10 +190,43 @@ def cron_problem(cron: str, timezone: str) -> str | None:
     try:
         fires = CronSim(cron, datetime.now(zoneinfo.ZoneInfo(timezone)))
     except CronSimError as exc:
-        return f"Not a cron expression: {exc} (5 fields: minute hour day month weekday, or 6 with seconds first)."
+        return f"Not a cron expression: {_syntax_problem(cron, str(exc))}"
     if next(fires, None) is None:
         return "This expression never fires."
     return None
+
+
+# The fields of a six-field expression, in order, and what each takes; a five-field one has all but
+# the first. Keyed by how cronsim names a bad one ("Bad day-of-week").
+_FIELDS = {
+    "second": ("the second", "0-59"),
+    "minute": ("the minute", "0-59"),
+    "hour": ("the hour", "0-23"),
+    "day-of-month": ("the day of month", "1-31, and a day that one of the months named has"),
+    "month": ("the month", "1-12 or jan-dec"),
+    "day-of-week": ("the day of week", "0-7 or sun-sat (0 and 7 are Sunday), L and #"),
+}
+_FIVE = "minute hour day-of-month month day-of-week"
+
+
+def _syntax_problem(cron: str, refusal: str) -> str:
+    """What cronsim's ``refusal`` of ``cron`` ("Bad day-of-week") means, in words: which field, as
+    written, and what it takes. Six fields have the seconds first: a year field, as some crons take
+    one last, would be read as the day of week."""
+    parts = cron.split()
+    if len(parts) not in (5, 6):
+        return f"it has {len(parts)} fields; give 5 ({_FIVE}) or 6 (second {_FIVE})."
+    names = list(_FIELDS)[-len(parts):]
+    bad = refusal.removeprefix("Bad ")
+    if bad not in names:
+        return f"{refusal} (5 fields: {_FIVE}, or 6 with the second first)."
+    position = names.index(bad)
+    name, takes = _FIELDS[bad]
+    message = (f"field {position + 1} of {len(parts)}, {name}, is '{parts[position]}'; it takes {takes}, "
+               "with *, ranges, steps and lists.")
+    if len(parts) == 6:
+        message += f" Six fields are second {_FIVE}: the second comes first, and there is no year field."
+    return message
 
 
 def jitter_delay(schedule_id: str, fire: datetime, jitter_s: float) -> timedelta:
