@@ -46,7 +46,7 @@ from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSe
 from tenants.models import Tier
 
 INT_MAX = 2**31 - 1
-MAX_RATE_PER_S = 1_000_000.0
+MAX_RATE_PER_S = capacity.MAX_RATE_PER_S
 MAX_SECRET_CHARS = 8192
 MAX_MEMBERS = 200
 # Names of connections and pools are identifiers: members and rules refer to them.

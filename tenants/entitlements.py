@@ -82,10 +82,23 @@ CEILING_FIELDS = {
 }
 
 
-# Largest value of each integer limit: what its Plan column can hold, or what its use can (a retention
-# period is subtracted from today's date: a century is as long as a date can take, and then some).
-_INT_MAX = {"monthly_run_quota": 2**63 - 1, "event_retention_days": 36_500, "history_retention_days": 36_500}
+# Largest value of each integer limit: what its Plan column can hold, or what its use can. A retention
+# period is subtracted from today's date: a century is as long as a date can take, and then some. A
+# sub-workflow level is a run waiting on a child run, and a run's lineage nests its tree a level per
+# level (the plans allow 2 to 10): 32 is past any real use. A payload is stored in a jsonb column,
+# which holds at most 256 MiB - 1 bytes.
+MAX_NESTING_DEPTH = 32
+MAX_PAYLOAD_BYTES = 256 * 1024 * 1024 - 1
+_INT_MAX = {"monthly_run_quota": 2**63 - 1, "event_retention_days": 36_500, "history_retention_days": 36_500,
+            "max_nesting_depth": MAX_NESTING_DEPTH, "max_payload_bytes": MAX_PAYLOAD_BYTES}
 _INT_MAX_DEFAULT = 2**31 - 1
+
+
+def limit_maximum(field: str) -> float:
+    """The largest value the limit ``field`` takes (a rate: per second)."""
+    if field.endswith("_per_s"):
+        return capacity.MAX_RATE_PER_S
+    return _INT_MAX.get(field, _INT_MAX_DEFAULT)
 
 
 def coerce_limit(field: str, value: Any) -> Any:
@@ -104,18 +117,31 @@ def coerce_limit(field: str, value: Any) -> Any:
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
-            or value < capacity.MIN_RATE_PER_S
+            or not capacity.MIN_RATE_PER_S <= value <= capacity.MAX_RATE_PER_S
         ):
-            raise ValueError(f"must be a finite number of at least {capacity.MIN_RATE_PER_S} per second")
+            raise ValueError(f"must be a finite number of at least {capacity.MIN_RATE_PER_S} and at most "
+                             f"{capacity.MAX_RATE_PER_S:.0f} per second")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("must be a non-negative integer")
     if field in ("weight", "max_concurrency", "step_burst", "api_burst", "event_retention_days",
                  "history_retention_days") and value < 1:
         raise ValueError("must be at least 1")
-    if value > _INT_MAX.get(field, _INT_MAX_DEFAULT):
-        raise ValueError(f"must be at most {_INT_MAX.get(field, _INT_MAX_DEFAULT)}")
+    if value > limit_maximum(field):
+        raise ValueError(f"must be at most {int(limit_maximum(field))}")
     return value
+
+
+def _stored(field: str, value: Any) -> Any:
+    """An override's stored ``value`` as ``coerce_limit`` takes it; one stored before its limit had
+    its bound (a max_nesting_depth of a million) counts as that bound, never as an error of every
+    request of the tenant."""
+    try:
+        return coerce_limit(field, value)
+    except ValueError:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > limit_maximum(field):
+            return coerce_limit(field, type(value)(limit_maximum(field)))
+        raise
 
 
 def _plan_version() -> int:
@@ -136,7 +162,7 @@ def resolve(tenant: Tenant) -> Entitlements:
     applied = []
     for override in overrides:
         if override.field in values:
-            values[override.field] = coerce_limit(override.field, override.value)
+            values[override.field] = _stored(override.field, override.value)
             applied.append(override.field)
     values["allowed_tiers"] = tuple(values["allowed_tiers"])
     return Entitlements(plan=plan.slug, overridden=tuple(sorted(applied)), **values)

@@ -519,3 +519,21 @@ def test_every_api_view_reads_its_body_with_the_one_json_parser() -> None:
     assert len(found) >= 20
     for view in found:
         assert list(view.parser_classes) == [JSONParser], view
+
+
+@pytest.mark.parametrize(("field", "value", "bound"), [
+    ("max_nesting_depth", 1_000_000, "at most 32"), ("max_nesting_depth", 33, "at most 32"),
+    ("max_payload_bytes", 2**31 - 1, "at most 268435455"), ("api_rate_per_s", 1e300, "at most 1000000"),
+    ("step_rate_per_s", 1_000_001, "at most 1000000"), ("event_retention_days", 36_501, "at most 36500"),
+])
+def test_an_override_past_its_limit_s_bound_is_400_invalid_naming_it(
+    platform: APIClient, tenant_a: tuple[Tenant, str], field: str, value: Any, bound: str
+) -> None:
+    url = f"/api/v1/tenants/{tenant_a[0].slug}/overrides/{field}"
+    response = platform.put(url, {"value": value}, format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content
+    assert list(response.json()["error"]["details"]) == ["value"]
+    assert field in response.json()["error"]["message"]
+    assert bound in response.json()["error"]["message"]
+    assert platform.get(f"/api/v1/tenants/{tenant_a[0].slug}/overrides").json() == []
+    assert platform.put(url.replace(field, "max_nesting_depth"), {"value": 32}, format="json").status_code == 200

@@ -44,6 +44,10 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 # The slowest rate any limiter takes (per second): one start in 1,000 s. A slower one is no rate but a
 # lock (1e-320 per second would admit nothing, ever), so every rate a tenant or the platform sets is at least this.
 MIN_RATE_PER_S = 0.001
+# The fastest rate a limiter is set to (per second): a faster one is no limit a limiter can keep (its
+# emission interval, in milliseconds, would round to nothing); a tenant's rates and a pool's or a
+# connection's alike are at most this.
+MAX_RATE_PER_S = 1_000_000.0
 # The Lua functions of the counters, for scripts of other modules (see ``lua_library``).
 LUA_LIBRARY = LUA_DIR / "capacity_lib.lua"
 

@@ -213,6 +213,15 @@ def test_saving_and_deleting_an_override_row_directly_invalidates_the_cached_lim
     assert effective_entitlements(free_tenant).max_workflows == 10
 
 
+def test_an_override_stored_past_its_limit_s_bound_counts_as_the_bound(free_tenant):
+    """A row written before the bound (or past the API) never makes every request of the tenant fail."""
+    with tenant_context(free_tenant):
+        TenantEntitlementOverride.objects.create(field="max_nesting_depth", value=1_000_000)
+        TenantEntitlementOverride.objects.create(field="api_rate_per_s", value=1e300)
+    found = effective_entitlements(free_tenant)
+    assert (found.max_nesting_depth, found.api_rate_per_s) == (32, 1_000_000.0)
+
+
 def test_a_stale_read_cached_between_an_override_write_and_its_commit_is_dropped_at_commit(
     free_tenant, django_capture_on_commit_callbacks
 ):
@@ -395,6 +404,11 @@ def test_coerce_limit_accepts_and_normalizes_a_valid_value(field, value, normali
         ("event_retention_days", 36_501, "at most 36500"),
         ("history_retention_days", 2**31 - 1, "at most 36500"),
         ("step_rate_per_s", math.inf, "finite"),
+        ("step_rate_per_s", 1_000_001, "at most 1000000 per second"),
+        ("api_rate_per_s", 1e300, "at most 1000000 per second"),
+        ("max_nesting_depth", 33, "at most 32"),
+        ("max_nesting_depth", 1_000_000, "at most 32"),
+        ("max_payload_bytes", 256 * 1024 * 1024, "at most 268435455"),
         ("step_rate_per_s", math.nan, "finite"),
         ("allowed_tiers", [], "non-empty list of tiers"),
         ("allowed_tiers", ["gold"], "non-empty list of tiers"),
