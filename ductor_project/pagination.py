@@ -1,7 +1,8 @@
 """API pagination: stable cursor pages, newest first, ties broken by id.
 
 ``page_size`` and ``cursor`` are checked on every list alike: a ``page_size``
-that is not a whole number from 1 to ``max_page_size``, or a cursor that is
+that is not a whole number from 1 to ``max_page_size`` in ASCII digits (no sign,
+space or other script's digit), or a cursor that is
 not one this API handed out, is ``400 invalid`` naming the parameter.
 
 A cursor is DRF's position, offset and direction, signed (Django's signing,
@@ -33,7 +34,9 @@ class CursorPagination(pagination.CursorPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return super().get_page_size(request)
-        size = int(raw) if raw.isdigit() else 0
+        # ASCII digits only: str.isdigit also takes other scripts' digits (U+0665, which int() reads as
+        # 5) and superscripts (U+00B2, which it cannot read); and no more digits than a page size has.
+        size = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 else 0
         if not 1 <= size <= self.max_page_size:
             raise ValidationError({"page_size": [f"A whole number from 1 to {self.max_page_size}."]})
         return size

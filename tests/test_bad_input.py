@@ -164,6 +164,10 @@ LISTS = ["/api/v1/api-keys", "/api/v1/connections", "/api/v1/pools", "/api/v1/ru
 @pytest.mark.parametrize("url", LISTS)
 @pytest.mark.parametrize(("query", "field"), [("page_size=abc", "page_size"), ("page_size=0", "page_size"),
                                               ("page_size=501", "page_size"), ("page_size=-3", "page_size"),
+                                              ("page_size=%D9%A5", "page_size"),  # an Arabic-Indic 5
+                                              ("page_size=%C2%B2", "page_size"),  # a superscript 2
+                                              ("page_size=%205", "page_size"), ("page_size=%2B5", "page_size"),
+                                              ("page_size=" + "9" * 5000, "page_size"),
                                               ("cursor=not-a-cursor", "cursor"),
                                               ("cursor=cD1ub3RhZGF0ZQ==", "cursor"),  # DRF's form of p=notadate
                                               ("cursor=cD14", "cursor"),  # p=x
