@@ -8,11 +8,11 @@ raises ``TenantScopeError`` with no tenant in context.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
+from ductor_project.core.ids import canonical_uuid
 from scheduling.models import Connection, FairnessKey, Pool, PoolMember, Rule
 from tenants.selectors import first_or_404, parse_uuid
 
@@ -29,10 +29,8 @@ def get_connection_for_tenant(connection_id: Any) -> Connection:
 
 def connection_by_reference(reference: str) -> Connection | None:
     """The tenant's connection with this id, else with this name; None when there is none."""
-    try:
-        found = Connection.objects.filter(pk=uuid.UUID(reference)).first()
-    except ValueError:
-        found = None
+    pk = canonical_uuid(reference)
+    found = Connection.objects.filter(pk=pk).first() if pk is not None else None
     return found or Connection.objects.filter(name=reference).first()
 
 

@@ -28,6 +28,7 @@ from rest_framework.views import APIView
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
+from ductor_project.core.ids import canonical_uuid
 from tenants.permissions import IsPlatformAdmin, request_tenant
 
 # Every method but OPTIONS (see the module docs).
@@ -98,6 +99,18 @@ class NameField(serializers.CharField):
 
     def to_internal_value(self, data: Any) -> str:
         return refuse_control_characters(super().to_internal_value(data))
+
+
+class CanonicalUUIDField(serializers.UUIDField):
+    """A UUID sent in a body or a query, in the canonical text form only
+    (``ductor_project.core.ids``): DRF's would also take ``{…}``, ``urn:uuid:…`` and the digits
+    without hyphens, which a path id of the same row is not found as."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        found = canonical_uuid(data)
+        if found is None:
+            self.fail("invalid", value=data)
+        return found
 
 
 class PatternField(serializers.RegexField):

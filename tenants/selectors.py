@@ -10,17 +10,19 @@ from django.db.models import QuerySet
 from ductor_project.core.capacity import tenant_in_flight
 from ductor_project.core.context import SYSTEM_TENANT_SLUG
 from ductor_project.core.errors import NotFound
+from ductor_project.core.ids import canonical_uuid
 from tenants.entitlements import effective_entitlements
 from tenants.models import ApiKey, Plan, Tenant, TenantEntitlementOverride, TenantMembership
 from tenants.usage import next_reset, object_counts, runs_this_month
 
 
 def parse_uuid(value: Any) -> uuid.UUID:
-    """A UUID from a path segment; anything else is simply not found."""
-    try:
-        return uuid.UUID(str(value))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise NotFound() from exc
+    """A UUID from a path segment, in the canonical form (``ductor_project.core.ids``); anything
+    else is simply not found."""
+    found = canonical_uuid(value)
+    if found is None:
+        raise NotFound()
+    return found
 
 
 def first_or_404(queryset: QuerySet[Any]) -> Any:
@@ -50,10 +52,8 @@ def tenant_list() -> QuerySet[Tenant]:
 def get_tenant(slug_or_id: str) -> Tenant:
     """A customer tenant by slug or id (platform admins only), or ``NotFound``."""
     qs = tenant_list()
-    try:
-        tenant = qs.filter(pk=uuid.UUID(slug_or_id)).first()
-    except ValueError:
-        tenant = qs.filter(slug=slug_or_id).first()
+    pk = canonical_uuid(slug_or_id)
+    tenant = qs.filter(pk=pk).first() if pk is not None else qs.filter(slug=slug_or_id).first()
     if tenant is None:
         raise NotFound()
     return tenant

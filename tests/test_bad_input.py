@@ -541,3 +541,43 @@ def test_an_override_past_its_limit_s_bound_is_400_invalid_naming_it(
     assert bound in response.json()["error"]["message"]
     assert platform.get(f"/api/v1/tenants/{tenant_a[0].slug}/overrides").json() == []
     assert platform.put(url.replace(field, "max_nesting_depth"), {"value": 32}, format="json").status_code == 200
+
+
+def other_forms(canonical: str) -> list[str]:
+    """The texts Python's uuid.UUID reads as the same id that the API does not take."""
+    bare = canonical.replace("-", "")
+    return ["{" + canonical + "}", "urn:uuid:" + canonical, bare, bare[:4] + "-" + bare[4:],
+            canonical + "%0A", "%20" + canonical]
+
+
+def test_a_run_path_takes_its_id_in_the_canonical_form_only(client_a: APIClient, world: dict[str, str]) -> None:
+    run = world["runs"]
+    for form in (run, run.upper()):
+        assert client_a.get(f"/api/v1/runs/{form}").status_code == 200, form
+        assert client_a.get(f"/api/v1/runs/{form}/events").status_code == 200, form
+    for form in other_forms(run):
+        for url in (f"/api/v1/runs/{form}", f"/api/v1/runs/{form}/steps"):
+            response = client_a.get(url)
+            assert (response.status_code, error_code(response)) == (404, "not_found"), url
+        cancelled = client_a.post(f"/api/v1/runs/{form}/cancel")
+        assert cancelled.status_code == 404, form
+    assert client_a.get(f"/api/v1/runs/{run}").json()["cancel_requested"] is False
+    for kind in ("schedules", "rules", "api-keys"):
+        assert client_a.get(f"/api/v1/{kind}/{{{world[kind]}}}").status_code == 404, kind
+
+
+def test_an_id_filter_or_an_id_in_a_body_takes_the_canonical_form_only(
+    client_a: APIClient, world: dict[str, str]
+) -> None:
+    run = world["runs"]
+    for form in (run, run.upper()):
+        listed = client_a.get(f"/api/v1/runs?root_run_id={form}")
+        assert [r["id"] for r in listed.json()["results"]] == [run], form
+    for form in other_forms(run):
+        response = client_a.get(f"/api/v1/runs?root_run_id={form}")
+        assert (response.status_code, error_code(response)) == (400, "invalid"), form
+        assert list(response.json()["error"]["details"]) == ["root_run_id"], form
+    refused = client_a.post("/api/v1/runs/cancel", {"ids": ["urn:uuid:" + run]}, format="json")
+    assert (refused.status_code, error_code(refused)) == (400, "invalid"), refused.content
+    assert all(name.startswith("ids") for name in refused.json()["error"]["details"])
+    assert client_a.get(f"/api/v1/runs/{run}").json()["cancel_requested"] is False

@@ -13,7 +13,14 @@ from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
 from scheduling.serializers import PATH_SEGMENT, TRACE_CONNECTION, TRACE_POOL, TRACE_RULE, condition_tree
 from scheduling.templates import MAX_PATH_SEGMENTS
-from tenants.api import AnyJSONField, PatternField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.api import (
+    AnyJSONField,
+    CanonicalUUIDField,
+    PatternField,
+    StrictModelSerializer,
+    StrictSerializer,
+    TextField,
+)
 from tenants.models import Tier
 from workflows.models import (
     Event,
@@ -254,7 +261,7 @@ class RunMatchSerializer(StrictSerializer):
     workflow = serializers.CharField(required=False, max_length=100, help_text="The runs of this workflow.")
     created_after = serializers.DateTimeField(required=False, help_text="Created at or after.")
     created_before = serializers.DateTimeField(required=False, help_text="Created before.")
-    root_run_id = serializers.UUIDField(required=False, help_text="The runs of this run tree.")
+    root_run_id = CanonicalUUIDField(required=False, help_text="The runs of this run tree.")
     tag = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, max_length=10,
         help_text="The runs that have every one of these tags (in a query string, `?tag=a&tag=b`).")
@@ -271,7 +278,7 @@ class RunFilterSerializer(RunMatchSerializer):
 
 
 class RunCancelManySerializer(RunMatchSerializer):
-    ids = serializers.ListField(child=serializers.UUIDField(), required=False, max_length=500,
+    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
                                 help_text="The runs to cancel, by id (the filters given apply too).")
     limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=500,
                                      help_text="At most this many runs in this call (`more` tells of the rest).")
