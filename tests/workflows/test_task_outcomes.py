@@ -92,6 +92,7 @@ def test_a_failure_keeps_the_exceptions_type_and_message_and_may_be_retried(tena
     ({"s": "a\ud800b"}, "output.s", "lone surrogate"),
     ({"b": b"hello"}, "output.b", "Bytes are not JSON"),
     ("\x00", "output", "NUL"),
+    ({"n": float("inf")}, "output.n", "too large"),
 ])
 def test_a_result_no_payload_keeps_fails_the_step_for_good_naming_where(tenant_b, result, field, why):
     """A NUL character or a lone surrogate cannot be stored, and bytes would be kept as Python's
