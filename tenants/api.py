@@ -3,6 +3,8 @@
 ``TenantAPIView`` authenticates, enters the request's tenant context for the
 whole request (permissions, throttles, the view body, serialization) and
 resets it afterwards. ``StrictSerializer`` refuses unknown fields, naming them.
+``StrictQueryMixin``, in every base view, refuses a query parameter the operation does
+not take (``tenants.query_params``) and answers every error in JSON.
 
 OPTIONS answers ``405``, and no ``Allow`` header offers it: DRF's metadata would describe a
 detail endpoint even for an id of another tenant, and every verb on such an id must answer 404
@@ -23,16 +25,39 @@ from django.http.response import HttpResponseBase
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers, viewsets
 from rest_framework.metadata import BaseMetadata
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from ductor_project.core.ids import canonical_uuid
 from tenants.permissions import IsPlatformAdmin, request_tenant
+from tenants.query_params import AcceptHeaderNegotiation, refuse_unknown_query_parameters
 
 # Every method but OPTIONS (see the module docs).
 HTTP_METHODS = ["get", "post", "put", "patch", "delete", "head"]
+
+
+class StrictQueryMixin:
+    """Refuses a query parameter the operation does not take (``400 unknown_field``, naming it) once
+    the caller is authenticated, allowed and not throttled, before the view does anything; and
+    answers every error in the one JSON error shape, whatever renderer the request asked for
+    (the browsable API's HTML is for what succeeds). ``?format=`` picks no renderer."""
+
+    content_negotiation_class: type[BaseContentNegotiation] = AcceptHeaderNegotiation
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        refuse_unknown_query_parameters(self)  # type: ignore[arg-type]
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response: Response = super().handle_exception(exc)  # type: ignore[misc]
+        request = self.request  # type: ignore[attr-defined]
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
+        return response
 
 
 class TenantScopeMixin:
@@ -54,15 +79,15 @@ class TenantScopeMixin:
             self._tenant_scope.enter_context(tenant_context(tenant))
 
 
-class TenantAPIView(TenantScopeMixin, APIView):
+class TenantAPIView(TenantScopeMixin, StrictQueryMixin, APIView):
     pass
 
 
-class TenantViewSet(TenantScopeMixin, viewsets.GenericViewSet):
+class TenantViewSet(TenantScopeMixin, StrictQueryMixin, viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
 
-class PlatformAPIView(APIView):
+class PlatformAPIView(StrictQueryMixin, APIView):
     """A platform-admin endpoint: superusers and platform keys only; 404 for anyone else."""
 
     permission_classes = [IsPlatformAdmin]
@@ -70,7 +95,7 @@ class PlatformAPIView(APIView):
     http_method_names = HTTP_METHODS
 
 
-class PlatformViewSet(viewsets.GenericViewSet):
+class PlatformViewSet(StrictQueryMixin, viewsets.GenericViewSet):
     """Platform-admin endpoints: superusers and platform keys only; 404 for anyone else."""
 
     permission_classes = [IsPlatformAdmin]
