@@ -581,3 +581,118 @@ def test_an_id_filter_or_an_id_in_a_body_takes_the_canonical_form_only(
     assert (refused.status_code, error_code(refused)) == (400, "invalid"), refused.content
     assert all(name.startswith("ids") for name in refused.json()["error"]["details"])
     assert client_a.get(f"/api/v1/runs/{run}").json()["cancel_requested"] is False
+
+
+PLATFORM_PATHS = ("/tenants", "/plans", "/task-catalog", "/platform/")
+# A value each query parameter of the schema takes (a cursor is followed from a page's own link).
+TAKEN_VALUES = {"page_size": "1", "name": "pong", "archived": "true", "status": "pending", "workflow": "wf",
+                "created_after": "2000-01-01T00:00:00Z", "created_before": "2999-01-01T00:00:00Z",
+                "root_run_id": "00000000-0000-0000-0000-000000000000", "tag": "x", "fairness_key": "k"}
+
+
+def client_for(path: str, client_a: APIClient, platform: APIClient) -> APIClient:
+    return platform if any(part in path for part in PLATFORM_PATHS) else client_a
+
+
+def test_every_operation_refuses_a_query_parameter_it_does_not_take_naming_it_before_doing_anything(
+    client_a: APIClient, platform: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
+) -> None:
+    """Every operation of the schema, tenant and platform, list, detail and action, every method (HEAD
+    as GET): an operation added later is covered without touching this test."""
+    operations = [(path, method, operation) for path, ops in schema(client_a)["paths"].items()
+                  for method, operation in ops.items()]
+    for path, method, operation in operations:
+        client, url = client_for(path, client_a, platform), concrete(path, world, tenant_a[0])
+        taken = sorted(p["name"] for p in operation.get("parameters", []) if p["in"] == "query")
+        query = "&".join([*(f"{name}={TAKEN_VALUES.get(name, 'x')}" for name in taken if name != "cursor"),
+                          "nme=ev.x", "bogus="])
+        response = getattr(client, method)(f"{url}?{query}", {}, format="json")
+        assert (response.status_code, response["Content-Type"]) == (400, "application/json"), (method, url)
+        error = response.json()["error"]
+        assert (error["code"], error["message"], error["details"]) == (
+            "unknown_field", "Unknown field(s): bogus, nme.", {"bogus": ["Unknown field."], "nme": ["Unknown field."]}
+        ), (method, url, taken)
+        if method == "get":
+            head = client.head(f"{url}?bogus=1")
+            assert head.status_code == 400, url
+    assert len(operations) >= 100, len(operations)
+    # Refused before the view did anything: every object is still there, as it was.
+    for path in ("api-keys", "runs", "schedules", "triggers", "webhooks", "connections", "fairness-keys"):
+        assert client_a.get(f"/api/v1/{path}/{world[path]}").status_code == 200, path
+    assert client_a.get(f"/api/v1/api-keys/{world['api-keys']}").json()["state"] == "active"
+    assert not client_a.get(f"/api/v1/runs/{world['runs']}").json()["cancel_requested"]
+
+
+def test_every_query_parameter_an_operation_lists_is_taken(
+    client_a: APIClient, platform: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
+) -> None:
+    checked, cursors = 0, 0
+    for path, operations in schema(client_a)["paths"].items():
+        client, url = client_for(path, client_a, platform), concrete(path, world, tenant_a[0])
+        for method, operation in operations.items():
+            for name in (p["name"] for p in operation.get("parameters", []) if p["in"] == "query"):
+                if name == "cursor":  # from the page's own link, with the page size it was made for
+                    first = client.get(f"{url}?page_size=1")
+                    assert first.status_code == 200, (url, first.content[:300])
+                    link = first.json()["next"]
+                    if link is None:  # a list of one item has no other page, nor a cursor
+                        continue
+                    assert "cursor=" in link
+                    response, cursors = client.get(link), cursors + 1
+                else:
+                    assert name in TAKEN_VALUES, f"give the query parameter {name!r} of {path} a value to send"
+                    response = getattr(client, method)(f"{url}?{name}={TAKEN_VALUES[name]}")
+                assert response.status_code == 200, (method, url, name, response.content[:300])
+                checked += 1
+    assert checked >= 20, checked
+    assert cursors >= 1, cursors  # the lists of one item have none; events' is followed below
+
+
+def test_documented_parameters_are_taken_and_do_what_they_say(
+    client_a: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
+) -> None:
+    with tenant_context(tenant_a[0]):
+        event_services.events_send([{"name": "ping"}, {"name": "pong"}])  # the world has one pong
+    named = client_a.get("/api/v1/events?name=pong").json()["results"]
+    assert [event["name"] for event in named] == ["pong", "pong"]
+    misspelled = client_a.get("/api/v1/events?nme=pong")
+    assert (misspelled.status_code, misspelled.json()["error"]["details"]) == (400, {"nme": ["Unknown field."]})
+    first = client_a.get("/api/v1/events?name=pong&page_size=1").json()
+    second = client_a.get(first["next"]).json()  # its link keeps the filter and the page size
+    assert [e["name"] for e in first["results"] + second["results"]] == ["pong", "pong"]
+    assert second["next"] is None
+    steps = client_a.get(f"/api/v1/runs/{world['runs']}/steps?page_size=1")
+    assert steps.status_code == 200, steps.content[:300]
+
+
+@pytest.mark.parametrize("url", ["/api/v1/runs", "/api/v1/events", "/api/v1/tenant", "/api/v1/entitlements"])
+@pytest.mark.parametrize("value", ["json", "api", "xml"])
+def test_format_is_no_parameter_of_the_api_and_is_refused_in_json_like_any_other(
+    client_a: APIClient, url: str, value: str
+) -> None:
+    for accept in ("application/json", "text/html"):
+        response = client_a.get(f"{url}?format={value}", HTTP_ACCEPT=accept)
+        assert (response.status_code, response["Content-Type"]) == (400, "application/json"), (accept, response)
+        assert response.json()["error"] == {"code": "unknown_field", "message": "Unknown field(s): format.",
+                                            "details": {"format": ["Unknown field."]}}
+
+
+def test_a_browser_gets_the_browsable_api_for_what_succeeds_and_json_for_every_error(client_a: APIClient) -> None:
+    page = client_a.get("/api/v1/runs", HTTP_ACCEPT="text/html")
+    assert (page.status_code, page["Content-Type"]) == (200, "text/html; charset=utf-8")
+    for url in ("/api/v1/runs?bogus=1", "/api/v1/runs/00000000-0000-0000-0000-000000000000"):
+        error = client_a.get(url, HTTP_ACCEPT="text/html")
+        assert error["Content-Type"] == "application/json", url
+        assert error.json()["error"]["code"] in ("unknown_field", "not_found")
+
+
+def test_a_platform_endpoint_refuses_an_unknown_query_parameter_only_to_a_platform_caller(
+    client_a: APIClient, platform: APIClient
+) -> None:
+    """A tenant's key learns nothing of the platform's endpoints: 404 whatever the query."""
+    hidden = client_a.get("/api/v1/tenants?bogus=1")
+    assert (hidden.status_code, error_code(hidden)) == (404, "not_found")
+    refused = platform.get("/api/v1/tenants?bogus=1")
+    assert (refused.status_code, error_code(refused)) == (400, "unknown_field")
+    assert (APIClient().get("/api/v1/runs?bogus=1").status_code, APIClient().get("/api/v1/tenants?bogus=1").status_code
+            ) == (401, 401)
