@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import get_encoding  # type: ignore[attr-defined]  # not in the stubs
@@ -111,9 +111,25 @@ class JSONParser(parsers.JSONParser):
         return data
 
 
+# The API's own views refuse such a query themselves, once they know the caller and the object:
+# another tenant's object is a 404 whatever its query holds (``tenants.api.StrictQueryMixin``).
+API_PREFIX = "/api/v1/"
+
+
+def unstorable_query(query: QueryDict) -> ApiError | None:
+    """The ``400 invalid`` of the first query parameter whose name or a value holds what cannot be
+    stored (a NUL character, a lone surrogate), naming it; None when there is none."""
+    for name, values in query.lists():
+        char = next(filter(None, map(unstorable_char, [name, *values])), None)
+        if char is not None:
+            why = unstorable_detail(char)
+            return ApiError(_message(name, why), code=ErrorCode.INVALID, details={name: [why]})
+    return None
+
+
 class NulCharacterMiddleware:
     """Refuses a NUL character in the request's path (404), and what cannot be stored in a query
-    parameter (400 naming it)."""
+    parameter (400 naming it) of any page but the API's, whose views refuse it (``API_PREFIX``)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -121,12 +137,9 @@ class NulCharacterMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if "\x00" in request.path:
             return json_404(request)
-        for name, values in request.GET.lists():
-            char = next(filter(None, map(unstorable_char, [name, *values])), None)
-            if char is not None:
-                why = unstorable_detail(char)
-                body = error_body(ErrorCode.INVALID, _message(name, why), {name: [why]})
-                return JsonResponse(body, status=400)
+        if not request.path.startswith(API_PREFIX) and (refused := unstorable_query(request.GET)) is not None:
+            body = error_body(ErrorCode.INVALID, str(refused.detail), refused.details)
+            return JsonResponse(body, status=400)
         return self.get_response(request)
 
 

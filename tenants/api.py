@@ -34,7 +34,8 @@ from rest_framework.views import APIView
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from ductor_project.core.ids import canonical_uuid
-from tenants.permissions import IsPlatformAdmin, request_tenant
+from ductor_project.parsers import unstorable_query
+from tenants.permissions import IsPlatformAdmin, refuse_unseen_object, request_tenant
 from tenants.query_params import AcceptHeaderNegotiation, refuse_unknown_query_parameters
 
 # Every method but OPTIONS (see the module docs).
@@ -42,16 +43,25 @@ HTTP_METHODS = ["get", "post", "put", "patch", "delete", "head"]
 
 
 class StrictQueryMixin:
-    """Refuses a query parameter the operation does not take (``400 unknown_field``, naming it) once
-    the caller is authenticated, allowed and not throttled, before the view does anything; and
+    """Refuses a query parameter the operation does not take (``400 unknown_field``, naming it), or
+    one that holds what cannot be stored (``400 invalid``), once the caller is authenticated,
+    allowed and not throttled, and another tenant's object is a 404 whatever its query holds,
+    before the view does anything; and
     answers every error in the one JSON error shape, whatever renderer the request asked for
     (the browsable API's HTML is for what succeeds). ``?format=`` picks no renderer."""
 
     content_negotiation_class: type[BaseContentNegotiation] = AcceptHeaderNegotiation
+    # A tenant's view: another tenant's object is a 404 before a query parameter is refused.
+    hides_foreign_objects: bool = False
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        refuse_unknown_query_parameters(self)  # type: ignore[arg-type]
+        first = refuse_unseen_object if self.hides_foreign_objects else None
+        if (refused := unstorable_query(request.query_params)) is not None:  # a NUL, a lone surrogate
+            if first is not None:
+                first(self)
+            raise refused
+        refuse_unknown_query_parameters(self, first=first)  # type: ignore[arg-type]
 
     def handle_exception(self, exc: Exception) -> Response:
         response: Response = super().handle_exception(exc)  # type: ignore[misc]
@@ -65,6 +75,7 @@ class TenantScopeMixin:
 
     metadata_class: str | type[BaseMetadata] | None = None
     http_method_names: Sequence[str] = HTTP_METHODS
+    hides_foreign_objects = True  # StrictQueryMixin: another tenant's object is a 404 first
     _tenant_scope: ExitStack
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:

@@ -76,10 +76,12 @@ def operation_query_parameters(route: Route) -> frozenset[str] | None:
     return frozenset(p["name"] for p in operation.get("parameters", []) if p["in"] == "query")
 
 
-def refuse_unknown_query_parameters(view: APIView) -> None:
+def refuse_unknown_query_parameters(view: APIView, *, first: Callable[[APIView], None] | None = None) -> None:
     """``400 unknown_field`` naming each query parameter of the view's request that its operation
     does not list (``operation_query_parameters``); HEAD takes what GET takes. A view outside
-    the URL configuration, or a method it does not serve, is left to answer as it does."""
+    the URL configuration, or a method it does not serve, is left to answer as it does. ``first``
+    runs before such a refusal: a tenant's view answers another tenant's object ``404``, whatever
+    else the request holds (``permissions.refuse_unseen_object``)."""
     request = view.request
     method = "GET" if request.method == "HEAD" else str(request.method)
     taken = operation_query_parameters((type(view), getattr(view, "action", None), method))
@@ -87,4 +89,6 @@ def refuse_unknown_query_parameters(view: APIView) -> None:
         return
     unknown = [name for name in request.query_params if name not in taken]
     if unknown:
+        if first is not None:
+            first(view)
         raise UnknownFields(unknown)

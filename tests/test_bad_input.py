@@ -696,3 +696,23 @@ def test_a_platform_endpoint_refuses_an_unknown_query_parameter_only_to_a_platfo
     assert (refused.status_code, error_code(refused)) == (400, "unknown_field")
     assert (APIClient().get("/api/v1/runs?bogus=1").status_code, APIClient().get("/api/v1/tenants?bogus=1").status_code
             ) == (401, 401)
+
+
+def test_another_tenant_s_object_is_a_404_whatever_query_parameters_come_with_it(
+    client_a: APIClient, tenant_b: tuple[Tenant, str]
+) -> None:
+    """As an id that does not exist: the refusal of a parameter would tell that the id is one."""
+    from workflows import services as workflow_services
+
+    with tenant_context(tenant_b[0]):
+        workflow_services.workflow_put(name="theirs", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+        run, _ = workflow_services.run_start(workflow="theirs")
+    for path in (f"/api/v1/runs/{run.pk}/steps?bogus=1", f"/api/v1/runs/{run.pk}?bogus=1",
+                 "/api/v1/workflows/theirs?bogus=1", f"/api/v1/runs/{run.pk}/steps?page_size=%00",
+                 f"/api/v1/runs/{run.pk}?%00=1"):
+        answer = client_a.get(path)
+        assert (answer.status_code, error_code(answer)) == (404, "not_found"), path
+    own = client_a.get("/api/v1/runs?bogus=1")
+    assert (own.status_code, error_code(own)) == (400, "unknown_field")
+    own = client_a.get("/api/v1/runs?tag=%00")
+    assert (own.status_code, error_code(own), list(own.json()["error"]["details"])) == (400, "invalid", ["tag"])
