@@ -79,8 +79,7 @@ class IsTenantMember(BasePermission):
 def refuse_unseen_object(view: Any) -> None:
     """On a detail route, raise ``NotFound`` unless the object is in the view's (scoped) queryset:
     its ``get_queryset()``, or, when that is the class's ``.none()`` (a view whose reads go through
-    selectors declares one for the schema alone), the tenant's rows of its model (none to hide when
-    its model is not a tenant's).
+    selectors declares one for the schema alone), the tenant's rows of its model.
 
     Runs before a scope refusal, so that another tenant's id is a 404 whatever
     the caller's scopes, exactly like an id that does not exist; and the tenant's own object is
@@ -94,9 +93,7 @@ def refuse_unseen_object(view: Any) -> None:
         return
     try:
         seen = view.get_queryset()
-        if seen.query.is_empty():
-            if not issubclass(seen.model, TenantScopedModel):
-                return  # no tenant's rows behind it (the catalog's tasks): nothing of one to hide
+        if seen.query.is_empty() and issubclass(seen.model, TenantScopedModel):
             seen = seen.model.objects.all()  # the tenant's own, as the scoped manager shows them
         found = seen.filter(**{lookup_field: value}).exists()
     except (DjangoValidationError, ValueError, TypeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -139,6 +140,10 @@ class TaskViewSet(TenantViewSet):
     lookup_field = "name"
     lookup_value_regex = LOOKUP
     pagination_class = None
+
+    def get_queryset(self) -> QuerySet[TaskCatalogEntry]:
+        """The entries this tenant may call (``catalog.visible``): what its detail routes show."""
+        return TaskCatalogEntry.objects.filter(name__in=[entry.name for entry in catalog.visible()])
 
     def list(self, request: Request) -> Response:
         return Response(TaskSerializer(catalog.visible(), many=True).data)
