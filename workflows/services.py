@@ -494,6 +494,26 @@ def run_cancel(*, run: WorkflowRun) -> WorkflowRun:
     return locked
 
 
+# How many times a cancel of many looks again for runs that started while it waited for a lock.
+CANCEL_PASSES = 3
+
+
+def _lock_matching(matching: Any, wanted: int) -> list[WorkflowRun]:
+    """Up to ``wanted`` of the runs ``matching`` finds, oldest first, locked. A run locked by its
+    tick when the statement came is left out if the tick ended it (ContinueAsNew: ``continued``),
+    and the successor the tick started was not in the statement's snapshot: while it has fewer than
+    wanted, another pass looks again, in a snapshot of its own, for the runs that started meanwhile
+    (a loop's next run), until one finds none, ``CANCEL_PASSES`` at most."""
+    runs: list[WorkflowRun] = []
+    for again in range(CANCEL_PASSES):
+        found = list(matching.exclude(pk__in=[run.pk for run in runs]).order_by("created_at", "id")
+                     .select_for_update()[:wanted - len(runs)])
+        runs += found
+        if len(runs) >= wanted or (again and not found):
+            break
+    return runs
+
+
 @transaction.atomic
 def run_cancel_many(*, filters: dict[str, Any], limit: int) -> tuple[list[WorkflowRun], bool]:
     """Ask up to ``limit`` of the tenant's active runs that match ``filters`` (the run list's, and
@@ -502,7 +522,7 @@ def run_cancel_many(*, filters: dict[str, Any], limit: int) -> tuple[list[Workfl
     matching = run_list(filters).filter(cancel_requested=False).exclude(status__in=WorkflowRun.TERMINAL)
     if filters.get("ids"):
         matching = matching.filter(pk__in=filters["ids"])
-    runs = list(matching.order_by("created_at", "id").select_for_update()[:limit + 1])
+    runs = _lock_matching(matching, limit + 1)
     runs, more = runs[:limit], len(runs) > limit
     WorkflowRun.objects.filter(pk__in=[run.pk for run in runs]).update(cancel_requested=True,
                                                                      updated_at=timezone.now())

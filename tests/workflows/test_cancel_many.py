@@ -125,3 +125,53 @@ def test_staff_cancel_the_selected_runs_of_their_tenant_in_the_admin(client_a, c
     assert b"2 run(s) asked to stop" in done.content
     assert all(client_a.get(f"/api/v1/runs/{run_id}").json()["cancel_requested"] for run_id in ours)
     assert client_b.get(f"/api/v1/runs/{theirs}").json()["cancel_requested"] is False
+
+
+def test_a_run_that_continued_while_the_cancel_waited_for_it_has_its_successor_cancelled(
+    transactional_db, tenant_a, monkeypatch
+):
+    """A ContinueAsNew loop: the cancel waits for the run its tick holds; the tick ends it as
+    ``continued`` and starts its successor, which the cancel's first statement cannot see. Before,
+    such a cancel asked no run to stop, and the loop went on."""
+    import threading
+    import time
+
+    from django.db import connection, connections, transaction
+
+    from workflows import services
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="loop", spec={"nodes": [{"id": "a", "type": "action", "action": "noop"}]})
+        first, _ = services.run_start(workflow="loop")
+    holding, results = threading.Event(), {}
+
+    def tick_that_continues() -> None:
+        try:
+            with tenant_context(tenant), transaction.atomic():
+                locked = WorkflowRun.objects.select_for_update().get(pk=first.pk)
+                holding.set()
+                deadline = time.monotonic() + 15
+                with connection.cursor() as cursor:  # until the cancel waits for this lock
+                    while time.monotonic() < deadline:
+                        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                       "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+                        if cursor.fetchone()[0]:
+                            break
+                        time.sleep(0.02)
+                locked.status = WorkflowRun.Status.CONTINUED
+                locked.save(update_fields=["status", "updated_at"])
+                results["successor"], _ = services.run_start(workflow="loop")
+        finally:
+            connections.close_all()
+
+    ticking = threading.Thread(target=tick_that_continues)
+    ticking.start()
+    assert holding.wait(15)
+    with tenant_context(tenant):
+        cancelled, more = services.run_cancel_many(filters={"workflow": "loop"}, limit=10)
+    ticking.join(30)
+
+    assert ([run.pk for run in cancelled], more) == ([results["successor"].pk], False)
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=results["successor"].pk).cancel_requested
