@@ -25,6 +25,29 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 30, every: float 
     return value
 
 
+def another_waits_on_a_lock() -> bool:
+    """Whether another backend of this test database waits on a lock now (a statement of another
+    thread, blocked by a lock this one holds): what a test forcing an interleaving waits for."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+        return bool(cursor.fetchone()[0])
+
+
+def until_another_waits_on_a_lock(timeout: float = 15) -> bool:
+    """Poll ``another_waits_on_a_lock`` until it holds (True) or ``timeout`` seconds pass (False: the
+    other thread never blocked, as on code without the lock a test checks; the test then goes on
+    and its assertions say what happened)."""
+    deadline = time.monotonic() + timeout
+    while not another_waits_on_a_lock():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def queue_is_empty() -> bool:
     """Nothing waits in the fair queue (due or not), and nothing is in flight, on any shard."""
     with no_tenant():

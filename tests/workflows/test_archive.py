@@ -20,6 +20,7 @@ from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import error_code
 from tests.tenants.helpers import staff_client
+from tests.waiting import until_another_waits_on_a_lock
 from workflows import services
 from workflows.engine import tick as engine_tick
 from workflows.models import EventTrigger, Schedule, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
@@ -272,23 +273,6 @@ def test_staff_archive_and_unarchive_their_tenant_s_workflows_in_the_admin_withi
 # --- races --------------------------------------------------------------------------------------
 
 
-def _another_waits_on_a_lock(timeout_s: float = 15.0) -> bool:
-    """Whether another backend of this database waits on a lock, polled for up to ``timeout_s``."""
-    import time
-
-    from django.db import connections
-
-    with connections["default"].cursor() as cursor:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
-            if cursor.fetchone()[0]:
-                return True
-            time.sleep(0.02)
-    return False
-
-
 def test_two_creations_of_one_new_name_at_once_make_the_workflow_and_a_second_version(
     transactional_db, tenant_a, monkeypatch
 ):
@@ -305,7 +289,7 @@ def test_two_creations_of_one_new_name_at_once_make_the_workflow_and_a_second_ve
 
     def create_version(self: Any, **fields: Any) -> Any:
         if self.model is WorkflowVersion and first.acquire(blocking=False):
-            _another_waits_on_a_lock()  # the other creation is under way, waiting for this one
+            until_another_waits_on_a_lock()  # the other creation is under way, waiting for this one
         return made(self, **fields)
 
     monkeypatch.setattr(manager, "create", create_version)
@@ -339,7 +323,7 @@ def test_a_workflow_deleted_while_a_run_of_it_starts_is_gone_and_the_start_is_a_
     def lock_then_wait(definition: WorkflowDefinition) -> None:
         lock(definition)
         locked.set()
-        _another_waits_on_a_lock()  # the start is at its commit, waiting for the versions
+        until_another_waits_on_a_lock()  # the start is at its commit, waiting for the versions
 
     monkeypatch.setattr(services, "lock_versions", lock_then_wait)
 

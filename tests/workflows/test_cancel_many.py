@@ -15,6 +15,7 @@ from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
 from tests.conftest import api_client, error_code
 from tests.tenants.helpers import staff_client
+from tests.waiting import until_another_waits_on_a_lock
 from tests.workflows.test_api import assert_invalid, create, start, tick
 from workflows.models import RunEvent, WorkflowRun
 
@@ -134,9 +135,8 @@ def test_a_run_that_continued_while_the_cancel_waited_for_it_has_its_successor_c
     ``continued`` and starts its successor, which the cancel's first statement cannot see. Before,
     such a cancel asked no run to stop, and the loop went on."""
     import threading
-    import time
 
-    from django.db import connection, connections, transaction
+    from django.db import connections, transaction
 
     from workflows import services
 
@@ -151,14 +151,7 @@ def test_a_run_that_continued_while_the_cancel_waited_for_it_has_its_successor_c
             with tenant_context(tenant), transaction.atomic():
                 locked = WorkflowRun.objects.select_for_update().get(pk=first.pk)
                 holding.set()
-                deadline = time.monotonic() + 15
-                with connection.cursor() as cursor:  # until the cancel waits for this lock
-                    while time.monotonic() < deadline:
-                        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                       "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
-                        if cursor.fetchone()[0]:
-                            break
-                        time.sleep(0.02)
+                until_another_waits_on_a_lock()  # the cancel, for this run
                 locked.status = WorkflowRun.Status.CONTINUED
                 locked.save(update_fields=["status", "updated_at"])
                 results["successor"], _ = services.run_start(workflow="loop")

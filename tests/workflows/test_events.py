@@ -13,6 +13,7 @@ from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import api_client, error_code
+from tests.waiting import another_waits_on_a_lock
 from workflows import services
 from workflows.models import Event, EventTrigger, WorkflowRun
 from workflows.triggers import events as services_events
@@ -121,10 +122,7 @@ def test_two_bulk_sends_of_the_same_new_keys_in_other_orders_never_deadlock(tena
     inserted, failures, answers = [0], [], []
 
     def other_inserted_or_waits() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock'")
-            return inserted[0] == 2 or bool(cursor.fetchone()[0])
+        return inserted[0] == 2 or another_waits_on_a_lock()
 
     def created(self: Any, **fields: Any) -> Event:
         event = create(self, **fields)

@@ -26,6 +26,7 @@ from scheduling import fair_queue
 from scheduling.dispatch.handlers import Failed, ItemContext
 from tenants.models import Tenant
 from tests.conftest import api_client, error_code
+from tests.waiting import until_another_waits_on_a_lock
 from tests.workflows.webhook_receiver import Receiver, running_receiver
 from workflows import services
 from workflows.engine import steps
@@ -712,13 +713,7 @@ def test_deleting_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_neve
     recorder.start()
     assert locked.wait(30)
     deleter.start()
-    with connection.cursor() as cursor:  # until the delete waits for a lock
-        for _ in range(600):
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock'")
-            if cursor.fetchone()[0]:
-                break
-            threading.Event().wait(0.05)
+    until_another_waits_on_a_lock(timeout=30)  # the delete, for the endpoint's row
     go.set()
     recorder.join(30)
     deleter.join(30)
