@@ -49,20 +49,23 @@ def _fairness_key_ok(key: Any) -> bool:
 MAX_BULK_RUNS = 500
 
 
-def payload_too_large(field: str, size: int, limit: int) -> ApiError:
+def payload_too_large(field: str, size: int, limit: int, measured: str = "") -> ApiError:
+    """The ``413`` of ``field``, ``size`` bytes over ``limit``; ``measured`` says what was measured
+    when it is more than the field itself."""
     return ApiError(
-        f"Invalid field(s): {field}. It is {size} bytes; the plan allows {limit}.",
+        f"Invalid field(s): {field}. {measured}It is {size} bytes; the plan allows {limit}.",
         code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
-        details={field: [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]},
+        details={field: [f"{measured}{size} bytes is over the plan's max_payload_bytes ({limit})."]},
     )
 
 
-def check_payload(payload: Any, field: str) -> None:
-    """Refuse a ``payload`` over the plan's ``max_payload_bytes``: ``413`` naming ``field``."""
+def check_payload(payload: Any, field: str, measured: str = "") -> None:
+    """Refuse a ``payload`` over the plan's ``max_payload_bytes``: ``413`` naming ``field`` (and
+    saying ``measured``: what ``payload`` is, when more than that field)."""
     limit = effective_entitlements(current_tenant()).max_payload_bytes
     size = json_size(payload)
     if size > limit:
-        raise payload_too_large(field, size, limit)
+        raise payload_too_large(field, size, limit, measured)
 
 
 def run_signal(run_id: Any, *, name: str, payload: Any = None,

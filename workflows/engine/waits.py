@@ -123,15 +123,10 @@ _LOCK = "SELECT count(pg_advisory_xact_lock(id)) FROM unnest(%s::bigint[]) AS id
 _LOCK_SHARED = "SELECT count(pg_advisory_xact_lock_shared(id)) FROM unnest(%s::bigint[]) AS id"
 
 
-def idempotency_lock_id(key: str) -> int:
-    """The advisory lock of the tenant's event idempotency key ``key`` (an event name is never empty,
-    so no wait's lock is this one)."""
-    return _lock_id("", f"idempotency_key\x00{key}")
-
-
 def name_lock_id(kind: str, name: str) -> int:
-    """The advisory lock of the tenant's ``kind`` of object named ``name`` (a workflow), which its
-    creations take in turn (no wait's lock is this one either)."""
+    """The advisory lock of the tenant's ``kind`` of thing named ``name``, which its creations take
+    in turn: a workflow's name, an event's idempotency key (``idempotency_key``). An event name is
+    never empty, so no wait's lock is one of these."""
     return _lock_id("", f"{kind}\x00{name}")
 
 

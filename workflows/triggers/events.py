@@ -34,9 +34,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ductor_project.core.context import current_tenant, tenant_context
+from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError, ErrorCode, check_key_reuse
-from ductor_project.core.payloads import json_size
 from scheduling import templates
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
@@ -44,7 +43,7 @@ from tenants.selectors import first_or_404, parse_uuid
 from tenants.usage import enforce_setting_limit
 from workflows.engine.attempts import run_input_problems
 from workflows.engine.statements import version_to_start
-from workflows.engine.waits import deliver, idempotency_lock_id, lock_in_order
+from workflows.engine.waits import deliver, lock_in_order, name_lock_id
 from workflows.models import Event, EventTrigger, WorkflowDefinition
 from workflows.services import MAX_BULK_RUNS, check_payload, run_start_many
 
@@ -101,7 +100,7 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
         # other's (a deadlock): the keys are locked first, in one order.
         fresh = {key for item in items if (key := item.get("idempotency_key")) and key not in known}
         if len(fresh) > 1:
-            lock_in_order({idempotency_lock_id(key) for key in fresh})
+            lock_in_order({name_lock_id("idempotency_key", key) for key in fresh})
         new: list[Event] = []
         fields: dict[Any, str] = {}  # a new event -> its payload's field in the request
         in_batch: dict[str, int] = {}  # a key this batch records -> the index of its first item
@@ -131,6 +130,11 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     return results
 
 
+# What a 413 of an event's runs' input says it measured.
+RUN_INPUT_MEASURED = ("The runs this event starts take it as their input, its id, name, key and time around its "
+                      "payload: ")
+
+
 def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
     """Start the runs ``events`` trigger (one ``run_start_many``) and record them on each event
     (``fields``: each one's payload field in the request, for a ``413``)."""
@@ -143,8 +147,8 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
         data = event_input(event)
         matching = [trigger for trigger in triggers
                     if trigger.event == event.name and templates.evaluate_when(trigger.filter, {"event": data})]
-        if matching:  # its runs' input, measured once whatever the number of triggers
-            _check_run_input(data, fields[event.pk])
+        if matching:  # its runs' input, measured once whatever the number of triggers, named by its payload
+            check_payload(data, fields[event.pk], measured=RUN_INPUT_MEASURED)
         for trigger in matching:
             name = trigger.workflow.name
             if name not in versions:
@@ -166,18 +170,6 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
             first = event.refused[0]
             log.warning("event_trigger_input_refused", event_id=str(event.id), refused=len(event.refused),
                         trigger_id=first["trigger"], workflow=first["workflow"], fields=first["details"])
-
-
-def _check_run_input(data: dict[str, Any], field: str) -> None:
-    """The input of an event's runs (``event_input``: ``data``) within the plan's payload limit: a
-    ``413`` naming the event's payload (``field``), which is what the sender can make smaller."""
-    limit = effective_entitlements(current_tenant()).max_payload_bytes
-    size = json_size(data)
-    if size > limit:
-        message = (f"The runs this event starts take it as their input, its id, name, key and time around its "
-                   f"payload: {size} bytes, over the plan's max_payload_bytes ({limit}).")
-        raise ApiError(f"Invalid field(s): {field}. {message}", code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
-                       details={field: [message]})
 
 
 # --- triggers -------------------------------------------------------------------------------------------
