@@ -113,6 +113,8 @@ class JSONParser(parsers.JSONParser):
 
 # The API's own views refuse such a query themselves, once they know the caller and the object:
 # another tenant's object is a 404 whatever its query holds (``tenants.api.StrictQueryMixin``).
+# The same as ``core.openapi.API_PREFIX``, which this module cannot import: that one imports DRF's
+# serializers, whose settings import this module.
 API_PREFIX = "/api/v1/"
 
 

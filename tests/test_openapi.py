@@ -421,6 +421,13 @@ def test_a_tag_follows_from_the_path_and_whether_the_view_is_a_platform_one(
     assert tag_for(path, platform=platform) == tag
 
 
+def test_the_api_s_prefix_is_one_for_its_schema_and_its_query_checks() -> None:
+    from ductor_project import parsers
+    from ductor_project.core import openapi
+
+    assert parsers.API_PREFIX == openapi.API_PREFIX
+
+
 def test_the_collection_of_a_path_skips_the_platform_segment() -> None:
     assert collection_of("/api/v1/platform/queue/") == "queue"
     assert collection_of("/api/v1/platform/") == "platform"
