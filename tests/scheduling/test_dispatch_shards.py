@@ -15,6 +15,7 @@ from ductor_project.core import heartbeats
 from scheduling.dispatch import credits, shards
 from scheduling.dispatch.dispatcher import Dispatcher
 from scheduling.dispatch.shards import ShardPlan, assigned
+from scheduling.management.commands.run_coordinator import check_intervals
 from tenants import services
 from tests.conftest import api_client
 
@@ -140,11 +141,17 @@ def test_a_dead_dispatchers_shards_are_unserved_until_the_others_plan_again_then
     assert shards.unserved() == []
 
 
+def test_a_coordinator_may_reconcile_on_every_pass() -> None:
+    # ``--reconcile-every 0`` (what bench/retention.py and docs/operations.md run) is no mistake.
+    check_intervals(0.2, 0.0)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["run_dispatcher", "--shards", "abc"], "--shards is a comma-separated list of shard numbers, not 'abc'"),
     (["run_dispatcher", "--shards", "1,9"], "--shards: the fair queue has shards 0 to 3 (DUCTOR_QUEUE_SHARDS), not 9"),
     (["run_coordinator", "--interval", "-1"], "--interval is a number of seconds above 0, not -1.0"),
-    (["run_coordinator", "--reconcile-every", "0"], "--reconcile-every is a number of seconds above 0, not 0.0"),
+    (["run_coordinator", "--reconcile-every", "-1"], "--reconcile-every is a number of seconds, 0 or more, not -1.0"),
+    (["run_coordinator", "--reconcile-every", "inf"], "--reconcile-every is a number of seconds, 0 or more, not inf"),
     (["run_coordinator", "--interval", "nan"], "--interval is a number of seconds above 0, not nan"),
 ])
 def test_a_loop_started_with_a_bad_option_refuses_to_start_naming_it(settings, argv: list[str], message: str) -> None:
