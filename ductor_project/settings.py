@@ -71,6 +71,35 @@ def options(name: str) -> dict[str, Any]:
     return value
 
 
+def pairs(name: str) -> dict[str, str]:
+    """Comma-separated ``name=value`` pairs from the environment ({} when unset); an item that is not
+    one refuses to start, naming the setting (``DUCTOR_TASK_BROKERS=shop`` was a bare ValueError)."""
+    found: dict[str, str] = {}
+    for index, item in enumerate((part.strip() for part in env.str(name, default="").split(",")), 1):
+        if not item:
+            continue
+        key, _, value = (part.strip() for part in item.partition("="))
+        if not key or not value:
+            raise ImproperlyConfigured(f"{name} is comma-separated name=value pairs; its item {index} is "
+                                       f"{redis_urls.shown(item)!r}")
+        found[key] = value
+    return found
+
+
+_POSTGRESQL_SCHEMES = ("postgresql", "postgres", "pgsql")
+
+
+def database_url(name: str, url: str) -> dict[str, Any]:
+    """The connection settings of a PostgreSQL URL; any other URL refuses to start, naming the setting
+    (a URL without a scheme failed later with a KeyError, and a mysql:// one was taken)."""
+    scheme, separator, _ = url.partition("://")
+    if not separator or scheme.lower() not in _POSTGRESQL_SCHEMES:
+        schemes = ", ".join(f"{scheme}://" for scheme in _POSTGRESQL_SCHEMES)
+        raise ImproperlyConfigured(f"{name} is a PostgreSQL URL ({schemes}), not {redis_urls.shown(url)!r}")
+    config: dict[str, Any] = env.db_url_config(url)
+    return config
+
+
 DEBUG = flag("DEBUG", False)
 DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
 
@@ -180,10 +209,10 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+DATABASES = {"default": database_url("DATABASE_URL", DATABASE_URL)}
 # Django's PostgreSQL backend, which serves each query as its tenant (row-level security).
 DATABASES["default"]["ENGINE"] = "ductor_project.core.database"
-DUCTOR_DATABASE_OWNER = env.db_url_config(DATABASE_OWNER_URL) if DATABASE_OWNER_URL else None
+DUCTOR_DATABASE_OWNER = database_url("DATABASE_OWNER_URL", DATABASE_OWNER_URL) if DATABASE_OWNER_URL else None
 # The role the app logs in as, which the migrations grant the tables' rows to.
 DUCTOR_DB_APP_ROLE = DATABASES["default"]["USER"]
 # The role the app switches to for code that crosses tenants on purpose (its policy shows every row).
@@ -389,14 +418,14 @@ DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.ac
 # as name=url pairs ("shop=redis://shop-redis:6379/0"), and a task step's timeout when neither its
 # node nor its catalog entry sets one (it is the task's lease: a worker that died with the task is
 # noticed then).
-DUCTOR_TASK_BROKERS = env.dict("DUCTOR_TASK_BROKERS", default={})
+DUCTOR_TASK_BROKERS = pairs("DUCTOR_TASK_BROKERS")
 DUCTOR_TASK_TIMEOUT_S = number("DUCTOR_TASK_TIMEOUT_S", 300.0, low=1, cast=float)
 # The slots of the team's worker queues that tenants share ("shop=8,eu/billing=4": queue, or
 # broker/queue, = how many of its tasks may be in flight at once, across every tenant): task steps
 # for such a queue are admitted in the fair order within them, so that the order holds where the
 # team's workers start the work. A queue not listed is bounded by its pools' and connections'
 # concurrency only.
-DUCTOR_TASK_QUEUE_SLOTS = env.dict("DUCTOR_TASK_QUEUE_SLOTS", default={})
+DUCTOR_TASK_QUEUE_SLOTS = pairs("DUCTOR_TASK_QUEUE_SLOTS")
 # Largest number of nodes in one workflow spec, and deepest JSON nesting.
 DUCTOR_MAX_SPEC_NODES = number("DUCTOR_MAX_SPEC_NODES", 500, low=1)
 DUCTOR_MAX_SPEC_DEPTH = number("DUCTOR_MAX_SPEC_DEPTH", 32, low=2)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from ductor_project.settings import flag, number, options
+from ductor_project.settings import database_url, flag, number, options, pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,6 +84,9 @@ def test_a_flag_that_is_neither_is_refused_naming_it(monkeypatch: pytest.MonkeyP
     ("DUCTOR_LOG_LEVEL", "loud", "DUCTOR_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'"),
     ("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", "10", "DUCTOR_FAILED_ITEM_DELAY_MS is >= 0 and at most"),
     ("DEBUG", "maybe", "DEBUG is one of 1/0, true/false, yes/no, on/off, not 'maybe'"),
+    ("DATABASE_URL", "garbage",
+     "DATABASE_URL is a PostgreSQL URL (postgresql://, postgres://, pgsql://), not 'garbage'"),
+    ("DUCTOR_TASK_BROKERS", "shop", "DUCTOR_TASK_BROKERS is comma-separated name=value pairs; its item 1 is 'shop'"),
 ])
 def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: str, value: str, message: str):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -92,3 +95,44 @@ def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: st
                           timeout=120, check=False)
     assert done.returncode != 0
     assert f"ImproperlyConfigured: {message}" in done.stderr
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("", {}), ("shop=8", {"shop": "8"}), (" shop = 8 , eu/billing=4,", {"shop": "8", "eu/billing": "4"}),
+    ("shop=redis://shop-redis:6379/0?ssl_cert_reqs=none", {"shop": "redis://shop-redis:6379/0?ssl_cert_reqs=none"}),
+])
+def test_pairs_are_read_as_name_value(monkeypatch: pytest.MonkeyPatch, raw: str, expected: dict):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    assert pairs("DUCTOR_PROBE") == expected
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("shop", "DUCTOR_PROBE is comma-separated name=value pairs; its item 1 is 'shop'"),
+    ("shop=8,eu=", "DUCTOR_PROBE is comma-separated name=value pairs; its item 2 is 'eu='"),
+    ("=8", "DUCTOR_PROBE is comma-separated name=value pairs; its item 1 is '=8'"),
+    ("redis://:secret@shop-redis:6379/0", "DUCTOR_PROBE is comma-separated name=value pairs; its item 1 is "
+                                          "'redis://:***@shop-redis:6379/0'"),
+])
+def test_an_item_that_is_not_a_pair_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                                   message: str):
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        pairs("DUCTOR_PROBE")
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("url", ["postgresql://ductor_app:pw@db:5432/ductor", "postgres://u@db/d",
+                                 "pgsql://u@/d?host=/run/pg"])
+def test_a_postgresql_url_is_read(url: str):
+    assert database_url("DATABASE_URL", url)["ENGINE"] == "django.db.backends.postgresql"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("garbage", "'garbage'"), ("", "''"), ("mysql://u:secret@db/d", "'mysql://u:***@db/d'"),
+    ("sqlite:///ductor.db", "'sqlite:///ductor.db'"), ("postgresql", "'postgresql'"),
+])
+def test_a_database_url_that_is_not_postgresql_is_refused_naming_the_setting(url: str, shown: str):
+    with pytest.raises(ImproperlyConfigured) as refused:
+        database_url("DATABASE_OWNER_URL", url)
+    assert str(refused.value) == (f"DATABASE_OWNER_URL is a PostgreSQL URL (postgresql://, postgres://, pgsql://), "
+                                  f"not {shown}")
