@@ -433,11 +433,23 @@ def command_needs_services(argv: list[str]) -> bool:
     return args[0] not in COMMANDS_WITHOUT_SERVICES
 
 
+USAGE = """\
+usage: python -m ductor_project.embedded [start|stop|status]
+
+The embedded PostgreSQL and Redis of the data dir (DUCTOR_DATA_DIR, default .ductor beside manage.py).
+  start   start the servers that are not running, and print their state (services.json)
+  stop    stop both servers and remove services.json (the data stays)
+  status  print the recorded state and whether it is alive (the default)"""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line: start, stop or status of the data dir's servers; ``-h``/``--help`` tells how."""
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else "status"
     data_dir = default_data_dir()
-    if command == "start":
+    if command in ("-h", "--help", "help"):
+        print(USAGE)
+    elif command == "start":
         print(json.dumps(asdict(ensure_running(data_dir))))
     elif command == "stop":
         print("stopped" if stop(data_dir) else "nothing running")
@@ -446,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         alive = recorded is not None and recorded.is_alive()
         print(json.dumps({"running": alive, **(asdict(recorded) if recorded else {})}))
     else:
-        print(f"usage: python -m ductor_project.embedded [start|stop|status]; got {command!r}")
+        print(f"{USAGE}\n\nnot a command: {command!r}", file=sys.stderr)
         return 2
     return 0
 

@@ -231,3 +231,27 @@ def test_redis_comes_back_on_its_port_after_a_crash_left_connections_on_it(tmp_p
             taken.close()
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_the_command_line_tells_how_to_use_it_and_starts_nothing(flag: str) -> None:
+    path = new_data_dir()
+    try:
+        done = subprocess.run([sys.executable, "-m", "ductor_project.embedded", flag], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60, check=False,
+                              env={**os.environ, "DUCTOR_DATA_DIR": str(path)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("usage: python -m ductor_project.embedded [start|stop|status]\n")
+        assert "DUCTOR_DATA_DIR" in done.stdout
+        assert not (path / embedded.STATE_FILE).exists()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_command_line_refuses_an_unknown_command_on_stderr() -> None:
+    done = subprocess.run([sys.executable, "-m", "ductor_project.embedded", "restart"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith("usage: python -m ductor_project.embedded")
+    assert done.stderr.rstrip().endswith("not a command: 'restart'")
