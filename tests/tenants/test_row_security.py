@@ -136,3 +136,40 @@ def test_all_tenants_reads_across_tenants_and_its_iterator_keeps_that_to_itself(
         assert folder_tenants() == set()  # between two steps of it, the caller's own scope
     assert seen == ["tenant-a's", "tenant-b's"]
     assert [f.name for f in Folder.all_tenants.raw("SELECT * FROM scoped_folder ORDER BY name")] == seen
+
+
+def _as_owner() -> Any:
+    """A connection to the test database as the tables' owner (a superuser on the embedded server)."""
+    import psycopg
+
+    owner = settings.DUCTOR_DATABASE_OWNER or {}
+    params = {**owner.get("OPTIONS", {}), "dbname": connection.settings_dict["NAME"], "user": owner.get("USER"),
+              **{key.lower(): owner[key] for key in ("PASSWORD", "HOST", "PORT") if owner.get(key)}}
+    return psycopg.connect(**params, autocommit=True)
+
+
+def test_the_rls_roles_sql_runs_again_for_a_second_app_role_of_the_same_server():
+    """The maintenance role exists once per server: running the printed SQL for another app role (a
+    second database, or an installation whose old app role becomes the owner) must not stop at its
+    CREATE ROLE, as a script run with ON_ERROR_STOP would."""
+    from ductor_project.core.database.security import roles_sql
+
+    app_role, maintenance = "second_app_role", settings.DUCTOR_DB_MAINTENANCE_ROLE
+    with _as_owner() as owner:
+        [(may_create_roles,)] = owner.execute(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchall()
+        if not may_create_roles:
+            pytest.skip("the tables' owner of these test servers may not create roles")
+        owner.execute(f'DROP ROLE IF EXISTS "{app_role}"')
+        owner.execute(f'CREATE ROLE "{app_role}" LOGIN')
+        try:
+            for _ in range(2):
+                for statement in roles_sql(app_role, maintenance, connection.settings_dict["NAME"]):
+                    owner.execute(statement)
+            [(member, inherits)] = owner.execute(
+                "SELECT pg_has_role(%s, oid, 'MEMBER'), pg_has_role(%s, oid, 'USAGE') FROM pg_roles "
+                "WHERE rolname = %s", [app_role, app_role, maintenance]).fetchall()
+            assert (member, inherits) == (True, False)
+        finally:
+            owner.execute(f'REVOKE CONNECT ON DATABASE "{connection.settings_dict["NAME"]}" FROM "{app_role}"')
+            owner.execute(f'DROP ROLE "{app_role}"')

@@ -45,10 +45,13 @@ class RowSecurityError(RuntimeError):
 def roles_sql(app_role: str, maintenance_role: str, database: str) -> list[sql.Composed]:
     """What an administrator runs once (as a superuser, or a role with ``CREATEROLE``), before
     the first ``migrate``: the maintenance role, and the app role's membership of it. The app
-    role does not inherit it (``NOINHERIT``), or the maintenance policy would bind it always."""
+    role does not inherit it (``NOINHERIT``), or the maintenance policy would bind it always.
+    Safe to run again, and for another app role or database of the same server: a maintenance
+    role that exists already is kept."""
     app, maintenance = sql.Identifier(app_role), sql.Identifier(maintenance_role)
     return [
-        sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS").format(maintenance),
+        sql.SQL("DO $$ BEGIN CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS; "
+                "EXCEPTION WHEN duplicate_object THEN NULL; END $$").format(maintenance),
         sql.SQL("ALTER ROLE {} NOINHERIT").format(app),
         # A membership made before keeps the inheritance it had: made again, it takes NOINHERIT.
         sql.SQL("REVOKE {} FROM {}").format(maintenance, app),
