@@ -66,6 +66,11 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
                 break
             lines.append(line.strip())
         assert "Ductor is up." in lines, lines
+        # What it waits for is said before the wait, not only once it is over.
+        up = lines.index("Ductor is up.")
+        assert lines[0] == "Applying the migrations...", lines
+        assert [line for line in lines[1:up] if line.startswith("Starting the web server, the workers, ")
+                and line.endswith("; waiting for the web server...")], lines
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/schema/", timeout=10) as response:
             assert response.status == 200
         services = json.loads((data_dir / "services.json").read_text())

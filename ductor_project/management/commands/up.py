@@ -57,6 +57,9 @@ class Command(BaseCommand):
                             help="leave the embedded PostgreSQL and Redis running after Ctrl-C")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Each step may take a while (seconds for the migrations, up to READY_TIMEOUT_S for the web
+        # server): say what is being waited for, not nothing until "Ductor is up.".
+        self.stdout.write("Applying the migrations...")
         call_command("migrate", interactive=False, verbosity=0)
         password = _admin_password()
         port, note = pick_port(options["port"])
@@ -68,6 +71,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
             web, loops = _start_children(stack, port=port, options=options)
+            self.stdout.write(f"Starting the web server, the workers, the dispatchers and the coordinator "
+                              f"(logs: {stack.log_dir}); waiting for the web server...")
             try:
                 stack.wait_ready(web, timeout_s=READY_TIMEOUT_S)
             except ChildError as exc:
