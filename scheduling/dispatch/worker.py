@@ -88,7 +88,10 @@ class _Registration:
         self.stopping = threading.Event()
 
     def start(self, consumer: Any) -> None:
-        hostname = getattr(consumer, "hostname", None) or socket.gethostname()
+        # The worker's own process id beside its Celery name: two workers of one name on one host
+        # (a process manager's second `celery worker`, which keeps the default celery@<host>) would
+        # otherwise announce one member, their slots counted once, and either's shutdown withdraw both.
+        hostname = f"{getattr(consumer, 'hostname', None) or socket.gethostname()}/{os.getpid()}"
         queues = [q.name for q in consumer.task_consumer.queues] if consumer is not None else [WORK_QUEUE]
         slots = int(getattr(getattr(consumer, "pool", None), "num_processes", None) or os.cpu_count() or 1)
         self.announced = {"hostname": hostname, "queues": queues, "slots": slots}

@@ -1,6 +1,6 @@
 -- Reserve dispatch credits for several Celery queues in one atomic step, so that any number of
 -- dispatchers together never publish more than a queue's live worker slots plus the buffer.
--- For queue i (1..n): KEYS[3i-2] = its workers ZSET ("<host>|<slots>" -> registration expiry),
+-- For queue i (1..n): KEYS[3i-2] = its workers ZSET ("<worker>/<pid>|<slots>" -> registration expiry),
 -- KEYS[3i-1] = its outstanding ZSET (credit -> expiry: published, not yet seen running),
 -- KEYS[3i] = its running ZSET (credit -> expiry: running, renewed with the item's lease);
 -- KEYS[3n+1] = the credit sequence STRING.

@@ -619,3 +619,22 @@ def test_the_platform_queue_view_answers_platform_admins_and_is_404_for_a_tenant
         assert shard["worker_slots"] == {WORK_QUEUE: 4, SYSTEM_QUEUE: 4}
         assert shard["busy"] == {WORK_QUEUE: 0, SYSTEM_QUEUE: 0}
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_of_one_celery_name_on_one_host_each_count_their_slots(redis_client):
+    """Two ``celery worker`` processes with one name on one host (a process manager's second worker
+    keeps the default ``celery@<host>``) announced the same member: their slots counted once."""
+    from tests.conftest import service_env, service_stack
+    from tests.waiting import wait_for
+
+    stack = service_stack()
+    try:
+        twins = [stack.worker(f"twin-{n}", concurrency=1, hostname="twin@localhost", env=service_env(),
+                              extra=["--pool", "prefork", "--without-heartbeat"]) for n in range(2)]
+        stack.wait_ready(*twins, timeout_s=60)
+        wait_for(lambda: broker.worker_slots(WORK_QUEUE) == 2, what="the slots of both workers")
+        stack.stop(twins[0])
+        assert broker.worker_slots(WORK_QUEUE) == 1
+    finally:
+        stack.stop_all(grace_s=20)
