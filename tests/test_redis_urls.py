@@ -117,6 +117,13 @@ def test_celery_takes_its_own_urls_as_they_are_and_a_sentinel_url_as_kombus_sent
     assert len(connection.alt) == 2
     with pytest.raises(RedisUrlError, match="no Redis Cluster support"):
         kombu_config("rediss+cluster://n1:7000", setting="CELERY_BROKER_URL")
+    # RabbitMQ is offered to the broker only: the result backend is Redis.
+    with pytest.raises(RedisUrlError) as refused:
+        kombu_config("redis+cluster://n1:7000", setting="CELERY_BROKER_URL")
+    assert str(refused.value).endswith("use one Redis server, a Sentinel setup or RabbitMQ (amqp://)")
+    with pytest.raises(RedisUrlError) as refused:
+        kombu_config("redis+cluster://n1:7000", setting="CELERY_RESULT_BACKEND")
+    assert str(refused.value).endswith("no Redis Cluster support; use one Redis server or a Sentinel setup")
     with pytest.raises(RedisUrlError, match="CELERY_BROKER_TRANSPORT_OPTIONS"):
         kombu_config("redis+sentinel://s1/ductor?socket_timeout=2", setting="CELERY_BROKER_URL")
 

@@ -239,8 +239,11 @@ def kombu_config(url: str, *, setting: str) -> tuple[str, dict[str, Any]]:
         return url, {}
     parsed = parse(url, setting=setting)
     if parsed.form is Form.CLUSTER:
+        # The result backend takes Redis alone; only the broker may be RabbitMQ.
+        instead = ("one Redis server or a Sentinel setup" if "CELERY_RESULT_BACKEND" in setting
+                   else "one Redis server, a Sentinel setup or RabbitMQ (amqp://)")
         raise RedisUrlError(f"{setting} names a Redis Cluster ({shown(url)!r}): Celery's transport (kombu) has no "
-                            "Redis Cluster support; use one Redis server, a Sentinel setup or RabbitMQ (amqp://)")
+                            f"Redis Cluster support; use {instead}")
     if parsed._primary_options():
         names = ", ".join(sorted({name for name, _ in parsed._primary_options()}))
         raise RedisUrlError(f"{setting}: Celery takes no options in a Sentinel URL ({names}); give them as its "
