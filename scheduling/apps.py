@@ -27,6 +27,14 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     return errors
 
 
+def check_secret_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``DUCTOR_SECRET_KEYS`` is read when a secret is first saved or read; a bad key is told at start."""
+    from scheduling import secrets
+
+    problem = secrets.key_problem()
+    return [checks.Error(problem, id="ductor.E004")] if problem else []
+
+
 class SchedulingConfig(AppConfig):
     name = "scheduling"
     default_auto_field = "django.db.models.BigAutoField"
@@ -63,3 +71,4 @@ class SchedulingConfig(AppConfig):
         register_check("shards", shards.readiness)
         register_check("workers", credits.readiness)
         checks.register(check_task_settings)
+        checks.register(check_secret_keys)

@@ -32,6 +32,18 @@ def _fernet() -> MultiFernet:
     return MultiFernet([Fernet(key.encode()) for key in configured])
 
 
+def key_problem() -> str | None:
+    """What is wrong with ``DUCTOR_SECRET_KEYS``, or None: a key that is not a Fernet key, named by its
+    place in the list, never by its value (unchecked, the first secret saved answered 500)."""
+    for place, key in enumerate((k.strip() for k in settings.DUCTOR_SECRET_KEYS if k.strip()), 1):
+        try:
+            Fernet(key.encode())
+        except ValueError:
+            return (f"DUCTOR_SECRET_KEYS: key {place} is not a Fernet key (32 url-safe base64-encoded bytes, as "
+                    f"Fernet.generate_key() makes)")
+    return None
+
+
 def encrypt(plaintext: str) -> str:
     """A Fernet token of ``plaintext`` (authenticated encryption; a new token every call)."""
     return _fernet().encrypt(plaintext.encode()).decode()

@@ -268,6 +268,21 @@ def test_secret_is_encrypted_at_rest_and_decrypts_back(client_a: APIClient) -> N
     assert decrypt(token) == SECRET
 
 
+def test_a_secret_key_that_is_not_a_fernet_key_is_told_at_start_never_shown(settings: Any) -> None:
+    """Unchecked, such a key started, and the first secret saved answered 500 internal_error."""
+    from cryptography.fernet import Fernet
+
+    from scheduling.apps import check_secret_keys
+
+    good = Fernet.generate_key().decode()
+    settings.DUCTOR_SECRET_KEYS = [good, "not-a-fernet-key"]
+    [error] = check_secret_keys()
+    assert (error.id, error.msg) == ("ductor.E004", "DUCTOR_SECRET_KEYS: key 2 is not a Fernet key (32 url-safe "
+                                                    "base64-encoded bytes, as Fernet.generate_key() makes)")
+    settings.DUCTOR_SECRET_KEYS = [good, " "]
+    assert check_secret_keys() == []
+
+
 def test_rotating_the_secret_keeps_the_id(client_a: APIClient) -> None:
     created = create(client_a, "connections", http_body(secret=SECRET))
     pool = create(client_a, "pools", {"name": "main", "members": [{"connection": created["id"]}]})
