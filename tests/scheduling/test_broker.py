@@ -620,7 +620,6 @@ def test_the_platform_queue_view_answers_platform_admins_and_is_404_for_a_tenant
         assert shard["busy"] == {WORK_QUEUE: 0, SYSTEM_QUEUE: 0}
 
 
-
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_of_one_celery_name_on_one_host_each_count_their_slots(redis_client):
     """Two ``celery worker`` processes with one name on one host (a process manager's second worker
