@@ -8,6 +8,7 @@ Redis on commit are really there; ``queued`` reads them back the way a dispatche
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -411,6 +412,34 @@ def test_a_late_result_of_an_attempt_that_ended_otherwise_is_still_recorded_as_d
         steps.record_outcome(step.pk, run.pk, steps.Outcome.succeeded({"n": 1}), again=True)
         history = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
     assert history[-1] == "step_result_discarded"  # ``again`` hides only the outcome it finds kept
+
+
+@action("test.overrun")
+def overrun(call: ActionCall) -> Any:
+    """Returns well after its node's ``timeout_s`` (0.05 s) has passed."""
+    time.sleep(0.3)
+    return {"late": True}
+
+
+def test_an_action_that_returns_past_its_timeout_fails_with_timeout_though_its_timer_has_not_fired(tenant):
+    put(tenant, "overrun", {"nodes": [{"id": "a", "type": "action", "action": "test.overrun", "timeout_s": 0.05,
+                                       "retry": {"max_attempts": 2, "backoff_s": 60}}]})
+    run = start(tenant, "overrun")
+
+    execute(tenant, by_node(tenant, run)["a"])  # no worker is there to run the timeout's timer meanwhile
+    run = tick(tenant, run)
+    with tenant_context(tenant):
+        first = StepRun.objects.get(run_id=run.pk, node_id="a", attempt=1)
+        timers.step_timeout(str(first.pk), {})  # the timer, when it comes at last, changes nothing
+        attempts = list(StepRun.objects.filter(run_id=run.pk).order_by("attempt").values_list(
+            "attempt", "status", "output", "error__code"))
+        history = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+
+    assert attempts == [(1, "failed", None, "timeout"), (2, "scheduled", None, None)]  # retried as a timeout
+    assert "step_succeeded" not in history
+    assert history.count("step_timed_out") == 1
+    assert history.index("step_timed_out") < history.index("step_result_discarded")  # its result came late
+    assert run.status == "running"
 
 
 # -- ticks that skip the queue ------------------------------------------------------------------

@@ -20,6 +20,7 @@ run in a savepoint, whose writes go in one more (``journal``).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import structlog
@@ -50,6 +51,7 @@ from workflows.engine.items import enqueue_tick
 from workflows.engine.journal import journal
 from workflows.engine.statements import Started, lock_and_finish, start_attempt
 from workflows.engine.tick import advance_locked
+from workflows.engine.timers import step_timeout
 from workflows.models import StepRun, WorkflowRun
 
 log = structlog.get_logger(__name__)
@@ -72,9 +74,16 @@ def _execute(step_id: str, ctx: ItemContext) -> Failed | None:
     node = node_in(version_spec(step.version_id), step.node_id)
     # Bound for this step only: a plain bind would leak into the next task of the worker process.
     with structlog.contextvars.bound_contextvars(run_id=str(step.run_id), node_id=step.node_id):
+        deadline = None
         if node.get("timeout_s"):
+            deadline = time.monotonic() + float(node["timeout_s"])
             schedule_wakeup(current_tenant(), str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
         outcome = _call_action(node["action"], step, ctx.connection_id, str(step.run_id))
+        if deadline is not None and time.monotonic() >= deadline:
+            # Past its timeout: the attempt times out whether or not its timer has fired yet (it
+            # waits for a worker slot like any item, and all of them may be busy), so its result
+            # is discarded, as it would have been had the timer come first.
+            step_timeout(str(step.id), {})
         _keep(step, outcome)
     return _failed(step, outcome)
 
