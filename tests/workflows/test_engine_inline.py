@@ -7,12 +7,14 @@ Redis on commit are really there; ``queued`` reads them back the way a dispatche
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
 from structlog.testing import capture_logs
@@ -21,11 +23,13 @@ from ductor_project.core.context import tenant_context
 from ductor_project.core.database.wire import wire
 from ductor_project.core.keys import shard_of
 from ductor_project.core.redis import get_redis
+from ductor_project.embedded import free_port
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
 from scheduling.coordinator.epoch import RedisWatch, epoch_key
 from scheduling.coordinator.loop import Coordinator
 from scheduling.dispatch.handlers import ItemContext
+from tenants import freshness
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume, runs_this_month
@@ -440,6 +444,33 @@ def test_an_action_that_returns_past_its_timeout_fails_with_timeout_though_its_t
     assert history.count("step_timed_out") == 1
     assert history.index("step_timed_out") < history.index("step_result_discarded")  # its result came late
     assert run.status == "running"
+
+
+CACHE_AWAY: list[Any] = []  # the test's ``settings``, whose cache the action points nowhere
+
+
+@action("test.cache_goes_away")
+def cache_goes_away(call: ActionCall) -> Any:
+    """Returns once the shared cache's Redis can no longer be reached (an outage that begins while
+    the action runs), with this process's reading of its tenant's stamp due again (as it is
+    ``LOCAL_TTL_S`` after the last)."""
+    settings = CACHE_AWAY[0]
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    freshness.forget()
+    return {"ok": True}
+
+
+def test_a_redis_outage_that_begins_during_the_action_is_not_taken_for_the_actions_crash(tenant, settings):
+    put(tenant, "away", {"nodes": [{"id": "a", "type": "action", "action": "test.cache_goes_away"}]})
+    run = start(tenant, "away")
+    CACHE_AWAY[:] = [settings]
+
+    # The outcome commits; the tick it enqueues once committed cannot be (the reconciler's to repair).
+    with contextlib.suppress(redis.ConnectionError):
+        execute(tenant, by_node(tenant, run)["a"])
+
+    step = by_node(tenant, run)["a"]
+    assert (step.status, step.output, step.error) == ("succeeded", {"ok": True}, None)
 
 
 # -- ticks that skip the queue ------------------------------------------------------------------

@@ -58,13 +58,16 @@ class Outcome:
         return cls(SStatus.FAILED, error=storable(error))
 
 
-def payload_refusal(value: Any, what: str) -> Outcome | None:
+def payload_refusal(value: Any, what: str, *, max_bytes: int | None = None) -> Outcome | None:
     """The failure of a step (or run) whose ``what`` (a rendered input, an output) is over the
     tenant's plan (larger than its ``max_payload_bytes``, or nested deeper than
     ``DUCTOR_MAX_JSON_DEPTH``: ``payload_too_large``), or holds what no payload keeps (a NUL
-    character, a lone surrogate, bytes: ``invalid_payload``, naming where). None when it is fine."""
-    excess = payload_excess(value, max_bytes=effective_entitlements(current_tenant()).max_payload_bytes,
-                            max_depth=settings.DUCTOR_MAX_JSON_DEPTH)
+    character, a lone surrogate, bytes: ``invalid_payload``, naming where). None when it is fine.
+    ``max_bytes``: the plan's limit, when the caller read it already; else it is read here (from
+    the shared cache: this may raise when Redis is away)."""
+    if max_bytes is None:
+        max_bytes = effective_entitlements(current_tenant()).max_payload_bytes
+    excess = payload_excess(value, max_bytes=max_bytes, max_depth=settings.DUCTOR_MAX_JSON_DEPTH)
     if excess is not None:
         return Outcome.failed(StepErrorCode.PAYLOAD_TOO_LARGE, f"the {what} is {excess}", field=what)
     flaw = unkeepable(value)

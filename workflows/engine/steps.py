@@ -36,6 +36,7 @@ from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.dispatch.handlers import Failed, ItemContext
 from scheduling.models import Connection
 from scheduling.routing_table import routing_table
+from tenants.entitlements import effective_entitlements
 from workflows.actions import ActionCall, get_action
 from workflows.engine.attempts import (
     ON_WORKER,
@@ -206,10 +207,14 @@ def _call_action(name: str, step: Started, connection_id: str, run_id: str) -> O
     connection = Connection.objects.filter(pk=connection_id).first() if connection_id else None
     call = ActionCall(input=step.input, connection=connection, attempt=step.attempt,
                       idempotency_key=f"{run_id}:{step.node_id}:{step.attempt}")
+    # The plan's payload limit is read before the action runs, outside the errors that are the
+    # action's: with Redis away, the read raises, the item fails and is delivered again, where
+    # inside them it failed the step for good as ``action_crashed``.
+    max_bytes = effective_entitlements(current_tenant()).max_payload_bytes
     try:
         output = get_action(name)(call)
         # An output over the plan's payload limit fails the step: a retry would return it again.
-        return payload_refusal(output, "output") or Outcome.succeeded(jsonable(output))
+        return payload_refusal(output, "output", max_bytes=max_bytes) or Outcome.succeeded(jsonable(output))
     except ActionError as exc:
         return Outcome.from_error(exc.describe())
     except Exception as exc:  # an action's own bug fails the step, never the worker
