@@ -35,7 +35,7 @@ from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume, runs_this_month
 from workflows import services
 from workflows.actions import ActionCall, action
-from workflows.engine import items, journal, reconcile, steps, timers
+from workflows.engine import items, journal, reconcile, statements, steps, timers
 from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
@@ -471,6 +471,25 @@ def test_a_redis_outage_that_begins_during_the_action_is_not_taken_for_the_actio
 
     step = by_node(tenant, run)["a"]
     assert (step.status, step.output, step.error) == ("succeeded", {"ok": True}, None)
+
+
+def test_a_timeout_set_for_an_attempt_that_began_again_since_waits_for_the_new_start_s_deadline(tenant):
+    put(tenant, "again", {"nodes": [{"id": "a", "type": "action", "action": "echo", "input": {}, "timeout_s": 60}]})
+    run = start(tenant, "again")
+    step = by_node(tenant, run)["a"]
+    with tenant_context(tenant):
+        # Its first delivery began 61 s ago, and its worker died; delivered again after its lease,
+        # it begins now. The timer set by the first start is the one that fires (the second coalesced).
+        StepRun.objects.filter(pk=step.pk).update(status="running", started_at=timezone.now() - timedelta(seconds=61))
+        assert statements.start_attempt(step.pk, None) is not None
+
+        timers.step_timeout(str(step.pk), {})
+        assert StepRun.objects.get(pk=step.pk).status == "running"  # 60 s from its new start are not over
+
+        StepRun.objects.filter(pk=step.pk).update(started_at=timezone.now() - timedelta(seconds=61))
+        timers.step_timeout(str(step.pk), {})  # its timer set again, for the new deadline, once it passed
+        ended = StepRun.objects.get(pk=step.pk)
+    assert (ended.status, ended.error["code"]) == ("failed", "timeout")
 
 
 # -- ticks that skip the queue ------------------------------------------------------------------

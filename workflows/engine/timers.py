@@ -88,6 +88,12 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
     def go(step: StepRun, run: WorkflowRun) -> None:
         if step.status != SStatus.RUNNING:
             return
+        left = _timeout_left(step, run)
+        if left > SLEEP_SLACK.total_seconds():
+            # The attempt began again since this timer was set (delivered again after its lease, its
+            # clock starts anew), and the new timer was coalesced with this one: wait for the rest.
+            wakeup_on_commit(ref, kind="step_timeout", delay_s=left)
+            return
         message = str(data.get("message") or "the step ran past its timeout_s")
         finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=True))
         record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
@@ -96,6 +102,19 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
         enqueue_tick(run)
 
     _with_step(ref, go)
+
+
+def _timeout_left(step: StepRun, run: WorkflowRun) -> float:
+    """Seconds left before an action step's attempt passes its node's ``timeout_s``, counted from
+    the attempt's (latest) start; 0 when none is left or none is known. A task node's timeout is its
+    item's lease, which its publisher checks (``task_nodes``): 0."""
+    if step.node_type == TASK or step.started_at is None:
+        return 0.0
+    timeout_s = node_of(run, step.node_id).get("timeout_s")
+    if not timeout_s:
+        return 0.0
+    deadline = step.started_at + timedelta(seconds=float(timeout_s))
+    return max(0.0, (deadline - timezone.now()).total_seconds())
 
 
 # kind -> wake-up, registered with the coordinator by the workflows app.
