@@ -17,18 +17,18 @@ from workflows.engine.task_nodes import Sent
 
 @tenant_task(name="ductor.task_succeeded", ignore_result=True)
 def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
-                   admitted: str = "", run_id: str = "", work_ms: Any = None) -> None:
+                   admitted: str = "", run_id: str = "", work_ms: Any = None, deadline: Any = None) -> None:
     """A task node's Celery task returned ``result`` (having run ``work_ms``, when the team's
-    worker has ``ductor_sdk``'s hook)."""
+    worker has ``ductor_sdk``'s hook), by ``deadline`` or after it."""
     task_nodes.task_succeeded(result, Sent(step_id, item_id, delivery, connection_id, admitted, run_id,
-                                           task_nodes.reported_work(work_ms)))
+                                           task_nodes.reported_work(work_ms), task_nodes.deadline_of(deadline)))
 
 
 @tenant_task(name="ductor.task_failed", ignore_result=True)
 def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                 admitted: str = "", run_id: str = "", error: Mapping[str, Any] | None = None,
-                work_ms: Any = None) -> None:
+                work_ms: Any = None, deadline: Any = None) -> None:
     """A task node's Celery task raised (Celery sends its id; ``ductor_sdk``'s hook adds the error
-    and the time it ran)."""
+    and the time it ran), by ``deadline`` or after it."""
     task_nodes.task_failed(task_id, Sent(step_id, item_id, delivery, connection_id, admitted, run_id,
-                                         task_nodes.reported_work(work_ms)), error)
+                                         task_nodes.reported_work(work_ms), task_nodes.deadline_of(deadline)), error)

@@ -9,6 +9,7 @@ tenant's step is out of their reach.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from scheduling.fair_queue import Dequeued
 from tenants.models import Tenant
 from workflows import services
 from workflows.engine import task_nodes
-from workflows.models import StepRun, TaskCatalogEntry
+from workflows.models import RunEvent, StepRun, TaskCatalogEntry
 from workflows.tasks import task_failed, task_succeeded
 
 # Transactional: a run's first tick runs once its start commits.
@@ -84,6 +85,30 @@ def test_a_failure_keeps_the_exceptions_type_and_message_and_may_be_retried(tena
     assert error["message"] == "OutOfStock: 2 in stock"
     assert error["retryable"] is True
     assert error["exception"] == {"type": "OutOfStock", "module": "shop.services"}
+
+
+@pytest.mark.parametrize("callback", [task_succeeded, task_failed])
+def test_an_outcome_that_comes_after_its_timeout_is_discarded_though_the_reaper_has_not_seen_it_yet(
+        tenant_b, callback):
+    """The timeout is the item's lease, which the coordinator's reaper notices within a second or so
+    (and not at all while no coordinator runs): an outcome that comes in between times the step out
+    itself and is discarded, as it would have been after the reap."""
+    step = running_task_step(tenant_b[0])
+    args = [{"sum": 1}] if callback is task_succeeded else ["celery-id"]
+    callback.apply(args=args, kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                      "deadline": time.time() - 0.5}).get()
+    with tenant_context(tenant_b[0]):
+        ended = StepRun.objects.get(pk=step.pk)
+        history = list(RunEvent.objects.filter(run_id=step.run_id).order_by("seq").values_list("type", flat=True))
+    assert (ended.status, ended.error["code"], ended.output) == ("failed", "timeout", None)
+    assert history.index("step_timed_out") < history.index("step_result_discarded")
+
+
+def test_an_outcome_within_its_timeout_is_kept(tenant_b):
+    step = running_task_step(tenant_b[0])
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                                    "deadline": time.time() + 60}).get()
+    assert status_of(tenant_b[0], step) == "succeeded"
 
 
 @pytest.mark.parametrize(("result", "field", "why"), [

@@ -44,6 +44,7 @@ publisher died, the broker was away) is published again after its lease.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: flo
     tenant_id = str(current_tenant().pk)
     ids = {"tenant_id": tenant_id, "step_id": str(step.id), "run_id": str(step.run_id), "item_id": item.item_id,
            "delivery": item.delivery, "connection_id": member.connection_id if member else "",
-           "admitted": item.admitted}
+           "admitted": item.admitted, "deadline": round(time.time() + expires_s, 3)}
     value = step.input
     args, kwargs = ([], dict(value or {})) if call.get("arguments", "kwargs") == "kwargs" else ([value], {})
     # In the step's trace: Celery's instrumentation puts it in the message's headers, and the callbacks
@@ -279,6 +280,7 @@ class Sent:
     admitted: str = ""
     run_id: str = ""  # "" in a message published before it was sent: then read from the step
     work_ms: float | None = None  # how long the task ran, if the team's worker said (ductor_sdk)
+    deadline: float | None = None  # the end of its timeout, its lease (Unix time); None: not known
 
 
 def reported_work(value: Any) -> float | None:
@@ -288,6 +290,14 @@ def reported_work(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def deadline_of(value: Any) -> float | None:
+    """The end of an attempt's timeout its callback carries (Unix time), if it is a usable one: a
+    finite number. Anything else, or none (a message sent before callbacks carried it), is None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def task_succeeded(result: Any, sent: Sent) -> None:
@@ -327,6 +337,13 @@ def _keep(sent: Sent, outcome: Outcome) -> None:
     # The next steps its commit makes ready are enqueued in the ack's round trip.
     with fair_queue.holding_enqueues():
         if run_id is not None:
+            late_s = time.time() - sent.deadline if sent.deadline is not None else 0.0
+            if late_s > 0:
+                # Past its timeout: the attempt times out, whether or not the reaper has returned its
+                # item yet (it looks every second, and not at all while no coordinator runs), and the
+                # outcome is discarded, as it would have been had the timeout been seen first.
+                step_timeout(sent.step_id, {"message": f"the task ran past its timeout: its outcome came "
+                                                       f"{late_s:.1f} s after it"})
             record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
         # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
         # charged the run time its worker reported, else its time in flight (bounded). The same round
