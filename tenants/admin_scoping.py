@@ -133,11 +133,22 @@ class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdm
     """Base admin of every tenant-scoped model."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # No select_related here: a changelist applies its own (``get_list_select_related``) only
+        # to a queryset that selects nothing related yet, so one here left each row of a list to
+        # read the relations it shows one query per row.
         qs = self.model.all_tenants.all()
         if request.user.is_superuser:
-            return qs.select_related("tenant")
+            return qs
         tenant = admin_tenant(request)
         return qs.filter(tenant=tenant) if tenant is not None else qs.none()
+
+    def get_list_select_related(self, request: HttpRequest) -> Any:
+        """A superuser's list shows each row's tenant: an admin that names the relations its list
+        reads reads that one too (with none named, Django reads every relation a row must have)."""
+        chosen = super().get_list_select_related(request)
+        if request.user.is_superuser and isinstance(chosen, list | tuple) and "tenant" not in chosen:
+            return [*chosen, "tenant"]
+        return chosen
 
     def _allowed(self, request: HttpRequest) -> bool:
         return bool(request.user.is_superuser or admin_tenant(request) is not None)
