@@ -5,12 +5,17 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
 
 from ductor_project.core.context import tenant_context
 from ductor_project.logs import configure_logging
+from scheduling import fair_queue as fq
+from scheduling.dispatch.finisher import finisher
+from scheduling.dispatch.handlers import ItemContext, register_handler
+from scheduling.dispatch.worker import execute_item
 from tenants.models import Tenant
 from tests.conftest import LogLines
 
@@ -168,3 +173,30 @@ def test_a_line_that_cannot_be_made_or_written_never_fails_the_code_that_logs(
     logged.stream.close()
     log.info("cannot be written")
     assert "--- Logging error ---" in capsys.readouterr().err
+
+
+def _raises(ctx: ItemContext, body: dict[str, Any]) -> None:
+    raise RuntimeError("the handler failed")
+
+
+@pytest.mark.django_db
+def test_the_failure_and_the_end_of_an_item_that_names_a_run_carry_its_run_id(
+    logged: LogLines, tenant: Tenant, redis_client: Any
+) -> None:
+    """A tick's, a step's or a webhook's item names its run; its delivery's own lines, written
+    after the handler's binding ended, name it too: ``item_handler_failed`` is the line to search."""
+    register_handler("test.raises", _raises)
+    run_id = "5d6f8a2e-0000-4000-8000-000000000001"
+    fq.enqueue("raises-1", tier="standard", partition="p", payload={"kind": "test.raises", "run_id": run_id},
+               tenant=tenant)
+    item = fq.dequeue(lease_ms=30_000)
+    assert item is not None
+    execute_item.apply(kwargs={"tenant_id": item.tenant_id, "item_id": item.item_id, "delivery": item.delivery,
+                               "kind": "test.raises", "body": item.payload, "tier": item.tier,
+                               "partition": item.partition, "lease_until_ms": item.lease_until_ms}).get(propagate=False)
+    finisher.flush()
+
+    lines = {line["event"]: line for line in logged.json() if line.get("item_id") == "raises-1"}
+    for event in ("item_handler_failed", "item_finished"):
+        assert lines[event]["run_id"] == run_id, lines[event]
+        assert lines[event]["tenant_id"] == str(tenant.pk)

@@ -87,7 +87,17 @@ def run_delivery(
     tenant: Tenant, item: Delivery, *, queue: str, credit: str, check_lease: bool = False
 ) -> tuple[Outcome, Finished | None]:
     """Run one delivery in ``tenant``'s context (already entered); its outcome, and the ack it
-    needs (None when it needs none). See the module docs."""
+    needs (None when it needs none). See the module docs. Every line it logs names the run its
+    item's body names (a tick's, a step's, a webhook's), its failure and its ``item_finished``
+    included: the handler's own binding has ended when they are written."""
+    run_id = item.body.get("run_id")
+    with structlog.contextvars.bound_contextvars(**({"run_id": str(run_id)} if run_id else {})):
+        return _run(tenant, item, queue=queue, credit=credit, check_lease=check_lease)
+
+
+def _run(
+    tenant: Tenant, item: Delivery, *, queue: str, credit: str, check_lease: bool
+) -> tuple[Outcome, Finished | None]:
     renew_in_s = _lease_check(item, check_lease)
     if renew_in_s is None:
         log.info("stale_delivery_dropped", item_id=item.item_id, delivery=item.delivery)
