@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -454,6 +456,24 @@ def test_the_workflow_list_reads_the_latest_specs_in_its_one_query(client_a, dja
         listed = client_a.get("/api/v1/workflows").json()["results"]
     assert {w["name"]: w["spec"]["nodes"][0]["id"] for w in listed} == {"four": "a", "one": "a", "three": "a",
                                                                          "two": "b"}
+
+
+def test_the_run_list_reads_its_runs_versions_together_not_one_query_per_run(client_a):
+    create(client_a, "one")
+    first = [start(client_a, workflow="one")["id"] for _ in range(3)]
+    client_a.put("/api/v1/workflows/one", {"spec": spec(node("b"))}, format="json")
+    second = [start(client_a, workflow="one")["id"] for _ in range(3)]
+
+    def listed(size: int) -> tuple[dict[str, int], int]:
+        with CaptureQueriesContext(connection) as captured:
+            page = client_a.get(f"/api/v1/runs?page_size={size}").json()["results"]
+        return {run["id"]: run["version"] for run in page}, len(captured.captured_queries)
+
+    two, few = listed(2)
+    every, many = listed(6)
+    assert len(two) == 2
+    assert every == {**dict.fromkeys(first, 1), **dict.fromkeys(second, 2)}
+    assert many == few
 
 
 def test_a_null_input_or_payload_is_taken_as_none_given(client_a):
