@@ -480,6 +480,8 @@ def _start_many(
             RunEvent.objects.bulk_create(
                 [RunEvent(run=run, seq=1, type="created", data={"version": run.workflow.number}) for run in new]
             )
+            for run in new:  # and logged as record_event logs one: every event of a history is
+                log.info("run_created", run_id=str(run.id), node_id=None)
             enqueue_ticks(new)
     log.info("runs_started", count=len(new), existing=len(runs) - len(new))
     return results

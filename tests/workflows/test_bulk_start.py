@@ -53,6 +53,20 @@ def test_bulk_start_creates_every_run_in_order_with_its_created_event(client_a, 
         assert WorkflowRun.objects.get(pk=body["runs"][0]["id"]).status == "running"
 
 
+def test_each_run_a_bulk_start_creates_logs_its_created_event_as_one_start_does(client_a, tenant_a, logged):
+    """Every event of a run's history is logged as ``run_<type>``: the ``created`` of the runs of a
+    bulk start (and so of an event's runs and a schedule's fires) too, with its run and tenant."""
+    create(client_a, "w")
+    single = client_a.post("/api/v1/runs", {"workflow": "w"}, format="json").json()["id"]
+    body = bulk(client_a, [{"workflow": "w", "idempotency_key": "old"}, {"workflow": "w"}, {"workflow": "w"}])
+    again = bulk(client_a, [{"workflow": "w", "idempotency_key": "old"}], code=200)
+
+    created = [line for line in logged.json() if line["event"] == "run_created"]
+    assert sorted(line["run_id"] for line in created) == sorted([single, *(item["id"] for item in body["runs"])])
+    assert all(line["tenant_id"] == str(tenant_a[0].pk) for line in created)
+    assert again["runs"][0]["id"] == body["runs"][0]["id"]  # an existing run is not created again
+
+
 def test_bulk_start_returns_the_existing_run_for_a_used_key_and_dedupes_inside_the_batch(client_a, tenant_a):
     create(client_a, "w")
     first = bulk(client_a, [{"workflow": "w", "idempotency_key": "old"}])["runs"][0]
