@@ -62,6 +62,15 @@ class Entitlements:
     allowed_tiers: tuple[str, ...]
     overridden: tuple[str, ...] = ()
 
+    @property
+    def default_tier(self) -> str:
+        """The tier of a run started without one (an event's, a schedule's, the API's when not
+        given): ``standard``, or, when the plan leaves it out, the lowest tier it allows, so that a
+        default never takes priority over other tenants' work."""
+        if Tier.STANDARD in self.allowed_tiers:
+            return str(Tier.STANDARD.value)
+        return max(self.allowed_tiers, key=list(Tier.values).index)
+
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["allowed_tiers"] = list(self.allowed_tiers)

@@ -232,7 +232,7 @@ def run_start(
     if not _fairness_key_ok(fairness_key):
         raise ApiError("Invalid field(s): fairness_key.", code=ErrorCode.INVALID,
                        details={"fairness_key": [FAIRNESS_KEY_RULE]})
-    tier = tier or "standard"
+    tier = tier or limits.default_tier
     if tier not in limits.allowed_tiers:
         raise ApiError(f"Invalid field(s): tier. Plan '{limits.plan}' allows {', '.join(limits.allowed_tiers)}.",
                        code=ErrorCode.INVALID, details={"tier": [f"Not allowed by plan '{limits.plan}'."]})
@@ -415,7 +415,7 @@ def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> li
         size = json_size({} if item.get("input") is None else item["input"])
         if size > limits.max_payload_bytes:
             raise payload_too_large(f"{field}.input", size, limits.max_payload_bytes)
-        if (item.get("tier") or "standard") not in limits.allowed_tiers:
+        if (item.get("tier") or limits.default_tier) not in limits.allowed_tiers:
             errors[f"{field}.tier"] = [f"Not allowed by plan '{limits.plan}'."]
         if not _fairness_key_ok(item.get("fairness_key")):
             errors[f"{field}.fairness_key"] = [FAIRNESS_KEY_RULE]
@@ -432,6 +432,7 @@ def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> li
             errors.update(_input_errors(found, item.get("input"), f"{field}."))
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
+    runs = [{**item, "tier": item.get("tier") or limits.default_tier} for item in runs]
     try:
         return _start_many(runs, versions, same_keys)
     except IntegrityError:
@@ -464,7 +465,7 @@ def _start_many(
         assert version is not None  # checked by run_start_many
         given = {} if item.get("input") is None else item["input"]
         run = WorkflowRun(workflow=version, workflow_name=version.definition.name, input=given,
-                          idempotency_key=key, tier=item.get("tier") or "standard", tags=item.get("tags") or [],
+                          idempotency_key=key, tier=item["tier"], tags=item.get("tags") or [],
                           fairness_key=item.get("fairness_key") or "")
         run.root_run_id = run.id
         new.append(run)

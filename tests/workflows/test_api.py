@@ -24,7 +24,8 @@ from tenants.models import Tenant
 from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code
 from workflows.engine import tick as engine_tick
-from workflows.models import RunEvent, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.models import RunEvent, Schedule, WorkflowDefinition, WorkflowRun, WorkflowVersion
+from workflows.triggers.firing import fire_schedules
 
 pytestmark = pytest.mark.usefixtures("redis_client")
 
@@ -214,6 +215,31 @@ def test_a_tier_outside_the_plan_is_a_400_naming_tier(make_tenant):
     assert_invalid(client.post("/api/v1/runs", {"workflow": "w", "tier": "gold"}, format="json"), "tier")
     assert runs(tenant) == 0
     assert start(client, workflow="w", tier="batch")["tier"] == "batch"
+
+
+def test_a_run_given_no_tier_starts_in_one_the_plan_allows_by_api_event_and_schedule(make_tenant):
+    """``standard`` when the plan allows it, else the lowest tier it allows: an event's and a
+    schedule's runs, which name no tier, were refused (``runs[0].tier``, a field of neither)."""
+    tenant, key = make_tenant("batcher", plan="free")
+    tenant_services.override_set(tenant=tenant, field="allowed_tiers", value=["interactive", "batch"])
+    client = api_client(key)
+    create(client, "w")
+    assert client.post("/api/v1/triggers", {"workflow": "w", "event": "e"}, format="json").status_code == 201
+    schedule = client.post("/api/v1/schedules", {"name": "s", "workflow": "w", "interval_s": 60},
+                           format="json").json()
+
+    assert start(client, workflow="w")["tier"] == "batch"
+    event = client.post("/api/v1/events", {"name": "e"}, format="json")
+    assert event.status_code == 201, event.content
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=event.json()["runs"][0]).tier == "batch"
+        fire_schedules(now=timezone.now() + timedelta(seconds=61))
+        fired = Schedule.objects.get(pk=schedule["id"])
+        assert (fired.fired_count, fired.failed_count) == (1, 0), fired.last_error
+        assert WorkflowRun.objects.get(pk=fired.last_run_id).tier == "batch"
+    assert_invalid(client.post("/api/v1/runs", {"workflow": "w", "tier": "standard"}, format="json"), "tier")
+    tenant_services.override_set(tenant=tenant, field="allowed_tiers", value=["interactive"])
+    assert start(client, workflow="w")["tier"] == "interactive"
 
 
 def test_an_exhausted_quota_is_a_429_and_creates_no_run(client_a, tenant_a):
