@@ -20,8 +20,8 @@ items, plus one ``tenant_id="other"`` series with the rest, so the number of
 series is bounded whatever the number of tenants. Served when
 ``DUCTOR_METRICS_ENABLED``: with ``DUCTOR_METRICS_TOKEN`` set, only to
 ``Authorization: Bearer <token>``; without one, only to this machine (a
-request from loopback), since the per-tenant series name tenants
-(docs/operations.md).
+request from loopback that no proxy forwarded), since the per-tenant series
+name tenants (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def _refusal(request: HttpRequest) -> JsonResponse | None:
         return JsonResponse(error_body(ErrorCode.NOT_FOUND, "Metrics are off (DUCTOR_METRICS_ENABLED)."), status=404)
     token = settings.DUCTOR_METRICS_TOKEN
     if not token:
-        if request.META.get("REMOTE_ADDR") in LOOPBACK:
+        if request.META.get("REMOTE_ADDR") in LOOPBACK and not _forwarded(request):
             return None
         return JsonResponse(error_body(ErrorCode.PERMISSION_DENIED, "Without DUCTOR_METRICS_TOKEN the metrics are "
                                        "served to this machine only (they name the busiest tenants)."), status=403)
@@ -244,6 +244,15 @@ def _refusal(request: HttpRequest) -> JsonResponse | None:
                            status=401)
     refusal["WWW-Authenticate"] = "Bearer"
     return refusal
+
+
+# Headers a reverse proxy adds to what it forwards: behind one on this host, every request comes
+# from loopback, whoever sent it.
+FORWARDED = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
+
+
+def _forwarded(request: HttpRequest) -> bool:
+    return any(name in request.headers for name in FORWARDED)
 
 
 @require_GET

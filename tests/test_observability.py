@@ -135,6 +135,11 @@ def shared_keys(shared: list[Any]) -> set[tuple[str, tuple[tuple[str, str], ...]
 def test_the_metrics_can_need_a_token_or_be_off(settings, redis_client):
     elsewhere = Client(REMOTE_ADDR="10.1.2.3").get("/metrics")  # no token: this machine only
     assert (elsewhere.status_code, elsewhere.json()["error"]["code"]) == (403, "permission_denied")
+    assert scrape(Client(REMOTE_ADDR="127.0.0.1"))
+    # A reverse proxy on this host forwards everyone's requests from loopback: they are not this machine's.
+    for header in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"):
+        proxied = Client(REMOTE_ADDR="127.0.0.1").get("/metrics", **{header: "203.0.113.9"})
+        assert (proxied.status_code, proxied.json()["error"]["code"]) == (403, "permission_denied"), header
     settings.DUCTOR_METRICS_TOKEN = "s3cret-metrics"
     assert scrape(Client(REMOTE_ADDR="10.1.2.3"), HTTP_AUTHORIZATION="Bearer s3cret-metrics")
     client = Client()
