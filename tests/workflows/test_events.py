@@ -306,3 +306,22 @@ def test_events_older_than_their_tenants_retention_are_deleted_in_batches_and_no
 def test_a_retention_override_must_be_at_least_a_day(tenant):
     with pytest.raises(Exception, match="at least 1"):
         tenant_services.override_set(tenant=tenant, field="event_retention_days", value=0)
+
+
+def test_a_trigger_of_a_workflow_archived_since_starts_nothing_and_the_event_says_why(tenant, client_a):
+    for name in ("fulfil", "notify"):
+        put(tenant, name)
+        subscribe(client_a, name, "order.paid")
+    assert client_a.post("/api/v1/workflows/fulfil/archive").status_code == 200
+
+    sent = client_a.post("/api/v1/events", {"name": "order.paid", "key": "o-1"}, format="json")
+
+    assert sent.status_code == 201, sent.content
+    [refused] = sent.json()["refused"]
+    assert (refused["workflow"], refused["details"]) == (
+        "fulfil", {"workflow": "Workflow 'fulfil' is archived and starts no new run."})
+    assert [run.workflow_name for run in runs_of(tenant)] == ["notify"]
+
+    assert client_a.post("/api/v1/workflows/fulfil/unarchive").status_code == 200  # the trigger stayed
+    again = client_a.post("/api/v1/events", {"name": "order.paid", "key": "o-2"}, format="json")
+    assert (again.json()["refused"], len(again.json()["runs"])) == ([], 2)

@@ -10,8 +10,8 @@ version with the event as its input (``{"id", "name", "key", "payload", "created
   tier the plan does not allow) refuses the event, and nothing is left of it;
 - an event sent again with its ``idempotency_key`` answers the event recorded the first time,
   and starts nothing;
-- a trigger whose workflow's ``input_schema`` refuses the event starts nothing for it (the event's
-  ``refused`` names it, its workflow and why, by field; logged once per event as
+- a trigger whose workflow's ``input_schema`` refuses the event, or whose workflow is archived,
+  starts nothing for it (the event's ``refused`` names it, its workflow and why, by field; logged once per event as
   ``event_trigger_input_refused``, with how many refused it and the first): the
   event, and the other triggers' runs, stand;
 - only the tenant's own triggers are read: another tenant's event never starts a run here;
@@ -139,7 +139,7 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
     """Start the runs ``events`` trigger (one ``run_start_many``) and record them on each event
     (``fields``: each one's payload field in the request, for a ``413``)."""
     names = {event.name for event in events}
-    triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True, workflow__archived_at__isnull=True)
+    triggers = list(EventTrigger.objects.filter(event__in=names, enabled=True)
                     .select_related("workflow").order_by("created_at"))
     starts: list[tuple[Event, dict[str, Any]]] = []
     versions: dict[str, Any] = {}  # the latest version of each workflow triggered, read once
@@ -151,6 +151,10 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
             check_payload(data, fields[event.pk], measured=RUN_INPUT_MEASURED)
         for trigger in matching:
             name = trigger.workflow.name
+            if trigger.workflow.archived_at is not None:  # it stays, and starts nothing until unarchived
+                event.refused.append({"trigger": str(trigger.id), "workflow": name,
+                                      "details": {"workflow": f"Workflow '{name}' is archived and starts no new run."}})
+                continue
             if name not in versions:
                 versions[name] = version_to_start(name)
             problems = run_input_problems(versions[name].pk, data) if versions[name] is not None else []
