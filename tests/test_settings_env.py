@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,15 @@ from django.core.exceptions import ImproperlyConfigured
 from ductor_project.settings import database_url, flag, number, options, pairs
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+
+def refusal(monkeypatch: pytest.MonkeyPatch, raw: str, read: Callable[[str], object]) -> str:
+    """What ``read("DUCTOR_PROBE")`` refuses the value ``raw`` with."""
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        read("DUCTOR_PROBE")
+    return str(refused.value)
 
 
 @pytest.mark.parametrize(("raw", "cast", "expected"), [
@@ -38,16 +48,19 @@ def test_a_number_within_its_range_is_read(monkeypatch: pytest.MonkeyPatch, raw:
 def test_a_number_out_of_its_range_or_not_a_number_is_refused_naming_it(
     monkeypatch: pytest.MonkeyPatch, raw: str, cast: type, message: str
 ):
-    monkeypatch.setenv("DUCTOR_PROBE", raw)
-    with pytest.raises(ImproperlyConfigured) as refused:
-        number("DUCTOR_PROBE", 30, low=1, cast=cast)
-    assert str(refused.value) == message
+    assert refusal(monkeypatch, raw, lambda name: number(name, 30, low=1, cast=cast)) == message
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("", {}), ('{"visibility_timeout": 60}', {"visibility_timeout": 60})])
-def test_options_are_a_json_object(monkeypatch: pytest.MonkeyPatch, raw: str, expected: dict):
+@pytest.mark.parametrize(("read", "raw", "expected"), [
+    (options, "", {}), (options, '{"visibility_timeout": 60}', {"visibility_timeout": 60}),  # a JSON object
+    (pairs, "", {}), (pairs, "shop=8", {"shop": "8"}),  # name=value pairs
+    (pairs, " shop = 8 , eu/billing=4,", {"shop": "8", "eu/billing": "4"}),
+    (pairs, "shop=redis://shop-redis:6379/0?ssl_cert_reqs=none", {"shop": "redis://shop-redis:6379/0?ssl_cert_reqs=none"}),
+])
+def test_a_setting_of_many_values_is_read(monkeypatch: pytest.MonkeyPatch, read: Callable[[str], dict], raw: str,
+                                          expected: dict):
     monkeypatch.setenv("DUCTOR_PROBE", raw)
-    assert options("DUCTOR_PROBE") == expected
+    assert read("DUCTOR_PROBE") == expected
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -57,10 +70,7 @@ def test_options_are_a_json_object(monkeypatch: pytest.MonkeyPatch, raw: str, ex
 ])
 def test_options_that_are_not_a_json_object_are_refused_naming_them(monkeypatch: pytest.MonkeyPatch, raw: str,
                                                                     message: str):
-    monkeypatch.setenv("DUCTOR_PROBE", raw)
-    with pytest.raises(ImproperlyConfigured) as refused:
-        options("DUCTOR_PROBE")
-    assert str(refused.value).startswith(message)
+    assert refusal(monkeypatch, raw, options).startswith(message)
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -73,10 +83,8 @@ def test_a_flag_is_read_in_any_of_its_spellings(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_flag_that_is_neither_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("DUCTOR_PROBE", "maybe")
-    with pytest.raises(ImproperlyConfigured) as refused:
-        flag("DUCTOR_PROBE", False)
-    assert str(refused.value) == "DUCTOR_PROBE is one of 1/0, true/false, yes/no, on/off, not 'maybe'"
+    assert refusal(monkeypatch, "maybe", lambda name: flag(name, False)) == (
+        "DUCTOR_PROBE is one of 1/0, true/false, yes/no, on/off, not 'maybe'")
 
 
 @pytest.mark.parametrize(("setting", "value", "message"), [
@@ -97,15 +105,6 @@ def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: st
     assert f"ImproperlyConfigured: {message}" in done.stderr
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("", {}), ("shop=8", {"shop": "8"}), (" shop = 8 , eu/billing=4,", {"shop": "8", "eu/billing": "4"}),
-    ("shop=redis://shop-redis:6379/0?ssl_cert_reqs=none", {"shop": "redis://shop-redis:6379/0?ssl_cert_reqs=none"}),
-])
-def test_pairs_are_read_as_name_value(monkeypatch: pytest.MonkeyPatch, raw: str, expected: dict):
-    monkeypatch.setenv("DUCTOR_PROBE", raw)
-    assert pairs("DUCTOR_PROBE") == expected
-
-
 @pytest.mark.parametrize(("raw", "message"), [
     ("shop", "DUCTOR_PROBE is comma-separated name=value pairs; its item 1 is 'shop'"),
     ("shop=8,eu=", "DUCTOR_PROBE is comma-separated name=value pairs; its item 2 is 'eu='"),
@@ -115,10 +114,7 @@ def test_pairs_are_read_as_name_value(monkeypatch: pytest.MonkeyPatch, raw: str,
 ])
 def test_an_item_that_is_not_a_pair_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, raw: str,
                                                                    message: str):
-    monkeypatch.setenv("DUCTOR_PROBE", raw)
-    with pytest.raises(ImproperlyConfigured) as refused:
-        pairs("DUCTOR_PROBE")
-    assert str(refused.value) == message
+    assert refusal(monkeypatch, raw, pairs) == message
 
 
 @pytest.mark.parametrize("url", ["postgresql://ductor_app:pw@db:5432/ductor", "postgres://u@db/d",
