@@ -77,6 +77,14 @@ class Delivery:
         return cls(item.item_id, item.delivery, str(body.get("kind", "")), body, item.tier, item.partition,
                    item.waited_ms, item.lease_until_ms, item.connection_id, item.admitted)
 
+    @property
+    def names(self) -> dict[str, str]:
+        """What each line its delivery logs names it by: its item, and the run its body names (a
+        tick's, a step's, a webhook delivery's), which the handler's own binding no longer gives
+        once it returned or raised."""
+        run_id = self.body.get("run_id")
+        return {"item_id": self.item_id, "run_id": str(run_id)} if run_id else {"item_id": self.item_id}
+
     def context(self, tenant: Tenant) -> ItemContext:
         return ItemContext(tenant_id=str(tenant.pk), item_id=self.item_id, tier=self.tier,
                            partition=self.partition, delivery=self.delivery, waited_ms=self.waited_ms,
@@ -87,25 +95,15 @@ def run_delivery(
     tenant: Tenant, item: Delivery, *, queue: str, credit: str, check_lease: bool = False
 ) -> tuple[Outcome, Finished | None]:
     """Run one delivery in ``tenant``'s context (already entered); its outcome, and the ack it
-    needs (None when it needs none). See the module docs. Every line it logs names the run its
-    item's body names (a tick's, a step's, a webhook's), its failure and its ``item_finished``
-    included: the handler's own binding has ended when they are written."""
-    run_id = item.body.get("run_id")
-    with structlog.contextvars.bound_contextvars(**({"run_id": str(run_id)} if run_id else {})):
-        return _run(tenant, item, queue=queue, credit=credit, check_lease=check_lease)
-
-
-def _run(
-    tenant: Tenant, item: Delivery, *, queue: str, credit: str, check_lease: bool
-) -> tuple[Outcome, Finished | None]:
+    needs (None when it needs none). See the module docs."""
     renew_in_s = _lease_check(item, check_lease)
     if renew_in_s is None:
-        log.info("stale_delivery_dropped", item_id=item.item_id, delivery=item.delivery)
+        log.info("stale_delivery_dropped", delivery=item.delivery, **item.names)
         return Outcome.STALE, None
     finished = Finished(tenant, item.item_id, item.delivery)
     handler = handler_for(item.kind)
     if handler is None:
-        log.error("no_handler_for_item", item_id=item.item_id, kind=item.kind)
+        log.error("no_handler_for_item", kind=item.kind, **item.names)
         return Outcome.DROPPED, finished
     lease_ms = settings.DUCTOR_LEASE_MS
     hold = renewals.hold(partial(_renew, finished, lease_ms, queue, credit), every_s=lease_ms / 3000,
@@ -119,7 +117,7 @@ def _run(
             shown.failed = handler(item.context(tenant), item.body)
     except Exception:
         renewals.release(hold)
-        log.exception("item_handler_failed", item_id=item.item_id, kind=item.kind)
+        log.exception("item_handler_failed", kind=item.kind, **item.names)
         _record(tenant, item, Outcome.FAILED, time.perf_counter() - started, ran.ms)
         fair_queue.nack(item.item_id, delay_ms=settings.DUCTOR_FAILED_ITEM_DELAY_MS,
                         max_delay_ms=settings.DUCTOR_FAILED_ITEM_MAX_DELAY_MS, delivery=item.delivery, work_ms=ran.ms)
@@ -134,8 +132,8 @@ def _record(tenant: Tenant, item: Delivery, outcome: Outcome, seconds: float, wo
     record with the work its tenant is charged (the demo charts the tenants' shares of worker time
     from these, joined to their ``dispatched`` records by tenant and delivery)."""
     metrics.ITEM_DURATION.labels(item.kind, outcome).observe(seconds)
-    log.info("item_finished", tenant_id=str(tenant.pk), item_id=item.item_id, delivery=item.delivery,
-             kind=item.kind, outcome=str(outcome), work_ms=round(work_ms, 3))
+    log.info("item_finished", tenant_id=str(tenant.pk), delivery=item.delivery, kind=item.kind,
+             outcome=str(outcome), work_ms=round(work_ms, 3), **item.names)
 
 
 class Stopwatch:
