@@ -429,6 +429,9 @@ DUCTOR_TASK_QUEUE_SLOTS = pairs("DUCTOR_TASK_QUEUE_SLOTS")
 # Largest number of nodes in one workflow spec, and deepest JSON nesting.
 DUCTOR_MAX_SPEC_NODES = number("DUCTOR_MAX_SPEC_NODES", 500, low=1)
 DUCTOR_MAX_SPEC_DEPTH = number("DUCTOR_MAX_SPEC_DEPTH", 32, low=2)
+# Most signals one run keeps (as a workflow engine caps a history): the next answers 409 naming
+# ``signals``, until the run continues as new.
+DUCTOR_MAX_SIGNALS_PER_RUN = number("DUCTOR_MAX_SIGNALS_PER_RUN", 10_000, low=1)
 # Schedules: the most due schedules of one tenant that one wake-up fires (the rest follow in the
 # next, at once), and how often a schedule holding a buffered fire looks whether its run ended.
 DUCTOR_SCHEDULE_FIRE_BATCH = number("DUCTOR_SCHEDULE_FIRE_BATCH", 500, low=1)

@@ -400,3 +400,20 @@ def test_why_names_the_event_and_key_a_wait_waits_for_and_its_timeout(tenant, cl
     send(tenant, "o-9")
     [resumed] = [w for w in client_a.get(f"/api/v1/runs/{run.pk}/why").json()["waiting"] if w["node_id"] == "paid"]
     assert resumed["cause"] == "in_line"
+
+
+def test_a_run_keeps_so_many_signals_and_refuses_more_naming_them(tenant, client_a, settings):
+    settings.DUCTOR_MAX_SIGNALS_PER_RUN = 2
+    put(tenant, SIGNALLED)
+    run = start(tenant)
+    sent = [client_a.post(f"/api/v1/runs/{run.pk}/signal", {"name": "other", "idempotency_key": f"k-{n}"},
+                          format="json") for n in range(2)]
+    assert [response.status_code for response in sent] == [201, 201]
+
+    more = client_a.post(f"/api/v1/runs/{run.pk}/signal", {"name": "approved"}, format="json")
+    assert (more.status_code, error_code(more)) == (409, "conflict")
+    assert more.json()["error"]["details"] == {"signals": ["At most 2 per run."]}
+    again = client_a.post(f"/api/v1/runs/{run.pk}/signal", {"name": "other", "idempotency_key": "k-1"}, format="json")
+    assert (again.status_code, again.json()["id"]) == (200, sent[1].json()["id"])  # a known one still answers
+    with tenant_context(tenant):
+        assert RunSignal.objects.count() == 2

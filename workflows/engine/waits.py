@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -224,7 +225,8 @@ def wait_timeout(ref: str, data: dict[str, Any]) -> None:
 def signal_send(run_id: Any, *, name: str, payload: Any, idempotency_key: str | None = None) -> tuple[RunSignal, bool]:
     """Send a signal to one of the tenant's runs: it resumes the run's open wait for ``name`` (the
     oldest), or is kept for the next one. Returns ``(signal, created)``: a signal sent again with
-    its ``idempotency_key`` answers the first, changing nothing. A run that ended answers ``409``."""
+    its ``idempotency_key`` answers the first, changing nothing. A run that ended, or that has
+    ``DUCTOR_MAX_SIGNALS_PER_RUN`` signals already, answers ``409``."""
     try:
         return _send_signal(run_id, name, payload, idempotency_key)
     except IntegrityError:  # a concurrent send with the same key won: answer its signal
@@ -244,6 +246,10 @@ def _send_signal(run_id: Any, name: str, payload: Any, key: str | None) -> tuple
         if run.is_terminal:
             raise Conflict(f"Run {run.pk} is {run.status}: a signal can only go to an active run.",
                            details={"status": [run.status]})
+        limit = settings.DUCTOR_MAX_SIGNALS_PER_RUN
+        if RunSignal.objects.filter(run=run).order_by().values("pk")[limit - 1:limit].exists():
+            raise Conflict(f"Run {run.pk} has {limit} signals, as many as a run keeps: continue it as new to "
+                           "take more.", details={"signals": [f"At most {limit} per run."]})
         signal = RunSignal.objects.create(run=run, name=name, payload=payload, idempotency_key=key or None)
         wait = (EventWait.objects.filter(run=run, event=name, matched_at__isnull=True)
                 .order_by("created_at").only("id", "step_id").first())
