@@ -360,6 +360,22 @@ class RunEventSerializer(StrictModelSerializer):
         read_only_fields = fields
 
 
+# The most events one read of a run's history answers: a longer history is read on from the last
+# one's ``seq`` (``?after=``).
+MAX_HISTORY_EVENTS = 1000
+
+
+class RunEventsQuerySerializer(StrictSerializer):
+    typed = False  # a query string's: every value is a string
+    after = serializers.IntegerField(
+        required=False, default=0, min_value=0,
+        help_text="Only the events after this one (its seq): read a long history on from the last event read.")
+    limit = serializers.IntegerField(
+        required=False, default=MAX_HISTORY_EVENTS, min_value=1, max_value=MAX_HISTORY_EVENTS,
+        help_text=f"At most this many events (default and most: {MAX_HISTORY_EVENTS}); fewer means the history "
+                  "ends there, for now.")
+
+
 class WaitingSerializer(serializers.Serializer[Any]):
     """One waiting step (or the run's tick, node ``""``) and what holds it now."""
 

@@ -29,6 +29,7 @@ from workflows.serializers import (
     RunCancelManySerializer,
     RunDetailSerializer,
     RunEventSerializer,
+    RunEventsQuerySerializer,
     RunFilterSerializer,
     RunRerunSerializer,
     RunSerializer,
@@ -268,11 +269,16 @@ class RunViewSet(TenantViewSet):
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(SignalSerializer(signal).data, status=code)
 
-    @extend_schema(summary="List a run's history", responses=RunEventSerializer(many=True))
+    @extend_schema(summary="List a run's history", parameters=[RunEventsQuerySerializer],
+                   responses=RunEventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain array, not a page
     def events(self, request: Request, pk: str) -> Response:
+        """The run's events in order, its first 1,000 at most (``limit``): a longer history is read on
+        with ``after``, the last event's ``seq``, until an answer has fewer than ``limit``."""
         run = selectors.get_run_for_tenant(pk)
-        return Response(RunEventSerializer(selectors.run_events(run), many=True).data)
+        query = parse(RunEventsQuerySerializer, request.query_params.dict())
+        events = selectors.run_events(run).filter(seq__gt=query["after"])[:query["limit"]]
+        return Response(RunEventSerializer(events, many=True).data)
 
     @extend_schema(summary="Explain why a run waits", responses=RunWhySerializer)
     @action(detail=True, methods=["get"], pagination_class=None)

@@ -351,6 +351,9 @@ def test_wait_returns_the_finished_run_with_its_output_steps_events_and_lineage(
     assert events[0].type == "created"
     assert events[-1].type == "succeeded"
     assert [e.seq for e in events] == sorted(e.seq for e in events)
+    # Read on from each answer's last event, however short the answers: the same history.
+    assert sdk.runs.events(run.id, page_size=2) == events
+    assert sdk.runs.events(run.id, after=events[1].seq, page_size=3) == events[2:]
     lineage = sdk.runs.lineage(run.id)
     assert (lineage.root_run_id, lineage.runs, lineage.tree[0]["id"]) == (run.id, 1, run.id)
     root = lineage.tree[0]  # a LineageNode: the keys its type names are the server's
@@ -488,22 +491,25 @@ def test_each_kind_of_key_is_refused_by_the_other_kind_of_endpoint(sdk: Client, 
 def test_the_async_client_starts_waits_pages_and_raises_like_the_sync_one(server_url: str, make_tenant) -> None:
     _, key = make_tenant("sdk-async")
 
-    async def scenario() -> tuple[str, str, list[str], list[str], str]:
+    async def scenario() -> tuple[str, str, list[str], list[str], str, bool]:
         async with AsyncClient(server_url, key) as client:
             applied = await client.workflows.apply(finishing())
             started = [(await client.runs.start("greet", {"name": f"n{i}"})).id for i in range(3)]
             done = await client.runs.wait(started[0], timeout=10, poll_interval=0.05)
             listed = [run.id async for run in client.runs.iter(page_size=2)]
+            history = await client.runs.events(started[0])
+            same_history = history == await client.runs.events(started[0], page_size=2) and len(history) > 2
             try:
                 await client.runs.get("00000000-0000-0000-0000-000000000000")
             except NotFound as exc:
                 missing = exc.code
-            return applied.outcome, done.status, started, listed, missing
+            return applied.outcome, done.status, started, listed, missing, same_history
 
-    outcome, status, started, listed, missing = asyncio.run(scenario())
+    outcome, status, started, listed, missing, same_history = asyncio.run(scenario())
 
     assert (outcome, status, missing) == ("created", "succeeded", "not_found")
     assert listed == started[::-1]
+    assert same_history  # read two events at a time, the history is the same
 
 
 # --- schedules -------------------------------------------------------------------------------

@@ -407,6 +407,27 @@ def test_run_detail_includes_steps_with_their_routing_and_events_are_ordered(cli
     assert client_a.get("/api/v1/runs/not-a-uuid").status_code == 404
 
 
+def test_a_history_is_read_a_bounded_answer_at_a_time_on_from_its_last_event(client_a, tenant_a):
+    create(client_a, "w", spec(node("a"), node("b", "a")))
+    run = start(client_a, workflow="w")
+    tick(tenant_a[0], run["id"])
+    url = f"/api/v1/runs/{run['id']}/events"
+
+    def seqs(**query: Any) -> list[int]:
+        response = client_a.get(url, query)
+        assert response.status_code == 200, response.content
+        return [event["seq"] for event in response.json()]
+
+    assert seqs(limit=2) == [1, 2]
+    assert seqs(after=2, limit=2) == [3]  # fewer than asked: the history ends there, for now
+    assert seqs(after=3) == []
+    assert seqs() == [1, 2, 3]
+    assert_invalid(client_a.get(url, {"limit": 1001}), "limit")
+    assert_invalid(client_a.get(url, {"limit": 0}), "limit")
+    assert_invalid(client_a.get(url, {"after": -1}), "after")
+    assert_invalid(client_a.get(url, {"after": "x"}), "after")
+
+
 def test_cancel_is_idempotent_and_a_finished_run_stays_as_it_was(client_a, tenant_a):
     create(client_a, "w")
     run = start(client_a, workflow="w")

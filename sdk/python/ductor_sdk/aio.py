@@ -342,9 +342,17 @@ class Runs(_Resource):
         """Send a signal to the run (see ``Runs.signal``)."""
         return await self._send(calls.run_signal(run_id, name, payload, idempotency_key=idempotency_key))
 
-    async def events(self, run_id: str) -> builtins.list[models.RunEvent]:
-        """The run's history, in order."""
-        return await self._send(calls.run_events(run_id))
+    async def events(self, run_id: str, *, after: int = 0,
+                     page_size: int = calls.MAX_HISTORY_EVENTS) -> builtins.list[models.RunEvent]:
+        """The run's history, in order, after the event ``after`` (a ``seq``; 0: all of it), read
+        ``page_size`` events (1,000 at most) at a time (see ``Runs.events``)."""
+        found: builtins.list[models.RunEvent] = []
+        read_on: int | None = after
+        while read_on is not None:
+            events = await self._send(calls.run_events(run_id, after=read_on, limit=page_size))
+            found += events
+            read_on = calls.history_read_on(events, page_size)
+        return found
 
     async def steps(self, run_id: str, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Step]:
         """One page of the run's step attempts, oldest first."""

@@ -207,8 +207,19 @@ def run_steps(run_id: str, **params: Any) -> Call[Page[models.Step]]:
     return Call("GET", path("runs", run_id, "steps"), _page(models.Step), params=list_params(**params))
 
 
-def run_events(run_id: str) -> Call[list[models.RunEvent]]:
-    return Call("GET", path("runs", run_id, "events"), _many(models.RunEvent))
+# The most events one read of a run's history answers (the server's ``limit`` at most).
+MAX_HISTORY_EVENTS = 1000
+
+
+def run_events(run_id: str, *, after: int = 0, limit: int = MAX_HISTORY_EVENTS) -> Call[list[models.RunEvent]]:
+    """The run's events after ``after`` (a ``seq``), ``limit`` at most: fewer means the history ends there."""
+    return Call("GET", path("runs", run_id, "events"), _many(models.RunEvent), params={"after": after, "limit": limit})
+
+
+def history_read_on(events: Sequence[models.RunEvent], limit: int) -> int | None:
+    """Where a history read in answers of ``limit`` events goes on after the answer ``events``: the
+    last one's ``seq``, or None when it was the last answer (it had fewer)."""
+    return events[-1].seq if len(events) == limit else None
 
 
 def run_lineage(run_id: str) -> Call[models.Lineage]:

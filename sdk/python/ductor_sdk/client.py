@@ -343,9 +343,17 @@ class Runs(_Resource):
         that name (its output is ``payload``), or is kept until one waits. ``Conflict`` for a run that ended."""
         return self._send(calls.run_signal(run_id, name, payload, idempotency_key=idempotency_key))
 
-    def events(self, run_id: str) -> builtins.list[models.RunEvent]:
-        """The run's history, in order."""
-        return self._send(calls.run_events(run_id))
+    def events(self, run_id: str, *, after: int = 0,
+               page_size: int = calls.MAX_HISTORY_EVENTS) -> builtins.list[models.RunEvent]:
+        """The run's history, in order, after the event ``after`` (a ``seq``; 0: all of it). The server
+        answers 1,000 events at most at a time: this reads ``page_size`` at a time until the end."""
+        found: builtins.list[models.RunEvent] = []
+        read_on: int | None = after
+        while read_on is not None:
+            events = self._send(calls.run_events(run_id, after=read_on, limit=page_size))
+            found += events
+            read_on = calls.history_read_on(events, page_size)
+        return found
 
     def steps(self, run_id: str, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Step]:
         """One page of the run's step attempts, oldest first."""
