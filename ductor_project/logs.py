@@ -45,6 +45,22 @@ def add_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     return event_dict
 
 
+def add_request_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Add the tenant of the request a standard-library record is about (Django's ``django.request``
+    line of a 4xx or 5xx, written once the view's tenant context has ended), as the API's and the
+    admin's authentication marked it (``REQUEST_TENANT``)."""
+    record = event_dict.get("_record")
+    tenant = getattr(getattr(record, "request", None), REQUEST_TENANT, None)
+    if tenant is not None and "tenant_id" not in event_dict:
+        event_dict["tenant_id"] = str(tenant.pk)
+        event_dict["tenant"] = tenant.slug
+    return event_dict
+
+
+# The attribute of a Django request that names the tenant it acts for, once authenticated.
+REQUEST_TENANT = "ductor_tenant"
+
+
 def dumps(event_dict: EventDict, default: Any = None) -> str:
     """One event as JSON text, by orjson: a few times faster than ``json.dumps``. What it cannot
     encode goes through ``default`` (structlog's renderer gives its fallback, the value's repr);
@@ -161,7 +177,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                         structlog.processors.format_exc_info,
                         renderer,
                     ],
-                    "foreign_pre_chain": shared,
+                    "foreign_pre_chain": [*shared, add_request_tenant],
                 }
             },
             "handlers": {

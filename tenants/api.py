@@ -34,6 +34,7 @@ from rest_framework.views import APIView
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from ductor_project.core.ids import canonical_uuid
+from ductor_project.logs import REQUEST_TENANT
 from ductor_project.parsers import unstorable_query
 from tenants.permissions import IsPlatformAdmin, refuse_unseen_object, request_tenant
 from tenants.query_params import AcceptHeaderNegotiation, refuse_unknown_query_parameters
@@ -88,6 +89,8 @@ class TenantScopeMixin:
         tenant = request_tenant(request)
         if tenant is not None and tenant.is_active:
             self._tenant_scope.enter_context(tenant_context(tenant))
+            # Django logs a 4xx or a 5xx once this context has ended: its line names the tenant still.
+            setattr(request._request, REQUEST_TENANT, tenant)
 
 
 class TenantAPIView(TenantScopeMixin, StrictQueryMixin, APIView):

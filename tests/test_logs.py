@@ -55,6 +55,17 @@ def test_standard_library_logs_are_json_with_tenant_id(logged: LogLines, tenant:
     assert event["logger"] == "django.request"
 
 
+def test_djangos_line_of_a_refused_api_request_names_the_requests_tenant(
+    logged: LogLines, tenant: Tenant, client_a: Any
+) -> None:
+    # Django writes it once the view, and its tenant context, ended.
+    refused = client_a.get("/api/v1/runs/00000000-0000-4000-8000-000000000000")
+    assert refused.status_code == 404
+    (event,) = logged.json("django.request")
+    assert event["event"].startswith("Not Found: /api/v1/runs/")
+    assert (event["tenant_id"], event["tenant"]) == (str(tenant.pk), tenant.slug)
+
+
 def test_each_event_reports_the_tenant_of_its_own_context(
     logged: LogLines, tenant: Tenant, tenant_b: tuple[Tenant, str]
 ) -> None:
