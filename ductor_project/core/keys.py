@@ -27,6 +27,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import structlog
@@ -61,6 +62,7 @@ def shard_of(tenant_id: str, shards: int | None = None) -> int:
     return shard_map().shard_of(tenant_id)
 
 
+@lru_cache(maxsize=65_536)  # on every tenant-side key's path; a pure function of its arguments
 def hashed_shard(tenant_id: str, shards: int) -> int:
     """The jump consistent hash of a tenant id over ``shards``: stable, independent of the process."""
     return _jump_hash(zlib.crc32(tenant_id.encode()), shards)
