@@ -239,6 +239,30 @@ def test_continue_as_new_cancels_the_other_branches_steps_and_takes_their_items_
     assert queued(tenant) == {items.tick_item_id(successor.pk)}  # no item of "work" is left
 
 
+def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
+    put(tenant, "loop", {"nodes": [
+        {"id": "again", "type": "continue_as_new", "input": {"second": True},
+         "when": {"path": "input.second", "op": "exists", "value": False}},
+        {"id": "nap", "type": "sleep", "duration_s": 3600},
+    ]})
+    put(tenant, "parent", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "loop"}]})
+    parent = tick(tenant, start(tenant, "parent"))
+    child = tick(tenant, WorkflowRun(pk=by_node(tenant, parent)["kid"].child_run_id))
+    assert child.status == "continued"
+    with tenant_context(tenant):
+        successor = WorkflowRun.objects.get(continued_from=child)
+    assert tick(tenant, successor).status == "running"  # asleep: the chain's run the parent waits for
+
+    with tenant_context(tenant):
+        services.run_cancel(run=parent)
+    assert tick(tenant, parent).status == "cancelled"
+
+    successor = tick(tenant, successor)
+    assert successor.cancel_requested
+    assert successor.status == "cancelled"
+    assert by_node(tenant, successor)["nap"].status == "cancelled"
+
+
 # -- the reconciler -------------------------------------------------------------------------------
 
 

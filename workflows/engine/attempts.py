@@ -211,7 +211,26 @@ def abort_active(latest: dict[str, StepRun], status: str) -> None:
         if step.node_type == "wait_for_event":
             EventWait.objects.filter(step_id=step.pk).delete()
         if step.child_run_id is not None:
-            WorkflowRun.objects.filter(pk=step.child_run_id).exclude(status__in=WorkflowRun.TERMINAL).update(
-                cancel_requested=True
-            )
-            enqueue_tick(WorkflowRun.objects.get(pk=step.child_run_id))
+            cancel_child(step.child_run_id)
+
+
+def last_of_chain(run_id: Any) -> WorkflowRun | None:
+    """The run ``run_id``, or the last run of the ContinueAsNew chain it started (the one it
+    continued as, and so on): the run a sub-workflow node waits for."""
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    while run is not None and run.status == WorkflowRun.Status.CONTINUED:
+        run = WorkflowRun.objects.filter(continued_from=run).first()
+    return run
+
+
+def cancel_child(run_id: Any) -> None:
+    """Ask the child run ``run_id`` to cancel: the active run of its chain, when it continued as
+    new. A child that continues as new while this waits for its row is followed to its successor
+    (each statement sees what committed before it)."""
+    run = last_of_chain(run_id)
+    while run is not None and not run.is_terminal:
+        active = WorkflowRun.objects.filter(pk=run.pk).exclude(status__in=WorkflowRun.TERMINAL)
+        if active.update(cancel_requested=True):
+            enqueue_tick(run)
+            return
+        run = last_of_chain(run.pk)  # it ended meanwhile: continued as new, or finished

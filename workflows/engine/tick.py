@@ -35,6 +35,7 @@ from workflows.engine.attempts import (
     Outcome,
     abort_active,
     finish,
+    last_of_chain,
     latest_attempts,
     new_step,
     node_of,
@@ -173,9 +174,7 @@ def _apply_children(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
     for node_id, step in latest.items():
         if step.status != SStatus.WAITING or step.child_run_id is None:
             continue
-        final = WorkflowRun.objects.filter(pk=step.child_run_id).first()
-        while final is not None and final.status == Status.CONTINUED:
-            final = WorkflowRun.objects.filter(continued_from=final).first()
+        final = last_of_chain(step.child_run_id)
         if final is None or not final.is_terminal:
             continue
         if final.status == Status.SUCCEEDED:
