@@ -476,6 +476,18 @@ def validate_condition(field: str, cond: Any, language: Language = NODES, *,
     return {"path": path, "op": op, "value": _check_value(field, op, cond)}
 
 
+def json_equal(a: Any, b: Any) -> bool:
+    """Whether two JSON values are equal as JSON: ``true`` is not ``1`` nor ``false`` ``0`` (as
+    Python's ``==`` has them), inside objects and lists too; ``1`` and ``1.0`` are one number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def condition_holds(cond: Mapping[str, Any], context: Any) -> bool:
     """Whether a validated condition holds on ``context`` (its paths start at the roots). Pure."""
     value = lookup(context, tuple(cond["path"].split(".")))
@@ -485,11 +497,11 @@ def condition_holds(cond: Mapping[str, Any], context: Any) -> bool:
     if value is _MISSING:
         return op == "ne"
     if op == "eq":
-        return bool(value == expected)
+        return json_equal(value, expected)
     if op == "ne":
-        return bool(value != expected)
+        return not json_equal(value, expected)
     if op == "in":
-        return value in expected
+        return any(json_equal(value, item) for item in expected)
     if op == "prefix":
         return isinstance(value, str) and value.startswith(expected)
     if not _is_number(value):

@@ -240,6 +240,29 @@ def test_when_paths_reach_input_and_node_outputs(cond: dict[str, Any], expected:
 
 
 @pytest.mark.parametrize(
+    ("value", "op", "expected", "holds"),
+    [
+        (True, "eq", 1, False),
+        (False, "eq", 0, False),
+        (1, "eq", True, False),
+        (0, "ne", False, True),
+        (True, "in", [1, "yes"], False),
+        (1, "in", [True], False),
+        ({"ok": True}, "eq", {"ok": 1}, False),
+        ([0, 1], "eq", [False, True], False),
+        (True, "eq", True, True),
+        (1, "eq", 1.0, True),
+        ({"ok": [1, True]}, "eq", {"ok": [1.0, True]}, True),
+        (False, "in", [0, False], True),
+    ],
+)
+def test_when_compares_as_json_so_a_boolean_is_not_a_number(value: Any, op: str, expected: Any, holds: bool) -> None:
+    clean, errors = when_errors({"path": "input.v", "op": op, "value": expected}, field="when")
+    assert errors == []
+    assert evaluate_when(clean, {"input": {"v": value}, "nodes": {}, "run": {}}) is holds
+
+
+@pytest.mark.parametrize(
     ("when", "key", "needle"),
     [
         ("yes", "when", "must be an object"),
