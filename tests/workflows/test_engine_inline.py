@@ -216,6 +216,10 @@ def test_a_sleep_that_ended_has_its_end_as_iso_8601_in_its_output(tenant):
         timers.sleep_done(str(step.pk), {})
 
     assert by_node(tenant, run)["nap"].output == {"slept_until": "2026-01-01T08:00:00+00:00"}
+    with tenant_context(tenant):
+        ends = list(RunEvent.objects.filter(run_id=run.pk, node_id="nap").order_by("seq").values_list("type", "data"))
+    assert ends == [("step_sleeping", {"until": "2026-01-01T09:00:00+01:00"}),
+                    ("step_succeeded", {"attempt": 1, "error": None})]  # its end is in the history too
 
 
 # -- ContinueAsNew ----------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ def sleep_done(ref: str, data: dict[str, Any]) -> None:
             return
         until = step.scheduled_for.isoformat() if step.scheduled_for else None
         finish(step, Outcome.succeeded({"slept_until": until}))
+        record_event(run, "step_succeeded", step.node_id, attempt=step.attempt, error=None)
         enqueue_tick(run)
 
     _with_step(ref, go)
