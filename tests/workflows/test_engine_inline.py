@@ -222,6 +222,28 @@ def test_a_sleep_that_ended_has_its_end_as_iso_8601_in_its_output(tenant):
                     ("step_succeeded", {"attempt": 1, "error": None})]  # its end is in the history too
 
 
+def test_every_steps_end_in_the_history_carries_its_attempt_and_its_error_code(tenant):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "mixed", {"nodes": [
+        {"id": "kid", "type": "subworkflow", "workflow": "leaf"},
+        {"id": "ghost", "type": "subworkflow", "workflow": "nowhere", "depends_on": ["kid"]},
+    ]})
+    run = tick(tenant, start(tenant, "mixed"))
+    child = tick(tenant, WorkflowRun(pk=by_node(tenant, run)["kid"].child_run_id))
+    execute(tenant, by_node(tenant, child)["say"])
+    run = tick(tenant, run)
+
+    assert run.status == "failed"
+    with tenant_context(tenant):
+        ends = {e.node_id: (e.type, e.data) for e in RunEvent.objects.filter(
+            run_id=run.pk, type__in=["step_succeeded", "step_failed"])}
+    assert ends["kid"] == ("step_succeeded", {"attempt": 1, "error": None, "child_run": str(child.pk)})
+    assert ends["ghost"][0] == "step_failed"
+    assert ends["ghost"][1]["attempt"] == 1
+    assert ends["ghost"][1]["error"] == "unknown_workflow"  # a refusal names its code, beside its reason
+    assert "does not exist" in ends["ghost"][1]["reason"]
+
+
 # -- ContinueAsNew ----------------------------------------------------------------------------------
 
 

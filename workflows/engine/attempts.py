@@ -197,7 +197,9 @@ def refuse(run: WorkflowRun, step: StepRun, code: StepErrorCode | Outcome, messa
     or with a failed ``Outcome`` such as ``payload_refusal`` gives."""
     outcome = code if isinstance(code, Outcome) else Outcome.failed(code, message, **details)
     finish(step, outcome)
-    record_event(run, "step_failed", step.node_id, reason=(outcome.error or {}).get("message", ""))
+    error = outcome.error or {}
+    record_event(run, "step_failed", step.node_id, attempt=step.attempt, error=error.get("code"),
+                 reason=error.get("message", ""))
 
 
 def abort_active(latest: dict[str, StepRun], status: str) -> None:

@@ -182,7 +182,8 @@ def _apply_children(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
         else:
             code = StepErrorCode.CHILD_CANCELLED if final.status == Status.CANCELLED else StepErrorCode.CHILD_FAILED
             finish(step, Outcome.failed(code, f"child run {final.id} {final.status}", child_error=final.error))
-        record_event(run, f"step_{step.status}", node_id, child_run=str(final.id))
+        record_event(run, f"step_{step.status}", node_id, attempt=step.attempt,
+                     error=(step.error or {}).get("code"), child_run=str(final.id))
 
 
 def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -> bool:

@@ -77,7 +77,7 @@ def start_wait(run: WorkflowRun, node: Mapping[str, Any], context: Mapping[str, 
         kept.delivered_to = step
         kept.save(update_fields=["delivered_to"])
         finish(step, Outcome.succeeded(kept.payload))
-        record_event(run, "step_succeeded", node["id"], signal=str(kept.id))
+        record_event(run, "step_succeeded", node["id"], attempt=step.attempt, error=None, signal=str(kept.id))
         return step
     expires = now + timedelta(seconds=float(node["timeout_s"])) if node.get("timeout_s") else None
     wait = EventWait.objects.create(run=run, step=step, event=name, key=key, expires_at=expires,
@@ -281,15 +281,18 @@ def apply(run: WorkflowRun, latest: dict[str, StepRun], node_of: Callable[[str],
         node = node_of(step.node_id)
         if not by.get("timeout"):
             finish(step, Outcome.succeeded(row["payload"]))
-            record_event(run, "step_succeeded", step.node_id, **{k: v for k, v in by.items() if k != "timeout"})
+            record_event(run, "step_succeeded", step.node_id, attempt=step.attempt, error=None,
+                         **{k: v for k, v in by.items() if k != "timeout"})
         elif "default" in node:
             output = templates.render(node["default"], context())
             refusal = payload_refusal(output, "default")
             finish(step, refusal or Outcome.succeeded(jsonable(output)))
             if refusal is None:
-                record_event(run, "step_succeeded", step.node_id, timed_out=True)
+                record_event(run, "step_succeeded", step.node_id, attempt=step.attempt, error=None, timed_out=True)
             else:
-                record_event(run, "step_failed", step.node_id, reason=(refusal.error or {}).get("message", ""))
+                error = refusal.error or {}
+                record_event(run, "step_failed", step.node_id, attempt=step.attempt, error=error.get("code"),
+                             reason=error.get("message", ""))
         else:
             finish(step, Outcome.failed(StepErrorCode.WAIT_TIMED_OUT, f"no '{node['event']}' came within "
                                         f"{node.get('timeout_s')} s"))
