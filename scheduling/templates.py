@@ -49,6 +49,7 @@ from functools import lru_cache
 from typing import Any
 
 from ductor_project.core.bounds import MAX_KEY_CHARS
+from ductor_project.core.payloads import json_equal
 
 NODE_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 OPERATORS = ("eq", "ne", "in", "exists", "prefix", "gt", "lt")
@@ -474,18 +475,6 @@ def validate_condition(field: str, cond: Any, language: Language = NODES, *,
     if op not in OPERATORS:
         raise FieldError(f"{field}.op", f"unknown operator; use one of {', '.join(OPERATORS)}")
     return {"path": path, "op": op, "value": _check_value(field, op, cond)}
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """Whether two JSON values are equal as JSON: ``true`` is not ``1`` nor ``false`` ``0`` (as
-    Python's ``==`` has them), inside objects and lists too; ``1`` and ``1.0`` are one number."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a is b
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
 
 
 def condition_holds(cond: Mapping[str, Any], context: Any) -> bool:

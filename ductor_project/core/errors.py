@@ -29,6 +29,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from ductor_project.core.context import TenantScopeError
+from ductor_project.core.payloads import json_equal
 
 log = structlog.get_logger(__name__)
 
@@ -161,7 +162,7 @@ def check_key_reuse(field: str, key: str, first: str, compared: Mapping[str, tup
     from the one that first used it (``first``: "run <id>") in one of ``compared``: each of its
     names maps to (the first request's value, this one's). The same request again is answered as
     the first was; another request under a used key is a client's bug, never a silent answer."""
-    differs = [name for name, (was, now) in compared.items() if was != now]
+    differs = [name for name, (was, now) in compared.items() if not json_equal(was, now)]
     if differs:
         names = ", ".join(differs)
         raise ApiError(f"Idempotency key {key!r} was first used for {first}, with another {names}. Send the "

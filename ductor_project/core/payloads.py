@@ -150,3 +150,15 @@ def payload_excess(value: Any, *, max_bytes: int, max_depth: int) -> str | None:
     if size > max_bytes:
         return f"{size} bytes, over the plan's max_payload_bytes ({max_bytes})"
     return None
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Whether two JSON values are equal as JSON: ``true`` is not ``1`` nor ``false`` ``0`` (as
+    Python's ``==`` has them), inside objects and lists too; ``1`` and ``1.0`` are one number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)

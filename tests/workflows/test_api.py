@@ -303,11 +303,13 @@ def test_a_used_idempotency_key_sent_with_another_start_is_409_naming_it_and_sta
     for body, differs in [({"workflow": "other", "input": {"n": 1}}, "workflow"),
                           ({"workflow": "w", "input": {"n": 2}}, "input"),
                           ({"workflow": "w"}, "input"),  # no input is {}, not the first one's
-                          ({"workflow": "w", "input": {"n": 1}, "version": 2}, "version")]:
+                          ({"workflow": "w", "input": {"n": 1}, "version": 2}, "version"),
+                          ({"workflow": "w", "input": {"n": True}}, "input")]:  # as JSON, true is not 1
         reused = client_a.post("/api/v1/runs", {**body, "idempotency_key": "k"}, format="json")
         assert_invalid(reused, "idempotency_key", f"run {run['id']}", f"another {differs}",
                        code="idempotency_key_reused", status=409)
     assert start(client_a, code=200, workflow="w", input={"n": 1}, version=1, idempotency_key="k")["id"] == run["id"]
+    assert start(client_a, code=200, workflow="w", input={"n": 1.0}, idempotency_key="k")["id"] == run["id"]
 
     # A batch: a used key, or one an earlier item of the batch uses, with another start: all or none.
     for items, field in [([{"workflow": "other", "idempotency_key": "k"}], "runs[0].idempotency_key"),
