@@ -289,6 +289,23 @@ def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
     assert by_node(tenant, successor)["nap"].status == "cancelled"
 
 
+@pytest.mark.parametrize("kind", ["subworkflow", "continue_as_new"])
+def test_a_child_or_successor_input_that_renders_null_starts_its_run_with_an_empty_input(tenant, kind):
+    put(tenant, "leaf", {"nodes": [echo("say", "$input")], "output": "$nodes.say.output"})
+    node = {"id": "next", "type": kind, "input": "$input.cursor",  # absent: the loop's last page, say
+            "when": {"path": "input.first", "op": "exists"}}
+    put(tenant, "p", {"nodes": [{**node, "workflow": "leaf"} if kind == "subworkflow" else node]})
+
+    run = tick(tenant, start(tenant, "p", {"first": True}))
+
+    with tenant_context(tenant):
+        started = WorkflowRun.objects.get(parent_run=run) if kind == "subworkflow" else (
+            WorkflowRun.objects.get(continued_from=run))
+        assert not RunEvent.objects.filter(run_id=run.pk, type="tick_failed").exists()
+    assert run.status == ("running" if kind == "subworkflow" else "continued")  # the tick went through
+    assert started.input == {}  # as a start takes a null input
+
+
 # -- the reconciler -------------------------------------------------------------------------------
 
 

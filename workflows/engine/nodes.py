@@ -111,6 +111,13 @@ def _rendered_input(node: dict[str, Any], context: dict[str, Any]) -> tuple[Any,
     return rendered, payload_refusal(rendered, "input")
 
 
+def _run_input(node: dict[str, Any], context: dict[str, Any]) -> tuple[Any, Outcome | None]:
+    """A child's or a successor's input rendered, as a start takes it (``null`` is ``{}``), and its
+    refusal, as ``_rendered_input`` gives them."""
+    rendered, refusal = _rendered_input(node, context)
+    return ({} if rendered is None else rendered), refusal
+
+
 def _refused(run: WorkflowRun, node: dict[str, Any], status: str, refusal: Outcome) -> StepRun:
     """A step whose input was refused: recorded without it, failed for good."""
     step = new_step(run, node["id"], node["type"], status)
@@ -166,7 +173,7 @@ def _start_sleep(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepR
 
 def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
     node_id, name = node["id"], node.get("workflow")
-    rendered, refusal = _rendered_input(node, context)
+    rendered, refusal = _run_input(node, context)
     if refusal is not None:
         return _refused(run, node, SStatus.WAITING, refusal)
     step = new_step(run, node_id, "subworkflow", SStatus.WAITING, input=rendered)
@@ -211,7 +218,7 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
 def _continue_as_new(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],
                      now: datetime) -> bool:
     node_id = node["id"]
-    rendered, refusal = _rendered_input(node, context)
+    rendered, refusal = _run_input(node, context)
     problems = run_input_problems(run.workflow_id, rendered) if refusal is None else []
     if refusal is not None or problems:  # too large, or not what the workflow's input_schema takes
         latest[node_id] = _refused(run, node, SStatus.QUEUED, refusal or input_refusal(problems))
