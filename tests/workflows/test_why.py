@@ -226,6 +226,24 @@ def test_a_step_waiting_for_its_child_run_names_it(tenant, client_a):
     assert (tick["node_id"], tick["status"], tick["cause"]) == ("", "tick", Cause.IN_LINE)
 
 
+def test_a_step_whose_child_continued_as_new_names_the_run_it_waits_for_now(tenant, client_a):
+    put(tenant, {"nodes": [
+        {"id": "again", "type": "continue_as_new", "input": {"second": True},
+         "when": {"path": "input.second", "op": "exists", "value": False}},
+        {"id": "nap", "type": "sleep", "duration_s": 3600}]}, name="loop")
+    put(tenant, {"nodes": [{"id": "spawn", "type": "subworkflow", "workflow": "loop"}]})
+    run = start(tenant)
+    child = WorkflowRun.all_tenants.get(parent_run_id=run.pk, continued_from=None)
+    with tenant_context(tenant):
+        engine_tick.tick(child.pk)  # it continues as new at once
+    successor = WorkflowRun.all_tenants.get(continued_from=child.pk)
+
+    waiting = {w["node_id"]: w for w in why(client_a, run)}["spawn"]
+
+    assert waiting["cause"] == Cause.CHILD_RUN
+    assert waiting["details"] == {"child_run_id": str(successor.pk), "child_status": "pending"}
+
+
 def test_another_tenants_run_is_not_found(tenant, tenant_b, client_a):
     put(tenant, NOOP)
     run = start(tenant)
