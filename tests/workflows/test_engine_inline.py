@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 from django.db import OperationalError, connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from structlog.testing import capture_logs
 
@@ -35,7 +36,7 @@ from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume, runs_this_month
 from workflows import services
 from workflows.actions import ActionCall, action
-from workflows.engine import items, journal, reconcile, statements, steps, timers
+from workflows.engine import attempts, items, journal, reconcile, statements, steps, timers
 from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
@@ -287,6 +288,22 @@ def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
     assert successor.cancel_requested
     assert successor.status == "cancelled"
     assert by_node(tenant, successor)["nap"].status == "cancelled"
+
+
+def test_the_run_a_chain_of_continue_as_new_ends_at_is_found_in_one_statement_however_long(tenant):
+    put(tenant, "forever", {"nodes": [{"id": "again", "type": "continue_as_new", "input": {}}]})
+    first = run = start(tenant, "forever")
+    for _ in range(6):  # six runs continued, each as the next
+        run = tick(tenant, run)
+        assert run.status == "continued"
+        with tenant_context(tenant):
+            run = WorkflowRun.objects.get(continued_from=run)
+
+    with tenant_context(tenant), CaptureQueriesContext(connection) as statements:
+        last = attempts.last_of_chain(first.pk)
+
+    assert (last.pk, last.status) == (run.pk, "pending")
+    assert len(statements) == 1
 
 
 @pytest.mark.parametrize("kind", ["subworkflow", "continue_as_new"])

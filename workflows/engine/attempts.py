@@ -23,7 +23,7 @@ from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, release_on_commit
 from workflows.engine.journal import add_step
-from workflows.engine.statements import attempts_of
+from workflows.engine.statements import attempts_of, chain_end
 from workflows.models import EventWait, StepRun, WorkflowRun, WorkflowVersion
 from workflows.schemas import under, value_problems
 
@@ -219,10 +219,7 @@ def abort_active(latest: dict[str, StepRun], status: str) -> None:
 def last_of_chain(run_id: Any) -> WorkflowRun | None:
     """The run ``run_id``, or the last run of the ContinueAsNew chain it started (the one it
     continued as, and so on): the run a sub-workflow node waits for."""
-    run = WorkflowRun.objects.filter(pk=run_id).first()
-    while run is not None and run.status == WorkflowRun.Status.CONTINUED:
-        run = WorkflowRun.objects.filter(continued_from=run).first()
-    return run
+    return chain_end(run_id)
 
 
 def cancel_child(run_id: Any) -> None:

@@ -19,6 +19,8 @@ scoped managers do) and row-level security holds them to it as it holds every qu
 - ``start_tasks``: the dispatcher's start of a group of task attempts before it publishes them
   (``unflushed`` too).
 - ``version_to_start``: the workflow version a run starts on, with its definition (a run's start).
+- ``chain_end``: the last run of the ContinueAsNew chain a run starts, in one round trip however
+  long the chain (a sub-workflow node waits for it).
 """
 
 from __future__ import annotations
@@ -149,6 +151,19 @@ def start_tasks(step_ids: list[str]) -> dict[str, StepRun]:
         rows = cursor.fetchall()
     return {str(row[0]): StepRun(id=row[0], run_id=row[1], node_id=row[2], attempt=row[3], input=_loaded(row[4]),
                                  started_at=row[5], status=running) for row in rows}
+
+
+def chain_end(run_id: Any) -> WorkflowRun | None:
+    """The run ``run_id`` of the tenant in context, or the last run of the ContinueAsNew chain it
+    started (the run it continued as, and so on), read in one statement; None when there is no
+    such run. Each successor is found by its unique ``continued_from``."""
+    tenant = current_tenant().pk
+    sql = (f"WITH RECURSIVE chain (id, depth) AS (SELECT id, 0 FROM {RUNS} WHERE tenant_id = %s AND id = %s "  # noqa: S608
+           f"UNION ALL SELECT r.id, c.depth + 1 FROM {RUNS} r JOIN chain c ON r.continued_from_id = c.id "
+           f"WHERE r.tenant_id = %s) "
+           f"SELECT {row_columns(WorkflowRun)} FROM {RUNS} WHERE tenant_id = %s "
+           "AND id = (SELECT id FROM chain ORDER BY depth DESC LIMIT 1)")
+    return _runs(_one((sql, [tenant, run_id, tenant, tenant])))
 
 
 def lock_run(run_id: Any) -> WorkflowRun | None:
