@@ -290,6 +290,24 @@ def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
     assert by_node(tenant, successor)["nap"].status == "cancelled"
 
 
+def test_a_node_refused_as_it_starts_fails_the_run_and_nothing_after_it_starts_not_even_continue_as_new(tenant):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "loop", {"nodes": [
+        {"id": "ghost", "type": "subworkflow", "workflow": "nowhere"},  # refused: unknown_workflow
+        {"id": "kid", "type": "subworkflow", "workflow": "leaf"},
+        {"id": "again", "type": "continue_as_new", "input": {}},
+    ]})
+
+    run = tick(tenant, start(tenant, "loop"))
+
+    assert run.status == "failed"
+    assert (run.error["node"], run.error["error"]["code"]) == ("ghost", "unknown_workflow")
+    assert {node: s.status for node, s in by_node(tenant, run).items()} == {"ghost": "failed"}
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.count() == 1  # no child, no successor
+        assert runs_this_month() == 1
+
+
 def test_the_run_a_chain_of_continue_as_new_ends_at_is_found_in_one_statement_however_long(tenant):
     put(tenant, "forever", {"nodes": [{"id": "again", "type": "continue_as_new", "input": {}}]})
     first = run = start(tenant, "forever")

@@ -187,7 +187,15 @@ def _apply_children(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
 
 
 def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -> bool:
-    """Start every node whose dependencies are done. Returns True if the run continued as new."""
+    """Start every node whose dependencies are done. Returns True if the run continued as new.
+
+    Nothing starts once a step has failed for good (``_retry_failed`` has rescheduled the others),
+    even on another branch: the run fails in this tick (``_finish_if_done``). A node refused as it
+    starts fails for good too, so it stops the nodes after it: a ``continue_as_new`` among them
+    would end the run as ``continued`` with that failure dropped, and a child would be charged
+    and started only to be cancelled."""
+    if any(step.status == SStatus.FAILED for step in latest.values()):
+        return False  # the run fails
     progressed = True
     while progressed:  # skips can make more nodes ready within one tick
         progressed = False
@@ -197,8 +205,6 @@ def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) ->
             deps = [latest.get(d) for d in node.get("depends_on", [])]
             if any(d is None or d.status not in StepRun.TERMINAL for d in deps):
                 continue
-            if any(d.status == SStatus.FAILED for d in deps if d is not None):
-                continue  # the run is failing
             context = context_of(run, latest)
             skip = any(d.status in (SStatus.SKIPPED, SStatus.CANCELLED) for d in deps if d is not None)
             if not skip and node.get("when") is not None and not templates.evaluate_when(node["when"], context):
@@ -207,6 +213,8 @@ def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) ->
                 latest[node["id"]] = nodes.finish_skipped(run, node, now)
             elif nodes.start(run, node, latest, context, now):
                 return True
+            elif latest[node["id"]].status == SStatus.FAILED:
+                return False  # refused as it started: the run fails
             progressed = True
     return False
 
