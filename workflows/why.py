@@ -40,8 +40,9 @@ from scheduling.fair_queue import AdmissionView, ItemHold
 from scheduling.routing_table import routing_table
 from tenants.entitlements import effective_entitlements
 from tenants.usage import next_reset, runs_this_month
-from workflows.engine.attempts import last_of_chain, latest_attempts, spec_of
+from workflows.engine.attempts import latest_attempts, spec_of
 from workflows.engine.items import TASK, step_item_id, tick_item_id
+from workflows.engine.statements import chain_end
 from workflows.engine.task_nodes import queue_depth
 from workflows.engine.waits import WAIT
 from workflows.models import EventWait, RunEvent, StepRun, WorkflowRun
@@ -131,7 +132,7 @@ def _of_step(step: StepRun) -> Waiting | None:
         return _of_wait(base, step)
     if step.status == SStatus.WAITING:
         # The run it waits for: its child, or the run its child continued as (ContinueAsNew).
-        child = last_of_chain(step.child_run_id) if step.child_run_id is not None else None
+        child = chain_end(step.child_run_id) if step.child_run_id is not None else None
         if child is None:
             return _with(base, Cause.CHILD_RUN, "waiting for its child run to start")
         return _with(base, Cause.CHILD_RUN, f"waiting for its child run {child.pk} ({child.status})",

@@ -36,7 +36,7 @@ from tenants.models import Tenant
 from tenants.usage import QuotaExceeded, quota_consume, runs_this_month
 from workflows import services
 from workflows.actions import ActionCall, action
-from workflows.engine import attempts, items, journal, reconcile, statements, steps, timers
+from workflows.engine import items, journal, reconcile, statements, steps, timers
 from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
@@ -317,11 +317,12 @@ def test_the_run_a_chain_of_continue_as_new_ends_at_is_found_in_one_statement_ho
         with tenant_context(tenant):
             run = WorkflowRun.objects.get(continued_from=run)
 
-    with tenant_context(tenant), CaptureQueriesContext(connection) as statements:
-        last = attempts.last_of_chain(first.pk)
+    with tenant_context(tenant), CaptureQueriesContext(connection) as ran:
+        last = statements.chain_end(first.pk)
 
+    assert last is not None
     assert (last.pk, last.status) == (run.pk, "pending")
-    assert len(statements) == 1
+    assert len(ran) == 1
 
 
 @pytest.mark.parametrize("kind", ["subworkflow", "continue_as_new"])

@@ -216,20 +216,14 @@ def abort_active(latest: dict[str, StepRun], status: str) -> None:
             cancel_child(step.child_run_id)
 
 
-def last_of_chain(run_id: Any) -> WorkflowRun | None:
-    """The run ``run_id``, or the last run of the ContinueAsNew chain it started (the one it
-    continued as, and so on): the run a sub-workflow node waits for."""
-    return chain_end(run_id)
-
-
 def cancel_child(run_id: Any) -> None:
     """Ask the child run ``run_id`` to cancel: the active run of its chain, when it continued as
     new. A child that continues as new while this waits for its row is followed to its successor
     (each statement sees what committed before it)."""
-    run = last_of_chain(run_id)
+    run = chain_end(run_id)
     while run is not None and not run.is_terminal:
         active = WorkflowRun.objects.filter(pk=run.pk).exclude(status__in=WorkflowRun.TERMINAL)
         if active.update(cancel_requested=True):
             enqueue_tick(run)
             return
-        run = last_of_chain(run.pk)  # it ended meanwhile: continued as new, or finished
+        run = chain_end(run.pk)  # it ended meanwhile: continued as new, or finished

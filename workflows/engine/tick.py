@@ -35,7 +35,6 @@ from workflows.engine.attempts import (
     Outcome,
     abort_active,
     finish,
-    last_of_chain,
     latest_attempts,
     new_step,
     node_of,
@@ -46,7 +45,7 @@ from workflows.engine.attempts import (
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state, current_journal, journal
-from workflows.engine.statements import lock_run, state_of
+from workflows.engine.statements import chain_end, lock_run, state_of
 from workflows.models import StepRun, WorkflowRun
 from workflows.spec import backoff_delay
 
@@ -174,7 +173,7 @@ def _apply_children(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
     for node_id, step in latest.items():
         if step.status != SStatus.WAITING or step.child_run_id is None:
             continue
-        final = last_of_chain(step.child_run_id)
+        final = chain_end(step.child_run_id)
         if final is None or not final.is_terminal:
             continue
         if final.status == Status.SUCCEEDED:
