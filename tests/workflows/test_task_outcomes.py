@@ -409,3 +409,42 @@ def test_the_next_task_step_an_outcome_takes_of_another_tenant_is_published_as_t
     with tenant_context(a_tenant):
         assert StepRun.objects.get(run=a_run).status == "succeeded"
         assert not StepRun.objects.filter(run=b_run).exists()  # B's step is not A's to see
+
+
+@pytest.mark.parametrize("change", [{"enabled": False}, {"plans": ["free"]}, {"tenants": ["someone-else"]},
+                                    {"input_schema": {"type": "object", "required": ["order"]}}])
+def test_an_attempt_queued_before_its_catalog_entry_changed_is_not_published_when_the_entry_refuses_it(
+    tenant_a, change
+):
+    """Each attempt checks the catalog again when it is published, not only when it was queued: a
+    task disabled, taken away from the tenant's plan or slug, or given a schema its input does not
+    match while the attempt waited for its slots is not called; the step fails for good."""
+    from tests.conftest import broker_redis
+
+    broker = broker_redis()
+    broker.delete("team")
+    item = queued_task_item(tenant_a[0])
+    entry = TaskCatalogEntry.objects.get(name="team.add")
+    for field, value in change.items():
+        setattr(entry, field, value)
+    entry.save()
+
+    task_nodes.publish([item])
+
+    assert broker.llen("team") == 0
+    with tenant_context(tenant_a[0]):
+        step = StepRun.objects.get(pk=item.payload["step_id"])
+    code = "invalid_input" if "input_schema" in change else "task_not_allowed"
+    assert (step.status, step.error["code"], step.error["retryable"]) == ("failed", code, False)
+
+
+def test_an_attempt_the_catalog_still_allows_is_published(tenant_a):
+    from tests.conftest import broker_redis
+
+    broker = broker_redis()
+    broker.delete("team")
+    item = queued_task_item(tenant_a[0])
+    TaskCatalogEntry.objects.filter(name="team.add").update(description="edited")  # allows it still
+    task_nodes.publish([item])
+    assert broker.llen("team") == 1
+    assert status_of(tenant_a[0], StepRun(pk=item.payload["step_id"])) == "running"

@@ -7,7 +7,9 @@ the items it dequeued to ``publish`` (and so does the Ductor worker that keeps
 an outcome, for the next task step it takes: below), which, per tenant:
 
 1. marks their steps running (one ``UPDATE``), skipping those that moved on
-   (cancelled meanwhile: their items are acked);
+   (cancelled meanwhile: their items are acked), and fails for good those the
+   catalog no longer lets their tenant call, or whose input its entry's schema
+   now refuses (the catalog changed while they waited for their slots);
 2. sends each (a first delivery, or a delivery again within the step's
    timeout: its publish was not confirmed) with ``send_task`` to the queue of
    the connection its admission chose (else the catalog's default queue), on
@@ -70,6 +72,7 @@ from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
 from workflows.engine.items import TASK
+from workflows.engine.nodes import task_refusal
 from workflows.engine.statements import start_tasks
 from workflows.engine.steps import record_outcome
 from workflows.engine.timers import step_timeout
@@ -141,6 +144,11 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
                 f"no outcome from task '{item.payload.get('name')}' on queue '{queue}' within its timeout of "
                 f"{timeout_s:g} s: the task is still running, its worker died with it, or no worker consumes "
                 f"that queue")})
+            continue
+        refusal = task_refusal({"task": str(item.payload.get("name"))}, step.input)
+        if refusal is not None:  # the catalog changed while the attempt waited for its slots
+            record_outcome(step.id, step.run_id, refusal)
+            fair_queue.queue_ack(batch, item.item_id, delivery=item.delivery, tenant=tenant)
             continue
         try:
             queue = _send(item, step, producers, expires_s=left_ms / 1000)
