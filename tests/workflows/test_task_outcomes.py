@@ -448,3 +448,38 @@ def test_an_attempt_the_catalog_still_allows_is_published(tenant_a):
     task_nodes.publish([item])
     assert broker.llen("team") == 1
     assert status_of(tenant_a[0], StepRun(pk=item.payload["step_id"])) == "running"
+
+
+def test_the_outcomes_of_tasks_sent_through_a_celery_connection_feed_its_breaker(tenant_a, redis_client, settings):
+    """A task that raised (retryable) is a failure of the worker group behind the connection: enough
+    of them in a row open its breaker, so a failover pool moves on; a result closes it again. A failure
+    the task says is for good is the workers' answer (a success), and a task sent through no
+    connection feeds no breaker."""
+    from scheduling.circuit import breaker_key
+
+    settings.DUCTOR_BREAKER_FAILURES = 3
+    connection_id = "5da63979-0526-4af4-9bc8-8ec9a3d715b2"
+    tenant_id = str(tenant_a[0].pk)
+    with tenant_context(tenant_a[0]):
+        key = breaker_key(connection_id)
+
+    def failed(*, retryable: bool = True, connection: str = connection_id) -> None:
+        step = running_task_step(tenant_a[0])
+        task_failed.apply(args=["celery-id"], kwargs={
+            "tenant_id": tenant_id, **ids(step), "connection_id": connection,
+            "error": {"type": "ConnectionError", "message": "its database is down", "retryable": retryable}}).get()
+
+    failed()
+    failed(connection="")
+    failed()
+    assert (int(redis_client.hget(key, "failures") or 0), redis_client.hget(key, "open_until")) == (2, None)
+    failed(retryable=False)  # the task's own answer: the workers work
+    assert int(redis_client.hget(key, "failures") or 0) == 0
+    for _ in range(3):
+        failed()
+    assert redis_client.hget(key, "open_until") is not None  # open: admission passes it over
+
+    step = running_task_step(tenant_a[0])
+    task_succeeded.apply(args=[{"sum": 3}], kwargs={"tenant_id": tenant_id, **ids(step),
+                                                    "connection_id": connection_id}).get()
+    assert int(redis_client.hget(key, "failures") or 0) == 0

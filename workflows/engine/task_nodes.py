@@ -63,7 +63,7 @@ from ductor_project.celery import app as ductor_app
 from ductor_project.core import redis_urls, scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
-from scheduling import fair_queue
+from scheduling import circuit, fair_queue
 from scheduling.connection_config import DEFAULT_BROKER
 from scheduling.dispatch.handoff import settle_published
 from scheduling.fair_queue import Dequeued, Finished
@@ -77,6 +77,8 @@ from workflows.engine.statements import start_tasks
 from workflows.engine.steps import record_outcome
 from workflows.engine.timers import step_timeout
 from workflows.models import StepRun
+
+SStatus = StepRun.Status
 
 log = structlog.get_logger(__name__)
 
@@ -353,7 +355,23 @@ def _keep(sent: Sent, outcome: Outcome) -> None:
                 step_timeout(sent.step_id, {"message": f"the task ran past its timeout: its outcome came "
                                                        f"{late_s:.1f} s after it"})
             record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
+        _breaker_outcome(sent, outcome)
         # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
         # charged the run time its worker reported, else its time in flight (bounded). The same round
         # trip takes the next task step the fair order gives, which this worker publishes.
         settle_published(Finished(current_tenant(), sent.item_id, sent.delivery, sent.work_ms), kind=TASK)
+
+
+def _breaker_outcome(sent: Sent, outcome: Outcome) -> None:
+    """Feed the breaker of the celery connection the attempt was sent through, as ``http.request``
+    feeds its connection's: a task that raised a retryable exception (its worker group failing: a
+    dependency down, a task it does not register) counts as a failure, and any other outcome (a
+    result, or a failure the task says is for good) as a success, since the workers answered. An
+    attempt sent to its catalog queue, through no connection, feeds no breaker."""
+    if not sent.connection_id:
+        return
+    error = outcome.error or {}
+    if outcome.status == SStatus.FAILED and error.get("code") == StepErrorCode.TASK_FAILED and error.get("retryable"):
+        circuit.record_failure(sent.connection_id)
+    else:
+        circuit.record_success(sent.connection_id)
