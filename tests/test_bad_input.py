@@ -587,7 +587,8 @@ PLATFORM_PATHS = ("/tenants", "/plans", "/task-catalog", "/platform/")
 # A value each query parameter of the schema takes (a cursor is followed from a page's own link).
 TAKEN_VALUES = {"page_size": "1", "name": "pong", "archived": "true", "status": "pending", "workflow": "wf",
                 "created_after": "2000-01-01T00:00:00Z", "created_before": "2999-01-01T00:00:00Z",
-                "root_run_id": "00000000-0000-0000-0000-000000000000", "tag": "x", "fairness_key": "k"}
+                "root_run_id": "00000000-0000-0000-0000-000000000000", "tag": "x", "fairness_key": "k",
+                "after": "1", "limit": "10"}
 
 
 def client_for(path: str, client_a: APIClient, platform: APIClient) -> APIClient:
