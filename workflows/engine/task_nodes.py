@@ -293,21 +293,25 @@ class Sent:
     deadline: float | None = None  # the end of its timeout, its lease (Unix time); None: not known
 
 
+def _finite(value: Any) -> float | None:
+    """A callback's number, if it is one JSON carries as a number (not a bool) and finite; else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def reported_work(value: Any) -> float | None:
     """The run time a team's worker reported with an outcome (``ductor_sdk``'s hook adds it), if it
     is a usable one: a finite number of ms >= 0. Anything else is ignored, never refused: the
     outcome counts; its tenant is then charged the task's time in flight (see ``fair_queue.ack``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
+    found = _finite(value)
+    return found if found is not None and found >= 0 else None
 
 
 def deadline_of(value: Any) -> float | None:
     """The end of an attempt's timeout its callback carries (Unix time), if it is a usable one: a
     finite number. Anything else, or none (a message sent before callbacks carried it), is None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+    return _finite(value)
 
 
 def task_succeeded(result: Any, sent: Sent) -> None:
