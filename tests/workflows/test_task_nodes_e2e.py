@@ -69,7 +69,7 @@ class TeamWorkers:
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None) -> Iterator[Processes]:
-    with module_processes(DUCTOR_TASK_QUEUE_SLOTS=TEAM_SLOTS) as running:
+    with module_processes(DUCTOR_TASK_QUEUE_SLOTS=TEAM_SLOTS, DUCTOR_BREAKER_FAILURES="1") as running:
         yield running
 
 
@@ -249,6 +249,30 @@ def test_a_celery_pool_balances_two_queues_round_robin(stack, team, catalogued, 
     chosen = [by_node(tenant, run)[f"s{i}"].routing["connection"]["name"] for i in range(4)]
     assert chosen.count("team-a") == 2
     assert chosen.count("team-b") == 2
+    drained(tenant)
+
+
+def test_a_failover_pool_sends_the_retry_elsewhere_once_its_first_queue_timed_out(stack, team, catalogued, make_tenant):
+    """The first member's queue has no worker (its worker group is gone): the task times out, which
+    opens that connection's breaker (``DUCTOR_BREAKER_FAILURES`` is 1 here), and the retry goes to
+    the next member, whose workers run it."""
+    catalogued("team.whoami", queue="")
+    tenant = make_tenant()[0]
+    from ductor_project.core.context import tenant_context
+
+    with tenant_context(tenant):
+        gone = scheduling_services.connection_create(name="gone", kind="celery", config={"queue": "team-gone"})
+        there = scheduling_services.connection_create(name="there", kind="celery", config={"queue": "team"})
+        scheduling_services.pool_create(name="team", strategy="failover", is_default=False,
+                                        members=[MemberSpec(gone.name, priority=0), MemberSpec(there.name, priority=1)])
+    team.start()
+    put(tenant, "fo", {"nodes": [task("who", "team.whoami", {}, pool="team", timeout_s=2,
+                                      retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})]})
+    run = finished(tenant, start(tenant, "fo").pk)
+    assert run.status == "succeeded", run.error
+    attempts = steps(tenant, run)
+    assert [(s.attempt, s.status, (s.error or {}).get("code"), s.routing["connection"]["name"]) for s in attempts] == [
+        (1, "failed", "timeout", "gone"), (2, "succeeded", None, "there")]
     drained(tenant)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -483,3 +484,98 @@ def test_the_outcomes_of_tasks_sent_through_a_celery_connection_feed_its_breaker
     task_succeeded.apply(args=[{"sum": 3}], kwargs={"tenant_id": tenant_id, **ids(step),
                                                     "connection_id": connection_id}).get()
     assert int(redis_client.hget(key, "failures") or 0) == 0
+
+
+
+def celery_connection(tenant: Tenant) -> str:
+    """A celery connection of ``tenant``'s, on a queue of its own (``team-a``), the first member of
+    a ``failover`` pool: its id."""
+    from scheduling import services as scheduling_services
+    from scheduling.services import MemberSpec
+
+    with tenant_context(tenant):
+        made = scheduling_services.connection_create(name="team-a", kind="celery", config={"queue": "team-a"})
+        scheduling_services.pool_create(name="team", strategy="failover", is_default=False,
+                                        members=[MemberSpec(made.name)])
+        return str(made.pk)
+
+
+def published_through(tenant: Tenant, connection_id: str) -> Dequeued:
+    """A task step of ``tenant`` published as its admission chose: through its celery connection
+    ``connection_id``. Its item, as delivered then."""
+    from tests.conftest import broker_redis
+
+    item = replace(queued_task_item(tenant), connection_id=connection_id,
+                   admitted="the pool's only member" if connection_id else "")
+    task_nodes.publish([item])
+    broker_redis().delete("team", "team-a")  # the team's worker never takes it
+    return item
+
+
+def timed_out(tenant: Tenant, item: Dequeued) -> StepRun:
+    """The item's lease, its step's timeout, ended with no outcome: the reaper returned it, and a
+    publisher takes it again. Its step then."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    with tenant_context(tenant):
+        StepRun.objects.filter(pk=item.payload["step_id"]).update(started_at=timezone.now() - timedelta(seconds=31))
+    task_nodes.publish([replace(item, delivery=item.delivery + 1)])
+    with tenant_context(tenant):
+        return StepRun.objects.get(pk=item.payload["step_id"])
+
+
+def test_a_published_task_steps_trace_names_the_connection_its_message_went_through(tenant_a):
+    """Where a task went is in its step's trace as soon as it is sent, before any outcome: it is what
+    a timeout is blamed on."""
+    connection_id = celery_connection(tenant_a[0])
+    item = published_through(tenant_a[0], connection_id)
+    with tenant_context(tenant_a[0]):
+        step = StepRun.objects.get(pk=item.payload["step_id"])
+    assert step.status == "running"
+    assert step.routing["connection"] == {"id": connection_id, "name": "team-a"}
+    assert step.routing["admitted"] == "the pool's only member"
+
+
+def test_a_task_step_that_times_out_counts_against_its_connections_breaker(tenant_a, redis_client, settings):
+    """No outcome within the timeout (the connection's workers are gone, or stuck) is a failure of the
+    worker group the message went to: enough of them in a row open its breaker, so a failover pool
+    sends the retries to its next member."""
+    from scheduling.circuit import breaker_key
+
+    settings.DUCTOR_BREAKER_FAILURES = 2
+    tenant = tenant_a[0]
+    connection_id = celery_connection(tenant)
+    with tenant_context(tenant):
+        key = breaker_key(connection_id)
+
+    step = timed_out(tenant, published_through(tenant, connection_id))
+    assert (step.status, step.error["code"]) == ("failed", "timeout")
+    assert (int(redis_client.hget(key, "failures") or 0), redis_client.hget(key, "open_until")) == (1, None)
+    timed_out(tenant, published_through(tenant, connection_id))
+    assert redis_client.hget(key, "open_until") is not None  # open: admission passes it over
+
+
+def test_a_task_step_sent_through_no_connection_feeds_no_breaker_when_it_times_out(tenant_a, redis_client):
+    step = timed_out(tenant_a[0], published_through(tenant_a[0], ""))
+    assert (step.status, step.error["code"]) == ("failed", "timeout")
+    assert step.routing["connection"] is None
+    assert list(redis_client.scan_iter(match="*breaker*")) == []
+
+
+def test_an_outcome_after_the_timeout_counts_once_as_the_timeout(tenant_a, redis_client):
+    """A result that comes after the timeout does not close the breaker the timeout counted against:
+    the worker group did not answer in time."""
+    from scheduling.circuit import breaker_key
+
+    connection_id = celery_connection(tenant_a[0])
+    item = published_through(tenant_a[0], connection_id)
+    with tenant_context(tenant_a[0]):
+        key = breaker_key(connection_id)
+    step = StepRun(pk=item.payload["step_id"])
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_a[0].pk), **ids(step),
+                                                    "connection_id": connection_id,
+                                                    "deadline": time.time() - 0.5}).get()
+    assert status_of(tenant_a[0], step) == "failed"
+    assert int(redis_client.hget(key, "failures") or 0) == 1

@@ -26,6 +26,7 @@ scoped managers do) and row-level security holds them to it as it holds every qu
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,21 +134,27 @@ def _one(statement: Statement) -> list[Any]:
         return list(cursor.fetchall())
 
 
-def start_tasks(step_ids: list[str]) -> dict[str, StepRun]:
-    """Mark the queued ones of these attempts running (now), and read the ones running, with what
-    their messages need: one ``UPDATE ... RETURNING`` for the group. An attempt running already
-    (its item delivered again) keeps its start time; one that ended is left out."""
+def start_tasks(step_ids: list[str], added: Mapping[str, dict[str, Any]] | None = None) -> dict[str, StepRun]:
+    """Mark the queued ones of these attempts running (now), with ``added[step_id]`` (the
+    connection their admission chose) on their routing traces, and read the ones running, with
+    what their messages need: one ``UPDATE ... RETURNING`` for the group. An attempt running
+    already (its item delivered again) keeps its start time and its trace, which name where its
+    first message went: a timeout is that one's."""
     if not step_ids:
         return {}
     queued, running = StepRun.Status.QUEUED.value, StepRun.Status.RUNNING.value
     prefix, from_ = unflushed(join=" FROM ")
+    traces = {step_id: trace for step_id, trace in (added or {}).items() if trace}
+    routing, routing_params = ("", []) if not traces else (
+        ", routing = CASE WHEN s.status = %s THEN COALESCE(s.routing, '{}'::jsonb) "
+        "|| COALESCE(%s::jsonb -> s.id::text, '{}'::jsonb) ELSE s.routing END", [queued, json.dumps(traces)])
     with connection.cursor() as cursor:
         cursor.execute(
             f"{prefix}UPDATE {STEPS} s SET status = %s, "  # noqa: S608 - no value in the text
-            f"started_at = CASE WHEN s.status = %s THEN %s ELSE s.started_at END{from_} "
+            f"started_at = CASE WHEN s.status = %s THEN %s ELSE s.started_at END{routing}{from_} "
             "WHERE s.tenant_id = %s AND s.id = ANY(%s::uuid[]) AND s.status = ANY(%s) "
             "RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, s.started_at",
-            [running, queued, timezone.now(), current_tenant().pk, step_ids, ON_WORKER])
+            [running, queued, timezone.now(), *routing_params, current_tenant().pk, step_ids, ON_WORKER])
         rows = cursor.fetchall()
     return {str(row[0]): StepRun(id=row[0], run_id=row[1], node_id=row[2], attempt=row[3], input=_loaded(row[4]),
                                  started_at=row[5], status=running) for row in rows}

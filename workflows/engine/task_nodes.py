@@ -74,7 +74,7 @@ from workflows.engine.events import jsonable
 from workflows.engine.items import TASK
 from workflows.engine.nodes import task_refusal
 from workflows.engine.statements import start_tasks
-from workflows.engine.steps import record_outcome
+from workflows.engine.steps import admission_trace, record_outcome
 from workflows.engine.timers import step_timeout
 from workflows.models import StepRun
 
@@ -129,7 +129,8 @@ class Producers:
 
 
 def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
-    steps = start_tasks([str(item.payload["step_id"]) for item in group])
+    steps = start_tasks([str(item.payload["step_id"]) for item in group],
+                        {str(item.payload["step_id"]): _admission(item) for item in group})
     batch = scripts.Batch()
     tenant = current_tenant()
     now = timezone.now()
@@ -173,6 +174,14 @@ def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
     and the queue the task goes to ("" for none)."""
     member = routing_table().member(item.connection_id) if item.connection_id else None
     return member, (member.queue if member else "") or str(item.payload.get("queue") or "")
+
+
+def _admission(item: Dequeued) -> dict[str, Any]:
+    """What the step's trace keeps of the item's admission, as its outcome's callback says it: the
+    celery connection its message goes through (none when the catalog queue's own scope admitted
+    it), and why that one."""
+    member, _ = _queue_of(item)
+    return admission_trace(member.connection_id if member else "", item.admitted)
 
 
 def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: float) -> str:
@@ -349,17 +358,19 @@ def exception_of(task_id: str) -> dict[str, str]:
 def _keep(sent: Sent, outcome: Outcome) -> None:
     run_id = sent.run_id or StepRun.objects.filter(pk=sent.step_id).values_list("run_id", flat=True).first()
     # The next steps its commit makes ready are enqueued in the ack's round trip.
+    late_s = time.time() - sent.deadline if sent.deadline is not None else 0.0
     with fair_queue.holding_enqueues():
         if run_id is not None:
-            late_s = time.time() - sent.deadline if sent.deadline is not None else 0.0
             if late_s > 0:
                 # Past its timeout: the attempt times out, whether or not the reaper has returned its
                 # item yet (it looks every second, and not at all while no coordinator runs), and the
-                # outcome is discarded, as it would have been had the timeout been seen first.
+                # outcome is discarded, as it would have been had the timeout been seen first. The
+                # timeout is what its connection's breaker counts (``timers.step_timeout``).
                 step_timeout(sent.step_id, {"message": f"the task ran past its timeout: its outcome came "
                                                        f"{late_s:.1f} s after it"})
             record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
-        _breaker_outcome(sent, outcome)
+        if late_s <= 0:
+            _breaker_outcome(sent, outcome)
         # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is
         # charged the run time its worker reported, else its time in flight (bounded). The same round
         # trip takes the next task step the fair order gives, which this worker publishes.
@@ -371,7 +382,9 @@ def _breaker_outcome(sent: Sent, outcome: Outcome) -> None:
     feeds its connection's: a task that raised a retryable exception (its worker group failing: a
     dependency down, a task it does not register) counts as a failure, and any other outcome (a
     result, or a failure the task says is for good) as a success, since the workers answered. An
-    attempt sent to its catalog queue, through no connection, feeds no breaker."""
+    outcome that came after the attempt's timeout is not counted: the timeout was (a failure:
+    ``timers.step_timeout``). An attempt sent to its catalog queue, through no connection, feeds no
+    breaker."""
     if not sent.connection_id:
         return
     error = outcome.error or {}

@@ -15,7 +15,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
+from scheduling import circuit
 from workflows.engine.attempts import Outcome, finish, node_of, refuse
 from workflows.engine.events import record_event
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, release_on_commit, wakeup_on_commit
@@ -84,7 +86,7 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
     """A running step passed its ``timeout_s``: it fails as retryable (``data["message"]`` says why,
     when the caller knows more); its late result is discarded.
     A task node's item is released too: its slots were held for the team's worker, which may have
-    died with the task."""
+    died with the task; and the timeout counts against its celery connection's breaker."""
 
     def go(step: StepRun, run: WorkflowRun) -> None:
         if step.status != SStatus.RUNNING:
@@ -100,9 +102,22 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
         record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
         if step.node_type == TASK:
             release_on_commit(step)
+            _breaker_failure_on_commit(step)
         enqueue_tick(run)
 
     _with_step(ref, go)
+
+
+def _breaker_failure_on_commit(step: StepRun) -> None:
+    """A task step that timed out had no answer from the worker group its message went to: a
+    failure of the celery connection its trace names (the one its first message was sent through),
+    as a retryable exception of the task is (``task_nodes``), once the timeout is kept. So a
+    connection whose workers are gone (or stuck) opens its breaker, and a ``failover`` pool sends
+    the retries to its next member. A task sent through no connection feeds no breaker."""
+    connection = ((step.routing or {}).get("connection") or {}).get("id")
+    if connection:
+        tenant = current_tenant()
+        transaction.on_commit(lambda: circuit.record_failure(connection, tenant=tenant))
 
 
 def _timeout_left(step: StepRun, run: WorkflowRun) -> float:
