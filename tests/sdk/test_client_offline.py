@@ -8,7 +8,7 @@ from types import ModuleType
 
 import httpx
 import pytest
-from ductor_sdk import BadRequest, Client, RateLimited, RetryPolicy, ServerError, TransportError
+from ductor_sdk import BadRequest, Client, NotFound, RateLimited, RetryPolicy, ServerError, TransportError
 from ductor_sdk import aio as async_api
 from ductor_sdk import client as sync_api
 from ductor_sdk.errors import from_response
@@ -134,3 +134,20 @@ def test_the_client_sends_a_call_safe_to_repeat_again_and_another_once() -> None
     with Client("http://ductor.test", "dct_x_y", retry=retry, http_client=httpx.Client(transport=transport)) as sdk:
         sdk.runs.start("greet")  # idempotent: it carries an idempotency key
     assert sent == ["POST", "POST"]
+
+
+def test_an_id_of_dots_is_sent_as_itself_and_never_folded_into_another_path() -> None:
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.raw_path.decode())
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "Not found.", "details": {}}})
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    with Client("http://ductor.test", "dct_x_y", http_client=http) as sdk:
+        for key in (".", ".."):
+            with pytest.raises(NotFound):
+                sdk.runs.get(key)
+        with pytest.raises(NotFound):
+            sdk.workflows.versions("..")
+    assert sent == ["/api/v1/runs/%2E", "/api/v1/runs/%2E%2E", "/api/v1/workflows/%2E%2E/versions"]

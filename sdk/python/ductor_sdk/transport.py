@@ -33,8 +33,17 @@ API_PREFIX = "/api/v1"
 
 
 def path(*segments: str) -> str:
-    """A path under ``/api/v1/`` with each segment quoted (an id is never read as a path)."""
-    return "/".join(quote(str(segment), safe="") for segment in segments)
+    """A path under ``/api/v1/`` with each segment quoted (an id is never read as a path).
+
+    ``quote`` leaves dots alone, and an HTTP client folds a segment of ``.`` or ``..`` away before
+    sending: ``runs.get(".")`` would read the run list as a run, empty and ``pending``. Such a
+    segment is sent percent-encoded, which names nothing: the server answers ``NotFound``."""
+    return "/".join(_segment(str(segment)) for segment in segments)
+
+
+def _segment(segment: str) -> str:
+    quoted = quote(segment, safe="")
+    return quoted.replace(".", "%2E") if quoted in {".", ".."} else quoted
 
 
 @dataclasses.dataclass(frozen=True)
