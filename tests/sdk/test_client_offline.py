@@ -151,3 +151,15 @@ def test_an_id_of_dots_is_sent_as_itself_and_never_folded_into_another_path() ->
         with pytest.raises(NotFound):
             sdk.workflows.versions("..")
     assert sent == ["/api/v1/runs/%2E", "/api/v1/runs/%2E%2E", "/api/v1/workflows/%2E%2E/versions"]
+
+
+def test_a_number_json_has_not_is_refused_before_sending_naming_where_it_is() -> None:
+    """Python writes ``nan`` as ``NaN``, which is not JSON: the server could only refuse the whole body
+    as ``malformed_json``. The SDK names the field instead and sends nothing."""
+    transport, sent = _answers()
+    with Client("http://ductor.test", "dct_x_y", http_client=httpx.Client(transport=transport)) as sdk:
+        with pytest.raises(ValueError, match=r"^input\.scores\[1\]: nan is not a JSON number"):
+            sdk.runs.start("order", {"scores": [1.5, float("nan")]})
+        with pytest.raises(ValueError, match=r"^runs\[0\]\.input\.limit: inf is not a JSON number"):
+            sdk.runs.start_many([{"workflow": "order", "input": {"limit": float("inf")}}])
+    assert sent == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import random
 import time
@@ -168,11 +169,38 @@ class Config:
 def json_body(body: Any) -> bytes:
     """``body`` as compact UTF-8 JSON; with a lone surrogate in a string (a file name decoded with
     ``surrogateescape``, say), which UTF-8 cannot carry, as ASCII with it escaped: the server then
-    answers ``BadRequest`` naming the field, where encoding it would raise ``UnicodeEncodeError`` here."""
+    answers ``BadRequest`` naming the field, where encoding it would raise ``UnicodeEncodeError`` here.
+
+    A float that is not finite (``nan``, ``inf``) raises ``ValueError`` naming where it is
+    (``input.ratio``): Python would write it as ``NaN``, which is not JSON, and the server could
+    only refuse the whole body as ``malformed_json``, naming no field."""
     try:
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        found = _not_finite(body, "")
+        if found is None:
+            raise
+        where, number = found
+        raise ValueError(f"{where or 'the body'}: {number!r} is not a JSON number (JSON has no NaN or "
+                         f"Infinity); send a finite number, a string or null") from exc
+    try:
+        return text.encode()
     except UnicodeEncodeError:
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _not_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """The first float in ``value`` that is not finite, with its path (``input.a[2]``, as the API
+    names fields), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, Mapping):
+        items: Any = ((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{where}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    return next((found for at, item in items if (found := _not_finite(item, at)) is not None), None)
 
 
 def read(call: Call[T], response: httpx.Response) -> T:
