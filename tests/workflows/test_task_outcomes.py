@@ -579,3 +579,29 @@ def test_an_outcome_after_the_timeout_counts_once_as_the_timeout(tenant_a, redis
                                                     "deadline": time.time() - 0.5}).get()
     assert status_of(tenant_a[0], step) == "failed"
     assert int(redis_client.hget(key, "failures") or 0) == 1
+
+
+@pytest.mark.parametrize("serializer", ["pickle", "msgpack", "yaml"])
+def test_a_team_app_that_sends_its_messages_in_another_format_sends_the_callbacks_as_json(
+        tenant_a, monkeypatch, serializer):
+    """Ductor's results workers take JSON alone. The team's worker publishes a callback with its
+    app's ``task_serializer`` unless the callback names one: the callbacks name JSON, so that a team
+    whose app speaks pickle or msgpack does not lose every success to a refused message."""
+    from celery import Celery, signature
+
+    item = queued_task_item(tenant_a[0])
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(task_nodes.broker_app("default"), "send_task", lambda *args, **kwargs: sent.append(kwargs))
+    task_nodes.publish([item])
+    (message,) = sent
+
+    team = Celery("team", broker="memory://", set_as_current=False)
+    team.conf.task_serializer = serializer
+    published: list[str] = []
+    monkeypatch.setattr(team.amqp, "send_task_message",
+                        lambda producer, name, msg, **options: published.append(options["serializer"]))
+    link, link_error = (json.loads(json.dumps(message[name])) for name in ("link", "link_error"))
+    signature(link, app=team).apply_async(({"sum": 3},))
+    signature(link_error, app=team).apply_async(("task-id",))
+
+    assert published == ["json", "json"]

@@ -211,7 +211,12 @@ def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: flo
         # callback's publish costs it), and copies the task's result into it.
         # On Redis, neither publish declares its queue (see ``_undeclared``).
         undeclared = _undeclared(app)
-        callback = {"queue": RESULTS_QUEUE, "ignore_result": True, "kwargsrepr": repr(ids), **undeclared, **traced}
+        # JSON, whatever the team's app sends its own messages as: the team's worker publishes the
+        # callbacks with its app's ``task_serializer`` unless they name one, and Ductor's results
+        # workers take JSON alone, so a team on pickle or msgpack lost every success (its step
+        # timed out and ran again).
+        callback = {"queue": RESULTS_QUEUE, "ignore_result": True, "kwargsrepr": repr(ids), "serializer": "json",
+                    **undeclared, **traced}
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
             producer=producers.of(app), expires=expires_s, **undeclared,
