@@ -163,3 +163,20 @@ def test_a_number_json_has_not_is_refused_before_sending_naming_where_it_is() ->
         with pytest.raises(ValueError, match=r"^runs\[0\]\.input\.limit: inf is not a JSON number"):
             sdk.runs.start_many([{"workflow": "order", "input": {"limit": float("inf")}}])
     assert sent == []
+
+
+def test_a_catalog_entry_s_name_among_its_changes_is_sent_for_the_server_to_refuse() -> None:
+    """The entry is named positionally: ``name=`` in the changes is a change like any other, which the
+    server refuses naming ``name``, not a ``TypeError`` of the method's own parameter."""
+    bodies: list[tuple[str, bytes]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append((request.url.path, request.content))
+        return httpx.Response(400, json={"error": {"code": "invalid", "message": "name cannot be changed",
+                                                   "details": {"name": ["cannot be changed"]}}})
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    with Client("http://ductor.test", "dctp_x_y", http_client=http) as sdk, pytest.raises(BadRequest) as refused:
+        sdk.platform.task_catalog.update("billing.charge", name="billing.refund")
+    assert refused.value.field == "name"
+    assert bodies == [("/api/v1/task-catalog/billing.charge", b'{"name":"billing.refund"}')]

@@ -594,8 +594,9 @@ class PlatformTaskCatalog(_Resource):
                              tenants=list(tenants) if tenants is not None else None)
         return await self._send(calls.TASK_CATALOG.create(body))
 
-    async def update(self, name: str, **changes: Any) -> models.CatalogEntry:
-        """Change the fields given (PATCH); the name cannot change."""
+    async def update(self, name: str, /, **changes: Any) -> models.CatalogEntry:
+        """Change the fields given (PATCH). The name cannot change: ``name=`` among the changes is sent,
+        and the server refuses it (``BadRequest`` naming ``name``)."""
         return await self._send(calls.TASK_CATALOG.update(name, changes))
 
     async def delete(self, name: str) -> None:

@@ -596,8 +596,9 @@ class PlatformTaskCatalog(_Resource):
                              tenants=list(tenants) if tenants is not None else None)
         return self._send(calls.TASK_CATALOG.create(body))
 
-    def update(self, name: str, **changes: Any) -> models.CatalogEntry:
-        """Change the fields given (PATCH); the name cannot change."""
+    def update(self, name: str, /, **changes: Any) -> models.CatalogEntry:
+        """Change the fields given (PATCH). The name cannot change: ``name=`` among the changes is sent,
+        and the server refuses it (``BadRequest`` naming ``name``)."""
         return self._send(calls.TASK_CATALOG.update(name, changes))
 
     def delete(self, name: str) -> None:
