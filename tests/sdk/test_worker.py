@@ -339,3 +339,14 @@ def test_a_step_is_a_task_of_its_own_app_alone():
 
     assert (first.tasks["team.same_name"].run(), second.tasks["team.same_name"].run()) == ("first", "second")
     assert "team.same_name" not in Celery("team-third", set_as_current=False).tasks
+
+
+def test_a_whole_number_too_long_for_json_text_is_named_where_it_is(app: Celery) -> None:
+    """Python writes no whole number of more than 4,300 digits as text: the refusal names that
+    number, not the object that holds it."""
+    @step(app, name="team.factorial")
+    def factorial() -> dict[str, Any]:
+        return {"n": 3, "digits": [1, 10**5000]}
+
+    with pytest.raises(NotJSONSafe, match=r"result\['digits'\]\[1\] is of type int \(too many digits"):
+        factorial()

@@ -26,8 +26,10 @@ class NotJSONSafe(NonRetryable, TypeError):
 
 def _unsafe(value: Any, where: str, seen: set[int]) -> tuple[str, str] | None:
     """The first part of ``value`` that is not JSON, as ``(where, its type)``, or None."""
-    if value is None or isinstance(value, str | bool | int):
+    if value is None or isinstance(value, str | bool):
         return None
+    if isinstance(value, int):
+        return None if _writable(value) else (where, "int (too many digits for JSON text)")
     if isinstance(value, float):
         return None if math.isfinite(value) else (where, f"float ({value!r}: JSON has no such number)")
     if id(value) in seen:
@@ -44,6 +46,16 @@ def _unsafe(value: Any, where: str, seen: set[int]) -> tuple[str, str] | None:
                 return found
         return None
     return (where, type(value).__name__)
+
+
+def _writable(number: int) -> bool:
+    """Whether ``number`` can be written as text: Python refuses a whole number of more digits than
+    ``sys.get_int_max_str_digits()`` (4,300 by default), and Ductor's API takes no more either."""
+    try:
+        str(number)
+    except ValueError:
+        return False
+    return True
 
 
 def check_json_safe(value: Any, *, task: str) -> None:
