@@ -2,7 +2,8 @@
 
 The test run is one of the entry points that start the embedded servers (the
 product settings only read where they are), so this boots them first: a no-op
-in the workers the tests start, whose environment names the servers.
+in the workers the tests start, whose environment names the servers. With no
+``DUCTOR_DATA_DIR``, they are the servers under ``.ductor/test``, as in ``make test``.
 
 Under pytest-xdist every test process (``gw0``, ``gw1``…) has a database of its own on the same
 PostgreSQL (pytest-django's suffix) and Redis databases of its own on the same Redis
@@ -26,6 +27,10 @@ def redis_database(url: str, worker: str) -> str:
     return parts._replace(path=f"/{database}").geturl()
 
 
+# Tests flush the Redis they use: run directly rather than through ``make test``, they still take
+# embedded servers of their own (``.ductor/test``, as the Makefile names), never those of ``make up``
+# or the demo (``.ductor``).
+os.environ.setdefault("DUCTOR_DATA_DIR", str(embedded.PROJECT_ROOT / ".ductor" / "test"))
 _services = embedded.boot()
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker and not os.environ.get("DUCTOR_TEST_PROCESS_REDIS"):
