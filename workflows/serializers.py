@@ -122,6 +122,8 @@ def step_routing_components() -> dict[str, dict[str, Any]]:
                 "properties": {"connection_id": text, "name": text}}},
             "connection": {**TRACE_CONNECTION, "description": "Chosen at admission; null until then."},
             "admitted": {**text, "description": "Why admission chose it."},
+            "queue": {**text, "description": "A task node's: the queue its message went to, its connection's, "
+                                             "else its catalog entry's; set when it is published."},
             "task": {"type": "object", "description": "A task node's: how its attempt is published.",
                      "additionalProperties": True,
                      "properties": {"name": text, "arguments": text, "queue": text, "timeout_s": {"type": "number"}}},

@@ -536,6 +536,7 @@ def test_a_published_task_steps_trace_names_the_connection_its_message_went_thro
     assert step.status == "running"
     assert step.routing["connection"] == {"id": connection_id, "name": "team-a"}
     assert step.routing["admitted"] == "the pool's only member"
+    assert (step.routing["queue"], step.routing["task"]["queue"]) == ("team-a", "team")  # the connection's
 
 
 def test_a_task_step_that_times_out_counts_against_its_connections_breaker(tenant_a, redis_client, settings):
@@ -560,7 +561,7 @@ def test_a_task_step_that_times_out_counts_against_its_connections_breaker(tenan
 def test_a_task_step_sent_through_no_connection_feeds_no_breaker_when_it_times_out(tenant_a, redis_client):
     step = timed_out(tenant_a[0], published_through(tenant_a[0], ""))
     assert (step.status, step.error["code"]) == ("failed", "timeout")
-    assert step.routing["connection"] is None
+    assert (step.routing["connection"], step.routing["queue"]) == (None, "team")  # the catalog's
     assert list(redis_client.scan_iter(match="*breaker*")) == []
 
 

@@ -179,9 +179,11 @@ def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
 def _admission(item: Dequeued) -> dict[str, Any]:
     """What the step's trace keeps of the item's admission, as its outcome's callback says it: the
     celery connection its message goes through (none when the catalog queue's own scope admitted
-    it), and why that one."""
-    member, _ = _queue_of(item)
-    return admission_trace(member.connection_id if member else "", item.admitted)
+    it), and why that one; and the queue it goes to (``queue``: the connection's, else the catalog's,
+    which ``task.queue`` names whatever the routing)."""
+    member, queue = _queue_of(item)
+    trace = admission_trace(member.connection_id if member else "", item.admitted)
+    return {**trace, "queue": queue} if queue else trace
 
 
 def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: float) -> str:
