@@ -231,16 +231,22 @@ def test_a_tenant_cannot_call_a_task_outside_the_catalog_or_its_plan(stack, cata
         assert "nodes[0].task" in str(body)
 
 
-def test_a_celery_pool_balances_two_queues_round_robin(stack, team, catalogued, make_tenant):
-    catalogued("team.whoami", queue="")
-    tenant = make_tenant()[0]
+def celery_pool(tenant: Tenant, strategy: str, queues: dict[str, str]) -> None:
+    """The pool ``team`` of ``tenant``'s: a celery connection per entry of ``queues`` (its name: its
+    queue), first the one of the highest priority."""
     from ductor_project.core.context import tenant_context
 
     with tenant_context(tenant):
-        first = scheduling_services.connection_create(name="team-a", kind="celery", config={"queue": "team"})
-        second = scheduling_services.connection_create(name="team-b", kind="celery", config={"queue": "team"})
-        scheduling_services.pool_create(name="team", strategy="round_robin", is_default=False,
-                                        members=[MemberSpec(first.name), MemberSpec(second.name)])
+        for name, queue in queues.items():
+            scheduling_services.connection_create(name=name, kind="celery", config={"queue": queue})
+        scheduling_services.pool_create(name="team", strategy=strategy, is_default=False,
+                                        members=[MemberSpec(name, priority=n) for n, name in enumerate(queues)])
+
+
+def test_a_celery_pool_balances_two_queues_round_robin(stack, team, catalogued, make_tenant):
+    catalogued("team.whoami", queue="")
+    tenant = make_tenant()[0]
+    celery_pool(tenant, "round_robin", {"team-a": "team", "team-b": "team"})
     team.start()
     put(tenant, "rr", {"nodes": [task(f"s{i}", "team.whoami", {}, *([f"s{i - 1}"] if i else []), pool="team")
                                  for i in range(4)]})
@@ -258,13 +264,7 @@ def test_a_failover_pool_sends_the_retry_elsewhere_once_its_first_queue_timed_ou
     the next member, whose workers run it."""
     catalogued("team.whoami", queue="")
     tenant = make_tenant()[0]
-    from ductor_project.core.context import tenant_context
-
-    with tenant_context(tenant):
-        gone = scheduling_services.connection_create(name="gone", kind="celery", config={"queue": "team-gone"})
-        there = scheduling_services.connection_create(name="there", kind="celery", config={"queue": "team"})
-        scheduling_services.pool_create(name="team", strategy="failover", is_default=False,
-                                        members=[MemberSpec(gone.name, priority=0), MemberSpec(there.name, priority=1)])
+    celery_pool(tenant, "failover", {"gone": "team-gone", "there": "team"})
     team.start()
     put(tenant, "fo", {"nodes": [task("who", "team.whoami", {}, pool="team", timeout_s=2,
                                       retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})]})
