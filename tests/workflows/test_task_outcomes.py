@@ -606,3 +606,40 @@ def test_a_team_app_that_sends_its_messages_in_another_format_sends_the_callback
     signature(link_error, app=team).apply_async(("task-id",))
 
     assert published == ["json", "json"]
+
+
+@pytest.mark.parametrize("team_conf", [
+    pytest.param({"task_create_missing_queues": False, "task_default_queue": "team"}, id="no-missing-queues"),
+    pytest.param({"task_routes": {"*": {"queue": "elsewhere", "exchange": "elsewhere", "routing_key": "elsewhere"}}},
+                 id="routes-everything-elsewhere"),
+    pytest.param({"task_routes": {"*": {"queue": "elsewhere"}}, "task_default_queue": "team"}, id="routes-by-queue"),
+])
+def test_the_callbacks_reach_ductor_results_whatever_the_team_app_routes_and_declares(tenant_a, team_conf):
+    """The team's worker publishes the callbacks with its own app: one that creates no queue it does
+    not list (``task_create_missing_queues=False``), or routes every task to its own exchange, still
+    sends them into ``ductor.results``, where Ductor's results workers take them."""
+    import base64
+
+    from celery import Celery, signature
+    from django.conf import settings
+
+    from ductor_project.celery import RESULTS_QUEUE
+    from tests.conftest import broker_redis
+
+    broker = broker_redis()
+    broker.delete("team", "elsewhere", RESULTS_QUEUE)
+    item = queued_task_item(tenant_a[0])
+    task_nodes.publish([item])
+    message = json.loads(broker.rpop("team"))  # as the team's worker takes it
+    _args, _kwargs, embed = json.loads(base64.b64decode(message["body"]))
+    team = Celery("team", broker=settings.CELERY_BROKER_URL, set_as_current=False)
+    team.conf.update(team_conf)
+    try:
+        signature(embed["callbacks"][0], app=team).apply_async(({"sum": 3},))
+        signature(embed["errbacks"][0], app=team).apply_async(("task-id",))
+    finally:
+        team.close()
+
+    names = [json.loads(broker.rpop(RESULTS_QUEUE) or "{}").get("headers", {}).get("task") for _ in range(2)]
+    assert names == ["ductor.task_succeeded", "ductor.task_failed"]
+    assert broker.llen("elsewhere") == 0

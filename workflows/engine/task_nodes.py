@@ -92,6 +92,16 @@ HEADERS = ("ductor_tenant_id", "ductor_run_id", "ductor_step_id", "ductor_node_i
 RESULT_REPR = "(<the task's result>,)"
 
 
+# Where the team's worker sends the callbacks: straight into ``ductor.results`` through the default
+# (anonymous) exchange, which routes by the queue's name on Redis and AMQP alike. Not as ``queue``:
+# the team's app would look that name up among its own queues, and an app with
+# ``task_create_missing_queues=False`` (or routes naming an exchange) refused or misrouted every
+# callback, so that each step timed out. The exchange type, never declared, only keeps Celery from
+# replacing the routing key with the name of the app's default queue (it does so for an empty
+# exchange of type ``direct``).
+RESULTS_DESTINATION: dict[str, str] = {"exchange": "", "routing_key": RESULTS_QUEUE, "exchange_type": "anonymous"}
+
+
 class NoQueue(LookupError):
     """Neither the step's connection nor its catalog entry names a queue."""
 
@@ -217,7 +227,7 @@ def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: flo
         # callbacks with its app's ``task_serializer`` unless they name one, and Ductor's results
         # workers take JSON alone, so a team on pickle or msgpack lost every success (its step
         # timed out and ran again).
-        callback = {"queue": RESULTS_QUEUE, "ignore_result": True, "kwargsrepr": repr(ids), "serializer": "json",
+        callback = {**RESULTS_DESTINATION, "ignore_result": True, "kwargsrepr": repr(ids), "serializer": "json",
                     **undeclared, **traced}
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
