@@ -350,3 +350,27 @@ def test_a_whole_number_too_long_for_json_text_is_named_where_it_is(app: Celery)
 
     with pytest.raises(NotJSONSafe, match=r"result\['digits'\]\[1\] is of type int \(too many digits"):
         factorial()
+
+
+@pytest.mark.parametrize("team_conf", [
+    pytest.param({"task_create_missing_queues": False}, id="no-missing-queues"),
+    pytest.param({"task_routes": {"*": {"queue": "elsewhere", "exchange": "elsewhere", "routing_key": "elsewhere"}}},
+                 id="routes-everything-elsewhere"),
+])
+def test_the_errback_reaches_ductor_results_whatever_the_team_app_routes_and_declares(
+        app: Celery, redis_client, team_conf: dict[str, Any]) -> None:
+    """A team app that creates no queue it does not list, or routes every task to its own exchange,
+    still forwards a failure into ``ductor.results`` (it was refused, or sent elsewhere: the step
+    waited for its timeout)."""
+    app.conf.update(team_conf)
+
+    @step(app, name="team.decline")
+    def decline(order: str) -> None:
+        raise ValueError(f"card declined for {order}")
+
+    errback = app.signature(ERRBACK_TASK, kwargs={"step_id": "s-1"})
+    decline.apply(args=["o-7"], task_id="task-7", link_error=errback)
+
+    (message,) = _messages(redis_client, RESULTS_QUEUE)
+    assert message["headers"]["task"] == ERRBACK_TASK
+    assert _messages(redis_client, "elsewhere") == []

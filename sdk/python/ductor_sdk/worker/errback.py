@@ -26,6 +26,12 @@ ERRBACK_TASK = "ductor.task_failed"
 TENANT_HEADER = "ductor_tenant_id"
 RESULTS_QUEUE = "ductor.results"
 MAX_MESSAGE_CHARS = 2000
+# Straight into ``ductor.results`` through the default (anonymous) exchange, which routes by the
+# queue's name on Redis and AMQP alike, as Ductor's own callbacks go. Not as ``queue``: the team's app
+# would look that name up among its own queues, and one with ``task_create_missing_queues=False``
+# refused the errback (or its routes naming an exchange sent it elsewhere). The exchange type, never
+# declared, only keeps Celery from replacing the routing key with the name of the app's default queue.
+RESULTS_EXCHANGE, RESULTS_EXCHANGE_TYPE = "", "anonymous"
 
 log = logging.getLogger(__name__)
 _registered: weakref.WeakSet[Celery] = weakref.WeakSet()  # the apps that have the errback
@@ -46,7 +52,8 @@ def forward(app: Celery, task_id: str, kwargs: dict[str, Any], error: dict[str, 
     raises."""
     tenant = kwargs.get("tenant_id")
     app.send_task(
-        ERRBACK_TASK, args=[task_id], kwargs={**kwargs, "error": error}, queue=RESULTS_QUEUE,
+        ERRBACK_TASK, args=[task_id], kwargs={**kwargs, "error": error},
+        exchange=RESULTS_EXCHANGE, routing_key=RESULTS_QUEUE, exchange_type=RESULTS_EXCHANGE_TYPE,
         serializer="json",  # what Ductor's workers accept, whatever the team's app defaults to
         # Ductor's tasks carry their tenant as an argument and a header, which must agree.
         headers={TENANT_HEADER: str(tenant)} if tenant else None,
