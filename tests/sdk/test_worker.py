@@ -374,3 +374,32 @@ def test_the_errback_reaches_ductor_results_whatever_the_team_app_routes_and_dec
     (message,) = _messages(redis_client, RESULTS_QUEUE)
     assert message["headers"]["task"] == ERRBACK_TASK
     assert _messages(redis_client, "elsewhere") == []
+
+
+@pytest.mark.parametrize(("accept", "warned"), [
+    (["pickle"], True), (["msgpack", "application/x-python-serialize"], True),
+    (["json"], False), (["pickle", "application/json"], False), (None, False),
+])
+def test_a_worker_that_refuses_json_says_so_as_it_starts(caplog, accept: list[str] | None, warned: bool) -> None:
+    """Ductor sends each step's message as JSON: a worker whose ``accept_content`` leaves JSON out
+    discards them all, and each step waits for its timeout. It warns once, as it starts."""
+    from celery.signals import worker_init
+
+    team = Celery("team", set_as_current=False)
+    install(team)
+    if accept is not None:
+        team.conf.accept_content = accept  # set after install, as an app configured later does
+    other = Celery("other", set_as_current=False)
+    other.conf.accept_content = ["pickle"]
+
+    class FakeWorker:
+        def __init__(self, app: Celery) -> None:
+            self.app = app
+
+    with caplog.at_level("WARNING", logger="ductor_sdk.worker.signals"):
+        worker_init.send(sender=FakeWorker(other))  # another app's worker: not this one's to judge
+        worker_init.send(sender=FakeWorker(team))
+    found = [r.getMessage() for r in caplog.records if "does not accept JSON" in r.getMessage()]
+    assert len(found) == (1 if warned else 0)
+    team.close()
+    other.close()

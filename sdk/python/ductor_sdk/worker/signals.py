@@ -10,6 +10,8 @@
   tenant is charged in Ductor's fair queue. Without it Ductor charges the
   task's time in flight (its wait in the broker too), bounded by what the
   tenant's tasks usually take.
+- A ``worker_init`` handler warns, as the worker starts, if it does not accept
+  JSON: it would refuse every step's message.
 - A ``task_unknown`` handler: a message for a task this worker does not have
   (a catalog name its code does not register, a worker started without the
   module) is discarded by Celery, and its errbacks are not called. For a
@@ -117,12 +119,36 @@ def on_task_unknown(sender: Any = None, message: Any = None, name: str | None = 
         log.exception("ductor_unknown_task_not_forwarded", extra={"task_id": id, "task": name})
 
 
+def refuses_json(app: Celery) -> bool:
+    """Whether ``app``'s workers refuse JSON messages (its ``accept_content`` names neither ``json``
+    nor ``application/json``), which is what Ductor sends every step's message as."""
+    accepted = {str(content).lower() for content in app.conf.accept_content or ()}
+    return not accepted & {"json", "application/json"}
+
+
+def _json_check(app: Celery) -> Any:
+    """A ``worker_init`` handler for ``app``: a worker that refuses JSON discards every step's message
+    (Celery logs ``ContentDisallowed`` for each) and its steps fail at their timeout; it says so
+    once, as it starts, naming the setting to change. Read when the worker starts, once the app's
+    configuration is complete, not when ``install`` is called."""
+
+    def check(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and refuses_json(app):
+            log.warning(
+                "ductor_sdk: this worker does not accept JSON (accept_content=%r): it refuses every "
+                "message Ductor sends for a step, and the step fails at its timeout. Add 'json' to "
+                "accept_content (task_serializer may stay as it is)", list(app.conf.accept_content or ()))
+
+    return check
+
+
 def install(app: Celery) -> None:
     """Prepare ``app`` (the team's Celery app) for Ductor's task nodes. Idempotent."""
-    from celery.signals import before_task_publish, task_postrun, task_prerun, task_unknown
+    from celery.signals import before_task_publish, task_postrun, task_prerun, task_unknown, worker_init
 
     task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="ductor_sdk.worker.prerun")
     task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="ductor_sdk.worker.postrun")
     before_task_publish.connect(on_before_task_publish, weak=False, dispatch_uid="ductor_sdk.worker.outcome")
     task_unknown.connect(on_task_unknown, weak=False, dispatch_uid="ductor_sdk.worker.unknown")
+    worker_init.connect(_json_check(app), weak=False, dispatch_uid=f"ductor_sdk.worker.json.{id(app)}")
     register_errback(app)
