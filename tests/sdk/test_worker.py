@@ -403,3 +403,27 @@ def test_a_worker_that_refuses_json_says_so_as_it_starts(caplog, accept: list[st
     assert len(found) == (1 if warned else 0)
     team.close()
     other.close()
+
+
+@pytest.mark.parametrize(("options", "warned"), [
+    ({"global_keyprefix": "billing:"}, True), ({"visibility_timeout": 3600}, False), (None, False),
+])
+def test_a_worker_whose_broker_keys_take_a_prefix_says_so_as_it_starts(
+        caplog, options: dict[str, Any] | None, warned: bool) -> None:
+    """Ductor sends each step's message to the queue's own key: a worker whose Redis keys take a
+    ``global_keyprefix`` never sees them (nor Ductor its outcomes). It warns once, as it starts."""
+    from celery.signals import worker_init
+
+    team = Celery("team", set_as_current=False)
+    install(team)
+    if options is not None:
+        team.conf.broker_transport_options = options
+
+    class FakeWorker:
+        app = team
+
+    with caplog.at_level("WARNING", logger="ductor_sdk.worker.signals"):
+        worker_init.send(sender=FakeWorker())
+    found = [r.getMessage() for r in caplog.records if "global_keyprefix" in r.getMessage()]
+    assert len(found) == (1 if warned else 0)
+    team.close()

@@ -11,7 +11,8 @@
   task's time in flight (its wait in the broker too), bounded by what the
   tenant's tasks usually take.
 - A ``worker_init`` handler warns, as the worker starts, if it does not accept
-  JSON: it would refuse every step's message.
+  JSON (it would refuse every step's message), or if its Redis keys take a
+  ``global_keyprefix`` (it would never see them).
 - A ``task_unknown`` handler: a message for a task this worker does not have
   (a catalog name its code does not register, a worker started without the
   module) is discarded by Celery, and its errbacks are not called. For a
@@ -126,18 +127,39 @@ def refuses_json(app: Celery) -> bool:
     return not accepted & {"json", "application/json"}
 
 
-def _json_check(app: Celery) -> Any:
-    """A ``worker_init`` handler for ``app``: a worker that refuses JSON discards every step's message
-    (Celery logs ``ContentDisallowed`` for each) and its steps fail at their timeout; it says so
-    once, as it starts, naming the setting to change. Read when the worker starts, once the app's
-    configuration is complete, not when ``install`` is called."""
+def key_prefix(app: Celery) -> str:
+    """The prefix ``app`` puts before every Redis key of its broker (kombu's ``global_keyprefix``
+    transport option), or "" for none."""
+    options = app.conf.broker_transport_options or {}
+    return str(options.get("global_keyprefix") or "") if isinstance(options, dict) else ""
+
+
+def _startup_check(app: Celery) -> Any:
+    """A ``worker_init`` handler for ``app``: it warns, once, as the worker starts, of a setting
+    under which no step can finish, naming it. Read when the worker starts, once the app's
+    configuration is complete, not when ``install`` is called.
+
+    - A worker that refuses JSON discards every step's message (Celery logs
+      ``ContentDisallowed`` for each), and each step fails at its timeout.
+    - A worker whose Redis keys take a ``global_keyprefix`` reads its queues under that prefix,
+      where Ductor does not send the steps' messages, and sends the outcomes under it too, where
+      Ductor does not read them: each step fails at its timeout."""
 
     def check(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app and refuses_json(app):
+        if getattr(sender, "app", None) is not app:
+            return
+        if refuses_json(app):
             log.warning(
                 "ductor_sdk: this worker does not accept JSON (accept_content=%r): it refuses every "
                 "message Ductor sends for a step, and the step fails at its timeout. Add 'json' to "
                 "accept_content (task_serializer may stay as it is)", list(app.conf.accept_content or ()))
+        prefix = key_prefix(app)
+        if prefix:
+            log.warning(
+                "ductor_sdk: this worker's broker keys take the prefix %r (broker_transport_options' "
+                "global_keyprefix): it never sees the messages Ductor sends for steps, and Ductor never "
+                "sees its outcomes, so each step fails at its timeout. Run the worker of Ductor's steps "
+                "without global_keyprefix", prefix)
 
     return check
 
@@ -150,5 +172,5 @@ def install(app: Celery) -> None:
     task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="ductor_sdk.worker.postrun")
     before_task_publish.connect(on_before_task_publish, weak=False, dispatch_uid="ductor_sdk.worker.outcome")
     task_unknown.connect(on_task_unknown, weak=False, dispatch_uid="ductor_sdk.worker.unknown")
-    worker_init.connect(_json_check(app), weak=False, dispatch_uid=f"ductor_sdk.worker.json.{id(app)}")
+    worker_init.connect(_startup_check(app), weak=False, dispatch_uid=f"ductor_sdk.worker.startup.{id(app)}")
     register_errback(app)
