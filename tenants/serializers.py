@@ -73,8 +73,8 @@ class TenantCreateSerializer(StrictSerializer):
     create_api_key = serializers.BooleanField(default=False)
 
     def validate_slug(self, value: str) -> str:
-        if not slug_ok(value):
-            raise serializers.ValidationError(SLUG_RULE)
+        if not slug_ok(value):  # the pattern passed: a UUID, refused in the pattern's own words
+            raise serializers.ValidationError(self.fields["slug"].error_messages["invalid"])
         return value
 
 

@@ -341,6 +341,13 @@ def test_platform_tenant_create_with_wrong_types_is_400_invalid_naming_the_field
     assert tenant_rows() == before
 
 
+def test_a_slug_refused_by_its_pattern_or_as_a_uuid_is_refused_in_the_same_words(superuser_client: APIClient) -> None:
+    refusals = [assert_error(post_json(superuser_client, "/api/v1/tenants", {"slug": slug}), 400, "invalid")
+                for slug in ("Team-C", str(uuid.uuid4()))]
+    assert refusals[0]["details"] == refusals[1]["details"]
+    assert "not in the form of a UUID" in str(refusals[0]["details"]["slug"])
+
+
 def test_oversized_body_is_413_payload_too_large(client_a: APIClient, superuser_client: APIClient) -> None:
     assert settings.DATA_UPLOAD_MAX_MEMORY_SIZE == 1024 * 1024
     huge = json.dumps({"name": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)})
