@@ -13,7 +13,7 @@ for them all) and names the first thing that holds it, in the order the dequeue 
    connections' breakers (open until T), their slots (connection full) or
    rates (until T);
 7. none of these: it is due and admissible, and waits for its turn among the
-   tenants ready in its tier (``in_line``).
+   tenants ready in its tier (``in_line``; how many is not told: they are other tenants).
 
 A step waiting for its child run says so, a ``wait_for_event`` step names the
 event (and key) or signal it waits for and its timeout, and a sub-workflow or
@@ -225,9 +225,9 @@ def _held(base: Waiting, hold: ItemHold, *, pool_name: str = "") -> Waiting:
                      f"{hold.tenant_limit}", details={"in_flight": hold.tenant_in_flight, "limit": hold.tenant_limit})
     if hold.admission is not None and not hold.admission.admitted:
         return _pool_hold(base, hold.admission, pool_name)
-    return _with(base, Cause.IN_LINE, "due and admissible: it waits for its turn among the "
-                 f"{hold.ready_tenants} tenant{'s' if hold.ready_tenants != 1 else ''} with due work in tier "
-                 f"{hold.tier!r}", details={"tier": hold.tier, "ready_tenants": hold.ready_tenants})
+    # How many tenants have due work in the tier is not told: that counts other tenants' work.
+    return _with(base, Cause.IN_LINE, "due and admissible: it waits for its turn among the tenants with due "
+                 f"work in tier {hold.tier!r}", details={"tier": hold.tier})
 
 
 def _pool_hold(base: Waiting, view: AdmissionView, pool_name: str) -> Waiting:

@@ -91,7 +91,21 @@ def test_a_due_step_with_nothing_holding_it_waits_in_line(tenant, client_a):
     waiting = only(client_a, start(tenant))
     assert (waiting["node_id"], waiting["attempt"], waiting["status"], waiting["cause"]) == (
         "work", 1, "queued", Cause.IN_LINE)
-    assert waiting["details"] == {"tier": "standard", "ready_tenants": 1}
+    assert waiting["details"] == {"tier": "standard"}
+
+
+def test_a_step_in_line_tells_nothing_of_other_tenants_due_work(tenant, client_a, tenant_b):
+    """Tenant B's due steps in the same tier would make "among the 2 tenants": B's activity."""
+    other = tenant_b[0]
+    put(other, NOOP)
+    start(other)
+    start(other)
+    put(tenant, NOOP)
+    waiting = only(client_a, start(tenant))
+    assert waiting["cause"] == Cause.IN_LINE
+    assert waiting["details"] == {"tier": "standard"}
+    assert waiting["message"] == ("due and admissible: it waits for its turn among the tenants with due work in "
+                                  "tier 'standard'")
 
 
 def test_a_dispatched_step_is_on_its_way_and_a_finished_run_waits_for_nothing(tenant, client_a):
