@@ -48,6 +48,7 @@ RESERVED_PREFIXES = ("ductor.", "celery.")
 CACHE_TTL_S = 2.0
 
 _cache: TTLCache[str, TaskCatalogEntry | None] = TTLCache(maxsize=4096, ttl=CACHE_TTL_S)
+_queues: TTLCache[str, tuple[TaskCatalogEntry, ...]] = TTLCache(maxsize=1024, ttl=CACHE_TTL_S)
 _lock = threading.Lock()
 
 
@@ -76,6 +77,7 @@ def entry(name: str, *, fresh: bool = False) -> TaskCatalogEntry | None:
 def _entry_changed(sender: Any, instance: TaskCatalogEntry, **kwargs: Any) -> None:
     with _lock:
         _cache.pop(instance.name, None)
+        _queues.clear()  # its queue may have been another
 
 
 def _allowed(found: TaskCatalogEntry) -> bool:
@@ -86,6 +88,21 @@ def _allowed(found: TaskCatalogEntry) -> bool:
 def visible() -> list[TaskCatalogEntry]:
     """The enabled entries the tenant in context may call, by name."""
     return [found for found in TaskCatalogEntry.objects.filter(enabled=True).order_by("name") if _allowed(found)]
+
+
+def kept_for_others(queue: str) -> bool:
+    """Whether the team's ``queue`` (on Ductor's own broker) is kept for other tenants: enabled
+    catalog entries send their tasks there, and the tenant in context may call none of them. A
+    tenant's celery connection may name any other queue; this one takes none of its tasks, which
+    would run on workers the platform keeps for the tenants those entries are open to. Read as
+    ``entry`` is (at most ``CACHE_TTL_S`` old)."""
+    with _lock:
+        found = _queues.get(queue)
+    if found is None:
+        found = tuple(TaskCatalogEntry.objects.filter(queue=queue, enabled=True))
+        with _lock:
+            _queues[queue] = found
+    return bool(found) and not any(_allowed(entry) for entry in found)
 
 
 @dataclass(frozen=True)

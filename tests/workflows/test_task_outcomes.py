@@ -487,14 +487,14 @@ def test_the_outcomes_of_tasks_sent_through_a_celery_connection_feed_its_breaker
 
 
 
-def celery_connection(tenant: Tenant) -> str:
-    """A celery connection of ``tenant``'s, on a queue of its own (``team-a``), the first member of
-    a ``failover`` pool: its id."""
+def celery_connection(tenant: Tenant, queue: str = "team-a") -> str:
+    """A celery connection of ``tenant``'s (``team-a``), on ``queue``, the first member of a
+    ``failover`` pool: its id."""
     from scheduling import services as scheduling_services
     from scheduling.services import MemberSpec
 
     with tenant_context(tenant):
-        made = scheduling_services.connection_create(name="team-a", kind="celery", config={"queue": "team-a"})
+        made = scheduling_services.connection_create(name="team-a", kind="celery", config={"queue": queue})
         scheduling_services.pool_create(name="team", strategy="failover", is_default=False,
                                         members=[MemberSpec(made.name)])
         return str(made.pk)
@@ -643,3 +643,28 @@ def test_the_callbacks_reach_ductor_results_whatever_the_team_app_routes_and_dec
     names = [json.loads(broker.rpop(RESULTS_QUEUE) or "{}").get("headers", {}).get("task") for _ in range(2)]
     assert names == ["ductor.task_succeeded", "ductor.task_failed"]
     assert broker.llen("elsewhere") == 0
+
+
+def test_a_tenant_cannot_send_its_tasks_to_a_queue_the_catalog_keeps_for_other_tenants(tenant_a, tenant_b):
+    """``beta-dedicated`` takes the tasks of an entry open to tenant B alone: tenant A's connection to it
+    sends nothing there (its task would run on the workers kept for B), and its step fails for good;
+    B's own connection to it works, as does A's to a queue no entry names."""
+    from tests.conftest import broker_redis
+
+    TaskCatalogEntry.objects.create(name="team.ledger", queue="beta-dedicated", tenants=[tenant_b[0].slug])
+    broker = broker_redis()
+    broker.delete("beta-dedicated")
+
+    item = replace(queued_task_item(tenant_a[0]), connection_id=celery_connection(tenant_a[0], "beta-dedicated"))
+    task_nodes.publish([item])
+    with tenant_context(tenant_a[0]):
+        step = StepRun.objects.get(pk=item.payload["step_id"])
+    assert (step.status, step.error["code"], step.error["queue"]) == ("failed", "routing_denied", "beta-dedicated")
+    assert step.error["retryable"] is False
+    assert broker.llen("beta-dedicated") == 0
+
+    theirs = replace(queued_task_item(tenant_b[0]), connection_id=celery_connection(tenant_b[0], "beta-dedicated"))
+    task_nodes.publish([theirs])
+    assert status_of(tenant_b[0], StepRun(pk=theirs.payload["step_id"])) == "running"
+    assert broker.llen("beta-dedicated") == 1
+    broker.delete("beta-dedicated")

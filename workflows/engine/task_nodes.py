@@ -69,6 +69,7 @@ from scheduling.dispatch.handoff import settle_published
 from scheduling.fair_queue import Dequeued, Finished
 from scheduling.routing_table import MemberInfo, routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
+from workflows import catalog
 from workflows.engine.attempts import Outcome, payload_refusal
 from workflows.engine.events import jsonable
 from workflows.engine.items import TASK
@@ -158,8 +159,9 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
                 f"{timeout_s:g} s: the task is still running, its worker died with it, or no worker consumes "
                 f"that queue")})
             continue
-        refusal = task_refusal({"task": str(item.payload.get("name"))}, step.input)
-        if refusal is not None:  # the catalog changed while the attempt waited for its slots
+        # The catalog may have changed while the attempt waited for its slots.
+        refusal = task_refusal({"task": str(item.payload.get("name"))}, step.input) or _queue_refusal(item)
+        if refusal is not None:
             record_outcome(step.id, step.run_id, refusal)
             fair_queue.queue_ack(batch, item.item_id, delivery=item.delivery, tenant=tenant)
             continue
@@ -184,6 +186,18 @@ def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
     and the queue the task goes to ("" for none)."""
     member = routing_table().member(item.connection_id) if item.connection_id else None
     return member, (member.queue if member else "") or str(item.payload.get("queue") or "")
+
+
+def _queue_refusal(item: Dequeued) -> Outcome | None:
+    """Why the attempt may not go to the queue of the celery connection its routing chose, or None:
+    a queue of Ductor's own broker that the catalog keeps for other tenants' tasks
+    (``catalog.kept_for_others``). The step then fails for good, and nothing is sent."""
+    member, queue = _queue_of(item)
+    if member is None or (member.broker or DEFAULT_BROKER) != DEFAULT_BROKER or not catalog.kept_for_others(queue):
+        return None
+    return Outcome.failed(StepErrorCode.ROUTING_DENIED,
+                          f"connection '{member.name}' sends to queue '{queue}', which the task catalog keeps for "
+                          f"tasks this tenant may not call", connection=member.name, queue=queue)
 
 
 def _admission(item: Dequeued) -> dict[str, Any]:
