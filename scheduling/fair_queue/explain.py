@@ -89,7 +89,6 @@ class ItemHold:
     tenant_in_flight: int
     rate_wait_ms: int
     admission: AdmissionView | None  # None for an item of no pool
-    ready_tenants: int  # tenants with due work in its tier, itself included
     now_ms: int
     deliveries: int = 0  # how often it was delivered before: a waiting one failed (or its lease ran out)
 
@@ -115,13 +114,13 @@ def holds_of(item_ids: Sequence[str], *, tenant: Tenant | None = None) -> list[I
 def _hold(reply: Sequence[Any]) -> ItemHold | None:
     if not int(reply[0]):
         return None
-    (_, state, due, tier, part, holder, ahead, suspended, limit, live, rate_wait, admission, ready,
-     now, deliveries) = reply
+    (_, state, due, tier, part, holder, ahead, suspended, limit, live, rate_wait, admission, now,
+     deliveries) = reply
     return ItemHold(
         state=text(state), due_ms=int(float(text(due))), tier=text(tier), partition=text(part),
         partition_holder=text(holder), ahead=int(ahead), suspended=bool(int(suspended)),
         tenant_limit=_limit(limit), tenant_in_flight=int(live), rate_wait_ms=int(rate_wait),
-        admission=_admission_view(admission) if admission else None, ready_tenants=int(ready), now_ms=int(now),
+        admission=_admission_view(admission) if admission else None, now_ms=int(now),
         deliveries=int(deliveries),
     )
 

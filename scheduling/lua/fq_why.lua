@@ -4,7 +4,7 @@
 -- scopes' confs as the fair queue holds them): returns {found 1/0, state, due (ms), tier,
 -- partition, the item in flight on its partition or "", items ahead of it in its partition,
 -- suspended 1/0, the tenant's ceiling (-1 none), its slots taken, ms until its rate admits a start,
--- admission (admit_lib.lua's ad_view) or {}, tenants ready in the tier, now, its deliveries so far}.
+-- admission (admit_lib.lua's ad_view) or {}, now, its deliveries so far}. Nothing of other tenants.
 fq_init(ARGV)
 local A = FQ_HEADER
 local tid, id = ARGV[A + 1], ARGV[A + 2]
@@ -24,4 +24,4 @@ if pool then
   admission = ad_view(ad_decide(tid, it.scope, pool, function(field) return fq_scope_conf(tid, field) end))
 end
 return {1, it.state, fq_num(it.due), tier, part, holder, ahead, conf.suspended and 1 or 0, conf.limit, live,
-  fq_rate_wait_ms(tid, conf), admission, redis.call('ZCARD', fq_gkey('ready:' .. tier)), fq.now, it.n or 0}
+  fq_rate_wait_ms(tid, conf), admission, fq.now, it.n or 0}
