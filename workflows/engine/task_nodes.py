@@ -140,12 +140,14 @@ class Producers:
 
 
 def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
+    routes = [(item, *_queue_of(item)) for item in group]
     steps = start_tasks([str(item.payload["step_id"]) for item in group],
-                        {str(item.payload["step_id"]): _admission(item) for item in group})
+                        {str(item.payload["step_id"]): _admission(item, member, queue)
+                         for item, member, queue in routes})
     batch = scripts.Batch()
     tenant = current_tenant()
     now = timezone.now()
-    for item in group:
+    for item, member, queue in routes:
         step = steps.get(str(item.payload["step_id"]))
         if step is None:  # cancelled or finished since it was queued
             fair_queue.queue_ack(batch, item.item_id, delivery=item.delivery, tenant=tenant)
@@ -153,20 +155,19 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
         timeout_s = float(item.payload.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
         left_ms = int((timeout_s - (now - (step.started_at or now)).total_seconds()) * 1000)
         if left_ms <= 0:  # its lease, the timeout, ended with no result
-            queue = _queue_of(item)[1] or "(none)"
             step_timeout(str(step.id), {"message": (
-                f"no outcome from task '{item.payload.get('name')}' on queue '{queue}' within its timeout of "
-                f"{timeout_s:g} s: the task is still running, its worker died with it, or no worker consumes "
-                f"that queue")})
+                f"no outcome from task '{item.payload.get('name')}' on queue '{queue or '(none)'}' within its "
+                f"timeout of {timeout_s:g} s: the task is still running, its worker died with it, or no worker "
+                f"consumes that queue")})
             continue
         # The catalog may have changed while the attempt waited for its slots.
-        refusal = task_refusal({"task": str(item.payload.get("name"))}, step.input) or _queue_refusal(item)
+        refusal = task_refusal({"task": str(item.payload.get("name"))}, step.input) or _queue_refusal(member, queue)
         if refusal is not None:
             record_outcome(step.id, step.run_id, refusal)
             fair_queue.queue_ack(batch, item.item_id, delivery=item.delivery, tenant=tenant)
             continue
         try:
-            queue = _send(item, step, producers, expires_s=left_ms / 1000)
+            _send(item, step, member, queue, producers, expires_s=left_ms / 1000)
         except NoQueue as exc:
             _fail_unsent(step, item, str(exc))
             continue
@@ -188,11 +189,10 @@ def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
     return member, (member.queue if member else "") or str(item.payload.get("queue") or "")
 
 
-def _queue_refusal(item: Dequeued) -> Outcome | None:
-    """Why the attempt may not go to the queue of the celery connection its routing chose, or None:
-    a queue of Ductor's own broker that the catalog keeps for other tenants' tasks
-    (``catalog.kept_for_others``). The step then fails for good, and nothing is sent."""
-    member, queue = _queue_of(item)
+def _queue_refusal(member: MemberInfo | None, queue: str) -> Outcome | None:
+    """Why the attempt may not go to ``queue`` through ``member``, the celery connection its routing
+    chose (``_queue_of``), or None: a queue of Ductor's own broker that the catalog keeps for other
+    tenants' tasks (``catalog.kept_for_others``). The step then fails for good, and nothing is sent."""
     if member is None or (member.broker or DEFAULT_BROKER) != DEFAULT_BROKER or not catalog.kept_for_others(queue):
         return None
     return Outcome.failed(StepErrorCode.ROUTING_DENIED,
@@ -200,21 +200,20 @@ def _queue_refusal(item: Dequeued) -> Outcome | None:
                           f"tasks this tenant may not call", connection=member.name, queue=queue)
 
 
-def _admission(item: Dequeued) -> dict[str, Any]:
-    """What the step's trace keeps of the item's admission, as its outcome's callback says it: the
-    celery connection its message goes through (none when the catalog queue's own scope admitted
-    it), and why that one; and the queue it goes to (``queue``: the connection's, else the catalog's,
-    which ``task.queue`` names whatever the routing)."""
-    member, queue = _queue_of(item)
+def _admission(item: Dequeued, member: MemberInfo | None, queue: str) -> dict[str, Any]:
+    """What the step's trace keeps of the item's admission (``_queue_of``), as its outcome's callback
+    says it: the celery connection its message goes through (none when the catalog queue's own scope
+    admitted it), and why that one; and the queue it goes to (``queue``: the connection's, else the
+    catalog's, which ``task.queue`` names whatever the routing)."""
     trace = admission_trace(member.connection_id if member else "", item.admitted)
     return {**trace, "queue": queue} if queue else trace
 
 
-def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: float) -> str:
-    """Send the step's task to its queue, to expire with its lease, ``expires_s`` from now; the
-    queue's name."""
+def _send(item: Dequeued, step: StepRun, member: MemberInfo | None, queue: str, producers: Producers, *,
+          expires_s: float) -> None:
+    """Send the step's task to ``queue`` through ``member`` (``_queue_of``), to expire with its
+    lease, ``expires_s`` from now."""
     call = item.payload
-    member, queue = _queue_of(item)
     if not queue:
         raise NoQueue(f"task '{call.get('name')}' has no queue: its catalog entry names none and its "
                       f"routing chose no celery connection")
@@ -252,7 +251,6 @@ def _send(item: Dequeued, step: StepRun, producers: Producers, *, expires_s: flo
             link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, argsrepr=RESULT_REPR, **callback),
             link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, **callback),
         )
-    return queue
 
 
 @cache
