@@ -38,11 +38,11 @@ _console: list[logging.StreamHandler[IO[str]]] = []
 
 def add_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Add ``tenant_id`` (and ``tenant`` slug) from the tenant context, if one is set."""
-    tenant = peek_tenant()
-    if tenant is not None and "tenant_id" not in event_dict:
-        event_dict["tenant_id"] = str(tenant.pk)
-        event_dict["tenant"] = tenant.slug
-    return event_dict
+    return _name_tenant(event_dict, peek_tenant())
+
+
+# The attribute of a Django request that names the tenant it acts for, once authenticated.
+REQUEST_TENANT = "ductor_tenant"
 
 
 def add_request_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -50,15 +50,15 @@ def add_request_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> Even
     line of a 4xx or 5xx, written once the view's tenant context has ended), as the API's and the
     admin's authentication marked it (``REQUEST_TENANT``)."""
     record = event_dict.get("_record")
-    tenant = getattr(getattr(record, "request", None), REQUEST_TENANT, None)
+    return _name_tenant(event_dict, getattr(getattr(record, "request", None), REQUEST_TENANT, None))
+
+
+def _name_tenant(event_dict: EventDict, tenant: Any) -> EventDict:
+    """``event_dict`` naming ``tenant`` (its id and slug), unless it names one already or there is none."""
     if tenant is not None and "tenant_id" not in event_dict:
         event_dict["tenant_id"] = str(tenant.pk)
         event_dict["tenant"] = tenant.slug
     return event_dict
-
-
-# The attribute of a Django request that names the tenant it acts for, once authenticated.
-REQUEST_TENANT = "ductor_tenant"
 
 
 def dumps(event_dict: EventDict, default: Any = None) -> str:

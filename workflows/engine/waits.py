@@ -286,13 +286,11 @@ def apply(run: WorkflowRun, latest: dict[str, StepRun], node_of: Callable[[str],
         elif "default" in node:
             output = templates.render(node["default"], context())
             refusal = payload_refusal(output, "default")
-            finish(step, refusal or Outcome.succeeded(jsonable(output)))
             if refusal is None:
+                finish(step, Outcome.succeeded(jsonable(output)))
                 record_event(run, "step_succeeded", step.node_id, attempt=step.attempt, error=None, timed_out=True)
             else:
-                error = refusal.error or {}
-                record_event(run, "step_failed", step.node_id, attempt=step.attempt, error=error.get("code"),
-                             reason=error.get("message", ""))
+                refuse(run, step, refusal)
         else:
             finish(step, Outcome.failed(StepErrorCode.WAIT_TIMED_OUT, f"no '{node['event']}' came within "
                                         f"{node.get('timeout_s')} s"))
