@@ -178,6 +178,10 @@ class StepRun(TenantScopedModel):
     scheduled_for = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A task node's heartbeats (``ductor_sdk.worker.heartbeat``): when the last one came, and the
+    # progress it reported, which the node's next attempt is given to resume from.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_details = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "node_id", "attempt"]

@@ -308,8 +308,14 @@ class StepRunSerializer(StrictModelSerializer):
     class Meta:
         model = StepRun
         fields = ["id", "node_id", "node_type", "attempt", "status", "input", "output", "error", "routing",
-                  "child_run", "created_at", "scheduled_for", "started_at", "finished_at"]
+                  "child_run", "created_at", "scheduled_for", "started_at", "finished_at", "heartbeat_at",
+                  "heartbeat_details"]
         read_only_fields = fields
+        extra_kwargs = {
+            "heartbeat_at": {"help_text": "When the task's last heartbeat came (task nodes; null: none came)."},
+            "heartbeat_details": {"help_text": "The progress the task's last heartbeat reported, which the "
+                                               "node's next attempt is given to resume from (null: none)."},
+        }
 
 
 class RunSerializer(StrictModelSerializer):

@@ -42,8 +42,10 @@ By type:
 - ``action``: ``action`` (a name registered in ``workflows.actions``) and
   ``input`` (template, default ``{}``);
 - ``task``: ``task`` (a Celery task of the team's, named in the task catalog
-  and available to the tenant: ``workflows.catalog``) and ``input`` (template,
-  default ``{}``; a literal one must match the entry's input schema);
+  and available to the tenant: ``workflows.catalog``), ``input`` (template,
+  default ``{}``; a literal one must match the entry's input schema) and
+  ``heartbeat_s`` (optional, 0 < x ≤ the node's ``timeout_s``: once the task
+  started, it fails as timed out when no heartbeat came within that long);
 - ``sleep``: exactly one of ``duration_s`` (0 < x ≤ 366 days) or ``until``
   (ISO 8601 with a timezone); no ``input``;
 - ``wait_for_event``: ``event`` (the event or signal name it waits for), ``key``
@@ -97,7 +99,7 @@ NODE_TYPES = ("action", "task", "sleep", "wait_for_event", "subworkflow", "conti
 COMMON_FIELDS = ("id", "type", "depends_on", "when", "retry", "timeout_s", "tags", "pool")
 TYPE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "action": ("action", "input"),
-    "task": ("task", "input"),
+    "task": ("task", "input", "heartbeat_s"),
     "sleep": ("duration_s", "until"),
     "wait_for_event": ("event", "key", "lookback_s", "default"),
     "subworkflow": ("workflow", "version", "input", "wait"),
@@ -170,6 +172,7 @@ class Node:
     pool: str | None = None
     action: str | None = None
     task: str | None = None
+    heartbeat_s: float | None = None
     duration_s: float | None = None
     until: datetime | None = None
     workflow: str | None = None
@@ -203,6 +206,8 @@ class Node:
             data["action"] = self.action
         if self.type == "task":
             data["task"] = self.task
+            if self.heartbeat_s is not None:
+                data["heartbeat_s"] = self.heartbeat_s
         if self.type == "sleep":
             if self.duration_s is not None:
                 data["duration_s"] = self.duration_s
@@ -446,6 +451,8 @@ class _NodeParser:
             fields["action"] = self._action()
         elif node_type == "task":
             fields["task"] = self._task()
+            if "heartbeat_s" in self.raw:
+                fields["heartbeat_s"] = self._heartbeat_s()
         elif node_type == "sleep":
             fields.update(self._sleep())
         elif node_type == "subworkflow":
@@ -550,6 +557,16 @@ class _NodeParser:
             for path, message in catalog.input_problems(check.entry, templates.render(known, {}), unknown):
                 self.error(schemas.under("input", path), message)
         return name
+
+    def _heartbeat_s(self) -> float | None:
+        """``heartbeat_s`` is a number of seconds within the node's ``timeout_s`` (when it names one: the
+        catalog's default timeout applies otherwise, and the heartbeat check is bounded by it anyway)."""
+        heartbeat_s = self._seconds("heartbeat_s", MAX_TIMEOUT_S)
+        timeout_s = float(self.raw["timeout_s"]) if _is_number(self.raw.get("timeout_s")) else None
+        if heartbeat_s is not None and timeout_s is not None and heartbeat_s > timeout_s:
+            self.error("heartbeat_s", f"must be at most the node's timeout_s ({timeout_s:g} s)")
+            return None
+        return heartbeat_s
 
     def _sleep(self) -> dict[str, Any]:
         """A sleep has exactly one of ``duration_s`` (seconds) or ``until`` (ISO 8601 with a timezone)."""

@@ -113,6 +113,9 @@ def _type_properties() -> dict[str, dict[str, dict[str, Any]]]:
                 "description": "A Celery task of the task catalog that the tenant may call (`GET /api/v1/tasks`).",
             },
             "input": _template("The task's input (default `{}`); a literal one must match the entry's input schema."),
+            "heartbeat_s": _seconds(MAX_TIMEOUT_S, "Once the task started, the most seconds between two of its "
+                                    "heartbeats (`ductor_sdk.worker.heartbeat`), at most `timeout_s`: past it the "
+                                    "attempt times out. Default: no heartbeat is required."),
         },
         "sleep": {
             "duration_s": _seconds(MAX_SLEEP_S, "Seconds to sleep."),

@@ -1,7 +1,8 @@
 """Celery tasks of the workflows app (found by Celery's autodiscovery): the outcomes of task nodes.
 
 The team's worker sends them, through Celery's ``link`` and ``link_error``
-callbacks set by ``workflows.engine.task_nodes``, to ``ductor.results``. Each
+callbacks set by ``workflows.engine.task_nodes``, to ``ductor.results``, with
+the heartbeats of its long tasks (``workflows.engine.heartbeats``). Each
 carries its tenant like every Ductor task, and records the outcome in it.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tenants.tasking import tenant_task
-from workflows.engine import task_nodes
+from workflows.engine import heartbeats, task_nodes
 from workflows.engine.task_nodes import Sent
 
 
@@ -32,3 +33,9 @@ def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, conn
     and the time it ran), by ``deadline`` or after it."""
     task_nodes.task_failed(task_id, Sent(step_id, item_id, delivery, connection_id, admitted, run_id,
                                          task_nodes.reported_work(work_ms), task_nodes.deadline_of(deadline)), error)
+
+
+@tenant_task(name="ductor.task_heartbeat", ignore_result=True)
+def task_heartbeat(*, step_id: str, details: Any = None) -> None:
+    """A task node's Celery task is alive (``ductor_sdk.worker.heartbeat``), with its progress."""
+    heartbeats.record(step_id, details)

@@ -24,6 +24,7 @@ app: Celery  # the team's Celery app
 psp: Any  # the team's own objects
 request: Any
 Payment: Any
+encode: Any
 '''
 
 

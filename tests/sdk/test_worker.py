@@ -25,6 +25,7 @@ from ductor_sdk.worker import (
     StepContext,
     current_step,
     current_step_or_none,
+    heartbeat,
     install,
     step,
 )
@@ -427,3 +428,78 @@ def test_a_worker_whose_broker_keys_take_a_prefix_says_so_as_it_starts(
     found = [r.getMessage() for r in caplog.records if "global_keyprefix" in r.getMessage()]
     assert len(found) == (1 if warned else 0)
     team.close()
+
+
+# -- heartbeats ----------------------------------------------------------------------------------
+
+
+def _heartbeats(redis: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The heartbeats sent to Ductor, in the order sent (the queue's list takes each at its head): each
+    message's headers and keyword arguments."""
+    return [(message["headers"], json.loads(base64.b64decode(message["body"]))[1])
+            for message in reversed(_messages(redis, RESULTS_QUEUE))
+            if message["headers"]["task"] == "ductor.task_heartbeat"]
+
+
+def test_a_step_whose_node_asks_for_heartbeats_sends_its_first_as_it_starts_and_then_at_most_every_third(
+        app: Celery, redis_client) -> None:
+    @step(app, name="team.transcode")
+    def transcode() -> list[bool]:
+        assert current_step().heartbeat_s == 3
+        return [heartbeat({"chunks": 1}), heartbeat({"chunks": 2})]  # within a second of the first: held
+
+    assert transcode.apply(headers={**HEADERS, "ductor_heartbeat_s": 3}).get() == [False, False]
+    beats = _heartbeats(redis_client)
+    assert [kwargs for _headers, kwargs in beats] == [{"step_id": "s-1", "tenant_id": "t-1"}]
+    assert beats[0][0]["ductor_tenant_id"] == "t-1"
+
+
+def test_a_held_heartbeat_s_details_go_with_the_next_one_sent(app: Celery, redis_client, monkeypatch) -> None:
+    from ductor_sdk.worker import heartbeats
+
+    clock = iter([100.0, 100.5, 102.0, 102.1])  # the first heartbeat, then the task's three
+    monkeypatch.setattr(heartbeats, "time", SimpleNamespace(monotonic=lambda: next(clock)))  # its clock alone
+
+    @step(app, name="team.transcode")
+    def transcode() -> list[bool]:
+        return [heartbeat({"chunks": 1}), heartbeat({"chunks": 2}), heartbeat()]
+
+    assert transcode.apply(headers={**HEADERS, "ductor_heartbeat_s": 3}).get() == [False, True, False]
+    assert [kwargs.get("details") for _headers, kwargs in _heartbeats(redis_client)] == [None, {"chunks": 2}]
+
+
+def test_a_step_without_heartbeat_s_sends_none_until_the_task_reports_progress(app: Celery, redis_client) -> None:
+    @step(app, name="team.transcode")
+    def transcode() -> list[bool]:
+        assert current_step().heartbeat_s is None
+        return [heartbeat({"chunks": 1}), heartbeat({"chunks": 2})]
+
+    assert transcode.apply(headers=HEADERS).get() == [True, False]
+    assert [kwargs.get("details") for _headers, kwargs in _heartbeats(redis_client)] == [{"chunks": 1}]
+
+
+def test_a_retry_reads_the_progress_its_earlier_attempt_reported(app: Celery) -> None:
+    @step(app, name="team.transcode")
+    def transcode() -> Any:
+        return current_step().heartbeat_details
+
+    assert transcode.apply(headers={**HEADERS, "ductor_heartbeat_details": {"chunks": 3}}).get() == {"chunks": 3}
+    assert transcode.apply(headers=HEADERS).get() is None
+
+
+def test_a_heartbeat_outside_a_step_or_with_details_that_are_not_json_raises(app: Celery, redis_client) -> None:
+    with pytest.raises(NotInStep):
+        heartbeat({"chunks": 1})
+
+    @step(app, name="team.transcode")
+    def transcode() -> None:
+        heartbeat({"when": object()})
+
+    with pytest.raises(TypeError, match="heartbeat details must be JSON"):
+        transcode.apply(headers=HEADERS).get()
+    assert _heartbeats(redis_client) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, "3", True, float("nan")])
+def test_an_unusable_heartbeat_s_header_asks_for_no_heartbeats(value: Any) -> None:
+    assert from_request(SimpleNamespace(**HEADERS, ductor_heartbeat_s=value)).heartbeat_s is None

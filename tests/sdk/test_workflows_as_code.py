@@ -95,6 +95,14 @@ def test_a_task_node_compiles_to_the_task_node_shape() -> None:
     }
 
 
+def test_a_task_node_with_heartbeat_s_compiles_with_it() -> None:
+    wf = Workflow("media")
+    wf.task("transcode", task="media.tasks.transcode", heartbeat_s=30, timeout_s=7200)
+
+    node = wf.to_spec()["nodes"][0]
+    assert (node["heartbeat_s"], node["timeout_s"]) == (30, 7200)
+
+
 def test_an_option_given_as_none_is_left_to_the_server_s_default_not_sent_as_null() -> None:
     wf = Workflow("billing")
     wf.task("charge", task="billing.tasks.charge", retry=None, timeout_s=None, pool=None, when=None, tags=None,

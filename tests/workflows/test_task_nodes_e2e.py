@@ -1,7 +1,8 @@
 """Task nodes end to end: a team's own Celery app and worker run the steps of Ductor workflows.
 
 The team's project (``tests.teamapp``) is not Ductor: its own module, its own
-Celery app instance, its own worker process, no Django. Ductor's worker,
+Celery app instance, its own worker process, no Django (``tests.teamapp.with_sdk``
+is another with ``ductor_sdk``'s worker hook). Ductor's worker,
 dispatcher and coordinator serve the module, as in ``test_engine_e2e``; the
 team's worker is started per test where a test kills it.
 """
@@ -53,12 +54,12 @@ class TeamWorkers:
         self.stack = processes.stack
         self.count = 0
 
-    def start(self, concurrency: int = 2) -> Child:
+    def start(self, concurrency: int = 2, *, app: str = "tests.teamapp", queue: str = "team") -> Child:
         self.count += 1
         name = f"team-{os.getpid()}-{self.count}"
-        worker = self.stack.worker(name, app="tests.teamapp", concurrency=concurrency, env=team_env(),
+        worker = self.stack.worker(name, app=app, concurrency=concurrency, env=team_env(),
                                    hostname=f"{name}@localhost",
-                                   extra=["-Q", "team", "--pool", "prefork", "--without-heartbeat"])
+                                   extra=["-Q", queue, "--pool", "prefork", "--without-heartbeat"])
         self.stack.wait_ready(worker, timeout_s=60)
         return worker
 
@@ -311,3 +312,41 @@ def test_a_teams_remote_control_reaches_its_own_workers_only(stack, team):
     assert ductors_worker not in theirs
     assert ductors_worker in ours
     assert teams_worker not in ours
+
+
+def test_a_long_task_that_heartbeats_runs_past_its_heartbeat_s(stack, team, catalogued, make_tenant):
+    catalogued("team_sdk.beat", queue="team_sdk")
+    team.start(app="tests.teamapp.with_sdk", queue="team_sdk")
+    tenant = make_tenant()[0]
+    put(tenant, "beats", {"nodes": [task("work", "team_sdk.beat", {"seconds": 3, "every_s": 0.2}, heartbeat_s=1,
+                                         timeout_s=60)], "output": "$nodes.work.output"})
+    run = finished(tenant, start(tenant, "beats").pk)
+    assert run.status == "succeeded", run.error
+    assert run.output["attempt"] == 1
+    (work,) = steps(tenant, run)
+    assert work.heartbeat_at is not None
+    assert work.heartbeat_details["beats"] >= 1
+    drained(tenant)
+
+
+def test_a_stuck_task_times_out_at_its_heartbeat_s_and_its_retry_resumes_from_its_progress(
+        stack, team, catalogued, make_tenant):
+    """The first attempt reports three chunks done, then hangs without a heartbeat for longer than the
+    whole wait here: it times out at its heartbeat_s (its timeout_s is a minute), and the retry is
+    given the progress it reported."""
+    catalogued("team_sdk.resume", queue="team_sdk")
+    team.start(app="tests.teamapp.with_sdk", queue="team_sdk")
+    tenant = make_tenant()[0]
+    put(tenant, "resume", {"nodes": [task("work", "team_sdk.resume", {"chunks": 3, "hang_s": 120}, heartbeat_s=1,
+                                          timeout_s=60,
+                                          retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})],
+                           "output": "$nodes.work.output"})
+    run = finished(tenant, start(tenant, "resume").pk, timeout=40)
+    assert run.status == "succeeded", run.error
+    assert run.output == {"attempt": 2, "resumed_from": 3, "chunks": 3}
+    first, second = steps(tenant, run)
+    assert (first.status, first.error["code"]) == ("failed", "timeout")
+    assert "no heartbeat from the task within its heartbeat_s of 1 s" in first.error["message"]
+    assert first.heartbeat_details == {"chunks": 3}
+    assert second.status == "succeeded"
+    drained(tenant)

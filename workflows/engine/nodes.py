@@ -76,14 +76,17 @@ def attempt_routing(run: WorkflowRun, node: dict[str, Any], rendered: Any) -> tu
 
 def task_call(node: dict[str, Any]) -> dict[str, Any]:
     """How a task node's attempt is published: the task, how it takes its input, the catalog's
-    default queue, and its timeout (which is its lease)."""
+    default queue, its timeout (which is its lease) and its heartbeat timeout, if it has one."""
     found = catalog.entry(node["task"])
-    return {
+    call = {
         "name": node["task"],
         "arguments": found.arguments if found else "kwargs",
         "queue": found.queue if found else "",
         "timeout_s": catalog.timeout_s(found, node.get("timeout_s"), settings.DUCTOR_TASK_TIMEOUT_S),
     }
+    if node.get("heartbeat_s"):
+        call["heartbeat_s"] = min(float(node["heartbeat_s"]), float(call["timeout_s"]))
+    return call
 
 
 def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],

@@ -137,7 +137,8 @@ def _one(statement: Statement) -> list[Any]:
 def start_tasks(step_ids: list[str], added: Mapping[str, dict[str, Any]] | None = None) -> dict[str, StepRun]:
     """Mark the queued ones of these attempts running (now), with ``added[step_id]`` (the
     connection their admission chose) on their routing traces, and read the ones running, with
-    what their messages need: one ``UPDATE ... RETURNING`` for the group. An attempt running
+    what their messages need (``heartbeat_details``: the progress to resume from,
+    ``LAST_HEARTBEAT_DETAILS``): one ``UPDATE ... RETURNING`` for the group. An attempt running
     already (its item delivered again) keeps its start time and its trace, which name where its
     first message went: a timeout is that one's."""
     if not step_ids:
@@ -153,11 +154,21 @@ def start_tasks(step_ids: list[str], added: Mapping[str, dict[str, Any]] | None 
             f"{prefix}UPDATE {STEPS} s SET status = %s, "  # noqa: S608 - no value in the text
             f"started_at = CASE WHEN s.status = %s THEN %s ELSE s.started_at END{routing}{from_} "
             "WHERE s.tenant_id = %s AND s.id = ANY(%s::uuid[]) AND s.status = ANY(%s) "
-            "RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, s.started_at",
+            f"RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, s.started_at, {LAST_HEARTBEAT_DETAILS}",
             [running, queued, timezone.now(), *routing_params, current_tenant().pk, step_ids, ON_WORKER])
         rows = cursor.fetchall()
     return {str(row[0]): StepRun(id=row[0], run_id=row[1], node_id=row[2], attempt=row[3], input=_loaded(row[4]),
-                                 started_at=row[5], status=running) for row in rows}
+                                 started_at=row[5], status=running, heartbeat_details=_loaded(row[6]))
+            for row in rows}
+
+
+# What the attempt ``s`` resumes from: the progress its own last heartbeat reported (its message sent
+# again), else its node's latest earlier attempt's in the run (its retry). Read for an attempt after
+# the first only, through the attempts' unique index on (run, node, attempt).
+LAST_HEARTBEAT_DETAILS = (
+    f"COALESCE(s.heartbeat_details, CASE WHEN s.attempt > 1 THEN (SELECT p.heartbeat_details FROM {STEPS} p "  # noqa: S608
+    "WHERE p.tenant_id = s.tenant_id AND p.run_id = s.run_id AND p.node_id = s.node_id AND p.attempt < s.attempt "
+    "AND p.heartbeat_details IS NOT NULL ORDER BY p.attempt DESC LIMIT 1) END)")
 
 
 def chain_end(run_id: Any) -> WorkflowRun | None:

@@ -88,6 +88,11 @@ HEADERS = ("ductor_tenant_id", "ductor_run_id", "ductor_step_id", "ductor_node_i
            "ductor_idempotency_key", "ductor_workflow")
 
 
+# Only when the step has them: the most seconds between two heartbeats (the node's ``heartbeat_s``),
+# and the progress the last heartbeat of its node's earlier attempt reported (``heartbeats``).
+HEARTBEAT_S_HEADER, HEARTBEAT_DETAILS_HEADER = "ductor_heartbeat_s", "ductor_heartbeat_details"
+
+
 # What Celery's events and logs show of a success callback's argument, the task's result (the step's
 # output, which the run's history keeps).
 RESULT_REPR = "(<the task's result>,)"
@@ -242,12 +247,16 @@ def _send(item: Dequeued, step: StepRun, member: MemberInfo | None, queue: str, 
         # timed out and ran again).
         callback = {**RESULTS_DESTINATION, "ignore_result": True, "kwargsrepr": repr(ids), "serializer": "json",
                     **undeclared, **traced}
+        headers = dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
+                                     f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
+                           strict=True))
+        if call.get("heartbeat_s"):
+            headers[HEARTBEAT_S_HEADER] = call["heartbeat_s"]
+        if step.heartbeat_details is not None:
+            headers[HEARTBEAT_DETAILS_HEADER] = step.heartbeat_details
         app.send_task(
             str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
-            producer=producers.of(app), expires=expires_s, **undeclared,
-            headers=dict(zip(HEADERS, (tenant_id, str(step.run_id), str(step.id), step.node_id, step.attempt,
-                                       f"{step.run_id}:{step.node_id}:{step.attempt}", str(call.get("workflow", ""))),
-                             strict=True)),
+            producer=producers.of(app), expires=expires_s, headers=headers, **undeclared,
             link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, argsrepr=RESULT_REPR, **callback),
             link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, **callback),
         )

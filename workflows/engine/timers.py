@@ -1,4 +1,5 @@
-"""The engine's wake-ups: a retry's backoff ended, a sleep ended, a step ran past its timeout.
+"""The engine's wake-ups: a retry's backoff ended, a sleep ended, a step ran past its timeout, a
+task step's heartbeat is due.
 
 Each runs in the owning tenant's context (``scheduling.coordinator.wakeups``),
 takes the run's row lock and then the step's (the order a tick takes them in),
@@ -20,6 +21,7 @@ from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit
 from workflows.engine.attempts import Outcome, finish, node_of, refuse
 from workflows.engine.events import record_event
+from workflows.engine.heartbeats import heartbeat_s_of
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, release_on_commit, wakeup_on_commit
 from workflows.engine.nodes import task_refusal
 from workflows.models import StepRun, WorkflowRun
@@ -97,15 +99,38 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
             # clock starts anew), and the new timer was coalesced with this one: wait for the rest.
             wakeup_on_commit(ref, kind="step_timeout", delay_s=left)
             return
-        message = str(data.get("message") or "the step ran past its timeout_s")
-        finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=True))
-        record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
-        if step.node_type == TASK:
-            release_on_commit(step)
-            _breaker_failure_on_commit(step)
-        enqueue_tick(run)
+        _time_out(step, run, str(data.get("message") or "the step ran past its timeout_s"))
 
     _with_step(ref, go)
+
+
+def heartbeat_due(ref: str, data: dict[str, Any]) -> None:
+    """A running task step's heartbeat is due (``heartbeats``): it times out when none came within its
+    ``heartbeat_s`` of the last one; otherwise this wakes again when the next one is due."""
+
+    def go(step: StepRun, run: WorkflowRun) -> None:
+        heartbeat_s = heartbeat_s_of(step)
+        if step.status != SStatus.RUNNING or step.heartbeat_at is None or not heartbeat_s:
+            return
+        left = (step.heartbeat_at + timedelta(seconds=heartbeat_s) - timezone.now()).total_seconds()
+        if left > SLEEP_SLACK.total_seconds():
+            wakeup_on_commit(ref, kind="heartbeat_due", delay_s=left)
+            return
+        _time_out(step, run, f"no heartbeat from the task within its heartbeat_s of {heartbeat_s:g} s (the last "
+                             f"came at {step.heartbeat_at.isoformat()}): its worker died with it, or it is stuck")
+
+    _with_step(ref, go)
+
+
+def _time_out(step: StepRun, run: WorkflowRun, message: str) -> None:
+    """``step`` failed as retryable with a timeout, saying ``message``; a task node's item is released
+    and its connection's breaker fed."""
+    finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=True))
+    record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
+    if step.node_type == TASK:
+        release_on_commit(step)
+        _breaker_failure_on_commit(step)
+    enqueue_tick(run)
 
 
 def _breaker_failure_on_commit(step: StepRun) -> None:
@@ -138,4 +163,5 @@ WAKEUPS: dict[str, Callable[[str, dict[str, Any]], None]] = {
     "step_retry": retry_due,
     "sleep_done": sleep_done,
     "step_timeout": step_timeout,
+    "heartbeat_due": heartbeat_due,
 }

@@ -499,6 +499,8 @@ class Step(Model):
     scheduled_for: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    heartbeat_details: Any = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

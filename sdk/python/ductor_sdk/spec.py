@@ -18,7 +18,7 @@ from typing import Any
 
 _TYPE_FIELDS = {
     "action": ("action", "input"),
-    "task": ("task", "input"),
+    "task": ("task", "input", "heartbeat_s"),
     "sleep": ("duration_s", "until"),
     "wait_for_event": ("event", "key", "lookback_s", "default"),
     "subworkflow": ("workflow", "version", "input", "wait"),

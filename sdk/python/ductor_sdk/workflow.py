@@ -209,9 +209,15 @@ class Workflow:
         """A node that runs the registered action ``action`` with ``input`` (a template)."""
         return self._add(id, "action", {"action": action, "input": {} if input is None else input}, options)
 
-    def task(self, id: str, *, task: str, input: Any = None, **options: Unpack[NodeOptions]) -> StepRef:
-        """A node that runs the Celery task ``task`` of the tenant's task catalog with ``input``."""
-        return self._add(id, "task", {"task": task, "input": {} if input is None else input}, options)
+    def task(self, id: str, *, task: str, input: Any = None, heartbeat_s: float | None = None,
+             **options: Unpack[NodeOptions]) -> StepRef:
+        """A node that runs the Celery task ``task`` of the tenant's task catalog with ``input``. With
+        ``heartbeat_s``, once the task started it times out when no heartbeat came within that many
+        seconds (``ductor_sdk.worker.heartbeat``)."""
+        fields: dict[str, Any] = {"task": task, "input": {} if input is None else input}
+        if heartbeat_s is not None:
+            fields["heartbeat_s"] = heartbeat_s
+        return self._add(id, "task", fields, options)
 
     def sleep(
         self, id: str, *, duration_s: float | None = None, until: datetime | str | None = None,

@@ -17,6 +17,7 @@ Importing this package does not import Celery; ``install`` and ``step`` use the 
 from ductor_sdk.worker.context import NotInStep, StepContext, current_step, current_step_or_none
 from ductor_sdk.worker.errback import ERRBACK_TASK, RESULTS_QUEUE
 from ductor_sdk.worker.failures import NonRetryable, is_retryable
+from ductor_sdk.worker.heartbeats import heartbeat
 from ductor_sdk.worker.signals import install
 from ductor_sdk.worker.step import NotJSONSafe, check_json_safe, step
 
@@ -30,6 +31,7 @@ __all__ = [
     "check_json_safe",
     "current_step",
     "current_step_or_none",
+    "heartbeat",
     "install",
     "is_retryable",
     "step",

@@ -6,7 +6,9 @@ Ductor publishes a ``task`` node's message with the headers ``ductor_tenant_id``
 headers as attributes of ``task.request``, or inside ``task.request.headers``:
 both are read. The message expires when the step times out (Celery's own
 ``expires``: a worker that takes it later discards it unrun); that moment is the
-step's ``deadline``. The step is held in a ``ContextVar`` that the signal handlers of
+step's ``deadline``. A node with ``heartbeat_s`` adds ``ductor_heartbeat_s``, and
+a retry whose earlier attempt reported progress adds ``ductor_heartbeat_details``
+(``ductor_sdk.worker.heartbeat``). The step is held in a ``ContextVar`` that the signal handlers of
 ``ductor_sdk.worker.install`` set before each task and reset after it, so a
 task never sees the previous task's step.
 """
@@ -14,6 +16,7 @@ task never sees the previous task's step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from datetime import datetime
@@ -32,7 +35,10 @@ class StepContext:
     """The step a task runs for. ``idempotency_key`` is the same for every delivery of one attempt
     and differs between attempts: use it to make the task's side effects happen once. ``deadline``:
     when the step times out (an aware datetime; None if the message did not say), after which its
-    outcome is only kept in the run's history."""
+    outcome is only kept in the run's history. ``heartbeat_s``: the most seconds between two
+    heartbeats (``heartbeat``) before the step times out, None when the node asks for none.
+    ``heartbeat_details``: the progress the last heartbeat of an earlier attempt of this node
+    reported (None: none did), for the task to resume from."""
 
     tenant_id: str
     run_id: str
@@ -42,6 +48,8 @@ class StepContext:
     idempotency_key: str
     workflow: str
     deadline: datetime | None = None
+    heartbeat_s: float | None = None
+    heartbeat_details: Any = None
 
 
 _current: ContextVar[StepContext | None] = ContextVar("ductor_step", default=None)
@@ -63,7 +71,16 @@ def from_request(request: Any) -> StepContext | None:
         return None
     attempt = values.pop("attempt")
     strings = {name: "" if value is None else str(value) for name, value in values.items()}
-    return StepContext(attempt=int(attempt) if attempt is not None else 1, deadline=_deadline(request), **strings)
+    return StepContext(attempt=int(attempt) if attempt is not None else 1, deadline=_deadline(request),
+                       heartbeat_s=_seconds(_header(request, HEADER_PREFIX + "heartbeat_s")),
+                       heartbeat_details=_header(request, HEADER_PREFIX + "heartbeat_details"), **strings)
+
+
+def _seconds(value: Any) -> float | None:
+    """A header's number of seconds, if it is a usable one (finite, > 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
 
 
 def _deadline(request: Any) -> datetime | None:

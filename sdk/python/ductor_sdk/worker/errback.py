@@ -50,9 +50,15 @@ def forward(app: Celery, task_id: str, kwargs: dict[str, Any], error: dict[str, 
     """Send Ductor's errback (its signature's ``kwargs``) for the task ``task_id`` that failed with
     ``error`` (``error_of``) to ``ductor.results``, through ``app``'s broker. Raises what the publish
     raises."""
+    to_ductor(app, ERRBACK_TASK, args=[task_id], kwargs={**kwargs, "error": error})
+
+
+def to_ductor(app: Celery, task: str, *, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Send Ductor's ``task`` to ``ductor.results`` through ``app``'s broker, its tenant from
+    ``kwargs["tenant_id"]``. Raises what the publish raises."""
     tenant = kwargs.get("tenant_id")
     app.send_task(
-        ERRBACK_TASK, args=[task_id], kwargs={**kwargs, "error": error},
+        task, args=args, kwargs=kwargs,
         exchange=RESULTS_EXCHANGE, routing_key=RESULTS_QUEUE, exchange_type=RESULTS_EXCHANGE_TYPE,
         serializer="json",  # what Ductor's workers accept, whatever the team's app defaults to
         # Ductor's tasks carry their tenant as an argument and a header, which must agree.

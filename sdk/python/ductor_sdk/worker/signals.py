@@ -1,7 +1,9 @@
 """``install(app)``: what a team's Celery app needs to run Ductor's ``task`` nodes.
 
 - ``task_prerun`` / ``task_postrun`` handlers set and reset the current step
-  (``current_step()``) from each task's headers. They are connected once per
+  (``current_step()``) from each task's headers, and what ``heartbeat()``
+  sends through; a step whose node asks for heartbeats sends its first as it
+  starts. They are connected once per
   process, whatever the number of calls (``dispatch_uid``).
 - The ``ductor.task_failed`` errback: see ``ductor_sdk.worker.errback``.
 - A ``before_task_publish`` handler adds the task's run time (``work_ms``, from
@@ -31,7 +33,7 @@ import time
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
-from ductor_sdk.worker import context
+from ductor_sdk.worker import context, heartbeats
 from ductor_sdk.worker.errback import ERRBACK_TASK, MAX_MESSAGE_CHARS, forward, register_errback
 
 if TYPE_CHECKING:
@@ -42,17 +44,21 @@ log = logging.getLogger(__name__)
 # The outcomes Ductor's callbacks carry back: the task's run time is added to them.
 OUTCOME_TASKS = frozenset({"ductor.task_succeeded", ERRBACK_TASK})
 
-_tokens: dict[str, list[tuple[Token[context.StepContext | None], Token[float | None]]]] = {}
+_Tokens = tuple[Token[context.StepContext | None], Token[float | None], Token[Any]]
+_tokens: dict[str, list[_Tokens]] = {}
 # When the running task started (time.perf_counter()), while it runs for a Ductor step.
 _started: ContextVar[float | None] = ContextVar("ductor_step_started", default=None)
 
 
 def on_task_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    """Before a task: its step (from its headers) becomes the current one; no step without headers."""
+    """Before a task: its step (from its headers) becomes the current one; no step without headers.
+    A step whose node asks for heartbeats sends its first (``heartbeat``)."""
     request = getattr(task or sender, "request", None)
     step = context.from_request(request) if request is not None else None
     token = context.enter(step)
-    _tokens.setdefault(task_id or "", []).append((token, _started.set(time.perf_counter() if step else None)))
+    started = _started.set(time.perf_counter() if step else None)
+    beats = heartbeats.begin(getattr(task or sender, "app", None), step)
+    _tokens.setdefault(task_id or "", []).append((token, started, beats))
 
 
 def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
@@ -61,8 +67,10 @@ def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) ->
     if not stack:
         context.enter(None)
         _started.set(None)
+        heartbeats.begin(None, None)
         return
-    step_token, started_token = stack.pop()
+    step_token, started_token, beats_token = stack.pop()
+    heartbeats.end(beats_token)
     _started.reset(started_token)
     context.leave(step_token)
     if not stack:
