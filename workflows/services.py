@@ -23,7 +23,7 @@ from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, enqueue_ticks
 from workflows.engine.journal import add_run, add_state, journal
 from workflows.engine.statements import lock_run, version_to_start
-from workflows.engine.tick import advance_locked
+from workflows.engine.tick import advance_locked, arm_run_timeout
 from workflows.models import (
     RunEvent,
     RunSignal,
@@ -386,6 +386,7 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
         locked.status, locked.finished_at, locked.error, locked.output = WorkflowRun.Status.RUNNING, None, None, None
         add_state(locked)
         record_event(locked, "retried", nodes=sorted(again))
+        arm_run_timeout(locked)  # its timeout_s counts again from now
         advance_locked(locked, latest=latest)
     log.info("run_retried", run_id=str(locked.pk), nodes=sorted(again))
     return locked

@@ -22,9 +22,11 @@ A spec is a JSON object::
     }
 
 Top level: ``nodes`` (required, 1 to ``DUCTOR_MAX_SPEC_NODES``), ``output``
-(optional template; the run's output, null when absent) and ``input_schema``
+(optional template; the run's output, null when absent), ``input_schema``
 (optional JSON Schema, ``workflows.schemas``: every run's input must match it,
-or its start is refused naming the field).
+or its start is refused naming the field) and ``timeout_s`` (optional, 0 < x ≤
+366 days: a run still going that long after its start fails with
+``run_timed_out``).
 
 Every node:
 
@@ -34,7 +36,8 @@ Every node:
 - ``when``: optional condition (see ``workflows.templates``); false skips the node;
 - ``retry``: ``max_attempts`` 1..100 (default 1), ``backoff_s`` > 0 (default 1),
   ``max_backoff_s`` ≥ ``backoff_s`` (default 300, or ``backoff_s`` if larger),
-  ``jitter`` (default true); delays up to 86400 s;
+  ``jitter`` (default true); delays up to 86400 s; ``non_retryable``: error codes
+  or exception types whose failures are not tried again (default none);
 - ``timeout_s``: optional, 0 < x ≤ 86400; ``tags``: list of strings; ``pool``: a pool name.
 
 By type:
@@ -105,8 +108,12 @@ TYPE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "subworkflow": ("workflow", "version", "input", "wait"),
     "continue_as_new": ("input",),
 })
-RETRY_FIELDS = ("max_attempts", "backoff_s", "max_backoff_s", "jitter")
-TOP_FIELDS = ("nodes", "output", "input_schema")
+RETRY_FIELDS = ("max_attempts", "backoff_s", "max_backoff_s", "jitter", "non_retryable")
+# What ``retry.non_retryable`` names: an error code, or an exception's type (``CardDeclined``, or with
+# its module, ``billing.errors.CardDeclined``).
+FAILURE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_NON_RETRYABLE = 50
+TOP_FIELDS = ("nodes", "output", "input_schema", "timeout_s")
 MAX_ATTEMPTS = 100
 MAX_DELAY_S = 86_400.0
 MAX_TIMEOUT_S = 86_400.0
@@ -154,6 +161,20 @@ class Retry:
     backoff_s: float = 1.0
     max_backoff_s: float = 300.0
     jitter: bool = True
+    non_retryable: tuple[str, ...] = ()  # failures no attempt is tried again after (``retries``)
+
+    def retries(self, error: Mapping[str, Any] | None) -> bool:
+        """Whether a failed attempt's ``error`` may be tried again: it says it is retryable, and
+        ``non_retryable`` names neither its code nor its exception's type (with or without its
+        module). The number of attempts left is for the caller to count."""
+        error = error or {}
+        if not error.get("retryable"):
+            return False
+        found = error.get("exception")
+        exception: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        kind, module = str(exception.get("type") or ""), str(exception.get("module") or "")
+        names = {str(error.get("code") or ""), kind, f"{module}.{kind}" if module and kind else ""} - {""}
+        return not names & set(self.non_retryable)
 
 
 @dataclass(frozen=True)
@@ -197,6 +218,8 @@ class Node:
             "max_backoff_s": self.retry.max_backoff_s,
             "jitter": self.retry.jitter,
         }
+        if self.retry.non_retryable:
+            data["retry"]["non_retryable"] = list(self.retry.non_retryable)
         if self.timeout_s is not None:
             data["timeout_s"] = self.timeout_s
         data["tags"] = list(self.tags)
@@ -238,6 +261,7 @@ class Spec:
     nodes: tuple[Node, ...]
     output: Any = None  # a template; None when the spec has none
     input_schema: Mapping[str, Any] | None = None  # what a run's input must match; None: anything
+    timeout_s: float | None = None  # how long a run may take, from its start; None: no bound
     sinks: tuple[str, ...] = ()  # nodes nothing depends on, in topological order
     continue_as_new: str | None = None  # the id of the continue_as_new node, if any
     size_bytes: int = field(default=0, compare=False)  # compact JSON size of the submitted spec
@@ -288,6 +312,8 @@ class Spec:
             data["output"] = self.output
         if self.input_schema is not None:
             data["input_schema"] = self.input_schema
+        if self.timeout_s is not None:
+            data["timeout_s"] = self.timeout_s
         return data
 
 
@@ -477,7 +503,8 @@ class _NodeParser:
         """``retry`` is an object of known fields, each in range; a bad field falls back to its default."""
         raw = self.raw.get("retry", {})
         if not isinstance(raw, Mapping):
-            self.error("retry", "must be an object with max_attempts, backoff_s, max_backoff_s, jitter")
+            self.error("retry", "must be an object with max_attempts, backoff_s, max_backoff_s, jitter, "
+                                "non_retryable")
             return Retry()
         for name in raw:
             if name not in RETRY_FIELDS:
@@ -498,7 +525,23 @@ class _NodeParser:
         if not isinstance(jitter, bool):
             self.error("retry.jitter", "must be true or false")
             jitter = True
-        return Retry(max_attempts=attempts, backoff_s=float(backoff), max_backoff_s=float(cap), jitter=jitter)
+        return Retry(max_attempts=attempts, backoff_s=float(backoff), max_backoff_s=float(cap), jitter=jitter,
+                     non_retryable=self._non_retryable(raw.get("non_retryable", [])))
+
+    def _non_retryable(self, names: Any) -> tuple[str, ...]:
+        """``retry.non_retryable`` is a list of at most MAX_NON_RETRYABLE error codes or exception
+        types; repeats are dropped."""
+        what = (f"must be a list of at most {MAX_NON_RETRYABLE} error codes or exception types "
+                f"(timeout, CardDeclined, billing.errors.CardDeclined)")
+        if not isinstance(names, list) or len(names) > MAX_NON_RETRYABLE:
+            self.error("retry.non_retryable", what)
+            return ()
+        for index, name in enumerate(names):
+            if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not FAILURE_NAME.match(name):
+                self.error(f"retry.non_retryable[{index}]", "must be an error code or an exception's type, "
+                                                            "optionally with its module (billing.errors.CardDeclined)")
+                return ()
+        return tuple(dict.fromkeys(names))
 
     def _seconds(self, name: str, limit: float) -> float | None:
         """Field ``name`` is a finite number of seconds, 0 < x ≤ ``limit``."""
@@ -678,17 +721,18 @@ class _SpecChecker:
         self._check_templates_and_when()
         self._check_output()
         self._check_input_schema()
+        timeout_s = self._check_timeout()
         self.errors.raise_if_any()
         assert self.upstream is not None  # unsound ids always left an error
         return _build(self.parsed, self.order, self.upstream, self.spec.get("output"), self.size,
-                      self.spec.get("input_schema"))
+                      self.spec.get("input_schema"), timeout_s)
 
     def _check_top_level(self) -> list[Any]:
-        """Only ``nodes``, ``output`` and ``input_schema`` at the top; ``nodes`` is a non-empty list within
-        the limit (else raises)."""
+        """Only ``nodes``, ``output``, ``input_schema`` and ``timeout_s`` at the top; ``nodes`` is a
+        non-empty list within the limit (else raises)."""
         for name in self.spec:
             if name not in TOP_FIELDS:
-                self.errors.add(str(name), f"{name}: unknown field; use nodes, output and input_schema")
+                self.errors.add(str(name), f"{name}: unknown field; use nodes, output, input_schema and timeout_s")
         raw_nodes = self.spec.get("nodes")
         max_nodes = settings.DUCTOR_MAX_SPEC_NODES
         if not isinstance(raw_nodes, list) or not raw_nodes:
@@ -795,6 +839,16 @@ class _SpecChecker:
                 for path, message in template_errors(fields[name], field=name, upstream=allowed, known=known):
                     self.errors.add(f"{prefix}.{path}", f"{label}: {path}: {message}")
 
+    def _check_timeout(self) -> float | None:
+        """The spec's ``timeout_s``, if any, is a number of seconds, 0 < x ≤ MAX_SLEEP_S (366 days)."""
+        if "timeout_s" not in self.spec:
+            return None
+        value = self.spec["timeout_s"]
+        if not _is_number(value) or not 0 < value <= MAX_SLEEP_S:
+            self.errors.add("timeout_s", f"timeout_s: must be a number of seconds, 0 < x ≤ {MAX_SLEEP_S:g}")
+            return None
+        return float(value)
+
     def _check_input_schema(self) -> None:
         """The spec's ``input_schema``, if any, is a usable, self-contained JSON Schema."""
         if "input_schema" in self.spec:
@@ -827,6 +881,7 @@ def _build(
     output: Any,
     size: int,
     input_schema: Mapping[str, Any] | None = None,
+    timeout_s: float | None = None,
 ) -> Spec:
     by_id = {fields["id"]: fields for fields in parsed}
     position = {node_id: i for i, node_id in enumerate(order)}
@@ -850,6 +905,7 @@ def _build(
         nodes=nodes,
         output=output,
         input_schema=input_schema,
+        timeout_s=timeout_s,
         sinks=tuple(node.id for node in nodes if not node.dependents),
         continue_as_new=continuation,
         size_bytes=size,

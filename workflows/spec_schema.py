@@ -29,10 +29,12 @@ from scheduling.templates import MAX_PATH_SEGMENTS, NODE_ID
 from workflows import catalog
 from workflows.spec import (
     EVENT_NAME,
+    FAILURE_NAME,
     MAX_ATTEMPTS,
     MAX_DELAY_S,
     MAX_LOOKBACK_S,
     MAX_NAME_LENGTH,
+    MAX_NON_RETRYABLE,
     MAX_SLEEP_S,
     MAX_TIMEOUT_S,
 )
@@ -188,6 +190,13 @@ def _retry() -> dict[str, Any]:
             "max_backoff_s": _seconds(MAX_DELAY_S, "The longest delay, in seconds: at least `backoff_s` "
                                                    "(default 300, or `backoff_s` if larger)."),
             "jitter": {"type": "boolean", "default": True},
+            "non_retryable": {
+                "type": "array", "maxItems": MAX_NON_RETRYABLE, "default": [],
+                "items": {"type": "string", "pattern": FAILURE_NAME.pattern, "maxLength": MAX_NAME_LENGTH},
+                "description": "Failures that are not tried again, whatever `max_attempts`: an error code "
+                               "(`timeout`, `server_error`), or a task's exception type, alone "
+                               "(`CardDeclined`) or with its module (`billing.errors.CardDeclined`).",
+            },
         },
         "additionalProperties": False,
     }
@@ -228,6 +237,9 @@ def spec_components() -> dict[str, dict[str, Any]]:
                                    "`invalid_input`. Absent: any input.",
                     "additionalProperties": True,
                 },
+                "timeout_s": _seconds(MAX_SLEEP_S, "How long a run may take, from its start (or its retry): one "
+                                                   "still going then fails with `run_timed_out`, its active steps "
+                                                   "and child runs cancelled. Absent: no bound."),
             },
             "additionalProperties": False,
         },

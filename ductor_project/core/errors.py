@@ -90,6 +90,7 @@ class StepErrorCode(enum.StrEnum):
     CHILD_FAILED = "child_failed"
     CHILD_CANCELLED = "child_cancelled"
     WAIT_TIMED_OUT = "wait_timed_out"  # a wait_for_event's timeout_s ran out, and it has no default
+    RUN_TIMED_OUT = "run_timed_out"  # the run went on past its spec's timeout_s (a run's error only)
     # Task nodes (the team's own Celery tasks):
     TASK_FAILED = "task_failed"  # the task raised (its exception's type and message kept)
     TASK_NOT_ALLOWED = "task_not_allowed"  # not in the catalog, or not for this tenant's plan

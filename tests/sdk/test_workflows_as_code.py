@@ -103,6 +103,17 @@ def test_a_task_node_with_heartbeat_s_compiles_with_it() -> None:
     assert (node["heartbeat_s"], node["timeout_s"]) == (30, 7200)
 
 
+def test_a_retry_policy_s_non_retryable_compiles_and_normalizes_as_the_server_keeps_it() -> None:
+    wf = Workflow("billing")
+    wf.action("charge", "noop", retry=Retry(max_attempts=3, non_retryable=["CardDeclined", "timeout", "CardDeclined"]))
+    spec = wf.to_spec()
+
+    assert spec["nodes"][0]["retry"]["non_retryable"] == ["CardDeclined", "timeout", "CardDeclined"]
+    stored = server_spec.validate_spec(spec, max_bytes=1_000_000).to_dict()
+    assert stored["nodes"][0]["retry"]["non_retryable"] == ["CardDeclined", "timeout"]
+    assert normalized(spec) == normalized(stored)
+
+
 def test_an_option_given_as_none_is_left_to_the_server_s_default_not_sent_as_null() -> None:
     wf = Workflow("billing")
     wf.task("charge", task="billing.tasks.charge", retry=None, timeout_s=None, pool=None, when=None, tags=None,

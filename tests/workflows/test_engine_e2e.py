@@ -405,6 +405,29 @@ def test_cancelling_a_parent_cascades_to_its_waiting_child_and_is_idempotent(sta
     drained(tenant)
 
 
+def test_a_run_past_its_timeout_fails_with_run_timed_out_and_cancels_its_child(stack, tenant_a):
+    """The parent's spec bounds it to 2 s; its child sleeps two minutes: the coordinator's wake-up fails
+    the parent and cancels the child, long before the sleep would end."""
+    tenant = tenant_a[0]
+    put(tenant, "napper", {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 120}]})
+    put(tenant, "bounded", {"timeout_s": 2, "nodes": [
+        {"id": "kid", "type": "subworkflow", "workflow": "napper"}, echo("after", {}, "kid")]})
+    parent = finished(tenant, start(tenant, "bounded").pk)
+
+    assert parent.status == "failed"
+    assert parent.error["node"] is None
+    assert parent.error["error"]["code"] == "run_timed_out"
+    assert "timeout_s of 2 s" in parent.error["error"]["message"]
+    assert by_node(tenant, parent)["kid"].status == "cancelled"
+    assert "after" not in by_node(tenant, parent)
+    with tenant_context(tenant):
+        child = WorkflowRun.objects.get(parent_run_id=parent.pk)
+    child = finished(tenant, child.pk)
+    assert child.status == "cancelled"
+    assert by_node(tenant, child)["nap"].status == "cancelled"
+    drained(tenant)
+
+
 # -- pools -------------------------------------------------------------------------------------
 
 

@@ -219,7 +219,7 @@ def test_nodes_are_required(spec: Any) -> None:
 
 def test_unknown_top_level_field() -> None:
     errors = errors_of(spec_of(act("a"), extra=1))
-    assert errors == {"extra": ["extra: unknown field; use nodes, output and input_schema"]}
+    assert errors == {"extra": ["extra: unknown field; use nodes, output, input_schema and timeout_s"]}
 
 
 def test_not_json_is_rejected() -> None:

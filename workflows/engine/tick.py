@@ -9,6 +9,11 @@ succeeded with its rendered output, waking its parent. An output over the
 plan's payload limit fails the run with ``payload_too_large``. Each tick, queued
 or inline, is a ``ductor.tick`` span of the run's trace.
 
+A run whose spec has ``timeout_s`` arms a coordinator wake-up at its first tick
+(and again when it is retried, ``arm_run_timeout``): a run still going then
+fails with ``run_timed_out``, its active steps and child runs cancelled
+(``run_timeout``).
+
 A queued tick that raises is delivered again after ``DUCTOR_FAILED_ITEM_DELAY_MS``
 (doubled with each failure in a row, up to ``DUCTOR_FAILED_ITEM_MAX_DELAY_MS``), until
 it succeeds (once the data or code it tripped on is fixed, or the run is
@@ -46,8 +51,8 @@ from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state, current_journal, journal
 from workflows.engine.statements import chain_end, lock_run, state_of
-from workflows.models import StepRun, WorkflowRun
-from workflows.spec import backoff_delay
+from workflows.models import RunEvent, StepRun, WorkflowRun
+from workflows.spec import Retry, backoff_delay
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +82,8 @@ def advance(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> No
         run.status, run.started_at = Status.RUNNING, now
         record_event(run, "started")
     latest = latest_attempts(run) if latest is None else latest
+    if not latest:  # its first tick: no node has started
+        arm_run_timeout(run)
     _apply_children(run, latest)
     waits.apply(run, latest, lambda node_id: node_of(run, node_id), lambda: context_of(run, latest))
     _retry_failed(run, latest, now)
@@ -151,9 +158,11 @@ def _retry_failed(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -
     """Schedule the next attempt of each failed step its retry policy tries again."""
     by_id = {n["id"]: n for n in nodes_of(run)}
     for node_id, step in list(latest.items()):
-        if step.status != SStatus.FAILED or not (step.error or {}).get("retryable"):
+        if step.status != SStatus.FAILED:
             continue
         node, policy = by_id[node_id], _retry_policy(by_id[node_id])
+        if not Retry(non_retryable=tuple(policy.get("non_retryable") or ())).retries(step.error):
+            continue
         if step.attempt >= int(policy["max_attempts"]):
             continue
         delay = backoff_delay(policy, step.attempt)
@@ -250,6 +259,50 @@ def _cancel(run: WorkflowRun) -> None:
     record_event(run, "cancelled")
     add_state(run)
     _notify_parent(run)
+
+
+# The wake-up of a run whose spec's ``timeout_s`` is due (``run_timeout``).
+RUN_TIMEOUT = "run_timeout"
+
+
+def arm_run_timeout(run: WorkflowRun) -> None:
+    """Wake ``run_timeout`` when ``run``'s spec's ``timeout_s`` (if any) ends, counted from now (its
+    start, or its retry), once the surrounding transaction commits."""
+    timeout_s = spec_of(run).get("timeout_s")
+    if timeout_s:
+        wakeup_on_commit(str(run.pk), kind=RUN_TIMEOUT, delay_s=float(timeout_s))
+
+
+def run_timeout(ref: str, data: dict[str, Any]) -> None:
+    """The run ``ref``'s ``timeout_s`` may be over: a run still going fails with ``run_timed_out`` (its
+    active steps and child runs cancelled, its parent woken); one that was retried since waits for
+    the rest of the timeout counted from the retry. A run that ended changes nothing."""
+    with transaction.atomic(), journal():
+        run = lock_run(ref)
+        if run is None or run.is_terminal:
+            return
+        timeout_s = float(spec_of(run).get("timeout_s") or 0)
+        if not timeout_s:
+            return
+        since = max(moment for moment in (run.started_at, run.created_at, _last_retried(run)) if moment is not None)
+        left = (since + timedelta(seconds=timeout_s) - timezone.now()).total_seconds()
+        if left > RUN_TIMEOUT_SLACK_S:
+            wakeup_on_commit(ref, kind=RUN_TIMEOUT, delay_s=left)
+            return
+        error = {"code": StepErrorCode.RUN_TIMED_OUT.value, "retryable": False,
+                 "message": f"the run went on past its timeout_s of {timeout_s:g} s"}
+        _fail(run, latest_attempts(run), {"node": None, "attempt": None, "error": error})
+        add_state(run)
+
+
+# A run's timeout woken this close to its end is over (timers fire a few ms early or late).
+RUN_TIMEOUT_SLACK_S = 0.05
+
+
+def _last_retried(run: WorkflowRun) -> datetime | None:
+    """When ``run`` was last retried (its latest ``retried`` event), or None."""
+    return (RunEvent.objects.filter(run_id=run.pk, type="retried").order_by("-seq")
+            .values_list("created_at", flat=True).first())
 
 
 def _notify_parent(run: WorkflowRun) -> None:

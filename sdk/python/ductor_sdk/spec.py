@@ -31,12 +31,15 @@ def _retry(raw: Any) -> Any:
     if not isinstance(raw, Mapping):
         return raw
     backoff = raw.get("backoff_s", 1.0)
-    return {
+    retry = {
         "max_attempts": raw.get("max_attempts", 1),
         "backoff_s": backoff,
         "max_backoff_s": raw.get("max_backoff_s", max(300.0, backoff) if isinstance(backoff, int | float) else 300.0),
         "jitter": raw.get("jitter", True),
     }
+    if raw.get("non_retryable"):
+        retry["non_retryable"] = _deduplicated(raw["non_retryable"])
+    return retry
 
 
 def _condition(raw: Any) -> Any:
@@ -109,8 +112,8 @@ def _topological(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def normalized(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """``spec`` as the server would store it: nodes normalized, in topological order, ``output`` and
-    ``input_schema``."""
+    """``spec`` as the server would store it: nodes normalized, in topological order, ``output``,
+    ``input_schema`` and ``timeout_s``."""
     nodes = [normalized_node(node) if isinstance(node, Mapping) else node for node in spec.get("nodes", [])]
     if all(isinstance(node, dict) for node in nodes):
         nodes = _topological(nodes)
@@ -119,6 +122,8 @@ def normalized(spec: Mapping[str, Any]) -> dict[str, Any]:
         result["output"] = spec["output"]
     if spec.get("input_schema") is not None:
         result["input_schema"] = spec["input_schema"]
+    if spec.get("timeout_s") is not None:
+        result["timeout_s"] = spec["timeout_s"]
     return result
 
 

@@ -118,17 +118,22 @@ class StepRef:
 
 @dataclasses.dataclass(frozen=True)
 class Retry:
-    """A node's retry policy. ``max_backoff_s`` None: the server's default (300, or ``backoff_s`` if larger)."""
+    """A node's retry policy. ``max_backoff_s`` None: the server's default (300, or ``backoff_s`` if larger).
+    ``non_retryable``: error codes (``timeout``) or exception types (``CardDeclined``, or with its module,
+    ``billing.errors.CardDeclined``) whose failures are not tried again."""
 
     max_attempts: int = 1
     backoff_s: float = 1.0
     max_backoff_s: float | None = None
     jitter: bool = True
+    non_retryable: Sequence[str] = ()
 
     def to_json(self) -> dict[str, Any]:
-        data = {"max_attempts": self.max_attempts, "backoff_s": self.backoff_s, "jitter": self.jitter}
+        data: dict[str, Any] = {"max_attempts": self.max_attempts, "backoff_s": self.backoff_s, "jitter": self.jitter}
         if self.max_backoff_s is not None:
             data["max_backoff_s"] = self.max_backoff_s
+        if self.non_retryable:
+            data["non_retryable"] = list(self.non_retryable)
         return data
 
 
@@ -181,12 +186,15 @@ class Workflow:
 
     input = Input
 
-    def __init__(self, name: str, *, description: str = "", input_schema: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, name: str, *, description: str = "", input_schema: Mapping[str, Any] | None = None,
+                 timeout_s: float | None = None) -> None:
         """``input_schema``: a JSON Schema every run's input must match (a start that does not raises
-        ``BadRequest`` naming the field: ``input.qty``); None: any input."""
+        ``BadRequest`` naming the field: ``input.qty``); None: any input. ``timeout_s``: how long a run
+        may take from its start (then it fails with ``run_timed_out``); None: no bound."""
         self.name = name
         self.description = description
         self.input_schema = input_schema
+        self.timeout_s = timeout_s
         self._nodes: list[dict[str, Any]] = []
         self._output: Any = _UNSET
 
@@ -272,4 +280,6 @@ class Workflow:
             spec["output"] = to_json(self._output)
         if self.input_schema is not None:
             spec["input_schema"] = dict(self.input_schema)
+        if self.timeout_s is not None:
+            spec["timeout_s"] = self.timeout_s
         return spec

@@ -1,0 +1,97 @@
+"""A workflow's ``timeout_s``: its runs fail with ``run_timed_out`` once it has passed since their
+start (or their retry), in this process: the spec's field, the wake-up (``tick.run_timeout``) and
+what it leaves alone. End to end, with the coordinator: ``test_engine_e2e``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ductor_project.core.context import tenant_context
+from tenants.models import Tenant
+from tests.conftest import api_client, error_code
+from workflows import services
+from workflows.engine.tick import run_timeout
+from workflows.models import StepRun, WorkflowRun
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
+
+NAP = {"id": "nap", "type": "sleep", "duration_s": 600}
+
+
+def sleeping_run(tenant: Tenant, timeout_s: float | None = 60, started_s_ago: float = 0) -> WorkflowRun:
+    """A run of ``tenant`` sleeping for ten minutes, bounded by ``timeout_s``, started that long ago."""
+    spec: dict[str, Any] = {"nodes": [NAP]}
+    if timeout_s is not None:
+        spec["timeout_s"] = timeout_s
+    with tenant_context(tenant):
+        services.workflow_put(name="w", spec=spec)
+        run, _ = services.run_start(workflow="w")
+        past = timezone.now() - timedelta(seconds=started_s_ago)
+        WorkflowRun.objects.filter(pk=run.pk).update(started_at=past, created_at=past)
+        return WorkflowRun.objects.get(pk=run.pk)
+
+
+def fire(tenant: Tenant, run: WorkflowRun) -> WorkflowRun:
+    with tenant_context(tenant):
+        run_timeout(str(run.pk), {})
+        return WorkflowRun.objects.get(pk=run.pk)
+
+
+@pytest.mark.parametrize("value", [0, -1, "60", True, None, 366 * 86_400 + 1])
+def test_a_bad_timeout_s_is_refused_naming_the_field(tenant_a, value):
+    response = api_client(tenant_a[1]).post("/api/v1/workflows", {"name": "w", "spec": {
+        "nodes": [NAP], "timeout_s": value}}, format="json")
+    assert response.status_code == 400
+    assert error_code(response) == "invalid"
+    assert "spec.timeout_s" in response.json()["error"]["details"]
+
+
+def test_a_run_past_its_timeout_fails_and_its_active_steps_are_cancelled(tenant_a):
+    run = fire(tenant_a[0], sleeping_run(tenant_a[0], timeout_s=60, started_s_ago=61))
+    assert run.status == "failed"
+    assert run.error == {"node": None, "attempt": None, "error": {
+        "code": "run_timed_out", "retryable": False, "message": "the run went on past its timeout_s of 60 s"}}
+    with tenant_context(tenant_a[0]):
+        assert StepRun.objects.get(run=run).status == "cancelled"
+
+
+def test_a_run_within_its_timeout_goes_on(tenant_a):
+    run = fire(tenant_a[0], sleeping_run(tenant_a[0], timeout_s=60, started_s_ago=30))
+    assert run.status == "running"
+
+
+def test_a_run_without_a_timeout_or_that_ended_is_left_alone(tenant_a):
+    unbounded = fire(tenant_a[0], sleeping_run(tenant_a[0], timeout_s=None, started_s_ago=10_000))
+    assert unbounded.status == "running"
+    ended = sleeping_run(tenant_a[0], timeout_s=60, started_s_ago=61)
+    with tenant_context(tenant_a[0]):
+        WorkflowRun.objects.filter(pk=ended.pk).update(status="succeeded")
+    assert fire(tenant_a[0], ended).status == "succeeded"
+
+
+def test_a_retried_run_has_its_timeout_again_from_the_retry(tenant_a):
+    tenant = tenant_a[0]
+    run = fire(tenant, sleeping_run(tenant, timeout_s=60, started_s_ago=61))
+    assert run.status == "failed"
+    with tenant_context(tenant):
+        retried = services.run_retry(run=run)
+    assert retried.status == "running"
+    assert fire(tenant, retried).status == "running"  # 61 s since its start, none since its retry
+
+
+def test_the_wake_up_of_another_tenants_run_changes_nothing(tenant_a, tenant_b):
+    victim = sleeping_run(tenant_b[0], timeout_s=60, started_s_ago=61)
+    with tenant_context(tenant_a[0]):
+        run_timeout(str(victim.pk), {})
+    with tenant_context(tenant_b[0]):
+        assert WorkflowRun.objects.get(pk=victim.pk).status == "running"
+
+
+def test_timeout_s_is_kept_in_the_version(tenant_a):
+    with tenant_context(tenant_a[0]):
+        version, _ = services.workflow_put(name="w", spec={"nodes": [NAP], "timeout_s": 90})
+    assert version.spec["timeout_s"] == 90
