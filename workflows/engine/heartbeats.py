@@ -51,25 +51,21 @@ def record(step_id: str, details: Any = NO_DETAILS) -> bool:
     except ValueError:
         log.warning("task_heartbeat_refused", step_id=str(step_id)[:100], reason="not a step id")
         return False
-    fields = ["heartbeat_at"]
+    values: dict[str, Any] = {"heartbeat_at": timezone.now()}
     if details is not NO_DETAILS and details is not None:
         refusal = payload_refusal(details, "heartbeat details")
         if refusal is None:
-            fields.append("heartbeat_details")
+            values["heartbeat_details"] = details
         else:  # the heartbeat counts; its details are not kept
             log.warning("task_heartbeat_details_refused", step_id=str(pk), reason=(refusal.error or {}).get("message"))
     with transaction.atomic():
         step = (StepRun.objects.select_for_update().filter(pk=pk, node_type=TASK, status=StepRun.Status.RUNNING)
-                .only("id", "run_id", "node_id", "routing", "heartbeat_at").first())
+                .only("id", "routing", "heartbeat_at").first())
         if step is None:
             log.info("task_heartbeat_ignored", step_id=str(pk), reason="no such running task step")
             return False
-        first = step.heartbeat_at is None
-        step.heartbeat_at = timezone.now()
-        if "heartbeat_details" in fields:
-            step.heartbeat_details = details
-        step.save(update_fields=fields)
+        StepRun.objects.filter(pk=pk).update(**values)
         heartbeat_s = heartbeat_s_of(step)
-        if first and heartbeat_s:
-            wakeup_on_commit(str(step.id), kind="heartbeat_due", delay_s=heartbeat_s)
+        if step.heartbeat_at is None and heartbeat_s:  # its first: the wake-up that checks the next
+            wakeup_on_commit(str(pk), kind="heartbeat_due", delay_s=heartbeat_s)
     return True
