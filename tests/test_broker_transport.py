@@ -49,19 +49,19 @@ def test_one_client_serves_a_channels_publishes_and_every_message_lands(queue, m
 
 
 def test_a_named_task_broker_publishes_through_it_too(queue, settings):
-    from workflows.engine import task_nodes
+    from workflows.engine import brokers
 
     name, broker = queue
     settings.DUCTOR_TASK_BROKERS = {"team": settings.CELERY_BROKER_URL}
-    task_nodes._named_broker.cache_clear()
+    brokers._named_broker.cache_clear()
     try:
-        team = task_nodes.broker_app("team")
+        team = brokers.broker_app("team")
         with team.connection_for_write() as connection:
             assert isinstance(connection.transport, Transport)
         team.send_task("team.noop", queue=name)
         assert broker.llen(name) == 1
     finally:
-        task_nodes._named_broker.cache_clear()
+        brokers._named_broker.cache_clear()
 
 
 def test_a_held_message_is_not_copied_to_redis_and_comes_back_flagged_as_redelivered(queue):

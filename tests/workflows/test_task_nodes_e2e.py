@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from ductor_project.core.context import tenant_context
 from ductor_project.stack import Child
 from scheduling import services as scheduling_services
 from scheduling.services import MemberSpec
@@ -34,6 +35,7 @@ from tests.workflows.test_engine_e2e import (
     types,
     wait_for,
 )
+from workflows import services
 from workflows.models import TaskCatalogEntry
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -349,4 +351,31 @@ def test_a_stuck_task_times_out_at_its_heartbeat_s_and_its_retry_resumes_from_it
     assert "no heartbeat from the task within its heartbeat_s of 1 s" in first.error["message"]
     assert first.heartbeat_details == {"chunks": 3}
     assert second.status == "succeeded"
+    drained(tenant)
+
+
+def test_a_task_step_cancelled_before_its_task_started_is_discarded_unrun_by_the_team_worker(
+        stack, team, catalogued, make_tenant):
+    """The team's one process is busy with another run's slow task while a second run's task waits
+    behind it; the second run is cancelled: its message is revoked, and the worker discards it."""
+    catalogued("team.slow_first")
+    catalogued("team.whoami")
+    worker = team.start(concurrency=1)
+    tenant = make_tenant()[0]
+    put(tenant, "slow", {"nodes": [task("slow", "team.slow_first", {"seconds": 4})]})
+    put(tenant, "who", {"nodes": [task("who", "team.whoami")]})
+    slow = start(tenant, "slow")
+    wait_for(lambda: "Task team.slow_first" in worker.output(), timeout=30, what="the slow task to start")
+    waiting = start(tenant, "who")
+    wait_for(lambda: by_node(tenant, fresh(tenant, waiting.pk)).get("who") is not None
+             and by_node(tenant, fresh(tenant, waiting.pk))["who"].status == "running", what="its task to be sent")
+    with tenant_context(tenant):
+        services.run_cancel(run=fresh(tenant, waiting.pk))
+    assert finished(tenant, waiting.pk).status == "cancelled"
+    assert finished(tenant, slow.pk).status == "succeeded"
+    (who,) = steps(tenant, fresh(tenant, waiting.pk))
+    wait_for(lambda: f"Discarding revoked task: team.whoami[{who.pk}]" in worker.output(), timeout=20,
+             what="the team's worker to discard the revoked task")
+    assert f"Task team.whoami[{who.pk}] succeeded" not in worker.output()
+    assert "step_result_discarded" not in types(tenant, fresh(tenant, waiting.pk))
     drained(tenant)

@@ -31,6 +31,7 @@ from ductor_project.core.context import current_tenant, tenant_context
 from scheduling import admission, fair_queue
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.routing_table import routing_table
+from workflows.engine import brokers
 from workflows.models import StepRun, WorkflowRun
 
 TICK = "tick"
@@ -103,14 +104,18 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
 def release_on_commit(step: StepRun) -> None:
     """The step ended before its item did: withdraw the item if it waits, and, for a task node's
     (whose item is held while the team's worker runs it, not by a Ductor worker), end its lease,
-    freeing its slots. Once the surrounding transaction commits."""
+    freeing its slots, and revoke its messages, so that a worker that has not started the task
+    does not (``brokers.revoke``). Once the surrounding transaction commits."""
     tenant, item_id, held = current_tenant(), step_item_id(step.id), step.node_type == TASK
+    # The connection its messages went through (its trace is read for a task node's alone).
+    connection = str(((step.routing or {}).get("connection") or {}).get("id") or "") if held else ""
 
     def release() -> None:
         with tenant_context(tenant):
             fair_queue.remove(item_id)
             if held:
                 fair_queue.ack(item_id)
+                brokers.revoke(step, connection)
 
     transaction.on_commit(release)
 

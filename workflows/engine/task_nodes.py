@@ -60,7 +60,7 @@ from django.utils import timezone
 
 from ductor_project.celery import RESULTS_QUEUE
 from ductor_project.celery import app as ductor_app
-from ductor_project.core import redis_urls, scripts, tracing
+from ductor_project.core import scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit, fair_queue
@@ -71,6 +71,7 @@ from scheduling.routing_table import MemberInfo, routing_table
 from tenants.tasking import UnknownTenant, acting_for, restore_tenant
 from workflows import catalog
 from workflows.engine.attempts import Outcome, payload_refusal
+from workflows.engine.brokers import NoQueue, broker_app
 from workflows.engine.events import jsonable
 from workflows.engine.items import TASK
 from workflows.engine.nodes import task_refusal
@@ -106,10 +107,6 @@ RESULT_REPR = "(<the task's result>,)"
 # replacing the routing key with the name of the app's default queue (it does so for an empty
 # exchange of type ``direct``).
 RESULTS_DESTINATION: dict[str, str] = {"exchange": "", "routing_key": RESULTS_QUEUE, "exchange_type": "anonymous"}
-
-
-class NoQueue(LookupError):
-    """Neither the step's connection nor its catalog entry names a queue."""
 
 
 def publish(items: list[Dequeued]) -> None:
@@ -255,7 +252,7 @@ def _send(item: Dequeued, step: StepRun, member: MemberInfo | None, queue: str, 
         if step.heartbeat_details is not None:
             headers[HEARTBEAT_DETAILS_HEADER] = step.heartbeat_details
         app.send_task(
-            str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=f"{step.id}-{item.delivery}",
+            str(call["name"]), args=args, kwargs=kwargs, queue=queue, task_id=str(step.id),
             producer=producers.of(app), expires=expires_s, headers=headers, **undeclared,
             link=ductor_app.signature("ductor.task_succeeded", kwargs=ids, argsrepr=RESULT_REPR, **callback),
             link_error=ductor_app.signature("ductor.task_failed", kwargs=ids, **callback),
@@ -272,36 +269,6 @@ def _undeclared(app: Celery) -> dict[str, Any]:
     queue must exist before a message sent to it is kept, and Celery declares it as usual."""
     redis = app.connection_for_write().transport.driver_type == "redis"
     return {"declare": []} if redis else {}
-
-
-@cache
-def _named_broker(name: str) -> Celery:
-    url = settings.DUCTOR_TASK_BROKERS[name]
-    return Celery(f"ductor-broker-{name}", broker=url, set_as_current=False,
-                  config_source={"task_serializer": "json", "accept_content": ["json"],
-                                 "broker_transport": redis_urls.kombu_transport(url)})
-
-
-@cache
-def _own_broker() -> Celery:
-    """Ductor's own broker, as the dispatcher publishes tasks to it: with no result backend, so that
-    a publish does not subscribe to the task's result channel (Celery's Redis backend does, for a
-    result nobody here reads). The team's worker stores the task's result with its own backend."""
-    conf = ductor_app.conf
-    return Celery("ductor-publisher", broker=conf.broker_url, set_as_current=False,
-                  config_source={"task_serializer": "json", "accept_content": ["json"],
-                                 "broker_transport": conf.broker_transport,
-                                 "broker_transport_options": conf.broker_transport_options,
-                                 "broker_connection_retry_on_startup": True})
-
-
-def broker_app(name: str) -> Celery:
-    """The Celery app that publishes to the broker ``name`` (``default``: Ductor's own)."""
-    if name == DEFAULT_BROKER:
-        return _own_broker()
-    if name not in settings.DUCTOR_TASK_BROKERS:
-        raise NoQueue(f"broker '{name}' is not configured (DUCTOR_TASK_BROKERS)")
-    return _named_broker(name)
 
 
 def queue_depth(queue: str, broker: str = DEFAULT_BROKER) -> int | None:
