@@ -1,52 +1,60 @@
-"""A task step that ends before its task started (its run cancelled, failed or timed out) has its
-messages revoked on their broker: Celery's ``revoke`` broadcast, which the team's workers hear. End
-to end with a team's worker: ``test_task_nodes_e2e``."""
+"""A task step that ends once its message was sent, before its outcome (its run cancelled, failed or
+timed out), has its message revoked on its broker: Celery's ``revoke`` of its task id, the step's
+id. Here the revoke the broker's app sends is recorded; end to end, a team's worker that holds the
+message discards it (``test_task_nodes_e2e``)."""
 
 from __future__ import annotations
 
-import base64
-import json
-import time
 from typing import Any
 
 import pytest
 
 from ductor_project.core.context import tenant_context
-from tests.conftest import broker_redis
 from workflows import services
+from workflows.engine import brokers
+from workflows.engine.statements import start_tasks
 from workflows.engine.tick import tick
 from workflows.models import StepRun, TaskCatalogEntry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
 
 
-def broadcasts(pubsub: Any) -> list[dict[str, Any]]:
-    """The control commands broadcast on Ductor's broker since ``pubsub`` subscribed (kombu's fanout
-    on Redis publishes each message on its exchange's channel)."""
-    found, ends = [], time.monotonic() + 2
-    while time.monotonic() < ends:
-        message = pubsub.get_message(timeout=0.2)
-        if message and message["type"] == "pmessage":
-            body = json.loads(message["data"])
-            found.append(json.loads(base64.b64decode(body["body"])))
-            break
-    return found
+@pytest.fixture
+def revoked(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The task ids Ductor's broker app revokes (its broadcast is not sent)."""
+    sent: list[Any] = []
+    monkeypatch.setattr(brokers.broker_app("default").control, "revoke", lambda task_id, **_: sent.append(task_id))
+    return sent
 
 
-def test_a_cancelled_task_step_s_messages_are_revoked_on_their_broker(tenant_a, tenant_b):
-    TaskCatalogEntry.objects.create(name="team.add", queue="team")
-    pubsub = broker_redis().pubsub()
-    pubsub.psubscribe("*pidbox*")
-    pubsub.get_message(timeout=1)  # the subscription's confirmation
-    with tenant_context(tenant_a[0]):
+def cancelled_task_step(tenant: Any, *, sent: bool) -> StepRun:
+    """A one-task run of ``tenant`` cancelled, its step's message sent first or not."""
+    TaskCatalogEntry.objects.get_or_create(name="team.add", defaults={"queue": "team"})
+    with tenant_context(tenant):
         services.workflow_put(name="w", spec={"nodes": [{"id": "t", "type": "task", "task": "team.add"}]})
         run, _ = services.run_start(workflow="w")
         step = StepRun.objects.get(run=run)
+        if sent:
+            start_tasks([str(step.pk)])  # as its publisher marks it
         services.run_cancel(run=run)
-    with tenant_context(tenant_a[0]):
         tick(run.pk)
         assert StepRun.objects.get(pk=step.pk).status == "cancelled"
+    return step
 
-    (command,) = broadcasts(pubsub)
-    assert command["method"] == "revoke"
-    assert command["arguments"]["task_id"] == str(step.pk)  # its message's task id
+
+def test_a_cancelled_task_step_s_message_is_revoked_by_its_task_id(tenant_a, revoked):
+    step = cancelled_task_step(tenant_a[0], sent=True)
+    assert revoked == [str(step.pk)]
+
+
+def test_a_task_step_cancelled_before_it_was_sent_revokes_nothing(tenant_a, revoked):
+    cancelled_task_step(tenant_a[0], sent=False)
+    assert revoked == []
+
+
+def test_a_broker_away_leaves_the_cancel_whole(tenant_a, monkeypatch):
+    def away(task_id: Any, **_: Any) -> None:
+        raise ConnectionError("broker away")
+
+    monkeypatch.setattr(brokers.broker_app("default").control, "revoke", away)
+    cancelled_task_step(tenant_a[0], sent=True)

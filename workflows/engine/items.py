@@ -107,14 +107,16 @@ def release_on_commit(step: StepRun) -> None:
     freeing its slots, and revoke its messages, so that a worker that has not started the task
     does not (``brokers.revoke``). Once the surrounding transaction commits."""
     tenant, item_id, held = current_tenant(), step_item_id(step.id), step.node_type == TASK
-    # The connection its messages went through (its trace is read for a task node's alone).
-    connection = str(((step.routing or {}).get("connection") or {}).get("id") or "") if held else ""
+    sent = held and step.started_at is not None  # a task step starts as its message is published
+    # The connection its messages went through (its trace is read for a sent task's alone).
+    connection = str(((step.routing or {}).get("connection") or {}).get("id") or "") if sent else ""
 
     def release() -> None:
         with tenant_context(tenant):
             fair_queue.remove(item_id)
             if held:
                 fair_queue.ack(item_id)
+            if sent:
                 brokers.revoke(step, connection)
 
     transaction.on_commit(release)
