@@ -23,6 +23,8 @@ import time
 
 SIGNATURE_HEADER = "Ductor-Signature"
 DEFAULT_TOLERANCE_S = 300
+# Most digits a timestamp may have: Unix seconds for the next 30,000 years, and an int() that never refuses.
+MAX_TIMESTAMP_DIGITS = 12
 
 
 class WebhookSignatureError(ValueError):
@@ -40,7 +42,8 @@ def _parse(header: str) -> tuple[int, list[str]]:
     signatures: list[str] = []
     for part in header.split(","):
         key, _, value = part.strip().partition("=")
-        if key == "t" and value.isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if key == "t" and value.isascii() and value.isdigit() and len(value) <= MAX_TIMESTAMP_DIGITS:
             timestamp = int(value)
         elif key == "v1" and value:
             signatures.append(value)
