@@ -15,6 +15,7 @@ from ductor_project.logs import configure_logging
 from scheduling import fair_queue as fq
 from scheduling.dispatch.finisher import finisher
 from scheduling.dispatch.handlers import ItemContext, register_handler
+from scheduling.dispatch.handoff import log_dispatch
 from scheduling.dispatch.worker import execute_item
 from tenants.models import Tenant
 from tests.conftest import LogLines
@@ -211,3 +212,23 @@ def test_the_failure_and_the_end_of_an_item_that_names_a_run_carry_its_run_id(
     for event in ("item_handler_failed", "item_finished"):
         assert lines[event]["run_id"] == run_id, lines[event]
         assert lines[event]["tenant_id"] == str(tenant.pk)
+
+
+@pytest.mark.django_db
+def test_the_dispatch_of_an_item_that_names_a_run_carries_its_run_id(
+    logged: LogLines, tenant: Tenant, redis_client: Any
+) -> None:
+    """The dispatcher's (or a handoff's) ``dispatched`` line of a run's item names the run, so a
+    search by ``run_id`` finds when each of its items left the queue; an item of no run names none."""
+    run_id = "5d6f8a2e-0000-4000-8000-000000000002"
+    fq.enqueue("of-a-run", tier="standard", partition="p1", payload={"kind": "tick", "run_id": run_id}, tenant=tenant)
+    fq.enqueue("of-no-run", tier="standard", partition="p2", payload={"kind": "other"}, tenant=tenant)
+    for _ in range(2):
+        item = fq.dequeue(lease_ms=30_000)
+        assert item is not None
+        log_dispatch(item)
+
+    lines = {line["item_id"]: line for line in logged.json() if line.get("event") == "dispatched"}
+    assert lines["of-a-run"]["run_id"] == run_id
+    assert lines["of-a-run"]["tenant_id"] == str(tenant.pk)
+    assert "run_id" not in lines["of-no-run"]

@@ -43,7 +43,11 @@ log = structlog.get_logger(__name__)
 
 
 def log_dispatch(item: fair_queue.Dequeued, **extra: Any) -> None:
-    """The one ``dispatched`` record of each item leaving the fair queue (the demo counts them)."""
+    """The one ``dispatched`` record of each item leaving the fair queue (the demo counts them);
+    it names the run of an item whose payload names one (a tick's, a step's, a webhook delivery's)."""
+    run_id = item.payload.get("run_id") if isinstance(item.payload, dict) else None
+    if run_id:
+        extra = {"run_id": str(run_id), **extra}
     log.info("dispatched", tenant_id=item.tenant_id, item_id=item.item_id, delivery=item.delivery, tier=item.tier,
              partition=item.partition, waited_ms=item.waited_ms, **extra)
     metrics.DISPATCH_WAIT.labels(item.tier).observe(item.waited_ms / 1000)
