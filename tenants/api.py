@@ -87,10 +87,13 @@ class TenantScopeMixin:
     def perform_authentication(self, request: Request) -> None:
         super().perform_authentication(request)  # type: ignore[misc]
         tenant = request_tenant(request)
-        if tenant is not None and tenant.is_active:
+        if tenant is None:
+            return
+        # Django logs a 4xx or a 5xx once this context has ended: its line names the tenant still,
+        # a suspended tenant's refusal (`tenant_suspended`) included.
+        setattr(request._request, REQUEST_TENANT, tenant)
+        if tenant.is_active:
             self._tenant_scope.enter_context(tenant_context(tenant))
-            # Django logs a 4xx or a 5xx once this context has ended: its line names the tenant still.
-            setattr(request._request, REQUEST_TENANT, tenant)
 
 
 class TenantAPIView(TenantScopeMixin, StrictQueryMixin, APIView):

@@ -67,6 +67,19 @@ def test_djangos_line_of_a_refused_api_request_names_the_requests_tenant(
     assert (event["tenant_id"], event["tenant"]) == (str(tenant.pk), tenant.slug)
 
 
+def test_djangos_line_of_a_suspended_tenants_refused_request_names_the_tenant(
+    logged: LogLines, tenant: Tenant, client_a: Any
+) -> None:
+    tenant.status = Tenant.Status.SUSPENDED
+    tenant.save(update_fields=["status"])
+    refused = client_a.get("/api/v1/runs")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "tenant_suspended"
+    (event,) = logged.json("django.request")
+    assert event["event"].startswith("Forbidden: /api/v1/runs")
+    assert (event["tenant_id"], event["tenant"]) == (str(tenant.pk), tenant.slug)
+
+
 def test_each_event_reports_the_tenant_of_its_own_context(
     logged: LogLines, tenant: Tenant, tenant_b: tuple[Tenant, str]
 ) -> None:
