@@ -668,3 +668,14 @@ def test_a_tenant_cannot_send_its_tasks_to_a_queue_the_catalog_keeps_for_other_t
     assert status_of(tenant_b[0], StepRun(pk=theirs.payload["step_id"])) == "running"
     assert broker.llen("beta-dedicated") == 1
     broker.delete("beta-dedicated")
+
+
+def test_the_log_line_of_an_outcome_discarded_names_its_run(tenant_b, logged):
+    """A task node's outcome comes back on a results worker, outside the delivery of any item of its
+    run: the line that says it was discarded names the run all the same, for a search by ``run_id``."""
+    step = running_task_step(tenant_b[0])
+    task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                                    "deadline": time.time() - 0.5}).get()
+    (line,) = [line for line in logged.json() if line["event"] == "step_result_discarded"]
+    assert (line["run_id"], line["step_id"], line["tenant_id"]) == (str(step.run_id), str(step.pk),
+                                                                    str(tenant_b[0].pk))

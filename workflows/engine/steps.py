@@ -115,7 +115,7 @@ def _keep(step: Started, outcome: Outcome) -> None:
     except (OperationalError, InterfaceError):
         if connection.in_atomic_block:
             raise
-        log.warning("step_outcome_reconnecting", step_id=str(step.id))
+        log.warning("step_outcome_reconnecting", step_id=str(step.id), run_id=str(step.run_id))
         connection.close()
         # The lost connection may have taken only the COMMIT's answer: ``again`` finds it kept then.
         record_outcome(step.id, step.run_id, outcome, again=True)
@@ -186,10 +186,11 @@ def _discard(run: WorkflowRun, step_id: Any, outcome: Outcome, *, again: bool) -
     if found is None:
         return
     node_id, attempt, status, output, error = found
+    # Named here: a task node's outcome comes on a results worker, where no binding names its run.
     if again and (status, output, error) == (outcome.status, outcome.output, outcome.error):
-        log.info("step_outcome_kept_already", step_id=str(step_id))
+        log.info("step_outcome_kept_already", step_id=str(step_id), run_id=str(run.pk))
         return
-    log.info("step_result_discarded", step_id=str(step_id))
+    log.info("step_result_discarded", step_id=str(step_id), run_id=str(run.pk))
     record_event(run, "step_result_discarded", node_id, attempt=attempt, result=outcome.status)
 
 
