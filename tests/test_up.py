@@ -106,18 +106,32 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def test_a_taken_port_moves_the_web_server_to_a_free_one_and_says_so() -> None:
+def test_the_default_port_taken_moves_the_web_server_to_a_free_one_and_says_so(monkeypatch) -> None:
+    from ductor_project.management.commands import up
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(up, "DEFAULT_PORT", busy)
+        port, note = up.pick_port(None)
+    assert port != busy
+    assert f"Port {busy} is in use" in note
+    assert f"listens on {port} instead" in note
+    assert 'ARGS="--port' in note
+
+
+def test_a_port_given_that_is_taken_is_refused_and_a_free_one_kept() -> None:
+    from django.core.management.base import CommandError
+
     from ductor_project.management.commands.up import pick_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        port, note = pick_port(busy)
-    assert port != busy
-    assert f"Port {busy} is in use" in note
-    assert f"listens on {port} instead" in note
-    assert 'ARGS="--port' in note
+        with pytest.raises(CommandError, match=f"Port {busy} is in use by another process: free it"):
+            pick_port(busy)
     free = free_port()
     assert pick_port(free) == (free, "")
 

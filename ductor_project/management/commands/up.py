@@ -35,6 +35,7 @@ from ductor_project.stack import Child, ChildError, Stack, free_port
 
 READY_TIMEOUT_S = 60.0
 # What the web server logs when its port is taken: gunicorn, runserver, a plain socket error.
+DEFAULT_PORT = 8000
 PORT_TAKEN = ("Connection in use", "That port is already in use", "Address already in use")
 
 
@@ -42,7 +43,8 @@ class Command(BaseCommand):
     help = "Run the whole Ductor stack (web, workers, dispatchers, coordinator) until Ctrl-C."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port", type=int, default=8000, help="the web server's port (default: 8000)")
+        parser.add_argument("--port", type=int, default=None,
+                            help=f"the web server's port (default: {DEFAULT_PORT}, or a free one when it is taken)")
         parser.add_argument("--workers", type=int, default=1,
                             help="Celery workers of steps (default: 1)")
         parser.add_argument("--concurrency", type=int, default=2,
@@ -62,7 +64,7 @@ class Command(BaseCommand):
         self.stdout.write("Applying the migrations...")
         call_command("migrate", interactive=False, verbosity=0)
         password = _admin_password()
-        port, note = pick_port(options["port"])
+        port, note = pick_port(options["port"])  # raises CommandError when the port given is taken
         if note:
             self.stdout.write(self.style.WARNING(note))
         stack = Stack(settings.DUCTOR_DATA_DIR / "logs", env=_metrics_env(), say=self.stdout.write)
@@ -180,13 +182,19 @@ def _metrics_env() -> dict[str, str]:
     return env
 
 
-def pick_port(asked: int) -> tuple[int, str]:
-    """The web server's port: ``asked`` when it is free on 127.0.0.1, else a free one, with a note
-    saying so (the URLs ``up`` prints then name that port, not the one asked for)."""
-    if _port_free(asked):
-        return asked, ""
-    port = free_port()
-    return port, (f"Port {asked} is in use by another process: the web server listens on {port} instead "
+def pick_port(asked: int | None) -> tuple[int, str]:
+    """The web server's port: ``asked`` (``--port``), which must be free on 127.0.0.1 (a
+    ``CommandError`` says it is not: whoever named it expects the server there); or, none asked,
+    ``DEFAULT_PORT`` when it is free, else a free one, with a note saying so (the URLs ``up`` prints
+    then name that port)."""
+    port = DEFAULT_PORT if asked is None else asked
+    if _port_free(port):
+        return port, ""
+    if asked is not None:
+        raise CommandError(f"Port {asked} is in use by another process: free it, or choose another port with "
+                           f"--port, or leave --port out for a free one.")
+    free = free_port()
+    return free, (f"Port {DEFAULT_PORT} is in use by another process: the web server listens on {free} instead "
                   f'(choose one with --port, as in make up ARGS="--port 8123").')
 
 
