@@ -516,6 +516,10 @@ def when_errors(
         errors: list[tuple[str, str]] = []
         clean: list[dict[str, Any]] = []
         for index, item in enumerate(items):
+            if isinstance(item, Mapping) and len(item) == 1 and next(iter(item)) in ("all", "any"):
+                errors.append((f"{field}.{combinator}[{index}]", f"'{next(iter(item))}' does not nest: {combinator} "
+                                                                  "takes conditions of path, op and value"))
+                continue
             one, problems = _one_condition(item, f"{field}.{combinator}[{index}]", upstream, known, language)
             errors.extend(problems)
             if one is not None:

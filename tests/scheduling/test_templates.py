@@ -219,6 +219,13 @@ def test_when_single_all_and_any() -> None:
     assert evaluate_when({"any": [ne, ne]}, ctx) is False
 
 
+def test_all_and_any_do_not_nest_and_say_so_naming_the_item() -> None:
+    eq = {"path": "input.user_id", "op": "eq", "value": 42}
+    clean, errors = when_errors({"all": [eq, {"any": [eq]}]}, field="filter", upstream=None)
+    assert clean is None
+    assert errors == [("filter.all[1]", "'any' does not nest: all takes conditions of path, op and value")]
+
+
 @pytest.mark.parametrize(
     ("cond", "expected"),
     [
@@ -284,7 +291,7 @@ def test_when_compares_as_json_so_a_boolean_is_not_a_number(value: Any, op: str,
         ({"any": "x"}, "when.any", "must be a list"),
         ({"any": [{"path": "input.x", "op": "exists"}, {"path": "bad path", "op": "exists"}]},
          "when.any[1].path", "dotted path"),
-        ({"all": [{"all": [{"path": "input.x", "op": "exists"}]}]}, "when.all[0].all", "unknown field"),
+        ({"all": [{"all": [{"path": "input.x", "op": "exists"}]}]}, "when.all[0]", "does not nest"),
     ],
 )
 def test_bad_when_is_rejected_naming_the_field(when: Any, key: str, needle: str) -> None:
