@@ -54,6 +54,15 @@ def _may_write(request: HttpRequest, tenant_id: Any, permission: str) -> bool:
     return membership is not None and membership.role not in READ_ONLY_ROLES
 
 
+def _writable_actions(request: HttpRequest, actions: Any, permission: str) -> Any:
+    """``actions`` (a change list's), without those that write when the user may not write for the
+    tenant of the admin (a viewer, or staff without ``permission``): offered, they answered 403."""
+    tenant = admin_tenant(request)
+    if not _may_write(request, tenant.pk if tenant is not None else None, permission):
+        return {name: action for name, action in actions.items() if name == "delete_selected"}
+    return actions
+
+
 def _pretty(value: Any) -> SafeString:
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True, default=str))
 
@@ -79,6 +88,9 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
     readonly_fields = ["latest_version", "archived_at", "created_at", "updated_at"]
     inlines = [VersionInline]
     actions = ["archive", "unarchive"]
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        return _writable_actions(request, super().get_actions(request), "workflows.change_workflowdefinition")
 
     @admin.action(description="Archive selected workflows (they start no new run)")
     def archive(self, request: HttpRequest, queryset: Any) -> None:
@@ -180,7 +192,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
     def get_actions(self, request: HttpRequest) -> Any:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
-        return actions
+        return _writable_actions(request, actions, "workflows.change_workflowrun")
 
     @admin.action(description="Cancel selected runs (those still active)")
     def cancel_selected(self, request: HttpRequest, queryset: Any) -> None:

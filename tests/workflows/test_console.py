@@ -348,6 +348,25 @@ def test_a_viewer_or_staff_without_the_change_permission_cannot_cancel(world: Si
     assert not WorkflowRun.all_tenants.get(pk=world.run.pk).cancel_requested
 
 
+def test_the_run_and_workflow_lists_offer_their_writing_actions_to_those_who_may_write(world: SimpleNamespace) -> None:
+    workflow_perms = ("workflows.view_workflowdefinition", "workflows.change_workflowdefinition")
+    viewer = staff_client("viewer-l", world.a, *RUN_PERMS, *workflow_perms, role=TenantMembership.Role.VIEWER)
+    reader = staff_client("reader-l", world.a, "workflows.view_workflowrun", "workflows.view_workflowdefinition")
+    owner = staff_client("owner-l", world.a, *RUN_PERMS, *workflow_perms)
+
+    def offered(client: Client, model: str) -> set[str]:
+        response = client.get(reverse(f"admin:workflows_{model}_changelist"))
+        assert response.status_code == 200
+        form = response.context["action_form"]
+        return {name for name, _label in form.fields["action"].choices if name} if form else set()
+
+    for client in (viewer, reader):
+        assert offered(client, "workflowrun") == set()
+        assert offered(client, "workflowdefinition") & {"archive", "unarchive"} == set()
+    assert offered(owner, "workflowrun") == {"cancel_selected"}
+    assert {"archive", "unarchive"} <= offered(owner, "workflowdefinition")
+
+
 def test_superusers_cancel_any_tenants_run(world: SimpleNamespace, superuser: Client) -> None:
     assert superuser.post(run_url(world.other, "cancel")).status_code == 302
     assert WorkflowRun.all_tenants.get(pk=world.other.pk).cancel_requested
