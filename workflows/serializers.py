@@ -490,6 +490,28 @@ class ScheduleWriteSerializer(StrictSerializer):
         return value
 
 
+class ScheduleBackfillSerializer(StrictSerializer):
+    start = serializers.DateTimeField(help_text="The first fire time to start (included); without a time zone: UTC.")
+    end = serializers.DateTimeField(help_text="The last fire time to start (included), not in the future; at most "
+                                              "1,000 fire times from `start`.")
+
+
+class BackfilledFireSerializer(StrictSerializer):
+    fire_at = serializers.DateTimeField(read_only=True, help_text="The fire time (nominal, UTC).")
+    run_id = serializers.UUIDField(read_only=True, allow_null=True,
+                                   help_text="Its run: started now, or the one it had; null when refused.")
+    created = serializers.BooleanField(read_only=True, help_text="True: its run started now; false: it had one.")
+    error = ScheduleErrorField(read_only=True, allow_null=True, help_text="Why its start was refused; null: it "
+                                                                           "was not.")
+
+
+class ScheduleBackfillResultSerializer(StrictSerializer):
+    fires = BackfilledFireSerializer(many=True, read_only=True, help_text="Each fire time of the span, in order.")
+    started = serializers.IntegerField(read_only=True, help_text="How many runs started now.")
+    existing = serializers.IntegerField(read_only=True, help_text="How many fires had their run already.")
+    refused = serializers.IntegerField(read_only=True, help_text="How many starts were refused.")
+
+
 # --- events and triggers ---------------------------------------------------------------------
 
 EVENT_FILTER, EVENT_FILTER_ALL, EVENT_FILTER_ANY = "EventFilter", "EventFilterAll", "EventFilterAny"

@@ -35,6 +35,8 @@ from workflows.serializers import (
     RunSerializer,
     RunStartSerializer,
     RunWhySerializer,
+    ScheduleBackfillResultSerializer,
+    ScheduleBackfillSerializer,
     ScheduleDetailSerializer,
     ScheduleSerializer,
     ScheduleWriteSerializer,
@@ -50,6 +52,7 @@ from workflows.serializers import (
     WorkflowUpdateSerializer,
     WorkflowVersionSerializer,
 )
+from workflows.triggers import backfill
 from workflows.triggers import events as event_services
 from workflows.triggers import selectors as schedule_selectors
 from workflows.triggers import services as schedule_services
@@ -358,6 +361,36 @@ class ScheduleViewSet(TenantViewSet):
         schedule = no_body(request, found=schedule_selectors.get_schedule_for_tenant(pk))
         schedule = schedule_services.schedule_resume(schedule=schedule)
         return Response(ScheduleDetailSerializer(schedule).data)
+
+    @extend_schema(summary="Start a schedule's past fires", request=ScheduleBackfillSerializer,
+                   responses=ScheduleBackfillResultSerializer)
+    @action(detail=True, methods=["post"])
+    def backfill(self, request: Request, pk: str) -> Response:
+        """Start the run of each fire time from ``start`` to ``end`` (both included, none in the future, at
+        most 1,000), each under its fire's key: a fire that has its run (it fired, or a backfill started
+        it) starts nothing more, so a backfill may be sent again. Every fire of the span, whatever the
+        overlap policy, the catch-up window or a pause; a start refused (the run quota) is listed, and
+        the others go on. The schedule's own fires and counters do not change."""
+        schedule = schedule_selectors.get_schedule_for_tenant(pk)  # another tenant's is not found, whatever the body
+        span = parse(ScheduleBackfillSerializer, request.data)
+        fires = backfill.schedule_backfill(schedule=schedule, start=span["start"], end=span["end"])
+        items = [{"fire_at": fire, "run_id": outcome.run.pk if outcome.run else None, "created": outcome.created,
+                  "error": outcome.error} for fire, outcome in fires]
+        return Response(ScheduleBackfillResultSerializer({
+            "fires": items, "started": sum(item["created"] for item in items),
+            "existing": sum(item["run_id"] is not None and not item["created"] for item in items),
+            "refused": sum(item["error"] is not None for item in items)}).data)
+
+    @extend_schema(summary="Start a schedule's run now", request=None,
+                   responses={201: RunSerializer, 200: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def trigger(self, request: Request, pk: str) -> Response:
+        """Start a run now, as a fire of this second would (under its key: a second trigger in the same
+        second answers ``200`` with the same run), whatever the overlap policy or a pause. Refused as
+        ``POST /runs`` is (the run quota: ``429``). The schedule's own fires and counters do not change."""
+        schedule = no_body(request, found=schedule_selectors.get_schedule_for_tenant(pk))
+        run, created = backfill.schedule_trigger(schedule=schedule)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class EventViewSet(TenantViewSet):

@@ -8,7 +8,7 @@ an ``echo`` step waits in the fair queue, as no worker runs here.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -542,6 +542,34 @@ def test_a_schedule_is_created_read_changed_paused_resumed_and_deleted_and_hidde
     sdk.schedules.delete(made.id)
     with pytest.raises(NotFound):
         sdk.schedules.get(made.id)
+
+
+def test_a_schedule_s_past_fires_are_backfilled_once_and_a_run_triggered_now(
+    connect: Any, make_tenant: Any, other: Client, server_url: str
+) -> None:
+    _, tenant_key = make_tenant("sdk-backfill")
+    sdk = connect(tenant_key)
+    sdk.workflows.apply(finishing())
+    made = sdk.schedules.create("hourly", "greet", interval_s=3600, paused=True)
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    filled = sdk.schedules.backfill(made.id, start, start + timedelta(hours=2))
+    assert [fire.fire_at for fire in filled.fires] == [start + timedelta(hours=n) for n in range(3)]
+    assert (filled.started, filled.existing, filled.refused) == (3, 0, 0)
+    assert all(fire.created and fire.run_id for fire in filled.fires)
+
+    async def again() -> tuple[int, int, str]:
+        async with AsyncClient(server_url, tenant_key) as client:
+            refilled = await client.schedules.backfill(made.id, start, start + timedelta(hours=3))
+            run = await client.schedules.trigger(made.id)
+            return refilled.started, refilled.existing, run.workflow_name
+
+    assert asyncio.run(again()) == (1, 3, "greet")
+    with pytest.raises(BadRequest) as future:
+        sdk.schedules.backfill(made.id, start, datetime.now(UTC) + timedelta(days=1))
+    assert (future.value.code, future.value.field) == ("invalid", "end")
+    for verb in (lambda: other.schedules.backfill(made.id, start, start), lambda: other.schedules.trigger(made.id)):
+        with pytest.raises(NotFound):
+            verb()
 
 
 def test_an_event_sent_starts_the_workflows_its_triggers_subscribe_and_only_here(sdk: Client, other: Client) -> None:

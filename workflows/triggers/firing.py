@@ -211,7 +211,7 @@ def start_fires(fires: list[tuple[Schedule, datetime]]) -> list[Outcome]:
     for chunk in _chunks(fires, MAX_BULK_RUNS):
         try:
             with transaction.atomic():
-                started = run_start_many(runs=[_request(s, fire) for s, fire in chunk])
+                started = run_start_many(runs=[fire_request(s, fire) for s, fire in chunk])
         except ApiError:
             outcomes.extend(_start_one(s, fire) for s, fire in chunk)
             continue
@@ -225,7 +225,7 @@ def _chunks(items: list[tuple[Schedule, datetime]], size: int) -> Iterable[list[
         yield chunk
 
 
-def _request(schedule: Schedule, fire: datetime) -> dict[str, Any]:
+def fire_request(schedule: Schedule, fire: datetime) -> dict[str, Any]:
     """The run start of one fire, as ``run_start_many`` takes it: tagged ``schedule:<its name>``, as an
     event's runs are ``event:<its name>``."""
     return {"workflow": schedule.workflow, "version": schedule.version, "input": schedule.input,
@@ -235,7 +235,7 @@ def _request(schedule: Schedule, fire: datetime) -> dict[str, Any]:
 def _start_one(schedule: Schedule, fire: datetime) -> Outcome:
     try:
         with transaction.atomic():
-            ((run, created),) = run_start_many(runs=[_request(schedule, fire)])
+            ((run, created),) = run_start_many(runs=[fire_request(schedule, fire)])
     except ApiError as exc:
         # The bulk start names the field (``runs[0].workflow``); the reason is in its details.
         reasons = [str(m) for value in exc.details.values() if isinstance(value, list) for m in value]

@@ -108,6 +108,17 @@ TASKS = Collection("tasks", models.TaskEntry)
 TASK_CATALOG = Collection("task-catalog", models.CatalogEntry)
 
 
+def schedule_backfill(schedule_id: str, start: datetime, end: datetime) -> Call[models.ScheduleBackfill]:
+    """``POST schedules/<id>/backfill``: idempotent, as each fire starts its run once."""
+    return Call("POST", path("schedules", schedule_id, "backfill"), models.ScheduleBackfill.from_json,
+                body=compact(start=start, end=end), idempotent=True)
+
+
+def schedule_trigger(schedule_id: str) -> Call[models.Run]:
+    """``POST schedules/<id>/trigger``: a run as a fire of this second."""
+    return Call("POST", path("schedules", schedule_id, "trigger"), models.Run.from_json, idempotent=False)
+
+
 def tenant_current() -> Call[models.Tenant]:
     return Call("GET", "tenant", models.Tenant.from_json)
 

@@ -413,6 +413,16 @@ class Schedules(_Resource):
         """It fires again from the first fire time after now (the pause is not caught up). Idempotent."""
         return self._send(calls.SCHEDULES.act(schedule_id, "resume", idempotent=True))
 
+    def backfill(self, schedule_id: str, start: datetime, end: datetime) -> models.ScheduleBackfill:
+        """Start the run of each fire time from ``start`` to ``end`` (both included, none in the future, at
+        most 1,000), each under its fire's key: a fire that has its run starts nothing more, so it may be
+        sent again. Whatever the overlap policy or a pause; a refused start is listed with its error."""
+        return self._send(calls.schedule_backfill(schedule_id, start, end))
+
+    def trigger(self, schedule_id: str) -> models.Run:
+        """Start a run now, as a fire of this second would, whatever the overlap policy or a pause."""
+        return self._send(calls.schedule_trigger(schedule_id))
+
 
 class Events(_Resource):
     def send(self, name: str, payload: Any = None, *, key: str | None = None,

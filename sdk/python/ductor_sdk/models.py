@@ -407,6 +407,28 @@ class Schedule(Model):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class BackfilledFire(Model):
+    """One fire time of a backfill: its run (``created`` False: it had one already), or why its start
+    was refused (``error``, ``run_id`` None)."""
+
+    fire_at: datetime | None = None
+    run_id: str | None = None
+    created: bool = False
+    error: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleBackfill(Model):
+    """What ``schedules.backfill`` did: each fire time of the span, in order, and how many runs
+    started, how many fires had theirs already, and how many starts were refused."""
+
+    fires: tuple[BackfilledFire, ...] = many(BackfilledFire)
+    started: int = 0
+    existing: int = 0
+    refused: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WebhookEndpoint(Model):
     """An endpoint told of the tenant's runs' outcomes (``events``). ``secret`` is set only in the answer
     of its create and of a rotation: keep it, to check each delivery's signature (``ductor_sdk.webhooks``)."""

@@ -1,0 +1,117 @@
+"""A schedule's fires asked for by hand (``POST /schedules/{id}/backfill`` and ``/trigger``), through the
+API on real PostgreSQL and Redis: each fire's run under its key, once, for the tenant's own schedules."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ductor_project.core.context import tenant_context
+from tenants.models import Tenant
+from tests.conftest import api_client, error_code
+from workflows import services as workflow_services
+from workflows.models import Schedule, WorkflowRun
+from workflows.triggers import services as schedules
+from workflows.triggers.timing import fire_key
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
+
+FLOW = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def scheduled(tenant: Tenant, **fields: Any) -> Schedule:
+    """A schedule of ``tenant`` every minute (paused: only what is asked for here starts)."""
+    with tenant_context(tenant):
+        workflow_services.workflow_put(name="nightly", spec=FLOW)
+        return schedules.schedule_create(**{"name": "s", "workflow": "nightly", "interval_s": 60, "paused": True,
+                                            **fields})
+
+
+def backfill(client: APIClient, schedule: Schedule, body: Any) -> Any:
+    return client.post(f"/api/v1/schedules/{schedule.pk}/backfill", body, format="json")
+
+
+def runs_of(tenant: Tenant) -> list[WorkflowRun]:
+    with tenant_context(tenant):
+        return list(WorkflowRun.objects.order_by("idempotency_key"))
+
+
+def test_a_backfill_starts_each_fire_of_its_span_once_under_its_key(tenant_a: tuple[Tenant, str]) -> None:
+    schedule = scheduled(tenant_a[0])
+    client = api_client(tenant_a[1])
+    span = {"start": T0.isoformat(), "end": (T0 + timedelta(minutes=4)).isoformat()}
+
+    first = backfill(client, schedule, span)
+    assert first.status_code == 200, first.content
+    body = first.json()
+    fires = [T0 + timedelta(minutes=n) for n in range(5)]
+    assert [item["fire_at"] for item in body["fires"]] == [f.isoformat().replace("+00:00", "Z") for f in fires]
+    assert (body["started"], body["existing"], body["refused"]) == (5, 0, 0)
+    runs = runs_of(tenant_a[0])
+    assert [run.idempotency_key for run in runs] == [fire_key(str(schedule.pk), f) for f in fires]
+    assert all(run.tags == ["schedule:s"] for run in runs)
+
+    again = backfill(client, schedule, {"start": (T0 + timedelta(minutes=3)).isoformat(),
+                                        "end": (T0 + timedelta(minutes=5, seconds=30)).isoformat()}).json()
+    assert (again["started"], again["existing"], again["refused"]) == (1, 2, 0)
+    assert [item["created"] for item in again["fires"]] == [False, False, True]
+    assert len(runs_of(tenant_a[0])) == 6
+    with tenant_context(tenant_a[0]):
+        assert Schedule.objects.get(pk=schedule.pk).fired_count == 0  # its own fires' count
+
+
+@pytest.mark.parametrize(("span", "field"), [
+    ({"start": "2025-01-01T00:10:00Z", "end": "2025-01-01T00:00:00Z"}, "start"),
+    ({"start": "2025-01-01T00:00:00Z", "end": "2999-01-01T00:00:00Z"}, "end"),
+    ({"start": "2025-01-01T00:00:00Z", "end": "2025-01-02T00:00:00Z"}, "end"),  # 1,441 fires
+    ({"start": "yesterday", "end": "2025-01-01T00:00:00Z"}, "start"),
+    ({"end": "2025-01-01T00:00:00Z"}, "start"),
+])
+def test_a_bad_span_is_refused_naming_the_field_and_starts_nothing(tenant_a: tuple[Tenant, str], span: Any,
+                                                                   field: str) -> None:
+    schedule = scheduled(tenant_a[0])
+    response = backfill(api_client(tenant_a[1]), schedule, span)
+    assert response.status_code == 400
+    assert error_code(response) == "invalid"
+    assert field in response.json()["error"]["details"]
+    assert runs_of(tenant_a[0]) == []
+
+
+def test_an_unknown_field_is_refused(tenant_a: tuple[Tenant, str]) -> None:
+    schedule = scheduled(tenant_a[0])
+    response = backfill(api_client(tenant_a[1]), schedule, {"start": T0.isoformat(), "end": T0.isoformat(),
+                                                           "overlap": "skip"})
+    assert response.status_code == 400
+    assert error_code(response) == "unknown_field"
+
+
+def test_a_trigger_starts_a_run_now_under_the_fire_of_this_second(tenant_a: tuple[Tenant, str]) -> None:
+    schedule = scheduled(tenant_a[0])
+    before = timezone.now().replace(microsecond=0)
+    response = api_client(tenant_a[1]).post(f"/api/v1/schedules/{schedule.pk}/trigger")
+    assert response.status_code == 201, response.content
+    (run,) = runs_of(tenant_a[0])
+    assert str(run.pk) == response.json()["id"]
+    assert run.tags == ["schedule:s"]
+    assert run.idempotency_key in {fire_key(str(schedule.pk), before + timedelta(seconds=n)) for n in range(5)}
+    refused = api_client(tenant_a[1]).post(f"/api/v1/schedules/{schedule.pk}/trigger", {"now": True}, format="json")
+    assert error_code(refused) == "unknown_field"
+
+
+def test_another_tenant_s_schedule_answers_404_and_starts_nothing(
+        tenant_a: tuple[Tenant, str], tenant_b: tuple[Tenant, str]) -> None:
+    schedule = scheduled(tenant_a[0])
+    intruder = api_client(tenant_b[1])
+    missing = intruder.post("/api/v1/schedules/00000000-0000-0000-0000-000000000009/backfill",
+                            {"start": T0.isoformat(), "end": T0.isoformat()}, format="json")
+    for response in (backfill(intruder, schedule, {"start": T0.isoformat(), "end": T0.isoformat()}),
+                     intruder.post(f"/api/v1/schedules/{schedule.pk}/trigger")):
+        assert response.status_code == 404
+        assert response.json() == missing.json()
+    assert runs_of(tenant_a[0]) == []
+    assert runs_of(tenant_b[0]) == []
