@@ -121,6 +121,22 @@ def test_the_default_port_taken_moves_the_web_server_to_a_free_one_and_says_so(m
     assert 'ARGS="--port' in note
 
 
+def test_a_port_an_earlier_server_left_in_time_wait_is_free() -> None:
+    """A restart keeps its port: the connections of the server before it linger in TIME_WAIT."""
+    from ductor_project.management.commands.up import pick_port
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server closes first: its side of the connection waits in TIME_WAIT
+        client.close()
+    assert pick_port(port) == (port, "")
+
+
 def test_a_port_given_that_is_taken_is_refused_and_a_free_one_kept() -> None:
     from django.core.management.base import CommandError
 

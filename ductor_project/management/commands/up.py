@@ -209,7 +209,11 @@ def port_taken(web: Child, port: int) -> CommandError | None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether the web server may listen on ``port``: nothing listens there. A connection of an
+    earlier server left in TIME_WAIT does not count (the bind reuses the address, as gunicorn's and
+    runserver's do), so a restart keeps its port."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
