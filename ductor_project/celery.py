@@ -67,6 +67,14 @@ def _boot_services(sender: Any = None, **kwargs: Any) -> None:
 
 
 @signals.worker_init.connect
+def _check_worker(sender: Any = None, **kwargs: Any) -> None:
+    """A worker whose settings or action modules are wrong stops before it takes any work."""
+    from ductor_project.startup_checks import refuse_to_start
+
+    refuse_to_start("celery worker")
+
+
+@signals.worker_init.connect
 def _trace_worker(sender: Any = None, **kwargs: Any) -> None:
     """A pool that runs tasks in the worker's own process (solo, threads) traces from here; a
     prefork pool's processes do from their own start (below)."""

@@ -13,11 +13,13 @@ from ductor_project import embedded
 from ductor_project.chunked import ChunkedBodies
 from ductor_project.core import tracing
 from ductor_project.core.heap import freeze_startup_heap
+from ductor_project.startup_checks import refuse_to_start
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ductor_project.settings")
 embedded.boot()
 tracing.configure()
 application = ChunkedBodies(get_wsgi_application())
+refuse_to_start("web server")  # a bad setting stops it here, not as a failure of every request
 
 
 def _warm_schema() -> None:

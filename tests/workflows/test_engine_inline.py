@@ -773,3 +773,22 @@ def test_a_run_is_created_when_it_starts_before_its_events_and_first_steps_thoug
     assert firsts
     assert stored.created_at <= min(events)
     assert stored.created_at <= min(firsts)
+
+
+def test_a_worker_without_the_step_s_action_leaves_the_step_to_another_delivery(tenant_a, monkeypatch):
+    """A worker started without the action's module (its DUCTOR_ACTION_MODULES left it out) fails the
+    item, not the step: the item is delivered again, and a worker that has the action runs it."""
+    from workflows import actions
+
+    tenant = tenant_a[0]
+    put(tenant, "one", {"nodes": [echo("a", {"x": 1})], "output": "$nodes.a.output"})
+    run = start(tenant, "one")
+    step = by_node(tenant, run)["a"]
+    lacking = {name: fn for name, fn in actions._registry.items() if name != "echo"}
+    with monkeypatch.context() as patched:
+        patched.setattr(actions, "_registry", lacking)
+        with pytest.raises(steps.ActionNotRegistered, match="action 'echo' is not registered in this worker"):
+            execute(tenant, step)
+    assert by_node(tenant, run)["a"].status == "running"  # not failed: its item goes round again
+    execute(tenant, step)  # delivered again, to a worker that has it
+    assert tick(tenant, run).status == "succeeded"

@@ -37,7 +37,7 @@ from scheduling.dispatch.handlers import Failed, ItemContext
 from scheduling.models import Connection
 from scheduling.routing_table import routing_table
 from tenants.entitlements import effective_entitlements
-from workflows.actions import ActionCall, get_action
+from workflows.actions import ActionCall, get_action, is_registered
 from workflows.engine.attempts import (
     ON_WORKER,
     Outcome,
@@ -60,6 +60,10 @@ log = structlog.get_logger(__name__)
 SStatus = StepRun.Status
 
 
+class ActionNotRegistered(LookupError):
+    """A step's action is not registered in the worker that took it: its item is delivered again."""
+
+
 def execute_step(ctx: ItemContext, body: dict[str, Any]) -> Failed | None:
     """The ``step`` item handler: run one action attempt; an attempt that failed is reported
     (``Failed``: Celery's tools show its task failed). A duplicate or stale delivery does nothing."""
@@ -73,6 +77,13 @@ def _execute(step_id: str, ctx: ItemContext) -> Failed | None:
         _cancel_if_run_ended(step_id)
         return None
     node = node_in(version_spec(step.version_id), step.node_id)
+    if not is_registered(node["action"]):
+        # This worker lacks the action's code (a module left out of DUCTOR_ACTION_MODULES, a deploy
+        # half done): the step is not failed for it. The item is delivered again after its backoff,
+        # to whichever worker takes it then, as a raising handler's is.
+        log.error("action_not_registered", action=node["action"], step_id=step_id, run_id=str(step.run_id))
+        raise ActionNotRegistered(f"action '{node['action']}' is not registered in this worker "
+                                  f"(DUCTOR_ACTION_MODULES): its step is delivered again")
     # Bound for this step only: a plain bind would leak into the next task of the worker process.
     with structlog.contextvars.bound_contextvars(run_id=str(step.run_id), node_id=step.node_id):
         deadline = None
