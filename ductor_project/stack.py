@@ -218,13 +218,21 @@ class Stack:
                          f"{child.log_path})")
                 child.start()
 
-    def restart(self, child: Child, why: str, *, grace_s: float = 15.0) -> None:
-        """Stop a supervised child that is alive but not working (``why`` says how), as ``stop`` does,
-        and start it again; reported through ``say``."""
-        child.restarts += 1
-        self.say(f"{child.name} {why}; restarting it (restart #{child.restarts}, log: {child.log_path})")
-        child.stop(grace_s=grace_s)
-        child.start()
+    def restart(self, why: Mapping[Child, str], *, grace_s: float = 15.0) -> None:
+        """Stop the supervised children that are alive but not working (``why[child]`` says how), all
+        within one grace period, as ``stop`` does, and start them again; reported through ``say``. One
+        period for them all: a stuck child (one stopped, or wedged, ignores its SIGTERM) holds the
+        supervisor, and the children that die meanwhile, that long only once."""
+        for child, reason in why.items():
+            child.restarts += 1
+            self.say(f"{child.name} {reason}; restarting it (restart #{child.restarts}, log: {child.log_path})")
+            child.terminate()
+        deadline = time.monotonic() + grace_s
+        for child in why:
+            if child.proc is not None and not _reaped(child.proc, deadline - time.monotonic()):
+                self.say(f"{child.name} did not stop in time; killing it")
+            child.kill()
+            child.start()
 
     def wait_ready(self, *children: Child, timeout_s: float = 90.0, restart: bool = False) -> None:
         """Return once every one of ``children`` (by default all) is ready. Raises ``ChildError`` when

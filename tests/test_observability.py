@@ -364,6 +364,34 @@ def test_up_restarts_a_living_child_whose_heartbeat_went_stale(settings, redis_c
         stack.stop_all(grace_s=2)
 
 
+def test_up_restarts_the_stale_loops_it_finds_together_within_one_grace_period(settings, redis_client,
+                                                                               tmp_path: Path, monkeypatch):
+    """Two stuck loops that ignore their SIGTERM (as a stopped or wedged process does): both are told to
+    stop before either is waited for, so the supervisor is held one grace period, not one each."""
+    from ductor_project.management.commands import up
+
+    settings.DUCTOR_HEARTBEAT_STALE_S = 0.5
+    monkeypatch.setattr(up, "STALE_GRACE_S", 1.0)
+    said: list[str] = []
+    stack = Stack(tmp_path, say=said.append)
+    deaf = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                  "print('deaf', flush=True); time.sleep(120)"]
+    try:
+        loops = [stack.start(name, deaf, ready_text="deaf") for name in ("dispatcher-1", "dispatcher-2")]
+        stack.wait_ready(*loops)
+        watch = HeartbeatWatch(stack, [(loop, heartbeats.DISPATCHER) for loop in loops])
+        wait_for(lambda: time.monotonic() - max(loop.started_at for loop in loops) > 0.5,
+                 what="both loops older than the stale bound")
+        watch.check()
+        assert [loop.restarts for loop in loops] == [1, 1]
+        assert all(loop.alive() for loop in loops)
+        assert [line.split(" ")[0] for line in said] == ["dispatcher-1", "dispatcher-2", "dispatcher-1", "dispatcher-2"]
+        assert all("restarting it" in line for line in said[:2])  # both told before either is waited for
+        assert all(line.endswith("did not stop in time; killing it") for line in said[2:])
+    finally:
+        stack.stop_all(grace_s=2)
+
+
 def test_up_judges_no_child_by_a_redis_outage_in_which_none_could_beat(settings, redis_client, tmp_path: Path,
                                                                          monkeypatch):
     settings.DUCTOR_HEARTBEAT_STALE_S = 0.5

@@ -136,6 +136,12 @@ def start_workers(stack: Stack, *, workers: int, concurrency: int, results_worke
     return started
 
 
+# How long a loop that stopped beating is given to stop after its SIGTERM: it is stuck (or stopped),
+# not busy with a pass, which takes far less than DUCTOR_HEARTBEAT_STALE_S; and while it has it, the
+# supervisor restarts no other child.
+STALE_GRACE_S = 5.0
+
+
 class HeartbeatWatch:
     """Restarts a looping child (coordinator, dispatcher) that lives but has not beaten for
     ``DUCTOR_HEARTBEAT_STALE_S``. A child is judged from its last (re)start, and a beat missing
@@ -160,6 +166,7 @@ class HeartbeatWatch:
         if self._blind:
             self._blind = False
             self._seen = {child.name: now for child, _ in self.loops}
+        stale: dict[Child, str] = {}
         for child, kind in self.loops:
             age = ages[kind].get(self.stack.process_name(child.name))
             seen = max(self._seen.get(child.name, 0.0), child.started_at)
@@ -167,7 +174,9 @@ class HeartbeatWatch:
                 seen = max(seen, now - age)
             self._seen[child.name] = seen
             if child.alive() and now - seen > stale_s:
-                self.stack.restart(child, f"has not beaten for {now - seen:.1f} s")
+                stale[child] = f"has not beaten for {now - seen:.1f} s"
+        if stale:  # together: one grace period for them all, however many are stuck
+            self.stack.restart(stale, grace_s=STALE_GRACE_S)
 
 
 def _metrics_env() -> dict[str, str]:
