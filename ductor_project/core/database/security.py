@@ -136,11 +136,17 @@ def _require_bound(connection: Any, app_role: str) -> None:
         row = cursor.fetchone()
     if row is None:
         raise RowSecurityError(f"the app role {app_role!r} (DATABASE_URL) does not exist")
-    if row[0] or row[1]:
+    if row[0]:
         raise RowSecurityError(
-            f"row-level security would not bind the app role {app_role!r} (DATABASE_URL): it is a superuser, "
-            f"has BYPASSRLS, or owns the tables. Connect the app as a plain role, and migrate as the owner "
-            f"(DATABASE_OWNER_URL); see docs/configuration.md, 'Database roles'."
+            f"row-level security would not bind the app role {app_role!r} (DATABASE_URL): it is a superuser "
+            f"or has BYPASSRLS. Connect the app as a plain role, and migrate as the owner (DATABASE_OWNER_URL); "
+            f"see docs/configuration.md, 'Database roles'."
+        )
+    if row[1]:
+        raise RowSecurityError(
+            f"the migrations would run as the app role {app_role!r} (DATABASE_URL), which would then own the "
+            f"tables, and row-level security would not bind it: set DATABASE_OWNER_URL to the tables' owner, "
+            f"another role; see docs/configuration.md, 'Database roles'."
         )
 
 
