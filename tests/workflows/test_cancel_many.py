@@ -120,9 +120,10 @@ def test_staff_cancel_the_selected_runs_of_their_tenant_in_the_admin(client_a, c
     theirs = start(client_b, workflow="w")["id"]
 
     viewer = cancel_in_admin(admin_as("viewer-a", tenant_a[0], "viewer"), ours[0])
+    assert b"run(s) asked to stop" not in viewer.content  # not an action of theirs: nothing is done
+    assert client_a.get(f"/api/v1/runs/{ours[0]}").json()["cancel_requested"] is False
     done = cancel_in_admin(admin_as("owner-a", tenant_a[0], "owner"), *ours, theirs)
 
-    assert viewer.status_code == 403
     assert b"2 run(s) asked to stop" in done.content
     assert all(client_a.get(f"/api/v1/runs/{run_id}").json()["cancel_requested"] for run_id in ours)
     assert client_b.get(f"/api/v1/runs/{theirs}").json()["cancel_requested"] is False
