@@ -226,12 +226,8 @@ class Stack:
         for child, reason in why.items():
             child.restarts += 1
             self.say(f"{child.name} {reason}; restarting it (restart #{child.restarts}, log: {child.log_path})")
-            child.terminate()
-        deadline = time.monotonic() + grace_s
+        self._stop_within(list(why), grace_s)
         for child in why:
-            if child.proc is not None and not _reaped(child.proc, deadline - time.monotonic()):
-                self.say(f"{child.name} did not stop in time; killing it")
-            child.kill()
             child.start()
 
     def wait_ready(self, *children: Child, timeout_s: float = 90.0, restart: bool = False) -> None:
@@ -258,14 +254,20 @@ class Stack:
         ``grace_s`` in total, SIGKILL to whatever is left of each one's process group (a child that had not
         exited yet is reported through ``say``). They are no longer supervised; idempotent."""
         stopping = [child for child in children if child in self.children]
+        self._stop_within(stopping, grace_s)
         for child in stopping:
+            self.children.remove(child)
+
+    def _stop_within(self, children: list[Child], grace_s: float) -> None:
+        """SIGTERM to each of ``children``'s main process, then, after ``grace_s`` in total, SIGKILL to
+        whatever is left of each one's process group (one that had not exited is reported)."""
+        for child in children:
             child.terminate()
         deadline = time.monotonic() + grace_s
-        for child in stopping:
+        for child in children:
             if child.proc is not None and not _reaped(child.proc, deadline - time.monotonic()):
                 self.say(f"{child.name} did not stop in time; killing it")
             child.kill()
-            self.children.remove(child)
 
     def stop_all(self, grace_s: float = 15.0) -> None:
         """``stop`` every supervised child, the newest first; idempotent."""
