@@ -34,8 +34,8 @@ from ductor_project.core import heartbeats, redis_urls
 from ductor_project.stack import Child, ChildError, Stack, free_port
 
 READY_TIMEOUT_S = 60.0
-# What the web server logs when its port is taken: gunicorn, runserver, a plain socket error.
 DEFAULT_PORT = 8000
+# What the web server logs when its port is taken: gunicorn, runserver, a plain socket error.
 PORT_TAKEN = ("Connection in use", "That port is already in use", "Address already in use")
 
 
