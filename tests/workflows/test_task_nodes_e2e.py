@@ -343,7 +343,7 @@ def test_a_stuck_task_times_out_at_its_heartbeat_s_and_its_retry_resumes_from_it
                                           timeout_s=60,
                                           retry={"max_attempts": 2, "backoff_s": 0.1, "jitter": False})],
                            "output": "$nodes.work.output"})
-    run = finished(tenant, start(tenant, "resume").pk, timeout=40)
+    run = finished(tenant, start(tenant, "resume").pk)
     assert run.status == "succeeded", run.error
     assert run.output == {"attempt": 2, "resumed_from": 3, "chunks": 3}
     first, second = steps(tenant, run)

@@ -34,17 +34,14 @@ from workflows.models import StepRun
 
 log = structlog.get_logger(__name__)
 
-NO_DETAILS = object()
-
-
 def heartbeat_s_of(step: StepRun) -> float:
     """The most seconds between two heartbeats of ``step``, as its message was published (0: none)."""
     return float(((step.routing or {}).get("task") or {}).get("heartbeat_s") or 0)
 
 
-def record(step_id: str, details: Any = NO_DETAILS) -> bool:
+def record(step_id: str, details: Any = None) -> bool:
     """Record a heartbeat of the attempt ``step_id`` of the tenant in context, with ``details`` when
-    given (``None`` keeps the last ones). True when it was recorded: the attempt is a task node's,
+    given (None keeps the last ones). True when it was recorded: the attempt is a task node's,
     and running."""
     try:
         pk = uuid.UUID(str(step_id))
@@ -52,7 +49,7 @@ def record(step_id: str, details: Any = NO_DETAILS) -> bool:
         log.warning("task_heartbeat_refused", step_id=str(step_id)[:100], reason="not a step id")
         return False
     values: dict[str, Any] = {"heartbeat_at": timezone.now()}
-    if details is not NO_DETAILS and details is not None:
+    if details is not None:
         refusal = payload_refusal(details, "heartbeat details")
         if refusal is None:
             values["heartbeat_details"] = details
