@@ -3,7 +3,9 @@
 Every record carries ``tenant_id`` when a tenant is in context, and whatever the
 code bound with ``structlog.contextvars.bind_contextvars`` (``run_id``,
 ``task_id``...). Standard-library loggers (Django, Celery) go through the same
-processors and renderer, so their lines carry the same fields.
+processors and renderer, so their lines carry the same fields. Celery's own lines
+about a task (received, succeeded, failed), written outside its tenant context,
+carry the tenant and run its arguments name.
 
 structlog's own events do not go through the standard library: they are
 rendered by structlog and written as one line to the stream of the process's
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import re
 import sys
 from typing import IO, Any
 
@@ -51,6 +54,23 @@ def add_request_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> Even
     admin's authentication marked it (``REQUEST_TENANT``)."""
     record = event_dict.get("_record")
     return _name_tenant(event_dict, getattr(getattr(record, "request", None), REQUEST_TENANT, None))
+
+
+# A Ductor task's tenant and run in the repr of its arguments, as Celery's lines about it show them.
+_TASK_IDS = re.compile(r"'(tenant_id|run_id)': '([0-9a-fA-F-]{36})'")
+
+
+def add_task_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Add ``tenant_id`` and ``run_id`` to Celery's own line about a task (received, succeeded,
+    failed, retried), written outside the task's tenant context, from the repr of the task's
+    arguments that the line carries (its record's ``data``): every Ductor task's name its tenant,
+    and an item's or an outcome's its run (``task_events.task_kwargs``)."""
+    data = getattr(event_dict.get("_record"), "data", None)
+    arguments = data.get("kwargs") if isinstance(data, dict) else None
+    if isinstance(arguments, str):
+        for key, value in _TASK_IDS.findall(arguments):
+            event_dict.setdefault(key, value)
+    return event_dict
 
 
 def _name_tenant(event_dict: EventDict, tenant: Any) -> EventDict:
@@ -177,7 +197,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                         structlog.processors.format_exc_info,
                         renderer,
                     ],
-                    "foreign_pre_chain": [*shared, add_request_tenant],
+                    "foreign_pre_chain": [*shared, add_request_tenant, add_task_ids],
                 }
             },
             "handlers": {

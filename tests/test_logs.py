@@ -245,3 +245,32 @@ def test_the_dispatch_of_an_item_that_names_a_run_carries_its_run_id(
     assert lines["of-a-run"]["run_id"] == run_id
     assert lines["of-a-run"]["tenant_id"] == str(tenant.pk)
     assert "run_id" not in lines["of-no-run"]
+
+
+def test_celerys_own_lines_about_a_task_carry_its_tenant_and_run(logged: LogLines, tenant: Tenant) -> None:
+    """Celery's ``received`` line (the worker's main process) and its ``succeeded`` line (after the
+    task's tenant context ended) name the tenant and run the task's arguments name, as the
+    dispatcher shows them for an item and as an outcome's callback carries them."""
+    from celery.app import trace
+    from celery.utils.saferepr import saferepr
+
+    from scheduling.dispatch import task_events
+
+    run_id = "5d6f8a2e-0000-4000-8000-000000000003"
+    item = task_events.task_kwargs(str(tenant.pk), "item-1", 2, {"kind": "step", "run_id": run_id, "node_id": "a"})
+    outcome = saferepr({"step_id": "s", "tenant_id": str(tenant.pk), "run_id": run_id, "delivery": 1})
+    of_no_run = task_events.task_kwargs(str(tenant.pk), "item-2", 1, {"kind": "wakeup"})
+    trace.info(trace.LOG_RECEIVED, {"id": "m1", "name": "ductor.step:w/a", "args": "()", "kwargs": item, "eta": None})
+    trace.info(trace.LOG_SUCCESS, {"id": "m2", "name": "ductor.task_succeeded", "return_value": "None",
+                                   "runtime": 0.01, "args": "(1,)", "kwargs": outcome})
+    trace.info(trace.LOG_RECEIVED, {"id": "m3", "name": "ductor.wakeup", "args": "()", "kwargs": of_no_run,
+                                    "eta": None})
+    trace.info(trace.LOG_RECEIVED, {"id": "m4", "name": "celery.ping", "args": "()", "kwargs": "{}", "eta": None})
+
+    lines = {line["event"].split("[")[1].split("]")[0]: line for line in logged.json("celery.app.trace")}
+    for task_id in ("m1", "m2"):
+        assert lines[task_id]["tenant_id"] == str(tenant.pk), lines[task_id]
+        assert lines[task_id]["run_id"] == run_id
+    assert lines["m3"]["tenant_id"] == str(tenant.pk)
+    assert "run_id" not in lines["m3"]
+    assert "tenant_id" not in lines["m4"]
