@@ -11,7 +11,14 @@ def main() -> None:
 
     if embedded.command_needs_services(sys.argv):
         embedded.boot()
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018  # loads the settings: a bad environment variable is named
+    except ImproperlyConfigured as exc:
+        sys.exit(f"manage.py: the configuration is wrong: {exc}")
 
     execute_from_command_line(sys.argv)
 
