@@ -36,6 +36,7 @@ def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, conn
 
 
 @tenant_task(name="ductor.task_heartbeat", ignore_result=True)
-def task_heartbeat(*, step_id: str, details: Any = None) -> None:
-    """A task node's Celery task is alive (``ductor_sdk.worker.heartbeat``), with its progress."""
-    heartbeats.record(step_id, details)
+def task_heartbeat(*, step_id: str, details: Any = None, worker: str = "") -> None:
+    """A task node's Celery task is alive (``ductor_sdk.worker.heartbeat``), with its progress, on the
+    Celery worker ``worker`` (its node name; told when the step has ended)."""
+    heartbeats.record(step_id, details, worker=worker)

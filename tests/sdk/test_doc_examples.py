@@ -25,6 +25,8 @@ psp: Any  # the team's own objects
 request: Any
 Payment: Any
 encode: Any
+draw: Any
+discard_partial_output: Any
 '''
 
 

@@ -8,13 +8,16 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
+from multiprocessing import get_context
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, task_unknown
+from celery.utils.nodenames import gethostname
 from django.conf import settings
 from ductor_sdk.worker import (
     ERRBACK_TASK,
@@ -22,7 +25,10 @@ from ductor_sdk.worker import (
     NonRetryable,
     NotInStep,
     NotJSONSafe,
+    StepCancelled,
     StepContext,
+    cancel_requested,
+    cancels,
     current_step,
     current_step_or_none,
     heartbeat,
@@ -450,7 +456,7 @@ def test_a_step_whose_node_asks_for_heartbeats_sends_its_first_as_it_starts_and_
 
     assert transcode.apply(headers={**HEADERS, "ductor_heartbeat_s": 3}).get() == [False, False]
     beats = _heartbeats(redis_client)
-    assert [kwargs for _headers, kwargs in beats] == [{"step_id": "s-1", "tenant_id": "t-1"}]
+    assert [kwargs for _headers, kwargs in beats] == [{"step_id": "s-1", "tenant_id": "t-1", "worker": gethostname()}]
     assert beats[0][0]["ductor_tenant_id"] == "t-1"
 
 
@@ -503,3 +509,75 @@ def test_a_heartbeat_outside_a_step_or_with_details_that_are_not_json_raises(app
 @pytest.mark.parametrize("value", [0, -1, "3", True, float("nan")])
 def test_an_unusable_heartbeat_s_header_asks_for_no_heartbeats(value: Any) -> None:
     assert from_request(SimpleNamespace(**HEADERS, ductor_heartbeat_s=value)).heartbeat_s is None
+
+
+# -- told that the step ended ---------------------------------------------------------------------
+
+
+def test_a_step_told_it_ended_raises_step_cancelled_at_its_next_heartbeat_and_sends_nothing(
+        app: Celery, redis_client) -> None:
+    """Ductor's ``ductor_cancel`` command (as the worker's remote control runs it) marks the step; the
+    task's next ``heartbeat()`` raises, ``cancel_requested()`` says so, and another step is not told."""
+    from celery.worker.control import Panel
+
+    ended, other = str(uuid.uuid4()), str(uuid.uuid4())
+    assert Panel.data[cancels.COMMAND](None, task_id=ended) == {"ok": f"step {ended} marked as ended"}
+
+    @step(app, name="team.transcode")
+    def transcode() -> list[Any]:
+        asked = cancel_requested()
+        try:
+            heartbeat({"chunks": 1})
+        except StepCancelled as exc:
+            return [asked, str(exc)]
+        return [asked, None]
+
+    asked, raised = transcode.apply(headers={**HEADERS, "ductor_step_id": ended}).get()
+    assert asked is True
+    assert f"step {ended} (billing/charge, attempt 2) has ended" in raised
+    assert _heartbeats(redis_client) == []
+    assert transcode.apply(headers={**HEADERS, "ductor_step_id": other}).get() == [False, None]
+    assert [kwargs["step_id"] for _headers, kwargs in _heartbeats(redis_client)] == [other]
+
+
+def test_the_command_refuses_what_is_not_a_step_id() -> None:
+    assert "not a step id" in cancels.cancel(None, task_id="s-1; DROP")["error"]
+    assert cancels.cancel(None, task_id="")["error"]
+
+
+def test_a_board_keeps_its_newest_ids_and_matches_whole_slots_alone() -> None:
+    board = cancels.Board()
+    first, *rest = [str(uuid.uuid4()) for _ in range(cancels.SLOTS + 1)]
+    board.mark(first)
+    board.mark(first)  # marked once
+    assert board.holds(first)
+    for step_id in rest[:-1]:
+        board.mark(step_id)
+    assert board.holds(first)  # the board is full, nothing overwritten yet
+    board.mark(rest[-1])
+    assert not board.holds(first)  # the oldest made room
+    assert all(board.holds(step_id) for step_id in rest)
+    straddling = (rest[0][18:] + rest[1][:18])  # the end of one slot and the start of the next
+    assert not board.holds(straddling)
+
+
+def _holds_once_marked(board: cancels.Board, step_id: str, marked: Any, answer: Any) -> None:
+    marked.wait(30)
+    answer.send(board.holds(step_id))
+
+
+def test_the_pool_processes_forked_after_the_board_was_made_see_what_the_main_process_marks() -> None:
+    """As a prefork worker's: the board is made at ``install``, its pool processes fork after, and the
+    main process (where remote control runs) marks a step once they run."""
+    board, step_id = cancels.Board(), str(uuid.uuid4())
+    forked = get_context("fork")
+    marked, (answer, asked) = forked.Event(), forked.Pipe()
+    child = forked.Process(target=_holds_once_marked, args=(board, step_id, marked, asked))
+    child.start()
+    try:
+        board.mark(step_id)
+        marked.set()
+        assert answer.poll(30)
+        assert answer.recv() is True
+    finally:
+        child.join(30)

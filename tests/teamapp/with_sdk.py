@@ -44,3 +44,15 @@ def resume(chunks: int, hang_s: float) -> dict[str, Any]:
     if ctx.attempt == 1:
         time.sleep(hang_s)
     return {"attempt": ctx.attempt, "resumed_from": resumed_from, "chunks": done}
+
+
+@step(app, name="team_sdk.until_cancelled")
+def until_cancelled(every_s: float, most_s: float = 120) -> dict[str, Any]:
+    """Works, with a heartbeat every ``every_s``, until Ductor says its step has ended (``heartbeat()``
+    raises ``StepCancelled``), or for ``most_s`` at most."""
+    beats, ends = 0, time.monotonic() + most_s
+    while time.monotonic() < ends:
+        time.sleep(every_s)
+        beats += 1
+        heartbeat({"beats": beats})
+    return {"beats": beats}

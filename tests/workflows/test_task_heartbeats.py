@@ -128,6 +128,44 @@ def test_a_heartbeat_of_an_attempt_that_ended_changes_nothing(tenant_a):
     assert reread(tenant_a[0], step).heartbeat_details is None
 
 
+@pytest.fixture
+def told(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any], Any]]:
+    """The remote control commands Ductor's broker app broadcasts (none is sent)."""
+    from workflows.engine import brokers
+
+    sent: list[tuple[str, dict[str, Any], Any]] = []
+    monkeypatch.setattr(brokers.broker_app("default").control, "broadcast",
+                        lambda command, arguments=None, destination=None, **_: sent.append(
+                            (command, arguments or {}, destination)))
+    return sent
+
+
+@pytest.mark.parametrize("status", [StepRun.Status.CANCELLED, StepRun.Status.FAILED, StepRun.Status.SUCCEEDED])
+def test_a_heartbeat_of_an_attempt_that_ended_is_answered_to_its_worker_alone(tenant_a, told, status):
+    step = running_task_step(tenant_a[0], heartbeat_s=5)
+    with tenant_context(tenant_a[0]):
+        StepRun.objects.filter(pk=step.pk).update(status=status)
+    beat(tenant_a[0], step, worker="team-1@host")
+    assert told == [("ductor_cancel", {"task_id": str(step.pk)}, ["team-1@host"])]
+
+
+def test_a_heartbeat_of_a_running_attempt_or_from_no_named_worker_is_not_answered(tenant_a, told):
+    step = running_task_step(tenant_a[0], heartbeat_s=5)
+    beat(tenant_a[0], step, worker="team-1@host")
+    with tenant_context(tenant_a[0]):
+        StepRun.objects.filter(pk=step.pk).update(status=StepRun.Status.CANCELLED)
+    beat(tenant_a[0], step)  # an SDK that names no worker
+    assert told == []
+
+
+def test_a_heartbeat_naming_another_tenants_ended_step_is_not_answered(tenant_a, tenant_b, told):
+    victim = running_task_step(tenant_b[0], heartbeat_s=5)
+    with tenant_context(tenant_b[0]):
+        StepRun.objects.filter(pk=victim.pk).update(status=StepRun.Status.CANCELLED)
+    beat(tenant_a[0], victim, worker="team-1@host")
+    assert told == []
+
+
 def test_details_over_the_plans_payload_limit_are_dropped_and_the_heartbeat_counts(tenant_a):
     step = running_task_step(tenant_a[0], heartbeat_s=5)
     beat(tenant_a[0], step, details={"chunks": 1})

@@ -379,3 +379,29 @@ def test_a_task_step_cancelled_before_its_task_started_is_discarded_unrun_by_the
     assert f"Task team.whoami[{who.pk}] succeeded" not in worker.output()
     assert "step_result_discarded" not in types(tenant, fresh(tenant, waiting.pk))
     drained(tenant)
+
+
+def test_a_task_that_heartbeats_is_told_its_cancelled_step_ended_and_stops(stack, team, catalogued, make_tenant):
+    """The run is cancelled while its task runs: the task's next heartbeat is answered to its worker,
+    its next ``heartbeat()`` raises ``StepCancelled``, and its late failure stays in the history."""
+    catalogued("team_sdk.until_cancelled", queue="team_sdk")
+    worker = team.start(app="tests.teamapp.with_sdk", queue="team_sdk")
+    tenant = make_tenant()[0]
+    put(tenant, "endless", {"nodes": [task("work", "team_sdk.until_cancelled", {"every_s": 0.1}, heartbeat_s=1,
+                                           timeout_s=300)]})
+    run = start(tenant, "endless")
+
+    def beating() -> bool:
+        work = by_node(tenant, fresh(tenant, run.pk)).get("work")
+        return work is not None and work.heartbeat_at is not None
+
+    wait_for(beating, timeout=30, what="its task to send heartbeats")
+    with tenant_context(tenant):
+        services.run_cancel(run=fresh(tenant, run.pk))
+    assert finished(tenant, run.pk).status == "cancelled"
+    (work,) = steps(tenant, fresh(tenant, run.pk))
+    wait_for(lambda: f"team_sdk.until_cancelled[{work.pk}] raised unexpected: StepCancelled" in worker.output(),
+             timeout=30, what="the task to learn that its step ended")
+    wait_for(lambda: "step_result_discarded" in types(tenant, fresh(tenant, run.pk)), timeout=30,
+             what="its late failure to be kept in the run's history")
+    drained(tenant)

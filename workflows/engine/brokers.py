@@ -9,7 +9,8 @@ cancelled, or ended by its run's failure or timeout, before a worker started its
 task is then discarded unrun by a worker that holds its message or takes it
 later, as long as that worker was running when the revoke was sent (a worker
 keeps the ids it was told in memory, or in its ``--statedb``). A task already
-running goes on: its late result is discarded.
+running goes on, and its late result is discarded; a task that sends heartbeats
+is told at its next one (``tell_ended``), and can stop.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from scheduling.routing_table import routing_table
 from workflows.models import StepRun
 
 log = structlog.get_logger(__name__)
+
+# The remote control command of ``ductor_sdk``'s worker hook by which a worker learns a step has ended.
+CANCEL_COMMAND = "ductor_cancel"
 
 class NoQueue(LookupError):
     """Neither the step's connection nor its catalog entry names a queue."""
@@ -63,12 +67,35 @@ def broker_app(name: str) -> Celery:
     return _named_broker(name)
 
 
+def _broker_of(connection_id: str) -> Celery:
+    """The app of the broker of the celery connection ``connection_id`` ("": the catalog queue's, on
+    Ductor's own), for the tenant in context."""
+    member = routing_table().member(connection_id) if connection_id else None
+    return broker_app(member.broker if member and member.broker else DEFAULT_BROKER)
+
+
+def sent_through(step: StepRun) -> str:
+    """The id of the celery connection the task node attempt ``step``'s messages went through, as its
+    routing trace names it ("": none, the catalog queue's)."""
+    return str(((step.routing or {}).get("connection") or {}).get("id") or "")
+
+
 def revoke(step: StepRun, connection_id: str) -> None:
     """Revoke the task node attempt ``step``'s messages on the broker of the celery connection
-    ``connection_id`` they went through ("": the catalog queue's, on Ductor's own), for the tenant in
-    context. Never raises: a broker away leaves the task to run, and its result to be discarded."""
+    ``connection_id`` they went through. Never raises: a broker away leaves the task to run, and its
+    result to be discarded."""
     try:
-        member = routing_table().member(connection_id) if connection_id else None
-        broker_app(member.broker if member and member.broker else DEFAULT_BROKER).control.revoke(str(step.pk))
+        _broker_of(connection_id).control.revoke(str(step.pk))
     except Exception:
         log.warning("task_revoke_failed", step_id=str(step.pk), exc_info=True)
+
+
+def tell_ended(step: StepRun, connection_id: str, worker: str) -> None:
+    """Tell the Celery worker ``worker`` (its node name), on the broker of the celery connection
+    ``connection_id``, that the attempt ``step`` has ended while its task runs there: the task's
+    next ``heartbeat()`` raises ``StepCancelled`` (``ductor_sdk.worker.cancels``). Never raises."""
+    try:
+        _broker_of(connection_id).control.broadcast(CANCEL_COMMAND, arguments={"task_id": str(step.pk)},
+                                                    destination=[worker])
+    except Exception:
+        log.warning("task_cancel_not_told", step_id=str(step.pk), worker=worker, exc_info=True)

@@ -28,21 +28,26 @@ import structlog
 from django.db import transaction
 from django.utils import timezone
 
+from workflows.engine import brokers
 from workflows.engine.attempts import payload_refusal
 from workflows.engine.items import TASK, wakeup_on_commit
 from workflows.models import StepRun
 
 log = structlog.get_logger(__name__)
 
+# The longest worker name a heartbeat is answered to (Celery's node names are host names, with a prefix).
+WORKER_MAX = 255
+
 def heartbeat_s_of(step: StepRun) -> float:
     """The most seconds between two heartbeats of ``step``, as its message was published (0: none)."""
     return float(((step.routing or {}).get("task") or {}).get("heartbeat_s") or 0)
 
 
-def record(step_id: str, details: Any = None) -> bool:
+def record(step_id: str, details: Any = None, *, worker: str = "") -> bool:
     """Record a heartbeat of the attempt ``step_id`` of the tenant in context, with ``details`` when
-    given (None keeps the last ones). True when it was recorded: the attempt is a task node's,
-    and running."""
+    given (None keeps the last ones), sent from the Celery worker ``worker`` (its node name). True
+    when it was recorded: the attempt is a task node's, and running. A heartbeat of an attempt that
+    has ended is answered to its worker (``brokers.tell_ended``): its task can stop."""
     try:
         pk = uuid.UUID(str(step_id))
     except ValueError:
@@ -56,10 +61,14 @@ def record(step_id: str, details: Any = None) -> bool:
         else:  # the heartbeat counts; its details are not kept
             log.warning("task_heartbeat_details_refused", step_id=str(pk), reason=(refusal.error or {}).get("message"))
     with transaction.atomic():
-        step = (StepRun.objects.select_for_update().filter(pk=pk, node_type=TASK, status=StepRun.Status.RUNNING)
-                .only("id", "routing", "heartbeat_at").first())
-        if step is None:
-            log.info("task_heartbeat_ignored", step_id=str(pk), reason="no such running task step")
+        step = (StepRun.objects.select_for_update().filter(pk=pk, node_type=TASK)
+                .only("id", "routing", "heartbeat_at", "status").first())
+        if step is None or step.status != StepRun.Status.RUNNING:
+            log.info("task_heartbeat_ignored", step_id=str(pk), reason="no such running task step",
+                     status=getattr(step, "status", None))
+            if step is not None and step.status in StepRun.TERMINAL and worker:
+                ended, told = step, str(worker)[:WORKER_MAX]
+                transaction.on_commit(lambda: brokers.tell_ended(ended, brokers.sent_through(ended), told))
             return False
         StepRun.objects.filter(pk=pk).update(**values)
         heartbeat_s = heartbeat_s_of(step)

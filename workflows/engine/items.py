@@ -109,7 +109,7 @@ def release_on_commit(step: StepRun) -> None:
     tenant, item_id, held = current_tenant(), step_item_id(step.id), step.node_type == TASK
     sent = held and step.started_at is not None  # a task step starts as its message is published
     # The connection its messages went through (its trace is read for a sent task's alone).
-    connection = str(((step.routing or {}).get("connection") or {}).get("id") or "") if sent else ""
+    connection = brokers.sent_through(step) if sent else ""
 
     def release() -> None:
         with tenant_context(tenant):

@@ -14,10 +14,11 @@
 Importing this package does not import Celery; ``install`` and ``step`` use the app given.
 """
 
+from ductor_sdk.worker.cancels import StepCancelled
 from ductor_sdk.worker.context import NotInStep, StepContext, current_step, current_step_or_none
 from ductor_sdk.worker.errback import ERRBACK_TASK, RESULTS_QUEUE
 from ductor_sdk.worker.failures import NonRetryable, is_retryable
-from ductor_sdk.worker.heartbeats import heartbeat
+from ductor_sdk.worker.heartbeats import cancel_requested, heartbeat
 from ductor_sdk.worker.signals import install
 from ductor_sdk.worker.step import NotJSONSafe, check_json_safe, step
 
@@ -27,7 +28,9 @@ __all__ = [
     "NonRetryable",
     "NotInStep",
     "NotJSONSafe",
+    "StepCancelled",
     "StepContext",
+    "cancel_requested",
     "check_json_safe",
     "current_step",
     "current_step_or_none",

@@ -18,7 +18,10 @@ Each heartbeat is a small message to ``ductor.results`` through the task's own
 app. They are sent at most once per third of ``heartbeat_s`` (once per
 ``INTERVAL_S`` for a node without it, whose heartbeats only report progress);
 a call in between keeps its details for the next one sent. The details (JSON)
-the node's next attempt is given are the last ones Ductor received.
+the node's next attempt is given are the last ones Ductor received. Each names
+the worker that sends it: a heartbeat of a step that has ended is answered to
+that worker, and the task's next ``heartbeat()`` raises ``StepCancelled``
+(``ductor_sdk.worker.cancels``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
-from ductor_sdk.worker import context
+from ductor_sdk.worker import cancels, context
 from ductor_sdk.worker.errback import to_ductor
 
 if TYPE_CHECKING:
@@ -47,10 +50,12 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class _Beats:
-    """The heartbeats of the running step's task: its app, when the last was sent, what waits to go."""
+    """The heartbeats of the running step's task: its app, the worker it runs on (its Celery node
+    name, where Ductor answers), when the last was sent, what waits to go."""
 
     app: Celery
     step: context.StepContext
+    worker: str | None = None
     sent_at: float | None = None
     pending: Any = _NOTHING
 
@@ -62,12 +67,14 @@ class _Beats:
 _beats: ContextVar[_Beats | None] = ContextVar("ductor_step_heartbeats", default=None)
 
 
-def begin(app: Celery | None, step: context.StepContext | None) -> Token[_Beats | None]:
-    """The running task's step (None: no step) sends its heartbeats through ``app``; a step whose node
-    asks for heartbeats sends its first one now. ``end`` the token after the task."""
-    token = _beats.set(_Beats(app, step) if app is not None and step is not None else None)
-    if step is not None and step.heartbeat_s:
-        heartbeat()
+def begin(app: Celery | None, step: context.StepContext | None, worker: str | None = None) -> Token[_Beats | None]:
+    """The running task's step (None: no step) sends its heartbeats through ``app``, from the worker
+    named ``worker``; a step whose node asks for heartbeats sends its first one now. ``end`` the
+    token after the task."""
+    beats = _Beats(app, step, worker or None) if app is not None and step is not None else None
+    token = _beats.set(beats)
+    if beats is not None and beats.step.heartbeat_s:
+        _send(beats, time.monotonic())
     return token
 
 
@@ -83,11 +90,12 @@ def heartbeat(details: Any = None) -> bool:
     node's next attempt to resume from; None sends none, and the last ones are kept). True when a
     heartbeat was sent now; False when it waits for the next (sent at most once per third of the
     node's ``heartbeat_s``) or its publish failed (logged, never raised: the task goes on).
-    Raises ``NotInStep`` outside a Ductor step, and ``TypeError`` for details that are not JSON."""
-    beats = _beats.get()
-    if beats is None:
-        context.current_step()  # raises NotInStep outside a step
-        raise context.NotInStep("heartbeat() was called in a step whose task has no Celery app")
+    Raises ``StepCancelled`` once Ductor has told this worker that the step ended (nothing is sent
+    then), ``NotInStep`` outside a Ductor step, and ``TypeError`` for details that are not JSON."""
+    beats = _running()
+    if cancels.requested(beats.step.step_id):
+        raise cancels.StepCancelled(f"step {beats.step.step_id} ({beats.step.workflow}/{beats.step.node_id}, "
+                                    f"attempt {beats.step.attempt}) has ended: its result would be discarded")
     if details is not None:
         try:
             json.dumps(details, allow_nan=False)
@@ -97,7 +105,30 @@ def heartbeat(details: Any = None) -> bool:
     now = time.monotonic()
     if beats.sent_at is not None and now - beats.sent_at < beats.interval_s:
         return False
+    return _send(beats, now)
+
+
+def cancel_requested() -> bool:
+    """Whether Ductor has told this worker that the running step has ended (its next ``heartbeat()``
+    would raise ``StepCancelled``). Sends nothing. Raises ``NotInStep`` outside a Ductor step."""
+    return cancels.requested(_running().step.step_id)
+
+
+def _running() -> _Beats:
+    """The running step's heartbeats; ``NotInStep`` outside one."""
+    beats = _beats.get()
+    if beats is None:
+        context.current_step()  # raises NotInStep outside a step
+        raise context.NotInStep("heartbeat() was called in a step whose task has no Celery app")
+    return beats
+
+
+def _send(beats: _Beats, now: float) -> bool:
+    """Send a heartbeat of ``beats``' step at ``now`` (``time.monotonic()``), with the details that
+    wait. False when it failed."""
     kwargs: dict[str, Any] = {"step_id": beats.step.step_id, "tenant_id": beats.step.tenant_id}
+    if beats.worker:
+        kwargs["worker"] = beats.worker
     if beats.pending is not _NOTHING:
         kwargs["details"] = beats.pending
     try:

@@ -15,6 +15,8 @@
 - A ``worker_init`` handler warns, as the worker starts, if it does not accept
   JSON (it would refuse every step's message), or if its Redis keys take a
   ``global_keyprefix`` (it would never see them).
+- The ``ductor_cancel`` remote control command, by which Ductor answers a
+  heartbeat of a step that has ended: see ``ductor_sdk.worker.cancels``.
 - A ``task_unknown`` handler: a message for a task this worker does not have
   (a catalog name its code does not register, a worker started without the
   module) is discarded by Celery, and its errbacks are not called. For a
@@ -33,7 +35,7 @@ import time
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
-from ductor_sdk.worker import context, heartbeats
+from ductor_sdk.worker import cancels, context, heartbeats
 from ductor_sdk.worker.errback import ERRBACK_TASK, MAX_MESSAGE_CHARS, forward, register_errback
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ def on_task_prerun(sender: Any = None, task_id: str | None = None, task: Any = N
     step = context.from_request(request) if request is not None else None
     token = context.enter(step)
     started = _started.set(time.perf_counter() if step else None)
-    beats = heartbeats.begin(getattr(task or sender, "app", None), step)
+    beats = heartbeats.begin(getattr(task or sender, "app", None), step, getattr(request, "hostname", None))
     _tokens.setdefault(task_id or "", []).append((token, started, beats))
 
 
@@ -182,3 +184,4 @@ def install(app: Celery) -> None:
     task_unknown.connect(on_task_unknown, weak=False, dispatch_uid="ductor_sdk.worker.unknown")
     worker_init.connect(_startup_check(app), weak=False, dispatch_uid=f"ductor_sdk.worker.startup.{id(app)}")
     register_errback(app)
+    cancels.register_command()
