@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -175,7 +176,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
         "error_pretty",
     )
     inlines = [EventInline]
-    actions = ["cancel_selected"]
+    actions = ["cancel_selected", "retry_selected"]
 
     # --- the run list --------------------------------------------------------------------------
 
@@ -194,19 +195,32 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
         actions.pop("delete_selected", None)
         return _writable_actions(request, actions, "workflows.change_workflowrun")
 
-    @admin.action(description="Cancel selected runs (those still active)")
-    def cancel_selected(self, request: HttpRequest, queryset: Any) -> None:
-        """Ask the selected runs to stop, each tenant's in its context (``run_cancel_many``)."""
+    def _each_tenants(self, request: HttpRequest, queryset: Any, act: Callable[..., Any]) -> int:
+        """``act(filters=..., limit=...)`` (a service on many runs) on the selected runs, each tenant's in
+        its context; how many it acted on. ``PermissionDenied`` for a run the user may not act on."""
         by_tenant: dict[Tenant, list[Any]] = {}
         for run in queryset.select_related("tenant"):
             if not self.may_act(request, run):
                 raise PermissionDenied
             by_tenant.setdefault(run.tenant, []).append(run.pk)
-        asked = 0
+        done = 0
         for tenant, ids in by_tenant.items():
             with tenant_context(tenant):
-                asked += len(services.run_cancel_many(filters={"ids": ids}, limit=len(ids))[0])
+                done += len(act(filters={"ids": ids}, limit=len(ids))[0])
+        return done
+
+    @admin.action(description="Cancel selected runs (those still active)")
+    def cancel_selected(self, request: HttpRequest, queryset: Any) -> None:
+        """Ask the selected runs to stop (``run_cancel_many``)."""
+        asked = self._each_tenants(request, queryset, services.run_cancel_many)
         messages.success(request, f"{asked} run(s) asked to stop; the others had ended or were asked already.")
+
+    @admin.action(description="Retry selected runs (those that failed)")
+    def retry_selected(self, request: HttpRequest, queryset: Any) -> None:
+        """Retry the selected failed runs (``run_retry_many``)."""
+        retried = self._each_tenants(request, queryset, services.run_retry_many)
+        messages.success(request, f"{retried} run(s) retried; the others had not failed, or are child runs "
+                                  "(retry their root).")
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         tenant = admin_tenant(request)

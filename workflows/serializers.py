@@ -279,24 +279,46 @@ class RunFilterSerializer(RunMatchSerializer):
                                          help_text="Number of results to return per page.")
 
 
-class RunCancelManySerializer(RunMatchSerializer):
-    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
-                                help_text="The runs to cancel, by id (the filters given apply too).")
-    limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=500,
-                                     help_text="At most this many runs in this call (`more` tells of the rest).")
+class RunManySerializer(RunMatchSerializer):
+    """The runs a call on many picks: by ``ids`` and the run list's filters, at least one of them
+    (a call on every run is not taken), ``limit`` a call."""
+
+    verb = ""  # what the call does to them, as its refusal says
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not any(value for name, value in attrs.items() if name != "limit"):
             raise serializers.ValidationError({"ids": [
                 "Give the runs' ids or at least one filter (workflow, tag, fairness_key, created_after, "
-                "created_before, root_run_id): a cancel of every run is not taken."]})
+                f"created_before, root_run_id): a {self.verb} of every run is not taken."]})
         return attrs
+
+
+class RunCancelManySerializer(RunManySerializer):
+    verb = "cancel"
+    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
+                                help_text="The runs to cancel, by id (the filters given apply too).")
+    limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=500,
+                                     help_text="At most this many runs in this call (`more` tells of the rest).")
 
 
 class RunCancelManyResultSerializer(serializers.Serializer):
     cancelled = serializers.IntegerField(help_text="How many runs this call asked to stop.")
     runs = serializers.ListField(child=serializers.UUIDField(), help_text="Their ids, oldest first.")
     more = serializers.BooleanField(help_text="True: more active runs match; call again for them.")
+
+
+class RunRetryManySerializer(RunManySerializer):
+    verb = "retry"
+    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
+                                help_text="The runs to retry, by id (the filters given apply too).")
+    limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=100,
+                                     help_text="At most this many runs in this call (`more` tells of the rest).")
+
+
+class RunRetryManyResultSerializer(serializers.Serializer):
+    retried = serializers.IntegerField(help_text="How many failed runs this call retried.")
+    runs = serializers.ListField(child=serializers.UUIDField(), help_text="Their ids, oldest first.")
+    more = serializers.BooleanField(help_text="True: more failed runs match; call again for them.")
 
 
 class StepRunSerializer(StrictModelSerializer):

@@ -392,6 +392,25 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
     return locked
 
 
+def run_retry_many(*, filters: dict[str, Any], limit: int) -> tuple[list[WorkflowRun], bool]:
+    """Retry up to ``limit`` of the tenant's failed runs that match ``filters`` (the run list's, and
+    ``ids``), oldest first, each as ``run_retry`` does, in a transaction of its own; and whether more
+    match. A child run is not taken: its root is, and starts it again. A run retried meanwhile (by
+    another call) is left out of the answer."""
+    matching = run_list(filters).filter(status=WorkflowRun.Status.FAILED, parent_run_id__isnull=True)
+    if filters.get("ids"):
+        matching = matching.filter(pk__in=filters["ids"])
+    found = list(matching.order_by("created_at", "id").only("id")[:limit + 1])
+    retried = []
+    for run in found[:limit]:
+        try:
+            retried.append(run_retry(run=run))
+        except (Conflict, NotFound):  # no longer failed, or gone: retried or removed meanwhile
+            continue
+    log.info("runs_retried", runs=len(retried), more=len(found) > limit)
+    return retried, len(found) > limit
+
+
 def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> list[tuple[WorkflowRun, bool]]:
     """Start many runs of the tenant in context at once, all or none. Returns ``(run, created)`` per item, in order.
 

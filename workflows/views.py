@@ -32,6 +32,8 @@ from workflows.serializers import (
     RunEventsQuerySerializer,
     RunFilterSerializer,
     RunRerunSerializer,
+    RunRetryManyResultSerializer,
+    RunRetryManySerializer,
     RunSerializer,
     RunStartSerializer,
     RunWhySerializer,
@@ -258,6 +260,19 @@ class RunViewSet(TenantViewSet):
         run = no_body(request, found=selectors.get_run_for_tenant(pk))
         run = services.run_retry(run=run)
         return Response(RunSerializer(run).data)
+
+    @extend_schema(summary="Retry the failed runs that match",
+                   request=RunRetryManySerializer, responses=RunRetryManyResultSerializer,
+                   operation_id="runs_retry_many")
+    @action(detail=False, methods=["post"], url_path="retry", url_name="retry-many")
+    def retry_many(self, request: Request) -> Response:
+        """Retry the failed runs that match (by ``ids`` and the run list's filters; at least one), up to
+        ``limit`` (100 by default, 500 at most) a call, oldest first: each as ``POST /runs/{id}/retry``
+        does. A child run is not taken: retrying its root starts it again. ``more``: call again for
+        the rest."""
+        params = parse(RunRetryManySerializer, request.data)
+        runs, more = services.run_retry_many(filters=params, limit=params.pop("limit"))
+        return Response({"retried": len(runs), "runs": [str(run.id) for run in runs], "more": more})
 
     @extend_schema(summary="Send a signal to a run",
                    request=SignalSendSerializer, responses={201: SignalSerializer, 200: SignalSerializer})

@@ -190,6 +190,30 @@ def test_a_failed_run_is_retried_where_it_failed_and_rerun_as_a_new_run(sdk: Cli
     assert refused.value.status == 409
 
 
+def test_retry_many_retries_the_matching_failed_runs_a_batch_at_a_time(sdk: Client, other: Client) -> None:
+    for client in (sdk, other):
+        wf = Workflow("parent")
+        wf.subworkflow("kid", workflow="later")  # no such workflow yet: each run fails at once
+        client.workflows.apply(wf)
+    acme = [sdk.runs.start("parent", {"order": n}, fairness_key="acme").id for n in range(3)]
+    globex = sdk.runs.start("parent", {"order": 9}, fairness_key="globex").id
+    theirs = other.runs.start("parent", {"order": 1}, fairness_key="acme").id
+    sdk.workflows.apply(finishing("later"))
+
+    first = sdk.runs.retry_many(fairness_key="acme", limit=2)
+    rest = sdk.runs.retry_many(fairness_key="acme", limit=2)
+    with pytest.raises(BadRequest) as unfiltered:
+        sdk.runs.retry_many()
+
+    assert (first.retried, first.runs, first.more) == (2, tuple(acme[:2]), True)
+    assert (rest.retried, rest.runs, rest.more) == (1, tuple(acme[2:]), False)
+    assert sdk.runs.retry_many(ids=acme).retried == 0  # none failed any more
+    assert unfiltered.value.field == "ids"
+    assert [sdk.runs.get(run_id).status for run_id in acme] == ["running"] * 3
+    assert sdk.runs.get(globex).status == "failed"
+    assert other.runs.get(theirs).status == "failed"
+
+
 def test_idor_api_key_and_workflow_of_another_tenant_are_not_found(sdk: Client, other: Client) -> None:
     other.workflows.apply(finishing("theirs"))
     their_key = other.api_keys.list().items[0]

@@ -26,6 +26,7 @@ request: Any
 Payment: Any
 encode: Any
 draw: Any
+outage: Any
 discard_partial_output: Any
 '''
 

@@ -231,7 +231,7 @@ def test_runs_cannot_be_deleted_not_even_in_bulk(world: SimpleNamespace, superus
     response = superuser.get(reverse("admin:workflows_workflowrun_changelist"))
     assert "delete_selected" not in response.content.decode()
     actions = [name for name, _ in response.context["action_form"].fields["action"].choices if name]
-    assert actions == ["cancel_selected"]  # the one action: nothing deletes
+    assert actions == ["cancel_selected", "retry_selected"]  # nothing deletes
 
     bulk = superuser.post(reverse("admin:workflows_workflowrun_changelist"),
                           {"action": "delete_selected", "_selected_action": [world.old.pk], "post": "yes"})
@@ -363,7 +363,7 @@ def test_the_run_and_workflow_lists_offer_their_writing_actions_to_those_who_may
     for client in (viewer, reader):
         assert offered(client, "workflowrun") == set()
         assert offered(client, "workflowdefinition") & {"archive", "unarchive"} == set()
-    assert offered(owner, "workflowrun") == {"cancel_selected"}
+    assert offered(owner, "workflowrun") == {"cancel_selected", "retry_selected"}
     assert {"archive", "unarchive"} <= offered(owner, "workflowdefinition")
 
 

@@ -333,6 +333,16 @@ class Runs(_Resource):
         """Resume a failed run where it failed (see ``Runs.retry``)."""
         return await self._send(calls.RUNS.act(run_id, "retry", idempotent=False))
 
+    async def retry_many(
+        self, *, ids: Sequence[str] | None = None, workflow: str | None = None, tags: Sequence[str] | None = None,
+        fairness_key: str | None = None, created_after: datetime | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None, limit: int | None = None,
+    ) -> models.RunsRetried:
+        """Retry the failed runs that match (see ``Runs.retry_many``)."""
+        return await self._send(calls.runs_retry_many(ids=ids, workflow=workflow, tags=tags, fairness_key=fairness_key,
+                                                      created_after=created_after, created_before=created_before,
+                                                      root_run_id=root_run_id, limit=limit))
+
     async def rerun(self, run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> models.Run:
         """Start a new run of the run's version (see ``Runs.rerun``)."""
         return await self._send(calls.run_rerun(run_id, input, idempotency_key=idempotency_key))

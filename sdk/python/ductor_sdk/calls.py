@@ -209,6 +209,13 @@ def runs_cancel_many(*, ids: Sequence[str] | None = None, tags: Sequence[str] | 
     return Call("POST", "runs/cancel", models.RunsCancelled.from_json, body=body, idempotent=True)
 
 
+def runs_retry_many(*, ids: Sequence[str] | None = None, tags: Sequence[str] | None = None,
+                    **filters: Any) -> Call[models.RunsRetried]:
+    """Not sent again on its own: a run that failed again after its retry would be retried again."""
+    body = compact(ids=list(ids) if ids else None, tag=list(tags) if tags else None, **filters)
+    return Call("POST", "runs/retry", models.RunsRetried.from_json, body=body, idempotent=False)
+
+
 def run_list(*, tags: Sequence[str] | None = None, **filters: Any) -> Call[Page[models.Run]]:
     """The run list's call: ``tags`` as the repeated ``tag`` (the runs that have every one)."""
     return RUNS.list(tag=list(tags) if tags else None, **filters)

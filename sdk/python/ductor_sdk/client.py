@@ -332,6 +332,18 @@ class Runs(_Resource):
         that never ran; what succeeded is kept. ``Conflict`` for a run that has not failed, or a child run."""
         return self._send(calls.RUNS.act(run_id, "retry", idempotent=False))
 
+    def retry_many(
+        self, *, ids: Sequence[str] | None = None, workflow: str | None = None, tags: Sequence[str] | None = None,
+        fairness_key: str | None = None, created_after: datetime | None = None,
+        created_before: datetime | None = None, root_run_id: str | None = None, limit: int | None = None,
+    ) -> models.RunsRetried:
+        """Retry the failed runs that match (``ids`` and the filters: at least one), each as ``retry`` does:
+        up to ``limit`` (100; 500 at most) a call, oldest first; ``more`` tells of the rest. A child run is
+        not taken: retrying its root starts it again."""
+        return self._send(calls.runs_retry_many(ids=ids, workflow=workflow, tags=tags, fairness_key=fairness_key,
+                                                created_after=created_after, created_before=created_before,
+                                                root_run_id=root_run_id, limit=limit))
+
     def rerun(self, run_id: str, input: Any = None, *, idempotency_key: str | None = None) -> models.Run:
         """Start a new run of the run's version with its input (or ``input``); its ``rerun_of`` names it.
         Idempotent: without a key one is made, so a retried call never starts two."""

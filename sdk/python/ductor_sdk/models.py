@@ -622,6 +622,16 @@ class RunsCancelled(Model):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RunsRetried(Model):
+    """A retry of many runs: the failed ``runs`` (ids, oldest first) this call retried, and whether
+    ``more`` failed runs match (call again for them)."""
+
+    retried: int = 0
+    runs: tuple[str, ...] = tupled()
+    more: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Waiting(Model):
     """One waiting step (or the run's tick: ``node_id`` ""), and what holds it now: ``cause`` is one
     of not_due, partition, tenant_concurrency, rate_limited, pool_full, connection_full,
