@@ -103,6 +103,12 @@ def test_an_outcome_that_comes_after_its_timeout_is_discarded_though_the_reaper_
         history = list(RunEvent.objects.filter(run_id=step.run_id).order_by("seq").values_list("type", flat=True))
     assert (ended.status, ended.error["code"], ended.output) == ("failed", "timeout", None)
     assert history.index("step_timed_out") < history.index("step_result_discarded")
+    with tenant_context(tenant_b[0]):
+        came = RunEvent.objects.get(run_id=step.run_id, type="step_result_discarded").data
+    if callback is task_succeeded:  # the late result itself is in the history
+        assert (came["result"], came["output"]) == ("succeeded", {"sum": 1})
+    else:
+        assert (came["result"], came["error"]["code"]) == ("failed", "task_failed")
 
 
 def test_an_outcome_within_its_timeout_is_kept(tenant_b):

@@ -202,7 +202,9 @@ def _discard(run: WorkflowRun, step_id: Any, outcome: Outcome, *, again: bool) -
         log.info("step_outcome_kept_already", step_id=str(step_id), run_id=str(run.pk))
         return
     log.info("step_result_discarded", step_id=str(step_id), run_id=str(run.pk))
-    record_event(run, "step_result_discarded", node_id, attempt=attempt, result=outcome.status)
+    # What came, for the history: its output (held to the plan's payload limit, as any output) or error.
+    came = {"output": outcome.output} if outcome.status == SStatus.SUCCEEDED else {"error": outcome.error}
+    record_event(run, "step_result_discarded", node_id, attempt=attempt, result=outcome.status, **came)
 
 
 def _observe(attempts: list[StepRun], finished: tuple[str, int], status: str) -> None:
