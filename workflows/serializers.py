@@ -124,6 +124,9 @@ def step_routing_components() -> dict[str, dict[str, Any]]:
             "admitted": {**text, "description": "Why admission chose it."},
             "queue": {**text, "description": "A task node's: the queue its message went to, its connection's, "
                                              "else its catalog entry's; set when it is published."},
+            "worker": {**text, "description": "A task node's: the Celery worker (its node name) its task runs or "
+                                              "ran on, as its heartbeats or its outcome named it "
+                                              "(`ductor_sdk`'s hook)."},
             "task": {"type": "object", "description": "A task node's: how its attempt is published.",
                      "additionalProperties": True,
                      "properties": {"name": text, "arguments": text, "queue": text, "timeout_s": {"type": "number"}}},

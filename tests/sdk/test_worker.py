@@ -191,7 +191,7 @@ def test_a_task_that_says_its_failure_is_not_retryable_is_forwarded_so(app: Cele
         ("CardDeclined", False), ("OwnError", False), ("ValueError", True)]
 
 
-def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran(app: Celery, redis_client) -> None:
+def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran_and_where(app: Celery, redis_client) -> None:
     @step(app, name="team.slow")
     def slow() -> dict[str, Any]:
         time.sleep(0.05)
@@ -215,7 +215,9 @@ def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran(app: Celery,
     assert 50 <= succeeded["work_ms"] < 5_000
     assert 50 <= failed["work_ms"] < 5_000
     assert failed["error"]["type"] == "ValueError"
+    assert succeeded["worker"] == failed["worker"] == gethostname()  # the worker's node name
     assert "work_ms" not in plain  # no step ran: nothing to report
+    assert "worker" not in plain
     assert current_step_or_none() is None
 
 

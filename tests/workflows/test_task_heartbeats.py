@@ -20,6 +20,7 @@ from tests.conftest import api_client, broker_redis, error_code
 from workflows import services
 from workflows.engine import task_nodes, timers
 from workflows.engine.statements import start_tasks
+from workflows.engine.tick import tick
 from workflows.models import RunEvent, StepRun, TaskCatalogEntry
 from workflows.tasks import task_heartbeat
 
@@ -147,6 +148,26 @@ def test_a_heartbeat_of_an_attempt_that_ended_is_answered_to_its_worker_alone(te
         StepRun.objects.filter(pk=step.pk).update(status=status)
     beat(tenant_a[0], step, worker="team-1@host")
     assert told == [("ductor_cancel", {"task_id": str(step.pk)}, ["team-1@host"])]
+
+
+def test_a_heartbeat_names_the_worker_on_the_attempt_s_trace_and_a_cancel_tells_that_worker_at_once(
+        tenant_a, told):
+    """The attempt's trace names where its task runs, from its first heartbeat; when the attempt ends
+    (its run cancelled), its messages are revoked and that worker is told, without waiting for the
+    task's next heartbeat."""
+    step = running_task_step(tenant_a[0], heartbeat_s=5)
+    with tenant_context(tenant_a[0]):
+        start_tasks([str(step.pk)])  # its message sent
+    beat(tenant_a[0], step, worker="team-1@host")
+    assert reread(tenant_a[0], step).routing["worker"] == "team-1@host"
+    assert told == []
+    with tenant_context(tenant_a[0]):
+        services.run_cancel(run=step.run)
+        tick(step.run_id)
+        assert StepRun.objects.get(pk=step.pk).status == "cancelled"
+    revoke, cancel = told  # Celery's revoke is a broadcast too: to every worker of the broker
+    assert (revoke[0], revoke[1]["task_id"], revoke[2]) == ("revoke", str(step.pk), None)
+    assert cancel == ("ductor_cancel", {"task_id": str(step.pk)}, ["team-1@host"])
 
 
 def test_a_heartbeat_of_a_running_attempt_or_from_no_named_worker_is_not_answered(tenant_a, told):

@@ -118,6 +118,22 @@ def test_an_outcome_within_its_timeout_is_kept(tenant_b):
     assert status_of(tenant_b[0], step) == "succeeded"
 
 
+@pytest.mark.parametrize(("callback", "worker", "kept"), [
+    (task_succeeded, "team-1@host", "team-1@host"),
+    (task_failed, "team-2@host", "team-2@host"),
+    (task_succeeded, {"not": "a name"}, None),  # what is not a name is not kept; the outcome is
+    (task_succeeded, "w" * 300 + "@host", "w" * 255),
+])
+def test_the_worker_an_outcome_names_goes_on_the_attempt_s_trace(tenant_b, callback, worker, kept):
+    step = running_task_step(tenant_b[0])
+    args = [{"sum": 1}] if callback is task_succeeded else ["celery-id"]
+    callback.apply(args=args, kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step), "worker": worker}).get()
+    with tenant_context(tenant_b[0]):
+        ended = StepRun.objects.get(pk=step.pk)
+    assert ended.status == ("succeeded" if callback is task_succeeded else "failed")
+    assert (ended.routing or {}).get("worker") == kept
+
+
 @pytest.mark.parametrize(("result", "field", "why"), [
     ({"s": "a\x00b"}, "output.s", "NUL"),
     ({"k\x00": 1}, "output.k\ufffd", "NUL"),  # the key as its error can be stored

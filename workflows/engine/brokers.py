@@ -10,7 +10,7 @@ task is then discarded unrun by a worker that holds its message or takes it
 later, as long as that worker was running when the revoke was sent (a worker
 keeps the ids it was told in memory, or in its ``--statedb``). A task already
 running goes on, and its late result is discarded; a task that sends heartbeats
-is told at its next one (``tell_ended``), and can stop.
+is told, on the worker they named (``tell_ended``), and can stop.
 """
 
 from __future__ import annotations

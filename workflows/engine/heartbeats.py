@@ -35,9 +35,6 @@ from workflows.models import StepRun
 
 log = structlog.get_logger(__name__)
 
-# The longest worker name a heartbeat is answered to (Celery's node names are host names, with a prefix).
-WORKER_MAX = 255
-
 def heartbeat_s_of(step: StepRun) -> float:
     """The most seconds between two heartbeats of ``step``, as its message was published (0: none)."""
     return float(((step.routing or {}).get("task") or {}).get("heartbeat_s") or 0)
@@ -67,9 +64,11 @@ def record(step_id: str, details: Any = None, *, worker: str = "") -> bool:
             log.info("task_heartbeat_ignored", step_id=str(pk), reason="no such running task step",
                      status=getattr(step, "status", None))
             if step is not None and step.status in StepRun.TERMINAL and worker:
-                ended, told = step, str(worker)[:WORKER_MAX]
-                transaction.on_commit(lambda: brokers.tell_ended(ended, brokers.sent_through(ended), told))
+                ended = step
+                transaction.on_commit(lambda: brokers.tell_ended(ended, brokers.sent_through(ended), worker))
             return False
+        if worker and (step.routing or {}).get("worker") != worker:  # where it runs, on its trace
+            values["routing"] = {**(step.routing or {}), "worker": worker}
         StepRun.objects.filter(pk=pk).update(**values)
         heartbeat_s = heartbeat_s_of(step)
         if step.heartbeat_at is None and heartbeat_s:  # its first: the wake-up that checks the next

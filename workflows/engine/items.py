@@ -105,11 +105,14 @@ def release_on_commit(step: StepRun) -> None:
     """The step ended before its item did: withdraw the item if it waits, and, for a task node's
     (whose item is held while the team's worker runs it, not by a Ductor worker), end its lease,
     freeing its slots, and revoke its messages, so that a worker that has not started the task
-    does not (``brokers.revoke``). Once the surrounding transaction commits."""
+    does not (``brokers.revoke``); a worker that runs it, as its heartbeats named it, is told
+    (``brokers.tell_ended``). Once the surrounding transaction commits."""
     tenant, item_id, held = current_tenant(), step_item_id(step.id), step.node_type == TASK
     sent = held and step.started_at is not None  # a task step starts as its message is published
-    # The connection its messages went through (its trace is read for a sent task's alone).
+    # The connection its messages went through, and the worker that runs it (its trace is read for a
+    # sent task's alone).
     connection = brokers.sent_through(step) if sent else ""
+    worker = str((step.routing or {}).get("worker") or "") if sent else ""
 
     def release() -> None:
         with tenant_context(tenant):
@@ -118,6 +121,8 @@ def release_on_commit(step: StepRun) -> None:
                 fair_queue.ack(item_id)
             if sent:
                 brokers.revoke(step, connection)
+            if worker:
+                brokers.tell_ended(step, connection, worker)
 
     transaction.on_commit(release)
 

@@ -144,35 +144,36 @@ def admission_trace(connection_id: str, admitted: str) -> dict[str, Any]:
 
 
 def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
-                   admission: tuple[str, str] | None = None, again: bool = False) -> None:
+                   admission: tuple[str, str] | None = None, again: bool = False, worker: str = "") -> None:
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
     has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
-    history records. ``admission`` (the connection its admission chose, and why), when given, goes
-    on the step's routing trace in the same ``UPDATE``. ``again``: this outcome's recording is
+    history records. ``admission`` (the connection its admission chose, and why), when given, and
+    ``worker`` (the Celery worker that ran a task node's task, as its outcome names it), go on the
+    step's routing trace in the same ``UPDATE``. ``again``: this outcome's recording is
     made once more after its connection was lost, so that a step found ended with this very
     outcome was ended by the first try, whose commit went through: nothing is recorded twice.
 
     In a transaction of its own, the tick's writes travel with the ``COMMIT`` (two round trips in
     all: the outcome's batch, then the writes and the commit). Should one of them fail, nothing
     was written: the outcome is recorded again alone, and its run ticked through the queue."""
+    added = {**(admission_trace(*admission) if admission else {}), **({"worker": worker} if worker else {})}
     if connection.in_atomic_block:  # the caller's transaction: its writes go in a batch of their own
-        _record_outcome(step_id, run_id, outcome, admission, with_commit=False, again=again)
+        _record_outcome(step_id, run_id, outcome, added, with_commit=False, again=again)
         return
     try:
-        _record_outcome(step_id, run_id, outcome, admission, with_commit=True, again=again)
+        _record_outcome(step_id, run_id, outcome, added, with_commit=True, again=again)
     except (OperationalError, InterfaceError):
         raise  # the connection may be lost: the caller decides (``_keep`` records it on a new one)
     except DatabaseError:
         log.exception("outcome_commit_failed", step_id=str(step_id), run_id=str(run_id))
-        _record_outcome(step_id, run_id, outcome, admission, with_commit=False, tick=False, again=again)
+        _record_outcome(step_id, run_id, outcome, added, with_commit=False, tick=False, again=again)
 
 
-def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, admission: tuple[str, str] | None, *,
+def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, added: dict[str, Any], *,
                     with_commit: bool, tick: bool = True, again: bool = False) -> None:
     with transaction.atomic(), journal(with_commit=with_commit):
         # The run row first, then the step: the order a tick takes them in (no deadlock with it).
-        added = admission_trace(*admission) if admission else None
-        run, finished, attempts = lock_and_finish(run_id, step_id, outcome_fields(outcome), added)
+        run, finished, attempts = lock_and_finish(run_id, step_id, outcome_fields(outcome), added or None)
         if run is None:
             return
         if finished is None:

@@ -306,6 +306,7 @@ class Sent:
     run_id: str = ""  # "" in a message published before it was sent: then read from the step
     work_ms: float | None = None  # how long the task ran, if the team's worker said (ductor_sdk)
     deadline: float | None = None  # the end of its timeout, its lease (Unix time); None: not known
+    worker: str = ""  # the Celery worker (its node name) that ran it, if the team's worker said (ductor_sdk)
 
 
 def _finite(value: Any) -> float | None:
@@ -321,6 +322,16 @@ def reported_work(value: Any) -> float | None:
     outcome counts; its tenant is then charged the task's time in flight (see ``fair_queue.ack``)."""
     found = _finite(value)
     return found if found is not None and found >= 0 else None
+
+
+# The longest worker name kept: Celery's node names are a host name with a prefix.
+WORKER_MAX = 255
+
+
+def worker_name(value: Any) -> str:
+    """The Celery worker a team's worker named with an outcome or a heartbeat (``ductor_sdk``'s hook adds
+    its node name), if it is a usable one: a string, cut to ``WORKER_MAX``; else ""."""
+    return value[:WORKER_MAX] if isinstance(value, str) else ""
 
 
 def deadline_of(value: Any) -> float | None:
@@ -374,7 +385,8 @@ def _keep(sent: Sent, outcome: Outcome) -> None:
                 # timeout is what its connection's breaker counts (``timers.step_timeout``).
                 step_timeout(sent.step_id, {"message": f"the task ran past its timeout: its outcome came "
                                                        f"{late_s:.1f} s after it"})
-            record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted))
+            record_outcome(sent.step_id, run_id, outcome, admission=(sent.connection_id, sent.admitted),
+                           worker=sent.worker)
         if late_s <= 0:
             _breaker_outcome(sent, outcome)
         # Its slots free once the outcome is kept (a late result's ack changes nothing); its tenant is

@@ -3,9 +3,10 @@
 When a step ends while its task still runs (its run cancelled, failed or timed
 out, or the attempt timed out and its retry is on its way), the task's result
 is discarded when it comes. A task that sends heartbeats (``heartbeat()``) can
-stop early instead: Ductor answers a heartbeat of an ended step by telling the
-worker that sent it, by Celery's remote control (the ``ductor_cancel`` command,
-to that worker alone). ``install`` registers the command. The worker's main
+stop early instead: Ductor tells the worker its heartbeats named as the step
+ends, and answers any later heartbeat of it the same way, by Celery's remote
+control (the ``ductor_cancel`` command, to that worker alone). ``install``
+registers the command. The worker's main
 process receives it and marks the step on a board it shares with its pool
 processes (an anonymous shared memory map, made before they fork). The task's
 next ``heartbeat()`` raises ``StepCancelled``; ``cancel_requested()`` says so
@@ -18,9 +19,9 @@ without sending anything:
             heartbeat({"chunks": chunk + 1})  # raises StepCancelled once the step has ended
         return {"chunks": CHUNKS}
 
-So the news comes with the first heartbeat sent after the step ended (at most
-a third of the node's ``heartbeat_s`` later, or ``heartbeats.INTERVAL_S``
-without one), and is seen at the next call. A worker of the ``solo`` pool
+So the news comes at once, or with the first heartbeat sent after the step
+ended (at most a third of the node's ``heartbeat_s`` later, or
+``heartbeats.INTERVAL_S`` without one), and is seen at the next call. A worker of the ``solo`` pool
 runs its remote control between tasks only, and learns it after the task.
 """
 

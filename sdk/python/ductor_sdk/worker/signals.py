@@ -7,8 +7,9 @@
   process, whatever the number of calls (``dispatch_uid``).
 - The ``ductor.task_failed`` errback: see ``ductor_sdk.worker.errback``.
 - A ``before_task_publish`` handler adds the task's run time (``work_ms``, from
-  its ``task_prerun`` to the publish of its outcome) to the outcome Ductor
-  gets back (``ductor.task_succeeded``, ``ductor.task_failed``): what its
+  its ``task_prerun`` to the publish of its outcome) and the worker it ran on
+  (``worker``, its Celery node name) to the outcome Ductor gets back
+  (``ductor.task_succeeded``, ``ductor.task_failed``): the first is what its
   tenant is charged in Ductor's fair queue. Without it Ductor charges the
   task's time in flight (its wait in the broker too), bounded by what the
   tenant's tasks usually take.
@@ -46,10 +47,12 @@ log = logging.getLogger(__name__)
 # The outcomes Ductor's callbacks carry back: the task's run time is added to them.
 OUTCOME_TASKS = frozenset({"ductor.task_succeeded", ERRBACK_TASK})
 
-_Tokens = tuple[Token[context.StepContext | None], Token[float | None], Token[Any]]
+_Tokens = tuple[Token[context.StepContext | None], Token[float | None], Token[Any], Token[str | None]]
 _tokens: dict[str, list[_Tokens]] = {}
 # When the running task started (time.perf_counter()), while it runs for a Ductor step.
 _started: ContextVar[float | None] = ContextVar("ductor_step_started", default=None)
+# The worker it runs on (its Celery node name), while it runs for a Ductor step.
+_worker: ContextVar[str | None] = ContextVar("ductor_step_worker", default=None)
 
 
 def on_task_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
@@ -59,8 +62,10 @@ def on_task_prerun(sender: Any = None, task_id: str | None = None, task: Any = N
     step = context.from_request(request) if request is not None else None
     token = context.enter(step)
     started = _started.set(time.perf_counter() if step else None)
-    beats = heartbeats.begin(getattr(task or sender, "app", None), step, getattr(request, "hostname", None))
-    _tokens.setdefault(task_id or "", []).append((token, started, beats))
+    hostname = getattr(request, "hostname", None)
+    worker = _worker.set(hostname if step and isinstance(hostname, str) else None)
+    beats = heartbeats.begin(getattr(task or sender, "app", None), step, _worker.get())
+    _tokens.setdefault(task_id or "", []).append((token, started, beats, worker))
 
 
 def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
@@ -69,10 +74,12 @@ def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) ->
     if not stack:
         context.enter(None)
         _started.set(None)
+        _worker.set(None)
         heartbeats.begin(None, None)
         return
-    step_token, started_token, beats_token = stack.pop()
+    step_token, started_token, beats_token, worker_token = stack.pop()
     heartbeats.end(beats_token)
+    _worker.reset(worker_token)
     _started.reset(started_token)
     context.leave(step_token)
     if not stack:
@@ -90,7 +97,7 @@ def _kwargs_of(body: Any) -> dict[str, Any] | None:
 
 def on_before_task_publish(sender: Any = None, body: Any = None, **_: Any) -> None:
     """The outcome of the running Ductor step goes out (Celery's link, or the errback): it carries
-    how long the task ran, in ms. Nothing else is touched."""
+    how long the task ran, in ms, and the worker it ran on. Nothing else is touched."""
     started = _started.get()
     if started is None or sender not in OUTCOME_TASKS:
         return
@@ -99,6 +106,9 @@ def on_before_task_publish(sender: Any = None, body: Any = None, **_: Any) -> No
         work_ms = (time.perf_counter() - started) * 1000
         if math.isfinite(work_ms) and work_ms >= 0:
             kwargs["work_ms"] = round(work_ms, 3)
+        worker = _worker.get()
+        if worker:
+            kwargs["worker"] = worker
 
 
 def _errbacks_of(body: Any) -> list[dict[str, Any]]:
