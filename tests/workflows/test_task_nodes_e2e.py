@@ -382,8 +382,8 @@ def test_a_task_step_cancelled_before_its_task_started_is_discarded_unrun_by_the
 
 
 def test_a_task_that_heartbeats_is_told_its_cancelled_step_ended_and_stops(stack, team, catalogued, make_tenant):
-    """The run is cancelled while its task runs: the task's next heartbeat is answered to its worker,
-    its next ``heartbeat()`` raises ``StepCancelled``, and its late failure stays in the history."""
+    """The run is cancelled while its task runs: the worker its heartbeats named is told, its next
+    ``heartbeat()`` raises ``StepCancelled``, and its late failure stays in the history."""
     catalogued("team_sdk.until_cancelled", queue="team_sdk")
     worker = team.start(app="tests.teamapp.with_sdk", queue="team_sdk")
     tenant = make_tenant()[0]
