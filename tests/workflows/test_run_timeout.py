@@ -11,10 +11,12 @@ import pytest
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
+from scheduling import fair_queue
 from tenants.models import Tenant
 from tests.conftest import api_client, error_code
 from workflows import services
-from workflows.engine.tick import run_timeout
+from workflows.engine.reconcile import reconcile_runs
+from workflows.engine.tick import RUN_TIMEOUT, run_timeout
 from workflows.models import StepRun, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
@@ -95,3 +97,18 @@ def test_timeout_s_is_kept_in_the_version(tenant_a):
     with tenant_context(tenant_a[0]):
         version, _ = services.workflow_put(name="w", spec={"nodes": [NAP], "timeout_s": 90})
     assert version.spec["timeout_s"] == 90
+
+
+def run_timeout_pending(tenant: Tenant, run: WorkflowRun) -> bool:
+    return fair_queue.pending([(Tenant.system(), f"wake:{tenant.pk}:{RUN_TIMEOUT}:{run.pk}")])[0]
+
+
+def test_the_reconciler_arms_a_runs_timeout_again_after_redis_lost_it(tenant_a, redis_client):
+    run = sleeping_run(tenant_a[0], timeout_s=60)
+    assert run_timeout_pending(tenant_a[0], run)  # armed by its first tick
+    redis_client.flushdb()  # the wake-up is gone with everything else
+    assert not run_timeout_pending(tenant_a[0], run)
+
+    reconcile_runs(full=True)
+
+    assert run_timeout_pending(tenant_a[0], run)

@@ -14,11 +14,13 @@ import pytest
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
+from scheduling import fair_queue
 from scheduling.fair_queue import Dequeued
 from tenants.models import Tenant
 from tests.conftest import api_client, broker_redis, error_code
 from workflows import services
 from workflows.engine import task_nodes, timers
+from workflows.engine.reconcile import reconcile_runs
 from workflows.engine.statements import start_tasks
 from workflows.engine.tick import tick
 from workflows.models import RunEvent, StepRun, TaskCatalogEntry
@@ -272,3 +274,15 @@ def test_the_retrys_message_carries_its_heartbeat_s_and_the_progress_to_resume_f
     assert message["headers"]["ductor_heartbeat_details"] == {"chunks": 3}
     _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
     assert kwargs == {}
+
+
+def test_the_reconciler_arms_a_heartbeat_wake_up_again_after_redis_lost_it(tenant_a, redis_client):
+    step = running_task_step(tenant_a[0], heartbeat_s=5)
+    beat(tenant_a[0], step)  # the first: it arms the wake-up, which the later ones count on
+    wake = f"wake:{tenant_a[0].pk}:heartbeat_due:{step.pk}"
+    assert fair_queue.pending([(Tenant.system(), wake)]) == [True]
+    redis_client.flushdb()
+
+    reconcile_runs(full=True)
+
+    assert fair_queue.pending([(Tenant.system(), wake)]) == [True]

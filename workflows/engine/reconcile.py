@@ -5,8 +5,9 @@ or a Redis flush, can leave an active run with nothing queued for it. Every
 pass of the coordinator's reconcilers looks at the runs unchanged for
 ``STALE_RUN_S`` (the longest-unchanged first, ``RECONCILE_BATCH`` at most) and
 puts back their tick, the items of their queued and running steps, the
-timers of their sleeps, retry backoffs and step timeouts, and what their waits
-need (a timeout's wake-up, an arming: ``waits.repair``). Each of those is
+timers of their sleeps, retry backoffs, step timeouts and task heartbeats, the
+run's own timeout (its spec's ``timeout_s``), and what their waits need (a
+timeout's wake-up, an arming: ``waits.repair``). Each of those is
 idempotent (an item already queued or in flight is coalesced, a waiting timer
 is kept), so repairing a run that was only slow costs at most a no-op
 delivery. A run whose tick is still waiting or in flight is moving: it is
@@ -28,8 +29,10 @@ from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
-from workflows.engine.attempts import ACTIVE, nodes_of
-from workflows.engine.items import enqueue_step, enqueue_tick, tick_item_id, wakeup_on_commit
+from workflows.engine.attempts import ACTIVE, nodes_of, spec_of
+from workflows.engine.heartbeats import heartbeat_s_of
+from workflows.engine.items import TASK, enqueue_step, enqueue_tick, tick_item_id, wakeup_on_commit
+from workflows.engine.tick import RUN_TIMEOUT
 from workflows.engine.waits import WAIT
 from workflows.engine.waits import repair as repair_wait
 from workflows.models import StepRun, WorkflowRun
@@ -95,10 +98,21 @@ def stale_runs(cutoff: datetime) -> QuerySet[WorkflowRun]:
 def _repair_run(run: WorkflowRun, now: datetime) -> None:
     with tenant_context(run.tenant), transaction.atomic():
         enqueue_tick(run)
+        _repair_run_timeout(run, now)
         by_id = {n["id"]: n for n in nodes_of(run)}
         for step in StepRun.objects.filter(run=run, status__in=ACTIVE):
             _repair_step(step, run, by_id.get(step.node_id, {}), now)
         WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+
+
+def _repair_run_timeout(run: WorkflowRun, now: datetime) -> None:
+    """Arm the wake-up of ``run``'s own ``timeout_s``, if its spec has one and its first tick armed it
+    (it started), due at its start plus ``timeout_s``: the wake-up counts a retry's rest itself
+    (``tick.run_timeout``)."""
+    timeout_s = spec_of(run).get("timeout_s")
+    if timeout_s and run.started_at is not None:
+        deadline = run.started_at + timedelta(seconds=float(timeout_s))
+        wakeup_on_commit(str(run.pk), kind=RUN_TIMEOUT, delay_s=max(0.0, (deadline - now).total_seconds()))
 
 
 def _ticks_pending(runs: list[WorkflowRun]) -> set[Any]:
@@ -117,6 +131,11 @@ def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: dat
     if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
         deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
         wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=due_in(deadline))
+    heartbeat_s = heartbeat_s_of(step) if step.node_type == TASK else 0.0
+    if step.status == SStatus.RUNNING and heartbeat_s and step.heartbeat_at:
+        # Its first heartbeat armed it; the later ones count on it.
+        beat_due = step.heartbeat_at + timedelta(seconds=heartbeat_s)
+        wakeup_on_commit(str(step.id), kind="heartbeat_due", delay_s=due_in(beat_due))
     if step.status == SStatus.WAITING and step.node_type == WAIT:
         repair_wait(step)
     if step.status == SStatus.SCHEDULED:
