@@ -71,6 +71,7 @@ def test_a_backfill_starts_each_fire_of_its_span_once_under_its_key(tenant_a: tu
     ({"start": "2025-01-01T00:00:00Z", "end": "2025-01-02T00:00:00Z"}, "end"),  # 1,441 fires
     ({"start": "yesterday", "end": "2025-01-01T00:00:00Z"}, "start"),
     ({"end": "2025-01-01T00:00:00Z"}, "start"),
+    ({"start": "0001-01-01T00:00:00Z", "end": "0001-01-01T00:10:00Z"}, "start"),  # before the first datetime
 ])
 def test_a_bad_span_is_refused_naming_the_field_and_starts_nothing(tenant_a: tuple[Tenant, str], span: Any,
                                                                    field: str) -> None:
@@ -79,6 +80,19 @@ def test_a_bad_span_is_refused_naming_the_field_and_starts_nothing(tenant_a: tup
     assert response.status_code == 400
     assert error_code(response) == "invalid"
     assert field in response.json()["error"]["details"]
+    assert runs_of(tenant_a[0]) == []
+
+
+@pytest.mark.parametrize("start", ["0001-01-01T00:00:00Z", "0001-01-01T03:00:00Z"])
+def test_a_span_from_the_first_days_of_the_calendar_is_refused_naming_start(tenant_a: tuple[Tenant, str],
+                                                                            start: str) -> None:
+    """Fire times there cannot be computed (in the schedule's time zone, a day before the first
+    ``datetime``): the span is refused, not a server error."""
+    schedule = scheduled(tenant_a[0], interval_s=None, cron="0 * * * *", timezone="America/New_York")
+    response = backfill(api_client(tenant_a[1]), schedule, {"start": start, "end": "0001-01-02T00:00:00Z"})
+    assert response.status_code == 400, response.content
+    assert error_code(response) == "invalid"
+    assert "start" in response.json()["error"]["details"]
     assert runs_of(tenant_a[0]) == []
 
 

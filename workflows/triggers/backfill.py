@@ -41,14 +41,19 @@ MAX_BACKFILL_FIRES = 1000
 def schedule_backfill(*, schedule: Schedule, start: datetime, end: datetime) -> list[tuple[datetime, Outcome]]:
     """Start the runs of ``schedule``'s fire times from ``start`` to ``end`` (see the module docs):
     each fire time with how its start went, in order. ``400 invalid`` naming ``start`` or ``end``
-    when the span is backwards, reaches past now, or holds more than ``MAX_BACKFILL_FIRES`` fires."""
+    when the span is backwards, reaches past now, holds more than ``MAX_BACKFILL_FIRES`` fires, or
+    starts where no fire time can be computed (the calendar's first days)."""
     now = timezone.now()
     if start > end:
         raise ApiError("start is after end.", code=ErrorCode.INVALID, details={"start": ["Must not be after end."]})
     if end > now:
         raise ApiError("end is in the future.", code=ErrorCode.INVALID,
                        details={"end": ["Must not be in the future: the schedule starts its own fires."]})
-    fires = list(itertools.islice(_fires_between(timing_of(schedule), start, end), MAX_BACKFILL_FIRES + 1))
+    try:
+        fires = list(itertools.islice(_fires_between(timing_of(schedule), start, end), MAX_BACKFILL_FIRES + 1))
+    except OverflowError:  # a start in the calendar's first days: before it, or its time zone's, there is none
+        raise ApiError("start is too far in the past.", code=ErrorCode.INVALID,
+                       details={"start": ["Too far in the past: no fire time can be computed from it."]}) from None
     if len(fires) > MAX_BACKFILL_FIRES:
         raise ApiError(f"More than {MAX_BACKFILL_FIRES} fire times from start to end.", code=ErrorCode.INVALID,
                        details={"end": [f"The span holds more than {MAX_BACKFILL_FIRES} fire times: backfill it "
