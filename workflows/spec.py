@@ -537,7 +537,7 @@ class _NodeParser:
             self.error("retry.non_retryable", what)
             return ()
         for index, name in enumerate(names):
-            if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not FAILURE_NAME.match(name):
+            if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not FAILURE_NAME.fullmatch(name):
                 self.error(f"retry.non_retryable[{index}]", "must be an error code or an exception's type, "
                                                             "optionally with its module (billing.errors.CardDeclined)")
                 return ()

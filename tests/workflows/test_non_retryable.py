@@ -72,6 +72,7 @@ def test_a_failure_that_is_not_retryable_stays_so_whatever_the_list():
     (["ok", 5], "spec.nodes[0].retry.non_retryable[1]"),
     (["no spaces"], "spec.nodes[0].retry.non_retryable[0]"),
     (["trailing."], "spec.nodes[0].retry.non_retryable[0]"),
+    (["ValueError\n"], "spec.nodes[0].retry.non_retryable[0]"),  # a name and a line break are not a name
     (["x"] * 51, "spec.nodes[0].retry.non_retryable"),
 ])
 def test_a_bad_non_retryable_is_refused_naming_the_field(tenant_a, value, field):
