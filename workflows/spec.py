@@ -407,7 +407,14 @@ class _Errors:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number, not a boolean. A whole number past what a float holds (``10**400``, which
+    JSON can spell) is none: no limit or float conversion could take it."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _label(fields: Mapping[str, Any]) -> str:

@@ -43,7 +43,8 @@ def fire(tenant: Tenant, run: WorkflowRun) -> WorkflowRun:
         return WorkflowRun.objects.get(pk=run.pk)
 
 
-@pytest.mark.parametrize("value", [0, -1, "60", True, None, 366 * 86_400 + 1])
+@pytest.mark.parametrize("value", [0, -1, "60", True, None, 366 * 86_400 + 1,
+                                   pytest.param(10**400, id="past-a-float")])
 def test_a_bad_timeout_s_is_refused_naming_the_field(tenant_a, value):
     response = api_client(tenant_a[1]).post("/api/v1/workflows", {"name": "w", "spec": {
         "nodes": [NAP], "timeout_s": value}}, format="json")

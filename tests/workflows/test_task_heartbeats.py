@@ -61,6 +61,8 @@ def reread(tenant: Tenant, step: StepRun) -> StepRun:
     ({"heartbeat_s": "5"}, "heartbeat_s", "must be a number of seconds"),
     ({"heartbeat_s": True}, "heartbeat_s", "must be a number of seconds"),
     ({"heartbeat_s": 90, "timeout_s": 60}, "heartbeat_s", "at most the node's timeout_s (60 s)"),
+    ({"heartbeat_s": 10**400}, "heartbeat_s", "must be a number of seconds"),  # past what a float holds
+    ({"heartbeat_s": 5, "timeout_s": 10**400}, "timeout_s", "must be a number of seconds"),
 ])
 def test_a_bad_heartbeat_s_is_refused_naming_the_field(tenant_a, extra, field, words):
     TaskCatalogEntry.objects.create(name="team.add", queue="team")
