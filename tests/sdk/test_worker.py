@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -506,6 +508,40 @@ def test_a_heartbeat_outside_a_step_or_with_details_that_are_not_json_raises(app
     with pytest.raises(TypeError, match="heartbeat details must be JSON"):
         transcode.apply(headers=HEADERS).get()
     assert _heartbeats(redis_client) == []
+
+
+def test_threads_of_a_task_send_one_heartbeat_per_interval_and_keep_the_details_of_a_call_meanwhile(
+        monkeypatch) -> None:
+    """A thread run in the task's context (``copy_context().run``) shares its heartbeats: a call while
+    another thread's heartbeat is on its way sends nothing, and its details go with the next one."""
+    from ductor_sdk.worker import heartbeats
+
+    clock = [100.0]
+    monkeypatch.setattr(heartbeats, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    sent: list[Any] = []
+    publishing, published = threading.Event(), threading.Event()
+
+    def to_ductor(app: Any, task: str, *, args: list[Any], kwargs: dict[str, Any]) -> None:
+        sent.append(kwargs.get("details"))
+        if len(sent) == 1:  # the first heartbeat is on its way until the test lets it go
+            publishing.set()
+            assert published.wait(30)
+
+    monkeypatch.setattr(heartbeats, "to_ductor", to_ductor)
+    token = heartbeats.begin(SimpleNamespace(), EXPECTED)  # no heartbeat_s: the task's first call sends
+    try:
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(heartbeat, {"chunks": 1}))
+        worker.start()
+        assert publishing.wait(30)
+        meanwhile = heartbeat({"chunks": 2})
+        published.set()
+        worker.join(30)
+        clock[0] += heartbeats.INTERVAL_S
+        later = heartbeat()
+    finally:
+        heartbeats.end(token)
+    assert (meanwhile, later) == (False, True)
+    assert sent == [{"chunks": 1}, {"chunks": 2}]
 
 
 @pytest.mark.parametrize("value", [0, -1, "3", True, float("nan")])

@@ -17,7 +17,8 @@ starts; the task calls ``heartbeat()`` as it makes progress:
 Each heartbeat is a small message to ``ductor.results`` through the task's own
 app. They are sent at most once per third of ``heartbeat_s`` (once per
 ``INTERVAL_S`` for a node without it, whose heartbeats only report progress);
-a call in between keeps its details for the next one sent. The details (JSON)
+a call in between keeps its details for the next one sent (from any thread
+of the task that runs in its context: ``contextvars.copy_context().run``). The details (JSON)
 the node's next attempt is given are the last ones Ductor received. Each names
 the worker that sends it: a heartbeat of a step that has ended is answered to
 that worker, and the task's next ``heartbeat()`` raises ``StepCancelled``
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
@@ -58,6 +60,8 @@ class _Beats:
     worker: str | None = None
     sent_at: float | None = None
     pending: Any = _NOTHING
+    # Guards sent_at and pending: the task's threads that run in its context share these heartbeats.
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def interval_s(self) -> float:
@@ -101,11 +105,9 @@ def heartbeat(details: Any = None) -> bool:
             json.dumps(details, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"heartbeat details must be JSON: {exc}") from None
-        beats.pending = details
-    now = time.monotonic()
-    if beats.sent_at is not None and now - beats.sent_at < beats.interval_s:
-        return False
-    return _send(beats, now)
+        with beats.lock:
+            beats.pending = details
+    return _send(beats, time.monotonic())
 
 
 def cancel_requested() -> bool:
@@ -125,16 +127,29 @@ def _running() -> _Beats:
 
 def _send(beats: _Beats, now: float) -> bool:
     """Send a heartbeat of ``beats``' step at ``now`` (``time.monotonic()``), with the details that
-    wait. False when it failed."""
+    wait, unless one was sent within the interval (False then: they wait for the next). The
+    interval and the details are taken under the lock, before the publish, which runs outside it:
+    a call from another thread of the task meanwhile keeps its details for the next one, and sends
+    none of its own. False when the publish failed: the interval is given back, and the details,
+    unless newer ones wait."""
+    with beats.lock:
+        before, taken = beats.sent_at, beats.pending
+        if before is not None and now - before < beats.interval_s:
+            return False
+        beats.sent_at, beats.pending = now, _NOTHING
     kwargs: dict[str, Any] = {"step_id": beats.step.step_id, "tenant_id": beats.step.tenant_id}
     if beats.worker:
         kwargs["worker"] = beats.worker
-    if beats.pending is not _NOTHING:
-        kwargs["details"] = beats.pending
+    if taken is not _NOTHING:
+        kwargs["details"] = taken
     try:
         to_ductor(beats.app, HEARTBEAT_TASK, args=[], kwargs=kwargs)
     except Exception:
         log.exception("ductor_heartbeat_not_sent", extra={"step_id": beats.step.step_id})
+        with beats.lock:
+            if beats.sent_at == now:
+                beats.sent_at = before
+            if beats.pending is _NOTHING:
+                beats.pending = taken
         return False
-    beats.sent_at, beats.pending = now, _NOTHING
     return True
