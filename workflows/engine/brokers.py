@@ -8,7 +8,9 @@ broadcast on that broker): an attempt
 cancelled, or ended by its run's failure or timeout, before a worker started its
 task is then discarded unrun by a worker that holds its message or takes it
 later, as long as that worker was running when the revoke was sent (a worker
-keeps the ids it was told in memory, or in its ``--statedb``). A task already
+keeps the ids it was told in memory, or in its ``--statedb``, for three hours
+and 50,000 ids at most by default: Celery's ``CELERY_WORKER_REVOKE_EXPIRES`` and
+``CELERY_WORKER_REVOKES_MAX``). A task already
 running goes on, and its late result is discarded; a task that sends heartbeats
 is told, on the worker they named (``tell_ended``), and can stop.
 """
