@@ -79,7 +79,7 @@ def run_steps(run: WorkflowRun) -> QuerySet[StepRun]:
 
 # What a step row costs a response besides its payloads: ids, statuses, times, keys.
 STEP_ROW_BYTES = 400
-PAYLOADS = ("input", "output", "error", "routing")
+PAYLOADS = ("input", "output", "error", "routing", "heartbeat_details")
 
 
 class _OctetLength(Func):

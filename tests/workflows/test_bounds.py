@@ -211,6 +211,26 @@ def test_steps_are_bounded_in_bytes_in_the_detail_and_in_every_page_which_holds_
         assert client.get(f"/api/v1/runs/{run.pk}").json()["steps"] == []
 
 
+@override_settings(DUCTOR_STEPS_MAX_BYTES=4_000)
+def test_the_progress_its_heartbeats_reported_counts_in_a_steps_bytes(make_tenant, redis_client):
+    """A task node's step carries the last details of its heartbeats (up to the plan's payload limit
+    each), which the byte budget of the detail and of every page counts as it counts an input."""
+    tenant, key = make_tenant("beating")
+    client = api_client(key)
+    run = fan_out(tenant, 6)
+    with tenant_context(tenant):
+        StepRun.objects.filter(run=run).update(heartbeat_details={"chunks": "h" * 1_500})
+
+    detail = client.get(f"/api/v1/runs/{run.pk}").json()
+    assert 1 <= len(detail["steps"]) < 6
+    assert json_size(detail["steps"]) <= 4_000
+    assert detail["steps_truncated"] is True
+
+    listed = pages(client, detail["steps_url"], page_size=100)
+    assert all(json_size(page) <= 4_000 for page in listed)
+    assert sorted(s["node_id"] for page in listed for s in page) == [f"n{i:03}" for i in range(6)]
+
+
 def test_a_short_run_shows_every_step_untruncated(make_tenant, redis_client):
     tenant, key = make_tenant("short")
     run = fan_out(tenant, 2)
