@@ -5,7 +5,8 @@
   and ``max_response_bytes`` (1 .. 50 MiB, default 1 MiB).
 - ``python``: a free-form object of at most 64 KiB as JSON.
 - ``celery``: ``queue`` (required: the Celery queue the team's workers consume;
-  never a ``ductor.`` one) and ``broker`` (the name of a broker of
+  never a ``ductor.`` one, nor the name of a key the broker's Redis keeps for
+  something else: ``RESERVED_QUEUE``) and ``broker`` (the name of a broker of
   ``DUCTOR_TASK_BROKERS``, default ``"default"``: Ductor's own). A tenant names
   brokers the platform configured; it never gives a URL.
 
@@ -38,6 +39,14 @@ DEFAULT_BROKER = "default"
 # A Celery queue name as AMQP and Redis both take it; ``ductor.`` names are Ductor's own queues.
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
 INTERNAL_QUEUE_PREFIX = "ductor."
+# On Redis a queue is the list under its name, in the database where the broker also keeps kombu's
+# own keys (the messages every worker that emulates acks holds, as a team's worker does by default,
+# and the exchanges' bindings), Celery's results, and Ductor's cache (``<version>:t:…``,
+# ``<version>:g:…``, after the cache's prefix). A message pushed onto one of them made it a list:
+# every worker on the broker died at its next message (``WRONGTYPE`` on ``unacked``), or the cache
+# entry every tenant reads failed their requests. Such a name is no queue.
+RESERVED_QUEUE_NAMES = frozenset({"unacked", "unacked_index", "unacked_mutex"})
+RESERVED_QUEUE = re.compile(r"_kombu\.|celery-task-meta-|celery-taskset-meta-|chord-unlock-|(?:.*:)?[0-9]+:[tg]:")
 
 # RFC 9110 field-name token; values may not carry CR/LF (no header injection).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
@@ -113,6 +122,9 @@ def queue_name_error(queue: Any) -> str | None:
         return "must be a Celery queue name: letters, digits and _ . : - (at most 200)"
     if queue.startswith(INTERNAL_QUEUE_PREFIX):
         return "names one of Ductor's own queues (ductor.*), which no task may be sent to"
+    if queue in RESERVED_QUEUE_NAMES or RESERVED_QUEUE.match(queue):
+        return ("names a key the broker keeps for itself or for Ductor (unacked*, _kombu.*, Celery's results, "
+                "Ductor's cache), which no task may be sent to")
     return None
 
 

@@ -67,6 +67,8 @@ def test_the_platform_creates_reads_changes_and_deletes_catalog_entries(platform
     ({"name": "celery.chord_unlock"}, "name", "internal task"),
     ({"name": "not a task"}, "name", "Celery task name"),
     ({"name": "a.b", "queue": "ductor.work"}, "queue", "Ductor's own queues"),
+    ({"name": "a.b", "queue": "unacked"}, "queue", "keeps for itself"),
+    ({"name": "a.b", "queue": "1:g:plans:version"}, "queue", "keeps for itself"),
     ({"name": "a.b", "input_schema": {"type": "no-such-type"}}, "input_schema", "not a valid JSON Schema"),
     ({"name": "a.b", "input_schema": {"$ref": "#/nope"}}, "input_schema", "does not resolve"),
     ({"name": "a.b", "input_schema": {"properties": {"x": {"$ref": "#/$defs/gone"}}}}, "input_schema", "#/$defs/gone"),
@@ -325,6 +327,14 @@ def test_a_kwargs_task_needs_an_object_input(platform, client_a):
     ({}, "config.queue"),
     ({"queue": "ductor.results"}, "config.queue"),
     ({"queue": "bad queue"}, "config.queue"),
+    # Keys the broker's Redis keeps beside the queues: a message pushed there made them lists.
+    ({"queue": "unacked"}, "config.queue"),
+    ({"queue": "unacked_index"}, "config.queue"),
+    ({"queue": "unacked_mutex"}, "config.queue"),
+    ({"queue": "_kombu.binding.celery"}, "config.queue"),
+    ({"queue": "celery-task-meta-0f2c"}, "config.queue"),
+    ({"queue": "1:g:plans:version"}, "config.queue"),
+    ({"queue": "1:t:00000000-0000-0000-0000-000000000001:stamp"}, "config.queue"),
     ({"queue": "shop", "broker": "elsewhere"}, "config.broker"),
     ({"queue": "shop", "url": "redis://x"}, "config.url"),
 ])
@@ -333,6 +343,25 @@ def test_a_celery_connection_names_a_team_queue_and_a_configured_broker(client_a
                              format="json")
     assert response.status_code == 400, response.content
     assert field in str(response.json()["error"])
+
+
+def test_a_refused_queue_name_leaves_no_connection(client_a):
+    from scheduling.models import Connection
+
+    response = client_a.post("/api/v1/connections", {"name": "shop", "kind": "celery",
+                                                      "config": {"queue": "unacked"}}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["details"] == {"config.queue": [
+        "names a key the broker keeps for itself or for Ductor (unacked*, _kombu.*, Celery's results, "
+        "Ductor's cache), which no task may be sent to"]}
+    assert not Connection.all_tenants.filter(name="shop").exists()
+
+
+@pytest.mark.parametrize("queue", ["shop", "billing-eu", "eu:billing", "team:1:tasks", "celery", "Unacked"])
+def test_a_queue_that_only_looks_like_a_reserved_key_is_taken(client_a, queue):
+    response = client_a.post("/api/v1/connections", {"name": "shop", "kind": "celery",
+                                                      "config": {"queue": queue}}, format="json")
+    assert response.status_code == 201, response.content
 
 
 def test_a_celery_connection_defaults_to_ductors_own_broker(client_a):

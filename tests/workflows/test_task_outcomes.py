@@ -667,6 +667,31 @@ def test_the_callbacks_reach_ductor_results_whatever_the_team_app_routes_and_dec
     assert broker.llen("elsewhere") == 0
 
 
+@pytest.mark.parametrize("queue", ["unacked", "1:g:plans:version"])
+def test_a_connection_stored_with_a_reserved_key_as_its_queue_sends_nothing_there(tenant_a, queue):
+    """A connection stored before such names were refused, naming as its queue a key the broker keeps
+    for something else (kombu's unacked messages, which every team worker that emulates acks writes;
+    Ductor's cache): nothing is pushed there, which would have made it a list (a worker dies on
+    ``WRONGTYPE``, every tenant's read of the cache fails), and the step fails for good."""
+    from scheduling.models import Connection
+    from tests.conftest import broker_redis
+
+    broker = broker_redis()
+    broker.delete(queue)
+    connection_id = celery_connection(tenant_a[0], "team-a")
+    with tenant_context(tenant_a[0]):
+        stored = Connection.objects.get(pk=connection_id)
+        stored.config = {"queue": queue, "broker": "default"}
+        stored.save()  # as it was stored then: unchecked
+    item = replace(queued_task_item(tenant_a[0]), connection_id=connection_id)
+    task_nodes.publish([item])
+    with tenant_context(tenant_a[0]):
+        step = StepRun.objects.get(pk=item.payload["step_id"])
+    assert (step.status, step.error["code"], step.error["queue"]) == ("failed", "routing_denied", queue)
+    assert step.error["retryable"] is False
+    assert broker.type(queue) == b"none"
+
+
 def test_a_tenant_cannot_send_its_tasks_to_a_queue_the_catalog_keeps_for_other_tenants(tenant_a, tenant_b):
     """``beta-dedicated`` takes the tasks of an entry open to tenant B alone: tenant A's connection to it
     sends nothing there (its task would run on the workers kept for B), and its step fails for good;

@@ -64,7 +64,7 @@ from ductor_project.core import scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit, fair_queue
-from scheduling.connection_config import DEFAULT_BROKER
+from scheduling.connection_config import DEFAULT_BROKER, queue_name_error
 from scheduling.dispatch.handoff import settle_published
 from scheduling.fair_queue import Dequeued, Finished
 from scheduling.routing_table import MemberInfo, routing_table
@@ -194,8 +194,14 @@ def _queue_of(item: Dequeued) -> tuple[MemberInfo | None, str]:
 
 def _queue_refusal(member: MemberInfo | None, queue: str) -> Outcome | None:
     """Why the attempt may not go to ``queue`` through ``member``, the celery connection its routing
-    chose (``_queue_of``), or None: a queue of Ductor's own broker that the catalog keeps for other
-    tenants' tasks (``catalog.kept_for_others``). The step then fails for good, and nothing is sent."""
+    chose (``_queue_of``), or None: a name that is no queue (a key the broker keeps for something
+    else, named by a connection stored before such names were refused: ``queue_name_error``), or a
+    queue of Ductor's own broker that the catalog keeps for other tenants' tasks
+    (``catalog.kept_for_others``). The step then fails for good, and nothing is sent."""
+    problem = queue_name_error(queue) if member is not None else None
+    if member is not None and problem is not None:
+        return Outcome.failed(StepErrorCode.ROUTING_DENIED, f"connection '{member.name}' sends to queue '{queue}': "
+                              f"it {problem}", connection=member.name, queue=queue)
     if member is None or (member.broker or DEFAULT_BROKER) != DEFAULT_BROKER or not catalog.kept_for_others(queue):
         return None
     return Outcome.failed(StepErrorCode.ROUTING_DENIED,
