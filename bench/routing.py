@@ -101,12 +101,9 @@ def main() -> None:
                 raise RuntimeError(f"the benchmark step routed unexpectedly: {decision.trace()}")
             log(f"set up in {time.perf_counter() - started:.1f} s; decision: {decision.reason}")
 
-            def table_key() -> str:
-                return tenant_key("routing", "table", routing_table.current_version())
-
             def cold_prepare() -> None:
                 routing_table.forget_local()
-                cache.delete(table_key())
+                cache.delete(routing_table.table_key())
 
             redis = get_redis()
             baseline_key = tenant_key("bench", "get")

@@ -10,7 +10,10 @@ PostgreSQL. Every create, update or delete of a connection, pool, member or
 rule sets a new random version and a new stamp (now and again on commit), so
 the next ``route()`` of the process that made it sees the change at once, and
 every other process within ``freshness.LOCAL_TTL_S``; a random version never
-repeats, so a stale table can never be mistaken for a fresh one.
+repeats, so a stale table can never be mistaken for a fresh one. The cache
+keeps one table per tenant, which names its version: a table of another
+version than the current one is built again and replaces it, so however often
+a tenant edits, it keeps one table in Redis, not one per edit.
 """
 
 from __future__ import annotations
@@ -157,14 +160,19 @@ def routing_table() -> RoutingTable:
     return _copies.get(current_tenant(), _shared)
 
 
+def table_key() -> str:
+    """The Django cache key of the tenant's table: one for every version, the table saying its own."""
+    return tenant_key("routing", "table")
+
+
 def _shared() -> RoutingTable:
-    """The table of the tenant's routing version from the Django cache, or built (and cached)."""
+    """The table of the tenant's routing version from the Django cache, or built (and cached in
+    place of the table of another version)."""
     version = current_version()
-    key = tenant_key("routing", "table", version)
-    table = cache.get(key)
-    if not isinstance(table, RoutingTable):
+    table = cache.get(table_key())
+    if not isinstance(table, RoutingTable) or table.version != version:
         table = build(version)
-        cache.set(key, table, TABLE_TTL_S)
+        cache.set(table_key(), table, TABLE_TTL_S)
     return table
 
 

@@ -417,6 +417,24 @@ def test_another_process_sees_the_edit_too(tenant):
     assert len(queries) == 0
 
 
+def test_a_tenant_keeps_one_routing_table_in_the_shared_cache_however_often_it_edits(tenant, redis_client):
+    """Every edit gives the tenant a new routing version; the table of each was kept under a key of
+    its own for a day, so that a tenant editing a large table in a loop filled Redis, which every
+    tenant's work needs, at its API rate. One entry per tenant now holds the table of one version."""
+    from django.core.cache import cache
+
+    pool("p1", [conn("c1")])
+    pool("p2", [conn("c2")])
+    edited = rule(1, {}, {"pool": "p1"})
+    for name in ["p2", "p1"] * 10:
+        edited.action = {"pool": name}
+        edited.save()
+        routing_table.forget_local()
+        assert route(STEP).pool.name == name
+    pattern = cache.make_key("routing:table") + "*"
+    assert [key.decode() for key in redis_client.scan_iter(pattern)] == [cache.make_key("routing:table")]
+
+
 def test_created_and_deleted_routing_rows_take_effect_at_once(tenant):
     c1, c2 = conn("c1"), conn("c2")
     main = pool("main", [c1], is_default=True)
