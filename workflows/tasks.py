@@ -4,16 +4,51 @@ The team's worker sends them, through Celery's ``link`` and ``link_error``
 callbacks set by ``workflows.engine.task_nodes``, to ``ductor.results``, with
 the heartbeats of its long tasks (``workflows.engine.heartbeats``). Each
 carries its tenant like every Ductor task, and records the outcome in it.
+An outcome whose message does not name an attempt as Ductor's callbacks do
+(made up, or mangled on the way: ``refusal``) is refused, logged as
+``task_outcome_refused``, and changes nothing.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
+
+import structlog
 
 from tenants.tasking import tenant_task
 from workflows.engine import heartbeats, task_nodes
 from workflows.engine.task_nodes import Sent
+
+log = structlog.get_logger(__name__)
+
+
+def _is_uuid(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+def refusal(step_id: Any, item_id: Any, delivery: Any, connection_id: Any, admitted: Any, run_id: Any) -> str | None:
+    """Why an outcome's message names no attempt the way Ductor's callbacks do (``task_nodes._send``),
+    or None: its step and run are ids, its item is named, its delivery is a whole number from 1."""
+    if not _is_uuid(step_id):
+        return "step_id is not a step id"
+    if run_id != "" and not _is_uuid(run_id):
+        return "run_id is not a run id"
+    if not isinstance(item_id, str) or not item_id:
+        return "item_id is not an item id"
+    if isinstance(delivery, bool) or not isinstance(delivery, int) or delivery < 1:
+        return "delivery is not a whole number from 1"
+    if not isinstance(connection_id, str) or not isinstance(admitted, str):
+        return "connection_id and admitted are not text"
+    return None
+
+
+def _refused(task: str, step_id: Any, reason: str) -> None:
+    log.warning("task_outcome_refused", callback=task, step_id=str(step_id)[:100], reason=reason)
 
 
 @tenant_task(name="ductor.task_succeeded", ignore_result=True)
@@ -22,6 +57,10 @@ def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, co
                    worker: Any = "") -> None:
     """A task node's Celery task returned ``result`` (having run ``work_ms`` on the Celery worker
     ``worker``, when the team's worker has ``ductor_sdk``'s hook), by ``deadline`` or after it."""
+    reason = refusal(step_id, item_id, delivery, connection_id, admitted, run_id)
+    if reason is not None:
+        _refused("ductor.task_succeeded", step_id, reason)
+        return
     task_nodes.task_succeeded(result, Sent(step_id, item_id, delivery, connection_id, admitted, run_id,
                                            task_nodes.reported_work(work_ms), task_nodes.deadline_of(deadline),
                                            task_nodes.worker_name(worker)))
@@ -33,6 +72,10 @@ def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, conn
                 work_ms: Any = None, deadline: Any = None, worker: Any = "") -> None:
     """A task node's Celery task raised (Celery sends its id; ``ductor_sdk``'s hook adds the error,
     the time it ran and the worker it ran on), by ``deadline`` or after it."""
+    reason = refusal(step_id, item_id, delivery, connection_id, admitted, run_id)
+    if reason is not None:
+        _refused("ductor.task_failed", step_id, reason)
+        return
     task_nodes.task_failed(task_id, Sent(step_id, item_id, delivery, connection_id, admitted, run_id,
                                          task_nodes.reported_work(work_ms), task_nodes.deadline_of(deadline),
                                          task_nodes.worker_name(worker)), error)

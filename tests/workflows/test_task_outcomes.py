@@ -75,6 +75,23 @@ def test_a_result_with_no_tenant_is_refused_without_running(tenant_b):
     assert status_of(tenant_b[0], victim) == "running"
 
 
+@pytest.mark.parametrize("callback", [task_succeeded, task_failed])
+@pytest.mark.parametrize("mangled", [
+    {"step_id": "nope"}, {"step_id": 7}, {"run_id": "nope"}, {"item_id": {"a": 1}}, {"item_id": ""},
+    {"delivery": "abc"}, {"delivery": 0}, {"delivery": True}, {"connection_id": 5},
+])
+def test_an_outcome_whose_message_names_no_attempt_is_refused_and_changes_nothing(tenant_b, callback, mangled):
+    """A message on ``ductor.results`` that is not what Ductor's callbacks send (made up, mangled)
+    is refused as it comes: it raised deep in the outcome's recording (a malformed UUID in a query,
+    a delivery the fair queue refuses) after the step's outcome was kept, and its item stayed in flight."""
+    step = running_task_step(tenant_b[0])
+    args = [{"sum": 1}] if callback is task_succeeded else ["celery-id"]
+    fields = {"tenant_id": str(tenant_b[0].pk), **ids(step), "run_id": str(step.run_id), **mangled}
+    result = callback.apply(args=args, kwargs=fields)
+    assert result.state == "SUCCESS", result.traceback
+    assert status_of(tenant_b[0], step) == "running"
+
+
 def test_a_failure_keeps_the_exceptions_type_and_message_and_may_be_retried(tenant_b):
     step = running_task_step(tenant_b[0])
     task_failed.apply(args=["celery-id"], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
