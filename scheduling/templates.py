@@ -308,13 +308,37 @@ def as_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def _render_string(text: str, context: Mapping[str, Any]) -> Any:
-    value = _lookup_whole(text, context)
+class TemplateTooLarge(Exception):
+    """A template whose interpolations would build more text than its caller takes (``render``'s
+    ``max_chars``). The text is never built: a template of a few kilobytes that interpolates a
+    large value thousands of times would take gigabytes."""
+
+    def __init__(self, max_chars: int) -> None:
+        super().__init__(f"renders more than {max_chars} characters")
+        self.max_chars = max_chars
+
+
+class _Budget:
+    """The characters a ``render`` call's interpolations may still build."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = self.left = max_chars
+
+    def spend(self, text: str) -> str:
+        self.left -= len(text)
+        if self.left < 0:
+            raise TemplateTooLarge(self.max_chars)
+        return text
+
+
+def _render_string(text: str, context: Mapping[str, Any], budget: _Budget | None = None) -> Any:
+    value = _lookup_whole(text, context, budget)
     return None if value is _MISSING else value
 
 
-def _lookup_whole(text: str, context: Mapping[str, Any]) -> Any:
-    """A string rendered, where a whole-value reference to a missing path is ``_MISSING``."""
+def _lookup_whole(text: str, context: Mapping[str, Any], budget: _Budget | None = None) -> Any:
+    """A string rendered, where a whole-value reference to a missing path is ``_MISSING``. A
+    whole-value reference shares the value; an interpolation builds text, charged to ``budget``."""
     if text.startswith("$$"):
         text = text[1:]
     elif text.startswith("$"):
@@ -323,7 +347,8 @@ def _lookup_whole(text: str, context: Mapping[str, Any]) -> Any:
         return text
     pieces, last = [], 0
     for start, end in _interpolations(text):
-        pieces += [text[last:start], as_text(lookup(context, _parts(text[start + 2:end].strip())))]
+        piece = as_text(lookup(context, _parts(text[start + 2:end].strip())))
+        pieces += [text[last:start], budget.spend(piece) if budget is not None else piece]
         last = end + 2
     return "".join([*pieces, text[last:]])
 
@@ -337,7 +362,7 @@ def _parts(text: str) -> tuple[str, ...]:
     return (found.group(1), *found.group(2).split(".")[1:])
 
 
-def render(value: Any, context: Mapping[str, Any]) -> Any:
+def render(value: Any, context: Mapping[str, Any], *, max_chars: int | None = None) -> Any:
     """The template ``value`` with its references filled from ``context``.
 
     ``context`` holds the language's roots: ``{"input": ..., "nodes": {id: {"output",
@@ -347,19 +372,25 @@ def render(value: Any, context: Mapping[str, Any]) -> Any:
     the key whose whole value refers to it (an optional field stays absent, as a JSON
     Schema's optional property wants it), renders as null elsewhere (a list's item, the
     whole template), and as "" in an interpolation. Expects a validated template: a
-    malformed reference raises ``ValueError``.
+    malformed reference raises ``ValueError``. With ``max_chars``, the values its interpolations
+    insert may add up to that many characters, else it raises ``TemplateTooLarge`` before building
+    more (a payload limit in bytes is a bound in characters too: each takes at least one byte).
     """
+    return _render(value, context, None if max_chars is None else _Budget(max_chars))
+
+
+def _render(value: Any, context: Mapping[str, Any], budget: _Budget | None) -> Any:
     if isinstance(value, Mapping):
         rendered = {}
         for key, item in value.items():
-            found = _lookup_whole(item, context) if isinstance(item, str) else render(item, context)
+            found = _lookup_whole(item, context, budget) if isinstance(item, str) else _render(item, context, budget)
             if found is not _MISSING:
                 rendered[key] = found
         return rendered
     if isinstance(value, list):
-        return [render(item, context) for item in value]
+        return [_render(item, context, budget) for item in value]
     if isinstance(value, str):
-        return _render_string(value, context)
+        return _render_string(value, context, budget)
     return value
 
 

@@ -139,13 +139,50 @@ def json_size(value: Any) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+# How far past a payload limit ``payload_excess`` measures a value exactly: beyond, it says "more than".
+EXACT_SIZE_FACTOR = 2
+
+
+def json_size_floor(value: Any, *, stop_above: int) -> tuple[int, int]:
+    """At most ``value``'s compact UTF-8 JSON size in bytes, counting each character of its strings
+    and keys as one byte (the least it takes) and each bracket, quote, colon and comma, without
+    encoding anything, and the deepest nesting of containers seen; the count stops as soon as it
+    passes ``stop_above``. So a value that holds one large string or object many times (a
+    template's references share it) is measured in as many steps as it has parts, at most
+    ``stop_above``, not in as many bytes as its JSON would take. Iterative."""
+    floor = deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack and floor <= stop_above:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            floor += len(item) + 2
+        elif isinstance(item, Mapping):
+            floor += 2 + max(0, 2 * len(item) - 1) + sum(len(str(key)) + 2 for key in item)
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list | tuple):
+            floor += 2 + max(0, len(item) - 1)
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            floor += 1
+    return floor, deepest
+
+
 def payload_excess(value: Any, *, max_bytes: int, max_depth: int) -> str | None:
     """Why ``value`` may not be kept as a payload, or None: nested deeper than ``max_depth``, or
-    larger than ``max_bytes`` as compact JSON. The depth is checked first, so a value too deep
-    for ``json`` is refused before anything encodes it."""
-    depth = json_depth(value)
-    if depth > max_depth:
-        return f"nested {depth} levels deep, over the limit of {max_depth}"
+    larger than ``max_bytes`` as compact JSON. The depth is checked first, so a value too deep for
+    ``json`` is refused before anything encodes it; a value that is surely more than
+    ``EXACT_SIZE_FACTOR`` times ``max_bytes`` (``json_size_floor``) is refused as that, unencoded:
+    its JSON could take gigabytes."""
+    ceiling = EXACT_SIZE_FACTOR * max_bytes
+    floor, deepest = json_size_floor(value, stop_above=ceiling)
+    if floor > ceiling:
+        if deepest > max_depth:
+            return f"nested at least {deepest} levels deep, over the limit of {max_depth}"
+        return f"more than {ceiling} bytes, over the plan's max_payload_bytes ({max_bytes})"
+    if deepest > max_depth:  # the walk saw it all: the depth is exact
+        return f"nested {deepest} levels deep, over the limit of {max_depth}"
     size = json_size(value)
     if size > max_bytes:
         return f"{size} bytes, over the plan's max_payload_bytes ({max_bytes})"

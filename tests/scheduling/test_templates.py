@@ -431,3 +431,61 @@ def test_a_string_of_openings_is_read_in_one_pass() -> None:
         read[0] = 0
         assert templates._interpolations(Counted(text)) == expected
         assert read[0] <= 3 * len(text), (text[:10], read[0])
+
+
+# -- amplification ------------------------------------------------------------------------------
+
+
+def test_interpolations_past_max_chars_are_refused_before_their_text_is_built() -> None:
+    """A template of a few kilobytes may interpolate one large value thousands of times: 200 times
+    a megabyte here, 200 MB of text. With ``max_chars`` the render stops at the first interpolation
+    past it, having built less than that; without, it builds the whole text (as before)."""
+    import tracemalloc
+
+    from scheduling.templates import TemplateTooLarge
+
+    context = {"input": {"big": "x" * 1_000_000}}
+    template = {"one": "{{ $input.big }}" * 100, "many": [f"{{{{ $input.big }}}}{index}" for index in range(100)]}
+    tracemalloc.start()
+    try:
+        with pytest.raises(TemplateTooLarge, match="more than 2000000 characters"):
+            render(template, context, max_chars=2_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000
+    assert render({"a": "{{ $input.big }}!"}, context, max_chars=1_000_001) == {"a": "x" * 1_000_000 + "!"}
+    with pytest.raises(TemplateTooLarge):
+        render({"a": "{{ $input.big }}!", "b": "{{ $input.big }}"}, context, max_chars=1_999_999)
+
+
+def test_whole_value_references_share_their_value_and_cost_no_budget() -> None:
+    context = {"input": {"big": "x" * 1_000_000}}
+    rendered = render({f"k{index}": "$input.big" for index in range(1_000)}, context, max_chars=10)
+    assert all(value is context["input"]["big"] for value in rendered.values())
+
+
+def test_a_payload_that_shares_a_large_value_many_times_is_refused_unencoded() -> None:
+    """A rendered input whose references share one large value: its JSON would take 1,000 times the
+    value (a gigabyte here). ``payload_excess`` tells it is over from the sizes of its parts,
+    and never encodes it."""
+    import tracemalloc
+
+    from ductor_project.core.payloads import json_depth, json_size, json_size_floor, payload_excess
+
+    big = "x" * 1_000_000
+    shared = {f"k{index}": big for index in range(1_000)}
+    tracemalloc.start()
+    try:
+        excess = payload_excess(shared, max_bytes=512 * 1024, max_depth=64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert excess == "more than 1048576 bytes, over the plan's max_payload_bytes (524288)"
+    assert peak < 10_000_000
+    # Below twice the limit the size is exact, as before; the floor never passes the real size.
+    small = {"a": "y" * 700, "b": ["é", 1, None, True, {"c": 2.5}]}
+    assert payload_excess(small, max_bytes=500, max_depth=64) == (
+        f"{json_size(small)} bytes, over the plan's max_payload_bytes (500)")
+    floor, deepest = json_size_floor(small, stop_above=10**9)
+    assert (floor <= json_size(small), deepest) == (True, json_depth(small))

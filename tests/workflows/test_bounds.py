@@ -273,3 +273,22 @@ def test_an_action_error_quoting_a_nul_is_kept_with_it_replaced(tenant):
 
     step = by_node(tenant, run)["c"]
     assert (step.status, step.error["code"], step.error["message"]) == ("failed", "action_crashed", "bad\ufffdbyte")
+
+
+@pytest.mark.parametrize("template", [
+    {f"k{index}": "$input.text" for index in range(5)},  # shared: its JSON is never encoded
+    {"one": "{{ $input.text }}" * 5},  # built: stopped at the limit
+])
+def test_an_input_that_repeats_a_value_past_the_plan_is_refused_without_building_it(tenant, template):
+    """A small spec may repeat a reference thousands of times, and so render gigabytes from an input
+    within the plan (500 kB, 26,000 times, fits in a 512 kB spec): the step is refused as any
+    input over the plan is, and what its references would make is never made."""
+    put(tenant, "many", {"nodes": [echo("a", template)]})
+    run = tick(tenant, start(tenant, "many", {"text": "y" * 900}))  # 4,500 bytes in 5 references
+
+    step = by_node(tenant, run)["a"]
+    assert (step.status, step.input, step.error["code"], step.error["field"]) == (
+        "failed", None, "payload_too_large", "input")
+    assert step.error["message"].startswith("the input is more than ")
+    assert f"over the plan's max_payload_bytes ({LIMIT})" in step.error["message"]
+    assert run.status == "failed"

@@ -19,6 +19,7 @@ from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from ductor_project.core.keys import tenant_key
 from ductor_project.core.payloads import payload_excess, storable, unkeepable
+from scheduling import templates
 from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
 from workflows.engine.items import enqueue_tick, release_on_commit
@@ -56,6 +57,20 @@ class Outcome:
     def from_error(cls, error: dict[str, Any]) -> Outcome:
         """A failure described as an action error describes itself (``ActionError.describe()``)."""
         return cls(SStatus.FAILED, error=storable(error))
+
+
+def rendered_payload(template: Any, context: Any, what: str) -> tuple[Any, Outcome | None]:
+    """``template`` rendered from ``context`` (a node's input, a wait's default, a run's output), and
+    its refusal (``payload_refusal``), None when it may be kept. Interpolations past the plan's
+    payload limit are stopped before they build the text (``templates.TemplateTooLarge``): then
+    nothing is rendered (None), and it is refused as ``payload_too_large``."""
+    max_bytes = effective_entitlements(current_tenant()).max_payload_bytes
+    try:
+        rendered = templates.render(template, context, max_chars=max_bytes)
+    except templates.TemplateTooLarge:
+        return None, Outcome.failed(StepErrorCode.PAYLOAD_TOO_LARGE, f"the {what} is more than {max_bytes} bytes, "
+                                    f"over the plan's max_payload_bytes ({max_bytes})", field=what)
+    return rendered, payload_refusal(rendered, what, max_bytes=max_bytes)
 
 
 def payload_refusal(value: Any, what: str, *, max_bytes: int | None = None) -> Outcome | None:

@@ -29,7 +29,6 @@ from django.utils.dateparse import parse_datetime
 
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
-from scheduling import templates
 from scheduling.routing import RoutingDecision, route
 from scheduling.rules import Step
 from tenants.entitlements import effective_entitlements
@@ -40,8 +39,8 @@ from workflows.engine.attempts import (
     abort_active,
     input_refusal,
     new_step,
-    payload_refusal,
     refuse,
+    rendered_payload,
     run_input_problems,
 )
 from workflows.engine.events import record_event
@@ -110,8 +109,7 @@ def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], co
 
 def _rendered_input(node: dict[str, Any], context: dict[str, Any]) -> tuple[Any, Outcome | None]:
     """The node's input rendered, and the refusal of it when it is over the plan's payload limit."""
-    rendered = templates.render(node.get("input", {}), context)
-    return rendered, payload_refusal(rendered, "input")
+    return rendered_payload(node.get("input", {}), context, "input")
 
 
 def _run_input(node: dict[str, Any], context: dict[str, Any]) -> tuple[Any, Outcome | None]:

@@ -44,7 +44,7 @@ from workflows.engine.attempts import (
     new_step,
     node_of,
     nodes_of,
-    payload_refusal,
+    rendered_payload,
     spec_of,
 )
 from workflows.engine.events import jsonable, record_event
@@ -235,8 +235,7 @@ def _finish_if_done(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
         return
     if len(latest) < len(nodes_of(run)) or any(s.status not in StepRun.TERMINAL for s in latest.values()):
         return
-    output = templates.render(spec_of(run).get("output"), context_of(run, latest))
-    refusal = payload_refusal(output, "output")
+    output, refusal = rendered_payload(spec_of(run).get("output"), context_of(run, latest), "output")
     if refusal is not None:
         _fail(run, latest, {"node": None, "attempt": None, "error": refusal.error})
         return

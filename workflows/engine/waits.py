@@ -44,7 +44,7 @@ from ductor_project.core.context import current_tenant, tenant_context
 from ductor_project.core.errors import Conflict, StepErrorCode, check_key_reuse
 from scheduling import templates
 from tenants.selectors import first_or_404, parse_uuid
-from workflows.engine.attempts import Outcome, finish, new_step, payload_refusal, refuse
+from workflows.engine.attempts import Outcome, finish, new_step, refuse, rendered_payload
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick, enqueue_ticks, wakeup_on_commit
 from workflows.models import Event, EventWait, RunSignal, StepRun, WorkflowRun
@@ -94,7 +94,10 @@ def _rendered_key(node: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[
     """The node's correlation key rendered ("" when it has none), and what is wrong with it."""
     if node.get("key") is None:
         return "", None
-    value = templates.render(node["key"], context)
+    try:
+        value = templates.render(node["key"], context, max_chars=MAX_KEY_CHARS)
+    except templates.TemplateTooLarge:
+        return "", f"renders more than {MAX_KEY_CHARS} characters; at most {MAX_KEY_CHARS}"
     if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
         return "", f"renders {jsonable(value)!r}: a correlation key must be a non-empty string or a number"
     text = templates.as_text(value)
@@ -284,8 +287,7 @@ def apply(run: WorkflowRun, latest: dict[str, StepRun], node_of: Callable[[str],
             record_event(run, "step_succeeded", step.node_id, attempt=step.attempt, error=None,
                          **{k: v for k, v in by.items() if k != "timeout"})
         elif "default" in node:
-            output = templates.render(node["default"], context())
-            refusal = payload_refusal(output, "default")
+            output, refusal = rendered_payload(node["default"], context(), "default")
             if refusal is None:
                 finish(step, Outcome.succeeded(jsonable(output)))
                 record_event(run, "step_succeeded", step.node_id, attempt=step.attempt, error=None, timed_out=True)
