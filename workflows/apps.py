@@ -48,6 +48,7 @@ class WorkflowsConfig(AppConfig):
             register_wakeup(kind, wake)
         register_wakeup(waits.TIMEOUT_KIND, waits.wait_timeout)
         register_wakeup(tick.RUN_TIMEOUT, tick.run_timeout)
+        register_wakeup(items.RUN_CANCEL, tick.run_cancel)
         register_housekeeper(events.expire_events)
         register_housekeeper(retention.expire_runs)
         register_reconciler(reconcile.reconcile_runs)

@@ -20,7 +20,7 @@ from tenants.usage import enforce_ceiling, quota_consume, quota_consume_at_commi
 from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume, run_input_problems
 from workflows.engine.events import record_event
-from workflows.engine.items import enqueue_tick, enqueue_ticks
+from workflows.engine.items import cancel_on_commit, enqueue_ticks
 from workflows.engine.journal import add_run, add_state, journal
 from workflows.engine.statements import lock_run, version_to_start
 from workflows.engine.tick import advance_locked, arm_run_timeout
@@ -516,7 +516,7 @@ def run_cancel(*, run: WorkflowRun) -> WorkflowRun:
         locked.cancel_requested = True
         locked.save(update_fields=["cancel_requested", "updated_at"])
         record_event(locked, "cancel_requested")
-        enqueue_tick(locked)
+        cancel_on_commit([locked])
     return locked
 
 
@@ -555,6 +555,6 @@ def run_cancel_many(*, filters: dict[str, Any], limit: int) -> tuple[list[Workfl
     for run in runs:
         run.cancel_requested = True
         record_event(run, "cancel_requested")
-    enqueue_ticks(runs)
+    cancel_on_commit(runs)
     log.info("runs_cancel_requested", runs=len(runs), more=more)
     return runs, more

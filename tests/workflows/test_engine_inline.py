@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from structlog.testing import capture_logs
 
-from ductor_project.core.context import tenant_context
+from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.database.wire import wire
 from ductor_project.core.keys import shard_of
 from ductor_project.core.redis import get_redis
@@ -29,7 +29,8 @@ from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
 from scheduling.coordinator.epoch import RedisWatch, epoch_key
 from scheduling.coordinator.loop import Coordinator
-from scheduling.dispatch.handlers import ItemContext
+from scheduling.dispatch.credits import SYSTEM_TIER
+from scheduling.dispatch.handlers import ItemContext, handler_for, kind_of
 from tenants import freshness
 from tenants import services as tenant_services
 from tenants.models import Tenant
@@ -264,6 +265,31 @@ def test_continue_as_new_cancels_the_other_branches_steps_and_takes_their_items_
     with tenant_context(tenant):
         successor = WorkflowRun.objects.get(continued_from=run)
     assert queued(tenant) == {items.tick_item_id(successor.pk)}  # no item of "work" is left
+
+
+def test_a_cancel_ends_the_run_while_its_tenant_is_at_its_concurrency_ceiling(tenant):
+    tenant_services.override_set(tenant=tenant, field="max_concurrency", value=1)
+    put(tenant, "pair", {"nodes": [echo("first", {}), echo("second", {})]})
+    run = start(tenant, "pair")
+    with no_tenant():
+        held = fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000)
+    assert held is not None  # in flight, as a task that runs for hours holds the tenant's one slot
+
+    with tenant_context(tenant):
+        services.run_cancel(run=run)
+
+    with no_tenant():
+        assert fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000, tiers=["standard"]) is None  # the tick waits
+        woken = fq.dequeue(shard=shard_of(str(Tenant.system().pk)), lease_ms=60_000, tiers=[SYSTEM_TIER])
+    assert woken is not None
+    handler = handler_for(kind_of(woken))
+    assert handler is not None
+    handler(ItemContext(tenant_id=woken.tenant_id, item_id=woken.item_id, tier=woken.tier, partition=woken.partition,
+                        delivery=woken.delivery, waited_ms=0), woken.payload)
+
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=run.pk).status == "cancelled"
+    assert {s.status for s in by_node(tenant, run).values()} == {"cancelled"}
 
 
 def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):

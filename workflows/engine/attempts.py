@@ -22,7 +22,7 @@ from ductor_project.core.payloads import payload_excess, storable, unkeepable
 from scheduling import templates
 from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
-from workflows.engine.items import enqueue_tick, release_on_commit
+from workflows.engine.items import cancel_on_commit, release_on_commit
 from workflows.engine.journal import add_step
 from workflows.engine.statements import attempts_of, chain_end
 from workflows.models import EventWait, StepRun, WorkflowRun, WorkflowVersion
@@ -239,6 +239,6 @@ def cancel_child(run_id: Any) -> None:
     while run is not None and not run.is_terminal:
         active = WorkflowRun.objects.filter(pk=run.pk).exclude(status__in=WorkflowRun.TERMINAL)
         if active.update(cancel_requested=True):
-            enqueue_tick(run)
+            cancel_on_commit([run])
             return
         run = chain_end(run.pk)  # it ended meanwhile: continued as new, or finished

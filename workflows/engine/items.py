@@ -37,6 +37,8 @@ from workflows.models import StepRun, WorkflowRun
 TICK = "tick"
 STEP = "step"
 TASK = "task"
+# The wake-up that ends a run asked to cancel (``tick.run_cancel``).
+RUN_CANCEL = "run_cancel"
 
 
 def tick_item_id(run_id: Any) -> str:
@@ -69,6 +71,17 @@ def enqueue_ticks(runs: list[WorkflowRun]) -> None:
              for run in runs]
     if ticks:
         transaction.on_commit(lambda: fair_queue.enqueue_soon(ticks))
+
+
+def cancel_on_commit(runs: list[WorkflowRun]) -> None:
+    """End ``runs``, asked to cancel, once the surrounding transaction commits: a tick of each, and a
+    wake-up of each (``RUN_CANCEL``), an item of the system tenant, which no limit of theirs holds
+    up. A tick waits for one of its tenant's slots, and a tenant whose slots its running tasks hold
+    (for as long as they run) would otherwise keep a cancelled run going, and its queued steps
+    waiting, until one of them ends. Whichever comes first ends the run; the other changes nothing."""
+    enqueue_ticks(runs)
+    for run in runs:
+        wakeup_on_commit(str(run.pk), kind=RUN_CANCEL, delay_s=0)
 
 
 def enqueue_step(step: StepRun, run: WorkflowRun) -> None:

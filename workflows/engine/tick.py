@@ -260,6 +260,16 @@ def _cancel(run: WorkflowRun) -> None:
     _notify_parent(run)
 
 
+def run_cancel(ref: str, data: dict[str, Any]) -> None:
+    """The run ``ref`` was asked to cancel (``items.cancel_on_commit``): end it as its tick would,
+    without waiting for one of its tenant's slots. A run that ended, or that was not asked to
+    cancel, changes nothing."""
+    with transaction.atomic(), journal():
+        run = lock_run(ref)
+        if run is not None and not run.is_terminal and run.cancel_requested:
+            _cancel(run)
+
+
 # The wake-up of a run whose spec's ``timeout_s`` is due (``run_timeout``).
 RUN_TIMEOUT = "run_timeout"
 
