@@ -193,6 +193,26 @@ def test_a_task_that_says_its_failure_is_not_retryable_is_forwarded_so(app: Cele
         ("CardDeclined", False), ("OwnError", False), ("ValueError", True)]
 
 
+class OutOfStock(Exception):
+    """A team's own failure whose arguments do not rebuild it (a keyword-only one): Celery cannot
+    pickle it, and hands the errback a stand-in."""
+
+    def __init__(self, *, sku: str) -> None:
+        super().__init__(f"{sku} is out of stock")
+
+
+def test_an_exception_celery_cannot_pickle_is_forwarded_by_its_own_type_and_message(app: Celery, redis_client) -> None:
+    @step(app, name="team.reserve")
+    def reserve(sku: str) -> None:
+        raise OutOfStock(sku=sku)
+
+    reserve.apply(args=["ab-1"], link_error=app.signature(ERRBACK_TASK, kwargs={"step_id": "s-1"}))
+
+    [message] = _messages(redis_client, RESULTS_QUEUE)
+    error = json.loads(base64.b64decode(message["body"]))[1]["error"]
+    assert error == {"type": "OutOfStock", "module": __name__, "message": "ab-1 is out of stock"}
+
+
 def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran_and_where(app: Celery, redis_client) -> None:
     @step(app, name="team.slow")
     def slow() -> dict[str, Any]:

@@ -38,9 +38,21 @@ _registered: weakref.WeakSet[Celery] = weakref.WeakSet()  # the apps that have t
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
-    """What Ductor records of a task's exception; ``retryable`` False when it says so (``failures``)."""
-    error: dict[str, Any] = {"type": type(exc).__name__, "module": type(exc).__module__,
-                             "message": str(exc)[:MAX_MESSAGE_CHARS]}
+    """What Ductor records of a task's exception; ``retryable`` False when it says so (``failures``).
+
+    An exception Celery could not pickle (one whose arguments do not rebuild it, a lock among
+    them...) reaches the errback as Celery's stand-in, ``UnpickleableExceptionWrapper``: it is
+    recorded by the type, module and message of the exception the task raised, which a node's
+    ``retry.non_retryable`` names. The stand-in has none of its attributes: it is retryable."""
+    kind, module, message = type(exc).__name__, type(exc).__module__, None
+    raised = getattr(exc, "exc_cls_name", None)
+    if kind == "UnpickleableExceptionWrapper" and isinstance(raised, str):
+        kind, module = raised, str(getattr(exc, "exc_module", None) or "")
+        args = getattr(exc, "exc_args", None)
+        if isinstance(args, tuple | list):  # as the exception's own ``str`` makes it of its arguments
+            message = "" if not args else str(args[0]) if len(args) == 1 else str(tuple(args))
+    error: dict[str, Any] = {"type": kind, "module": module,
+                             "message": (str(exc) if message is None else message)[:MAX_MESSAGE_CHARS]}
     if not is_retryable(exc):
         error["retryable"] = False
     return error
