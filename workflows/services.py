@@ -453,11 +453,15 @@ def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> li
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
     runs = [{**item, "tier": item.get("tier") or limits.default_tier} for item in runs]
-    try:
-        return _start_many(runs, versions, same_keys)
-    except IntegrityError:
-        # A concurrent start took one of the keys: that run now exists, so the retry returns it.
-        return _start_many(runs, versions, same_keys)
+    # A concurrent start that took one of the keys committed its run, which the next pass finds and
+    # returns. Each failed pass finds at least one more of the batch's keys taken, so at most one
+    # pass a key: concurrent batches that share keys take them one after another.
+    for _ in range(len(runs)):
+        try:
+            return _start_many(runs, versions, same_keys)
+        except IntegrityError:
+            continue
+    return _start_many(runs, versions, same_keys)
 
 
 def _start_many(

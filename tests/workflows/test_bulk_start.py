@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -161,3 +162,86 @@ def test_bulk_started_runs_wait_in_the_fair_queue_one_partition_each(make_tenant
     with tenant_context(Tenant.objects.get(pk=tenant.pk)):
         stats = fair_queue.stats()
     assert (stats.backlog, stats.due) == (5, 5)
+
+
+def test_a_batch_whose_keys_concurrent_starts_take_one_after_another_returns_their_runs(transactional_db, tenant_a):
+    """Two other starts take the batch's two keys one after the other. The batch waits for the
+    first (on the month's quota row), whose commit fails its insert; it looks again, finds that
+    run, and waits for the second, whose commit fails its insert again. It then finds both: the
+    batch ends with the runs of its keys however many times a concurrent start takes one of them.
+    Before, a second collision was a 500."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from workflows import services
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="w", spec=ONE_STEP)
+    items = {key: {"workflow": "w", "idempotency_key": key, "tier": "standard"} for key in ("k1", "k2")}
+    holding = {key: threading.Event() for key in items}
+    release = {key: threading.Event() for key in items}
+    began = {key: threading.Event() for key in items}
+    pids: dict[str, int] = {}
+
+    def pid() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return int(cursor.fetchone()[0])
+
+    def hold(key: str) -> None:  # a start of the key, committed once released
+        try:
+            with tenant_context(tenant), transaction.atomic():
+                pids[key] = pid()
+                began[key].set()
+                services.run_start_many(runs=[items[key]])
+                holding[key].set()
+                assert release[key].wait(30)
+        finally:
+            connections.close_all()
+
+    def until_blocked(waiter: str, by: str | None = None) -> None:
+        deadline = time.monotonic() + 30
+        with connection.cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT pg_blocking_pids(%s)", [pids[waiter]])
+                blockers = cursor.fetchone()[0]
+                if (pids[by] in blockers) if by else blockers:
+                    return
+                time.sleep(0.02)
+
+    second = threading.Thread(target=hold, args=("k2",))
+
+    def in_turn() -> None:
+        try:
+            until_blocked("batch", by="k1")
+            second.start()
+            assert began["k2"].wait(15)
+            until_blocked("k2")  # behind the batch, on the quota row
+            release["k1"].set()
+            until_blocked("batch", by="k2")
+            release["k2"].set()
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=hold, args=("k1",))
+    first.start()
+    assert holding["k1"].wait(15)
+    pids["batch"] = pid()
+    controller = threading.Thread(target=in_turn)
+    controller.start()
+    try:
+        with tenant_context(tenant):
+            started = services.run_start_many(runs=list(items.values()), same_keys=True)
+    finally:
+        for event in release.values():
+            event.set()
+        controller.join(30)
+        for thread in (first, second):
+            if thread.is_alive() or thread.ident is not None:
+                thread.join(30)
+
+    with tenant_context(tenant):
+        theirs = dict(WorkflowRun.objects.values_list("idempotency_key", "id"))
+    assert [(run.pk, created) for run, created in started] == [(theirs["k1"], False), (theirs["k2"], False)]
