@@ -158,6 +158,83 @@ def test_two_bulk_sends_of_the_same_new_keys_in_other_orders_never_deadlock(tena
     assert len(runs_of(tenant)) == 20
 
 
+def test_a_batch_whose_keys_concurrent_sends_take_one_after_another_answers_their_events(tenant):
+    """Two other sends take the batch's two keys one after the other. The batch waits for the
+    first's insert, whose commit fails its own; it looks again, finds that event, and waits for
+    the second's, whose commit fails its insert again. It then finds both: the batch answers the
+    events of its keys however many times a concurrent send takes one of them. Before, a second
+    collision was a 500."""
+    import threading
+    import time
+
+    from django.db import connection, connections, transaction
+
+    items = {key: {"name": "order.paid", "idempotency_key": key} for key in ("k1", "k2")}
+    began = {key: threading.Event() for key in items}
+    holding = {key: threading.Event() for key in items}
+    release = {key: threading.Event() for key in items}
+    pids: dict[str, int] = {}
+
+    def pid() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return int(cursor.fetchone()[0])
+
+    def hold(key: str) -> None:  # a send of the key, committed once released
+        try:
+            with tenant_context(tenant), transaction.atomic():
+                pids[key] = pid()
+                began[key].set()
+                services_events.events_send([items[key]])
+                holding[key].set()
+                assert release[key].wait(30)
+        finally:
+            connections.close_all()
+
+    def until_blocked(waiter: str, by: str) -> None:
+        deadline = time.monotonic() + 30
+        with connection.cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT %s = ANY(pg_blocking_pids(%s))", [pids[by], pids[waiter]])
+                if cursor.fetchone()[0]:
+                    return
+                time.sleep(0.02)
+
+    second = threading.Thread(target=hold, args=("k2",))
+
+    def in_turn() -> None:
+        try:
+            until_blocked("batch", by="k1")
+            second.start()
+            assert holding["k2"].wait(15)
+            release["k1"].set()
+            until_blocked("batch", by="k2")
+            release["k2"].set()
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=hold, args=("k1",))
+    first.start()
+    assert holding["k1"].wait(15)
+    pids["batch"] = pid()
+    controller = threading.Thread(target=in_turn)
+    controller.start()
+    try:
+        with tenant_context(tenant):
+            answered = services_events.events_send(list(items.values()))
+    finally:
+        for event in release.values():
+            event.set()
+        controller.join(30)
+        for thread in (first, second):
+            if thread.ident is not None:
+                thread.join(30)
+
+    with tenant_context(tenant):
+        theirs = dict(Event.objects.values_list("idempotency_key", "id"))
+    assert [(event.pk, created) for event, created in answered] == [(theirs["k1"], False), (theirs["k2"], False)]
+
+
 def test_more_triggers_than_the_limit_is_403_plan_limit_reached_and_another_tenant_has_its_own(
     tenant, tenant_b, client_a, settings
 ):

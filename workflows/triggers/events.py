@@ -84,11 +84,15 @@ def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     for index, item in enumerate(items):
         payload = {} if item.get("payload") is None else item["payload"]
         check_payload(payload, f"events[{index}].payload" if len(items) > 1 else "payload")
-    try:
-        return _send(items)
-    except IntegrityError:
-        # A concurrent send took one of the keys: that event now exists, so sending again answers it.
-        return _send(items)
+    # A concurrent send that took one of the keys committed its event, which the next pass finds and
+    # answers. Each failed pass finds at least one more of the batch's keys taken, so at most one
+    # pass a key: concurrent sends that share keys take them one after another.
+    for _ in range(len(items)):
+        try:
+            return _send(items)
+        except IntegrityError:
+            continue
+    return _send(items)
 
 
 def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
