@@ -243,12 +243,28 @@ def test_the_outcome_ductor_gets_back_carries_how_long_the_task_ran_and_where(ap
     assert current_step_or_none() is None
 
 
-def test_the_errback_never_raises(app: Celery, redis_client) -> None:
+def test_the_errback_never_raises_and_forwards_an_exception_whose_message_cannot_be_read(
+    app: Celery, redis_client
+) -> None:
+    """Before, nothing was forwarded, and the step failed only at its timeout."""
     class Unprintable(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no message")
 
     app.tasks[ERRBACK_TASK](SimpleNamespace(id="task-8"), Unprintable(), None, step_id="s-8")
+
+    [message] = _messages(redis_client, RESULTS_QUEUE)
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert args == ["task-8"]
+    assert kwargs == {"step_id": "s-8", "error": {
+        "type": "Unprintable", "module": __name__,
+        "message": "(its message could not be read: RuntimeError in its __str__)"}}
+
+
+def test_the_errback_never_raises(app: Celery, redis_client) -> None:
+    app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there: the publish fails
+
+    app.tasks[ERRBACK_TASK](SimpleNamespace(id="task-9"), ValueError("declined"), None, step_id="s-9")
 
     assert _messages(redis_client, RESULTS_QUEUE) == []
 

@@ -44,18 +44,30 @@ def error_of(exc: BaseException) -> dict[str, Any]:
     them...) reaches the errback as Celery's stand-in, ``UnpickleableExceptionWrapper``: it is
     recorded by the type, module and message of the exception the task raised, which a node's
     ``retry.non_retryable`` names. The stand-in has none of its attributes: it is retryable."""
-    kind, module, message = type(exc).__name__, type(exc).__module__, None
+    kind, module, text = type(exc).__name__, type(exc).__module__, lambda: str(exc)
     raised = getattr(exc, "exc_cls_name", None)
     if kind == "UnpickleableExceptionWrapper" and isinstance(raised, str):
         kind, module = raised, str(getattr(exc, "exc_module", None) or "")
         args = getattr(exc, "exc_args", None)
         if isinstance(args, tuple | list):  # as the exception's own ``str`` makes it of its arguments
-            message = "" if not args else str(args[0]) if len(args) == 1 else str(tuple(args))
-    error: dict[str, Any] = {"type": kind, "module": module,
-                             "message": (str(exc) if message is None else message)[:MAX_MESSAGE_CHARS]}
-    if not is_retryable(exc):
+            text = lambda: "" if not args else str(args[0]) if len(args) == 1 else str(tuple(args))  # noqa: E731
+    error: dict[str, Any] = {"type": kind, "module": module, "message": _message(text)[:MAX_MESSAGE_CHARS]}
+    try:
+        retryable = is_retryable(exc)
+    except Exception:  # an attribute that raises: it does not say the failure is for good
+        retryable = True
+    if not retryable:
         error["retryable"] = False
     return error
+
+
+def _message(text: Callable[[], str]) -> str:
+    """The exception's message, ``text()``; when making it raises (a ``__str__`` that fails), a
+    message that says so, so that the failure still reaches Ductor at once, not at the step's timeout."""
+    try:
+        return text()
+    except Exception as exc:
+        return f"(its message could not be read: {type(exc).__name__} in its __str__)"
 
 
 def forward(app: Celery, task_id: str, kwargs: dict[str, Any], error: dict[str, Any]) -> None:
