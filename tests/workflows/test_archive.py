@@ -350,6 +350,59 @@ def test_a_workflow_deleted_while_a_run_of_it_starts_is_gone_and_the_start_is_a_
         assert not WorkflowDefinition.objects.filter(name="doomed").exists()
 
 
+@pytest.mark.parametrize("made", ["trigger", "schedule"])
+def test_a_trigger_or_schedule_made_while_its_workflow_is_deleted_is_refused_and_nothing_is_left(
+    transactional_db, tenant_a, monkeypatch, made
+):
+    """The deletion holds the workflow while it removes its triggers and schedules; a trigger or a
+    schedule made meanwhile waits for it, then finds the workflow gone: a 400 naming ``workflow``.
+    Before, a trigger made then failed its commit on its reference to the deleted workflow (a 500),
+    and a schedule was kept naming a workflow that no longer exists (a later one of that name would
+    have had its runs)."""
+    import threading
+
+    from ductor_project.core.errors import ApiError
+    from workflows.triggers import events
+
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="doomed", spec=FLOW)
+    locked, lock = threading.Event(), services.lock_versions
+    results: dict[str, Any] = {}
+
+    def lock_then_wait(definition: WorkflowDefinition) -> None:
+        lock(definition)
+        locked.set()
+        until_another_waits_on_a_lock()  # the trigger's or the schedule's making, waiting for the workflow
+
+    monkeypatch.setattr(services, "lock_versions", lock_then_wait)
+
+    def delete() -> None:
+        try:
+            with tenant_context(tenant_a[0]):
+                services.workflow_delete(name="doomed")
+            results["delete"] = "deleted"
+        except Exception as exc:
+            results["delete"] = exc
+        finally:
+            from django.db import connections
+            connections.close_all()
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    assert locked.wait(15)
+    make = {"trigger": lambda: events.trigger_create(workflow="doomed", event="order.paid"),
+            "schedule": lambda: schedules.schedule_create(name="nightly", workflow="doomed", cron="0 2 * * *")}
+    with tenant_context(tenant_a[0]), pytest.raises(ApiError) as refused:
+        make[made]()
+    deleting.join(30)
+
+    assert (refused.value.error_code, list(refused.value.details)) == ("invalid", ["workflow"])
+    assert results["delete"] == "deleted"
+    with tenant_context(tenant_a[0]):
+        assert not EventTrigger.objects.exists()
+        assert not Schedule.objects.exists()
+
+
 def test_a_workflow_whose_run_started_before_its_deletion_counted_them_is_kept_with_a_409(tenant_a):
     """A start that committed first is counted by the deletion, which locks the versions first."""
     with tenant_context(tenant_a[0]):

@@ -263,6 +263,17 @@ def together(statements: list[Statement]) -> Statement:
     return f"WITH {parts} {last[0]}", [param for _, params in statements for param in params]
 
 
+def lock_definitions(*names: str | None) -> None:
+    """Lock the tenant's workflows named ``names`` (those that exist), in one order, as their deletion
+    locks its own: what refers to a workflow (a trigger, a schedule) and is written in this
+    transaction is either committed before the deletion removes what refers to it, or waits for
+    the deletion and then finds the workflow gone."""
+    wanted = sorted({name for name in names if isinstance(name, str)})
+    if wanted:
+        list(WorkflowDefinition.objects.select_for_update().filter(name__in=wanted).order_by("name")
+             .values_list("pk", flat=True))
+
+
 def version_to_start(workflow: str, number: int | None = None) -> WorkflowVersion | None:
     """The tenant's version ``number`` of the workflow named ``workflow`` (its latest when None),
     with its definition; its spec is left unread (``attempts.version_spec`` reads it once per

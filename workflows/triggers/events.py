@@ -184,7 +184,8 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
 
 
 def _workflow(name: Any) -> WorkflowDefinition:
-    found = WorkflowDefinition.objects.filter(name=name).first() if isinstance(name, str) else None
+    """The workflow a trigger names, locked until the trigger is written (``lock_definitions``)."""
+    found = WorkflowDefinition.objects.select_for_update().filter(name=name).first() if isinstance(name, str) else None
     if found is None:
         raise _invalid("workflow", f"No workflow named {name!r}.")
     if found.archived_at is not None:

@@ -27,7 +27,7 @@ from ductor_project.core.payloads import json_size
 from tenants.entitlements import effective_entitlements
 from tenants.usage import enforce_ceiling
 from workflows.engine.attempts import run_input_problems
-from workflows.engine.statements import version_to_start
+from workflows.engine.statements import lock_definitions, version_to_start
 from workflows.models import Schedule, WorkflowVersion
 from workflows.triggers.arming import arm_on_commit, timing_of, wake_of
 from workflows.triggers.timing import TimingError, checked_timing
@@ -66,6 +66,7 @@ def _check(schedule: Schedule, changed: Iterable[str] | None = None) -> None:
                        details={"input": [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
     if changed is not None and not {"workflow", "version", "input"} & set(changed):
         return
+    lock_definitions(schedule.workflow)  # until the schedule is written: a deletion waits, or is waited for
     version = version_to_start(schedule.workflow, schedule.version)
     if version is None and schedule.version is None:
         raise invalid({"workflow": f"Workflow '{schedule.workflow}' not found."})
@@ -134,6 +135,10 @@ def schedule_update(*, schedule: Schedule, changes: Mapping[str, Any]) -> Schedu
     unknown = set(changes) - FIELDS
     if unknown:
         raise TypeError(f"unknown schedule field(s) {sorted(unknown)}")
+    if {"workflow", "version", "input"} & set(changes):
+        # Its workflows before its row, in the order of their deletion, which locks a workflow and
+        # then removes its schedules: never one of each held by the other.
+        lock_definitions(schedule.workflow, changes.get("workflow"))
     row = _locked(schedule)
     before = {field: getattr(row, field) for field in (*TIMING_FIELDS, "paused", "jitter_s")}
     if changes.get("cron") and "interval_s" not in changes:
