@@ -417,6 +417,11 @@ def _is_number(value: Any) -> bool:
         return False
 
 
+def seconds_text(value: float) -> str:
+    """A number of seconds as the docs write it: ``31622400``, ``0.5``; never ``3.16224e+07``."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.15g}"
+
+
 def _label(fields: Mapping[str, Any]) -> str:
     """How messages name a parsed node: ``node 'id'``, or ``nodes[i]`` when its id is invalid."""
     return f"node '{fields['id']}'" if fields["id"] else f"nodes[{fields['index']}]"
@@ -522,11 +527,12 @@ class _NodeParser:
             attempts = 1
         backoff = raw.get("backoff_s", 1.0)
         if not _is_number(backoff) or not 0 < backoff <= MAX_DELAY_S:
-            self.error("retry.backoff_s", f"must be a number of seconds, 0 < x ≤ {MAX_DELAY_S:g}")
+            self.error("retry.backoff_s", f"must be a number of seconds, 0 < x ≤ {seconds_text(MAX_DELAY_S)}")
             backoff = 1.0
         cap = raw.get("max_backoff_s", max(300.0, float(backoff)))
         if not _is_number(cap) or not backoff <= cap <= MAX_DELAY_S:
-            self.error("retry.max_backoff_s", f"must be a number of seconds, backoff_s ≤ x ≤ {MAX_DELAY_S:g}")
+            self.error("retry.max_backoff_s",
+                       f"must be a number of seconds, backoff_s ≤ x ≤ {seconds_text(MAX_DELAY_S)}")
             cap = max(300.0, float(backoff))
         jitter = raw.get("jitter", True)
         if not isinstance(jitter, bool):
@@ -554,7 +560,7 @@ class _NodeParser:
         """Field ``name`` is a finite number of seconds, 0 < x ≤ ``limit``."""
         value = self.raw[name]
         if not _is_number(value) or not 0 < value <= limit:
-            self.error(name, f"must be a number of seconds, 0 < x ≤ {limit:g}")
+            self.error(name, f"must be a number of seconds, 0 < x ≤ {seconds_text(limit)}")
             return None
         return float(value)
 
@@ -614,7 +620,7 @@ class _NodeParser:
         heartbeat_s = self._seconds("heartbeat_s", MAX_TIMEOUT_S)
         timeout_s = float(self.raw["timeout_s"]) if _is_number(self.raw.get("timeout_s")) else None
         if heartbeat_s is not None and timeout_s is not None and heartbeat_s > timeout_s:
-            self.error("heartbeat_s", f"must be at most the node's timeout_s ({timeout_s:g} s)")
+            self.error("heartbeat_s", f"must be at most the node's timeout_s ({seconds_text(timeout_s)} s)")
             return None
         return heartbeat_s
 
@@ -658,7 +664,7 @@ class _NodeParser:
         if "lookback_s" in self.raw:
             lookback = self.raw["lookback_s"]
             if not _is_number(lookback) or not 0 <= lookback <= MAX_LOOKBACK_S:
-                self.error("lookback_s", f"must be a number of seconds, 0 ≤ x ≤ {MAX_LOOKBACK_S:g}")
+                self.error("lookback_s", f"must be a number of seconds, 0 ≤ x ≤ {seconds_text(MAX_LOOKBACK_S)}")
                 lookback = None
             fields["lookback_s"] = None if lookback is None else float(lookback)
         if "default" in self.raw:
@@ -852,7 +858,7 @@ class _SpecChecker:
             return None
         value = self.spec["timeout_s"]
         if not _is_number(value) or not 0 < value <= MAX_SLEEP_S:
-            self.errors.add("timeout_s", f"timeout_s: must be a number of seconds, 0 < x ≤ {MAX_SLEEP_S:g}")
+            self.errors.add("timeout_s", f"timeout_s: must be a number of seconds, 0 < x ≤ {seconds_text(MAX_SLEEP_S)}")
             return None
         return float(value)
 

@@ -53,6 +53,12 @@ def test_a_bad_timeout_s_is_refused_naming_the_field(tenant_a, value):
     assert "spec.timeout_s" in response.json()["error"]["details"]
 
 
+def test_the_run_timed_out_message_writes_a_long_timeout_in_whole_seconds(tenant_a):
+    thirty_days = 30 * 86_400
+    run = fire(tenant_a[0], sleeping_run(tenant_a[0], timeout_s=thirty_days, started_s_ago=thirty_days + 1))
+    assert run.error["error"]["message"] == "the run went on past its timeout_s of 2592000 s"
+
+
 def test_a_run_past_its_timeout_fails_and_its_active_steps_are_cancelled(tenant_a):
     run = fire(tenant_a[0], sleeping_run(tenant_a[0], timeout_s=60, started_s_ago=61))
     assert run.status == "failed"

@@ -295,6 +295,21 @@ def test_bad_node_field_is_rejected_naming_node_and_field(node: Any, key: str, n
     assert any(needle in message for message in errors[key]), errors[key]
 
 
+@pytest.mark.parametrize(("spec", "key", "bound"), [
+    (spec_of({"id": "s", "type": "sleep", "duration_s": 366 * 86_400 + 1}), "nodes[0].duration_s", "31622400"),
+    (spec_of({"id": "w", "type": "wait_for_event", "event": "paid", "timeout_s": 366 * 86_400 + 1}),
+     "nodes[0].timeout_s", "31622400"),
+    (spec_of({"id": "w", "type": "wait_for_event", "event": "paid", "lookback_s": 31 * 86_400}),
+     "nodes[0].lookback_s", "2592000"),
+    (spec_of(act("a"), timeout_s=366 * 86_400 + 1), "timeout_s", "31622400"),
+])
+def test_a_bound_of_seconds_is_written_in_whole_digits(spec: dict[str, Any], key: str, bound: str) -> None:
+    """As the docs write it (31622400, 366 days), not in scientific notation (3.16224e+07)."""
+    [message] = errors_of(spec)[key]
+    assert f"≤ {bound}" in message, message
+    assert "e+" not in message, message
+
+
 def test_message_names_the_node_and_field() -> None:
     errors = errors_of(spec_of(act("a"), act("b", "x")))
     assert errors == {"nodes[1].depends_on": ["node 'b': depends_on: unknown node 'x'"]}

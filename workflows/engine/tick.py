@@ -52,7 +52,7 @@ from workflows.engine.items import enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state, current_journal, journal
 from workflows.engine.statements import chain_end, lock_run, state_of
 from workflows.models import RunEvent, StepRun, WorkflowRun
-from workflows.spec import Retry, backoff_delay
+from workflows.spec import Retry, backoff_delay, seconds_text
 
 log = structlog.get_logger(__name__)
 
@@ -299,7 +299,7 @@ def run_timeout(ref: str, data: dict[str, Any]) -> None:
             wakeup_on_commit(ref, kind=RUN_TIMEOUT, delay_s=left)
             return
         error = {"code": StepErrorCode.RUN_TIMED_OUT.value, "retryable": False,
-                 "message": f"the run went on past its timeout_s of {timeout_s:g} s"}
+                 "message": f"the run went on past its timeout_s of {seconds_text(timeout_s)} s"}
         _fail(run, latest_attempts(run), {"node": None, "attempt": None, "error": error})
         add_state(run)
 
