@@ -152,6 +152,33 @@ def test_a_port_given_that_is_taken_is_refused_and_a_free_one_kept() -> None:
     assert pick_port(free) == (free, "")
 
 
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--workers", "0", "at least 1"),
+    ("--workers", "-1", "at least 1"),
+    ("--concurrency", "0", "at least 1"),
+    ("--dispatchers", "0", "at least 1"),
+    ("--results-workers", "-1", "at least 0"),
+    ("--port", "0", "from 1 to 65535"),
+    ("--port", "70000", "from 1 to 65535"),
+])
+def test_an_option_out_of_its_range_is_refused_before_anything_starts(option: str, value: str, words: str) -> None:
+    """Without a worker of steps or a dispatcher the stack said it was up and ran no step; a port past
+    65535 failed with an OverflowError's traceback."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from ductor_project.management.commands import up
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the stack was started")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(up, "_start_children", started)
+        patch.setattr(up, "call_command", started)  # the migrations, the first thing the command does
+        with pytest.raises(CommandError, match=rf"argument {option}: must be a whole number {words}, not '{value}'"):
+            call_command("up", option, value)
+
+
 @pytest.mark.parametrize("logged", [
     "[ERROR] Connection in use: ('127.0.0.1', 8000)\n[ERROR] Can't connect to ('127.0.0.1', 8000)",  # gunicorn
     "Error: That port is already in use.",  # runserver

@@ -14,6 +14,7 @@ those).
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shutil
@@ -21,6 +22,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -39,20 +41,36 @@ DEFAULT_PORT = 8000
 PORT_TAKEN = ("Connection in use", "That port is already in use", "Address already in use")
 
 
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An option's type: a whole number from ``low`` (to ``high``). A stack with no worker of steps or no
+    dispatcher runs no step, and a port out of range failed with a traceback: each is refused as the
+    command is read, before anything starts."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be a whole number {bounds}, not {text!r}")
+        return value
+    return parse
+
+
 class Command(BaseCommand):
     help = "Run the whole Ductor stack (web, workers, dispatchers, coordinator) until Ctrl-C."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port", type=int, default=None,
+        parser.add_argument("--port", type=whole_number(1, 65535), default=None,
                             help=f"the web server's port (default: {DEFAULT_PORT}, or a free one when it is taken)")
-        parser.add_argument("--workers", type=int, default=1,
+        parser.add_argument("--workers", type=whole_number(1), default=1,
                             help="Celery workers of steps (default: 1)")
-        parser.add_argument("--concurrency", type=int, default=2,
+        parser.add_argument("--concurrency", type=whole_number(1), default=2,
                             help="pool processes of each worker of steps (default: 2)")
-        parser.add_argument("--results-workers", type=int, default=1,
+        parser.add_argument("--results-workers", type=whole_number(0), default=1,
                             help="workers of the outcomes of task nodes alone (solo pool); 0: the other workers "
                                  "record them")
-        parser.add_argument("--dispatchers", type=int, default=1,
+        parser.add_argument("--dispatchers", type=whole_number(1), default=1,
                             help="dispatchers, which move admitted items to the workers (default: 1)")
         parser.add_argument("--dev", action="store_true", help="runserver instead of gunicorn")
         parser.add_argument("--keep-services", action="store_true",
