@@ -17,6 +17,7 @@ from typing import Any
 import django_stubs_ext
 import environ
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from ductor_project import embedded
 from ductor_project.core import redis_urls
@@ -242,6 +243,20 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # and the options from the environment win.
 CACHE_REDIS_URL = env.str("CACHE_REDIS_URL", default=REDIS_URL)
 _cache = redis_urls.django_cache_config(CACHE_REDIS_URL, setting=_redis_setting("CACHE_REDIS_URL"))
+
+
+def cache_client_class(name: str, default: str) -> str:
+    """The dotted path of django-redis's client class; one that does not import refuses to start, naming
+    the setting (it failed in Django's first system check, with an ImportError naming only the module)."""
+    path = env.str(name, default="").strip() or default
+    try:
+        import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"{name} is the dotted path of a django-redis client class, not {path!r}: "
+                                   f"{exc}") from None
+    return path
+
+
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
@@ -250,7 +265,7 @@ CACHES = {
         # tenant "x" becomes "t:<tenant>:x"; outside any tenant it raises.
         "KEY_FUNCTION": "ductor_project.core.keys.cache_key_function",
         "OPTIONS": {**_cache.options,
-                    "CLIENT_CLASS": env.str("CACHE_CLIENT_CLASS", default=_cache.options["CLIENT_CLASS"]),
+                    "CLIENT_CLASS": cache_client_class("CACHE_CLIENT_CLASS", _cache.options["CLIENT_CLASS"]),
                     **options("CACHE_OPTIONS")},
     }
 }

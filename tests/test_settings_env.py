@@ -95,6 +95,10 @@ def test_a_flag_that_is_neither_is_refused_naming_it(monkeypatch: pytest.MonkeyP
     ("DATABASE_URL", "garbage",
      "DATABASE_URL is a PostgreSQL URL (postgresql://, postgres://, pgsql://), not 'garbage'"),
     ("DUCTOR_TASK_BROKERS", "shop", "DUCTOR_TASK_BROKERS is comma-separated name=value pairs; its item 1 is 'shop'"),
+    ("CACHE_CLIENT_CLASS", "nope.Client", "CACHE_CLIENT_CLASS is the dotted path of a django-redis client class, "
+                                          "not 'nope.Client': No module named 'nope'"),
+    ("CACHE_CLIENT_CLASS", "django_redis.client.Nope", "CACHE_CLIENT_CLASS is the dotted path of a django-redis "
+                                                       "client class, not 'django_redis.client.Nope'"),
 ])
 def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: str, value: str, message: str):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
