@@ -65,7 +65,21 @@ def test_migrate_as_the_app_role_refuses_and_says_the_owner_url_is_not_set(monke
     assert "the migrations would run as the app role" in str(refused.value)
     assert "superuser" not in str(refused.value)
     assert str(refused.value).endswith(
-        "DATABASE_OWNER_URL is not set, so migrate ran as the app role (DATABASE_URL).")
+        "DATABASE_OWNER_URL is not set, so migrate would run as the app role (DATABASE_URL).")
+
+
+def test_migrate_refuses_the_app_role_before_it_migrates_anything(monkeypatch: pytest.MonkeyPatch):
+    """On a new database the migrations ran first, as the app role: a traceback where it may not create
+    a table, or tables it then owned where it may, and the refusal only at the end."""
+    from django.core.management.commands import migrate
+
+    def migrated(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the migrations ran")
+
+    monkeypatch.setattr(settings, "DUCTOR_DATABASE_OWNER", None)
+    monkeypatch.setattr(migrate.Command, "handle", migrated)
+    with pytest.raises(CommandError, match="the migrations would run as the app role"):
+        call_command("migrate", verbosity=0)
 
 
 def test_every_tenant_table_has_row_level_security_and_the_two_policies():

@@ -95,12 +95,20 @@ def building_the_wall() -> bool:
     return _building.get()
 
 
+def check_roles(connection: Any, *, app_role: str, maintenance_role: str) -> None:
+    """The roles are as the wall needs them (``RowSecurityError`` naming what is not): the app role one
+    the policies bind, and a member of the maintenance role that does not inherit it. ``migrate`` checks
+    it before it migrates anything, so that a refused one has created no table (as the app role: tables
+    it would own), and ``secure_tables`` again at its end."""
+    _require_bound(connection, app_role)
+    _require_roles(connection, app_role, maintenance_role)
+
+
 def secure_tables(connection: Any, tables: list[str], *, app_role: str, maintenance_role: str) -> None:
     """Grant the two roles the rows of every table, and put row-level security on ``tables``
     (each with a ``tenant_id``). Idempotent; in one transaction, so the tables are never left
     half secured. Runs as the tables' owner."""
-    _require_bound(connection, app_role)
-    _require_roles(connection, app_role, maintenance_role)
+    check_roles(connection, app_role=app_role, maintenance_role=maintenance_role)
     roles = sql.SQL(", ").join([sql.Identifier(app_role), sql.Identifier(maintenance_role)])
     tenant_row = sql.SQL("tenant_id = nullif(current_setting({}, true), '')::uuid").format(
         sql.Literal(TENANT_SETTING))
