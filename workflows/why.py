@@ -35,6 +35,7 @@ from django.conf import settings
 
 from ductor_project.core.context import current_tenant
 from scheduling import fair_queue
+from scheduling.admission import QUEUE_SCOPE_PREFIX, queue_slots
 from scheduling.connection_config import DEFAULT_BROKER
 from scheduling.fair_queue import AdmissionView, ItemHold
 from scheduling.routing_table import routing_table
@@ -58,6 +59,7 @@ class Cause(StrEnum):
     RATE_LIMITED = "rate_limited"  # rate-limited until ``until``
     POOL_FULL = "pool_full"  # the pool's slots are all taken
     CONNECTION_FULL = "connection_full"  # every usable connection of the pool is full
+    QUEUE_FULL = "queue_full"  # a task step with no pool: its catalog queue's shared slots are all taken
     BREAKER_OPEN = "breaker_open"  # every connection's breaker is open until ``until``
     SUSPENDED = "suspended"  # the tenant is suspended
     QUOTA_EXHAUSTED = "quota_exhausted"  # the monthly run quota is used up: the node cannot start its run
@@ -239,6 +241,8 @@ def _pool_hold(base: Waiting, view: AdmissionView, pool_name: str) -> Waiting:
     if not view.members:  # the pool itself waits for its rate
         return _with(base, Cause.RATE_LIMITED, f"{pool}'s rate admits its next start at {_iso(until)}", until,
                      {"scope": "pool"})
+    if len(view.members) == 1 and view.members[0].connection_id.startswith(QUEUE_SCOPE_PREFIX):
+        return _queue_hold(base, view.members[0].connection_id.removeprefix(QUEUE_SCOPE_PREFIX))
     names = routing_table()
     members = [{"connection_id": m.connection_id, "name": names.connection_name(m.connection_id),
                 "breaker": m.breaker, "in_flight": m.in_flight, "limit": m.limit, "why": m.why} for m in view.members]
@@ -254,6 +258,18 @@ def _pool_hold(base: Waiting, view: AdmissionView, pool_name: str) -> Waiting:
                      details={"connections": members})
     return _with(base, Cause.RATE_LIMITED, f"the connections of {pool} admit their next start at {_iso(until)}",
                  until, {"scope": "connection", "connections": members})
+
+
+def _queue_hold(base: Waiting, share: str) -> Waiting:
+    """A task step with no pool, held by its catalog queue's slots that every tenant shares (the scope
+    ``admission.queue_scope`` makes of the queue: no pool and no connection of the tenant's). How many of
+    them other tenants hold is not told."""
+    broker, _, queue = share.partition("/")
+    limit = queue_slots().get(share)
+    slots = "slot" if limit == 1 else "slots"
+    return _with(base, Cause.QUEUE_FULL, f"queue {queue!r} is at its {limit} {slots}, which every tenant's task "
+                 "steps share (DUCTOR_TASK_QUEUE_SLOTS): it takes the next one freed, in the fair order",
+                 details={"queue": queue, "broker": broker, "limit": limit})
 
 
 def _quota_holds(run: WorkflowRun, latest: dict[str, StepRun]) -> list[Waiting]:

@@ -189,6 +189,25 @@ def test_a_step_whose_connections_are_full_says_so(tenant, client_a):
     assert (member["name"], member["in_flight"], member["limit"]) == ("api", 1, 1)
 
 
+def test_a_task_step_at_its_queues_shared_slots_names_the_queue_not_a_pool(tenant, client_a, settings):
+    """A task step with no pool waits for a slot of its catalog queue (DUCTOR_TASK_QUEUE_SLOTS): it was
+    told as 'every usable connection of its pool is full: queue:default/… its queue default/… at its
+    slots (1)', of a pool and a connection it does not have."""
+    from workflows.models import TaskCatalogEntry
+
+    queue = f"why-slots-{tenant.pk.hex[:8]}"
+    settings.DUCTOR_TASK_QUEUE_SLOTS = {queue: "1"}
+    TaskCatalogEntry.objects.create(name="team.slots", queue=queue, timeout_s=120)
+    put(tenant, {"nodes": [{"id": "charge", "type": "task", "task": "team.slots", "input": {}}]})
+    start(tenant)
+    second = start(tenant)
+    assert take(tenant) is not None  # the first holds the queue's one slot
+    held = only(client_a, second)
+    assert (held["cause"], held["details"]) == (Cause.QUEUE_FULL, {"queue": queue, "broker": "default", "limit": 1})
+    assert held["message"] == (f"queue '{queue}' is at its 1 slot, which every tenant's task steps share "
+                               "(DUCTOR_TASK_QUEUE_SLOTS): it takes the next one freed, in the fair order")
+
+
 def test_a_step_whose_connections_breakers_are_open_waits_until_the_first_closes(tenant, client_a, settings,
                                                                                   redis_client):
     settings.DUCTOR_BREAKER_FAILURES = 1

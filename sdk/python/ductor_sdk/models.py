@@ -634,8 +634,9 @@ class RunsRetried(Model):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Waiting(Model):
     """One waiting step (or the run's tick: ``node_id`` ""), and what holds it now: ``cause`` is one
-    of not_due, partition, tenant_concurrency, rate_limited, pool_full, connection_full,
-    breaker_open, suspended, quota_exhausted, child_run, dispatching, in_line, lost."""
+    of not_due, partition, tenant_concurrency, rate_limited, pool_full, connection_full, queue_full,
+    breaker_open, suspended, quota_exhausted, child_run, event, dispatching, task_published, in_line,
+    lost."""
 
     node_id: str = ""
     attempt: int = 0
