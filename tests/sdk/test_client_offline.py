@@ -165,6 +165,20 @@ def test_a_number_json_has_not_is_refused_before_sending_naming_where_it_is() ->
     assert sent == []
 
 
+def test_a_value_json_has_not_is_refused_before_sending_naming_where_it_is() -> None:
+    """Bytes or a set raised json's own TypeError ('Object of type bytes is not JSON serializable'),
+    which named no field, where the README says the SDK names where it is, as for ``nan``."""
+    transport, sent = _answers()
+    with Client("http://ductor.test", "dct_x_y", http_client=httpx.Client(transport=transport)) as sdk:
+        with pytest.raises(TypeError, match=r"^input\.scores\[1\]: bytes is not JSON"):
+            sdk.runs.start("order", {"scores": [1.5, b"\x00"]})
+        with pytest.raises(TypeError, match=r"^runs\[0\]\.input\.tags: set is not JSON"):
+            sdk.runs.start_many([{"workflow": "order", "input": {"tags": {"a"}}}])
+        with pytest.raises(TypeError, match=r"^input: a key of type tuple is not JSON"):
+            sdk.runs.start("order", {("a", "b"): 1})
+    assert sent == []
+
+
 def test_a_catalog_entry_s_name_among_its_changes_is_sent_for_the_server_to_refuse() -> None:
     """The entry is named positionally: ``name=`` in the changes is a change like any other, which the
     server refuses naming ``name``, not a ``TypeError`` of the method's own parameter."""

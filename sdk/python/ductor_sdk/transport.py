@@ -173,9 +173,16 @@ def json_body(body: Any) -> bytes:
 
     A float that is not finite (``nan``, ``inf``) raises ``ValueError`` naming where it is
     (``input.ratio``): Python would write it as ``NaN``, which is not JSON, and the server could
-    only refuse the whole body as ``malformed_json``, naming no field."""
+    only refuse the whole body as ``malformed_json``, naming no field. A value JSON has no type for
+    (bytes, a set) raises ``TypeError`` naming where it is too."""
     try:
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except TypeError as exc:
+        unknown = _not_json(body, "")
+        if unknown is None:
+            raise
+        raise TypeError(f"{unknown[0] or 'the body'}: {unknown[1]} is not JSON; send a JSON value (a dict with "
+                        f"string keys, a list, a string, a number, a boolean or None)") from exc
     except ValueError as exc:
         found = _not_finite(body, "")
         if found is None:
@@ -187,6 +194,29 @@ def json_body(body: Any) -> bytes:
         return text.encode()
     except UnicodeEncodeError:
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+_JSON_KEYS = (str, int, float, bool, type(None))  # what json.dumps takes as a key (it writes them as strings)
+
+
+def _not_json(value: Any, where: str) -> tuple[str, str] | None:
+    """Where the first value (or key) of ``value`` that JSON has no type for is (as the API names fields:
+    ``input.a[2]``), and what it is (``bytes``, ``a key of type tuple``); None when there is none."""
+    if isinstance(value, _JSON_SCALARS):
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, _JSON_KEYS):
+                return where, f"a key of type {type(key).__name__}"
+            found = _not_json(item, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        return next((found for index, item in enumerate(value)
+                     if (found := _not_json(item, f"{where}[{index}]")) is not None), None)
+    return where, type(value).__name__
 
 
 def _not_finite(value: Any, where: str) -> tuple[str, float] | None:
