@@ -54,8 +54,9 @@ def queue_slots() -> dict[str, int]:
             count = int(value)
         except ValueError:
             count = -1
-        if count < 0:
-            raise ImproperlyConfigured(f"DUCTOR_TASK_QUEUE_SLOTS: {name}={value} is not a number of slots")
+        if count < 1:  # 0 slots would hold every step of the queue, for good
+            raise ImproperlyConfigured(f"DUCTOR_TASK_QUEUE_SLOTS: {name}={value} is not a number of slots "
+                                       "(a whole number from 1)")
         slots[name if "/" in name else f"{DEFAULT_BROKER}/{name}"] = count
     return slots
 

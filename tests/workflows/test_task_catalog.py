@@ -374,8 +374,11 @@ def test_a_celery_connection_defaults_to_ductors_own_broker(client_a):
 def test_a_bad_queue_slots_setting_is_told_by_the_system_checks(settings):
     from scheduling.apps import check_task_settings
 
-    settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": "many"}
-    assert [e.id for e in check_task_settings()] == ["ductor.E001"]
+    for bad in ("many", "0", "-2"):  # no slot would hold every step of the queue for good
+        settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": bad}
+        [error] = check_task_settings()
+        assert (error.id, error.msg) == ("ductor.E001", f"DUCTOR_TASK_QUEUE_SLOTS: shop={bad} is not a number of "
+                                                        "slots (a whole number from 1)")
     settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": "4", "eu/billing": "2"}
     assert check_task_settings() == []
 
