@@ -197,15 +197,21 @@ class WorkflowSerializer(StrictModelSerializer):
         return latest.spec if latest else None
 
 
+IF_VERSION_HELP = ("The latest version you read (0: none, the workflow does not exist yet): the spec is taken "
+                   "only if it is still the latest, else 409 conflict naming if_version. Without it, always taken.")
+
+
 class WorkflowCreateSerializer(StrictSerializer):
     name = PatternField(r"^[A-Za-z0-9_.\-]+$", max_length=100, rule="Letters, digits, '_', '.' and '-', at most 100.")
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = SpecField()
+    if_version = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, help_text=IF_VERSION_HELP)
 
 
 class WorkflowUpdateSerializer(StrictSerializer):
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = SpecField()
+    if_version = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, help_text=IF_VERSION_HELP)
 
 
 class WorkflowDescribeSerializer(StrictSerializer):

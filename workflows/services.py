@@ -91,16 +91,25 @@ def _validated(spec: Any) -> dict[str, Any]:
 
 
 @transaction.atomic
-def workflow_put(*, name: str, spec: Any, description: str = "") -> tuple[WorkflowVersion, bool]:
+def workflow_put(*, name: str, spec: Any, description: str = "",
+                 if_version: int | None = None) -> tuple[WorkflowVersion, bool]:
     """Create the workflow ``name`` or add a new version of it. Returns ``(version, created)``.
 
-    Versions are immutable; runs keep the version they started on.
+    Versions are immutable; runs keep the version they started on. With ``if_version`` (the latest
+    version the caller read; 0: none), only if that is still the latest (409 naming ``if_version``
+    otherwise): so concurrent puts of one change (a service's replicas applying their workflows as
+    they start) add one version, and each other learns it lost.
     """
     clean = _validated(spec)
     # Puts of one name take turns from here: the row lock below locks nothing while the name is new,
     # and two creations of it would both insert it (one answered with the unique name's error).
     waits.lock_in_order({waits.name_lock_id("workflow", name)})
     definition = WorkflowDefinition.objects.select_for_update().filter(name=name).first()
+    latest = definition.latest_version if definition is not None else 0
+    if if_version is not None and if_version != latest:
+        message = (f"Workflow '{name}' is at version {latest}, not {if_version}: read it again."
+                   if latest else f"Workflow '{name}' does not exist, so it is at no version {if_version}.")
+        raise Conflict(message, details={"if_version": [message]})
     created = definition is None
     if definition is None:
         enforce_ceiling("workflows", active_workflows())

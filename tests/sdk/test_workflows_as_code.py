@@ -172,6 +172,27 @@ def test_apply_creates_the_workflow_then_changes_nothing_then_adds_a_version_whe
 
 
 @pytest.mark.django_db(transaction=True)
+def test_concurrent_applies_of_one_workflow_add_one_version_each_change(server_url: str, make_tenant: Any) -> None:
+    """A service's replicas apply their workflows as they start, at once: each create or new version
+    names the version it read (``if_version``), and the applies that lose read the workflow again."""
+    import asyncio
+
+    from ductor_sdk import AsyncClient
+
+    _, key = make_tenant("sdk-replicas")
+
+    async def replicas(wf: Workflow, count: int) -> list[str]:
+        async with AsyncClient(server_url, key, timeout=20.0) as client:
+            applied = await asyncio.gather(*(client.workflows.apply(wf) for _ in range(count)))
+            return sorted(a.outcome for a in applied)
+
+    assert asyncio.run(replicas(documented_example_as_code(), 8)) == ["created"] + ["unchanged"] * 7
+    assert asyncio.run(replicas(documented_example_as_code(timeout_s=31), 8)) == ["unchanged"] * 7 + ["updated"]
+    with Client(server_url, key) as client:
+        assert [v.number for v in client.workflows.versions("users")] == [2, 1]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_apply_changes_a_description_alone_without_a_version(sdk: Client) -> None:
     sdk.workflows.apply(documented_example_as_code())
     renamed = documented_example_as_code()

@@ -183,6 +183,29 @@ def test_an_oversized_spec_or_run_input_is_a_413_and_changes_nothing(make_tenant
         assert WorkflowVersion.objects.count() == 1
 
 
+def test_a_put_naming_the_version_it_read_is_taken_only_while_that_is_the_latest(client_a, tenant_a):
+    """``if_version``: 0 for a workflow that must not exist yet, else the latest version read. A put that
+    lost to another is a 409 naming it, and adds nothing."""
+    body = {"name": "billing", "spec": spec(node("a")), "if_version": 0}
+    assert client_a.post("/api/v1/workflows", body, format="json").status_code == 201
+    lost_create = client_a.post("/api/v1/workflows", body, format="json")
+    assert_invalid(lost_create, "if_version", "is at version 1, not 0", code="conflict", status=409)
+
+    changed = {"spec": spec(node("b")), "if_version": 1}
+    assert client_a.put("/api/v1/workflows/billing", changed, format="json").json()["latest_version"] == 2
+    lost_put = client_a.put("/api/v1/workflows/billing", changed, format="json")
+    assert_invalid(lost_put, "if_version", "is at version 2, not 1", code="conflict", status=409)
+    stale_post = client_a.post("/api/v1/workflows", {**body, "if_version": 5}, format="json")
+    assert_invalid(stale_post, "if_version", "not 5", code="conflict", status=409)
+    assert_invalid(client_a.put("/api/v1/workflows/billing", {**changed, "if_version": -1}, format="json"),
+                   "if_version")
+    assert [v["number"] for v in client_a.get("/api/v1/workflows/billing/versions").json()] == [2, 1]
+    absent = client_a.post("/api/v1/workflows", {"name": "other", "spec": spec(node("a")), "if_version": 1},
+                           format="json")
+    assert_invalid(absent, "if_version", "does not exist", code="conflict", status=409)
+    assert client_a.get("/api/v1/workflows/other").status_code == 404
+
+
 def test_max_workflows_ceiling_is_a_403_but_new_versions_are_still_allowed(client_a, tenant_a):
     tenant_services.override_set(tenant=tenant_a[0], field="max_workflows", value=1)
     create(client_a, "only")

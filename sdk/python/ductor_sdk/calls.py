@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from ductor_sdk import models
+from ductor_sdk.errors import Conflict
 from ductor_sdk.models import Model, Page
 from ductor_sdk.spec import same_spec
 from ductor_sdk.transport import NO_BODY, Call, path
@@ -300,13 +301,24 @@ def workflow_apply(
     alone when only that differs (``PATCH``: no version; an empty one changes nothing), or nothing."""
     spec = workflow.to_spec()
     if stored is None:
-        body = {"name": workflow.name, "spec": spec, "description": workflow.description}
+        body = {"name": workflow.name, "spec": spec, "description": workflow.description, "if_version": 0}
         return WORKFLOWS.create(body), "created"
     if stored.spec is not None and same_spec(spec, stored.spec):
         if workflow.description and workflow.description != stored.description:
             return WORKFLOWS.update(workflow.name, {"description": workflow.description}), "described"
         return None, "unchanged"
-    return WORKFLOWS.replace(workflow.name, {"spec": spec, "description": workflow.description}), "updated"
+    body = {"spec": spec, "description": workflow.description, "if_version": stored.latest_version}
+    return WORKFLOWS.replace(workflow.name, body), "updated"
+
+
+# How often ``apply`` reads the workflow again when another apply added a version first.
+APPLY_TRIES = 5
+
+
+def lost_to_another_apply(error: Conflict) -> bool:
+    """Whether ``apply``'s create or new version was refused because the workflow moved on since it
+    was read (``if_version``): another apply came first, and it reads the workflow again."""
+    return error.field == "if_version"
 
 
 # --- the platform ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import httpx
 
 from ductor_sdk import calls, models
-from ductor_sdk.errors import NotFound, WaitTimeout
+from ductor_sdk.errors import Conflict, NotFound, WaitTimeout
 from ductor_sdk.models import Page, RunStatus
 from ductor_sdk.transport import Call, Config, RetryPolicy, SyncSender
 from ductor_sdk.workflow import Workflow
@@ -243,17 +243,25 @@ class Workflows(_Resource):
         """Make the server hold ``workflow``: create it, add a version if its spec changed, else nothing.
 
         When only its (non-empty) description differs, that alone changes, with no new version
-        (``described``). Two concurrent applies may both add a version.
+        (``described``). Its create or new version names the version it read (``if_version``): when
+        another apply added one first (a service's replicas applying as they start), it reads the
+        workflow again and compares anew, so concurrent applies of one change add one version.
         """
-        try:
-            stored: models.WorkflowDefinition | None = self.get(workflow.name)
-        except NotFound:
-            stored = None
-        call, outcome = calls.workflow_apply(workflow, stored)
-        if call is None:
-            assert stored is not None
-            return models.Applied(stored, outcome)
-        return models.Applied(self._send(call), outcome)
+        for tries_left in reversed(range(calls.APPLY_TRIES)):
+            try:
+                stored: models.WorkflowDefinition | None = self.get(workflow.name)
+            except NotFound:
+                stored = None
+            call, outcome = calls.workflow_apply(workflow, stored)
+            if call is None:
+                assert stored is not None
+                return models.Applied(stored, outcome)
+            try:
+                return models.Applied(self._send(call), outcome)
+            except Conflict as lost:
+                if not tries_left or not calls.lost_to_another_apply(lost):
+                    raise
+        raise AssertionError("unreachable: the last try returns or raises")
 
 
 class Runs(_Resource):
