@@ -442,3 +442,11 @@ def test_a_deleted_workflow_leaves_its_tenant_s_webhooks_and_one_it_alone_covere
     assert (alone.workflows, alone.enabled) == ([], False)
     assert "'gone', was deleted" in alone.disabled_reason
     assert (theirs.workflows, theirs.enabled) == (["gone"], True)
+
+    with tenant_context(tenant_a[0]):  # enabled as it is, it would cover every workflow: its workflows go with it
+        with pytest.raises(Conflict, match="it would cover every workflow") as refused:
+            webhooks.webhook_update(alone, {"enabled": True})
+        assert list(refused.value.details) == ["enabled"]
+        assert WebhookEndpoint.objects.get(pk=alone.pk).enabled is False
+        kept = webhooks.webhook_update(alone, {"enabled": True, "workflows": ["kept"]})
+        assert (kept.workflows, kept.enabled) == (["kept"], True)

@@ -186,14 +186,25 @@ def _locked(endpoint: WebhookEndpoint) -> WebhookEndpoint:
     return found
 
 
+# How the disabled reason of an endpoint whose only workflow was deleted begins (``workflow_deleted``).
+ONLY_WORKFLOW_DELETED = "its only workflow"
+
+
 def webhook_update(endpoint: WebhookEndpoint, changes: Mapping[str, Any]) -> WebhookEndpoint:
     """Change the fields in ``changes``. ``enabled`` true enables it again and zeroes its failures;
-    false disables it and stops its pending deliveries."""
+    false disables it and stops its pending deliveries. An endpoint disabled because its only workflow
+    was deleted is enabled only with its ``workflows`` given in the same change (``[]`` for all):
+    enabled as it is, it would cover every workflow (409 naming ``enabled``)."""
     checks = {"url": checked_url, "events": checked_events, "workflows": checked_workflows}
     fields = {name: checks[name](value) if name in checks else value for name, value in changes.items()
               if name in ("url", "events", "workflows", "description")}
     with transaction.atomic():
         row = _locked(endpoint)
+        if (changes.get("enabled") and not row.enabled and not row.workflows and "workflows" not in changes
+                and row.disabled_reason.startswith(ONLY_WORKFLOW_DELETED)):
+            message = (f"This endpoint was disabled because {row.disabled_reason}: enabled as it is, it would "
+                       "cover every workflow. Give its workflows in the same request ([] for all).")
+            raise Conflict(message, details={"enabled": [message]})
         for name, value in fields.items():
             setattr(row, name, value)
         stopping = "enabled" in changes and not changes["enabled"] and row.enabled
@@ -261,7 +272,7 @@ def workflow_deleted(name: str, **kwargs: Any) -> int:
     for endpoint in WebhookEndpoint.objects.select_for_update().filter(workflows__contains=[name]):
         left = [workflow for workflow in endpoint.workflows if workflow != name]
         if not left:
-            webhook_disable(endpoint.pk, f"its only workflow, '{name}', was deleted")
+            webhook_disable(endpoint.pk, f"{ONLY_WORKFLOW_DELETED}, '{name}', was deleted")
         WebhookEndpoint.objects.filter(pk=endpoint.pk).update(workflows=left, updated_at=timezone.now())
         changed += 1
     if changed:
