@@ -150,6 +150,23 @@ def test_the_sdk_normalizes_a_spec_as_the_server_stores_it() -> None:
         assert normalized(spec) == normalized(stored)
         assert [node["id"] for node in normalized(spec)["nodes"]] == [node["id"] for node in stored["nodes"]]
     assert not same_spec(specs[1], documented_example_as_code(timeout_s=31).to_spec())
+    for spec in specs:  # and as the server stores it, it compares the same, by the JSON rule too
+        assert same_spec(spec, server_spec.validate_spec(spec, max_bytes=1_000_000).to_dict())
+
+
+@pytest.mark.parametrize(("before", "after", "same"), [
+    (1, 1.0, True),  # one number
+    (1, True, False),  # JSON's true is not 1, though Python's True == 1
+    (0, False, False),
+    ([1, {"a": True}], [1.0, {"a": True}], True),
+    ([1, {"a": True}], [1, {"a": 1}], False),
+    ({"a": 1}, {"a": 1, "b": None}, False),
+])
+def test_a_change_of_a_literal_is_a_change_as_json_has_it(before: Any, after: Any, same: bool) -> None:
+    def spec(value: Any) -> dict[str, Any]:
+        return {"nodes": [{"id": "a", "type": "action", "action": "echo", "input": {"v": value}}]}
+
+    assert same_spec(spec(before), spec(after)) is same
 
 
 # --- on the server ---------------------------------------------------------------------------

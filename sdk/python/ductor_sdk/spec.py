@@ -128,5 +128,18 @@ def normalized(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def same_spec(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two specs normalize to the same workflow (``1`` and ``1.0`` are the same number)."""
-    return normalized(a) == normalized(b)
+    """Whether two specs normalize to the same workflow (``1`` and ``1.0`` are the same number; ``true``
+    and ``1`` are not, as JSON has them)."""
+    return same_json(normalized(a), normalized(b))
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """``a == b`` as JSON values: a boolean equals a boolean alone (Python's ``True == 1`` does not
+    hold here), numbers by their value, lists item by item, objects key by key."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_json(a[key], b[key]) for key in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
