@@ -48,6 +48,32 @@ def until_another_waits_on_a_lock(timeout: float = 15) -> bool:
     return True
 
 
+def backend_pid() -> int:
+    """The PostgreSQL backend of this thread's database connection."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def until_blocked(waiter: int, by: int | None = None, timeout: float = 30) -> bool:
+    """Poll until the backend ``waiter`` waits on a lock that the backend ``by`` holds (any backend's,
+    when None): True, or False after ``timeout`` seconds (the test then goes on, and its assertions
+    say what happened). What a test forcing an interleaving of transactions waits for."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT pg_blocking_pids(%s)", [waiter])
+            blockers = cursor.fetchone()[0]
+            if (by in blockers) if by is not None else blockers:
+                return True
+            time.sleep(0.02)
+    return False
+
+
 def queue_is_empty() -> bool:
     """Nothing waits in the fair queue (due or not), and nothing is in flight, on any shard."""
     with no_tenant():

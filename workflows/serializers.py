@@ -293,6 +293,8 @@ class RunManySerializer(RunMatchSerializer):
     (a call on every run is not taken), ``limit`` a call."""
 
     verb = ""  # what the call does to them, as its refusal says
+    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
+                                help_text="The runs, by id (the filters given apply too).")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not any(value for name, value in attrs.items() if name != "limit"):
@@ -304,8 +306,6 @@ class RunManySerializer(RunMatchSerializer):
 
 class RunCancelManySerializer(RunManySerializer):
     verb = "cancel"
-    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
-                                help_text="The runs to cancel, by id (the filters given apply too).")
     limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=500,
                                      help_text="At most this many runs in this call (`more` tells of the rest).")
 
@@ -318,8 +318,6 @@ class RunCancelManyResultSerializer(serializers.Serializer):
 
 class RunRetryManySerializer(RunManySerializer):
     verb = "retry"
-    ids = serializers.ListField(child=CanonicalUUIDField(), required=False, max_length=500,
-                                help_text="The runs to retry, by id (the filters given apply too).")
     limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=100,
                                      help_text="At most this many runs in this call (`more` tells of the rest).")
 

@@ -6,6 +6,8 @@ while it has no run; another tenant's workflow is a 404 to all of it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -304,6 +306,45 @@ def test_two_creations_of_one_new_name_at_once_make_the_workflow_and_a_second_ve
         assert WorkflowDefinition.objects.filter(name="raced").count() == 1
 
 
+@contextmanager
+def deleted_meanwhile(tenant: Tenant, monkeypatch: pytest.MonkeyPatch,
+                      name: str = "doomed") -> Iterator[dict[str, Any]]:
+    """The deletion of the workflow ``name`` in another thread, which locks its versions, then waits
+    until a statement of the block waits on a lock it holds. Yields the deletion's result
+    (``results["delete"]``: ``"deleted"``, or its exception), there once the block has ended."""
+    import threading
+
+    from django.db import connections
+
+    locked, lock = threading.Event(), services.lock_versions
+    results: dict[str, Any] = {}
+
+    def lock_then_wait(definition: WorkflowDefinition) -> None:
+        lock(definition)
+        locked.set()
+        until_another_waits_on_a_lock()  # the block's statement, waiting for what the deletion holds
+
+    monkeypatch.setattr(services, "lock_versions", lock_then_wait)
+
+    def delete() -> None:
+        try:
+            with tenant_context(tenant):
+                services.workflow_delete(name=name)
+            results["delete"] = "deleted"
+        except Exception as exc:
+            results["delete"] = exc
+        finally:
+            connections.close_all()
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    assert locked.wait(15)
+    try:
+        yield results
+    finally:
+        deleting.join(30)
+
+
 def test_a_workflow_deleted_while_a_run_of_it_starts_is_gone_and_the_start_is_a_404(
     transactional_db, tenant_a, monkeypatch
 ):
@@ -311,39 +352,13 @@ def test_a_workflow_deleted_while_a_run_of_it_starts_is_gone_and_the_start_is_a_
     start's reference to its version is checked at its commit, which then finds it deleted. Before,
     the start committed a run of a version the deletion had counted no run of, and the deletion's
     own commit failed (a 500)."""
-    import threading
-
     from ductor_project.core.errors import NotFound
 
     with tenant_context(tenant_a[0]):
         services.workflow_put(name="doomed", spec=FLOW)
-    locked, lock = threading.Event(), services.lock_versions
-    results: dict[str, Any] = {}
-
-    def lock_then_wait(definition: WorkflowDefinition) -> None:
-        lock(definition)
-        locked.set()
-        until_another_waits_on_a_lock()  # the start is at its commit, waiting for the versions
-
-    monkeypatch.setattr(services, "lock_versions", lock_then_wait)
-
-    def delete() -> None:
-        try:
-            with tenant_context(tenant_a[0]):
-                services.workflow_delete(name="doomed")
-            results["delete"] = "deleted"
-        except Exception as exc:
-            results["delete"] = exc
-        finally:
-            from django.db import connections
-            connections.close_all()
-
-    deleting = threading.Thread(target=delete)
-    deleting.start()
-    assert locked.wait(15)
-    with pytest.raises(NotFound, match="deleted"), tenant_context(tenant_a[0]):
+    with (deleted_meanwhile(tenant_a[0], monkeypatch) as results, pytest.raises(NotFound, match="deleted"),
+          tenant_context(tenant_a[0])):
         services.run_start(workflow="doomed")
-    deleting.join(30)
     assert results["delete"] == "deleted"
     assert run_count(tenant_a[0]) == 0
     with tenant_context(tenant_a[0]):
@@ -359,42 +374,16 @@ def test_a_trigger_or_schedule_made_while_its_workflow_is_deleted_is_refused_and
     Before, a trigger made then failed its commit on its reference to the deleted workflow (a 500),
     and a schedule was kept naming a workflow that no longer exists (a later one of that name would
     have had its runs)."""
-    import threading
-
     from ductor_project.core.errors import ApiError
     from workflows.triggers import events
 
     with tenant_context(tenant_a[0]):
         services.workflow_put(name="doomed", spec=FLOW)
-    locked, lock = threading.Event(), services.lock_versions
-    results: dict[str, Any] = {}
-
-    def lock_then_wait(definition: WorkflowDefinition) -> None:
-        lock(definition)
-        locked.set()
-        until_another_waits_on_a_lock()  # the trigger's or the schedule's making, waiting for the workflow
-
-    monkeypatch.setattr(services, "lock_versions", lock_then_wait)
-
-    def delete() -> None:
-        try:
-            with tenant_context(tenant_a[0]):
-                services.workflow_delete(name="doomed")
-            results["delete"] = "deleted"
-        except Exception as exc:
-            results["delete"] = exc
-        finally:
-            from django.db import connections
-            connections.close_all()
-
-    deleting = threading.Thread(target=delete)
-    deleting.start()
-    assert locked.wait(15)
     make = {"trigger": lambda: events.trigger_create(workflow="doomed", event="order.paid"),
             "schedule": lambda: schedules.schedule_create(name="nightly", workflow="doomed", cron="0 2 * * *")}
-    with tenant_context(tenant_a[0]), pytest.raises(ApiError) as refused:
+    with (deleted_meanwhile(tenant_a[0], monkeypatch) as results, tenant_context(tenant_a[0]),
+          pytest.raises(ApiError) as refused):
         make[made]()
-    deleting.join(30)
 
     assert (refused.value.error_code, list(refused.value.details)) == ("invalid", ["workflow"])
     assert results["delete"] == "deleted"

@@ -190,6 +190,19 @@ def test_the_run_detail_shows_its_first_steps_and_links_to_every_one(make_tenant
     assert [s["node_id"] for page in listed for s in page] == [f"n{i:03}" for i in range(7)]
 
 
+def assert_bounded_to_4_000_bytes(client: Any, run: Any) -> dict[str, Any]:
+    """The six steps of ``run`` within ``DUCTOR_STEPS_MAX_BYTES`` of 4,000: the detail shows some, every page
+    at most that much and at least one, and the pages all six. The detail."""
+    detail: dict[str, Any] = client.get(f"/api/v1/runs/{run.pk}").json()
+    assert 1 <= len(detail["steps"]) < 6
+    assert json_size(detail["steps"]) <= 4_000
+    assert detail["steps_truncated"] is True
+    listed = pages(client, detail["steps_url"], page_size=100)
+    assert all(json_size(page) <= 4_000 for page in listed)
+    assert sorted(s["node_id"] for page in listed for s in page) == [f"n{i:03}" for i in range(6)]
+    return detail
+
+
 @override_settings(DUCTOR_STEPS_MAX_BYTES=4_000)
 def test_steps_are_bounded_in_bytes_in_the_detail_and_in_every_page_which_holds_at_least_one(make_tenant,
                                                                                                 redis_client):
@@ -197,14 +210,7 @@ def test_steps_are_bounded_in_bytes_in_the_detail_and_in_every_page_which_holds_
     client = api_client(key)
     run = fan_out(tenant, 6, text="w" * 1_500)  # each step ~1.5 KB of input, some 2 KB with its trace
 
-    detail = client.get(f"/api/v1/runs/{run.pk}").json()
-    assert 1 <= len(detail["steps"]) < 6
-    assert json_size(detail["steps"]) <= 4_000
-    assert detail["steps_truncated"] is True
-
-    listed = pages(client, detail["steps_url"], page_size=100)
-    assert all(json_size(page) <= 4_000 for page in listed)
-    assert sorted(s["node_id"] for page in listed for s in page) == [f"n{i:03}" for i in range(6)]
+    detail = assert_bounded_to_4_000_bytes(client, run)
 
     with override_settings(DUCTOR_STEPS_MAX_BYTES=10):  # smaller than any step: one a page
         assert [len(page) for page in pages(client, detail["steps_url"])] == [1] * 6
@@ -221,14 +227,7 @@ def test_the_progress_its_heartbeats_reported_counts_in_a_steps_bytes(make_tenan
     with tenant_context(tenant):
         StepRun.objects.filter(run=run).update(heartbeat_details={"chunks": "h" * 1_500})
 
-    detail = client.get(f"/api/v1/runs/{run.pk}").json()
-    assert 1 <= len(detail["steps"]) < 6
-    assert json_size(detail["steps"]) <= 4_000
-    assert detail["steps_truncated"] is True
-
-    listed = pages(client, detail["steps_url"], page_size=100)
-    assert all(json_size(page) <= 4_000 for page in listed)
-    assert sorted(s["node_id"] for page in listed for s in page) == [f"n{i:03}" for i in range(6)]
+    assert_bounded_to_4_000_bytes(client, run)
 
 
 def test_a_short_run_shows_every_step_untruncated(make_tenant, redis_client):

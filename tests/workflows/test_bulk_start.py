@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -172,8 +171,9 @@ def test_a_batch_whose_keys_concurrent_starts_take_one_after_another_returns_the
     Before, a second collision was a 500."""
     import threading
 
-    from django.db import connection, connections, transaction
+    from django.db import connections, transaction
 
+    from tests.waiting import backend_pid, until_blocked
     from workflows import services
 
     tenant = tenant_a[0]
@@ -185,15 +185,10 @@ def test_a_batch_whose_keys_concurrent_starts_take_one_after_another_returns_the
     began = {key: threading.Event() for key in items}
     pids: dict[str, int] = {}
 
-    def pid() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            return int(cursor.fetchone()[0])
-
     def hold(key: str) -> None:  # a start of the key, committed once released
         try:
             with tenant_context(tenant), transaction.atomic():
-                pids[key] = pid()
+                pids[key] = backend_pid()
                 began[key].set()
                 services.run_start_many(runs=[items[key]])
                 holding[key].set()
@@ -201,26 +196,16 @@ def test_a_batch_whose_keys_concurrent_starts_take_one_after_another_returns_the
         finally:
             connections.close_all()
 
-    def until_blocked(waiter: str, by: str | None = None) -> None:
-        deadline = time.monotonic() + 30
-        with connection.cursor() as cursor:
-            while time.monotonic() < deadline:
-                cursor.execute("SELECT pg_blocking_pids(%s)", [pids[waiter]])
-                blockers = cursor.fetchone()[0]
-                if (pids[by] in blockers) if by else blockers:
-                    return
-                time.sleep(0.02)
-
     second = threading.Thread(target=hold, args=("k2",))
 
     def in_turn() -> None:
         try:
-            until_blocked("batch", by="k1")
+            until_blocked(pids["batch"], by=pids["k1"])
             second.start()
             assert began["k2"].wait(15)
-            until_blocked("k2")  # behind the batch, on the quota row
+            until_blocked(pids["k2"])  # behind the batch, on the quota row
             release["k1"].set()
-            until_blocked("batch", by="k2")
+            until_blocked(pids["batch"], by=pids["k2"])
             release["k2"].set()
         finally:
             connections.close_all()
@@ -228,7 +213,7 @@ def test_a_batch_whose_keys_concurrent_starts_take_one_after_another_returns_the
     first = threading.Thread(target=hold, args=("k1",))
     first.start()
     assert holding["k1"].wait(15)
-    pids["batch"] = pid()
+    pids["batch"] = backend_pid()
     controller = threading.Thread(target=in_turn)
     controller.start()
     try:

@@ -165,9 +165,10 @@ def test_a_batch_whose_keys_concurrent_sends_take_one_after_another_answers_thei
     events of its keys however many times a concurrent send takes one of them. Before, a second
     collision was a 500."""
     import threading
-    import time
 
-    from django.db import connection, connections, transaction
+    from django.db import connections, transaction
+
+    from tests.waiting import backend_pid, until_blocked
 
     items = {key: {"name": "order.paid", "idempotency_key": key} for key in ("k1", "k2")}
     began = {key: threading.Event() for key in items}
@@ -175,15 +176,10 @@ def test_a_batch_whose_keys_concurrent_sends_take_one_after_another_answers_thei
     release = {key: threading.Event() for key in items}
     pids: dict[str, int] = {}
 
-    def pid() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            return int(cursor.fetchone()[0])
-
     def hold(key: str) -> None:  # a send of the key, committed once released
         try:
             with tenant_context(tenant), transaction.atomic():
-                pids[key] = pid()
+                pids[key] = backend_pid()
                 began[key].set()
                 services_events.events_send([items[key]])
                 holding[key].set()
@@ -191,24 +187,15 @@ def test_a_batch_whose_keys_concurrent_sends_take_one_after_another_answers_thei
         finally:
             connections.close_all()
 
-    def until_blocked(waiter: str, by: str) -> None:
-        deadline = time.monotonic() + 30
-        with connection.cursor() as cursor:
-            while time.monotonic() < deadline:
-                cursor.execute("SELECT %s = ANY(pg_blocking_pids(%s))", [pids[by], pids[waiter]])
-                if cursor.fetchone()[0]:
-                    return
-                time.sleep(0.02)
-
     second = threading.Thread(target=hold, args=("k2",))
 
     def in_turn() -> None:
         try:
-            until_blocked("batch", by="k1")
+            until_blocked(pids["batch"], by=pids["k1"])
             second.start()
             assert holding["k2"].wait(15)
             release["k1"].set()
-            until_blocked("batch", by="k2")
+            until_blocked(pids["batch"], by=pids["k2"])
             release["k2"].set()
         finally:
             connections.close_all()
@@ -216,7 +203,7 @@ def test_a_batch_whose_keys_concurrent_sends_take_one_after_another_answers_thei
     first = threading.Thread(target=hold, args=("k1",))
     first.start()
     assert holding["k1"].wait(15)
-    pids["batch"] = pid()
+    pids["batch"] = backend_pid()
     controller = threading.Thread(target=in_turn)
     controller.start()
     try:
