@@ -94,6 +94,7 @@ class ShardPlan:
         self.every_s = every_s
         self._shards = list(fixed) if fixed is not None else list(queue_shards())
         self._at = float("-inf")
+        self._warned = False
 
     def shards(self) -> list[int]:
         """The shards to serve now. Reads the beats at most every ``every_s``; should that fail
@@ -107,10 +108,16 @@ class ShardPlan:
                 heartbeats.record_shards(self.name, self._shards, pinned=self.fixed is not None)
             except Exception:  # the round's own Redis calls will fail and be retried the usual way
                 log.warning("shard_plan_unread", shards=self._shards, exc_info=True)
-        if self.fixed is None:  # a shard a reshard stopped serving since the plan was made: drained
-            served = queue_shards()
-            return [shard for shard in self._shards if shard in served]
-        return self._shards
+        # A shard a reshard stopped serving since the plan was made (drained), or one a dispatcher
+        # started with its own shards was pinned to: passed over while it is not served.
+        served = queue_shards()
+        shards = [shard for shard in self._shards if shard in served]
+        if self.fixed is not None and len(shards) < len(self._shards) and not self._warned:
+            self._warned = True
+            log.warning("pinned_shards_not_served", shards=self._shards, served=len(served))
+        elif len(shards) == len(self._shards):
+            self._warned = False
+        return shards
 
     def stop(self) -> None:
         heartbeats.forget_shards(self.name)

@@ -83,6 +83,19 @@ def test_a_dispatcher_started_with_its_shards_keeps_them(settings) -> None:
     assert Dispatcher(shards=[1, 3]).shards == [1, 3]
 
 
+def test_a_dispatcher_started_with_its_shards_passes_over_those_a_reshard_stopped_serving(settings) -> None:
+    """Every round of a dispatcher pinned to a shard that a shrink dropped failed on it, shards it
+    still served included, and the dispatcher stopped beating."""
+    settings.DUCTOR_QUEUE_SHARDS = 4
+    dispatcher = Dispatcher(shards=[1, 3])
+    dispatcher.plan.every_s = 0
+    settings.DUCTOR_QUEUE_SHARDS = 2  # the count in force shrank beneath shard 3
+    assert dispatcher.run_once() == 0
+    assert dispatcher.shards == [1]
+    settings.DUCTOR_QUEUE_SHARDS = 4  # and grew again: it serves shard 3 once more
+    assert dispatcher.shards == [1, 3]
+
+
 def test_the_others_split_every_shard_between_themselves_beside_a_dispatcher_started_with_its_own(
     settings, db
 ) -> None:
