@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ductor_project.core.keys import (
     MOVE,
     PIN,
@@ -55,6 +57,7 @@ from ductor_project.core.keys import (
     tenant_shard_prefix,
 )
 from ductor_project.core.redis import get_redis, on_node
+from ductor_project.core.tenant_moves import redirect_of
 from scheduling import fair_queue
 from scheduling.coordinator.epoch import epoch_key
 from tenants.models import Tenant
@@ -148,8 +151,22 @@ def begin_move(tenant_id: str, target: int) -> Move | None:
 
 
 def fence_out(move: Move) -> Move:
-    """Step ``fence``: the tenant is fenced in its source shard and out of its indexes (atomic)."""
-    fair_queue.shard_script("reshard_out", move.source, [fence_key(move.tenant_id, move.source)], [move.tenant_id])
+    """Step ``fence``: the tenant is fenced in its source shard and out of its indexes (atomic).
+
+    A fence there that says the tenant moved already is a finished move's whose map was lost since
+    (the master of shard 0 alone came back empty, on a Redis Cluster): its queue state is where the
+    fence sends it. Moved to the target, only the map is left to write; moved elsewhere, the move
+    goes on from there."""
+    try:
+        fair_queue.shard_script("reshard_out", move.source, [fence_key(move.tenant_id, move.source)],
+                                [move.tenant_id])
+    except ResponseError as exc:
+        redirect = redirect_of(exc)
+        if redirect is None or redirect.shard is None:
+            raise
+        if redirect.shard == move.target:
+            return _record(Move(move.tenant_id, move.source, move.target, "map"))
+        return _record(Move(move.tenant_id, redirect.shard, move.target, "fence"))
     return _next(move)
 
 

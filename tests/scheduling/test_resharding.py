@@ -307,6 +307,30 @@ def test_the_command_lists_moves_on_a_dry_run_then_moves_and_shrinks_back(tenant
     assert Counter(f"{i.tenant_id}:{i.item_id}" for i in served) == Counter(set().union(*waiting.values()))
 
 
+def test_the_command_run_again_after_the_map_was_lost_finds_a_moved_tenant_where_its_fence_sends_it(
+    tenant_with, ids_by_hash
+):
+    """The map alone lost (a Redis Cluster whose master of shard 0 came back empty), the moved tenant's
+    fence and keys stayed: the setting's count in force again sent its calls to a shard no longer
+    served, and the command run again to put the count back failed on that fence (TENANT_MOVED)."""
+    count = settings.DUCTOR_QUEUE_SHARDS
+    ids_by_hash(lambda tid: hashed_shard(tid, count) == 0 and hashed_shard(tid, count + 1) == count)
+    mover = tenant_with("map-lost")
+    waiting = backlog(mover, per_tier=2)
+    call_command("queue_reshard", "--shards", str(count + 1), stdout=StringIO())
+    get_redis().delete(shard_map_key())
+    forget_shard_map()
+    assert list(queue_shards()) == list(range(count))
+
+    call_command("queue_reshard", "--shards", str(count + 1), stdout=StringIO())
+
+    assert list(queue_shards()) == list(range(count + 1))
+    assert shard_of(str(mover.pk)) == count
+    assert read_shard_map().moves == {}
+    assert get_redis().get(fence_key(str(mover.pk), count)) is None
+    assert {item.item_id for item in drain(count, {str(mover.pk): mover})} == waiting
+
+
 def test_the_command_refuses_a_bad_count_and_an_unknown_tenant(tenant_with):
     tenant_with("known")
     with pytest.raises(CommandError, match="between 1 and"):
