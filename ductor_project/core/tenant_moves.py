@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import structlog
 from redis.exceptions import ResponseError
 
 from ductor_project.core import keys
@@ -36,6 +37,10 @@ _FIRST_WAIT_S = 0.005
 _LONGEST_WAIT_S = 0.1
 # Redirections one call follows at most (a tenant moved again meanwhile).
 _MAX_HOPS = 4
+# The tenants (with the shard) this process found sent to a shard not served: logged once each.
+_TOLD_UNSERVED: set[tuple[str, int]] = set()
+
+log = structlog.get_logger(__name__)
 
 
 class TenantMoving(RuntimeError):
@@ -77,6 +82,7 @@ def follow(tenant_id: str, call: Callable[[], T]) -> T:
                 raise
             if redirect.shard is not None:
                 hops += 1
+                _tell_unserved(tenant_id, redirect.shard)
                 keys.shard_moved(tenant_id, redirect.shard)
             elif time.monotonic() < deadline:
                 time.sleep(wait_s)
@@ -84,3 +90,18 @@ def follow(tenant_id: str, call: Callable[[], T]) -> T:
                 keys.read_shard_map()
             if hops > _MAX_HOPS or time.monotonic() >= deadline:
                 raise TenantMoving(f"tenant {tenant_id}'s queue state is still moving between shards") from exc
+
+
+def _tell_unserved(tenant_id: str, shard: int) -> None:
+    """A fence sent the tenant to a shard no longer served (the shard map was lost since its move,
+    and a smaller count is in force): its items go there and wait, for no dispatcher walks it.
+    Logged once per tenant and shard by each process; ``queue_reshard`` with the count of that
+    move serves the shard again (docs/scaling.md). The map is read again first, should the
+    process's copy be older than the move (a reshard that just grew the count)."""
+    if shard in keys.queue_shards() or (tenant_id, shard) in _TOLD_UNSERVED:
+        return
+    served = keys.read_shard_map().shards()
+    if shard < served:
+        return
+    _TOLD_UNSERVED.add((tenant_id, shard))
+    log.error("tenant_moved_to_unserved_shard", tenant_id=tenant_id, shard=shard, served=served)

@@ -14,6 +14,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connections
+from structlog.testing import capture_logs
 
 from ductor_project.core import capacity, tenant_moves
 from ductor_project.core.keys import (
@@ -329,6 +330,25 @@ def test_the_command_run_again_after_the_map_was_lost_finds_a_moved_tenant_where
     assert read_shard_map().moves == {}
     assert get_redis().get(fence_key(str(mover.pk), count)) is None
     assert {item.item_id for item in drain(count, {str(mover.pk): mover})} == waiting
+
+
+def test_a_fence_that_sends_a_tenant_to_a_shard_no_longer_served_is_logged(tenant_with, ids_by_hash):
+    """With the map lost, the moved tenant's items went to a shard no dispatcher walked, and nothing
+    said so."""
+    count = settings.DUCTOR_QUEUE_SHARDS
+    ids_by_hash(lambda tid: hashed_shard(tid, count) == 0 and hashed_shard(tid, count + 1) == count)
+    mover = tenant_with("fenced-away")
+    call_command("queue_reshard", "--shards", str(count + 1), stdout=StringIO())
+    get_redis().delete(shard_map_key())
+    forget_shard_map()
+
+    with capture_logs() as logs:
+        fq.enqueue("first", tier="standard", partition="p", tenant=mover)
+        fq.enqueue("second", tier="standard", partition="p", tenant=mover)
+
+    assert [(line["event"], line["tenant_id"], line["shard"], line["served"])
+            for line in logs if line["log_level"] == "error"] == [
+        ("tenant_moved_to_unserved_shard", str(mover.pk), count, count)]
 
 
 def test_the_command_refuses_a_bad_count_and_an_unknown_tenant(tenant_with):
