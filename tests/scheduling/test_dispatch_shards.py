@@ -12,6 +12,7 @@ from django.test import Client
 
 from ductor_project.celery import RESULTS_QUEUE, SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import heartbeats
+from ductor_project.core.keys import forget_shard_map, shard_map_key
 from scheduling.dispatch import credits, shards
 from scheduling.dispatch.dispatcher import Dispatcher
 from scheduling.dispatch.shards import ShardPlan, assigned
@@ -152,6 +153,23 @@ def test_a_dead_dispatchers_shards_are_unserved_until_the_others_plan_again_then
     assert shards.unserved() == theirs  # until the live one plans again
     assert a.shards() == list(range(6))  # its next plan takes them all
     assert shards.unserved() == []
+
+
+def test_a_dispatcher_of_a_shard_beyond_the_count_a_reshard_put_in_force_is_refused_naming_the_map(
+    settings, redis_client
+) -> None:
+    """The refusal named DUCTOR_QUEUE_SHARDS, whose value the map's count had overridden."""
+    settings.DUCTOR_QUEUE_SHARDS = 8
+    redis_client.hset(shard_map_key(), "count", 3)
+    forget_shard_map()
+    try:
+        with pytest.raises(CommandError) as refused:
+            call_command("run_dispatcher", "--shards", "5")
+    finally:
+        redis_client.delete(shard_map_key())
+        forget_shard_map()
+    assert str(refused.value) == ("--shards: the fair queue has shards 0 to 2 (the count queue_reshard put "
+                                  "in force; DUCTOR_QUEUE_SHARDS says 8), not 5")
 
 
 def test_a_coordinator_may_reconcile_on_every_pass() -> None:

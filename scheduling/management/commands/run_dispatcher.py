@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ductor_project.core import tracing
-from ductor_project.core.keys import queue_shards
+from ductor_project.core.keys import queue_shards, shard_map
 from scheduling.dispatch.dispatcher import Dispatcher
 from scheduling.management.commands._loop import run_until_signalled
 
@@ -40,6 +41,8 @@ def _shards(text: str) -> list[int] | None:
         raise CommandError(f"--shards is a comma-separated list of shard numbers, not {text!r}") from None
     wrong = [shard for shard in shards if shard not in served]
     if wrong:
+        source = ("DUCTOR_QUEUE_SHARDS" if shard_map().count is None else
+                  f"the count queue_reshard put in force; DUCTOR_QUEUE_SHARDS says {settings.DUCTOR_QUEUE_SHARDS}")
         raise CommandError(f"--shards: the fair queue has shards 0 to {len(served) - 1} "
-                           f"(DUCTOR_QUEUE_SHARDS), not {', '.join(map(str, wrong))}")
+                           f"({source}), not {', '.join(map(str, wrong))}")
     return shards or None
