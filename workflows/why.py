@@ -13,7 +13,8 @@ for them all) and names the first thing that holds it, in the order the dequeue 
    connections' breakers (open until T), their slots (connection full) or
    rates (until T);
 7. none of these: it is due and admissible, and waits for its turn among the
-   tenants ready in its tier (``in_line``; how many is not told: they are other tenants).
+   tenants ready in its tier, after any due work of the tiers above it (``in_line``;
+   how many, or whether any above has some, is not told: they are other tenants).
 
 A step waiting for its child run says so, a ``wait_for_event`` step names the
 event (and key) or signal it waits for and its timeout, and a sub-workflow or
@@ -227,9 +228,18 @@ def _held(base: Waiting, hold: ItemHold, *, pool_name: str = "") -> Waiting:
                      f"{hold.tenant_limit}", details={"in_flight": hold.tenant_in_flight, "limit": hold.tenant_limit})
     if hold.admission is not None and not hold.admission.admitted:
         return _pool_hold(base, hold.admission, pool_name)
-    # How many tenants have due work in the tier is not told: that counts other tenants' work.
+    # How many tenants have due work in the tier, or whether any has in a tier above it, is not told:
+    # that counts other tenants' work. That tiers are strict is told: a lower tier waits for them all.
+    above = _customer_tiers_above(hold.tier)
+    after = f", after any due work of the tiers above it ({', '.join(above)})" if above else ""
     return _with(base, Cause.IN_LINE, "due and admissible: it waits for its turn among the tenants with due "
-                 f"work in tier {hold.tier!r}", details={"tier": hold.tier})
+                 f"work in tier {hold.tier!r}{after}", details={"tier": hold.tier})
+
+
+def _customer_tiers_above(tier: str) -> list[str]:
+    """The tiers of customers' work that the dequeue serves before ``tier`` (strict priorities)."""
+    tiers = [each for each in fair_queue.TIERS if each != fair_queue.SYSTEM_TIER]
+    return tiers[:tiers.index(tier)] if tier in tiers else []
 
 
 def _pool_hold(base: Waiting, view: AdmissionView, pool_name: str) -> Waiting:

@@ -105,7 +105,19 @@ def test_a_step_in_line_tells_nothing_of_other_tenants_due_work(tenant, client_a
     assert waiting["cause"] == Cause.IN_LINE
     assert waiting["details"] == {"tier": "standard"}
     assert waiting["message"] == ("due and admissible: it waits for its turn among the tenants with due work in "
-                                  "tier 'standard'")
+                                  "tier 'standard', after any due work of the tiers above it (interactive)")
+
+
+def test_a_batch_step_in_line_names_the_tiers_served_before_it(tenant, client_a):
+    """Tiers are strict: a batch step waits while any tenant has due work above it, and its "why" says so
+    (without telling whether any has: that is other tenants' activity)."""
+    put(tenant, NOOP)
+    with tenant_context(tenant):
+        run, _ = services.run_start(workflow="w", input={}, tier="batch")
+    waiting = only(client_a, run)
+    assert (waiting["cause"], waiting["details"]) == (Cause.IN_LINE, {"tier": "batch"})
+    assert waiting["message"] == ("due and admissible: it waits for its turn among the tenants with due work in "
+                                  "tier 'batch', after any due work of the tiers above it (interactive, standard)")
 
 
 def test_a_dispatched_step_is_on_its_way_and_a_finished_run_waits_for_nothing(tenant, client_a):
