@@ -30,6 +30,8 @@ log = structlog.get_logger(__name__)
 
 # The fair queue's item kind of a wake-up (its handler is ``run_wakeup``).
 ITEM_KIND = "wakeup"
+# Each owning tenant's wake-ups spread over this many partitions of their own: a partition keeps
+# the fairness key it was made with, and the owner is the key (see ``schedule_wakeup``).
 WAKEUP_PARTITIONS = 16
 
 Wakeup = Callable[[str, dict[str, Any]], None]
@@ -48,21 +50,25 @@ def schedule_wakeup(
     """Wake ``kind`` for ``ref`` of ``tenant`` at ``at`` (or after ``delay_s``). Returns the item id.
 
     Idempotent per ``(tenant, kind, ref)``: while one wake-up waits, scheduling
-    another keeps the earlier one (its handler re-checks and reschedules). One
-    Redis round trip. Raises ``ValueError`` for a kind no app registered.
+    another keeps the earlier one (its handler re-checks and reschedules). The
+    owning tenant is the item's fairness key in the system tier. One Redis round
+    trip. Raises ``ValueError`` for a kind no app registered.
     """
     if kind not in _wakeups:
         raise ValueError(f"no wake-up handler registered for '{kind}'")
     if delay_s is None:
         delay_s = max(0.0, ((at or timezone.now()) - timezone.now()).total_seconds())
     item_id = f"wake:{tenant.pk}:{kind}:{ref}"
-    partition = f"wake:{zlib.crc32(item_id.encode()) % WAKEUP_PARTITIONS}"
+    partition = f"wake:{tenant.pk}:{zlib.crc32(item_id.encode()) % WAKEUP_PARTITIONS}"
     # With the trace of what schedules it: the work it wakes (a retry, a tick) goes on in that trace.
     payload = tracing.inject({"kind": ITEM_KIND, "tenant_id": str(tenant.pk), "wake": kind, "ref": ref,
                               "data": data or {}})
     with system_context():
+        # Every tenant's wake-ups are the system tenant's items: keyed by their owner, so that the
+        # owners share the system tier in turn (fair by work), and one tenant's thousand sleeps or
+        # cancels due at once do not hold up another's timer due a moment later.
         fair_queue.enqueue(item_id, tier=SYSTEM_TIER, partition=partition, payload=payload,
-                           delay_ms=int(delay_s * 1000))
+                           delay_ms=int(delay_s * 1000), key=str(tenant.pk))
     return item_id
 
 

@@ -25,7 +25,8 @@ from rest_framework.test import APIClient
 
 from ductor_project.celery import SYSTEM_QUEUE, WORK_QUEUE, app
 from ductor_project.core import capacity
-from ductor_project.core.keys import redis_key
+from ductor_project.core.context import no_tenant
+from ductor_project.core.keys import redis_key, shard_of
 from ductor_project.stack import Child
 from scheduling import fair_queue as fq
 from scheduling.coordinator.reaper import reap_all
@@ -34,6 +35,7 @@ from scheduling.dispatch import credits as broker
 from scheduling.dispatch.dispatcher import RESERVE_MIN, Dispatcher
 from scheduling.dispatch.handlers import _publishers, register_publisher
 from scheduling.dispatch.worker import execute_item
+from scheduling.fair_queue import SYSTEM_TIER
 from tenants import services
 from tenants.models import Tenant
 from tenants.tasking import TENANT_HEADER
@@ -562,6 +564,28 @@ def test_a_wakeup_fires_after_its_delay_in_its_tenants_context_on_a_system_only_
     assert events(redis_client, "start") == []
     assert broker_redis().llen(WORK_QUEUE) == 2
     assert broker.busy(SYSTEM_QUEUE) == 0
+
+
+def test_one_tenants_wakeups_do_not_hold_up_anothers(make_tenant, redis_client):
+    """Every tenant's wake-ups are the system tenant's items: without a key each, one tenant's
+    thousand sleeps ending at once (or a cancel of a thousand runs) would go out, in due order,
+    before another tenant's sleep that ends a moment later. Each owning tenant is a fairness key
+    of the system tenant, so the owners share the system tier's dispatches in turn."""
+    many, _ = make_tenant("wake-many")
+    one, _ = make_tenant("wake-one")
+    for n in range(20):
+        schedule_wakeup(many, f"r{n}", kind=WAKE_KIND)
+    schedule_wakeup(one, "r0", kind=WAKE_KIND)
+    owners = []
+    system = Tenant.system()
+    with no_tenant():
+        for _ in range(21):  # each acked before the next, as a worker of one slot would
+            item = fq.dequeue(shard=shard_of(str(system.pk)), lease_ms=30_000, tiers=[SYSTEM_TIER])
+            assert item is not None
+            owners.append(item.payload["tenant_id"])
+            assert fq.ack(item.item_id, delivery=item.delivery, work_ms=5, tenant=system)
+    assert owners.count(str(one.pk)) == 1
+    assert owners.index(str(one.pk)) <= 1  # within one round of the two owners, not after the twenty
 
 
 # --- the queue API -------------------------------------------------------------------------------
