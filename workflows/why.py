@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from ductor_project.core.context import current_tenant
 from scheduling import fair_queue
@@ -128,6 +129,12 @@ def _of_step(step: StepRun) -> Waiting | None:
     base = _base(step)
     if step.status == SStatus.SCHEDULED:
         until = step.scheduled_for
+        if until is not None and until <= timezone.now():
+            # Its timer is due: the wake-up waits for its turn in the system tier, which every tenant's
+            # wake-ups share (how many others wait there is not told).
+            return _with(base, Cause.IN_LINE, f"its sleep or backoff ended at {_iso(until)}: its wake-up is due, "
+                         f"and waits for its turn among the tenants' wake-ups in tier {fair_queue.SYSTEM_TIER!r}",
+                         details={"tier": fair_queue.SYSTEM_TIER})
         return _with(base, Cause.NOT_DUE, f"not due until {_iso(until)} (a sleep or a retry's backoff)", until)
     if step.status == SStatus.RUNNING and step.node_type == TASK:
         return _of_task(base, step)

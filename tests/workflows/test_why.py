@@ -26,7 +26,7 @@ from tests.conftest import api_client
 from workflows import services
 from workflows.engine import tick as engine_tick
 from workflows.engine.items import enqueue_tick
-from workflows.models import RunEvent, WorkflowRun
+from workflows.models import RunEvent, StepRun, WorkflowRun
 from workflows.why import Cause, why_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -130,6 +130,19 @@ def test_a_dispatched_step_is_on_its_way_and_a_finished_run_waits_for_nothing(te
     WorkflowRun.all_tenants.filter(pk=run.pk).update(status=WorkflowRun.Status.CANCELLED)
     response = client_a.get(f"/api/v1/runs/{run.pk}/why").json()
     assert (response["status"], response["waiting"]) == ("cancelled", [])
+
+
+def test_a_sleep_past_its_end_waits_for_its_wake_up_not_for_a_time_gone_by(tenant, client_a):
+    """The sleep's wake-up, due, still waits in the system tier for its turn: "not due until" a past
+    time would say nothing holds it."""
+    put(tenant, {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 600}]})
+    run = start(tenant)
+    StepRun.all_tenants.filter(run=run, node_id="nap").update(scheduled_for=timezone.now() - timedelta(seconds=30))
+    waiting = only(client_a, run)
+    assert (waiting["node_id"], waiting["status"], waiting["cause"]) == ("nap", "scheduled", Cause.IN_LINE)
+    assert waiting["details"] == {"tier": "system"}
+    assert waiting["message"].startswith("its sleep or backoff ended at ")
+    assert waiting["until"] is None
 
 
 def test_a_sleeping_step_is_not_due_until_its_end(tenant, client_a):
