@@ -186,6 +186,10 @@ def workflow_delete(*, name: str) -> None:
     plan's history retention removes them). Its name is free again: a schedule kept would start
     runs of whatever workflow takes the name next."""
     definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
+    # Its schedules before its versions, in the order a firing takes them (its schedule's row, then, at
+    # its commit, its run's reference to the version): taken the other way, a firing at this moment and
+    # the deletion each waited for the other, and PostgreSQL aborted one of them as a deadlock.
+    list(Schedule.objects.select_for_update().filter(workflow=name).values_list("pk", flat=True))
     lock_versions(definition)
     count = WorkflowRun.objects.filter(workflow__definition=definition).count()
     if count:

@@ -392,6 +392,61 @@ def test_a_trigger_or_schedule_made_while_its_workflow_is_deleted_is_refused_and
         assert not Schedule.objects.exists()
 
 
+def test_a_deletion_waits_for_a_schedule_firing_then_counts_its_run(transactional_db, tenant_a):
+    """A firing holds its schedule's row while it starts the fire's run, whose reference to its version
+    is checked at its commit; the deletion takes the workflow's schedules before its versions (the
+    order a firing takes them in), so it waits for the firing, counts its run, and is refused with a
+    409. Before, it locked the versions first and then waited for the schedule: the firing's commit
+    waited for the versions, and PostgreSQL aborted one of them as a deadlock."""
+    import threading
+
+    from django.db import connections, transaction
+
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="nightly", spec=FLOW)
+        schedule = schedules.schedule_create(name="nightly", workflow="nightly", cron="0 2 * * *")
+    started, commit, results = threading.Event(), threading.Event(), {}
+
+    def fire() -> None:  # as a firing: the schedule's row, then the run of its fire, committed when told
+        try:
+            with tenant_context(tenant_a[0]), transaction.atomic():
+                Schedule.objects.select_for_update().get(pk=schedule.pk)
+                services.run_start(workflow="nightly", idempotency_key="schedule:fire")
+                started.set()
+                assert commit.wait(30)
+            results["fire"] = "committed"
+        except Exception as exc:
+            results["fire"] = exc
+        finally:
+            connections.close_all()
+
+    firing = threading.Thread(target=fire)
+    firing.start()
+    assert started.wait(15)
+
+    def delete() -> None:
+        try:
+            with tenant_context(tenant_a[0]):
+                services.workflow_delete(name="nightly")
+            results["delete"] = "deleted"
+        except Exception as exc:
+            results["delete"] = exc
+        finally:
+            connections.close_all()
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    until_another_waits_on_a_lock()  # the deletion, waiting for the schedule the firing holds
+    commit.set()
+    firing.join(30)
+    deleting.join(30)
+
+    assert results["fire"] == "committed"
+    assert isinstance(results["delete"], Conflict), results["delete"]
+    assert list(results["delete"].details) == ["runs"]
+    assert run_count(tenant_a[0]) == 1
+
+
 def test_a_workflow_whose_run_started_before_its_deletion_counted_them_is_kept_with_a_409(tenant_a):
     """A start that committed first is counted by the deletion, which locks the versions first."""
     with tenant_context(tenant_a[0]):
