@@ -6,7 +6,7 @@ while it has no run; another tenant's workflow is a 404 to all of it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -306,6 +306,38 @@ def test_two_creations_of_one_new_name_at_once_make_the_workflow_and_a_second_ve
         assert WorkflowDefinition.objects.filter(name="raced").count() == 1
 
 
+def in_a_thread(results: dict[str, Any], key: str, work: Callable[[], str]) -> Any:
+    """``work()`` started in a thread (returned), on connections of its own: ``results[key]`` is what it
+    returned, or its exception, once it has ended."""
+    import threading
+
+    from django.db import connections
+
+    def run() -> None:
+        try:
+            results[key] = work()
+        except Exception as exc:
+            results[key] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def deletion_in_a_thread(tenant: Tenant, name: str, results: dict[str, Any]) -> Any:
+    """The deletion of the workflow ``name``, started in a thread (returned): ``results["delete"]`` is
+    ``"deleted"``, or its exception, once it has ended."""
+
+    def delete() -> str:
+        with tenant_context(tenant):
+            services.workflow_delete(name=name)
+        return "deleted"
+
+    return in_a_thread(results, "delete", delete)
+
+
 @contextmanager
 def deleted_meanwhile(tenant: Tenant, monkeypatch: pytest.MonkeyPatch,
                       name: str = "doomed") -> Iterator[dict[str, Any]]:
@@ -313,8 +345,6 @@ def deleted_meanwhile(tenant: Tenant, monkeypatch: pytest.MonkeyPatch,
     until a statement of the block waits on a lock it holds. Yields the deletion's result
     (``results["delete"]``: ``"deleted"``, or its exception), there once the block has ended."""
     import threading
-
-    from django.db import connections
 
     locked, lock = threading.Event(), services.lock_versions
     results: dict[str, Any] = {}
@@ -325,19 +355,7 @@ def deleted_meanwhile(tenant: Tenant, monkeypatch: pytest.MonkeyPatch,
         until_another_waits_on_a_lock()  # the block's statement, waiting for what the deletion holds
 
     monkeypatch.setattr(services, "lock_versions", lock_then_wait)
-
-    def delete() -> None:
-        try:
-            with tenant_context(tenant):
-                services.workflow_delete(name=name)
-            results["delete"] = "deleted"
-        except Exception as exc:
-            results["delete"] = exc
-        finally:
-            connections.close_all()
-
-    deleting = threading.Thread(target=delete)
-    deleting.start()
+    deleting = deletion_in_a_thread(tenant, name, results)
     assert locked.wait(15)
     try:
         yield results
@@ -400,42 +418,25 @@ def test_a_deletion_waits_for_a_schedule_firing_then_counts_its_run(transactiona
     waited for the versions, and PostgreSQL aborted one of them as a deadlock."""
     import threading
 
-    from django.db import connections, transaction
+    from django.db import transaction
 
     with tenant_context(tenant_a[0]):
         services.workflow_put(name="nightly", spec=FLOW)
         schedule = schedules.schedule_create(name="nightly", workflow="nightly", cron="0 2 * * *")
     started, commit, results = threading.Event(), threading.Event(), {}
 
-    def fire() -> None:  # as a firing: the schedule's row, then the run of its fire, committed when told
-        try:
-            with tenant_context(tenant_a[0]), transaction.atomic():
-                Schedule.objects.select_for_update().get(pk=schedule.pk)
-                services.run_start(workflow="nightly", idempotency_key="schedule:fire")
-                started.set()
-                assert commit.wait(30)
-            results["fire"] = "committed"
-        except Exception as exc:
-            results["fire"] = exc
-        finally:
-            connections.close_all()
+    def fire() -> str:  # as a firing: the schedule's row, then the run of its fire, committed when told
+        with tenant_context(tenant_a[0]), transaction.atomic():
+            Schedule.objects.select_for_update().get(pk=schedule.pk)
+            services.run_start(workflow="nightly", idempotency_key="schedule:fire")
+            started.set()
+            assert commit.wait(30)
+        return "committed"
 
-    firing = threading.Thread(target=fire)
-    firing.start()
+    firing = in_a_thread(results, "fire", fire)
     assert started.wait(15)
 
-    def delete() -> None:
-        try:
-            with tenant_context(tenant_a[0]):
-                services.workflow_delete(name="nightly")
-            results["delete"] = "deleted"
-        except Exception as exc:
-            results["delete"] = exc
-        finally:
-            connections.close_all()
-
-    deleting = threading.Thread(target=delete)
-    deleting.start()
+    deleting = deletion_in_a_thread(tenant_a[0], "nightly", results)
     until_another_waits_on_a_lock()  # the deletion, waiting for the schedule the firing holds
     commit.set()
     firing.join(30)
