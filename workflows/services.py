@@ -11,7 +11,14 @@ from django.utils import timezone
 
 from ductor_project.core import tracing
 from ductor_project.core.context import current_tenant
-from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound, check_key_reuse
+from ductor_project.core.errors import (
+    ApiError,
+    Conflict,
+    ErrorCode,
+    NotFound,
+    again_while_keys_are_taken,
+    check_key_reuse,
+)
 from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
@@ -466,15 +473,7 @@ def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> li
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
     runs = [{**item, "tier": item.get("tier") or limits.default_tier} for item in runs]
-    # A concurrent start that took one of the keys committed its run, which the next pass finds and
-    # returns. Each failed pass finds at least one more of the batch's keys taken, so at most one
-    # pass a key: concurrent batches that share keys take them one after another.
-    for _ in range(len(runs)):
-        try:
-            return _start_many(runs, versions, same_keys)
-        except IntegrityError:
-            continue
-    return _start_many(runs, versions, same_keys)
+    return again_while_keys_are_taken(lambda: _start_many(runs, versions, same_keys), len(runs))
 
 
 def _start_many(

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -30,6 +30,8 @@ from rest_framework.settings import api_settings
 
 from ductor_project.core.context import TenantScopeError
 from ductor_project.core.payloads import json_equal
+
+T = TypeVar("T")
 
 log = structlog.get_logger(__name__)
 
@@ -170,6 +172,19 @@ def check_key_reuse(field: str, key: str, first: str, compared: Mapping[str, tup
                        "first request again as it was, or use a new key.",
                        code=ErrorCode.IDEMPOTENCY_KEY_REUSED, status_code=status.HTTP_409_CONFLICT,
                        details={field: [f"Already used for {first}, with another {names}."]})
+
+
+def again_while_keys_are_taken(write: Callable[[], T], keys: int) -> T:
+    """``write()``, a write under ``keys`` idempotency keys in a savepoint of its own, run again after
+    each unique key's violation: a concurrent write that took one of its keys committed it, and the
+    next pass finds it and answers it. Each failed pass finds one more of its keys taken, so concurrent
+    writers that share keys take them one after another, and it runs at most once a key, and once more."""
+    for _ in range(keys):
+        try:
+            return write()
+        except IntegrityError:
+            continue
+    return write()
 
 
 # The longest message, and field name, an error repeats: a value quoted in it (an unknown plan's

@@ -37,11 +37,11 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
-from ductor_project.core.errors import Conflict, StepErrorCode, check_key_reuse
+from ductor_project.core.errors import Conflict, StepErrorCode, again_while_keys_are_taken, check_key_reuse
 from scheduling import templates
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.engine.attempts import Outcome, finish, new_step, refuse, rendered_payload
@@ -230,10 +230,7 @@ def signal_send(run_id: Any, *, name: str, payload: Any, idempotency_key: str | 
     oldest), or is kept for the next one. Returns ``(signal, created)``: a signal sent again with
     its ``idempotency_key`` answers the first, changing nothing. A run that ended, or that has
     ``DUCTOR_MAX_SIGNALS_PER_RUN`` signals already, answers ``409``."""
-    try:
-        return _send_signal(run_id, name, payload, idempotency_key)
-    except IntegrityError:  # a concurrent send with the same key won: answer its signal
-        return _send_signal(run_id, name, payload, idempotency_key)
+    return again_while_keys_are_taken(lambda: _send_signal(run_id, name, payload, idempotency_key), 1)
 
 
 def _send_signal(run_id: Any, name: str, payload: Any, key: str | None) -> tuple[RunSignal, bool]:

@@ -31,11 +31,11 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
-from ductor_project.core.errors import ApiError, ErrorCode, check_key_reuse
+from ductor_project.core.errors import ApiError, ErrorCode, again_while_keys_are_taken, check_key_reuse
 from scheduling import templates
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
@@ -84,15 +84,7 @@ def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
     for index, item in enumerate(items):
         payload = {} if item.get("payload") is None else item["payload"]
         check_payload(payload, f"events[{index}].payload" if len(items) > 1 else "payload")
-    # A concurrent send that took one of the keys committed its event, which the next pass finds and
-    # answers. Each failed pass finds at least one more of the batch's keys taken, so at most one
-    # pass a key: concurrent sends that share keys take them one after another.
-    for _ in range(len(items)):
-        try:
-            return _send(items)
-        except IntegrityError:
-            continue
-    return _send(items)
+    return again_while_keys_are_taken(lambda: _send(items), len(items))
 
 
 def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
