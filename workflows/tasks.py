@@ -11,12 +11,12 @@ An outcome whose message does not name an attempt as Ductor's callbacks do
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
+from ductor_project.core.ids import canonical_uuid
 from tenants.tasking import tenant_task
 from workflows.engine import heartbeats, task_nodes
 from workflows.engine.task_nodes import Sent
@@ -24,19 +24,12 @@ from workflows.engine.task_nodes import Sent
 log = structlog.get_logger(__name__)
 
 
-def _is_uuid(value: Any) -> bool:
-    try:
-        return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
-    except ValueError:
-        return False
-
-
 def refusal(step_id: Any, item_id: Any, delivery: Any, connection_id: Any, admitted: Any, run_id: Any) -> str | None:
     """Why an outcome's message names no attempt the way Ductor's callbacks do (``task_nodes._send``),
     or None: its step and run are ids, its item is named, its delivery is a whole number from 1."""
-    if not _is_uuid(step_id):
+    if not isinstance(step_id, str) or canonical_uuid(step_id) is None:
         return "step_id is not a step id"
-    if run_id != "" and not _is_uuid(run_id):
+    if run_id != "" and (not isinstance(run_id, str) or canonical_uuid(run_id) is None):
         return "run_id is not a run id"
     if not isinstance(item_id, str) or not item_id:
         return "item_id is not an item id"
