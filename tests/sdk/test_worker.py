@@ -111,6 +111,41 @@ def test_a_task_without_ductor_headers_never_sees_the_previous_task_s_step(app: 
     assert current_step_or_none() is None
 
 
+def test_two_deliveries_of_one_task_in_a_threads_pool_each_keep_their_own_step(app: Celery) -> None:
+    """A message delivered again while its first delivery still runs (its visibility timeout passed)
+    runs in another thread of a threads pool, under the same task id. Whichever ends first, each
+    thread's task sees its own step until it ends, and none of its handlers raises."""
+    first = FakeTask(SimpleNamespace(**HEADERS))
+    second = FakeTask(SimpleNamespace(**{**HEADERS, "ductor_attempt": 3, "ductor_idempotency_key": "s-1:3"}))
+    both_started, first_ended = threading.Barrier(2), threading.Event()
+    seen: dict[str, list[Any]] = {"first": [], "second": []}
+    failures: list[BaseException] = []
+
+    def deliver(name: str, task: FakeTask) -> None:
+        try:
+            send(task_prerun, task, "task-1")
+            both_started.wait(timeout=10)
+            if name == "second":
+                first_ended.wait(timeout=10)  # the first delivery ends while this one still runs
+            seen[name].append(current_step().attempt)
+            send(task_postrun, task, "task-1")
+            seen[name].append(current_step_or_none())
+        except BaseException as exc:  # the thread's failure is the test's
+            failures.append(exc)
+        finally:
+            if name == "first":
+                first_ended.set()
+
+    threads = [threading.Thread(target=deliver, args=("first", first)),
+               threading.Thread(target=deliver, args=("second", second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert failures == []
+    assert seen == {"first": [2, None], "second": [3, None]}
+
+
 def test_celery_s_own_tracer_gives_the_task_its_step_from_nested_headers(app: Celery) -> None:
     @step(app, name="team.whoami")
     def whoami() -> dict[str, Any]:

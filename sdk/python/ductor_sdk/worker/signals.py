@@ -48,7 +48,10 @@ log = logging.getLogger(__name__)
 OUTCOME_TASKS = frozenset({"ductor.task_succeeded", ERRBACK_TASK})
 
 _Tokens = tuple[Token[context.StepContext | None], Token[float | None], Token[Any], Token[str | None]]
-_tokens: dict[str, list[_Tokens]] = {}
+# What each running task's ``task_prerun`` set, innermost last, with its task id: its ``task_postrun``
+# resets it in the context that set it. Each thread (or greenlet) of a pool has its own, so two
+# deliveries of one task running at once in a threads pool never reset each other's.
+_running: ContextVar[tuple[tuple[str, _Tokens], ...]] = ContextVar("ductor_running_tasks", default=())
 # When the running task started (time.perf_counter()), while it runs for a Ductor step.
 _started: ContextVar[float | None] = ContextVar("ductor_step_started", default=None)
 # The worker it runs on (its Celery node name), while it runs for a Ductor step.
@@ -65,25 +68,26 @@ def on_task_prerun(sender: Any = None, task_id: str | None = None, task: Any = N
     hostname = getattr(request, "hostname", None)
     worker = _worker.set(hostname if step and isinstance(hostname, str) else None)
     beats = heartbeats.begin(getattr(task or sender, "app", None), step, _worker.get())
-    _tokens.setdefault(task_id or "", []).append((token, started, beats, worker))
+    _running.set((*_running.get(), (task_id or "", (token, started, beats, worker))))
 
 
 def on_task_postrun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
     """After a task: the step it ran with is no longer current."""
-    stack = _tokens.get(task_id or "")
-    if not stack:
+    running = _running.get()
+    found = [at for at, (running_id, _) in enumerate(running) if running_id == (task_id or "")]
+    if not found:
         context.enter(None)
         _started.set(None)
         _worker.set(None)
         heartbeats.begin(None, None)
         return
-    step_token, started_token, beats_token, worker_token = stack.pop()
+    at = found[-1]
+    _running.set(running[:at] + running[at + 1:])
+    step_token, started_token, beats_token, worker_token = running[at][1]
     heartbeats.end(beats_token)
     _worker.reset(worker_token)
     _started.reset(started_token)
     context.leave(step_token)
-    if not stack:
-        del _tokens[task_id or ""]
 
 
 def _kwargs_of(body: Any) -> dict[str, Any] | None:
