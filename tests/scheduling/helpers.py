@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ductor_project.core.redis import is_cluster
+from ductor_project.core.redis import get_redis, is_cluster
+from scheduling import fair_queue as fq
+from tenants.models import Tenant
 from tests.conftest import ROOT, service_env
 
 
@@ -29,6 +31,15 @@ def sleep_until(redis: Any, target_ms: float) -> None:
     """Sleep until Redis TIME reaches ``target_ms``, and no longer than that."""
     while (left := target_ms - redis_now_ms(redis)) > 0:
         time.sleep(left / 1000)
+
+
+def lapse_lease(item: fq.Dequeued, tenant: Tenant) -> None:
+    """End ``item``'s lease now, as its worker's death would once the lease ran out: the lease is cut
+    to 1 ms (``extend_lease``) and Redis's clock waited past it. A test that holds a lease while it
+    checks what the lease holds back takes a long one and ends it so, whatever the host's speed:
+    a short one could end before the checks, on a busy host."""
+    assert fq.extend_lease(item.item_id, lease_ms=1, delivery=item.delivery, tenant=tenant)
+    sleep_until(get_redis(), redis_now_ms(get_redis()) + 2)
 
 
 def spawn_worker(log: Path, *args: str) -> subprocess.Popen[str]:

@@ -23,7 +23,7 @@ from scheduling.routing import explain
 from scheduling.rules import Step
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tests.scheduling.helpers import redis_now_ms, sleep_until
+from tests.scheduling.helpers import lapse_lease, redis_now_ms, sleep_until
 
 STEP = Step(workflow="billing.invoice", action="http.request")
 LEASE_MS = 30_000
@@ -213,15 +213,15 @@ def test_a_connection_shared_by_two_pools_wakes_the_heads_parked_on_either(tenan
     assert [i.item_id for i in take_all(tenant)] == [waiting]
 
 
-def test_a_reaped_lease_wakes_a_parked_head(tenant, redis_client):
+def test_a_reaped_lease_wakes_a_parked_head(tenant):
     pool("main", [conn("c")], max_concurrency=1)
     enqueue()
     with no_tenant():
-        dead = fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=50)  # its worker dies
+        dead = fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=LEASE_MS)
     assert dead is not None
     waiting = enqueue()
     assert take_all(tenant) == []
-    sleep_until(redis_client, dead.lease_until_ms + 1)
+    lapse_lease(dead, tenant)  # its worker died
     with no_tenant():
         assert fq.reap(shard=shard_of(str(tenant.pk))) == 1
     picked = take_all(tenant)  # the slot came back with the lease: the two heads go in due order

@@ -22,7 +22,7 @@ from scheduling import fair_queue as fq
 from scheduling.models import Connection, Pool, PoolMember
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tests.scheduling.helpers import sleep_until
+from tests.scheduling.helpers import lapse_lease
 
 LEASE_MS = 30_000
 _ids = itertools.count()
@@ -112,16 +112,16 @@ def test_a_tenants_other_partitions_are_served_while_its_queue_waits(db, make_te
     assert nxt.item_id == second  # the freed slot woke it: no poll, no timer
 
 
-def test_a_lapsed_lease_frees_the_slot_for_another_tenant(db, make_tenant, shop_slots, redis_client):
+def test_a_lapsed_lease_frees_the_slot_for_another_tenant(db, make_tenant, shop_slots):
     shop_slots(1)
     a, b = make_tenant()[0], make_tenant()[0]
     enqueue_task(a)
     with no_tenant():
-        held = fq.dequeue(shard=0, lease_ms=50)
+        held = fq.dequeue(shard=0, lease_ms=LEASE_MS)
     assert held is not None
     waiting = enqueue_task(b)
     assert take() is None
-    sleep_until(redis_client, held.lease_until_ms + 1)  # the lease ends, by Redis's clock
+    lapse_lease(held, a)  # its worker died: the lease ends, by Redis's clock
     with no_tenant():
         assert fq.reap(shard=0) == 1
     nxt = take()

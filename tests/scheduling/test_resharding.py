@@ -33,13 +33,12 @@ from scheduling import fair_queue as fq
 from scheduling import resharding
 from tenants import services
 from tenants.models import Tenant
-from tests.scheduling.helpers import redis_keys, sleep_until
+from tests.scheduling.helpers import lapse_lease, redis_keys
 
 # Also on a Redis Cluster (the cluster run), with this module's tenants on shard 0 by their hash.
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("tenants_on_shard")]
 
 LEASE_MS = 60_000
-SHORT_LEASE_MS = 200
 TIERS = ("interactive", "standard", "batch")
 
 
@@ -106,7 +105,7 @@ def test_a_moved_tenant_keeps_its_backlog_leases_limiter_and_ceiling_with_nothin
     target = other_shard(source)
     waiting = backlog(tenant)
     held = fq.dequeue(shard=source, lease_ms=LEASE_MS)
-    lapsing = fq.dequeue(shard=source, lease_ms=SHORT_LEASE_MS)
+    lapsing = fq.dequeue(shard=source, lease_ms=LEASE_MS)  # its worker dies after the move
     assert held is not None
     assert lapsing is not None
     assert fq.dequeue(shard=source, lease_ms=LEASE_MS) is None  # at its ceiling of 2
@@ -131,7 +130,7 @@ def test_a_moved_tenant_keeps_its_backlog_leases_limiter_and_ceiling_with_nothin
     assert not fq.ack(held.item_id, delivery=held.delivery + 1, tenant=tenant)
     assert fq.ack(held.item_id, delivery=held.delivery, tenant=tenant)
     # A lease that lapsed is reaped there, and its item delivered again.
-    sleep_until(get_redis(), lapsing.lease_until_ms + 1)
+    lapse_lease(lapsing, tenant)
     assert fq.reap(shard=target) == 1
     served = drain(target, tenants)
     assert Counter(item.item_id for item in served) == Counter(waiting - {held.item_id})
