@@ -21,6 +21,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce
 
 from tenants.selectors import first_or_404, parse_uuid
+from workflows.engine.attempts import version_spec
 from workflows.models import RunEvent, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 
@@ -71,6 +72,21 @@ def get_run_for_tenant(run_id: Any) -> WorkflowRun:
     return first_or_404(
         WorkflowRun.objects.select_related("workflow").filter(pk=parse_uuid(run_id))
     )
+
+
+def waited_on_by_parent(run: WorkflowRun) -> bool:
+    """Whether ``run`` is a child whose parent's ``subworkflow`` node waits for it (``"wait": true``,
+    the default), so that the child's end is its parent's: False for a root run, and for a child
+    started with ``"wait": false``, which runs on by itself. A ContinueAsNew successor answers as
+    the first run of its chain, whose parent and node it keeps."""
+    if run.parent_run_id is None:
+        return False
+    parent = WorkflowRun.objects.filter(pk=run.parent_run_id).only("id", "workflow_id").first()
+    if parent is None:
+        return False
+    nodes = version_spec(parent.workflow_id).get("nodes", [])
+    node = next((node for node in nodes if node["id"] == run.parent_node_id), None)
+    return node is None or bool(node.get("wait", True))
 
 
 def run_steps(run: WorkflowRun) -> QuerySet[StepRun]:

@@ -40,7 +40,7 @@ from workflows.models import (
     WorkflowRun,
     WorkflowVersion,
 )
-from workflows.selectors import run_list
+from workflows.selectors import run_list, waited_on_by_parent
 from workflows.spec import SpecError, validate_spec
 
 log = structlog.get_logger(__name__)
@@ -386,13 +386,14 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
     node that failed or that the failure cancelled, and then the nodes that never ran, as their
     dependencies finish. The nodes that succeeded (or were skipped) keep their attempts and outputs,
     and are not run again. One transaction, with the run's row locked: a run retried twice at once
-    is retried once. A run that has not failed (409), or a child run (409: retry its parent, which
-    starts the child again), is refused."""
+    is retried once. A run that has not failed (409), or a child run its parent's node waits for
+    (409: retry its parent, which starts the child again), is refused; a child started with
+    ``"wait": false`` runs on by itself, and is retried as a root run is."""
     with transaction.atomic(), journal():
         locked = lock_run(run.pk)
         if locked is None:
             raise NotFound("Run not found.")
-        if locked.parent_run_id is not None:
+        if locked.parent_run_id is not None and waited_on_by_parent(locked):
             raise Conflict(f"Run {locked.pk} is a child of run {locked.parent_run_id}: retry that run, which starts "
                            "this node's child again.", details={"parent_run_id": [str(locked.parent_run_id)]})
         if locked.status != WorkflowRun.Status.FAILED:

@@ -20,6 +20,7 @@ from tenants.usage import runs_this_month
 from tests.conftest import api_client, error_code
 from workflows import services
 from workflows.engine import items, steps
+from workflows.engine import tick as engine_tick
 from workflows.models import RunEvent, StepRun, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -213,3 +214,24 @@ def test_another_tenants_run_cannot_be_retried_or_rerun(tenant, tenant_b, client
     assert status(tenant, run) == "failed"
     with tenant_context(tenant):
         assert WorkflowRun.objects.count() == 1
+
+
+def test_a_failed_child_started_without_wait_is_retried_by_its_own_id(tenant, client_a):
+    """A ``"wait": false`` child runs on by itself: its parent succeeded and cannot start it again, so
+    the child is retried as a root run is; a child its parent waits for is still refused."""
+    put(tenant, {"nodes": [node("b", "fail", input={"succeed_on_attempt": 2})]}, name="leaf")
+    put(tenant, {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf", "wait": False}]}, name="parent")
+    parent = start(tenant, "parent")
+    assert status(tenant, parent) == "succeeded"
+    with tenant_context(tenant):
+        child = WorkflowRun.objects.get(parent_run_id=parent.pk)
+        engine_tick.tick(child.pk)  # its first tick, which the queue delivers
+    run_step(tenant, child, "b")
+    assert status(tenant, child) == "failed"
+
+    response = client_a.post(f"/api/v1/runs/{child.pk}/retry")
+
+    assert response.status_code == 200, response.content
+    assert attempts(tenant, child) == {"b": [(1, "failed"), (2, "queued")]}
+    run_step(tenant, child, "b")
+    assert (status(tenant, child), status(tenant, parent)) == ("succeeded", "succeeded")
