@@ -292,6 +292,49 @@ def test_a_cancel_ends_the_run_while_its_tenant_is_at_its_concurrency_ceiling(te
     assert {s.status for s in by_node(tenant, run).values()} == {"cancelled"}
 
 
+@action("test.cancelled_meanwhile")
+def cancelled_meanwhile(call: ActionCall) -> Any:
+    """Has its own run asked to cancel while it runs (as a client's cancel that comes between the
+    attempt's start and its outcome), then returns."""
+    run_id = call.idempotency_key.split(":")[0]
+    services.run_cancel(run=WorkflowRun.objects.get(pk=run_id))
+    return {"done": True}
+
+
+def test_an_outcome_that_comes_after_its_run_was_asked_to_cancel_is_discarded_and_the_run_cancelled(tenant):
+    put(tenant, "last", {"nodes": [echo("first", {}),
+                                   {"id": "last", "type": "action", "action": "test.cancelled_meanwhile",
+                                    "depends_on": ["first"]}],
+                         "output": "$nodes.last.output"})
+    run = start(tenant, "last")
+    execute(tenant, by_node(tenant, run)["first"])
+
+    execute(tenant, by_node(tenant, run)["last"])  # asked to cancel while it ran
+
+    with tenant_context(tenant):
+        ended = WorkflowRun.objects.get(pk=run.pk)
+        history = list(RunEvent.objects.filter(run_id=run.pk, node_id__in=["", "last"]).order_by("seq")
+                       .values_list("type", "node_id"))
+    assert (ended.status, ended.output) == ("cancelled", None)
+    assert {node_id: step.status for node_id, step in by_node(tenant, run).items()} == {
+        "first": "succeeded", "last": "cancelled"}  # its result dropped, as a running step's on a cancel
+    assert history[-3:] == [("cancel_requested", ""), ("step_result_discarded", "last"), ("cancelled", "")]
+
+
+def test_a_sleep_that_ends_after_its_run_was_asked_to_cancel_is_cancelled_with_it(tenant):
+    put(tenant, "nap", {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 0.01}]})
+    run = start(tenant, "nap")
+    nap = by_node(tenant, run)["nap"]
+    with tenant_context(tenant):
+        StepRun.objects.filter(pk=nap.pk).update(scheduled_for=timezone.now() - timedelta(seconds=1))
+        services.run_cancel(run=run)
+        timers.sleep_done(str(nap.pk), {})  # its wake-up comes before the cancel's
+    assert by_node(tenant, run)["nap"].status == "scheduled"
+
+    assert tick(tenant, run).status == "cancelled"
+    assert by_node(tenant, run)["nap"].status == "cancelled"
+
+
 def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
     put(tenant, "loop", {"nodes": [
         {"id": "again", "type": "continue_as_new", "input": {"second": True},

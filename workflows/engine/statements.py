@@ -87,12 +87,16 @@ def _lock_run(run_id: Any) -> Statement:
 
 
 def _finish_running(step_id: Any, run_id: Any, fields: dict[str, Any], added: dict[str, Any] | None) -> Statement:
+    # Only while its run goes on: an outcome that comes once the run was asked to cancel is the
+    # result of a step the cancel ends, which is dropped, not kept beside a cancelled run.
     routing, routing_params = _routing_update(added)
     return (f"UPDATE {STEPS} SET status = %s, output = %s::jsonb, error = %s::jsonb, "  # noqa: S608
             f"finished_at = %s{routing} "
-            "WHERE tenant_id = %s AND id = %s AND run_id = %s AND status = ANY(%s) RETURNING node_id, attempt",
+            "WHERE tenant_id = %s AND id = %s AND run_id = %s AND status = ANY(%s) "
+            f"AND EXISTS (SELECT 1 FROM {RUNS} r WHERE r.tenant_id = %s AND r.id = %s "
+            "AND NOT r.status = ANY(%s) AND NOT r.cancel_requested) RETURNING node_id, attempt",
             [fields["status"], _json(fields["output"]), _json(fields["error"]), fields["finished_at"],
-             *routing_params, current_tenant().pk, step_id, run_id, ON_WORKER])
+             *routing_params, current_tenant().pk, step_id, run_id, ON_WORKER, current_tenant().pk, run_id, ENDED])
 
 
 def _attempts_of(run_id: Any) -> Statement:
@@ -222,7 +226,7 @@ def lock_and_finish(run_id: Any, step_id: Any, fields: dict[str, Any], added: di
     (``attempts.outcome_fields``) and ``added`` on its trace if a worker may still run it, then
     ``attempts_of`` (which sees it ended): in that order, in one round trip. The run (None if
     there is none), the ended attempt's node and number (None when it moved on: cancelled,
-    timed out), and the attempts."""
+    timed out; or when its run ended or was asked to cancel), and the attempts."""
     with connection.cursor() as run, connection.cursor() as step, connection.cursor() as every:
         with pipelined():  # the results are read once the batch is answered, in one round trip
             run.execute(*_lock_run(run_id))

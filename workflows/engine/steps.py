@@ -146,10 +146,11 @@ def admission_trace(connection_id: str, admitted: str) -> dict[str, Any]:
 def record_outcome(step_id: Any, run_id: Any, outcome: Outcome, *,
                    admission: tuple[str, str] | None = None, again: bool = False, worker: str = "") -> None:
     """Finish the step with ``outcome`` and tick its run in the same transaction, unless the step
-    has moved on meanwhile (cancelled, timed out): then the outcome is discarded, which the run's
-    history records. ``admission`` (the connection its admission chose, and why), when given, and
-    ``worker`` (the Celery worker that ran a task node's task, as its outcome names it), go on the
-    step's routing trace in the same ``UPDATE``. ``again``: this outcome's recording is
+    has moved on meanwhile (cancelled, timed out), or its run was asked to cancel: then the
+    outcome is discarded, which the run's history records (and the run, asked to cancel, is
+    cancelled in this transaction, the step with it). ``admission`` (the connection its admission
+    chose, and why), when given, and ``worker`` (the Celery worker that ran a task node's task, as
+    its outcome names it), go on the step's routing trace in the same ``UPDATE``. ``again``: this outcome's recording is
     made once more after its connection was lost, so that a step found ended with this very
     outcome was ended by the first try, whose commit went through: nothing is recorded twice.
 
@@ -178,6 +179,8 @@ def _record_outcome(step_id: Any, run_id: Any, outcome: Outcome, added: dict[str
             return
         if finished is None:
             _discard(run, step_id, outcome, again=again)
+            if run.cancel_requested and not run.is_terminal and tick:
+                advance_locked(run, latest=latest_of(attempts))  # the cancel ends it now, this step with it
             return
         error = outcome.error or {}
         record_event(run, f"step_{outcome.status}", finished[0], attempt=finished[1],

@@ -3,8 +3,9 @@ task step's heartbeat is due.
 
 Each runs in the owning tenant's context (``scheduling.coordinator.wakeups``),
 takes the run's row lock and then the step's (the order a tick takes them in),
-and acts only if the step is still where the timer expects it: a late or
-duplicate wake-up changes nothing.
+and acts only if the step is still where the timer expects it and its run goes
+on: a late or duplicate wake-up, or one of a run asked to cancel, changes
+nothing.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def _with_step(step_id: str, fn: Callable[[StepRun, WorkflowRun], None]) -> None
         # The run row first, then the step: the order a tick takes them in.
         run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
         step = StepRun.objects.select_for_update().filter(pk=step_id).first()
-        if run is None or step is None or run.is_terminal:
-            return
+        if run is None or step is None or run.is_terminal or run.cancel_requested:
+            return  # a run asked to cancel ends its steps as it ends: its cancel does not wait for them
         fn(step, run)
 
 
