@@ -68,6 +68,20 @@ def test_a_run_past_its_timeout_fails_and_its_active_steps_are_cancelled(tenant_
         assert StepRun.objects.get(run=run).status == "cancelled"
 
 
+def test_a_run_asked_to_cancel_whose_timeout_comes_first_ends_cancelled(tenant_a):
+    """The cancel was asked first: the run ends as it asked, not failed with a cancel still pending,
+    which a retry of the run would carry out at once."""
+    run = sleeping_run(tenant_a[0], timeout_s=60, started_s_ago=61)
+    with tenant_context(tenant_a[0]):
+        services.run_cancel(run=run)
+
+    run = fire(tenant_a[0], run)  # before the cancel's own wake-up
+
+    assert (run.status, run.error) == ("cancelled", None)
+    with tenant_context(tenant_a[0]):
+        assert StepRun.objects.get(run_id=run.pk).status == "cancelled"
+
+
 def test_a_run_within_its_timeout_goes_on(tenant_a):
     run = fire(tenant_a[0], sleeping_run(tenant_a[0], timeout_s=60, started_s_ago=30))
     assert run.status == "running"

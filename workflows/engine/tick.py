@@ -285,10 +285,14 @@ def arm_run_timeout(run: WorkflowRun) -> None:
 def run_timeout(ref: str, data: dict[str, Any]) -> None:
     """The run ``ref``'s ``timeout_s`` may be over: a run still going fails with ``run_timed_out`` (its
     active steps and child runs cancelled, its parent woken); one that was retried since waits for
-    the rest of the timeout counted from the retry. A run that ended changes nothing."""
+    the rest of the timeout counted from the retry. A run that ended changes nothing; one asked to
+    cancel is cancelled."""
     with transaction.atomic(), journal():
         run = lock_run(ref)
         if run is None or run.is_terminal:
+            return
+        if run.cancel_requested:  # asked first: it ends as asked, with no cancel left pending on it
+            _cancel(run)
             return
         timeout_s = float(spec_of(run).get("timeout_s") or 0)
         if not timeout_s:
