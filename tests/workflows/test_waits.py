@@ -365,6 +365,20 @@ def test_a_key_that_renders_no_text_fails_the_node_naming_it(tenant):
     assert advance(tenant, run).status == "failed"
 
 
+@pytest.mark.parametrize(("key", "shown"), [(None, "renders null:"), (True, "renders true:"),
+                                             ({"a": "b"}, 'renders {"a":"b"}:')])
+def test_a_key_that_renders_no_text_is_named_as_json_in_the_error(tenant, key, shown):
+    put(tenant, PAID)
+    assert shown in step_of(tenant, start(tenant, key)).error["message"]
+
+
+def test_a_large_value_rendered_as_a_key_is_quoted_shortened_in_the_error(tenant):
+    put(tenant, PAID)
+    message = step_of(tenant, start(tenant, {"text": "x" * 50_000})).error["message"]
+    assert len(message) < 300, len(message)
+    assert message.startswith('key: renders {"text":"xxx')
+
+
 def test_the_reconciler_arms_a_wait_whose_arming_was_lost(tenant):
     put(tenant, PAID)
     send(tenant, "o-1", {"amount": 2})

@@ -99,11 +99,21 @@ def _rendered_key(node: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[
     except templates.TemplateTooLarge:
         return "", f"renders more than {MAX_KEY_CHARS} characters; at most {MAX_KEY_CHARS}"
     if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
-        return "", f"renders {jsonable(value)!r}: a correlation key must be a non-empty string or a number"
+        return "", f"renders {_quoted(value)}: a correlation key must be a non-empty string or a number"
     text = templates.as_text(value)
     if len(text) > MAX_KEY_CHARS:
         return "", f"renders {len(text)} characters; at most {MAX_KEY_CHARS}"
     return text, None
+
+
+# How much of a value that is no key the error quotes: the value may be as large as a payload.
+QUOTED_CHARS = 100
+
+
+def _quoted(value: Any) -> str:
+    """``value`` as compact JSON, as the API writes it (``null``, ``true``), cut at ``QUOTED_CHARS``."""
+    text = json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
+    return text if len(text) <= QUOTED_CHARS else f"{text[:QUOTED_CHARS]}…"
 
 
 # --- the advisory locks ---------------------------------------------------------------------------------
