@@ -14,9 +14,23 @@ engine's own (a denied route, a crashed action, a child that failed...).
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 from ductor_project.core.errors import StepErrorCode
+
+# The longest wait a server's hint asks for that a retry keeps (366 days, the longest sleep): a
+# hint past it (``Retry-After: 1e400``, which reads as infinity) waits that long.
+MAX_RETRY_AFTER_S = 366 * 86_400.0
+
+
+def retry_hint(seconds: float | None) -> float | None:
+    """A server's hint of how long to wait (``retry_after_s``) as a retry keeps it: from 0 to
+    ``MAX_RETRY_AFTER_S``; None when there is none or it is not a number (NaN), which no stored
+    error (JSON) could hold, nor a timer wait for."""
+    if seconds is None or math.isnan(seconds):
+        return None
+    return min(max(0.0, float(seconds)), MAX_RETRY_AFTER_S)
 
 
 class ActionError(Exception):
@@ -37,7 +51,7 @@ class ActionError(Exception):
         self.message = message
         self.code = code
         self.status = status
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = retry_hint(retry_after_s)
         self.details = details or {}
 
     def describe(self) -> dict[str, Any]:

@@ -22,11 +22,13 @@ from structlog.testing import capture_logs
 
 from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.database.wire import wire
+from ductor_project.core.errors import StepErrorCode
 from ductor_project.core.keys import shard_of
 from ductor_project.core.redis import get_redis
 from ductor_project.embedded import free_port
 from scheduling import fair_queue as fq
 from scheduling import services as scheduling_services
+from scheduling.action_errors import RetryableActionError
 from scheduling.coordinator.epoch import RedisWatch, epoch_key
 from scheduling.coordinator.loop import Coordinator
 from scheduling.dispatch.credits import SYSTEM_TIER
@@ -290,6 +292,35 @@ def test_a_cancel_ends_the_run_while_its_tenant_is_at_its_concurrency_ceiling(te
     with tenant_context(tenant):
         assert WorkflowRun.objects.get(pk=run.pk).status == "cancelled"
     assert {s.status for s in by_node(tenant, run).values()} == {"cancelled"}
+
+
+# The wait the next "test.asks_to_wait" asks for, as a server's Retry-After would.
+HINT: list[float] = []
+
+
+@action("test.asks_to_wait")
+def asks_to_wait(call: ActionCall) -> Any:
+    """Fails as retryable, with ``HINT`` as the server's hint of how long to wait."""
+    raise RetryableActionError("busy", code=StepErrorCode.RATE_LIMITED, retry_after_s=HINT[0])
+
+
+@pytest.mark.parametrize("hint", [float("inf"), 1e300, float("nan")], ids=["infinite", "past-any-date", "nan"])
+def test_a_retry_hint_past_any_wait_retries_after_at_most_a_year_and_the_failure_is_kept(tenant, hint):
+    HINT[:] = [hint]
+    put(tenant, "hinted", {"nodes": [{"id": "call", "type": "action", "action": "test.asks_to_wait",
+                                      "retry": {"max_attempts": 2, "backoff_s": 1, "jitter": False}}]})
+    run = start(tenant, "hinted")
+
+    execute(tenant, by_node(tenant, run)["call"])
+    tick(tenant, run)  # a tick through the queue, as well
+
+    with tenant_context(tenant):
+        attempts = list(StepRun.objects.filter(run_id=run.pk).order_by("attempt"))
+        retry = RunEvent.objects.get(run_id=run.pk, type="step_retry_scheduled")
+    assert [(s.attempt, s.status) for s in attempts] == [(1, "failed"), (2, "scheduled")]
+    assert attempts[0].error["code"] == "rate_limited"
+    assert 1 <= retry.data["delay_s"] <= 366 * 86_400
+    assert attempts[1].scheduled_for <= timezone.now() + timedelta(days=366)
 
 
 @action("test.cancelled_meanwhile")

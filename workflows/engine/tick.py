@@ -34,6 +34,7 @@ from django.utils import timezone
 from ductor_project.core import tracing
 from ductor_project.core.errors import StepErrorCode
 from scheduling import templates
+from scheduling.action_errors import retry_hint
 from scheduling.dispatch.handlers import ItemContext
 from workflows.engine import nodes, waits
 from workflows.engine.attempts import (
@@ -167,8 +168,8 @@ def _retry_failed(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) -
             continue
         delay = backoff_delay(policy, step.attempt)
         retry_after = (step.error or {}).get("retry_after_s")
-        if isinstance(retry_after, int | float):
-            delay = max(delay, float(retry_after))
+        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+            delay = max(delay, retry_hint(float(retry_after)) or 0.0)
         routing = nodes.attempt_routing(run, node, step.input)[1] if node["type"] in nodes.ROUTED else None
         nxt = new_step(run, node_id, step.node_type, SStatus.SCHEDULED, attempt=step.attempt + 1, input=step.input,
                        scheduled_for=now + timedelta(seconds=delay), routing=routing)
