@@ -110,15 +110,24 @@ def unkeepable(value: Any) -> tuple[str, str] | None:
 
 def storable(value: Any) -> Any:
     """``value`` (an error: its message, its details, a few levels deep) with each character that
-    cannot be stored, in its strings and keys, replaced by U+FFFD: text that describes, kept
-    whatever it quoted."""
+    cannot be stored, in its strings and keys, replaced by U+FFFD, and each number that is not
+    finite as its text (``Infinity``, ``NaN``): text that describes, kept whatever it quoted."""
     if isinstance(value, str):
         return _UNSTORABLE.sub("\ufffd", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
     if isinstance(value, Mapping):
         return {storable(key): storable(child) for key, child in value.items()}
     if isinstance(value, list | tuple):
         return [storable(child) for child in value]
     return value
+
+
+def describable(value: Any) -> Any:
+    """``value`` (an error an action raised, whatever its details hold) as it can be stored: what JSON
+    has no type for as its text (``json_text``: a date in ISO 8601, bytes as their repr), then
+    ``storable``."""
+    return storable(json.loads(json.dumps(value, default=json_text, allow_nan=True)))
 
 
 def json_text(value: Any) -> str:

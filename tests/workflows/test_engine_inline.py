@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -321,6 +321,27 @@ def test_a_retry_hint_past_any_wait_retries_after_at_most_a_year_and_the_failure
     assert attempts[0].error["code"] == "rate_limited"
     assert 1 <= retry.data["delay_s"] <= 366 * 86_400
     assert attempts[1].scheduled_for <= timezone.now() + timedelta(days=366)
+
+
+@action("test.odd_details")
+def odd_details(call: ActionCall) -> Any:
+    """Fails as retryable, with details that JSON does not carry as they are."""
+    raise RetryableActionError("odd", code=StepErrorCode.SERVER_ERROR, details={
+        "at": datetime(2026, 12, 7, tzinfo=UTC), "ratio": float("inf"), "none": float("nan"), "raw": b"\x01"})
+
+
+def test_an_action_error_whose_details_json_does_not_carry_is_kept_as_text_and_retried(tenant):
+    put(tenant, "odd", {"nodes": [{"id": "call", "type": "action", "action": "test.odd_details",
+                                   "retry": {"max_attempts": 2, "backoff_s": 1}}]})
+    run = start(tenant, "odd")
+
+    execute(tenant, by_node(tenant, run)["call"])
+
+    with tenant_context(tenant):
+        attempts = list(StepRun.objects.filter(run_id=run.pk).order_by("attempt"))
+    assert [(s.attempt, s.status) for s in attempts] == [(1, "failed"), (2, "scheduled")]
+    assert attempts[0].error["details"] == {"at": "2026-12-07T00:00:00+00:00", "ratio": "Infinity", "none": "NaN",
+                                            "raw": "b'\\x01'"}
 
 
 @action("test.cancelled_meanwhile")

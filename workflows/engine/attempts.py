@@ -18,7 +18,7 @@ from django.utils import timezone
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from ductor_project.core.keys import tenant_key
-from ductor_project.core.payloads import payload_excess, storable, unkeepable
+from ductor_project.core.payloads import describable, payload_excess, storable, unkeepable
 from scheduling import templates
 from tenants.entitlements import effective_entitlements
 from workflows.engine.events import record_event
@@ -55,8 +55,9 @@ class Outcome:
 
     @classmethod
     def from_error(cls, error: dict[str, Any]) -> Outcome:
-        """A failure described as an action error describes itself (``ActionError.describe()``)."""
-        return cls(SStatus.FAILED, error=storable(error))
+        """A failure described as an action error describes itself (``ActionError.describe()``), as
+        it can be stored (``describable``: its details may hold what JSON does not carry)."""
+        return cls(SStatus.FAILED, error=describable(error))
 
 
 def rendered_payload(template: Any, context: Any, what: str) -> tuple[Any, Outcome | None]:
