@@ -72,6 +72,14 @@ def test_no_attempt_starts_once_its_run_is_asked_to_cancel(two: Any) -> None:
     assert stored(step)[0] == "queued"
 
 
+def test_no_task_attempt_starts_once_its_run_is_asked_to_cancel(two: Any) -> None:
+    _, b, run, step = two
+    WorkflowRun.all_tenants.filter(pk=run.pk).update(cancel_requested=True)
+    with tenant_context(b):
+        assert statements.start_tasks([str(step.pk)]) == {}
+    assert stored(step)[0] == "queued"
+
+
 def test_the_statements_do_not_reach_another_tenants_rows(two: Any) -> None:
     a, _, run, step = two
     before_run = WorkflowRun.all_tenants.filter(pk=run.pk).values_list("lock_version", "updated_at").get()

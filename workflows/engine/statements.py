@@ -142,13 +142,14 @@ def start_tasks(step_ids: list[str], added: Mapping[str, dict[str, Any]] | None 
     """Mark the queued ones of these attempts running (now), with ``added[step_id]`` (the
     connection their admission chose) on their routing traces, and read the ones running, with
     what their messages need (``heartbeat_details``: the progress to resume from,
-    ``LAST_HEARTBEAT_DETAILS``): one ``UPDATE ... RETURNING`` for the group. An attempt running
+    ``LAST_HEARTBEAT_DETAILS``): one ``UPDATE ... RETURNING`` for the group; none of a run that
+    ended or was asked to cancel (as ``start_attempt``: its message is not sent). An attempt running
     already (its item delivered again) keeps its start time and its trace, which name where its
     first message went: a timeout is that one's."""
     if not step_ids:
         return {}
     queued, running = StepRun.Status.QUEUED.value, StepRun.Status.RUNNING.value
-    prefix, from_ = unflushed(join=" FROM ")
+    prefix, from_ = unflushed(join=", ")
     traces = {step_id: trace for step_id, trace in (added or {}).items() if trace}
     routing, routing_params = ("", []) if not traces else (
         ", routing = CASE WHEN s.status = %s THEN COALESCE(s.routing, '{}'::jsonb) "
@@ -156,10 +157,11 @@ def start_tasks(step_ids: list[str], added: Mapping[str, dict[str, Any]] | None 
     with connection.cursor() as cursor:
         cursor.execute(
             f"{prefix}UPDATE {STEPS} s SET status = %s, "  # noqa: S608 - no value in the text
-            f"started_at = CASE WHEN s.status = %s THEN %s ELSE s.started_at END{routing}{from_} "
+            f"started_at = CASE WHEN s.status = %s THEN %s ELSE s.started_at END{routing} FROM {RUNS} r{from_} "
             "WHERE s.tenant_id = %s AND s.id = ANY(%s::uuid[]) AND s.status = ANY(%s) "
+            "AND r.tenant_id = s.tenant_id AND r.id = s.run_id AND NOT r.status = ANY(%s) AND NOT r.cancel_requested "
             f"RETURNING s.id, s.run_id, s.node_id, s.attempt, s.input, s.started_at, {LAST_HEARTBEAT_DETAILS}",
-            [running, queued, timezone.now(), *routing_params, current_tenant().pk, step_ids, ON_WORKER])
+            [running, queued, timezone.now(), *routing_params, current_tenant().pk, step_ids, ON_WORKER, ENDED])
         rows = cursor.fetchall()
     return {str(row[0]): StepRun(id=row[0], run_id=row[1], node_id=row[2], attempt=row[3], input=_loaded(row[4]),
                                  started_at=row[5], status=running, heartbeat_details=_loaded(row[6]))
