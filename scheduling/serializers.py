@@ -438,32 +438,48 @@ class AdmissionSerializer(serializers.Serializer):
 
 
 _TEXT = {"type": "string"}
-_NAMED: dict[str, Any] = {"type": "object", "required": ["id", "name"], "additionalProperties": True,
-                          "properties": {"id": _TEXT, "name": _TEXT}}
-# The parts of a routing trace (``routing.RoutingDecision.trace()``) that are objects: the dry run's
-# and a step attempt's (``workflows.serializers.StepRouting``).
-TRACE_RULE: dict[str, Any] = {"description": "The rule that matched, or `default` when none did.", "oneOf": [
-    {"type": "object", "required": ["id", "name", "priority"], "additionalProperties": True,
-     "properties": {"id": _TEXT, "name": _TEXT, "priority": {"type": "integer"}}},
-    {"type": "string", "enum": ["default"]},
-]}
-TRACE_POOL: dict[str, Any] = {**_NAMED, "properties": {**_NAMED["properties"], "strategy": _TEXT}, "nullable": True}
-TRACE_CONNECTION: dict[str, Any] = {**_NAMED, "nullable": True}
+TRACE_RULE, TRACE_MATCHED_RULE, TRACE_DEFAULT_RULE = "TraceRule", "TraceMatchedRule", "TraceDefaultRule"
+TRACE_POOL, TRACE_CONNECTION = "TracePool", "TraceConnection"
 
 
-@extend_schema_field(TRACE_RULE)
-class TraceRuleField(serializers.JSONField):
+def trace_components() -> dict[str, dict[str, Any]]:
+    """The parts of a routing trace (``routing.RoutingDecision.trace()``) that are objects, each a named
+    component: the dry run's trace and a step attempt's (``workflows.serializers.StepRouting``) refer to
+    the same ones, so a generated client has one class for each. Pure."""
+    named = {"type": "object", "required": ["id", "name"], "additionalProperties": True}
+    return {
+        TRACE_MATCHED_RULE: {**named, "required": ["id", "name", "priority"], "description": "The rule that matched.",
+                             "properties": {"id": _TEXT, "name": _TEXT, "priority": {"type": "integer"}}},
+        TRACE_DEFAULT_RULE: {"type": "string", "enum": ["default"], "description": "No rule matched."},
+        TRACE_RULE: {"description": "The rule that matched, or `default` when none did.",
+                     "oneOf": [component_ref(TRACE_MATCHED_RULE), component_ref(TRACE_DEFAULT_RULE)]},
+        TRACE_POOL: {**named, "description": "The step's pool.",
+                     "properties": {"id": _TEXT, "name": _TEXT, "strategy": _TEXT}},
+        TRACE_CONNECTION: {**named, "description": "A connection of the step's pool.",
+                           "properties": {"id": _TEXT, "name": _TEXT}},
+    }
+
+
+class TraceRuleField(ComponentJSONField):
     """A trace's ``rule``."""
 
+    component = TRACE_RULE
 
-@extend_schema_field(TRACE_POOL)
-class TracePoolField(serializers.JSONField):
+    @classmethod
+    def components(cls) -> dict[str, dict[str, Any]]:
+        return trace_components()
+
+
+class TracePoolField(TraceRuleField):
     """A trace's ``pool`` (null: none)."""
 
+    component = TRACE_POOL
 
-@extend_schema_field(TRACE_CONNECTION)
-class TraceConnectionField(serializers.JSONField):
+
+class TraceConnectionField(TraceRuleField):
     """A trace's ``connection`` (null: none)."""
+
+    component = TRACE_CONNECTION
 
 
 class DecisionTraceSerializer(serializers.Serializer):

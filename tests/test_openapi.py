@@ -275,6 +275,33 @@ def test_an_invalid_rule_fails_its_schema(schema: dict[str, Any], component: str
 # --- errors ----------------------------------------------------------------------------------
 
 
+def _anonymous_objects(node: Any, where: str) -> Iterator[str]:
+    """Where an object with properties is declared inline, below a component's own top level."""
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _anonymous_objects(item, f"{where}[{index}]")
+    elif isinstance(node, dict):
+        if node.get("properties") and "." in where:
+            yield where
+        for key, value in node.items():
+            yield from _anonymous_objects(value, f"{where}.{key}")
+
+
+def test_no_component_declares_an_object_inline_so_each_shape_has_one_name(schema: dict[str, Any]) -> None:
+    # A generator names an inline object after where it sits: the dry run's and a step's routing
+    # trace got one class each for the same pool, and a step error's "exception" a class named
+    # Exception; the trace's pool and a task's took the names of the Pool and Task components.
+    inline = [where for name, component in schema["components"]["schemas"].items()
+              for where in _anonymous_objects(component.get("properties", {}), name)]
+    assert inline == []
+    components = schema["components"]["schemas"]
+    for trace in ("DecisionTrace", "StepRouting"):
+        properties = components[trace]["properties"]
+        assert [ref["$ref"] for ref in properties["pool"]["allOf"]] == ["#/components/schemas/TracePool"]
+        assert [ref["$ref"] for ref in properties["connection"]["allOf"]] == ["#/components/schemas/TraceConnection"]
+        assert "#/components/schemas/TraceRule" in json.dumps(properties["rule"])
+
+
 def test_every_operation_declares_its_error_responses_in_the_one_error_shape(schema: dict[str, Any]) -> None:
     for path, method, operation in operations(schema):
         # 400: a malformed request (a Host header the server does not serve), besides an invalid body,

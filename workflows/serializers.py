@@ -11,7 +11,14 @@ from ductor_project.core.bounds import MAX_TAG_CHARS, MAX_TAGS
 from ductor_project.core.errors import ERROR_CODE_COMPONENT, StepErrorCode
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
-from scheduling.serializers import PATH_SEGMENT, TRACE_CONNECTION, TRACE_POOL, TRACE_RULE, condition_tree
+from scheduling.serializers import (
+    PATH_SEGMENT,
+    TRACE_CONNECTION,
+    TRACE_POOL,
+    TRACE_RULE,
+    condition_tree,
+    trace_components,
+)
 from scheduling.templates import MAX_PATH_SEGMENTS
 from tenants.api import (
     AnyJSONField,
@@ -40,6 +47,7 @@ from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_
 from workflows.why import Cause
 
 STEP_ERROR, RUN_ERROR, STEP_ERROR_CODE = "StepError", "RunError", "StepErrorCode"
+STEP_ERROR_EXCEPTION = "StepErrorException"
 
 
 def error_components() -> dict[str, dict[str, Any]]:
@@ -60,12 +68,13 @@ def error_components() -> dict[str, dict[str, Any]]:
                 "status": {"type": "integer", "nullable": True, "description": "An HTTP action's answer status."},
                 "retry_after_s": {**number, "description": "The server's hint, when it gave one."},
                 "details": {"type": "object", "additionalProperties": True},
-                "exception": {"type": "object", "description": "A task's exception (`task_failed`).",
-                              "properties": {"type": text, "module": text}},
+                "exception": component_ref(STEP_ERROR_EXCEPTION),
                 "child_error": {"allOf": [component_ref(RUN_ERROR)], "nullable": True,
                                 "description": "The error of the child run (`child_failed`)."},
             },
         },
+        STEP_ERROR_EXCEPTION: {"type": "object", "description": "A task's exception (`task_failed`).",
+                               "properties": {"type": text, "module": text}},
         RUN_ERROR: {
             "type": "object", "required": ["node", "attempt", "error"], "additionalProperties": True,
             "description": "Why a run failed: the step attempt that failed it (`node` and `attempt` null "
@@ -92,7 +101,7 @@ class RunErrorField(StepErrorField):
     component = RUN_ERROR
 
 
-STEP_ROUTING = "StepRouting"
+STEP_ROUTING, STEP_ROUTING_CANDIDATE, STEP_ROUTING_TASK = "StepRouting", "StepRoutingCandidate", "StepRoutingTask"
 # What workflows.engine records (record_event), as docs/workflows.md lists them.
 RUN_EVENT_TYPES = (
     "created", "started", "step_queued", "step_skipped", "step_sleeping", "step_waiting", "signal_received",
@@ -105,32 +114,36 @@ def step_routing_components() -> dict[str, dict[str, Any]]:
     """``StepRouting``: the trace an attempt keeps, ``RoutingDecision.trace()``, with what its admission adds
     (``connection``, ``admitted``) and, for a task node, how it is published (``task``). Pure."""
     text = {"type": "string"}
-    return {STEP_ROUTING: {
+    return {**trace_components(), STEP_ROUTING: {
         "type": "object", "additionalProperties": True,
         "description": "How the attempt was routed, and the connection its admission chose.",
         "required": ["allowed", "reason", "rule", "tier", "partition_key", "pool", "candidates", "connection"],
         "properties": {
             "allowed": {"type": "boolean", "description": "False: refused (`reason` says why)."},
             "reason": text,
-            "rule": TRACE_RULE,
+            "rule": component_ref(TRACE_RULE),
             "tier": {"type": "string", "enum": list(Tier.values)},
             "partition_key": {"type": "string", "nullable": True},
             "fairness_key": {"type": "string", "nullable": True},
-            "pool": TRACE_POOL,
-            "candidates": {"type": "array", "description": "The pool's connections.", "items": {
-                "type": "object", "required": ["connection_id", "name"], "additionalProperties": True,
-                "properties": {"connection_id": text, "name": text}}},
-            "connection": {**TRACE_CONNECTION, "description": "Chosen at admission; null until then."},
+            "pool": {"allOf": [component_ref(TRACE_POOL)], "nullable": True},
+            "candidates": {"type": "array", "description": "The pool's connections.",
+                           "items": component_ref(STEP_ROUTING_CANDIDATE)},
+            "connection": {"allOf": [component_ref(TRACE_CONNECTION)], "nullable": True,
+                           "description": "Chosen at admission; null until then."},
             "admitted": {**text, "description": "Why admission chose it."},
             "queue": {**text, "description": "A task node's: the queue its message went to, its connection's, "
                                              "else its catalog entry's; set when it is published."},
             "worker": {**text, "description": "A task node's: the Celery worker (its node name) its task runs or "
                                               "ran on, as its heartbeats or its outcome named it "
                                               "(`ductor_sdk`'s hook)."},
-            "task": {"type": "object", "description": "A task node's: how its attempt is published.",
-                     "additionalProperties": True,
-                     "properties": {"name": text, "arguments": text, "queue": text, "timeout_s": {"type": "number"}}},
+            "task": component_ref(STEP_ROUTING_TASK),
         },
+    }, STEP_ROUTING_CANDIDATE: {
+        "type": "object", "required": ["connection_id", "name"], "additionalProperties": True,
+        "description": "A connection of the step's pool.", "properties": {"connection_id": text, "name": text},
+    }, STEP_ROUTING_TASK: {
+        "type": "object", "description": "A task node's: how its attempt is published.", "additionalProperties": True,
+        "properties": {"name": text, "arguments": text, "queue": text, "timeout_s": {"type": "number"}},
     }}
 
 
