@@ -330,8 +330,10 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": r"/api/v1",
     # Every operation declares the error responses it can answer, in the one error shape; gets
     # one tag, tenant or platform (by its view's permission classes); and has Markdown descriptions.
+    # One set of enum values is one enum component, wherever it is declared (name_enums).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
+        "ductor_project.core.openapi.name_enums",
         "ductor_project.core.errors.document_error_responses",
         "ductor_project.core.openapi.tag_operations",
         "ductor_project.core.openapi.render_descriptions",
@@ -345,6 +347,7 @@ SPECTACULAR_SETTINGS = {
         "StepStatusEnum": "workflows.models.StepRun.Status",
         "WebhookDeliveryStatusEnum": "workflows.models.WebhookDelivery.Status",
         "ConditionOpEnum": "scheduling.templates.OPERATORS",
+        "LimitNameEnum": "tenants.entitlements.LIMIT_FIELDS",
     },
     # The tags ductor_project.core.openapi.tag_operations gives: the tenant API (a tenant's key),
     # then the platform API (platform keys and superusers). Only the tags in use are listed.

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from ductor_project.core.openapi import ComponentJSONField
 from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import SLUG_PATTERN, SLUG_RULE, ApiKey, Plan, Tenant, TenantEntitlementOverride, Tier, slug_ok
 
 API_KEY_STATES = ("active", "revoked", "expired")  # ApiKey.state_at
@@ -136,13 +137,6 @@ class TenantPlanSerializer(StrictSerializer):
     plan = serializers.SlugField()
 
 
-class OverrideSerializer(StrictModelSerializer):
-    class Meta:
-        model = TenantEntitlementOverride
-        fields = ["field", "value", "reason", "updated_at"]
-        read_only_fields = fields
-
-
 class LimitValueField(ComponentJSONField):
     """An override's ``value``, as ``tenants.entitlements.coerce_limit`` takes it."""
 
@@ -156,6 +150,16 @@ class LimitValueField(ComponentJSONField):
             "oneOf": [{"type": "number", "minimum": 0},
                       {"type": "array", "items": {"type": "string", "enum": list(Tier.values)}, "minItems": 1}],
         }}
+
+
+class OverrideSerializer(StrictModelSerializer):
+    field = serializers.ChoiceField(choices=LIMIT_FIELDS, read_only=True, help_text="One of the plans' limits.")
+    value = LimitValueField(read_only=True)
+
+    class Meta:
+        model = TenantEntitlementOverride
+        fields = ["field", "value", "reason", "updated_at"]
+        read_only_fields = fields
 
 
 class OverrideSetSerializer(StrictSerializer):

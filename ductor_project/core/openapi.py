@@ -12,6 +12,8 @@ operation, in one place, so no view module has to repeat it:
 - ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``) gives every create, read, update, delete and list
   operation of a collection its summary (``List connections``, ``Delete a pool``: ``summary_for``);
   any other operation says its own, with ``extend_schema(summary=...)`` on its view.
+- ``name_enums`` (a postprocessing hook) makes one set of enum values one component, wherever it
+  is declared (a parameter's, an array's items, another component's copy).
 - ``render_descriptions`` (a postprocessing hook) turns the reStructuredText of docstrings
   into Markdown (``rst_to_markdown``), which Swagger UI and Redoc render.
 - ``ComponentJSONField``: a ``JSONField`` whose schema is a named component (a workflow
@@ -37,6 +39,7 @@ from drf_spectacular.drainage import warn
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.plumbing import ResolvedComponent, get_lib_doc_excludes
+from drf_spectacular.settings import spectacular_settings
 from rest_framework import serializers
 
 PLATFORM_PERMISSION = "tenants.permissions.IsPlatformAdmin"
@@ -150,6 +153,67 @@ def tag_operations(result: dict[str, Any], generator: Any, **kwargs: Any) -> dic
         for name, platform in TAG_GROUPS
         if any(used[tag] is platform for tag in tags)
     ]
+    return result
+
+
+# --- enums -----------------------------------------------------------------------------------
+
+_ENUM_SHAPE = frozenset({"type", "enum", "minLength", "maxLength"})  # what an enum's own schema says
+
+
+def _enum_key(schema: Mapping[str, Any]) -> frozenset[str] | None:
+    values = schema.get("enum")
+    if not isinstance(values, list) or not values or any(not isinstance(value, str) for value in values):
+        return None
+    return frozenset(values)
+
+
+def _enum_names(result: Mapping[str, Any]) -> tuple[dict[frozenset[str], str], dict[str, str]]:
+    """(each set of values → the one enum component named for it, each other enum component of that
+    set → that one). The name kept is the one ``ENUM_NAME_OVERRIDES`` gives, else the shortest."""
+    named = set(spectacular_settings.ENUM_NAME_OVERRIDES)
+    by_values: dict[frozenset[str], list[str]] = {}
+    for name, schema in result.get("components", {}).get("schemas", {}).items():
+        key = _enum_key(schema)
+        if key is not None:
+            by_values.setdefault(key, []).append(name)
+    kept = {key: min(names, key=lambda name: (name not in named, len(name), name)) for key, names in by_values.items()}
+    merged = {name: kept[key] for key, names in by_values.items() for name in names if name != kept[key]}
+    return kept, merged
+
+
+def _use_enum_components(node: Any, kept: Mapping[frozenset[str], str], merged: Mapping[str, str]) -> Any:
+    if isinstance(node, list):
+        return [_use_enum_components(item, kept, merged) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.rsplit("/", 1)[-1] in merged:
+        return {**node, "$ref": component_ref(merged[ref.rsplit("/", 1)[-1]])["$ref"]}
+    key = _enum_key(node)
+    if key is not None and key in kept:
+        rest = {name: value for name, value in node.items() if name not in _ENUM_SHAPE}
+        return {"allOf": [component_ref(kept[key])], **rest} if rest else component_ref(kept[key])
+    return {name: _use_enum_components(value, kept, merged) for name, value in node.items()}
+
+
+def name_enums(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook (after ``postprocess_schema_enums``): one set of values is
+    one enum component, wherever it is used.
+
+    Two enum components of the same values become one (``ENUM_NAME_OVERRIDES``' name, else the
+    shorter), and an enum declared inline (a query or path parameter's, an array's items) whose
+    values are a component's refers to it: a generated client has one class for run statuses, not
+    one more for the run list's filter and another for a lineage's runs.
+    """
+    kept, merged = _enum_names(result)
+    schemas = result.get("components", {}).get("schemas", {})
+    for name in merged:
+        del schemas[name]
+    for name, schema in schemas.items():
+        if _enum_key(schema) is None:
+            schemas[name] = _use_enum_components(schema, kept, merged)
+    result["paths"] = _use_enum_components(result.get("paths", {}), kept, merged)
     return result
 
 
