@@ -488,7 +488,9 @@ class DecisionTraceSerializer(serializers.Serializer):
     allowed = serializers.BooleanField()
     reason = serializers.CharField()
     rule = TraceRuleField(help_text='{"id", "name", "priority"} of the rule that matched, or "default".')
-    tier = serializers.CharField()
+    tier = serializers.ChoiceField(
+        choices=list(Tier.values), help_text="The tier it would run in: a tier the plan allows, or the one refused."
+    )
     partition_key = serializers.CharField(allow_null=True)
     fairness_key = serializers.CharField(allow_null=True)
     pool = TracePoolField(allow_null=True, help_text='{"id", "name", "strategy"} or null.')

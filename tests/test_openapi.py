@@ -375,6 +375,15 @@ def test_one_set_of_enum_values_is_one_enum_component_wherever_it_is_declared(sc
     assert _ref(components["Override"]["properties"]["value"]) == "#/components/schemas/LimitValue"
 
 
+def test_the_dry_runs_trace_and_a_steps_routing_type_each_part_they_share_alike(schema: dict[str, Any]) -> None:
+    # The dry run's tier was any string, a step's a TierEnum: the same trace, read as two types.
+    components = schema["components"]["schemas"]
+    dry_run, step = (components[name]["properties"] for name in ("DecisionTrace", "StepRouting"))
+    for part in ("rule", "tier", "pool", "connection"):
+        assert _ref(dry_run[part]) == _ref(step[part]), part
+    assert _ref(dry_run["tier"]) == "#/components/schemas/TierEnum"
+
+
 def _inline_enums(node: Any, where: str) -> Iterator[str]:
     """Where an enum of more than one value is declared inline."""
     if isinstance(node, list):
