@@ -384,6 +384,21 @@ def test_the_dry_runs_trace_and_a_steps_routing_type_each_part_they_share_alike(
     assert _ref(dry_run["tier"]) == "#/components/schemas/TierEnum"
 
 
+def test_a_partial_updates_body_declares_no_default_for_a_field_it_leaves_as_it_is(schema: dict[str, Any]) -> None:
+    # A generated client sends each field's declared default unless told not to: a PATCH of a
+    # schedule's jitter_s alone also sent paused false, timezone UTC and overlap skip, resuming a
+    # paused schedule and moving it to UTC; a PATCH of a rule or a webhook enabled it again.
+    components = schema["components"]["schemas"]
+    bodies = {path: _ref(operation["requestBody"]["content"]["application/json"]["schema"]).rsplit("/", 1)[1]
+              for path, method, operation in operations(schema) if method == "patch"}
+    assert bodies["/api/v1/schedules/{id}/"] == "PatchedScheduleWriteRequest"
+    defaults = {name: sorted(field for field, declared in components[name]["properties"].items()
+                             if "default" in declared) for name in bodies.values()}
+    assert defaults == {name: [] for name in bodies.values()}
+    creates = components["ScheduleWriteRequest"]["properties"]  # a create's defaults are what it takes
+    assert (creates["paused"]["default"], creates["timezone"]["default"]) == (False, "UTC")
+
+
 def _inline_enums(node: Any, where: str) -> Iterator[str]:
     """Where an enum of more than one value is declared inline."""
     if isinstance(node, list):

@@ -14,6 +14,8 @@ operation, in one place, so no view module has to repeat it:
   any other operation says its own, with ``extend_schema(summary=...)`` on its view.
 - ``name_enums`` (a postprocessing hook) makes one set of enum values one component, wherever it
   is declared (a parameter's, an array's items, another component's copy).
+- ``patch_bodies_without_defaults`` (a postprocessing hook): a partial update's fields declare no
+  default, which a generated client would send for every field left out.
 - ``render_descriptions`` (a postprocessing hook) turns the reStructuredText of docstrings
   into Markdown (``rst_to_markdown``), which Swagger UI and Redoc render.
 - ``ComponentJSONField``: a ``JSONField`` whose schema is a named component (a workflow
@@ -214,6 +216,40 @@ def name_enums(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[st
         if _enum_key(schema) is None:
             schemas[name] = _use_enum_components(schema, kept, merged)
     result["paths"] = _use_enum_components(result.get("paths", {}), kept, merged)
+    return result
+
+
+# --- partial updates -------------------------------------------------------------------------
+
+
+def _body_components(result: Mapping[str, Any], method: str) -> set[str]:
+    """The names of the components that ``method``'s operations take as their body."""
+    names = set()
+    for _path, operation_method, operation in _operations(result):
+        if operation_method != method:
+            continue
+        for media in operation.get("requestBody", {}).get("content", {}).values():
+            ref = media.get("schema", {}).get("$ref", "")
+            if ref:
+                names.add(ref.rsplit("/", 1)[-1])
+    return names
+
+
+def patch_bodies_without_defaults(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: a ``PATCH`` body's fields declare no ``default``.
+
+    A field a partial update leaves out keeps its value; it does not take the create's default. A
+    generated client fills each field that declares a default with it, so a ``PATCH`` of one
+    field of a schedule would also send ``paused: false`` and ``timezone: "UTC"``, resuming the
+    schedule and moving it to UTC. A component that another method also takes is a warning.
+    """
+    schemas = result.get("components", {}).get("schemas", {})
+    shared = _body_components(result, "patch") & (_body_components(result, "post") | _body_components(result, "put"))
+    for name in sorted(shared):
+        warn(f"the PATCH body {name} is also a POST or PUT body: its fields' defaults are kept")
+    for name in _body_components(result, "patch") - shared:
+        for field in schemas.get(name, {}).get("properties", {}).values():
+            field.pop("default", None)
     return result
 
 
