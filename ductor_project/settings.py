@@ -331,11 +331,12 @@ SPECTACULAR_SETTINGS = {
     # Every operation declares the error responses it can answer, in the one error shape; gets
     # one tag, tenant or platform (by its view's permission classes); and has Markdown descriptions.
     # One set of enum values is one enum component, wherever it is declared (name_enums); a PATCH
-    # body declares no defaults (patch_bodies_without_defaults).
+    # body declares no defaults (patch_bodies_without_defaults); a UUID {id} is a uuid (type_path_ids).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "ductor_project.core.openapi.name_enums",
         "ductor_project.core.openapi.patch_bodies_without_defaults",
+        "ductor_project.core.openapi.type_path_ids",
         "ductor_project.core.errors.document_error_responses",
         "ductor_project.core.openapi.tag_operations",
         "ductor_project.core.openapi.render_descriptions",

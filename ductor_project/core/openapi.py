@@ -16,6 +16,7 @@ operation, in one place, so no view module has to repeat it:
   is declared (a parameter's, an array's items, another component's copy).
 - ``patch_bodies_without_defaults`` (a postprocessing hook): a partial update's fields declare no
   default, which a generated client would send for every field left out.
+- ``type_path_ids`` (a postprocessing hook): an ``{id}`` that is a UUID primary key is a ``uuid``.
 - ``render_descriptions`` (a postprocessing hook) turns the reStructuredText of docstrings
   into Markdown (``rst_to_markdown``), which Swagger UI and Redoc render.
 - ``ComponentJSONField``: a ``JSONField`` whose schema is a named component (a workflow
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from typing import Any, ClassVar
 
+from django.db import models
 from django.utils.module_loading import import_string
 from drf_spectacular.drainage import warn
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -250,6 +252,38 @@ def patch_bodies_without_defaults(result: dict[str, Any], generator: Any, **kwar
     for name in _body_components(result, "patch") - shared:
         for field in schemas.get(name, {}).get("properties", {}).values():
             field.pop("default", None)
+    return result
+
+
+# --- path ids --------------------------------------------------------------------------------
+
+PK_PARAMETER = "id"  # drf-spectacular names a view's {pk} so (SCHEMA_COERCE_PATH_PK)
+
+
+def _uuid_keyed_routes(generator: Any) -> set[str]:
+    """The path keys whose ``{pk}`` is the primary key of a model keyed by a UUID."""
+    keyed = set()
+    for path, _regex, _method, callback in generator.endpoints or ():
+        model = getattr(getattr(callback.cls, "queryset", None), "model", None)
+        if "{pk}" in path and model is not None and isinstance(model._meta.pk, models.UUIDField):
+            keyed.add(_path_key(path))
+    return keyed
+
+
+def type_path_ids(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: an ``{id}`` that is a UUID primary key is declared a UUID.
+
+    The views take any segment (``lookup_value_regex``) so that an id in another form is a ``404
+    not_found`` in the error shape, and drf-spectacular then declares the segment's pattern, a
+    string, so a generated client took any string for ``/runs/{id}``. It is the run's UUID.
+    """
+    keyed = _uuid_keyed_routes(generator)
+    for path, _method, operation in _operations(result):
+        if _path_key(path) not in keyed:
+            continue
+        for parameter in operation.get("parameters", []):
+            if parameter.get("in") == "path" and parameter.get("name") == PK_PARAMETER:
+                parameter["schema"] = {"type": "string", "format": "uuid"}
     return result
 
 
