@@ -29,7 +29,7 @@ import orjson
 import structlog
 from structlog.types import EventDict, WrappedLogger
 
-from ductor_project.core.context import peek_tenant
+from ductor_project.core.context import id_text, peek_tenant
 
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 
@@ -76,7 +76,7 @@ def add_task_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
 def _name_tenant(event_dict: EventDict, tenant: Any) -> EventDict:
     """``event_dict`` naming ``tenant`` (its id and slug), unless it names one already or there is none."""
     if tenant is not None and "tenant_id" not in event_dict:
-        event_dict["tenant_id"] = str(tenant.pk)
+        event_dict["tenant_id"] = id_text(tenant)
         event_dict["tenant"] = tenant.slug
     return event_dict
 

@@ -26,7 +26,7 @@ from cachetools import LRUCache
 from django.core.cache import cache
 from django.db import transaction
 
-from ductor_project.core.context import TenantLike, no_tenant
+from ductor_project.core.context import TenantLike, id_text, no_tenant
 from ductor_project.core.keys import global_key, tenant_key
 
 LOCAL_TTL_S = 2.0
@@ -54,7 +54,7 @@ def _key(tenant: TenantLike) -> str:
 def stamp(tenant: TenantLike) -> str:
     """The tenant's stamp: this process's reading of it if at most ``LOCAL_TTL_S`` old, else read
     again (one round trip)."""
-    tenant_id, now = str(tenant.pk), time.monotonic()
+    tenant_id, now = id_text(tenant), time.monotonic()
     with _lock:
         known = _stamps.get(tenant_id)
     if known is not None and now - known[1] < LOCAL_TTL_S:
@@ -104,7 +104,7 @@ def forget(tenant: TenantLike | None = None) -> None:
         if tenant is None:
             _stamps.clear()
         else:
-            _stamps.pop(str(tenant.pk), None)
+            _stamps.pop(id_text(tenant), None)
 
 
 class Copies(Generic[T]):
@@ -118,7 +118,7 @@ class Copies(Generic[T]):
     def get(self, tenant: TenantLike, load: Callable[[], T]) -> T:
         """The tenant's copy, read with ``load`` when this process holds none for its stamp. At most
         one round trip (the stamp) besides ``load``."""
-        current, tenant_id = stamp(tenant), str(tenant.pk)
+        current, tenant_id = stamp(tenant), id_text(tenant)
         with self._lock:
             held = self._copies.get(tenant_id)
         if held is not None and held[1] == current:
@@ -134,4 +134,4 @@ class Copies(Generic[T]):
             if tenant is None:
                 self._copies.clear()
             else:
-                self._copies.pop(str(tenant.pk), None)
+                self._copies.pop(id_text(tenant), None)

@@ -34,7 +34,7 @@ import structlog
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from ductor_project.core.context import TenantLike, TenantScopeError, current_tenant, peek_tenant
+from ductor_project.core.context import TenantLike, TenantScopeError, current_tenant, id_text, peek_tenant
 from ductor_project.core.redis import get_redis
 
 log = structlog.get_logger(__name__)
@@ -44,7 +44,7 @@ _SEP = ":"
 
 
 def _tenant_id(tenant: TenantLike | None) -> str:
-    return str((tenant or current_tenant()).pk)
+    return id_text(tenant or current_tenant())
 
 
 def _join(parts: tuple[Any, ...]) -> str:
@@ -265,7 +265,7 @@ def refuse_foreign(key: str) -> None:
     """A prebuilt tenant key used inside another tenant's context is refused (also for
     process-local caches keyed by ``tenant_key``)."""
     tenant = peek_tenant()
-    if tenant is not None and not key.startswith(f"t:{tenant.pk}:"):
+    if tenant is not None and not key.startswith(f"t:{id_text(tenant)}:"):
         raise TenantScopeError("cache key of another tenant used inside a tenant context")
 
 

@@ -33,6 +33,7 @@ import structlog
 from django.conf import settings
 
 from ductor_project.core import metrics, tracing
+from ductor_project.core.context import id_text
 from ductor_project.core.renewals import renewals
 from scheduling import fair_queue
 from scheduling.dispatch import credits, task_events
@@ -86,7 +87,7 @@ class Delivery:
         return {"item_id": self.item_id, "run_id": str(run_id)} if run_id else {"item_id": self.item_id}
 
     def context(self, tenant: Tenant) -> ItemContext:
-        return ItemContext(tenant_id=str(tenant.pk), item_id=self.item_id, tier=self.tier,
+        return ItemContext(tenant_id=id_text(tenant), item_id=self.item_id, tier=self.tier,
                            partition=self.partition, delivery=self.delivery, waited_ms=self.waited_ms,
                            connection_id=self.connection_id, admitted=self.admitted)
 
@@ -113,7 +114,7 @@ def run_delivery(
     try:
         with (tracing.item_span(f"ductor.item.{item.kind}", item.body, item_id=item.item_id, delivery=item.delivery),
               structlog.contextvars.bound_contextvars(item_id=item.item_id, kind=item.kind),
-              task_events.running(str(tenant.pk), item.item_id, item.delivery, item.body) as shown, ran):
+              task_events.running(id_text(tenant), item.item_id, item.delivery, item.body) as shown, ran):
             shown.failed = handler(item.context(tenant), item.body)
     except Exception:
         renewals.release(hold)
@@ -132,7 +133,7 @@ def _record(tenant: Tenant, item: Delivery, outcome: Outcome, seconds: float, wo
     record with the work its tenant is charged (the demo charts the tenants' shares of worker time
     from these, joined to their ``dispatched`` records by tenant and delivery)."""
     metrics.ITEM_DURATION.labels(item.kind, outcome).observe(seconds)
-    log.info("item_finished", tenant_id=str(tenant.pk), delivery=item.delivery, kind=item.kind,
+    log.info("item_finished", tenant_id=id_text(tenant), delivery=item.delivery, kind=item.kind,
              outcome=str(outcome), work_ms=round(work_ms, 3), **item.names)
 
 

@@ -30,7 +30,7 @@ from django.conf import settings
 
 from ductor_project.celery import WORK_QUEUE
 from ductor_project.core import metrics
-from ductor_project.core.context import no_tenant
+from ductor_project.core.context import id_text, no_tenant
 from ductor_project.core.keys import shard_of
 from scheduling import fair_queue
 from scheduling.dispatch import credits
@@ -100,7 +100,7 @@ def settle_published(finished: Finished, *, kind: str) -> fair_queue.Dequeued | 
     fails too."""
     try:
         with no_tenant():
-            _, item = fair_queue.handoff(finished, shard=shard_of(str(finished.tenant.pk)),
+            _, item = fair_queue.handoff(finished, shard=shard_of(id_text(finished.tenant)),
                                          lease_ms=settings.DUCTOR_LEASE_MS, tiers=credits.tiers_of(WORK_QUEUE),
                                          kind=kind)
     except Exception:

@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from ductor_project.core import scripts, tenant_moves
+from ductor_project.core.context import id_text
 from ductor_project.core.keys import redis_key, shard_of
 from scheduling.fair_queue.items import ENQUEUE_CODES, EnqueueResult, NewItem, TenantBatch, TenantConf, segments
 from scheduling.fair_queue.layout import ITEMS_PER_CALL, dispatcher_side, run_script, script_header, tenant_of
@@ -77,14 +78,14 @@ def enqueue_many(
 
 def _enqueue_segment(tenant: Tenant, args: list[Any]) -> list[Any]:
     """One ``fq_enqueue`` call of one tenant's segment, in its shard, followed should it move."""
-    return list(tenant_moves.follow(str(tenant.pk), lambda: _enqueue_call(tenant, args)))
+    return list(tenant_moves.follow(id_text(tenant), lambda: _enqueue_call(tenant, args)))
 
 
 def _enqueue_call(tenant: Tenant, args: list[Any], batch: scripts.Batch | None = None,
                   again: Callable[[], Any] | None = None) -> Any:
     """The ``fq_enqueue`` call of one tenant's segment, in its shard (``run_script``'s ``batch``, ``again``)."""
     return run_script("fq_enqueue", [redis_key("fq", "items", tenant=tenant)],
-                [*script_header(shard_of(str(tenant.pk))), *args], batch, again)
+                [*script_header(shard_of(id_text(tenant))), *args], batch, again)
 
 
 # The enqueues held for the next ``handoff`` of the context (``holding_enqueues``): each one

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from ductor_project.core.context import id_text
 from scheduling.fair_queue.layout import (
     ITEMS_PER_CALL,
     MAX_NAME_LENGTH,
@@ -229,7 +230,7 @@ def segments(
     (item count, args), each with the weights of ``key_weights`` (fairness key -> weight; 1 puts a
     key back to the default). Every item is validated before any is written."""
     flat = [item_args(item, conf) for item in items]
-    head = [str(tenant.pk), *conf_args(conf), *scope_args(scopes), *key_weight_args(key_weights or {})]
+    head = [id_text(tenant), *conf_args(conf), *scope_args(scopes), *key_weight_args(key_weights or {})]
     return [
         (len(chunk), [*head, len(chunk), *(arg for args in chunk for arg in args)])
         for chunk in (flat[i : i + ITEMS_PER_CALL] for i in range(0, len(flat), ITEMS_PER_CALL))

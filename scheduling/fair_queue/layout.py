@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 
 from ductor_project.core import capacity, scripts, tenant_moves
-from ductor_project.core.context import TenantScopeError, named_or_current, no_tenant, peek_tenant
+from ductor_project.core.context import TenantScopeError, id_text, named_or_current, no_tenant, peek_tenant
 from ductor_project.core.keys import fence_key, global_redis_key, queue_shards, redis_key, shard_of, tenant_redis_prefix
 from scheduling import LUA_DIR
 from scheduling.circuit import breaker_key
@@ -189,7 +189,7 @@ def shard_script(name: str, shard: int, keys: list[str], args: Sequence[Any]) ->
 def tenant_call(name: str, tenant: Tenant, *args: Any, batch: scripts.Batch | None = None) -> Any:
     """One tenant-side script of the tenant, in its shard; followed there should it move meanwhile
     (``tenant_moves``; queued on ``batch``, a fenced call is made again when the batch runs)."""
-    tenant_id = str(tenant.pk)
+    tenant_id = id_text(tenant)
 
     def attempt(on: scripts.Batch | None = None, again: Callable[[], Any] | None = None) -> Any:
         # The keys and header of the tenant's shard as this process knows it at each try.
