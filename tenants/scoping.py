@@ -75,15 +75,19 @@ class TenantCheckedIterable(ModelIterable):
             yield obj
 
 
-def _refuse_cross_tenant_joins(obj: Any) -> None:
+def _refuse_cross_tenant_joins(obj: Any, seen: set[int] | None = None) -> None:
+    """Raises for a row joined to a row of another tenant. Each row is checked once: a one-to-one
+    join caches each side on the other, and walking that cycle again never ended."""
+    seen = set() if seen is None else seen
+    seen.add(id(obj))
     for related in obj._state.fields_cache.values():
-        if isinstance(related, TenantScopedModel):
+        if isinstance(related, TenantScopedModel) and id(related) not in seen:
             if related.tenant_id != obj.tenant_id:
                 raise TenantScopeError(
                     f"{type(obj).__name__} {obj.pk} is linked to a {type(related).__name__} "
                     "of another tenant"
                 )
-            _refuse_cross_tenant_joins(related)
+            _refuse_cross_tenant_joins(related, seen)
 
 
 class TenantScopedQuerySet(models.QuerySet[Any]):

@@ -1,0 +1,43 @@
+"""The workflows admin on real runs: its pages open for a superuser and for a tenant's staff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from ductor_project.core.context import tenant_context
+from tenants.models import Tenant
+from tests.tenants.helpers import make_user
+from workflows import services
+from workflows.models import EventWait
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WAITS_FOR_PAYMENT = {"nodes": [{"id": "paid", "type": "wait_for_event", "event": "order.paid"}]}
+
+
+@pytest.fixture
+def tenant(redis_client: Any, tenant_a: tuple[Tenant, str]) -> Tenant:
+    return tenant_a[0]
+
+
+@pytest.fixture
+def superuser() -> Client:
+    client = Client()
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    return client
+
+
+def test_a_superuser_lists_the_open_waits_each_with_its_run(tenant: Tenant, superuser: Client) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        run, _ = services.run_start(workflow="order")
+    assert EventWait.all_tenants.filter(run=run).exists()
+
+    response = superuser.get(reverse("admin:workflows_eventwait_changelist"))
+
+    assert response.status_code == 200
+    assert [wait.run_id for wait in response.context["cl"].result_list] == [run.pk]
