@@ -41,6 +41,7 @@ from workflows.models import (
     WorkflowRun,
     WorkflowVersion,
 )
+from workflows.triggers import webhooks
 
 
 def _may_write(request: HttpRequest, tenant_id: Any, permission: str) -> bool:
@@ -66,6 +67,22 @@ def _writable_actions(request: HttpRequest, actions: Any, permission: str) -> An
 
 def _pretty(value: Any) -> SafeString:
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+class ServiceDeleteMixin:
+    """Deletes, one or many, go through the model's delete service (``delete_one``), each in its
+    row's tenant: the service also does what a bare ``delete()`` skips (locks, caches, references)."""
+
+    def delete_one(self, obj: Any) -> None:
+        raise NotImplementedError
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        with tenant_context(obj.tenant):
+            self.delete_one(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for obj in queryset.select_related("tenant"):
+            self.delete_model(request, obj)
 
 
 class ReadOnlyMixin:
@@ -575,9 +592,10 @@ class EventTriggerAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class WebhookEndpointAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin):
     """A tenant's webhook endpoints, read only: they change through the API, which checks their URLs.
-    Their secrets are never shown. Deleting one here deletes its delivery log."""
+    Their secrets are never shown. Deleting one here deletes its delivery log (``webhook_delete``: every
+    process forgets the endpoint, and sends it nothing more)."""
 
     list_display = ["url", "enabled", "consecutive_failures", "disabled_reason", "created_at"]
     list_filter = ["enabled"]
@@ -585,6 +603,9 @@ class WebhookEndpointAdmin(ReadOnlyMixin, TenantScopedAdmin):
     readonly_fields = ["url", "description", "events", "workflows", "enabled", "disabled_reason", "disabled_at",
                        "consecutive_failures", "previous_secret_expires_at", "created_at", "updated_at"]
     exclude = ["secret", "previous_secret"]
+
+    def delete_one(self, obj: WebhookEndpoint) -> None:
+        webhooks.webhook_delete(obj)
 
 
 @admin.register(WebhookDelivery)

@@ -12,10 +12,12 @@ from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from tests.tenants.helpers import make_user
 from workflows import services
-from workflows.models import EventWait
+from workflows.models import EventWait, WebhookEndpoint
+from workflows.triggers import webhooks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+PUBLIC = "https://93.184.216.34/hooks/ductor"  # a public address literal: no DNS needed
 WAITS_FOR_PAYMENT = {"nodes": [{"id": "paid", "type": "wait_for_event", "event": "order.paid"}]}
 
 
@@ -41,3 +43,24 @@ def test_a_superuser_lists_the_open_waits_each_with_its_run(tenant: Tenant, supe
 
     assert response.status_code == 200
     assert [wait.run_id for wait in response.context["cl"].result_list] == [run.pk]
+
+
+@pytest.mark.parametrize("how", ["page", "action"])
+def test_a_webhook_endpoint_deleted_here_is_forgotten_by_the_process_that_sends_deliveries(
+    tenant: Tenant, superuser: Client, how: str
+) -> None:
+    with tenant_context(tenant):
+        endpoint = webhooks.webhook_create(url=PUBLIC, events=["run.failed"]).endpoint
+        assert [row.pk for row in webhooks.enabled_endpoints()] == [endpoint.pk]  # this process's copy
+
+    if how == "page":
+        response = superuser.post(reverse("admin:workflows_webhookendpoint_delete", args=[endpoint.pk]),
+                                  {"post": "yes"})
+    else:
+        response = superuser.post(reverse("admin:workflows_webhookendpoint_changelist"),
+                                  {"action": "delete_selected", "_selected_action": [endpoint.pk], "post": "yes"})
+
+    assert response.status_code == 302
+    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
+    with tenant_context(tenant):
+        assert webhooks.enabled_endpoints() == ()
