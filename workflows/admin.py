@@ -99,13 +99,29 @@ class VersionInline(ReadOnlyMixin, TenantScopedInline):
 
 
 @admin.register(WorkflowDefinition)
-class WorkflowDefinitionAdmin(TenantScopedAdmin):
+class WorkflowDefinitionAdmin(ServiceDeleteMixin, TenantScopedAdmin):
+    """A tenant's workflows. They are created, and take new versions, through the API (with a spec);
+    here the description changes (``workflow_describe``), and a workflow is archived, unarchived or
+    deleted (``workflow_delete``, with its schedules). Its name is read only: schedules, triggers,
+    webhooks and runs refer to it by name."""
+
     list_display = ["name", "latest_version", "archived_at", "updated_at"]
     list_filter = [("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["name"]
-    readonly_fields = ["latest_version", "archived_at", "created_at", "updated_at"]
+    fields = ["tenant", "name", "description", "latest_version", "archived_at", "created_at", "updated_at"]
+    readonly_fields = ["name", "latest_version", "archived_at", "created_at", "updated_at"]
     inlines = [VersionInline]
     actions = ["archive", "unarchive"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: WorkflowDefinition, form: Any, change: bool) -> None:
+        with tenant_context(obj.tenant):
+            services.workflow_describe(name=obj.name, description=obj.description)
+
+    def delete_one(self, obj: WorkflowDefinition) -> None:
+        services.workflow_delete(name=obj.name)
 
     def get_actions(self, request: HttpRequest) -> Any:
         return _writable_actions(request, super().get_actions(request), "workflows.change_workflowdefinition")

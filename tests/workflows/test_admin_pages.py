@@ -12,7 +12,8 @@ from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from tests.tenants.helpers import make_user
 from workflows import services
-from workflows.models import EventWait, WebhookEndpoint
+from workflows.models import EventWait, Schedule, WebhookEndpoint, WorkflowDefinition
+from workflows.triggers import services as trigger_services
 from workflows.triggers import webhooks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,3 +65,34 @@ def test_a_webhook_endpoint_deleted_here_is_forgotten_by_the_process_that_sends_
     assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
     with tenant_context(tenant):
         assert webhooks.enabled_endpoints() == ()
+
+
+def test_a_workflow_is_not_added_nor_renamed_here_and_its_description_changes(
+    tenant: Tenant, superuser: Client
+) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+    definition = WorkflowDefinition.all_tenants.get(tenant=tenant, name="order")
+
+    assert superuser.get(reverse("admin:workflows_workflowdefinition_add")).status_code == 403
+    response = superuser.post(reverse("admin:workflows_workflowdefinition_change", args=[definition.pk]),
+                              {"name": "renamed", "description": "Takes the payment.",
+                               "versions-TOTAL_FORMS": "1", "versions-INITIAL_FORMS": "1"})
+
+    assert response.status_code == 302
+    definition = WorkflowDefinition.all_tenants.get(pk=definition.pk)
+    assert (definition.name, definition.description, definition.latest_version) == ("order", "Takes the payment.", 1)
+
+
+def test_a_workflow_deleted_here_takes_its_schedules_with_it(tenant: Tenant, superuser: Client) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        trigger_services.schedule_create(name="hourly", workflow="order", interval_s=3600)
+    definition = WorkflowDefinition.all_tenants.get(tenant=tenant, name="order")
+
+    response = superuser.post(reverse("admin:workflows_workflowdefinition_delete", args=[definition.pk]),
+                              {"post": "yes"})
+
+    assert response.status_code == 302
+    assert not WorkflowDefinition.all_tenants.filter(pk=definition.pk).exists()
+    assert not Schedule.all_tenants.filter(tenant=tenant).exists()
