@@ -1123,6 +1123,59 @@ def test_admin_refuses_a_rule_that_routing_could_not_evaluate(
     assert client_a.get(f"/api/v1/rules/{rule['id']}").json()["match"] == {}
 
 
+def _admin_post(client: Client, model: str, path: str, fields: dict[str, Any]) -> Any:
+    inline = {"members-TOTAL_FORMS": "0", "members-INITIAL_FORMS": "0"} if model == "pool" else {}
+    return client.post(f"/admin/scheduling/{model}/{path}", {**inline, **fields})
+
+
+def test_admin_adds_a_second_default_pool_as_the_api_does_unsetting_the_first(
+    client_a: APIClient, superuser_client: Client
+) -> None:
+    first = create(client_a, "pools", {"name": "first", "is_default": True})
+    tenant = Tenant.objects.get(slug="tenant-a")
+
+    response = _admin_post(superuser_client, "pool", "add/",
+                           {"tenant": str(tenant.pk), "name": "second", "strategy": "round_robin", "is_default": "on"})
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert client_a.get(f"/api/v1/pools/{first['id']}").json()["is_default"] is False
+    assert [pool["name"] for pool in client_a.get("/api/v1/pools").json()["results"] if pool["is_default"]] == [
+        "second"]
+
+
+def test_admin_refuses_what_the_routing_services_refuse_and_stores_nothing(
+    client_a: APIClient, superuser_client: Client
+) -> None:
+    tenant = Tenant.objects.get(slug="tenant-a")
+    create(client_a, "pools", {"name": "only"})
+    tenant_services.override_set(tenant=tenant, field="max_pools", value=1)
+    before = rows(tenant)
+
+    a_burst_without_rate = _admin_post(superuser_client, "connection", "add/", {
+        "tenant": str(tenant.pk), "name": "c", "kind": "http", "config": json.dumps({"base_url": BASE_URL}),
+        "burst": "5"})
+    past_the_plan = _admin_post(superuser_client, "pool", "add/",
+                                {"tenant": str(tenant.pk), "name": "two", "strategy": "round_robin"})
+
+    assert a_burst_without_rate.status_code == past_the_plan.status_code == 200
+    assert "A burst needs rate_per_s." in a_burst_without_rate.content.decode()
+    assert past_the_plan.context["adminform"].form.non_field_errors()
+    assert rows(tenant) == before
+
+
+def test_admin_renaming_a_pool_renames_it_in_the_rules_that_route_to_it(
+    client_a: APIClient, superuser_client: Client
+) -> None:
+    pool = create(client_a, "pools", {"name": "old"})
+    rule = create(client_a, "rules", {"name": "r", "priority": 1, "action": {"pool": "old"}})
+
+    response = _admin_post(superuser_client, "pool", f"{pool['id']}/change/",
+                           {"name": "new", "strategy": "round_robin"})
+
+    assert response.status_code == 302
+    assert client_a.get(f"/api/v1/rules/{rule['id']}").json()["action"] == {"pool": "new"}
+
+
 def test_openapi_schema_documents_the_routing_endpoints(client_a: APIClient) -> None:
     response = client_a.get("/api/schema/?format=json")
     assert response.status_code == 200
