@@ -199,8 +199,9 @@ class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdm
         return readonly
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        request._admin_row_tenant = obj.tenant if obj is not None else admin_tenant(request)  # type: ignore[attr-defined]
-        return super().get_form(request, obj, change, **kwargs)
+        tenant = obj.tenant if obj is not None else admin_tenant(request)
+        request._admin_row_tenant = tenant  # type: ignore[attr-defined]
+        return _checked_in_tenant(super().get_form(request, obj, change, **kwargs), tenant)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         kwargs = scoped_choices(db_field, request, kwargs)
@@ -236,6 +237,23 @@ class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdm
         for tenant, pks in by_tenant.items():
             with tenant_context(tenant):
                 self.model.objects.filter(pk__in=pks).delete()
+
+
+def _checked_in_tenant(form: Any, tenant: Any) -> Any:
+    """``form``, whose row's uniqueness is checked in ``tenant`` (a staff user's, or the row's) when the
+    tenant is not a field of it. Django checks only the constraints of the fields a form has, and left a
+    name taken in the tenant (``UniqueConstraint(tenant, name)``) to the database: a 500."""
+    if tenant is None:
+        return form
+
+    class CheckedInTenant(form):
+        def _get_validation_exclusions(self) -> Any:
+            if self.instance.tenant_id is None:
+                self.instance.tenant = tenant
+            return super()._get_validation_exclusions() - {"tenant"}
+
+    CheckedInTenant.__name__ = form.__name__
+    return CheckedInTenant
 
 
 class TenantScopedInlineFormSet(BaseInlineFormSet):

@@ -189,6 +189,31 @@ def test_staff_adds_an_api_key_for_their_tenant_stored_hashed(world: SimpleNames
     assert raw not in key.secret_hash
 
 
+def test_staff_adding_a_name_taken_in_their_tenant_get_the_field_s_error_not_a_crash(
+    world: SimpleNamespace, staff: Client
+) -> None:
+    taken_folder = staff.post(url(Folder, "add"), folder_form("a-folder"))
+    taken_key = staff.post(url(ApiKey, "add"), {"name": "a-admin-key", "scopes": "read"})
+    other_tenants_name = staff.post(url(Folder, "add"), folder_form("b-folder"))
+
+    assert taken_folder.status_code == taken_key.status_code == 200
+    assert taken_folder.context["adminform"].form.errors
+    assert taken_key.context["adminform"].form.errors
+    assert ApiKey.all_tenants.filter(tenant=world.a, name="a-admin-key").count() == 1
+    assert other_tenants_name.status_code == 302
+    assert Folder.all_tenants.filter(tenant=world.a, name="b-folder").exists()
+
+
+def test_superuser_renaming_a_row_to_a_name_taken_in_its_tenant_gets_the_field_s_error(
+    world: SimpleNamespace, superuser: Client
+) -> None:
+    response = superuser.post(url(Folder, "change", world.fa2.pk), folder_form("a-folder"))
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors
+    assert Folder.all_tenants.get(pk=world.fa2.pk).name == "a-folder-2"
+
+
 def test_staff_cannot_see_platform_keys(world: SimpleNamespace, staff: Client) -> None:
     assert staff.get("/admin/tenants/platformkey/").status_code == 403
 
