@@ -152,11 +152,18 @@ class TenantMembershipAdmin(TenantScopedAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):
+    """A tenant's API keys. A key is added here (``api_key_create``) and revoked; it is never edited, as
+    in the API: widening a key's scopes or expiry would give its holder more than it was issued."""
+
     list_display = ["name", "display", "scopes", "state", "last_used_at", "expires_at", "created_at"]
     search_fields = ["name", "prefix"]
     readonly_fields = ["display", "last_used_at", "revoked_at", "created_at", "created_by"]
     fields = ["tenant", "name", "scopes", "expires_at", *readonly_fields]
     actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        readonly = list(super().get_readonly_fields(request, obj))
+        return [*readonly, "name", "scopes", "expires_at"] if obj is not None else readonly
 
     @admin.display(description="key")
     def display(self, obj: ApiKey) -> str:
@@ -167,13 +174,14 @@ class ApiKeyAdmin(TenantScopedAdmin):
         return obj.state_at()
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
-        raw = None
-        if not change:
-            raw, obj.prefix, obj.secret_hash = generate_key(ApiKey.PREFIX)
-            obj.created_by_id = request.user.pk
-        super().save_model(request, obj, form, change)
-        if raw is not None:
-            messages.warning(request, f"New API key (shown once, store it now): {raw}")
+        if change:
+            return
+        with tenant_context(obj.tenant if obj.tenant_id else admin_tenant(request)):
+            key, raw = services.api_key_create(name=obj.name, scopes=obj.scopes, expires_at=obj.expires_at,
+                                               created_by_id=request.user.pk)
+        obj.pk, obj.tenant_id, obj.prefix, obj.created_at = key.pk, key.tenant_id, key.prefix, key.created_at
+        obj._state.adding = False
+        messages.warning(request, f"New API key (shown once, store it now): {raw}")
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

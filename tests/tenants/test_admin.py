@@ -214,6 +214,19 @@ def test_superuser_renaming_a_row_to_a_name_taken_in_its_tenant_gets_the_field_s
     assert Folder.all_tenants.get(pk=world.fa2.pk).name == "a-folder-2"
 
 
+def test_an_api_key_is_never_widened_here_its_scopes_and_expiry_stay_as_issued(
+    world: SimpleNamespace, staff: Client
+) -> None:
+    key = ApiKey.all_tenants.get(tenant=world.a, name="a-admin-key")
+
+    widened = {"name": "renamed", "scopes": "read,write", "expires_at_0": "2099-01-01", "expires_at_1": "00:00"}
+    response = staff.post(url(ApiKey, "change", key.pk), widened)
+
+    assert response.status_code == 302
+    stored = ApiKey.all_tenants.get(pk=key.pk)
+    assert (stored.name, stored.scopes, stored.expires_at) == ("a-admin-key", ["read"], None)
+
+
 def test_staff_cannot_see_platform_keys(world: SimpleNamespace, staff: Client) -> None:
     assert staff.get("/admin/tenants/platformkey/").status_code == 403
 
