@@ -20,7 +20,7 @@ from django.http import HttpRequest
 
 from ductor_project.core.context import peek_tenant, tenant_context
 from ductor_project.core.errors import ApiError
-from scheduling import services
+from scheduling import selectors, services
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.models import MAX_FAIRNESS_KEY_WEIGHT, Connection, FairnessKey, Pool, PoolMember, Rule
 from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
@@ -76,7 +76,19 @@ class ServiceForm(forms.ModelForm):
 
 
 class ServiceAdmin(TenantScopedAdmin):
-    """An admin whose rows are added and changed by their form's service (``ServiceForm.write``)."""
+    """An admin whose rows are added and changed by their form's service (``ServiceForm.write``), and
+    deleted, one or many, by its delete service (``delete_one``), each in its row's tenant."""
+
+    def delete_one(self, obj: Any) -> None:
+        raise NotImplementedError
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        with tenant_context(obj.tenant):
+            self.delete_one(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for obj in queryset.select_related("tenant"):
+            self.delete_model(request, obj)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         with tenant_context(form.tenant()):
@@ -133,6 +145,9 @@ class ConnectionAdmin(ServiceAdmin):
     def secret_set(self, obj: Connection) -> bool:
         return obj.has_secret
 
+    def delete_one(self, obj: Connection) -> None:
+        services.connection_delete(connection=obj)
+
 
 class PoolMemberInline(TenantScopedInline):
     model = PoolMember
@@ -162,6 +177,19 @@ class PoolAdmin(ServiceAdmin):
     readonly_fields = ["created_at", "updated_at"]
     inlines = [PoolMemberInline]
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """As Django's, with the rules that route to a pool among what protects it: its deletion is
+        refused while one does (``pool_delete``), as a rule routing to no pool could not be evaluated."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        for pool in objs:
+            with tenant_context(pool.tenant):
+                protected += [f"Rule: {rule.name} (routes to the pool {pool.name})"
+                              for rule in selectors.rules_using_pool(pool.name)]
+        return deleted, counts, perms_needed, protected
+
+    def delete_one(self, obj: Pool) -> None:
+        services.pool_delete(pool=obj)
+
 
 class RuleAdminForm(ServiceForm):
     class Meta:
@@ -184,6 +212,9 @@ class RuleAdmin(ServiceAdmin):
     search_fields = ["name"]
     ordering = ["tenant", "priority"]  # evaluation order (per tenant, for superusers)
     readonly_fields = ["created_at", "updated_at"]
+
+    def delete_one(self, obj: Rule) -> None:
+        services.rule_delete(rule=obj)
 
 
 class FairnessKeyAdminForm(ServiceForm):
@@ -214,3 +245,6 @@ class FairnessKeyAdmin(ServiceAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         readonly = list(super().get_readonly_fields(request, obj))
         return [*readonly, "key"] if obj is not None else readonly
+
+    def delete_one(self, obj: FairnessKey) -> None:
+        services.fairness_key_delete(fairness_key=obj)

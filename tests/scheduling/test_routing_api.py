@@ -1176,6 +1176,21 @@ def test_admin_renaming_a_pool_renames_it_in_the_rules_that_route_to_it(
     assert client_a.get(f"/api/v1/rules/{rule['id']}").json()["action"] == {"pool": "new"}
 
 
+def test_admin_refuses_to_delete_a_pool_a_rule_routes_to_as_the_api_does(
+    client_a: APIClient, superuser_client: Client
+) -> None:
+    pool = create(client_a, "pools", {"name": "used"})
+    create(client_a, "rules", {"name": "to-used", "priority": 1, "action": {"pool": "used"}})
+
+    page = superuser_client.post(f"/admin/scheduling/pool/{pool['id']}/delete/", {"post": "yes"})
+    action = superuser_client.post("/admin/scheduling/pool/",
+                                   {"action": "delete_selected", "_selected_action": [pool["id"]], "post": "yes"})
+
+    assert page.status_code == action.status_code == 200
+    assert "to-used" in page.content.decode()
+    assert client_a.get(f"/api/v1/pools/{pool['id']}").status_code == 200
+
+
 def test_openapi_schema_documents_the_routing_endpoints(client_a: APIClient) -> None:
     response = client_a.get("/api/schema/?format=json")
     assert response.status_code == 200
