@@ -1,7 +1,8 @@
 """Tenant scoping for the Django admin.
 
 - A staff user with a membership sees and edits only their tenant's rows (the
-  middleware puts their tenant in context for the whole request).
+  middleware puts their tenant in context for the whole request); a viewer's
+  membership only sees them.
 - A superuser sees every tenant's rows, with a tenant filter and column; each
   row is saved and deleted inside its own tenant's context.
 - Nobody can move a row to another tenant: the tenant is read-only once set,
@@ -26,11 +27,25 @@ from django.utils.text import smart_split
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.payloads import unstorable_path
+from tenants.permissions import READ_ONLY_ROLES
 from tenants.scoping import TenantScopedModel
+from tenants.selectors import membership_for_user
 
 
 def admin_tenant(request: HttpRequest) -> Any:
     return getattr(request, "admin_tenant", None)
+
+
+def admin_may_write(request: HttpRequest) -> bool:
+    """Whether the user may write their tenant's rows at all: a superuser, or staff whose membership's
+    role is not read only (a viewer reads, whatever model permissions the user holds). Read once a
+    request."""
+    if request.user.is_superuser:
+        return True
+    if not hasattr(request, "_admin_may_write"):
+        membership = membership_for_user(request.user)
+        request._admin_may_write = membership is not None and membership.role not in READ_ONLY_ROLES  # type: ignore[attr-defined]
+    return bool(request._admin_may_write)  # type: ignore[attr-defined]
 
 
 def _row_tenant(request: HttpRequest) -> Any:
@@ -160,13 +175,13 @@ class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdm
         return self._allowed(request) and super().has_view_permission(request, obj)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return self._allowed(request) and super().has_add_permission(request)
+        return self._allowed(request) and admin_may_write(request) and super().has_add_permission(request)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self._allowed(request) and super().has_change_permission(request, obj)
+        return self._allowed(request) and admin_may_write(request) and super().has_change_permission(request, obj)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self._allowed(request) and super().has_delete_permission(request, obj)
+        return self._allowed(request) and admin_may_write(request) and super().has_delete_permission(request, obj)
 
     def get_list_display(self, request: HttpRequest) -> Any:
         columns = list(super().get_list_display(request))

@@ -227,6 +227,28 @@ def test_an_api_key_is_never_widened_here_its_scopes_and_expiry_stay_as_issued(
     assert (stored.name, stored.scopes, stored.expires_at) == ("a-admin-key", ["read"], None)
 
 
+def test_a_viewer_reads_their_tenant_s_rows_and_changes_none_not_even_their_own_role(
+    world: SimpleNamespace
+) -> None:
+    user = make_user("viewer-a", tenant=world.a, role=TenantMembership.Role.VIEWER, is_staff=True)
+    grant(user, *SCOPED_PERMS)
+    client = Client()
+    client.force_login(user)
+    membership = TenantMembership.all_tenants.get(user=user)
+
+    page = client.get(url(Folder, "change", world.fa.pk))
+    promoted = client.post(url(TenantMembership, "change", membership.pk), {"user": user.pk, "role": "owner"})
+    renamed = client.post(url(Folder, "change", world.fa.pk), folder_form("renamed"))
+    added = client.post(url(Folder, "add"), folder_form("added"))
+
+    assert page.status_code == 200
+    assert not page.context["has_change_permission"]
+    assert promoted.status_code == renamed.status_code == added.status_code == 403
+    assert TenantMembership.all_tenants.get(pk=membership.pk).role == TenantMembership.Role.VIEWER
+    assert Folder.all_tenants.get(pk=world.fa.pk).name == "a-folder"
+    assert not Folder.all_tenants.filter(name="added").exists()
+
+
 def test_staff_cannot_see_platform_keys(world: SimpleNamespace, staff: Client) -> None:
     assert staff.get("/admin/tenants/platformkey/").status_code == 403
 
