@@ -67,10 +67,11 @@ def clock(value: datetime | None) -> str:
 
 
 def moment(value: datetime | None) -> str:
-    """``2025-12-01 17:20:01.123`` in the current time zone, or ``—``."""
+    """``2025-12-01 17:20:01.123 UTC`` in the current time zone, named, or ``—``."""
     if value is None:
         return EMPTY
-    return f"{timezone.localtime(value):%Y-%m-%d} {clock(value)}"
+    local = timezone.localtime(value)
+    return f"{local:%Y-%m-%d} {clock(value)} {local:%Z}"
 
 
 def duration_text(seconds: float) -> str:

@@ -151,10 +151,12 @@ def test_durations_are_shown_in_the_unit_that_fits_them(seconds: float, text: st
     assert console.duration_text(seconds) == text
 
 
-def test_times_are_shown_to_the_millisecond() -> None:
+def test_times_are_shown_to_the_millisecond_with_their_time_zone() -> None:
     moment = datetime(2025, 12, 1, 17, 20, 1, 123456, tzinfo=UTC)
     assert console.clock(moment) == "17:20:01.123"
-    assert console.moment(moment) == "2025-12-01 17:20:01.123"
+    assert console.moment(moment) == "2025-12-01 17:20:01.123 UTC"
+    with timezone.override("Europe/Paris"):
+        assert console.moment(moment) == "2025-12-01 18:20:01.123 CET"
     assert console.clock(None) == "—"
 
 
