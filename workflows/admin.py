@@ -21,10 +21,11 @@ from ductor_project.core.errors import ApiError
 from scheduling.connection_config import queue_name_error
 from tenants.admin import SuperuserOnlyMixin
 from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, TenantScopedInline, admin_tenant
-from tenants.models import Plan, Tenant
+from tenants.models import Plan, Tenant, Tier
 from tenants.permissions import READ_ONLY_ROLES
 from tenants.selectors import membership_for_user
 from workflows import catalog, console, schemas, services
+from workflows.admin_lists import BigTableListMixin, choices_filter
 from workflows.dag_svg import render_dag
 from workflows.models import (
     Event,
@@ -41,6 +42,8 @@ from workflows.models import (
     WorkflowRun,
     WorkflowVersion,
 )
+from workflows.serializers import RUN_EVENT_TYPES
+from workflows.spec import NODE_TYPES
 from workflows.triggers import webhooks
 
 
@@ -63,6 +66,17 @@ def _writable_actions(request: HttpRequest, actions: Any, permission: str) -> An
     if not _may_write(request, tenant.pk if tenant is not None else None, permission):
         return {name: action for name, action in actions.items() if name == "delete_selected"}
     return actions
+
+
+def _workflow_names(request: HttpRequest) -> list[str]:
+    """The names of the workflows the user's admin shows (read from the workflows, not the runs)."""
+    definitions = WorkflowDefinition.all_tenants.all()
+    if not request.user.is_superuser:
+        definitions = definitions.filter(tenant=admin_tenant(request))
+    return list(definitions.order_by("name").values_list("name", flat=True).distinct())
+
+
+WorkflowNameFilter = choices_filter("workflow_name", "workflow", _workflow_names)
 
 
 def _pretty(value: Any) -> SafeString:
@@ -183,7 +197,7 @@ def _details(label: str, value: Any, *, opened: bool = False) -> SafeString:
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class WorkflowRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
     """The run console (``workflows.console``): the run list, the run page with its timeline, routing,
     why-waiting and lineage, the cancel action, and the tenant page (usage, queue, fairness).
 
@@ -191,10 +205,10 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
     """
 
     list_display = ["short_id", "workflow_column", "status_badge", "tier", "created", "duration"]
-    list_filter = ["status", "tier", "workflow_name", ("created_at", admin.DateFieldListFilter)]
+    list_filter = ["status", choices_filter("tier", "tier", lambda request: Tier.values), WorkflowNameFilter,
+                   ("created_at", admin.DateFieldListFilter)]
     search_fields = ["id", "workflow_name", "idempotency_key"]
     search_help_text = "A run's id or idempotency key, or a workflow name."
-    show_full_result_count = False
     fieldsets = (
         (None, {"fields": ("status_badge", "workflow_link", "tenant_link", "tier", "tag_list", "idempotency_key",
                            "nesting_depth")}),
@@ -459,15 +473,15 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(StepRun)
-class StepRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class StepRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
     list_display = ["run", "node_id", "attempt", "status", "started_at", "finished_at"]
-    list_filter = ["status", "node_type"]
+    list_filter = ["status", choices_filter("node_type", "node type", lambda request: NODE_TYPES)]
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class RunEventAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
     list_display = ["run", "seq", "type", "node_id", "created_at"]
-    list_filter = ["type"]
+    list_filter = [choices_filter("type", "type", lambda request: RUN_EVENT_TYPES)]
 
 
 class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
@@ -538,11 +552,11 @@ class ScheduleAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    """A tenant's events, read only, with the runs each started."""
+class EventAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
+    """A tenant's events, read only, with the runs each started. Found by their name, key or idempotency
+    key in the search box (a filter offering every name would read every event's on each page)."""
 
     list_display = ["name", "key", "created_at", "run_count"]
-    list_filter = ["name"]
     search_fields = ["name", "key", "idempotency_key"]
     readonly_fields = ["name", "key", "payload_pretty", "idempotency_key", "run_links", "created_at"]
     exclude = ["payload", "runs"]
@@ -625,11 +639,11 @@ class WebhookEndpointAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin)
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class WebhookDeliveryAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
     """The webhooks' delivery log, read only: each delivery's body and attempts."""
 
     list_display = ["type", "endpoint", "status", "attempt_count", "created_at", "finished_at"]
-    list_filter = ["status", "type"]
+    list_filter = ["status", choices_filter("type", "type", lambda request: webhooks.EVENT_TYPES)]
     list_select_related = ["endpoint"]
     readonly_fields = ["endpoint", "run_link", "type", "status", "attempts_pretty", "next_attempt_at", "body_pretty",
                        "created_at", "finished_at"]

@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
-from tests.tenants.helpers import make_user
+from tests.tenants.helpers import grant, make_user
 from workflows import services
-from workflows.models import EventWait, Schedule, WebhookEndpoint, WorkflowDefinition
+from workflows.models import EventWait, RunEvent, Schedule, StepRun, WebhookEndpoint, WorkflowDefinition
 from workflows.triggers import services as trigger_services
 from workflows.triggers import webhooks
 
@@ -96,3 +98,47 @@ def test_a_workflow_deleted_here_takes_its_schedules_with_it(tenant: Tenant, sup
     assert response.status_code == 302
     assert not WorkflowDefinition.all_tenants.filter(pk=definition.pk).exists()
     assert not Schedule.all_tenants.filter(tenant=tenant).exists()
+
+
+BIG_TABLES = ["workflowrun", "steprun", "runevent", "event", "webhookdelivery"]
+
+
+@pytest.mark.parametrize("who", ["superuser", "staff"])
+def test_the_lists_of_the_big_tables_count_a_bounded_number_of_rows_and_read_no_distinct_values_of_them(
+    tenant: Tenant, superuser: Client, who: str
+) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        services.run_start(workflow="order")
+    if who == "staff":
+        user = make_user("staff-a", tenant=tenant, is_staff=True)
+        grant(user, *(f"workflows.view_{model}" for model in BIG_TABLES))
+        client = Client()
+        client.force_login(user)
+    else:
+        client = superuser
+
+    for model in BIG_TABLES:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(reverse(f"admin:workflows_{model}_changelist"))
+        assert response.status_code == 200, model
+        table = f'"workflows_{model}"'
+        reads = [query["sql"] for query in queries.captured_queries if f"FROM {table}" in query["sql"]]
+        assert not [sql for sql in reads if "DISTINCT" in sql], model
+        assert all("LIMIT" in sql for sql in reads if "COUNT(" in sql), model
+
+
+def test_the_step_and_event_lists_filter_by_a_node_type_and_an_event_type(tenant: Tenant, superuser: Client) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        run, _ = services.run_start(workflow="order")
+
+    steps = superuser.get(reverse("admin:workflows_steprun_changelist") + "?node_type=wait_for_event")
+    none = superuser.get(reverse("admin:workflows_steprun_changelist") + "?node_type=sleep")
+    events = superuser.get(reverse("admin:workflows_runevent_changelist") + "?type=created")
+
+    assert [step.pk for step in steps.context["cl"].result_list] == list(
+        StepRun.all_tenants.filter(run=run).values_list("pk", flat=True))
+    assert list(none.context["cl"].result_list) == []
+    assert [event.pk for event in events.context["cl"].result_list] == list(
+        RunEvent.all_tenants.filter(run=run, type="created").values_list("pk", flat=True))
