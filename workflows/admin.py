@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -581,6 +581,7 @@ class EventWaitAdmin(ReadOnlyMixin, TenantScopedAdmin):
     """The open waits of ``wait_for_event`` nodes (the index events and signals find them by), read only."""
 
     list_display = ["event", "key", "run_link", "expires_at", "armed_at", "matched_at"]
+    list_select_related: ClassVar[list[str]] = []  # its columns read the wait's own fields: join no run, step, version
     list_filter = ["event"]
     search_fields = ["event", "key"]
     readonly_fields = ["run_link", "event", "key", "lookback_s", "expires_at", "armed_at", "matched_at", "matched_by",

@@ -42,10 +42,16 @@ def test_a_superuser_lists_the_open_waits_each_with_its_run(tenant: Tenant, supe
         run, _ = services.run_start(workflow="order")
     assert EventWait.all_tenants.filter(run=run).exists()
 
-    response = superuser.get(reverse("admin:workflows_eventwait_changelist"))
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser.get(reverse("admin:workflows_eventwait_changelist"))
 
     assert response.status_code == 200
     assert [wait.run_id for wait in response.context["cl"].result_list] == [run.pk]
+    rows = next(query["sql"] for query in queries.captured_queries
+                if query["sql"].startswith('SELECT "workflows_eventwait"."tenant_id", "workflows_eventwait"."id"')
+                or query["sql"].startswith('SELECT "workflows_eventwait"."id"'))
+    assert "workflows_steprun" not in rows
+    assert "workflows_workflowversion" not in rows
 
 
 @pytest.mark.parametrize("how", ["page", "action"])
