@@ -50,7 +50,9 @@ def choices_filter(
 
 
 class BigTableListMixin:
-    """A list of a big table: its count is bounded, and no second count of the whole table is shown."""
+    """A list of a big table: its count is bounded, and no second count of the whole table is shown,
+    nor a count of each filter's values (facets: one more count of the table, even asked for in the URL)."""
 
     paginator: ClassVar[type] = BoundedCountPaginator
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
