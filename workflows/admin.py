@@ -107,7 +107,17 @@ class ReadOnlyMixin:
         return False
 
 
-class VersionInline(ReadOnlyMixin, TenantScopedInline):
+class EngineRowsMixin(ReadOnlyMixin):
+    """Rows the engine writes and reads back (a run's steps, its history, its waits and signals, the
+    versions its runs run, the deliveries of its outcomes): read only, and never deleted here. Deleting
+    one under a live run left the engine without what it goes on from: a wait that no event finds any
+    more, a step the run's next tick counts on, a history with a hole in its sequence."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class VersionInline(EngineRowsMixin, TenantScopedInline):
     model = WorkflowVersion
     fields = readonly_fields = ("number", "created_at")
 
@@ -133,6 +143,13 @@ class WorkflowDefinitionAdmin(ServiceDeleteMixin, TenantScopedAdmin):
     def save_model(self, request: HttpRequest, obj: WorkflowDefinition, form: Any, change: bool) -> None:
         with tenant_context(obj.tenant):
             services.workflow_describe(name=obj.name, description=obj.description)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """As Django's, less the permission to delete its versions: ``workflow_delete`` takes them with
+        it, while a version alone is never deleted here."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed.discard(WorkflowVersion._meta.verbose_name)
+        return deleted, counts, perms_needed, protected
 
     def delete_one(self, obj: WorkflowDefinition) -> None:
         services.workflow_delete(name=obj.name)
@@ -168,7 +185,7 @@ class WorkflowDefinitionAdmin(ServiceDeleteMixin, TenantScopedAdmin):
 
 
 @admin.register(WorkflowVersion)
-class WorkflowVersionAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class WorkflowVersionAdmin(EngineRowsMixin, TenantScopedAdmin):
     list_display = ["definition", "number", "created_at"]
     readonly_fields = ["definition", "number", "spec_pretty", "created_at"]
     exclude = ["spec"]
@@ -178,7 +195,7 @@ class WorkflowVersionAdmin(ReadOnlyMixin, TenantScopedAdmin):
         return _pretty(obj.spec)
 
 
-class EventInline(ReadOnlyMixin, TenantScopedInline):
+class EventInline(EngineRowsMixin, TenantScopedInline):
     model = RunEvent
     fields = readonly_fields = ("seq", "type", "node_id", "data", "created_at")
 
@@ -473,13 +490,13 @@ class WorkflowRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(StepRun)
-class StepRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
+class StepRunAdmin(BigTableListMixin, EngineRowsMixin, TenantScopedAdmin):
     list_display = ["run", "node_id", "attempt", "status", "started_at", "finished_at"]
     list_filter = ["status", choices_filter("node_type", "node type", lambda request: NODE_TYPES)]
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
+class RunEventAdmin(BigTableListMixin, EngineRowsMixin, TenantScopedAdmin):
     list_display = ["run", "seq", "type", "node_id", "created_at"]
     list_filter = [choices_filter("type", "type", lambda request: RUN_EVENT_TYPES)]
 
@@ -577,7 +594,7 @@ class EventAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(EventWait)
-class EventWaitAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class EventWaitAdmin(EngineRowsMixin, TenantScopedAdmin):
     """The open waits of ``wait_for_event`` nodes (the index events and signals find them by), read only."""
 
     list_display = ["event", "key", "run_link", "expires_at", "armed_at", "matched_at"]
@@ -594,7 +611,7 @@ class EventWaitAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(RunSignal)
-class RunSignalAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class RunSignalAdmin(EngineRowsMixin, TenantScopedAdmin):
     """Signals sent to runs, read only: the wait each resumed, or none while it is kept."""
 
     list_display = ["name", "run_link", "delivered_to", "created_at"]
@@ -640,7 +657,7 @@ class WebhookEndpointAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin)
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
+class WebhookDeliveryAdmin(BigTableListMixin, EngineRowsMixin, TenantScopedAdmin):
     """The webhooks' delivery log, read only: each delivery's body and attempts."""
 
     list_display = ["type", "endpoint", "status", "attempt_count", "created_at", "finished_at"]

@@ -14,7 +14,15 @@ from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from tests.tenants.helpers import grant, make_user
 from workflows import services
-from workflows.models import EventWait, RunEvent, Schedule, StepRun, WebhookEndpoint, WorkflowDefinition
+from workflows.models import (
+    EventWait,
+    RunEvent,
+    Schedule,
+    StepRun,
+    WebhookEndpoint,
+    WorkflowDefinition,
+    WorkflowVersion,
+)
 from workflows.triggers import services as trigger_services
 from workflows.triggers import webhooks
 
@@ -148,3 +156,21 @@ def test_the_step_and_event_lists_filter_by_a_node_type_and_an_event_type(tenant
     assert list(none.context["cl"].result_list) == []
     assert [event.pk for event in events.context["cl"].result_list] == list(
         RunEvent.all_tenants.filter(run=run, type="created").values_list("pk", flat=True))
+
+
+@pytest.mark.parametrize("model", ["steprun", "runevent", "eventwait", "workflowversion"])
+def test_a_superuser_deletes_no_row_the_engine_goes_on_from(tenant: Tenant, superuser: Client, model: str) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        run, _ = services.run_start(workflow="order")
+    row = {"steprun": StepRun.all_tenants.filter(run=run), "runevent": RunEvent.all_tenants.filter(run=run),
+           "eventwait": EventWait.all_tenants.filter(run=run),
+           "workflowversion": WorkflowVersion.all_tenants.filter(runs=run)}[model].first()
+    assert row is not None
+
+    page = superuser.post(reverse(f"admin:workflows_{model}_delete", args=[row.pk]), {"post": "yes"})
+    listed = superuser.get(reverse(f"admin:workflows_{model}_changelist"))
+
+    assert page.status_code == 403
+    assert "delete_selected" not in dict(listed.context["cl"].model_admin.get_action_choices(listed.wsgi_request))
+    assert type(row).all_tenants.filter(pk=row.pk).exists()
