@@ -20,7 +20,13 @@ from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError
 from scheduling.connection_config import queue_name_error
 from tenants.admin import SuperuserOnlyMixin
-from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, TenantScopedInline, admin_tenant
+from tenants.admin_scoping import (
+    ChangelistLimitsMixin,
+    TenantScopedAdmin,
+    TenantScopedInline,
+    TenantScopedInlineFormSet,
+    admin_tenant,
+)
 from tenants.models import Plan, Tenant, Tier
 from tenants.permissions import READ_ONLY_ROLES
 from tenants.selectors import membership_for_user
@@ -195,8 +201,23 @@ class WorkflowVersionAdmin(EngineRowsMixin, TenantScopedAdmin):
         return _pretty(obj.spec)
 
 
+class LatestEventsFormSet(TenantScopedInlineFormSet):
+    """A run's latest ``EventInline.shown`` events, newest first: a run's history has no bound (each
+    retry, wait and tick adds to it), and its page rendered every event of it."""
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_latest"):
+            self._latest = super().get_queryset().order_by("-seq")[: EventInline.shown]
+        return self._latest
+
+
 class EventInline(EngineRowsMixin, TenantScopedInline):
+    """The run's latest events; its whole history is the run-event list of the run (``history_link``)."""
+
     model = RunEvent
+    formset = LatestEventsFormSet
+    shown = 100
+    verbose_name_plural = f"latest {shown} events"
     fields = readonly_fields = ("seq", "type", "node_id", "data", "created_at")
 
 
@@ -230,13 +251,14 @@ class WorkflowRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
         (None, {"fields": ("status_badge", "workflow_link", "tenant_link", "tier", "tag_list", "idempotency_key",
                            "nesting_depth")}),
         ("Timing", {"fields": ("created", "started", "finished", "duration")}),
-        ("Lineage", {"fields": ("lineage_links",)}),
+        ("Lineage", {"fields": ("lineage_links", "history_link")}),
         ("DAG", {"fields": ("dag",)}),
         ("Input, output and error", {"fields": ("input_pretty", "output_pretty", "error_pretty")}),
     )
     readonly_fields = (
         "status_badge", "workflow_link", "tenant_link", "tier", "tag_list", "idempotency_key", "nesting_depth",
-        "created", "started", "finished", "duration", "lineage_links", "dag", "input_pretty", "output_pretty",
+        "created", "started", "finished", "duration", "lineage_links", "history_link", "dag", "input_pretty",
+        "output_pretty",
         "error_pretty",
     )
     inlines = [EventInline]
@@ -357,6 +379,11 @@ class WorkflowRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
               link.workflow_name, str(link.run_id), link.badge) for link in links),
         )
         return format_html('<ul class="ductor-lineage">{}</ul>', rows)
+
+    @admin.display(description="history")
+    def history_link(self, obj: WorkflowRun) -> SafeString:
+        url = reverse("admin:workflows_runevent_changelist") + f"?run__id__exact={obj.pk}"
+        return format_html('<a href="{}">every event of the run</a> (the latest {} are below)', url, EventInline.shown)
 
     @admin.display(description="input")
     def input_pretty(self, obj: WorkflowRun) -> SafeString:

@@ -14,6 +14,7 @@ from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from tests.tenants.helpers import grant, make_user
 from workflows import services
+from workflows.admin import EventInline
 from workflows.models import (
     EventWait,
     RunEvent,
@@ -174,3 +175,24 @@ def test_a_superuser_deletes_no_row_the_engine_goes_on_from(tenant: Tenant, supe
     assert page.status_code == 403
     assert "delete_selected" not in dict(listed.context["cl"].model_admin.get_action_choices(listed.wsgi_request))
     assert type(row).all_tenants.filter(pk=row.pk).exists()
+
+
+def test_a_run_s_page_shows_its_latest_events_and_links_to_its_whole_history(
+    tenant: Tenant, superuser: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(EventInline, "shown", 2, raising=False)
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        run, _ = services.run_start(workflow="order")
+    seqs = list(RunEvent.all_tenants.filter(run=run).order_by("-seq").values_list("seq", flat=True))
+    assert len(seqs) > 2
+
+    page = superuser.get(reverse("admin:workflows_workflowrun_change", args=[run.pk]))
+    history = reverse("admin:workflows_runevent_changelist") + f"?run__id__exact={run.pk}"
+    listed = superuser.get(history)
+
+    assert page.status_code == 200
+    events = next(formset for formset in page.context["inline_admin_formsets"] if formset.formset.model is RunEvent)
+    assert [form.instance.seq for form in events.formset.forms] == seqs[:2]
+    assert history in page.content.decode()
+    assert sorted(event.seq for event in listed.context["cl"].result_list) == sorted(seqs)
