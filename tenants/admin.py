@@ -22,7 +22,6 @@ from tenants.models import (
     Tenant,
     TenantEntitlementOverride,
     TenantMembership,
-    generate_key,
     slug_ok,
 )
 
@@ -192,16 +191,27 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
 @admin.register(PlatformKey)
 class PlatformKeyAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[PlatformKey]):
+    """Platform operator keys: added, renamed and revoked (``platform_key_revoke``); a revocation is
+    never undone, as it was when its date could be cleared here."""
+
     list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    fields = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
 
     def save_model(self, request: HttpRequest, obj: PlatformKey, form: Any, change: bool) -> None:
-        raw = None
-        if not change:
-            raw, obj.prefix, obj.secret_hash = generate_key(PlatformKey.PREFIX)
-        super().save_model(request, obj, form, change)
-        if raw is not None:
-            messages.warning(request, f"New platform key (shown once, store it now): {raw}")
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        key, raw = services.platform_key_create(name=obj.name)
+        obj.pk, obj.prefix, obj.created_at = key.pk, key.prefix, key.created_at
+        obj._state.adding = False
+        messages.warning(request, f"New platform key (shown once, store it now): {raw}")
+
+    @admin.action(description="Revoke selected platform keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[PlatformKey]) -> None:
+        for key in queryset:
+            services.platform_key_revoke(key=key)
 
 
 class PlanAdminForm(forms.ModelForm[Plan]):

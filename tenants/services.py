@@ -103,6 +103,16 @@ def platform_key_create(*, name: str) -> tuple[PlatformKey, str]:
     return key, raw
 
 
+def platform_key_revoke(*, key: PlatformKey) -> PlatformKey:
+    """Revoke a platform operator key. Idempotent: a second revoke changes nothing, and a revoked key
+    is never valid again."""
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+        log.info("platform_key_revoked", key_id=str(key.pk))
+    return key
+
+
 def tenant_set_plan(*, tenant: Tenant, plan_slug: str) -> Tenant:
     """Move a tenant to another plan. Its cached limits are invalidated (signal)."""
     plan = _plan_or_invalid(plan_slug)

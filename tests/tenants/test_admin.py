@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from ductor_project.core.context import tenant_context
 from tenants import services
 from tenants.admin_scoping import TenantScopedAdmin
-from tenants.models import ApiKey, Tenant, TenantMembership
+from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership
 from tenants.scoping import TenantScopedModel
 from tests.scoped.models import Folder, Note
 from tests.tenants.helpers import grant, make_user
@@ -488,3 +488,14 @@ def test_the_run_event_and_webhook_delivery_lists_cost_no_query_per_row(
         more_rows, more_count = queries(model)
         assert more_rows > rows
         assert more_count == count, (model._meta.label, count, more_count)
+
+
+def test_a_revoked_platform_key_stays_revoked_whatever_its_change_form_says(superuser: Client) -> None:
+    key, _ = services.platform_key_create(name="ops")
+
+    revoked = superuser.post(url(PlatformKey), {"action": "revoke", "_selected_action": [key.pk]})
+    cleared = superuser.post(url(PlatformKey, "change", key.pk),
+                             {"name": "ops", "revoked_at_0": "", "revoked_at_1": ""})
+
+    assert revoked.status_code == cleared.status_code == 302
+    assert PlatformKey.objects.get(pk=key.pk).revoked_at is not None
