@@ -67,6 +67,27 @@ def with_version_numbers(runs: list[WorkflowRun]) -> list[WorkflowRun]:
     return runs
 
 
+def with_successors(runs: list[WorkflowRun]) -> list[WorkflowRun]:
+    """``runs``, each that continued as new with the id of the run it continued as
+    (``continued_as``), read in one query for them all: a page of the run list shows it."""
+    continued = [run.pk for run in runs if run.status == WorkflowRun.Status.CONTINUED]
+    found = dict(WorkflowRun.objects.filter(continued_from__in=continued).values_list("continued_from_id", "pk")
+                 if continued else [])
+    for run in runs:
+        run.continued_as_id = found.get(run.pk)  # type: ignore[attr-defined]
+    return runs
+
+
+def continued_as(run: WorkflowRun) -> Any:
+    """The id of the run ``run`` continued as (ContinueAsNew), or None: read once per run, unless
+    ``with_successors`` read it for a page."""
+    if run.status != WorkflowRun.Status.CONTINUED:
+        return None
+    if hasattr(run, "continued_as_id"):
+        return run.continued_as_id
+    return WorkflowRun.objects.filter(continued_from=run).values_list("pk", flat=True).first()
+
+
 def get_run_for_tenant(run_id: Any) -> WorkflowRun:
     """A run of the tenant in context, or ``NotFound`` (also for another tenant's run)."""
     return first_or_404(

@@ -29,6 +29,7 @@ from tenants.api import (
     TextField,
 )
 from tenants.models import Tier
+from workflows import selectors
 from workflows.models import (
     Event,
     EventTrigger,
@@ -365,13 +366,22 @@ class RunSerializer(StrictModelSerializer):
     tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], read_only=True)
     tags = serializers.ListField(child=serializers.CharField(), read_only=True)
     error = RunErrorField(read_only=True, allow_null=True)
+    continued_as = serializers.SerializerMethodField(
+        help_text="The run this one continued as new as (status `continued`), which carries its work on; "
+                  "null for a run that did not.")
 
     class Meta:
         model = WorkflowRun
         fields = ["id", "workflow_name", "version", "status", "input", "output", "error", "idempotency_key",
                   "tier", "tags", "fairness_key", "parent_run", "parent_node_id", "root_run_id", "nesting_depth",
-                  "continued_from", "rerun_of", "cancel_requested", "created_at", "started_at", "finished_at"]
+                  "continued_from", "continued_as", "rerun_of", "cancel_requested", "created_at", "started_at",
+                  "finished_at"]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "format": "uuid", "nullable": True})
+    def get_continued_as(self, run: WorkflowRun) -> str | None:
+        found = selectors.continued_as(run)
+        return None if found is None else str(found)
 
 
 class RunDetailSerializer(RunSerializer):

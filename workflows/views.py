@@ -180,7 +180,8 @@ class RunViewSet(TenantViewSet):
     def list(self, request: Request) -> Response:
         filters = RunFilterSerializer(data=request.query_params)  # the QueryDict: ``tag`` may repeat
         filters.is_valid(raise_exception=True)
-        page = selectors.with_version_numbers(self.paginate_queryset(selectors.run_list(filters.validated_data)) or [])
+        page = selectors.with_successors(selectors.with_version_numbers(
+            self.paginate_queryset(selectors.run_list(filters.validated_data)) or []))
         return self.get_paginated_response(RunSerializer(page, many=True).data)
 
     @extend_schema(summary="Start a run",

@@ -26,6 +26,8 @@ from ductor_sdk import (
 )
 from ductor_sdk.models import LineageNode
 
+from tests.workflows.inline import run_items
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -383,6 +385,25 @@ def test_wait_returns_the_finished_run_with_its_output_steps_events_and_lineage(
     root = lineage.tree[0]  # a LineageNode: the keys its type names are the server's
     assert set(root) == set(LineageNode.__annotations__)
     assert (root["status"], root["children"], root["successor"], root["nesting_depth"]) == ("succeeded", [], None, 0)
+
+
+def test_wait_follows_a_run_that_continued_as_new_to_the_end_of_its_chain(connect, make_tenant) -> None:
+    tenant, key = make_tenant("sdk-loop")
+    sdk = connect(key)
+    wf = Workflow("loop")
+    wf.continue_as_new("again", input={"again": False, "name": Input["name"]}, when=Input["again"].eq(True))
+    wf.output({"name": Input["name"]})
+    sdk.workflows.apply(wf)
+    first = sdk.runs.start("loop", {"again": True, "name": "Ada"})
+    assert [kind for kind, _ in run_items(tenant)] == ["tick"]  # the successor's first tick, as a worker runs it
+
+    done = sdk.runs.wait(first.id, timeout=10, poll_interval=0.05)
+    continued = sdk.runs.wait(first.id, timeout=10, poll_interval=0.05, follow=False)
+
+    assert (continued.status, continued.continued_as) == ("continued", done.id)
+    assert (done.status, done.continued_from, done.continued_as, done.output) == (
+        "succeeded", first.id, None, {"name": "Ada"})
+    assert {run.id: run.continued_as for run in sdk.runs.iter(page_size=1)} == {first.id: done.id, done.id: None}
 
 
 def test_wait_times_out_on_a_run_waiting_for_a_worker_and_cancel_asks_it_to_stop(sdk: Client) -> None:

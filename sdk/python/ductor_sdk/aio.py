@@ -310,12 +310,19 @@ class Runs(_Resource):
         ``idempotency_key``, ``tags``, ``tier``, ``version``, ``fairness_key``) and gets a key when it has none."""
         return await self._send(calls.runs_start_many(runs))
 
-    async def wait(self, run_id: str, *, timeout: float = 60.0, poll_interval: float = 0.5) -> models.Run:
-        """Poll until the run is terminal and return it; ``WaitTimeout`` (a ``TimeoutError``) after ``timeout`` s."""
+    async def wait(
+        self, run_id: str, *, timeout: float = 60.0, poll_interval: float = 0.5, follow: bool = True
+    ) -> models.Run:
+        """Poll until the run is terminal and return it; ``WaitTimeout`` (a ``TimeoutError``) after ``timeout`` s.
+        A run that continued as new (ContinueAsNew) is followed to the run that carries its work on, to the
+        end of its chain, whose end is returned; ``follow=False`` returns the run that continued."""
         deadline = time.monotonic() + timeout
         while True:
             run = await self.get(run_id)
             left = deadline - time.monotonic()
+            if follow and run.status == "continued" and run.continued_as:
+                run_id = run.continued_as
+                continue
             if run.is_terminal:
                 return run
             if left <= 0:

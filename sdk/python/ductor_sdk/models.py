@@ -545,6 +545,7 @@ class Run(Model):
     root_run_id: str | None = None
     nesting_depth: int = 0
     continued_from: str | None = None
+    continued_as: str | None = None  # the run it continued as new as (status ``continued``)
     rerun_of: str | None = None
     cancel_requested: bool = False
     created_at: datetime | None = None
