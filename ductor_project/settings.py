@@ -277,6 +277,8 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Dates and times in the admin: 2026-12-07 14:05:09 UTC (ductor_project/formats).
+FORMAT_MODULE_PATH = ["ductor_project.formats"]
 USE_I18N = True
 USE_TZ = True
 

@@ -196,3 +196,14 @@ def test_a_run_s_page_shows_its_latest_events_and_links_to_its_whole_history(
     assert [form.instance.seq for form in events.formset.forms] == seqs[:2]
     assert history in page.content.decode()
     assert sorted(event.seq for event in listed.context["cl"].result_list) == sorted(seqs)
+
+
+def test_the_lists_write_times_in_iso_order_with_their_zone(tenant: Tenant, superuser: Client) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+    version = WorkflowVersion.all_tenants.get(tenant=tenant, definition__name="order")
+
+    response = superuser.get(reverse("admin:workflows_workflowversion_changelist"))
+
+    assert response.status_code == 200
+    assert version.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") in response.content.decode()
