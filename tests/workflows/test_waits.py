@@ -316,6 +316,22 @@ def test_a_signal_is_idempotent_with_its_key_and_refused_for_an_ended_run(tenant
         assert RunSignal.objects.count() == 1
 
 
+def test_a_signal_to_a_run_asked_to_cancel_is_refused_and_resumes_nothing(tenant, client_a):
+    put(tenant, SIGNALLED)
+    run = start(tenant)
+    with tenant_context(tenant):
+        cancelling = services.run_cancel(run=run)
+    assert (cancelling.status, cancelling.cancel_requested) == ("running", True)
+
+    response = client_a.post(f"/api/v1/runs/{run.pk}/signal", {"name": "approved"}, format="json")
+
+    assert (response.status_code, error_code(response)) == (409, "conflict")
+    assert "cancel_requested" in response.json()["error"]["details"]
+    with tenant_context(tenant):
+        assert RunSignal.objects.count() == 0
+        assert EventWait.objects.get(run=run).matched_at is None
+
+
 def test_another_tenants_run_cannot_be_signalled(tenant, client_b):
     put(tenant, SIGNALLED)
     run = start(tenant)

@@ -238,8 +238,8 @@ def wait_timeout(ref: str, data: dict[str, Any]) -> None:
 def signal_send(run_id: Any, *, name: str, payload: Any, idempotency_key: str | None = None) -> tuple[RunSignal, bool]:
     """Send a signal to one of the tenant's runs: it resumes the run's open wait for ``name`` (the
     oldest), or is kept for the next one. Returns ``(signal, created)``: a signal sent again with
-    its ``idempotency_key`` answers the first, changing nothing. A run that ended, or that has
-    ``DUCTOR_MAX_SIGNALS_PER_RUN`` signals already, answers ``409``."""
+    its ``idempotency_key`` answers the first, changing nothing. A run that ended or was asked to
+    cancel, or that has ``DUCTOR_MAX_SIGNALS_PER_RUN`` signals already, answers ``409``."""
     return again_while_keys_are_taken(lambda: _send_signal(run_id, name, payload, idempotency_key), 1)
 
 
@@ -256,6 +256,9 @@ def _send_signal(run_id: Any, name: str, payload: Any, key: str | None) -> tuple
         if run.is_terminal:
             raise Conflict(f"Run {run.pk} is {run.status}: a signal can only go to an active run.",
                            details={"status": [run.status]})
+        if run.cancel_requested:  # its cancel ends its waits: a signal would resume one only to drop it
+            raise Conflict(f"Run {run.pk} was asked to cancel: a signal can only go to an active run.",
+                           details={"cancel_requested": ["The run is being cancelled."]})
         limit = settings.DUCTOR_MAX_SIGNALS_PER_RUN
         if RunSignal.objects.filter(run=run).order_by().values("pk")[limit - 1:limit].exists():
             raise Conflict(f"Run {run.pk} has {limit} signals, as many as a run keeps: continue it as new to "
