@@ -254,7 +254,7 @@ class RunStartSerializer(StrictSerializer):
     fairness_key = serializers.CharField(
         max_length=MAX_FAIRNESS_KEY, required=False, allow_blank=True, default="",
         help_text="Its fairness key inside your tenant (your own customer, say): your backlogged keys share your "
-                  "dispatches by weight, so one key's flood does not hold up the others. None by default.")
+                  "dispatches by weight, so one key's flood does not hold up the others. Empty by default: no key.")
 
 
 class RunRerunSerializer(StrictSerializer):
