@@ -23,7 +23,7 @@ from ductor_project.core.errors import ApiError
 from scheduling import selectors, services
 from scheduling.connection_config import ConfigError, validate_config
 from scheduling.models import MAX_FAIRNESS_KEY_WEIGHT, Connection, FairnessKey, Pool, PoolMember, Rule
-from tenants.admin_scoping import TenantScopedAdmin, TenantScopedInline
+from tenants.admin_scoping import ServiceDeleteMixin, TenantScopedAdmin, TenantScopedInline
 
 
 class _TryOnly(Exception):
@@ -75,20 +75,9 @@ class ServiceForm(forms.ModelForm):
             self.add_error(field if field in self.fields else None, f"{name}: {text}")
 
 
-class ServiceAdmin(TenantScopedAdmin):
+class ServiceAdmin(ServiceDeleteMixin, TenantScopedAdmin):
     """An admin whose rows are added and changed by their form's service (``ServiceForm.write``), and
     deleted, one or many, by its delete service (``delete_one``), each in its row's tenant."""
-
-    def delete_one(self, obj: Any) -> None:
-        raise NotImplementedError
-
-    def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        with tenant_context(obj.tenant):
-            self.delete_one(obj)
-
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for obj in queryset.select_related("tenant"):
-            self.delete_model(request, obj)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         with tenant_context(form.tenant()):

@@ -144,6 +144,22 @@ class StorableJSONMixin:
         return super().formfield_for_dbfield(db_field, request, **kwargs)  # type: ignore[misc]
 
 
+class ServiceDeleteMixin:
+    """Deletes, one or many, go through the model's delete service (``delete_one``), each in its
+    row's tenant: the service also does what a bare ``delete()`` skips (locks, caches, references)."""
+
+    def delete_one(self, obj: Any) -> None:
+        raise NotImplementedError
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        with tenant_context(obj.tenant):
+            self.delete_one(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for obj in queryset.select_related("tenant"):
+            self.delete_model(request, obj)
+
+
 class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdmin[Any]):
     """Base admin of every tenant-scoped model."""
 

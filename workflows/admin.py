@@ -22,6 +22,7 @@ from scheduling.connection_config import queue_name_error
 from tenants.admin import SuperuserOnlyMixin
 from tenants.admin_scoping import (
     ChangelistLimitsMixin,
+    ServiceDeleteMixin,
     TenantScopedAdmin,
     TenantScopedInline,
     TenantScopedInlineFormSet,
@@ -87,22 +88,6 @@ WorkflowNameFilter = choices_filter("workflow_name", "workflow", _workflow_names
 
 def _pretty(value: Any) -> SafeString:
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True, default=str))
-
-
-class ServiceDeleteMixin:
-    """Deletes, one or many, go through the model's delete service (``delete_one``), each in its
-    row's tenant: the service also does what a bare ``delete()`` skips (locks, caches, references)."""
-
-    def delete_one(self, obj: Any) -> None:
-        raise NotImplementedError
-
-    def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        with tenant_context(obj.tenant):
-            self.delete_one(obj)
-
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for obj in queryset.select_related("tenant"):
-            self.delete_model(request, obj)
 
 
 class ReadOnlyMixin:
