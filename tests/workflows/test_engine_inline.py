@@ -716,6 +716,32 @@ def test_a_timeout_set_for_an_attempt_that_began_again_since_waits_for_the_new_s
     assert (ended.status, ended.error["code"]) == ("failed", "timeout")
 
 
+def test_a_child_run_past_its_subworkflow_node_s_timeout_is_cancelled_and_the_node_fails_with_timeout(tenant):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "parent", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf", "timeout_s": 60,
+                                      "retry": {"max_attempts": 3}}]})
+    parent = tick(tenant, start(tenant, "parent"))
+    kid = by_node(tenant, parent)["kid"]
+    assert (kid.status, kid.started_at is not None) == ("waiting", True)
+    with tenant_context(tenant):
+        timers.step_timeout(str(kid.pk), {})  # early: the child has 60 s
+        assert StepRun.objects.get(pk=kid.pk).status == "waiting"
+        StepRun.objects.filter(pk=kid.pk).update(started_at=timezone.now() - timedelta(seconds=61))
+
+        timers.step_timeout(str(kid.pk), {})
+
+        child = WorkflowRun.objects.get(pk=kid.child_run_id)
+    ended = by_node(tenant, parent)["kid"]
+    assert (ended.status, ended.error["code"], ended.error["retryable"]) == ("failed", "timeout", False)
+    assert str(child.pk) in ended.error["message"]
+    assert child.cancel_requested
+    assert tick(tenant, parent).status == "failed"  # not tried again: its child was cancelled
+    with tenant_context(tenant):
+        engine_tick.run_cancel(str(child.pk), {})  # the wake-up its cancel sent
+        assert WorkflowRun.objects.get(pk=child.pk).status == "cancelled"
+    assert [s.status for s in by_node(tenant, parent).values()] == ["failed"]  # the child's end changes nothing
+
+
 # -- ticks that skip the queue ------------------------------------------------------------------
 
 

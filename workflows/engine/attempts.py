@@ -232,6 +232,11 @@ def abort_active(latest: dict[str, StepRun], status: str) -> None:
             cancel_child(step.child_run_id)
 
 
+def waits_for_child(step: StepRun) -> bool:
+    """Whether ``step`` is a ``subworkflow`` attempt waiting for its child run (its ``timeout_s`` runs)."""
+    return step.status == SStatus.WAITING and step.child_run_id is not None
+
+
 def cancel_child(run_id: Any) -> None:
     """Ask the child run ``run_id`` to cancel: the active run of its chain, when it continued as
     new. A child that continues as new while this waits for its row is followed to its successor

@@ -177,7 +177,7 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     rendered, refusal = _run_input(node, context)
     if refusal is not None:
         return _refused(run, node, SStatus.WAITING, refusal)
-    step = new_step(run, node_id, "subworkflow", SStatus.WAITING, input=rendered)
+    step = new_step(run, node_id, "subworkflow", SStatus.WAITING, input=rendered, started_at=timezone.now())
     limits = effective_entitlements(current_tenant())
     depth = run.nesting_depth + 1
     if depth > limits.max_nesting_depth:
@@ -211,6 +211,8 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     step.child_run = child  # the journal writes the attempt with its child
     if not node.get("wait", True):
         step.status, step.output, step.finished_at = SStatus.SUCCEEDED, {"run_id": str(child.id)}, timezone.now()
+    elif node.get("timeout_s"):  # the child's time: past it, the child is cancelled (``timers.step_timeout``)
+        wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
     record_event(run, "child_started", node_id, child_run=str(child.id))
     enqueue_tick(child)
     return step

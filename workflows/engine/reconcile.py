@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
-from workflows.engine.attempts import ACTIVE, nodes_of, spec_of
+from workflows.engine.attempts import ACTIVE, nodes_of, spec_of, waits_for_child
 from workflows.engine.heartbeats import heartbeat_s_of
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, tick_item_id, wakeup_on_commit
 from workflows.engine.tick import RUN_TIMEOUT
@@ -128,7 +128,7 @@ def _repair_step(step: StepRun, run: WorkflowRun, node: dict[str, Any], now: dat
     if step.status in (SStatus.QUEUED, SStatus.RUNNING):
         # A running step's item may be gone with its worker and the queue (a crash and a flush).
         enqueue_step(step, run)
-    if step.status == SStatus.RUNNING and node.get("timeout_s") and step.started_at:
+    if (step.status == SStatus.RUNNING or waits_for_child(step)) and node.get("timeout_s") and step.started_at:
         deadline = step.started_at + timedelta(seconds=float(node["timeout_s"]))
         wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=due_in(deadline))
     heartbeat_s = heartbeat_s_of(step) if step.node_type == TASK else 0.0

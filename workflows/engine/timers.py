@@ -20,7 +20,7 @@ from django.utils import timezone
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit
-from workflows.engine.attempts import Outcome, finish, node_of, refuse
+from workflows.engine.attempts import Outcome, cancel_child, finish, node_of, refuse, waits_for_child
 from workflows.engine.events import record_event
 from workflows.engine.heartbeats import heartbeat_s_of
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, release_on_commit, wakeup_on_commit
@@ -89,10 +89,11 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
     """A running step passed its ``timeout_s``: it fails as retryable (``data["message"]`` says why,
     when the caller knows more); its late result is discarded.
     A task node's item is released too: its slots were held for the team's worker, which may have
-    died with the task; and the timeout counts against its celery connection's breaker."""
+    died with the task; and the timeout counts against its celery connection's breaker. A
+    ``subworkflow`` step waiting for its child fails for good, and the child is asked to cancel."""
 
     def go(step: StepRun, run: WorkflowRun) -> None:
-        if step.status != SStatus.RUNNING:
+        if step.status != SStatus.RUNNING and not waits_for_child(step):
             return
         left = _timeout_left(step, run)
         if left > SLEEP_SLACK.total_seconds():
@@ -125,9 +126,15 @@ def heartbeat_due(ref: str, data: dict[str, Any]) -> None:
 
 def _time_out(step: StepRun, run: WorkflowRun, message: str) -> None:
     """``step`` failed as retryable with a timeout, saying ``message``; a task node's item is released
-    and its connection's breaker fed."""
-    finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=True))
+    and its connection's breaker fed. A step waiting for its child fails not retryable (a sub-workflow
+    node is not tried again: ``tick._retry_failed`` would enqueue it as an action), its child cancelled."""
+    child = step.child_run_id if waits_for_child(step) else None
+    if child is not None:
+        message = f"child run {child} went on past the node's timeout_s: it is cancelled"
+    finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=child is None))
     record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
+    if child is not None:
+        cancel_child(child)
     if step.node_type == TASK:
         release_on_commit(step)
         _breaker_failure_on_commit(step)
