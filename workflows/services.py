@@ -29,7 +29,7 @@ from workflows.engine.attempts import latest_attempts, resume, run_input_problem
 from workflows.engine.events import record_event
 from workflows.engine.items import cancel_on_commit, enqueue_ticks
 from workflows.engine.journal import add_run, add_state, journal
-from workflows.engine.statements import lock_run, version_to_start
+from workflows.engine.statements import chain_end, lock_run, version_to_start
 from workflows.engine.tick import advance_locked, arm_run_timeout
 from workflows.models import (
     RunEvent,
@@ -527,8 +527,14 @@ def _start_many(
 
 @transaction.atomic
 def run_cancel(*, run: WorkflowRun) -> WorkflowRun:
-    """Ask a run (and its waiting children) to stop. Idempotent; a finished run is unchanged."""
+    """Ask a run (and its waiting children) to stop. Idempotent; a finished run is unchanged. A run
+    that continued as new stands for its chain, as a workflow's id does for its runs: the last run
+    of the chain is asked instead, and answered (followed again if it continued meanwhile)."""
     locked = WorkflowRun.objects.select_for_update().get(pk=run.pk)
+    if locked.status == WorkflowRun.Status.CONTINUED:
+        last = chain_end(locked.pk)
+        if last is not None and last.pk != locked.pk:
+            return run_cancel(run=last)
     if not locked.is_terminal and not locked.cancel_requested:
         locked.cancel_requested = True
         locked.save(update_fields=["cancel_requested", "updated_at"])

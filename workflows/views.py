@@ -224,6 +224,8 @@ class RunViewSet(TenantViewSet):
     @extend_schema(summary="Cancel a run", request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        """Ask the run (and the children it waits on) to stop; idempotent. For a run that continued as
+        new, the last run of its chain is asked, and answered."""
         run = no_body(request, found=selectors.get_run_for_tenant(pk))
         run = services.run_cancel(run=run)
         return Response(RunSerializer(run).data)

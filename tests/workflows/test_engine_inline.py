@@ -387,6 +387,29 @@ def test_a_sleep_that_ends_after_its_run_was_asked_to_cancel_is_cancelled_with_i
     assert by_node(tenant, run)["nap"].status == "cancelled"
 
 
+def test_a_cancel_of_a_run_that_continued_as_new_asks_the_active_run_of_its_chain(tenant, client_a):
+    put(tenant, "loop", {"nodes": [
+        {"id": "again", "type": "continue_as_new", "input": {"second": True},
+         "when": {"path": "input.second", "op": "exists", "value": False}},
+        {"id": "nap", "type": "sleep", "duration_s": 3600},
+    ]})
+    first = tick(tenant, start(tenant, "loop"))
+    assert first.status == "continued"
+    with tenant_context(tenant):
+        successor = WorkflowRun.objects.get(continued_from=first.pk)
+    tick(tenant, successor)
+
+    response = client_a.post(f"/api/v1/runs/{first.pk}/cancel")
+
+    assert response.status_code == 200
+    assert (response.json()["id"], response.json()["cancel_requested"]) == (str(successor.pk), True)
+    assert tick(tenant, successor).status == "cancelled"
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=first.pk).status == "continued"  # its own end stands
+    again = client_a.post(f"/api/v1/runs/{first.pk}/cancel")
+    assert (again.status_code, again.json()["id"], again.json()["status"]) == (200, str(successor.pk), "cancelled")
+
+
 def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
     put(tenant, "loop", {"nodes": [
         {"id": "again", "type": "continue_as_new", "input": {"second": True},

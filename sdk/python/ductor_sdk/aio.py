@@ -330,7 +330,8 @@ class Runs(_Resource):
             await asyncio.sleep(min(poll_interval, left))
 
     async def cancel(self, run_id: str) -> models.Run:
-        """Ask the run (and the children it waits for) to stop. Idempotent."""
+        """Ask the run (and the children it waits for) to stop. Idempotent. For a run that continued as new,
+        the last run of its chain is asked, and returned."""
         return await self._send(calls.RUNS.act(run_id, "cancel", idempotent=True))
 
     async def cancel_many(

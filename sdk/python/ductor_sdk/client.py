@@ -328,7 +328,8 @@ class Runs(_Resource):
             time.sleep(min(poll_interval, left))
 
     def cancel(self, run_id: str) -> models.Run:
-        """Ask the run (and the children it waits for) to stop. Idempotent."""
+        """Ask the run (and the children it waits for) to stop. Idempotent. For a run that continued as new,
+        the last run of its chain is asked, and returned."""
         return self._send(calls.RUNS.act(run_id, "cancel", idempotent=True))
 
     def cancel_many(
