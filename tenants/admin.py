@@ -11,7 +11,7 @@ from django.utils.html import format_html
 
 from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, admin_tenant
+from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, admin_may_write, admin_tenant
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
     SLUG_RULE,
@@ -97,7 +97,7 @@ class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None and obj.is_system:
             return False
-        return super().has_change_permission(request, obj)
+        return admin_may_write(request) and super().has_change_permission(request, obj)  # a viewer reads
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         if not change:

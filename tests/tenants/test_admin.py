@@ -249,6 +249,21 @@ def test_a_viewer_reads_their_tenant_s_rows_and_changes_none_not_even_their_own_
     assert not Folder.all_tenants.filter(name="added").exists()
 
 
+def test_a_viewer_does_not_rename_their_tenant(world: SimpleNamespace) -> None:
+    user = make_user("viewer-t", tenant=world.a, role=TenantMembership.Role.VIEWER, is_staff=True)
+    grant(user, "tenants.view_tenant", "tenants.change_tenant")
+    client = Client()
+    client.force_login(user)
+
+    page = client.get(url(Tenant, "change", world.a.pk))
+    renamed = client.post(url(Tenant, "change", world.a.pk), {"name": "renamed"})
+
+    assert page.status_code == 200
+    assert not page.context["has_change_permission"]
+    assert renamed.status_code == 403
+    assert Tenant.objects.get(pk=world.a.pk).name == world.a.name
+
+
 def test_staff_cannot_see_platform_keys(world: SimpleNamespace, staff: Client) -> None:
     assert staff.get("/admin/tenants/platformkey/").status_code == 403
 
