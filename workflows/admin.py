@@ -51,6 +51,7 @@ from workflows.models import (
 )
 from workflows.serializers import RUN_EVENT_TYPES
 from workflows.spec import NODE_TYPES
+from workflows.triggers import services as schedules
 from workflows.triggers import webhooks
 
 
@@ -551,9 +552,10 @@ class TaskCatalogEntryAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.Mod
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ReadOnlyMixin, TenantScopedAdmin):
+class ScheduleAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin):
     """A tenant's schedules, read only: they change through the API, which keeps their next fire times
-    computed. Deleting one here stops it (the runs it started are kept)."""
+    computed. Deleting one here stops it (``schedule_delete``, after a firing under way; the runs it
+    started are kept)."""
 
     list_display = ["name", "workflow", "timing", "overlap", "paused", "next_fire_at", "last_fire_at", "fired_count",
                     "missed_count"]
@@ -564,6 +566,9 @@ class ScheduleAdmin(ReadOnlyMixin, TenantScopedAdmin):
                        "last_run_link", "fired_count", "skipped_count", "missed_count", "failed_count",
                        "last_missed_at", "last_error", "created_at", "updated_at"]
     exclude = ["input", "last_run_id", "wake_at"]
+
+    def delete_one(self, obj: Schedule) -> None:
+        schedules.schedule_delete(schedule=obj)
 
     @admin.display(description="timing")
     def timing(self, obj: Schedule) -> str:

@@ -9,6 +9,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from structlog.testing import capture_logs
 
 from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
@@ -207,3 +208,16 @@ def test_the_lists_write_times_in_iso_order_with_their_zone(tenant: Tenant, supe
 
     assert response.status_code == 200
     assert version.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") in response.content.decode()
+
+
+def test_a_schedule_deleted_here_is_deleted_by_its_service(tenant: Tenant, superuser: Client) -> None:
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        schedule = trigger_services.schedule_create(name="hourly", workflow="order", interval_s=3600)
+
+    with capture_logs() as logs:
+        response = superuser.post(reverse("admin:workflows_schedule_delete", args=[schedule.pk]), {"post": "yes"})
+
+    assert response.status_code == 302
+    assert not Schedule.all_tenants.filter(pk=schedule.pk).exists()
+    assert [line["schedule_id"] for line in logs if line["event"] == "schedule_deleted"] == [str(schedule.pk)]
