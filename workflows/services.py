@@ -563,14 +563,21 @@ def _lock_matching(matching: Any, wanted: int) -> list[WorkflowRun]:
     return runs
 
 
+def _chain_ends(ids: list[Any]) -> list[Any]:
+    """The last run of the chain of each of ``ids`` that continued as new: a cancel of it is its chain's."""
+    continued = WorkflowRun.objects.filter(pk__in=ids, status=WorkflowRun.Status.CONTINUED).values_list("pk", flat=True)
+    return [last.pk for pk in continued if (last := chain_end(pk)) is not None]
+
+
 @transaction.atomic
 def run_cancel_many(*, filters: dict[str, Any], limit: int) -> tuple[list[WorkflowRun], bool]:
     """Ask up to ``limit`` of the tenant's active runs that match ``filters`` (the run list's, and
-    ``ids``) to stop, oldest first, as ``run_cancel`` does each; and whether more match. Locked in
+    ``ids``: one that continued as new names the last run of its chain) to stop, oldest first, as
+    ``run_cancel`` does each; and whether more match. Locked in
     one order, so two such calls never wait on each other in a cycle."""
     matching = run_list(filters).filter(cancel_requested=False).exclude(status__in=WorkflowRun.TERMINAL)
     if filters.get("ids"):
-        matching = matching.filter(pk__in=filters["ids"])
+        matching = matching.filter(pk__in=[*filters["ids"], *_chain_ends(filters["ids"])])
     runs = _lock_matching(matching, limit + 1)
     runs, more = runs[:limit], len(runs) > limit
     WorkflowRun.objects.filter(pk__in=[run.pk for run in runs]).update(cancel_requested=True,

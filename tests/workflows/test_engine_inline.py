@@ -410,6 +410,25 @@ def test_a_cancel_of_a_run_that_continued_as_new_asks_the_active_run_of_its_chai
     assert (again.status_code, again.json()["id"], again.json()["status"]) == (200, str(successor.pk), "cancelled")
 
 
+def test_a_cancel_of_many_by_the_id_of_a_run_that_continued_as_new_cancels_the_active_run_of_its_chain(
+    tenant, client_a
+):
+    put(tenant, "loop", {"nodes": [
+        {"id": "again", "type": "continue_as_new", "input": {"second": True},
+         "when": {"path": "input.second", "op": "exists", "value": False}},
+        {"id": "nap", "type": "sleep", "duration_s": 3600},
+    ]})
+    first = tick(tenant, start(tenant, "loop"))
+    with tenant_context(tenant):
+        successor = WorkflowRun.objects.get(continued_from=first.pk)
+    tick(tenant, successor)
+
+    response = client_a.post("/api/v1/runs/cancel", {"ids": [str(first.pk)]}, format="json")
+
+    assert (response.status_code, response.json()["runs"]) == (200, [str(successor.pk)])
+    assert tick(tenant, successor).status == "cancelled"
+
+
 def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
     put(tenant, "loop", {"nodes": [
         {"id": "again", "type": "continue_as_new", "input": {"second": True},
