@@ -34,6 +34,7 @@ from django.utils import timezone
 from ductor_project.core.context import current_tenant, tenant_context
 from scheduling.coordinator.housekeeping import TenantRound
 from tenants.entitlements import effective_entitlements
+from workflows.engine.statements import ENDED
 from workflows.models import (
     EventWait,
     RunEvent,
@@ -54,7 +55,6 @@ PASS_BUDGET_S = 1.0
 # deletes (their writes, their WAL) take at most half of one database backend, and the hot path
 # finds the server between two short batches, not behind a long run of them.
 REST_PER_BATCH = 1.0
-ENDED = [str(status) for status in WorkflowRun.TERMINAL]
 RUNS = WorkflowRun._meta.db_table
 # Of the trees of some roots (tenant, roots), those whose every run ended, the last before a cutoff.
 ENDED_TREES = (f"SELECT root_run_id FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608

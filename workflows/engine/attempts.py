@@ -30,8 +30,6 @@ from workflows.schemas import under, value_problems
 
 SStatus = StepRun.Status
 ACTIVE = frozenset({SStatus.SCHEDULED, SStatus.QUEUED, SStatus.RUNNING, SStatus.WAITING})
-# The statuses of a step that a worker may (still) run.
-ON_WORKER = (SStatus.QUEUED, SStatus.RUNNING)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from scheduling.routing_table import routing_table
 from tenants.entitlements import effective_entitlements
 from workflows.actions import ActionCall, get_action, is_registered
 from workflows.engine.attempts import (
-    ON_WORKER,
     Outcome,
     latest_of,
     node_in,
@@ -50,7 +49,7 @@ from workflows.engine.attempts import (
 from workflows.engine.events import jsonable, record_event
 from workflows.engine.items import enqueue_tick
 from workflows.engine.journal import journal
-from workflows.engine.statements import Started, lock_and_finish, start_attempt
+from workflows.engine.statements import ON_WORKER, Started, lock_and_finish, start_attempt
 from workflows.engine.tick import advance_locked
 from workflows.engine.timers import step_timeout
 from workflows.models import StepRun, WorkflowRun
