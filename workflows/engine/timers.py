@@ -101,7 +101,10 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
             # clock starts anew), and the new timer was coalesced with this one: wait for the rest.
             wakeup_on_commit(ref, kind="step_timeout", delay_s=left)
             return
-        _time_out(step, run, str(data.get("message") or "the step ran past its timeout_s"))
+        if waits_for_child(step):
+            _time_out(step, run, f"child run {step.child_run_id} went on past the node's timeout_s: it is cancelled")
+        else:
+            _time_out(step, run, str(data.get("message") or "the step ran past its timeout_s"))
 
     _with_step(ref, go)
 
@@ -129,8 +132,6 @@ def _time_out(step: StepRun, run: WorkflowRun, message: str) -> None:
     and its connection's breaker fed. A step waiting for its child fails not retryable (a sub-workflow
     node is not tried again: ``tick._retry_failed`` would enqueue it as an action), its child cancelled."""
     child = step.child_run_id if waits_for_child(step) else None
-    if child is not None:
-        message = f"child run {child} went on past the node's timeout_s: it is cancelled"
     finish(step, Outcome.failed(StepErrorCode.TIMEOUT, message, retryable=child is None))
     record_event(run, "step_timed_out", step.node_id, attempt=step.attempt)
     if child is not None:
