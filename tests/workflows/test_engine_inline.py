@@ -387,17 +387,27 @@ def test_a_sleep_that_ends_after_its_run_was_asked_to_cancel_is_cancelled_with_i
     assert by_node(tenant, run)["nap"].status == "cancelled"
 
 
-def test_a_cancel_of_a_run_that_continued_as_new_asks_the_active_run_of_its_chain(tenant, client_a):
-    put(tenant, "loop", {"nodes": [
-        {"id": "again", "type": "continue_as_new", "input": {"second": True},
-         "when": {"path": "input.second", "op": "exists", "value": False}},
-        {"id": "nap", "type": "sleep", "duration_s": 3600},
-    ]})
+# A loop of two runs: the first continues as new, and its successor sleeps for an hour.
+LOOP = {"nodes": [
+    {"id": "again", "type": "continue_as_new", "input": {"second": True},
+     "when": {"path": "input.second", "op": "exists", "value": False}},
+    {"id": "nap", "type": "sleep", "duration_s": 3600},
+]}
+
+
+def looping(tenant: Tenant) -> tuple[WorkflowRun, WorkflowRun]:
+    """A ``LOOP`` started: its first run, continued, and its successor, asleep."""
+    put(tenant, "loop", LOOP)
     first = tick(tenant, start(tenant, "loop"))
     assert first.status == "continued"
     with tenant_context(tenant):
         successor = WorkflowRun.objects.get(continued_from=first.pk)
-    tick(tenant, successor)
+    assert tick(tenant, successor).status == "running"
+    return first, successor
+
+
+def test_a_cancel_of_a_run_that_continued_as_new_asks_the_active_run_of_its_chain(tenant, client_a):
+    first, successor = looping(tenant)
 
     response = client_a.post(f"/api/v1/runs/{first.pk}/cancel")
 
@@ -413,15 +423,7 @@ def test_a_cancel_of_a_run_that_continued_as_new_asks_the_active_run_of_its_chai
 def test_a_cancel_of_many_by_the_id_of_a_run_that_continued_as_new_cancels_the_active_run_of_its_chain(
     tenant, client_a
 ):
-    put(tenant, "loop", {"nodes": [
-        {"id": "again", "type": "continue_as_new", "input": {"second": True},
-         "when": {"path": "input.second", "op": "exists", "value": False}},
-        {"id": "nap", "type": "sleep", "duration_s": 3600},
-    ]})
-    first = tick(tenant, start(tenant, "loop"))
-    with tenant_context(tenant):
-        successor = WorkflowRun.objects.get(continued_from=first.pk)
-    tick(tenant, successor)
+    first, successor = looping(tenant)
 
     response = client_a.post("/api/v1/runs/cancel", {"ids": [str(first.pk)]}, format="json")
 
@@ -429,12 +431,19 @@ def test_a_cancel_of_many_by_the_id_of_a_run_that_continued_as_new_cancels_the_a
     assert tick(tenant, successor).status == "cancelled"
 
 
+def test_another_tenant_s_loop_is_not_cancelled_by_the_id_of_its_first_run(tenant_b, client_a):
+    first, successor = looping(tenant_b[0])
+
+    alone = client_a.post(f"/api/v1/runs/{first.pk}/cancel")
+    many = client_a.post("/api/v1/runs/cancel", {"ids": [str(first.pk)]}, format="json")
+
+    assert (alone.status_code, many.status_code, many.json()["runs"]) == (404, 200, [])
+    with tenant_context(tenant_b[0]):
+        assert not WorkflowRun.objects.get(pk=successor.pk).cancel_requested
+
+
 def test_cancelling_a_parent_cancels_the_run_its_child_continued_as(tenant):
-    put(tenant, "loop", {"nodes": [
-        {"id": "again", "type": "continue_as_new", "input": {"second": True},
-         "when": {"path": "input.second", "op": "exists", "value": False}},
-        {"id": "nap", "type": "sleep", "duration_s": 3600},
-    ]})
+    put(tenant, "loop", LOOP)
     put(tenant, "parent", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "loop"}]})
     parent = tick(tenant, start(tenant, "parent"))
     child = tick(tenant, WorkflowRun(pk=by_node(tenant, parent)["kid"].child_run_id))
