@@ -4,6 +4,9 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -43,6 +46,15 @@ class SuperuserOnlyMixin:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)
+
+
+class PlatformOnlyRowsMixin(SuperuserOnlyMixin):
+    """Platform data that staff could be given Django's permissions on: for anyone but a superuser no
+    row exists, so that an id of one answers as an id that does not exist."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
+        return qs if request.user.is_superuser else qs.none()
 
 
 class TenantForm(forms.ModelForm[Tenant]):
@@ -242,6 +254,23 @@ class PlanAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[Plan
         "max_workflows", "max_pools", "max_rules", "weight", "allowed_tiers",
     ]
     readonly_fields = ["updated_at"]
+
+
+# Users and groups belong to no tenant (a user's tenant is its membership's): superusers only. Django's
+# own admins of them showed every tenant's users to staff given the permissions, and let them set the
+# password of another tenant's user. A tenant's staff enrol users through memberships.
+admin.site.unregister(get_user_model())
+admin.site.unregister(Group)
+
+
+@admin.register(get_user_model())
+class PlatformUserAdmin(PlatformOnlyRowsMixin, UserAdmin):
+    pass
+
+
+@admin.register(Group)
+class PlatformGroupAdmin(PlatformOnlyRowsMixin, GroupAdmin):
+    pass
 
 
 class OverrideAdminForm(forms.ModelForm[TenantEntitlementOverride]):

@@ -268,6 +268,35 @@ def test_staff_cannot_see_platform_keys(world: SimpleNamespace, staff: Client) -
     assert staff.get("/admin/tenants/platformkey/").status_code == 403
 
 
+def test_staff_given_the_user_permissions_neither_see_nor_take_over_another_tenant_s_user(
+    world: SimpleNamespace,
+) -> None:
+    """Users and groups are platform data: a tenant's staff, even granted Django's permissions on
+    them, do not list every tenant's users, and another tenant's user answers as one that does not
+    exist: its page is not shown, its password not set."""
+    theirs = make_user("b-member", tenant=world.b)
+    user = make_user("staff-users", tenant=world.a, is_staff=True)
+    grant(user, *(f"auth.{action}_{model}" for model in ("user", "group") for action in ("view", "change", "add",
+                                                                                           "delete")))
+    client = Client()
+    client.force_login(user)
+    password = theirs.password
+    missing = 10**9
+
+    assert client.get("/admin/auth/user/").status_code == 403
+    assert client.get("/admin/auth/group/").status_code == 403
+    for path in ("/admin/auth/user/{}/change/", "/admin/auth/user/{}/password/"):
+        found, absent = client.get(path.format(theirs.pk)), client.get(path.format(missing))
+        assert (found.status_code, found.get("Location")) == (absent.status_code, absent.get("Location"))
+        assert found.status_code in (302, 403, 404)
+    changed = client.post(f"/admin/auth/user/{theirs.pk}/password/",
+                          {"password1": "taken-over-1", "password2": "taken-over-1"})
+    assert changed.status_code in (302, 403, 404)
+    client.post(f"/admin/auth/user/{theirs.pk}/change/", {"username": "b-member", "is_superuser": "on"})
+    theirs.refresh_from_db()
+    assert (theirs.password, theirs.is_superuser) == (password, False)
+
+
 def test_staff_without_a_membership_sees_no_scoped_rows(world: SimpleNamespace) -> None:
     user = make_user("drifter", is_staff=True)
     grant(user, *SCOPED_PERMS)
