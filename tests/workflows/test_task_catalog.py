@@ -8,6 +8,7 @@ answers 404. A refused request changes nothing.
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from typing import Any
 
@@ -182,6 +183,38 @@ def test_a_spec_calling_another_tenants_task_is_refused_and_stores_nothing(platf
     unknown = create_workflow(api_client(a_key), task_node("shop.refunx")).json()["error"]
     assert str(response.json()["error"]).replace("refund", "refunx") == str(unknown)
     assert create_workflow(api_client(b_key), task_node("shop.refund")).status_code == 201
+
+
+@pytest.mark.usefixtures("redis_client")
+def test_an_attempt_of_a_task_taken_away_from_the_tenant_tells_nothing_of_its_entry(platform, make_tenant):
+    """A workflow saved while the tenant could call a task keeps its node when the platform gives the
+    task to another tenant alone: its attempt fails with the words an unknown task gets, and its
+    routing trace shows what it shows for a task that does not exist, not the entry's queue, timeout
+    or way of taking its input, which are not this tenant's to see any more."""
+    make_tenant("co-a")
+    _, key = make_tenant("co-b")
+    client = api_client(key)
+
+    def attempt(name: str) -> dict[str, Any]:
+        run = client.post("/api/v1/runs", {"workflow": name}, format="json")
+        assert run.status_code == 201, run.content
+        return dict(client.get(f"/api/v1/runs/{run.json()['id']}/steps").json()["results"][0])
+
+    for name in ("shop.ship", "shop.gone"):
+        entry(platform, name=name)
+        spec = {"nodes": [task_node(name)]}
+        assert client.post("/api/v1/workflows", {"name": name, "spec": spec}, format="json").status_code == 201
+    changed = platform.patch("/api/v1/task-catalog/shop.ship", {
+        "tenants": ["co-a"], "plans": ["free"], "queue": "co-a-private", "timeout_s": 123,
+        "arguments": "single"}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert platform.delete("/api/v1/task-catalog/shop.gone").status_code == 204
+
+    taken, gone = attempt("shop.ship"), attempt("shop.gone")
+
+    assert "co-a-private" not in json.dumps(taken)
+    assert taken["routing"]["task"] == {**gone["routing"]["task"], "name": "shop.ship"}
+    assert taken["error"] == {**gone["error"], "message": gone["error"]["message"].replace("shop.gone", "shop.ship")}
 
 
 def test_a_literal_input_that_does_not_match_the_tasks_schema_is_refused_naming_the_field(platform, client_a):

@@ -75,8 +75,11 @@ def attempt_routing(run: WorkflowRun, node: dict[str, Any], rendered: Any) -> tu
 
 def task_call(node: dict[str, Any]) -> dict[str, Any]:
     """How a task node's attempt is published: the task, how it takes its input, the catalog's
-    default queue, its timeout (which is its lease) and its heartbeat timeout, if it has one."""
-    found = catalog.entry(node["task"])
+    default queue, its timeout (which is its lease) and its heartbeat timeout, if it has one. An
+    entry the tenant may not call (another plan's or tenant's, a disabled one) is read as none:
+    the attempt is refused, and its trace tells no more of the entry than of a task not in the
+    catalog."""
+    found = catalog.callable_task(node["task"]).entry
     call = {
         "name": node["task"],
         "arguments": found.arguments if found else "kwargs",
