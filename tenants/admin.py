@@ -4,9 +4,11 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import ForeignKeyRawIdWidget
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -136,6 +138,28 @@ class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
         return actions
 
 
+def enrollable(user: Any, tenant: Tenant | None) -> bool:
+    """Whether a tenant's staff may name ``user`` in a membership: no superuser, none of another tenant."""
+    return not user.is_superuser and not TenantMembership.all_tenants.filter(user=user).exclude(tenant=tenant).exists()
+
+
+class EnrollableUserWidget(ForeignKeyRawIdWidget):
+    """Django's raw id widget, naming beside the id only a user the tenant's staff may enrol: Django's
+    names whatever user the id is (``?user=<id>`` on the add page), which told staff the usernames
+    of every tenant's users."""
+
+    def __init__(self, rel: Any, admin_site: Any, tenant: Tenant | None, **kwargs: Any) -> None:
+        super().__init__(rel, admin_site, **kwargs)
+        self.tenant = tenant
+
+    def label_and_url_for_value(self, value: Any) -> tuple[str, str]:
+        try:
+            user = get_user_model().objects.filter(pk=value).first()
+        except (TypeError, ValueError, ValidationError):
+            user = None
+        return super().label_and_url_for_value(value) if user and enrollable(user, self.tenant) else ("", "")
+
+
 @admin.register(TenantMembership)
 class TenantMembershipAdmin(TenantScopedAdmin):
     list_display = ["user", "role", "created_at"]
@@ -143,9 +167,17 @@ class TenantMembershipAdmin(TenantScopedAdmin):
     search_fields = ["user__username", "user__email"]
     raw_id_fields = ["user"]
 
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "user" and not request.user.is_superuser:
+            kwargs["widget"] = EnrollableUserWidget(db_field.remote_field, self.admin_site, admin_tenant(request),
+                                                    using=kwargs.get("using"))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """For a tenant's staff, a form that takes only users of no other tenant, and no superuser: the
-        user field takes any id, and another tenant's user is not theirs to enrol."""
+        user field takes any id, and another tenant's user is not theirs to enrol. It is refused, and
+        shown (``EnrollableUserWidget``), as an id that no user has: which ids are other tenants'
+        users, and their names, are not told."""
         form = super().get_form(request, obj, change, **kwargs)
         if request.user.is_superuser:
             return form
@@ -154,8 +186,9 @@ class TenantMembershipAdmin(TenantScopedAdmin):
         class OwnUsersOnly(form):  # type: ignore[misc, valid-type]
             def clean_user(self) -> Any:
                 user = self.cleaned_data["user"]
-                if user.is_superuser or TenantMembership.all_tenants.filter(user=user).exclude(tenant=tenant).exists():
-                    raise forms.ValidationError("This user belongs to another tenant, or to the platform.")
+                if not enrollable(user, tenant):
+                    field = self.fields["user"]
+                    raise forms.ValidationError(field.error_messages["invalid_choice"], code="invalid_choice")
                 return user
 
         return OwnUsersOnly

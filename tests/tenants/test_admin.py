@@ -459,10 +459,34 @@ def test_staff_cannot_enrol_a_user_of_another_tenant_or_a_superuser(world: Simpl
     for other in (theirs, root):
         response = client.post(url(TenantMembership, "add"), {"user": other.pk, "role": "owner"})
         assert response.status_code == 200, response.status_code
-        assert "another tenant" in str(response.context["adminform"].form.errors["user"])
+        assert "Select a valid choice" in str(response.context["adminform"].form.errors["user"])
     assert TenantMembership.all_tenants.count() == before
     assert client.post(url(TenantMembership, "add"), {"user": free.pk, "role": "viewer"}).status_code == 302
     assert TenantMembership.all_tenants.get(user=free).tenant_id == world.a.pk
+
+
+def test_staff_enrolling_a_user_learn_nothing_of_another_tenant_s_users(world: SimpleNamespace) -> None:
+    """The membership form's user is an id: named, another tenant's user (or a superuser) is shown and
+    refused exactly as an id that no user has, so that staff can neither read other tenants' usernames
+    off the form nor tell which ids are other tenants' users."""
+    user = make_user("staff-enrol", tenant=world.a, is_staff=True)
+    grant(user, "tenants.add_tenantmembership", "tenants.view_tenantmembership")
+    client = Client()
+    client.force_login(user)
+    theirs, root, free = (make_user("b-user", tenant=world.b), make_user("root-2", is_superuser=True),
+                          make_user("nobody-yet"))
+    missing = 10**9
+
+    def errors(user_id: Any) -> Any:
+        response = client.post(url(TenantMembership, "add"), {"user": user_id, "role": "owner"})
+        assert response.status_code == 200, response.status_code
+        return response.context["adminform"].form.errors["user"]
+
+    for other in (theirs, root):
+        shown = client.get(url(TenantMembership, "add") + f"?user={other.pk}").content.decode()
+        assert other.username not in shown
+        assert errors(other.pk) == errors(missing)
+    assert "nobody-yet" in client.get(url(TenantMembership, "add") + f"?user={free.pk}").content.decode()
 
 
 def test_a_search_takes_its_first_ten_words(world: SimpleNamespace, superuser: Client) -> None:
