@@ -32,7 +32,13 @@ from tenants.models import (
 
 
 class SuperuserOnlyMixin:
-    """Platform-managed data: superusers only."""
+    """Platform-managed data: superusers only. For anyone else no row exists, so that a row's page
+    (its history's too, which Django looks up before it checks the permission) answers as for an id
+    that does not exist: which plans, keys or catalog tasks there are is not told."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
+        return qs if request.user.is_superuser else qs.none()
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_superuser)
@@ -48,15 +54,6 @@ class SuperuserOnlyMixin:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)
-
-
-class PlatformOnlyRowsMixin(SuperuserOnlyMixin):
-    """Platform data that staff could be given Django's permissions on: for anyone but a superuser no
-    row exists, so that an id of one answers as an id that does not exist."""
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        qs: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
-        return qs if request.user.is_superuser else qs.none()
 
 
 class TenantForm(forms.ModelForm[Tenant]):
@@ -297,12 +294,12 @@ admin.site.unregister(Group)
 
 
 @admin.register(get_user_model())
-class PlatformUserAdmin(PlatformOnlyRowsMixin, UserAdmin):
+class PlatformUserAdmin(SuperuserOnlyMixin, UserAdmin):
     pass
 
 
 @admin.register(Group)
-class PlatformGroupAdmin(PlatformOnlyRowsMixin, GroupAdmin):
+class PlatformGroupAdmin(SuperuserOnlyMixin, GroupAdmin):
     pass
 
 

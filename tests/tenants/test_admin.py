@@ -297,6 +297,31 @@ def test_staff_given_the_user_permissions_neither_see_nor_take_over_another_tena
     assert (theirs.password, theirs.is_superuser) == (password, False)
 
 
+def test_staff_cannot_tell_which_platform_rows_exist(world: SimpleNamespace) -> None:
+    """Plans, platform keys and the task catalog are for superusers: their pages answer staff, whatever
+    permissions they hold, the same for a row that exists (a plan made for one customer, a task kept
+    for one tenant) as for one that does not."""
+    from workflows.models import TaskCatalogEntry
+
+    user = make_user("staff-platform", tenant=world.b, is_staff=True)
+    grant(user, *(f"{app}.{action}_{model}" for app, model in (("tenants", "plan"), ("tenants", "platformkey"),
+                                                                ("workflows", "taskcatalogentry"))
+                  for action in ("view", "change", "delete")))
+    client = Client()
+    client.force_login(user)
+    entry = TaskCatalogEntry.objects.create(name="acme.only", queue="acme", tenants=[world.a.slug])
+    key, _ = services.platform_key_create(name="ops")
+    missing_key = "00000000-0000-0000-0000-00000000dead"
+    for model, found, absent in ((TaskCatalogEntry, entry.pk, 10**9), (PlatformKey, key.pk, missing_key),
+                                 ("tenants/plan", "enterprise", "no-such-plan")):
+        base = f"/admin/{model}/" if isinstance(model, str) else url(model)
+        for page in ("change/", "history/", "delete/"):
+            seen, unseen = client.get(f"{base}{found}/{page}"), client.get(f"{base}{absent}/{page}")
+            assert seen.status_code == unseen.status_code, (base, page, seen.status_code, unseen.status_code)
+            assert (seen.get("Location") or "").replace(str(found), "") == (unseen.get("Location") or "").replace(
+                str(absent), "")
+
+
 def test_staff_without_a_membership_sees_no_scoped_rows(world: SimpleNamespace) -> None:
     user = make_user("drifter", is_staff=True)
     grant(user, *SCOPED_PERMS)
