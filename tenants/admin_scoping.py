@@ -38,13 +38,15 @@ def admin_tenant(request: HttpRequest) -> Any:
 
 def admin_may_write(request: HttpRequest) -> bool:
     """Whether the user may write their tenant's rows at all: a superuser, or staff whose membership's
-    role is not read only (a viewer reads, whatever model permissions the user holds). Read once a
-    request."""
+    role is not read only (a viewer reads, whatever model permissions the user holds), of a tenant
+    that is not suspended (which acts through the admin no more than through the API: its staff
+    read). Read once a request."""
     if request.user.is_superuser:
         return True
     if not hasattr(request, "_admin_may_write"):
         membership = membership_for_user(request.user)
-        request._admin_may_write = membership is not None and membership.role not in READ_ONLY_ROLES  # type: ignore[attr-defined]
+        request._admin_may_write = (  # type: ignore[attr-defined]
+            membership is not None and membership.role not in READ_ONLY_ROLES and membership.tenant.is_active)
     return bool(request._admin_may_write)  # type: ignore[attr-defined]
 
 

@@ -26,11 +26,10 @@ from tenants.admin_scoping import (
     TenantScopedAdmin,
     TenantScopedInline,
     TenantScopedInlineFormSet,
+    admin_may_write,
     admin_tenant,
 )
 from tenants.models import Plan, Tenant, Tier
-from tenants.permissions import READ_ONLY_ROLES
-from tenants.selectors import membership_for_user
 from workflows import catalog, console, schemas, services
 from workflows.admin_lists import BigTableListMixin, choices_filter
 from workflows.dag_svg import render_dag
@@ -57,14 +56,12 @@ from workflows.triggers import webhooks
 
 def _may_write(request: HttpRequest, tenant_id: Any, permission: str) -> bool:
     """Whether the user may change an object of the tenant ``tenant_id``: a superuser, or staff of
-    that tenant with ``permission`` and a role that may write."""
+    that tenant with ``permission`` who may write its rows (``admin_may_write``)."""
     if request.user.is_superuser:
         return True
     tenant = admin_tenant(request)
-    if tenant is None or tenant.pk != tenant_id or not request.user.has_perm(permission):
-        return False
-    membership = membership_for_user(request.user)
-    return membership is not None and membership.role not in READ_ONLY_ROLES
+    return (tenant is not None and tenant.pk == tenant_id and request.user.has_perm(permission)
+            and admin_may_write(request))
 
 
 def _writable_actions(request: HttpRequest, actions: Any, permission: str) -> Any:

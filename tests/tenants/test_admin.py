@@ -592,3 +592,23 @@ def test_a_revoked_platform_key_stays_revoked_whatever_its_change_form_says(supe
 
     assert revoked.status_code == cleared.status_code == 302
     assert PlatformKey.objects.get(pk=key.pk).revoked_at is not None
+
+
+def test_staff_of_a_suspended_tenant_read_their_rows_and_change_none(world: SimpleNamespace, staff: Client) -> None:
+    """A suspended tenant acts through the admin no more than through the API (``403
+    tenant_suspended``): its staff read their rows, and add, change and delete none."""
+    services.tenant_set_status(tenant=world.a, status=Tenant.Status.SUSPENDED)
+
+    page = staff.get(url(Folder, "change", world.fa.pk))
+    renamed = staff.post(url(Folder, "change", world.fa.pk), folder_form("renamed"))
+    added = staff.post(url(Folder, "add"), folder_form("added"))
+    key_added = staff.post(url(ApiKey, "add"), {"name": "new-key", "scopes": ["read"]})
+    deleted = staff.post(url(Folder, "delete", world.fa2.pk), {"post": "yes"})
+
+    assert page.status_code == 200
+    assert not page.context["has_change_permission"]
+    assert renamed.status_code == added.status_code == key_added.status_code == deleted.status_code == 403
+    assert Folder.all_tenants.get(pk=world.fa.pk).name == "a-folder"
+    assert Folder.all_tenants.filter(pk=world.fa2.pk).exists()
+    assert not Folder.all_tenants.filter(name="added").exists()
+    assert not ApiKey.all_tenants.filter(name="new-key").exists()

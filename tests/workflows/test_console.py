@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
+from tenants import services as tenant_services
 from tenants.models import Tenant, TenantMembership
 from tests.tenants.helpers import grant, make_user
 from workflows import console, services
@@ -494,4 +495,16 @@ def test_a_viewer_cannot_retry_or_rerun(world: SimpleNamespace, failed_run: Work
     assert "Retry run</button>" not in page(viewer, run_url(failed_run))
     for action in ("retry", "rerun"):
         assert viewer.post(run_url(failed_run, action)).status_code == 403
+    assert not WorkflowRun.all_tenants.filter(rerun_of_id=failed_run.pk).exists()
+
+
+def test_staff_of_a_suspended_tenant_cannot_cancel_retry_or_rerun(world: SimpleNamespace,
+                                                                  failed_run: WorkflowRun) -> None:
+    staff = staff_client("staff-suspended", world.a, *RUN_PERMS)
+    tenant_services.tenant_set_status(tenant=world.a, status=Tenant.Status.SUSPENDED)
+
+    assert "Retry run</button>" not in page(staff, run_url(failed_run))
+    for action in ("retry", "rerun", "cancel"):
+        assert staff.post(run_url(failed_run, action)).status_code == 403
+    assert WorkflowRun.all_tenants.get(pk=failed_run.pk).status == "failed"
     assert not WorkflowRun.all_tenants.filter(rerun_of_id=failed_run.pk).exists()
