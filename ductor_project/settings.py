@@ -189,6 +189,7 @@ MIDDLEWARE = [
     "tenants.middleware.SessionTenantMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ductor_project.core.errors.ServiceUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "ductor_project.urls"

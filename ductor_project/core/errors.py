@@ -20,7 +20,7 @@ import structlog
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from redis.exceptions import ClusterDownError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -317,19 +317,47 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, exceptions.APIException):
         code, body, headers = _drf_to_body(exc)
         return Response(body, status=code, headers=headers)
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ClusterDownError | SlotNotCoveredError):
-        log.error("redis_unavailable", error=repr(exc))
-        return _unavailable()
-    if database_unreachable(exc):
-        log.error("database_unavailable", error=repr(exc))
-        return _unavailable()
+    if (event := service_out_of_reach(exc)) is not None:
+        log.error(event, error=repr(exc))
+        return Response(_unavailable_body(), status=503, headers=_RETRY_SHORTLY)
     log.exception("unhandled_api_error", error=repr(exc))
     return Response(error_body(ErrorCode.INTERNAL_ERROR, "Internal server error."), status=500)
 
 
-def _unavailable() -> Response:
-    body = error_body(ErrorCode.SERVICE_UNAVAILABLE, "A backing service is unavailable; retry shortly.")
-    return Response(body, status=503, headers={"Retry-After": "5"})
+_RETRY_SHORTLY = {"Retry-After": "5"}
+
+
+def _unavailable_body() -> dict[str, Any]:
+    return error_body(ErrorCode.SERVICE_UNAVAILABLE, "A backing service is unavailable; retry shortly.")
+
+
+def service_out_of_reach(exc: BaseException) -> str | None:
+    """The event to log (``redis_unavailable``, ``database_unavailable``) when ``exc`` says Redis or
+    PostgreSQL cannot be reached: a ``503`` to retry. ``None`` for any other error."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ClusterDownError | SlotNotCoveredError):
+        return "redis_unavailable"
+    if database_unreachable(exc):
+        return "database_unavailable"
+    return None
+
+
+class ServiceUnavailableMiddleware:
+    """Outside the API (the admin and its console pages read the queue's state in Redis), a backing
+    service out of reach answers as the API does, ``503 service_unavailable`` with ``Retry-After``,
+    not a ``500``. The API's views answer for themselves (``exception_handler``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        event = service_out_of_reach(exc)
+        if event is None:
+            return None
+        log.error(event, error=repr(exc), path=request.path)
+        return JsonResponse(_unavailable_body(), status=503, headers=_RETRY_SHORTLY)
 
 
 # The SQLSTATEs of a server that is going or not there yet: a connection exception (class 08), an

@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
+from ductor_project.stack import free_port
 from tenants import services as tenant_services
 from tenants.models import Tenant, TenantMembership
 from tests.tenants.helpers import grant, make_user
@@ -409,6 +410,17 @@ def test_staff_see_their_tenants_usage_queue_and_fairness_share(world: SimpleNam
     assert "Queue now" in html
     assert "75.0%" in html
     assert "tenant-b" not in html
+
+
+def test_the_run_and_tenant_pages_answer_503_while_the_queue_redis_is_out_of_reach(
+    world: SimpleNamespace, staff_a: Client, settings: Any
+) -> None:
+    """As the API does: a cause to retry, not a server error. Both pages read the queue's state in Redis."""
+    settings.DUCTOR_QUEUE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    for url in (run_url(world.run), tenant_url(world.a)):
+        response = staff_a.get(url)
+        assert (response.status_code, response.json()["error"]["code"], response["Retry-After"]) == (
+            503, "service_unavailable", "5"), url
 
 
 def test_staff_of_another_tenant_get_404_for_the_tenant_page(world: SimpleNamespace, staff_b: Client) -> None:
