@@ -117,8 +117,8 @@ class TenantTask(Task):
             if tenant is None:
                 raise TenantScopeError(f"task {self.name} sent with no tenant in context")
             tenant_id = tenant.pk
-        if str(tenant_id) == str(Tenant.system().pk):
-            options.setdefault("queue", SYSTEM_QUEUE)
+        if "queue" not in options and str(tenant_id) == str(Tenant.system().pk):
+            options["queue"] = SYSTEM_QUEUE  # a queue given reads no tenant: a retry sent while PostgreSQL is away
         kwargs["tenant_id"] = str(tenant_id)
         headers = dict(options.pop("headers", None) or {})
         headers[TENANT_HEADER] = str(tenant_id)

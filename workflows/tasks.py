@@ -6,7 +6,8 @@ the heartbeats of its long tasks (``workflows.engine.heartbeats``). Each
 carries its tenant like every Ductor task, and records the outcome in it.
 An outcome whose message does not name an attempt as Ductor's callbacks do
 (made up, or mangled on the way: ``refusal``) is refused, logged as
-``task_outcome_refused``, and changes nothing.
+``task_outcome_refused``, and changes nothing. One that cannot be kept because
+PostgreSQL is out of reach is tried again later (``OutcomeTask``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
+from django.conf import settings
 
+from ductor_project.celery import RESULTS_QUEUE
+from ductor_project.core.errors import database_unreachable
 from ductor_project.core.ids import canonical_uuid
-from tenants.tasking import tenant_task
+from tenants.tasking import TenantTask, tenant_task
 from workflows.engine import heartbeats, task_nodes
 from workflows.engine.task_nodes import Sent
 
@@ -44,7 +48,31 @@ def _refused(task: str, step_id: Any, reason: str) -> None:
     log.warning("task_outcome_refused", callback=task, step_id=str(step_id)[:100], reason=reason)
 
 
-@tenant_task(name="ductor.task_succeeded", ignore_result=True)
+class OutcomeTask(TenantTask):
+    """An outcome that could not be kept because PostgreSQL is out of reach (its tenant or its step
+    unread, its transaction not committed: nothing of it is written) is sent again
+    ``DUCTOR_FAILED_ITEM_DELAY_MS`` later, then twice that, up to ``DUCTOR_FAILED_ITEM_MAX_DELAY_MS``,
+    as a step's item is, until it is kept: not lost, which would leave the step waiting for its
+    timeout and run the team's task again."""
+
+    abstract = True
+    max_retries = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            if not database_unreachable(exc):
+                raise
+            retries = self.request.retries
+            delay_ms = min(settings.DUCTOR_FAILED_ITEM_DELAY_MS * 2 ** retries,
+                           settings.DUCTOR_FAILED_ITEM_MAX_DELAY_MS)
+            log.warning("task_outcome_deferred", callback=self.name, step_id=str(kwargs.get("step_id"))[:100],
+                        retries=retries, delay_s=delay_ms / 1000, error=repr(exc))
+            raise self.retry(exc=exc, countdown=delay_ms / 1000, queue=RESULTS_QUEUE) from None
+
+
+@tenant_task(name="ductor.task_succeeded", ignore_result=True, base=OutcomeTask)
 def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                    admitted: str = "", run_id: str = "", work_ms: Any = None, deadline: Any = None,
                    worker: Any = "") -> None:
@@ -59,7 +87,7 @@ def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, co
                                            task_nodes.worker_name(worker)))
 
 
-@tenant_task(name="ductor.task_failed", ignore_result=True)
+@tenant_task(name="ductor.task_failed", ignore_result=True, base=OutcomeTask)
 def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                 admitted: str = "", run_id: str = "", error: Mapping[str, Any] | None = None,
                 work_ms: Any = None, deadline: Any = None, worker: Any = "") -> None:
