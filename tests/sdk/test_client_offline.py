@@ -3,12 +3,23 @@ the models, and the async client's likeness to the sync one."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from types import ModuleType
 
 import httpx
 import pytest
-from ductor_sdk import BadRequest, Client, NotFound, RateLimited, RetryPolicy, ServerError, TransportError
+from ductor_sdk import (
+    AsyncClient,
+    BadRequest,
+    Client,
+    DuctorError,
+    NotFound,
+    RateLimited,
+    RetryPolicy,
+    ServerError,
+    TransportError,
+)
 from ductor_sdk import aio as async_api
 from ductor_sdk import client as sync_api
 from ductor_sdk.errors import from_response
@@ -194,3 +205,51 @@ def test_a_catalog_entry_s_name_among_its_changes_is_sent_for_the_server_to_refu
         sdk.platform.task_catalog.update("billing.charge", name="billing.refund")
     assert refused.value.field == "name"
     assert bodies == [("/api/v1/task-catalog/billing.charge", b'{"name":"billing.refund"}')]
+
+
+def _answering(response: httpx.Response) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda request: response)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_an_error_that_names_where_it_leads_not_a_crash_in_the_parser(status: int) -> None:
+    """A base URL that is not the API's (``http://`` where a load balancer sends ``https://``, the
+    admin's path, a login page) was answered with a redirect and an empty body, which the client
+    parsed as a run: ``TypeError: argument of type 'NoneType' is not iterable``."""
+    moved = httpx.Response(status, headers={"Location": "https://ductor.example.com/api/v1/tenant"})
+    with Client("http://ductor.example.com", "dct_x_y",
+                http_client=httpx.Client(transport=_answering(moved))) as client, pytest.raises(DuctorError) as caught:
+        client.tenant.get()
+    assert caught.value.status == status
+    assert caught.value.code == "invalid_response"
+    assert "https://ductor.example.com/api/v1/tenant" in caught.value.message
+
+
+async def _get_tenant_async(response: httpx.Response) -> None:
+    async with AsyncClient("http://ductor.example.com", "dct_x_y",
+                           http_client=httpx.AsyncClient(transport=_answering(response))) as client:
+        await client.tenant.get()
+
+
+def test_the_async_client_answers_a_redirect_the_same() -> None:
+    moved = httpx.Response(301, headers={"Location": "https://ductor.example.com/api/v1/tenant"})
+    with pytest.raises(DuctorError, match="redirect") as caught:
+        asyncio.run(_get_tenant_async(moved))
+    assert caught.value.code == "invalid_response"
+
+
+@pytest.mark.parametrize("body", [b"", b"null", b'"ok"', b"3"])
+@pytest.mark.parametrize("read", ["a run", "a page of runs", "the tasks", "a run's history"])
+def test_an_answer_that_is_not_the_json_a_call_reads_is_an_invalid_response(body: bytes, read: str) -> None:
+    """A proxy's empty or odd 200 is not Ductor's answer: it is said so, not a TypeError or an
+    AttributeError of the parser."""
+    odd = httpx.Response(200, content=body, headers={"Content-Type": "application/json"})
+    run_id = "4d0f0a43-6b8a-4b8e-9d57-0e1f6f2b6d10"
+    with Client("http://ductor.example.com", "dct_x_y",
+                http_client=httpx.Client(transport=_answering(odd))) as client:
+        call = {"a run": lambda: client.runs.get(run_id), "a page of runs": client.runs.list,
+                "the tasks": client.tasks.list, "a run's history": lambda: client.runs.events(run_id)}[read]
+        with pytest.raises(DuctorError) as caught:
+            call()
+    assert caught.value.code == "invalid_response"
+    assert caught.value.status == 200

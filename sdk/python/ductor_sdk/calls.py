@@ -44,7 +44,14 @@ def _nothing(_: Any) -> None:
 
 def _many(model: type[M]) -> Callable[[Any], list[M]]:
     """A plain JSON array of ``model`` objects."""
-    return lambda data: [model.from_json(item) for item in data]
+
+    def parse(data: Any) -> list[M]:
+        if not isinstance(data, list):
+            raise models.UnexpectedAnswer(f"a list of {model.__name__} is a JSON array, and the answer held "
+                                          f"{'nothing' if data is None else 'a JSON ' + type(data).__name__}")
+        return [model.from_json(item) for item in data]
+
+    return parse
 
 
 def _page(model: type[M]) -> Callable[[Any], Page[M]]:

@@ -105,6 +105,14 @@ def timestamps() -> Any:
     return dataclasses.field(default=(), metadata={"parse": _as_timestamps})
 
 
+class UnexpectedAnswer(TypeError):
+    """An answer that holds something else than the JSON a call reads (an object, a list): not Ductor's."""
+
+
+def _kind(data: Any) -> str:
+    return "nothing" if data is None else f"a JSON {type(data).__name__}"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Model:
     """Base of every API object; ``raw`` is the JSON object it was read from."""
@@ -113,7 +121,10 @@ class Model:
 
     @classmethod
     def from_json(cls: type[M], data: Mapping[str, Any]) -> M:
-        """The model of ``data``; fields it lacks keep their defaults, fields the model lacks stay in ``raw``."""
+        """The model of ``data``; fields it lacks keep their defaults, fields the model lacks stay in ``raw``.
+        Raises ``UnexpectedAnswer`` when ``data`` is not a JSON object (an empty answer, a list, a string)."""
+        if not isinstance(data, Mapping):
+            raise UnexpectedAnswer(f"a {cls.__name__} is a JSON object, and the answer held {_kind(data)}")
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             if field.name != "raw" and field.name in data:
@@ -713,6 +724,8 @@ class Page(Generic[T]):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], item: Callable[[Mapping[str, Any]], T]) -> Page[T]:
+        if not isinstance(data, Mapping):
+            raise UnexpectedAnswer(f"a page is a JSON object, and the answer held {_kind(data)}")
         return cls(tuple(item(row) for row in data.get("results", [])), data.get("next"), data.get("previous"))
 
 

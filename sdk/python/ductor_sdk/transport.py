@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import httpx
 
 from ductor_sdk.errors import DuctorError, RateLimited, ServerError, TransportError, from_response
+from ductor_sdk.models import UnexpectedAnswer
 from ductor_sdk.version import __version__
 
 T = TypeVar("T")
@@ -237,6 +238,14 @@ def read(call: Call[T], response: httpx.Response) -> T:
     """The answer of ``call`` parsed, or the ``DuctorError`` it stands for raised."""
     if response.status_code >= 400:
         raise from_response(response)
+    if response.status_code >= 300:  # the API never redirects: the base URL is not where it is served
+        where = response.headers.get("Location")
+        raise DuctorError(
+            f"{call.method} {call.path}: the server answered a redirect ({response.status_code}"
+            f"{' to ' + where if where else ''}) to {response.request.url}, which Ductor's API never does: the "
+            "client's base URL (base_url, or DUCTOR_URL) is not where the API is served (http:// for https://, "
+            "another host or path); give that URL instead",
+            status=response.status_code, code="invalid_response")
     try:
         body = response.json() if response.content else None
     except ValueError as exc:  # a proxy's page, say: not Ductor's answer
@@ -244,7 +253,11 @@ def read(call: Call[T], response: httpx.Response) -> T:
                           code="invalid_response") from exc
     if call.tells_created and isinstance(body, dict):
         body = {**body, "created": response.status_code == 201}
-    return call.parse(body)
+    try:
+        return call.parse(body)
+    except UnexpectedAnswer as exc:  # an empty or odd answer of a proxy: not Ductor's either
+        raise DuctorError(f"{call.method} {call.path}: the answer is not Ductor's: {exc}",
+                          status=response.status_code, code="invalid_response") from exc
 
 
 def _transport_error(call: Call[Any], exc: httpx.TransportError) -> TransportError:
