@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextvars
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -13,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from multiprocessing import get_context
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -153,6 +156,29 @@ def test_celery_s_own_tracer_gives_the_task_its_step_from_nested_headers(app: Ce
 
     assert whoami.apply(headers=HEADERS).get() == {"node": "charge", "attempt": 2}
     assert whoami.apply().failed()  # not a Ductor step: current_step() raised
+    assert current_step_or_none() is None
+
+
+def test_a_team_s_test_runs_its_task_as_a_step_the_way_its_doc_shows() -> None:
+    """docs/your-code.md (testing your tasks): ``apply`` with the headers as text, on an app whose
+    broker is ``memory://``, gives the task its step (the attempt a number), no deadline, and a
+    heartbeat that goes nowhere."""
+    doc = (Path(__file__).parents[2] / "docs" / "your-code.md").read_text()
+    headers = ast.literal_eval(re.search(r"^STEP = (\{.*?\})$", doc, re.DOTALL | re.MULTILINE).group(1))
+    team = Celery("team-tests", broker="memory://", set_as_current=False)
+    install(team)
+
+    @step(team, name="team.doc_charge")
+    def charge(order: str, amount: int) -> dict[str, Any]:
+        heartbeat({"done": 1})
+        ctx = current_step()
+        return {"order": order, "attempt": ctx.attempt, "key": ctx.idempotency_key, "deadline": ctx.deadline}
+
+    try:
+        done = charge.apply(kwargs={"order": "A-1", "amount": 1200}, headers=headers).get()
+    finally:
+        team.close()
+    assert done == {"order": "A-1", "attempt": 2, "key": "r-1:charge:2", "deadline": None}
     assert current_step_or_none() is None
 
 
