@@ -253,3 +253,68 @@ def test_an_answer_that_is_not_the_json_a_call_reads_is_an_invalid_response(body
             call()
     assert caught.value.code == "invalid_response"
     assert caught.value.status == 200
+
+
+RUN_ID = "4d0f0a43-6b8a-4b8e-9d57-0e1f6f2b6d10"
+
+
+def _flaky_server(failures: list[object]) -> httpx.MockTransport:
+    """Answers each GET of the run with the next of ``failures`` (an exception to raise, or a status),
+    then with the run, succeeded."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if failures:
+            failure = failures.pop(0)
+            if isinstance(failure, Exception):
+                raise failure
+            assert isinstance(failure, int)
+            return httpx.Response(failure, json={"error": {"code": "service_unavailable", "message": "down",
+                                                           "details": {}}})
+        return httpx.Response(200, json={"id": RUN_ID, "status": "succeeded", "output": {"ok": True}})
+
+    return httpx.MockTransport(handle)
+
+
+def _outage() -> list[object]:
+    """A web server restarting: refused connections, then 503s from its load balancer, longer than
+    one call's retries last."""
+    return [*(httpx.ConnectError("refused") for _ in range(4)), 503, 503, 502]
+
+
+def test_a_wait_goes_on_through_an_outage_shorter_than_its_timeout() -> None:
+    """``runs.wait(timeout=…)`` raised the ``TransportError`` of a Ductor that restarted while it polled,
+    as soon as one poll's retries ran out (a few seconds), whatever time it had been given."""
+    with Client("http://ductor.example.com", "dct_x_y", retry=RetryPolicy(max_retries=1, backoff_s=0.01),
+                http_client=httpx.Client(transport=_flaky_server(_outage()))) as client:
+        run = client.runs.wait(RUN_ID, timeout=30, poll_interval=0.01)
+    assert (run.status, run.output) == ("succeeded", {"ok": True})
+
+
+async def _wait_async(failures: list[object], timeout: float) -> Run:
+    async with AsyncClient("http://ductor.example.com", "dct_x_y", retry=RetryPolicy(max_retries=1, backoff_s=0.01),
+                           http_client=httpx.AsyncClient(transport=_flaky_server(failures))) as client:
+        return await client.runs.wait(RUN_ID, timeout=timeout, poll_interval=0.01)
+
+
+def test_the_async_wait_goes_on_through_an_outage_too() -> None:
+    assert asyncio.run(_wait_async(_outage(), timeout=30)).status == "succeeded"
+
+
+def test_a_wait_raises_an_outage_that_outlasts_its_timeout_and_at_once_an_error_that_is_no_outage() -> None:
+    down = [httpx.ConnectError("refused") for _ in range(10_000)]
+    with Client("http://ductor.example.com", "dct_x_y", retry=RetryPolicy(max_retries=0),
+                http_client=httpx.Client(transport=_flaky_server(down))) as client, pytest.raises(TransportError):
+        client.runs.wait(RUN_ID, timeout=0.3, poll_interval=0.01)
+    assert down, "it stopped polling at its timeout"
+
+    def missing(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "Not found.", "details": {}}})
+
+    calls: list[httpx.Request] = []
+    with Client("http://ductor.example.com", "dct_x_y",
+                http_client=httpx.Client(transport=httpx.MockTransport(missing))) as client, pytest.raises(NotFound):
+        client.runs.wait(RUN_ID, timeout=30)
+    assert len(calls) == 1
+    with pytest.raises(NotFound):
+        asyncio.run(_wait_async([404], timeout=30))

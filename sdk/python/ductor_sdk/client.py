@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import httpx
 
 from ductor_sdk import calls, models
-from ductor_sdk.errors import Conflict, NotFound, WaitTimeout
+from ductor_sdk.errors import Conflict, DuctorError, NotFound, WaitTimeout
 from ductor_sdk.models import Page, RunStatus
-from ductor_sdk.transport import Call, Config, RetryPolicy, SyncSender
+from ductor_sdk.transport import Call, Config, RetryPolicy, SyncSender, outage_pause
 from ductor_sdk.workflow import Workflow
 
 T = TypeVar("T")
@@ -313,10 +313,20 @@ class Runs(_Resource):
     ) -> models.Run:
         """Poll until the run is terminal and return it; ``WaitTimeout`` (a ``TimeoutError``) after ``timeout`` s.
         A run that continued as new (ContinueAsNew) is followed to the run that carries its work on, to the
-        end of its chain, whose end is returned; ``follow=False`` returns the run that continued."""
+        end of its chain, whose end is returned; ``follow=False`` returns the run that continued. An outage
+        of the API (no answer, 429 ``rate_limited``, 502/503/504) is polled through until ``timeout``, then
+        raised; any other error is raised at once."""
         deadline = time.monotonic() + timeout
         while True:
-            run = self.get(run_id)
+            try:
+                run = self.get(run_id)
+            except DuctorError as error:  # a passing outage (Ductor restarting) is waited through
+                pause = outage_pause(error, poll_interval)
+                left = deadline - time.monotonic()
+                if pause is None or left <= 0:
+                    raise
+                time.sleep(min(pause, left))
+                continue
             left = deadline - time.monotonic()
             if follow and run.status == "continued" and run.continued_as:
                 run_id = run.continued_as

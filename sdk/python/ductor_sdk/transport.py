@@ -112,6 +112,16 @@ def _refused_unseen(error: DuctorError) -> bool:
     return isinstance(error, RateLimited) and error.code == "rate_limited"
 
 
+def outage_pause(error: DuctorError, poll_interval: float) -> float | None:
+    """How long a poll (``runs.wait``) waits before polling again after ``error``, when the error is a
+    passing one (no answer, 429 ``rate_limited``, 502/503/504: Ductor restarting, say); None: raise it."""
+    if not _retryable(error):
+        return None
+    if isinstance(error, RateLimited) and error.retry_after is not None:
+        return max(poll_interval, error.retry_after)
+    return max(poll_interval, 0.5)
+
+
 def _retryable(error: DuctorError) -> bool:
     if isinstance(error, TransportError):
         return True
