@@ -521,6 +521,11 @@ class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        # An empty box is what the help texts call empty ("empty: every plan"); Django's JSON field reads it
+        # as null, which these columns refuse.
+        for name, empty in (("plans", list), ("tenants", list), ("input_schema", dict)):
+            if name in data and data[name] is None:
+                data[name] = empty()
         checks = {
             "name": catalog.name_problem(data.get("name")),
             "queue": queue_name_error(data["queue"]) if data.get("queue") else None,

@@ -132,6 +132,25 @@ def test_the_admin_lists_and_checks_entries(platform):
     assert TaskCatalogEntry.objects.count() == 1
 
 
+def test_an_entry_added_in_the_admin_with_its_lists_and_schema_left_empty_is_open_to_every_tenant(platform):
+    """The help text says "empty: every plan"; a superuser who cleared the ``plans``, ``tenants`` and
+    ``input_schema`` boxes got a 500 (the form read an empty box as null, which those columns refuse)."""
+    admin = APIClient()
+    admin.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+
+    page = admin.post("/admin/workflows/taskcatalogentry/add/", {
+        "name": "billing.tasks.charge", "queue": "billing", "arguments": "kwargs", "input_schema": "",
+        "plans": "", "tenants": "", "timeout_s": "", "enabled": "on"})
+
+    assert page.status_code == 302, page.content[:2000]
+    added = TaskCatalogEntry.objects.get(name="billing.tasks.charge")
+    assert (added.plans, added.tenants, added.input_schema, added.timeout_s) == ([], [], {}, None)
+    changed = admin.post(f"/admin/workflows/taskcatalogentry/{added.pk}/change/", {
+        "name": "billing.tasks.charge", "queue": "billing", "arguments": "kwargs", "input_schema": "",
+        "plans": "", "tenants": "", "timeout_s": "", "enabled": "on"})
+    assert changed.status_code == 302, changed.content[:2000]
+
+
 # -- what a tenant sees -------------------------------------------------------------------------
 
 
