@@ -318,3 +318,29 @@ def test_a_wait_raises_an_outage_that_outlasts_its_timeout_and_at_once_an_error_
     assert len(calls) == 1
     with pytest.raises(NotFound):
         asyncio.run(_wait_async([404], timeout=30))
+
+
+def test_a_url_and_a_key_read_with_a_line_end_are_taken_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key read from a secret file (``$(cat key)`` keeps its newline in some shells, a mounted secret
+    often ends with one) was sent as ``Bearer dct_…\\n``: httpx refused the header, and the client raised a
+    ``TransportError`` (retried as if no answer came) whose message held the whole key."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": "t-1", "slug": "acme"})
+
+    monkeypatch.setenv("DUCTOR_URL", " https://ductor.example.com/\n")
+    monkeypatch.setenv("DUCTOR_API_KEY", "dct_abcdefghij_" + "k" * 40 + "\n")
+    with Client(http_client=httpx.Client(transport=httpx.MockTransport(answer))) as client:
+        assert client.tenant.get().slug == "acme"
+    assert seen[0].headers["Authorization"] == "Bearer dct_abcdefghij_" + "k" * 40
+    assert str(seen[0].url) == "https://ductor.example.com/api/v1/tenant"
+
+
+def test_a_key_no_header_can_carry_is_refused_when_the_client_is_made_without_showing_it() -> None:
+    secret = "dct_abcdefghij_" + "s" * 40
+    for bad in (secret[:20] + "\n" + secret[20:], secret + "\u00e9", f"{secret} {secret}"):
+        with pytest.raises(ValueError, match="API key") as caught:
+            Client("https://ductor.example.com", bad)
+        assert secret[15:] not in str(caught.value)

@@ -148,12 +148,17 @@ class Config:
         ``base_url`` is the server's root (``https://ductor.example.com``); a URL that already
         ends with ``/api/v1`` is accepted as well. Raises ``ValueError`` when either is missing.
         """
-        url = base_url or os.environ.get("DUCTOR_URL", "")
-        key = api_key or os.environ.get("DUCTOR_API_KEY", "")
+        # Neither has spaces of its own: those around them are a secret file's line end, say.
+        url = (base_url or os.environ.get("DUCTOR_URL", "")).strip()
+        key = (api_key or os.environ.get("DUCTOR_API_KEY", "")).strip()
         if not url:
             raise ValueError("No Ductor URL: pass base_url= or set DUCTOR_URL.")
         if not key:
             raise ValueError("No API key: pass api_key= or set DUCTOR_API_KEY.")
+        if not (key.isascii() and key.isprintable()) or any(char.isspace() for char in key):
+            # Not quoted: the error would carry the secret into logs.
+            raise ValueError("The API key holds a space, a line break or a character that is not ASCII, which "
+                             "no key has (dct_… or dctp_…): check how it was read (a file, an environment variable).")
         root = url.rstrip("/").removesuffix(API_PREFIX)
         return cls(api_root=f"{root}{API_PREFIX}/", api_key=key, timeout=timeout, retry=retry)
 
