@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import pickle
 from types import ModuleType
 
 import httpx
@@ -19,6 +20,7 @@ from ductor_sdk import (
     RetryPolicy,
     ServerError,
     TransportError,
+    WaitTimeout,
 )
 from ductor_sdk import aio as async_api
 from ductor_sdk import client as sync_api
@@ -344,3 +346,17 @@ def test_a_key_no_header_can_carry_is_refused_when_the_client_is_made_without_sh
         with pytest.raises(ValueError, match="API key") as caught:
             Client("https://ductor.example.com", bad)
         assert secret[15:] not in str(caught.value)
+
+
+def test_every_error_of_the_sdk_crosses_a_process_as_it_was() -> None:
+    """Celery's prefork pool, multiprocessing and concurrent.futures carry an exception to another process
+    by pickling it, as ``cls(*args)``: ``WaitTimeout``, whose ``run`` is a keyword, failed to load there
+    (``missing 1 required keyword-only argument: 'run'``), and Celery put a stand-in in its place."""
+    run = Run.from_json({"id": RUN_ID, "status": "running"})
+    for error in (WaitTimeout(f"run {RUN_ID} is still running after 5s", run=run),
+                  NotFound("Not found.", status=404, code="not_found"),
+                  RateLimited("slow", status=429, code="rate_limited", retry_after=3)):
+        back = pickle.loads(pickle.dumps(error))  # noqa: S301 - our own bytes
+        assert type(back) is type(error)
+        assert (str(back), back.code, back.status) == (str(error), error.code, error.status)
+    assert pickle.loads(pickle.dumps(WaitTimeout("late", run=run))).run == run  # noqa: S301 - our own bytes

@@ -101,6 +101,15 @@ class WaitTimeout(DuctorError, TimeoutError):
         super().__init__(message, code="wait_timeout")
         self.run = run
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An exception is pickled as ``cls(*args)`` and its ``__dict__``, and ``run`` is a keyword: without
+        # this, it failed to load in the process it was sent to (Celery's prefork pool, concurrent.futures).
+        return (_wait_timeout, (self.message, self.run), self.__dict__)
+
+
+def _wait_timeout(message: str, run: Run) -> WaitTimeout:
+    return WaitTimeout(message, run=run)
+
 
 _BY_STATUS: Mapping[int, type[DuctorError]] = {
     401: AuthenticationError,
