@@ -256,10 +256,10 @@ def read(call: Call[T], response: httpx.Response) -> T:
     if response.status_code >= 300:  # the API never redirects: the base URL is not where it is served
         where = response.headers.get("Location")
         raise DuctorError(
-            f"{call.method} {call.path}: the server answered a redirect ({response.status_code}"
-            f"{' to ' + where if where else ''}) to {response.request.url}, which Ductor's API never does: the "
-            "client's base URL (base_url, or DUCTOR_URL) is not where the API is served (http:// for https://, "
-            "another host or path); give that URL instead",
+            f"{call.method} {response.request.url}: answered with a redirect ({response.status_code}"
+            f"{' to ' + where if where else ''}), which Ductor's API never does: the client's base URL "
+            "(base_url, or DUCTOR_URL) is not where the API is served (http:// for https://, another host or "
+            "path); give that URL instead",
             status=response.status_code, code="invalid_response")
     try:
         body = response.json() if response.content else None
