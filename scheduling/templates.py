@@ -420,7 +420,8 @@ def _path_problem(path: str, language: Language) -> str | None:
 
 
 def _check_path(field: str, path: Any, language: Language, legacy_root: str | None) -> str:
-    """The condition's path, normalized; a deprecated root-less path gets ``legacy_root``."""
+    """The condition's path, normalized; a deprecated root-less path gets ``legacy_root``, and is
+    bounded as it is stored, with that root: what a rule answers can be sent back as it is."""
     if isinstance(path, str) and len(path) > MAX_PATH_CHARS:
         raise FieldError(f"{field}.path", f"must be at most {MAX_PATH_CHARS} characters, not {len(path)}")
     parts = path.split(".") if isinstance(path, str) else []
@@ -431,6 +432,10 @@ def _check_path(field: str, path: Any, language: Language, legacy_root: str | No
                                           f"digits, _ or -), such as '{language.example}'")
     if legacy_root is not None and language.root(parts[0]) is None:
         path = f"{legacy_root}.{path}"  # deprecated: a path into the step input, without its root
+        if len(path) > MAX_PATH_CHARS or len(parts) + 1 > MAX_PATH_SEGMENTS:
+            raise FieldError(f"{field}.path", f"is read as '{legacy_root}.…', which must be at most "
+                                              f"{MAX_PATH_CHARS} characters and {MAX_PATH_SEGMENTS} names, not "
+                                              f"{len(path)} characters and {len(parts) + 1} names")
     problem = _path_problem(path, language)
     if problem:
         raise FieldError(f"{field}.path", problem)

@@ -261,6 +261,24 @@ def test_a_rules_normalized_match_and_action_validate_against_their_schemas(sche
         validator(schema, "RuleAction").validate(rules.validate_action(action, allowed_tiers=tiers))
 
 
+@pytest.mark.parametrize("path", ["a" * 194, ".".join("a" * 10)])
+def test_a_root_less_condition_path_within_the_bounds_with_its_root_is_stored_as_the_schema_says(
+    schema: dict[str, Any], path: str
+) -> None:
+    match = rules.validate_match({"conditions": [{"path": path, "op": "eq", "value": 1}]})
+    assert match["conditions"][0]["path"] == f"input.{path}"
+    validator(schema, "RuleMatch").validate(match)
+    assert rules.validate_match(match) == match  # what a rule answers can be sent back
+
+
+@pytest.mark.parametrize(("path", "why"), [("a" * 195, "201 characters"), (".".join("a" * 11), "12 names")])
+def test_a_root_less_condition_path_past_the_bounds_with_its_root_is_refused_naming_it(path: str, why: str) -> None:
+    with pytest.raises(rules.FieldError) as caught:
+        rules.validate_match({"conditions": [{"path": path, "op": "eq", "value": 1}]})
+    assert caught.value.field == "match.conditions[0].path"
+    assert why in caught.value.message
+
+
 @pytest.mark.parametrize(("component", "value"), [
     ("RuleMatch", {"workflow": "a", "colour": "red"}),
     ("RuleMatch", {"conditions": [{"path": "input.x", "op": "like", "value": 1}]}),
