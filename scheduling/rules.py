@@ -96,11 +96,15 @@ def validate_match(match: Any) -> dict[str, Any]:
 
 def validate_partition_key(template: Any, field: str = "partition_key") -> str:
     """A key template of the routing language (``action.partition_key`` or ``action.fairness_key``),
-    normalized; raises ``FieldError``."""
+    normalized; raises ``FieldError``. Bounded as it is stored, its deprecated placeholders rewritten:
+    what a rule answers can be sent back as it is."""
     name = f"action.{field}"
     if not isinstance(template, str) or not template.strip() or len(template) > MAX_PARTITION_KEY:
         raise FieldError(name, f"must be a template string of at most {MAX_PARTITION_KEY} characters")
     template = upgrade_legacy_placeholders(name, template)
+    if len(template) > MAX_PARTITION_KEY:
+        raise FieldError(name, f"is stored with each {{…}} placeholder as {{{{ $… }}}}, which must be at most "
+                               f"{MAX_PARTITION_KEY} characters, not {len(template)}")
     errors = template_errors(template, field=name, language=ROUTING)
     if errors:
         raise FieldError(name, errors[0][1])

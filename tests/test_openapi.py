@@ -279,6 +279,17 @@ def test_a_root_less_condition_path_past_the_bounds_with_its_root_is_refused_nam
     assert why in caught.value.message
 
 
+@pytest.mark.parametrize("field", rules.KEY_TEMPLATES)
+def test_a_key_of_deprecated_placeholders_is_bounded_as_it_is_stored(schema: dict[str, Any], field: str) -> None:
+    within = rules.validate_action({field: "{input.a}" * 14}, allowed_tiers=tuple(Tier.values))  # 196 stored
+    validator(schema, "RuleAction").validate(within)
+    assert rules.validate_action(within, allowed_tiers=tuple(Tier.values)) == within
+    with pytest.raises(rules.FieldError) as caught:
+        rules.validate_action({field: "{input.a}" * 22}, allowed_tiers=tuple(Tier.values))  # 198 sent, 308 stored
+    assert caught.value.field == f"action.{field}"
+    assert "not 308" in caught.value.message
+
+
 @pytest.mark.parametrize(("component", "value"), [
     ("RuleMatch", {"workflow": "a", "colour": "red"}),
     ("RuleMatch", {"conditions": [{"path": "input.x", "op": "like", "value": 1}]}),
