@@ -278,8 +278,9 @@ def _check_same_start(run: WorkflowRun, field: str, workflow: str, version: int 
                       first: str = "") -> None:
     """``409 idempotency_key_reused`` unless a start of ``workflow`` (``version``, if named) with
     ``input`` is the one that started ``run`` with its key (``first`` names that start, when it is
-    not a run that exists: an earlier item of the same batch)."""
-    compared = {"workflow": (run.workflow_name, workflow), "input": (run.input, {} if input is None else input)}
+    not a run that exists: an earlier item of the same batch). A rerun's key is not a start's."""
+    compared = {"workflow": (run.workflow_name, workflow), "input": (run.input, {} if input is None else input),
+                "rerun_of": (None if run.rerun_of_id is None else str(run.rerun_of_id), None)}
     if version is not None:
         compared["version"] = (run.workflow.number, version)
     check_key_reuse(field, str(run.idempotency_key), first or f"run {run.pk}", compared)

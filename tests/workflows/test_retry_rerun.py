@@ -192,6 +192,21 @@ def test_a_rerun_is_idempotent_with_a_key_and_charged_to_the_quota(tenant, clien
         assert WorkflowRun.objects.count() == 2  # the refused rerun left nothing
 
 
+def test_a_start_under_a_reruns_key_is_refused_not_answered_with_the_rerun(tenant, client_a):
+    put(tenant, {"nodes": [node("n", "noop")]})
+    first = start(tenant)
+    rerun = client_a.post(f"/api/v1/runs/{first.pk}/rerun", {"idempotency_key": "rerun-1"}, format="json")
+    assert rerun.status_code == 201
+    start_again = {"workflow": "diamond", "input": {"order": 1}, "idempotency_key": "rerun-1"}
+    one = client_a.post("/api/v1/runs", start_again, format="json")
+    many = client_a.post("/api/v1/runs/bulk", {"runs": [start_again]}, format="json")
+    for refused, field in [(one, "idempotency_key"), (many, "runs[0].idempotency_key")]:
+        assert (refused.status_code, error_code(refused)) == (409, "idempotency_key_reused"), refused.content
+        assert "another rerun_of" in refused.json()["error"]["details"][field][0]
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.count() == 2
+
+
 def test_a_rerun_with_bad_input_is_refused_naming_the_field(tenant, client_a):
     put(tenant, {"nodes": [node("n", "noop")]})
     first = start(tenant)
