@@ -7,7 +7,9 @@ the operation answers a page). They are derived here the way the schema generato
 derives them, once per operation and process, so the schema and the server cannot
 disagree, and an endpoint added later refuses what it does not declare with no list
 to keep. Any other parameter is ``400 unknown_field`` naming it, as a body's unknown
-field is.
+field is. A parameter of one value given twice (``?status=running&status=failed``) is ``400
+invalid`` naming it, as a body's key given twice is refused: only one the schema declares a list
+(``tag``) repeats.
 
 ``format`` is no parameter of the API: the renderer is chosen by the ``Accept``
 header alone (``AcceptHeaderNegotiation``), so ``?format=`` is refused like any
@@ -20,13 +22,14 @@ import functools
 from collections.abc import Callable
 from typing import Any, cast
 
+from django.http import QueryDict
 from drf_spectacular.generators import EndpointEnumerator, SchemaGenerator
 from drf_spectacular.settings import spectacular_settings
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
-from ductor_project.core.errors import UnknownFields
+from ductor_project.core.errors import ApiError, ErrorCode, UnknownFields
 
 # An operation's route: the view class, its viewset action (None for a plain view) and the method.
 Route = tuple[type, str | None, str]
@@ -54,8 +57,9 @@ def _endpoints() -> dict[Route, tuple[str, str, Callable[..., Any]]]:
 
 
 @functools.cache
-def operation_query_parameters(route: Route) -> frozenset[str] | None:
+def operation_query_parameters(route: Route) -> dict[str, bool] | None:
     """The names of the query parameters the operation at ``route`` lists in the OpenAPI schema,
+    each with whether the schema declares it a list (which a query may repeat: ``?tag=a&tag=b``),
     made as ``SchemaGenerator.parse`` makes its operation; None for a route the schema has no
     operation for (a method the endpoint does not serve: its answer is ``405``). Cached: one
     operation is built once per process."""
@@ -73,12 +77,14 @@ def operation_query_parameters(route: Route) -> frozenset[str] | None:
     operation = view.schema.get_operation(path, path_regex, prefix, method, generator.registry)
     if not operation:
         return None
-    return frozenset(p["name"] for p in operation.get("parameters", []) if p["in"] == "query")
+    return {p["name"]: p.get("schema", {}).get("type") == "array"
+            for p in operation.get("parameters", []) if p["in"] == "query"}
 
 
 def refuse_unknown_query_parameters(view: APIView, *, first: Callable[[APIView], None] | None = None) -> None:
     """``400 unknown_field`` naming each query parameter of the view's request that its operation
-    does not list (``operation_query_parameters``); HEAD takes what GET takes. A view outside
+    does not list (``operation_query_parameters``), then ``400 invalid`` naming each one it lists
+    as one value that the query gives more than once; HEAD takes what GET takes. A view outside
     the URL configuration, or a method it does not serve, is left to answer as it does. ``first``
     runs before such a refusal: a tenant's view answers another tenant's object ``404``, whatever
     else the request holds (``permissions.refuse_unseen_object``)."""
@@ -92,3 +98,17 @@ def refuse_unknown_query_parameters(view: APIView, *, first: Callable[[APIView],
         if first is not None:
             first(view)
         raise UnknownFields(unknown)
+    _refuse_repeated(request.query_params, taken, view=view, first=first)
+
+
+def _refuse_repeated(
+    query: QueryDict, taken: dict[str, bool], *, view: APIView, first: Callable[[APIView], None] | None
+) -> None:
+    """``400 invalid`` naming each parameter of one value (not a list of ``taken``) that ``query``
+    gives more than once: which one was meant? (A view would read the last one and drop the others.)"""
+    repeated = {name: len(values) for name, values in query.lists() if len(values) > 1 and not taken.get(name)}
+    if repeated:
+        if first is not None:
+            first(view)
+        raise ApiError(f"Invalid field(s): {', '.join(repeated)}. Give each once.", code=ErrorCode.INVALID,
+                       details={name: [f"Given {count} times; give it once."] for name, count in repeated.items()})

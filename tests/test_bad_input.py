@@ -649,6 +649,28 @@ def test_every_query_parameter_an_operation_lists_is_taken(
     assert cursors >= 1, cursors  # the lists of one item have none; events' is followed below
 
 
+def test_a_query_parameter_of_one_value_given_twice_is_400_invalid_naming_it_on_every_operation(
+    client_a: APIClient, platform: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
+) -> None:
+    """``?status=running&status=failed`` answered the failed runs alone, and ``?page_size=abc&page_size=5``
+    a page of 5: which one was meant? Only a parameter the schema declares a list (``tag``) repeats."""
+    checked = 0
+    for path, operations in schema(client_a)["paths"].items():
+        client, url = client_for(path, client_a, platform), concrete(path, world, tenant_a[0])
+        for method, operation in operations.items():
+            for parameter in (p for p in operation.get("parameters", []) if p["in"] == "query"):
+                name = parameter["name"]
+                value = "x" if name == "cursor" else TAKEN_VALUES[name]
+                response = getattr(client, method)(f"{url}?{name}={value}&{name}={value}")
+                if parameter["schema"].get("type") == "array":
+                    assert response.status_code == 200, (method, url, name, response.content[:300])
+                    continue
+                assert (response.status_code, error_code(response)) == (400, "invalid"), (method, url, name)
+                assert response.json()["error"]["details"] == {name: ["Given 2 times; give it once."]}
+                checked += 1
+    assert checked >= 20, checked
+
+
 def test_documented_parameters_are_taken_and_do_what_they_say(
     client_a: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
 ) -> None:
