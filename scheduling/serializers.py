@@ -266,7 +266,7 @@ def rule_components() -> dict[str, dict[str, Any]]:
             "additionalProperties": False,
         },
         "RuleCondition": condition_schema({
-            "type": "string", "pattern": rf"^{PATH_SEGMENT}(?:\.{PATH_SEGMENT}){{0,{MAX_PATH_SEGMENTS}}}$",
+            "type": "string", "pattern": rf"^{PATH_SEGMENT}(?:\.{PATH_SEGMENT}){{0,{MAX_PATH_SEGMENTS - 1}}}$",
             "description": "`input.<path>` (the step's input), `workflow` or `action`. A path without one of "
                            "these roots is read under `input.` (deprecated).",
         }),

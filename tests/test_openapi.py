@@ -279,6 +279,21 @@ def test_a_root_less_condition_path_past_the_bounds_with_its_root_is_refused_nam
     assert why in caught.value.message
 
 
+@pytest.mark.parametrize(("names", "taken"), [(11, True), (12, False)])
+def test_a_rule_condition_path_is_declared_with_the_names_the_server_takes(
+    schema: dict[str, Any], names: int, taken: bool
+) -> None:
+    path = ".".join(["input", *"a" * (names - 1)])
+    pattern = schema["components"]["schemas"]["RuleCondition"]["properties"]["path"]["pattern"]
+    assert bool(re.match(pattern, path)) is taken
+    match = {"conditions": [{"path": path, "op": "eq", "value": 1}]}
+    if taken:
+        assert rules.validate_match(match) == match
+    else:
+        with pytest.raises(rules.FieldError):
+            rules.validate_match(match)
+
+
 @pytest.mark.parametrize("field", rules.KEY_TEMPLATES)
 def test_a_key_of_deprecated_placeholders_is_bounded_as_it_is_stored(schema: dict[str, Any], field: str) -> None:
     within = rules.validate_action({field: "{input.a}" * 14}, allowed_tiers=tuple(Tier.values))  # 196 stored
