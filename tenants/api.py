@@ -221,7 +221,9 @@ class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not declare (``400 unknown_field``), naming them, and, in a JSON body,
     a value of the wrong JSON type (``400 invalid`` naming the field: ``"5"`` is not a number, ``1``
     not a boolean). A serializer of a query string (``typed = False``), whose values are all
-    strings, leaves them to its fields to convert."""
+    strings, leaves them to its fields to convert; given the ``QueryDict`` itself (a parameter that
+    repeats), it refuses an empty value of a field that takes no blank (``?status=``), which DRF
+    would take as the field left out: a filter given empty is not no filter."""
 
     typed = True
 
@@ -233,6 +235,11 @@ class StrictSerializer(serializers.Serializer):
                 raise serializers.ValidationError({name: [unknown_field_detail()] for name in sorted(unknown)})
             if unknown:
                 raise UnknownFields(unknown)
+            if isinstance(data, QueryDict):  # which DRF reads as HTML form data: an empty value as left out
+                blank = [name for name, values in data.lists()
+                         if "" in values and not getattr(writable[name], "allow_blank", False)]
+                if blank:
+                    raise serializers.ValidationError({name: ["This field may not be blank."] for name in blank})
             if self.typed and not isinstance(data, QueryDict):
                 wrong = {name: errors for name, value in data.items()
                          if (errors := _type_errors(writable[name], value))}

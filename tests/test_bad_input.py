@@ -671,6 +671,21 @@ def test_a_query_parameter_of_one_value_given_twice_is_400_invalid_naming_it_on_
     assert checked >= 20, checked
 
 
+@pytest.mark.parametrize(("url", "name"), [
+    ("/api/v1/runs", "status"), ("/api/v1/runs", "workflow"), ("/api/v1/runs", "created_after"),
+    ("/api/v1/runs", "created_before"), ("/api/v1/runs", "root_run_id"), ("/api/v1/runs", "fairness_key"),
+    ("/api/v1/runs", "tag"), ("/api/v1/events", "name"),
+])
+def test_a_filter_given_empty_is_400_invalid_naming_it_not_taken_as_no_filter(
+    client_a: APIClient, world: dict[str, str], url: str, name: str
+) -> None:
+    """``?status=`` answered every run, where ``?page_size=`` and ``?archived=`` are refused: a client
+    whose filter value came out empty got everything instead of what it meant to ask for."""
+    response = client_a.get(f"{url}?{name}=")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    assert list(response.json()["error"]["details"]) == [name]
+
+
 def test_documented_parameters_are_taken_and_do_what_they_say(
     client_a: APIClient, world: dict[str, str], tenant_a: tuple[Tenant, str]
 ) -> None:

@@ -422,7 +422,9 @@ class EventViewSet(TenantViewSet):
     def list(self, request: Request) -> Response:
         events = Event.objects.all()
         name = request.query_params.get("name")
-        if name:
+        if name == "":  # a filter given empty is not no filter
+            raise ValidationError({"name": ["This field may not be blank."]})
+        if name is not None:
             events = events.filter(name=name)
         page = self.paginate_queryset(events)
         return self.get_paginated_response(EventSerializer(page, many=True).data)
