@@ -487,6 +487,19 @@ def test_a_whole_number_of_too_many_digits_is_malformed_json_said_plainly(client
     assert client_a.post("/api/v1/runs", within, content_type="application/json").status_code == 404
 
 
+@pytest.mark.parametrize("version", [2**31, 2**63, 10**30])
+def test_a_run_s_version_past_the_largest_one_is_400_invalid_naming_it_as_a_schedule_s_is(
+    client_a: APIClient, world: dict[str, str], version: int
+) -> None:
+    one = client_a.post("/api/v1/runs", {"workflow": "wf", "version": version}, format="json")
+    many = client_a.post("/api/v1/runs/bulk", {"runs": [{"workflow": "wf", "version": version}]}, format="json")
+    schedule = client_a.post("/api/v1/schedules", {"name": "v", "workflow": "wf", "interval_s": 60, "version": version},
+                             format="json")
+    for response, field in [(one, "version"), (many, "runs[0].version"), (schedule, "version")]:
+        assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+        assert list(response.json()["error"]["details"]) == [field]
+
+
 @pytest.mark.parametrize(("body", "key"), [
     ('{"workflow": "child", "workflow": "main"}', "workflow"),
     ('{"workflow": "main", "input": {"a": 1, "b": 2, "a": 3}}', "a"),

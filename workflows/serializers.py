@@ -244,7 +244,7 @@ class WorkflowFilterSerializer(StrictSerializer):
 
 class RunStartSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=100)
-    version = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False, allow_null=True, default=None)
     input = AnyJSONField(required=False, default=dict, help_text="The run's input: any JSON; absent or null: {}.")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
     tier = serializers.ChoiceField(choices=["interactive", "standard", "batch"], required=False, default=None,
