@@ -194,6 +194,7 @@ _JSON_TYPES: tuple[tuple[type[serializers.Field], str, Any], ...] = (
     (serializers.FloatField, "a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
     (serializers.DecimalField, "a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
     (serializers.CharField, "a string", lambda v: isinstance(v, str)),
+    (serializers.ChoiceField, "a string", lambda v: isinstance(v, str)),  # every choice of the API is one
     (serializers.UUIDField, "a string", lambda v: isinstance(v, str)),
     (serializers.DateTimeField, "a string", lambda v: isinstance(v, str)),
     (serializers.ListField, "a list", lambda v: isinstance(v, list)),

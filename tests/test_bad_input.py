@@ -298,6 +298,24 @@ def test_a_value_of_the_wrong_json_type_is_400_naming_its_field_and_stores_nothi
     assert client_a.get(url.removesuffix("/bulk")).json() == before
 
 
+@pytest.mark.parametrize(("url", "body", "field", "said"), [
+    ("/api/v1/runs", {"workflow": "w", "tier": True}, "tier", "Must be a string, not true."),
+    ("/api/v1/runs", {"workflow": "w", "tier": {"a": 1}}, "tier", 'Must be a string, not {"a": 1}.'),
+    ("/api/v1/api-keys", {"name": "k", "scopes": [None, 1]}, "scopes", "Must be a string, not 1."),
+    ("/api/v1/pools", {"name": "p", "strategy": ["round_robin"]}, "strategy", 'Must be a string, not ["round_robin"].'),
+])
+def test_a_choice_of_the_wrong_json_type_is_said_in_json_naming_its_field(
+    client_a: APIClient, url: str, body: dict[str, Any], field: str, said: str
+) -> None:
+    """A choice said Python's form of the value it refused ("True" is not a valid choice, "{'a': 1}"):
+    the message says what was sent, as JSON, as every other field's does."""
+    response = client_a.post(url, body, format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    messages = [message for name, found in response.json()["error"]["details"].items() if name.startswith(field)
+                for message in (found if isinstance(found, list) else [m for ms in found.values() for m in ms])]
+    assert said in messages, response.json()
+
+
 @pytest.mark.parametrize(("body", "field"), [({"name": "a.b", "enabled": 0}, "enabled"),
                                              ({"name": "a.b", "timeout_s": True}, "timeout_s"),
                                              ({"name": "a.b", "plans": "pro"}, "plans")])
