@@ -505,6 +505,20 @@ def test_a_whole_number_of_too_many_digits_is_malformed_json_said_plainly(client
     assert client_a.post("/api/v1/runs", within, content_type="application/json").status_code == 404
 
 
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_workflow_named_a_dot_segment_is_refused_naming_it_as_no_url_can_name_it(
+    client_a: APIClient, name: str
+) -> None:
+    """A client removes ``.`` and ``..`` segments from a URL (``%2E`` too, RFC 3986): a workflow of such a
+    name could be made but never read, changed, archived or deleted through ``/api/v1/workflows/{name}``."""
+    spec = {"nodes": [{"id": "a", "type": "action", "action": "noop"}]}
+    response = client_a.post("/api/v1/workflows", {"name": name, "spec": spec}, format="json")
+    assert (response.status_code, error_code(response)) == (400, "invalid"), response.content[:300]
+    assert list(response.json()["error"]["details"]) == ["name"]
+    assert client_a.get("/api/v1/workflows").json()["results"] == []
+    assert client_a.post("/api/v1/workflows", {"name": "...", "spec": spec}, format="json").status_code == 201
+
+
 @pytest.mark.parametrize("version", [2**31, 2**63, 10**30])
 def test_a_run_s_version_past_the_largest_one_is_400_invalid_naming_it_as_a_schedule_s_is(
     client_a: APIClient, world: dict[str, str], version: int

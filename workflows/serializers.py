@@ -216,7 +216,9 @@ IF_VERSION_HELP = ("The latest version you read (0: none, the workflow does not 
 
 
 class WorkflowCreateSerializer(StrictSerializer):
-    name = PatternField(r"^[A-Za-z0-9_.\-]+$", max_length=100, rule="Letters, digits, '_', '.' and '-', at most 100.")
+    # Not "." or "..": a client removes such a segment from /api/v1/workflows/{name}, so no URL names it.
+    name = PatternField(r"^(?!\.\.?$)[A-Za-z0-9_.\-]+$", max_length=100,
+                        rule="Letters, digits, '_', '.' and '-', at most 100; not '.' or '..'.")
     description = TextField(max_length=500, required=False, allow_blank=True, default="")
     spec = SpecField()
     if_version = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, help_text=IF_VERSION_HELP)
