@@ -132,11 +132,13 @@ class WorkflowViewSet(TenantViewSet):
     @extend_schema(summary="Change a workflow's description",
                    request=WorkflowDescribeSerializer, responses={200: WorkflowSerializer})
     def partial_update(self, request: Request, name: str) -> Response:
-        """Change its description alone, archived or not; no new version (a ``PUT`` of a spec adds one)."""
+        """Change its description alone, archived or not; no new version (a ``PUT`` of a spec adds one).
+        Left out, it keeps its value: ``{}`` changes nothing."""
         definition = selectors.get_workflow_for_tenant(name)  # another tenant's is not found, whatever the body
-        params = WorkflowDescribeSerializer(data=request.data)
+        params = WorkflowDescribeSerializer(data=request.data, partial=True)
         params.is_valid(raise_exception=True)
-        services.workflow_describe(name=definition.name, **params.validated_data)
+        if "description" in params.validated_data:
+            services.workflow_describe(name=definition.name, **params.validated_data)
         return Response(WorkflowSerializer(selectors.get_workflow_for_tenant(name)).data)
 
     def destroy(self, request: Request, name: str) -> Response:

@@ -567,9 +567,22 @@ def test_a_description_changes_alone_and_a_patch_takes_nothing_else(client_a):
     changed = client_a.patch("/api/v1/workflows/described", {"description": "nightly sync"}, format="json")
     assert changed.status_code == 200, changed.content
     assert (changed.json()["description"], changed.json()["latest_version"]) == ("nightly sync", 1)
-    for body, field in (({"spec": spec()}, "spec"), ({}, "description"), ({"description": "x" * 501}, "description"),
+    for body, field in (({"spec": spec()}, "spec"), ({"description": "x" * 501}, "description"),
                         ({"description": 5}, "description")):
         refused = client_a.patch("/api/v1/workflows/described", body, format="json")
         assert refused.status_code == 400, (body, refused.content)
         assert field in refused.json()["error"]["details"], (body, refused.json())
     assert client_a.get("/api/v1/workflows/described").json()["description"] == "nightly sync"
+
+
+def test_a_patch_of_no_field_changes_nothing_as_its_schema_says(client_a):
+    """``PatchedWorkflowDescribeRequest`` requires no field, as every PATCH body: a field left out keeps
+    its value, so ``{}`` (or no body) is a PATCH that changes nothing, as on the other endpoints."""
+    create(client_a, "described")
+    client_a.patch("/api/v1/workflows/described", {"description": "nightly sync"}, format="json")
+    schema = client_a.get("/api/schema/?format=json").json()["components"]["schemas"]
+    assert "required" not in schema["PatchedWorkflowDescribeRequest"]
+    for body in ({}, None):
+        unchanged = client_a.patch("/api/v1/workflows/described", body, format="json")
+        assert unchanged.status_code == 200, unchanged.content
+        assert (unchanged.json()["description"], unchanged.json()["latest_version"]) == ("nightly sync", 1)
