@@ -12,7 +12,6 @@ secret or its encrypted token.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -73,17 +72,13 @@ class LimitsWriteMixin(serializers.Serializer):
 
     max_concurrency = serializers.IntegerField(min_value=1, max_value=INT_MAX, allow_null=True, default=None)
     rate_per_s = serializers.FloatField(
-        allow_null=True, default=None, help_text=f"Starts per second (GCRA); from {capacity.MIN_RATE_PER_S:g}."
+        min_value=capacity.MIN_RATE_PER_S, max_value=MAX_RATE_PER_S, allow_null=True, default=None,
+        help_text=f"Starts per second (GCRA); from {capacity.MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g}.",
     )
     burst = serializers.IntegerField(
         min_value=1, max_value=INT_MAX, allow_null=True, default=None,
         help_text="Starts allowed at once from idle; needs rate_per_s (default 1 when a rate is set).",
     )
-
-    def validate_rate_per_s(self, value: float | None) -> float | None:
-        if value is not None and (not math.isfinite(value) or not capacity.MIN_RATE_PER_S <= value <= MAX_RATE_PER_S):
-            raise serializers.ValidationError(f"Must be from {capacity.MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g}.")
-        return value
 
 
 # --- connections -----------------------------------------------------------------------------

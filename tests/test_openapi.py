@@ -294,6 +294,19 @@ def test_a_rule_condition_path_is_declared_with_the_names_the_server_takes(
             rules.validate_match(match)
 
 
+@pytest.mark.parametrize("component", ["ConnectionWriteRequest", "PatchedConnectionWriteRequest", "PoolWriteRequest",
+                                       "PatchedPoolWriteRequest"])
+def test_a_rate_is_declared_with_the_bounds_the_server_takes(schema: dict[str, Any], component: str) -> None:
+    from scheduling.serializers import PoolWriteSerializer
+
+    rate = schema["components"]["schemas"][component]["properties"]["rate_per_s"]
+    assert (rate["minimum"], rate["maximum"]) == (0.001, 1e6)
+    for value, taken in [(0.001, True), (1e6, True), (0.0009, False), (1e6 + 1, False)]:
+        body = {"name": "p", "members": [], "rate_per_s": value}
+        assert PoolWriteSerializer(data=body).is_valid() is taken, value
+        assert jsonschema.Draft4Validator(rate).is_valid(value) is taken, value
+
+
 @pytest.mark.parametrize("field", rules.KEY_TEMPLATES)
 def test_a_key_of_deprecated_placeholders_is_bounded_as_it_is_stored(schema: dict[str, Any], field: str) -> None:
     within = rules.validate_action({field: "{input.a}" * 14}, allowed_tiers=tuple(Tier.values))  # 196 stored
