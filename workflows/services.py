@@ -258,7 +258,9 @@ def run_start(
                        code=ErrorCode.INVALID, details={"tier": [f"Not allowed by plan '{limits.plan}'."]})
     found = version_to_start(workflow, version)
     if found is None:
-        raise NotFound(f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found.")
+        missing = f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found."
+        named = "version" if version and WorkflowDefinition.objects.filter(name=workflow).exists() else "workflow"
+        raise NotFound(missing, details={named: [missing]})
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
     _check_input(found, input)

@@ -586,3 +586,13 @@ def test_a_patch_of_no_field_changes_nothing_as_its_schema_says(client_a):
         unchanged = client_a.patch("/api/v1/workflows/described", body, format="json")
         assert unchanged.status_code == 200, unchanged.content
         assert (unchanged.json()["description"], unchanged.json()["latest_version"]) == ("nightly sync", 1)
+
+
+def test_a_start_of_no_such_workflow_or_version_is_404_naming_the_field(client_a):
+    """A 404 of a body's reference, not of the path: the answer names the field that names nothing."""
+    create(client_a, "exists")
+    for body, field in (({"workflow": "nope"}, "workflow"), ({"workflow": "exists", "version": 2}, "version")):
+        response = client_a.post("/api/v1/runs", body, format="json")
+        assert (response.status_code, error_code(response)) == (404, "not_found"), response.content
+        assert list(response.json()["error"]["details"]) == [field], response.json()
+    assert client_a.get("/api/v1/runs").json()["results"] == []
