@@ -490,6 +490,18 @@ def test_an_attempt_the_catalog_still_allows_is_published(tenant_a):
     assert status_of(tenant_a[0], StepRun(pk=item.payload["step_id"])) == "running"
 
 
+def test_the_line_of_a_published_task_attempt_names_its_node_and_attempt(tenant_a, logged):
+    """An operator reading the dispatcher's line sees which node of the run went to the team's queue."""
+    from tests.conftest import broker_redis
+
+    broker_redis().delete("team")
+    item = queued_task_item(tenant_a[0])
+    task_nodes.publish([item])
+    (published,) = [event for event in logged.json("workflows.engine.task_nodes") if event["event"] == "task_published"]
+    assert (published["node_id"], published["attempt"]) == ("t", 1)
+    assert (published["tenant_id"], published["step_id"]) == (str(tenant_a[0].pk), item.payload["step_id"])
+
+
 def test_the_outcomes_of_tasks_sent_through_a_celery_connection_feed_its_breaker(tenant_a, redis_client, settings):
     """A task that raised (retryable) is a failure of the worker group behind the connection: enough
     of them in a row open its breaker, so a failover pool moves on; a result closes it again. A failure

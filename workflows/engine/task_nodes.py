@@ -176,11 +176,12 @@ def _publish_tenant(group: list[Dequeued], producers: Producers) -> None:
         except Exception:
             # Not confirmed: the item stays leased and is published again after its lease.
             log.exception("task_publish_failed", step_id=str(step.id), run_id=str(step.run_id),
-                          task=item.payload.get("name"))
+                          node_id=step.node_id, attempt=step.attempt, task=item.payload.get("name"))
             continue
         fair_queue.queue_extend_lease(batch, item.item_id, lease_ms=left_ms, delivery=item.delivery, tenant=tenant)
         log.info("task_published", item_id=item.item_id, step_id=str(step.id), run_id=str(step.run_id),
-                 task=item.payload.get("name"), queue=queue, delivery=item.delivery, waited_ms=item.waited_ms)
+                 node_id=step.node_id, attempt=step.attempt, task=item.payload.get("name"), queue=queue,
+                 delivery=item.delivery, waited_ms=item.waited_ms)
     if len(batch):
         batch.execute()
 
