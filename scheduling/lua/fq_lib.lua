@@ -489,22 +489,42 @@ local function fq_suspend(tier, tid, tag)
   redis.call('ZREM', fq_gkey('timers'), fq_timer_member(tier, tid))
 end
 
+-- The tenant's step rate or burst changed: a TAT its old limits pushed further ahead than the
+-- new ones allow (one start admitted now, the rest of the burst used) is brought back to that,
+-- so a raised rate counts at once, not once the old rate's debt is paid. None: no rate.
+local function fq_rate_rebase(tid, conf)
+  local key = fq_rate_key(tid)
+  if conf.rate <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local most = fq.now_us + fq_interval_us(conf) * (math.max(conf.burst, 1) - 1)
+  local tat = tonumber(redis.call('GET', key))
+  if tat ~= nil and tat > most then
+    redis.call('SET', key, string.format('%.17g', most), 'PX', math.ceil((most - fq.now_us) / 1000) + CAP_GRACE_MS)
+  end
+end
+
 -- Write a tenant's conf from ARGV[i..i+5]: weight, max_concurrency, rate_per_s, burst,
 -- suspended (1/0) and the version of the tenant row that status was read from. A status read
 -- from an older row than the one already written is not written (a process that read the tenant
 -- before its suspension must not undo it). New limits or a new status unblock the tiers parked
--- under the old ones.
+-- under the old ones; a new rate or burst also the tiers waiting for the rate's timer.
 local FQ_CONF_ARGS = 6
 
 local function fq_set_conf(tid, argv, i)
   local key = fq_tkey(tid, 'conf')
-  local old = redis.call('HMGET', key, 'max_concurrency', 'rate_per_s', 'suspended', 'status_version')
+  local old = redis.call('HMGET', key, 'max_concurrency', 'rate_per_s', 'suspended', 'status_version', 'burst')
   local suspended, version = argv[i + 4], tonumber(argv[i + 5])
   if old[4] and tonumber(old[4]) > version then suspended, version = old[3], tonumber(old[4]) end
   redis.call('HSET', key, 'weight', argv[i], 'max_concurrency', argv[i + 1], 'rate_per_s', argv[i + 2],
     'burst', argv[i + 3], 'suspended', suspended, 'status_version', fq_num(version))
   if old[1] and (old[1] ~= argv[i + 1] or old[2] ~= argv[i + 2] or (old[3] or '0') ~= suspended) then
     fq_unblock(tid)
+  end
+  if old[2] and (old[2] ~= argv[i + 2] or old[5] ~= argv[i + 3]) then
+    fq_rate_rebase(tid, fq_conf(tid))
+    for _, tier in ipairs(fq.tiers) do fq_activate(tier, tid) end
   end
 end
 
