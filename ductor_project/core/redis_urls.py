@@ -61,6 +61,12 @@ DEFAULT_PORTS = {Form.SERVER: 6379, Form.CLUSTER: 6379, Form.SENTINEL: 26379}
 # Options of the Sentinels' own connections (the other options are the primary's).
 SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 DEFAULT_CACHE_CLIENT = "django_redis.client.DefaultClient"
+# How long a call waits on a server that stopped answering (paused, behind a network partition)
+# before it fails as unreachable (``redis.TimeoutError``: the API's ``503``), where redis-py would
+# wait forever and hold the request's thread: longer than any blocking wait Ductor makes
+# (``fair_queue.layout.MAX_WAIT_S``, 2 s). A URL's own ``socket_timeout`` and
+# ``socket_connect_timeout``, and ``CACHE_OPTIONS``, win.
+SOCKET_TIMEOUTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
 SENTINEL_CACHE_CLIENT = "django_redis.client.SentinelClient"
 SENTINEL_CACHE_FACTORY = "django_redis.pool.SentinelConnectionFactory"
 _DATABASE = re.compile(r"/?(\d*)")
@@ -87,12 +93,12 @@ class RedisUrl:
         that a cluster client reads the cluster's layout from its nodes at once: a
         ``redis.ConnectionError`` when none of them answers."""
         if self.form is Form.SERVER:
-            return Redis.from_url(self.url)
+            return Redis.from_url(self.url, **SOCKET_TIMEOUTS)  # the URL's options win
         if self.form is Form.CLUSTER:
             (host, port), *others = self.hosts
             try:
                 return RedisCluster(url=self._node_url(host, port),
-                                    startup_nodes=[ClusterNode(h, p) for h, p in others])
+                                    startup_nodes=[ClusterNode(h, p) for h, p in others], **SOCKET_TIMEOUTS)
             except RedisClusterException as exc:  # as a lost server is: unavailable, not a bug
                 raise RedisConnectionError(f"no node of the Redis Cluster answered: {exc}") from exc
         kwargs = self._connection_kwargs()
@@ -113,9 +119,11 @@ class RedisUrl:
     def _primary_options(self) -> tuple[tuple[str, str], ...]:
         return tuple((name, value) for name, value in self.options if name not in SENTINEL_OPTIONS)
 
-    def _connection_kwargs(self) -> dict[str, Any]:
-        """redis-py's keyword arguments for the primary's connections, from the URL's options."""
-        kwargs = parse_url(self._node_url("localhost", 0, self._primary_options()))
+    def _connection_kwargs(self, *, timeouts: bool = True) -> dict[str, Any]:
+        """redis-py's keyword arguments for the primary's connections, from the URL's options (and
+        ``SOCKET_TIMEOUTS`` where they name none, for Ductor's own clients: ``timeouts``)."""
+        kwargs = {**(SOCKET_TIMEOUTS if timeouts else {}),
+                  **parse_url(self._node_url("localhost", 0, self._primary_options()))}
         for name in ("host", "port", "connection_class"):
             kwargs.pop(name, None)
         kwargs["db"] = self.db
@@ -205,18 +213,23 @@ def django_cache_config(url: str, *, setting: str) -> CacheConfig:
     refused: the Django cache needs one server or a Sentinel setup."""
     parsed = parse(url, setting=setting)
     if parsed.form is Form.SERVER:
-        return CacheConfig(url, {"CLIENT_CLASS": DEFAULT_CACHE_CLIENT})
+        return CacheConfig(url, {"CLIENT_CLASS": DEFAULT_CACHE_CLIENT, **_cache_timeouts()})
     if parsed.form is Form.CLUSTER:
         raise RedisUrlError(f"{setting} names a Redis Cluster ({shown(url)!r}): the Django cache runs on one Redis "
                             "server or a Sentinel setup; put the cluster in DUCTOR_QUEUE_REDIS_URL only")
     query = urlencode(parsed._primary_options())
     location = f"redis://{parsed._userinfo()}{parsed.service}/{parsed.db}" + (f"?{query}" if query else "")
     options: dict[str, Any] = {"CLIENT_CLASS": SENTINEL_CACHE_CLIENT, "CONNECTION_FACTORY": SENTINEL_CACHE_FACTORY,
-                               "SENTINELS": list(parsed.hosts)}
+                               "SENTINELS": list(parsed.hosts), **_cache_timeouts()}
     sentinel_kwargs = parsed._sentinel_kwargs(parsed._connection_kwargs())
     if sentinel_kwargs:
         options["SENTINEL_KWARGS"] = sentinel_kwargs
     return CacheConfig(location, options)
+
+
+def _cache_timeouts() -> dict[str, Any]:
+    """``SOCKET_TIMEOUTS`` in django-redis's terms (the URL's own options win over them)."""
+    return {name.upper(): value for name, value in SOCKET_TIMEOUTS.items()}
 
 
 def kombu_transport(url: str) -> str | None:
@@ -251,7 +264,7 @@ def kombu_config(url: str, *, setting: str) -> tuple[str, dict[str, Any]]:
                             "CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS)")
     urls = [f"sentinel://{parsed._userinfo()}{_address(host, port)}/{parsed.db}" for host, port in parsed.hosts]
     options: dict[str, Any] = {"master_name": parsed.service}
-    sentinel_kwargs = parsed._sentinel_kwargs(parsed._connection_kwargs())
+    sentinel_kwargs = parsed._sentinel_kwargs(parsed._connection_kwargs(timeouts=False))  # kombu's own
     if sentinel_kwargs:
         options["sentinel_kwargs"] = sentinel_kwargs
     return ";".join(urls), options
