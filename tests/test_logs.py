@@ -19,6 +19,8 @@ from scheduling.dispatch.handoff import log_dispatch
 from scheduling.dispatch.worker import execute_item
 from tenants.models import Tenant
 from tests.conftest import LogLines
+from tests.workflows.inline import run_items
+from workflows.services import run_start, workflow_put
 
 
 @pytest.fixture
@@ -274,3 +276,22 @@ def test_celerys_own_lines_about_a_task_carry_its_tenant_and_run(logged: LogLine
     assert lines["m3"]["tenant_id"] == str(tenant.pk)
     assert "run_id" not in lines["m3"]
     assert "tenant_id" not in lines["m4"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_step_and_run_say_which_attempt_and_why_in_their_lines(
+    logged: LogLines, tenant: Tenant, redis_client: Any
+) -> None:
+    """An operator reading the logs alone learns which attempt failed and its error's code (never its
+    message or a payload, which the run's history keeps): ``run_step_failed`` and ``run_failed``."""
+    with tenant_context(tenant):
+        workflow_put(name="doomed", spec={"nodes": [{"id": "charge", "type": "action", "action": "fail",
+                                                     "input": {"retryable": False, "message": "card 4242"}}]})
+        run, _ = run_start(workflow="doomed")
+    run_items(tenant)
+
+    lines = {line["event"]: line for line in logged.json() if line.get("run_id") == str(run.pk)}
+    assert (lines["run_step_failed"]["node_id"], lines["run_step_failed"]["attempt"],
+            lines["run_step_failed"]["error"]) == ("charge", 1, "action_failed")
+    assert (lines["run_failed"]["node_id"], lines["run_failed"]["error"]) == ("charge", "action_failed")
+    assert "card 4242" not in logged.stream.getvalue()

@@ -38,9 +38,16 @@ def record_event(run: WorkflowRun, type_: str, node_id: str = "", **data: Any) -
     """Append an event to the run's history (inside the caller's transaction, run row locked),
     then tell the listeners, in that transaction."""
     add_event(run, type_, node_id, data)
-    log.info(f"run_{type_}", run_id=str(run.id), node_id=node_id or None)
+    log.info(f"run_{type_}", run_id=str(run.id), node_id=node_id or None, **_logged(data))
     for listener in _listeners:
         listener(run, type_, node_id, data)
+
+
+def _logged(data: dict[str, Any]) -> dict[str, Any]:
+    """What an event's log line says of its data: its attempt and its error's code, where it has
+    them; never a message or a payload, which the run's history keeps."""
+    return {name: data[name] for name, kind in (("attempt", int), ("error", str))
+            if isinstance(data.get(name), kind) and not isinstance(data[name], bool)}
 
 
 def jsonable(value: Any) -> Any:

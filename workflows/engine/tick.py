@@ -249,7 +249,8 @@ def _finish_if_done(run: WorkflowRun, latest: dict[str, StepRun]) -> None:
 def _fail(run: WorkflowRun, latest: dict[str, StepRun], error: dict[str, Any]) -> None:
     abort_active(latest, SStatus.CANCELLED)
     run.status, run.finished_at, run.error = Status.FAILED, timezone.now(), error
-    record_event(run, "failed", error["node"] or "")
+    failure = error.get("error") or {}
+    record_event(run, "failed", error["node"] or "", attempt=error["attempt"], error=failure.get("code"))
     _notify_parent(run)
 
 
