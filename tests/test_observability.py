@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ductor_project.celery import RESULTS_QUEUE, SYSTEM_QUEUE, WORK_QUEUE
 from ductor_project.core import heartbeats
 from ductor_project.core.context import no_tenant, tenant_context
+from ductor_project.embedded import free_port
 from ductor_project.management.commands.up import HeartbeatWatch
 from ductor_project.stack import Stack
 from scheduling import fair_queue as fq
@@ -31,6 +32,7 @@ from scheduling.dispatch import credits
 from scheduling.dispatch.dispatcher import IDLE_WAIT_S, Dispatcher
 from scheduling.metrics import SharedStateCollector
 from tenants.models import Tenant
+from tests.conftest import LogLines
 from workflows import services
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -294,6 +296,23 @@ def test_readyz_is_unavailable_while_one_of_ductors_queues_has_no_live_worker(se
     assert body["checks"]["workers"]["slots"] == {WORK_QUEUE: 4, SYSTEM_QUEUE: 4, RESULTS_QUEUE: 1}
     credits.unregister_worker("steps@host", [WORK_QUEUE, SYSTEM_QUEUE], 4)  # a warm shutdown
     assert ready()[1]["checks"]["workers"]["error"] == f"no live worker consumes {WORK_QUEUE}, {SYSTEM_QUEUE}"
+
+
+def test_readyz_with_redis_out_of_reach_checks_nothing_more_of_it_and_says_why_once(settings, logged: LogLines):
+    """Every check after Redis's reads Redis: with it out of reach each would wait its own timeout
+    (a paused server: ``socket_timeout`` each). They are reported as not checked. The answer is a
+    readiness probe doing its job: one warning naming what failed, not Django's error line."""
+    settings.DUCTOR_QUEUE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    status, body = ready()
+    assert status == 503
+    assert body["checks"]["database"]["ok"]
+    assert not body["checks"]["redis"]["ok"]
+    for name in ("coordinator", "dispatcher", "shards", "workers"):
+        assert body["checks"][name] | {"ms": 0} == {"ok": False, "error": "not checked: Redis is out of reach",
+                                                    "ms": 0}, name
+    lines = [line for line in logged.json() if "readyz" in line.get("event", "") or line.get("event") == "not_ready"]
+    assert [(line["event"], line["level"], line["failed"]) for line in lines] == [
+        ("not_ready", "warning", ["redis", "coordinator", "dispatcher", "shards", "workers"])]
 
 
 def test_readyz_turns_unhealthy_when_the_coordinators_heartbeat_stops_and_healthy_when_it_resumes(loops):
