@@ -121,6 +121,16 @@ def wait_until(done: Callable[[], Any], what: str, timeout: float = 120.0, every
     return value
 
 
+def coordinator_passed() -> None:
+    """Until a coordinator has made its first pass (it beats after each pass that worked). On a
+    benchmark's flushed Redis that pass finds every shard's epoch gone and repairs every unfinished
+    run at once, as after a loss of Redis's data (docs/operations.md): a run started before it
+    would have its step enqueued once more, a second delivery the measurement would count."""
+    from ductor_project.core import heartbeats
+
+    wait_until(lambda: heartbeats.ages(heartbeats.COORDINATOR), what="the coordinator's first pass")
+
+
 def percentile(values: Sequence[N], q: float) -> N:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
     ordered = sorted(values)

@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, log, redis_client, setup_django, wait_until
+from bench._common import bench_stack, bench_worker, coordinator_passed, log, redis_client, setup_django, wait_until
 from ductor_project.stack import Stack
 
 CONCURRENCY = 2
@@ -161,6 +161,7 @@ def main() -> None:
         worker = bench_worker(stack, "admission-worker", concurrency=CONCURRENCY, tasks=False)
         stack.wait_ready(worker)
         stack.wait_ready(stack.dispatcher("admission-dispatcher"), stack.coordinator("admission-coordinator"))
+        coordinator_passed()
         log(f"==> {STEPS} steps through a pool of concurrency 1, and through one without a limit")
         limited, limited_s = deliveries_per_item(stack, pooled, "limited")
         baseline, baseline_s = deliveries_per_item(stack, pooled, "unlimited")

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     bench_stack,
+    coordinator_passed,
     flush_state,
     log,
     percentile,
@@ -227,6 +228,7 @@ def main() -> int:
         stack.coordinator("coordinator-0")
         team = team_worker(stack, "team-0")
         stack.wait_ready(*workers, dispatcher, team)
+        coordinator_passed()
         log(f"up in {time.monotonic() - began:.1f}s; task chains")
         steps = throughput(stack)
         log(f"task steps: {json.dumps(steps)}")

@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, flush_state, log, percentile, setup_django, wait_until
+from bench._common import bench_stack, coordinator_passed, flush_state, log, percentile, setup_django, wait_until
 from ductor_project.stack import Stack
 
 CONCURRENCY = 2
@@ -75,6 +75,7 @@ def start_stack() -> Stack:
     wait_until(lambda: credits.worker_slots(SYSTEM_QUEUE) >= CONCURRENCY, what="the system worker's slots")
     started = [stack.dispatcher(), *(stack.coordinator(f"coordinator-{n}") for n in range(COORDINATORS))]
     stack.wait_ready(*started)
+    coordinator_passed()
     return stack
 
 

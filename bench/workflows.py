@@ -57,7 +57,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_stack, bench_worker, flush_state, log, plain_celery_noops, setup_django, wait_until
+from bench._common import (
+    bench_stack,
+    bench_worker,
+    coordinator_passed,
+    flush_state,
+    log,
+    plain_celery_noops,
+    setup_django,
+    wait_until,
+)
 from bench._costs import Costs, redis_requests
 from ductor_project.stack import Child, Stack, free_port
 
@@ -315,6 +324,7 @@ def wait_pipeline(stack: Stack, worker: Child, dispatcher: Child) -> None:
 
     stack.wait_ready(dispatcher, worker)
     wait_until(lambda: broker.worker_slots(WORK_QUEUE) >= CONCURRENCY, what="the worker's slots")
+    coordinator_passed()
 
 
 def wait_ready(stack: Stack, web: Child, worker: Child, dispatcher: Child) -> None:
