@@ -410,6 +410,35 @@ def test_a_trigger_or_schedule_made_while_its_workflow_is_deleted_is_refused_and
         assert not Schedule.objects.exists()
 
 
+@pytest.mark.parametrize("change", ["create", "update"])
+def test_a_webhook_naming_a_workflow_while_it_is_deleted_is_refused_and_nothing_is_left(
+    transactional_db, tenant_a, monkeypatch, change
+):
+    """The deletion takes its name out of the endpoints that name it; an endpoint made or changed to
+    name it meanwhile waits for the deletion, then finds the workflow gone: a 400 naming
+    ``workflows``. Before, it was kept naming the deleted workflow, so the next workflow given the
+    name had its runs sent there, and the endpoint could not be saved back as it read."""
+    from ductor_project.core.errors import ApiError
+    from workflows.models import WebhookEndpoint
+    from workflows.triggers import webhooks
+
+    url = "https://93.184.216.34/hook"
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="doomed", spec=FLOW)
+        services.workflow_put(name="kept", spec=FLOW)
+        endpoint = webhooks.webhook_create(url=url, events=["run.failed"], workflows=["kept"]).endpoint
+    write = {"create": lambda: webhooks.webhook_create(url=url, events=["run.failed"], workflows=["doomed"]),
+             "update": lambda: webhooks.webhook_update(endpoint, {"workflows": ["doomed"]})}
+    with (deleted_meanwhile(tenant_a[0], monkeypatch) as results, tenant_context(tenant_a[0]),
+          pytest.raises(ApiError) as refused):
+        write[change]()
+
+    assert (refused.value.error_code, list(refused.value.details)) == ("invalid", ["workflows"])
+    assert results["delete"] == "deleted"
+    with tenant_context(tenant_a[0]):
+        assert list(WebhookEndpoint.objects.values_list("pk", "workflows")) == [(endpoint.pk, ["kept"])]
+
+
 def test_a_deletion_waits_for_a_schedule_firing_then_counts_its_run(transactional_db, tenant_a):
     """A firing holds its schedule's row while it starts the fire's run, whose reference to its version
     is checked at its commit; the deletion takes the workflow's schedules before its versions (the

@@ -56,6 +56,7 @@ from tenants.selectors import first_or_404, parse_uuid
 from tenants.usage import enforce_setting_limit
 from workflows.engine.events import jsonable
 from workflows.engine.journal import current_journal
+from workflows.engine.statements import lock_definitions
 from workflows.models import StepRun, WebhookDelivery, WebhookEndpoint, WorkflowDefinition, WorkflowRun, WorkflowVersion
 
 log = structlog.get_logger(__name__)
@@ -141,10 +142,13 @@ def checked_events(value: Any) -> list[str]:
 
 def checked_workflows(value: Any) -> list[str]:
     """``value`` as the names of workflows of the tenant (sorted, once each; empty: every workflow),
-    or a ``400`` naming ``workflows``."""
+    or a ``400`` naming ``workflows``. In the transaction that writes the endpoint: the workflows
+    stay locked until it commits, so a deletion of one of them, which takes its name out of the
+    endpoints, either waits for it or is waited for, and then the name is refused."""
     names = sorted({str(name) for name in value or []})
     if not names:
         return []
+    lock_definitions(*names)
     known = set(WorkflowDefinition.objects.filter(name__in=names).values_list("name", flat=True))
     unknown = [name for name in names if name not in known]
     if unknown:
@@ -169,11 +173,12 @@ def webhook_create(*, url: str, events: list[str], workflows: list[str] | None =
                    enabled: bool = True) -> Revealed:
     """Subscribe ``url`` to ``events`` of the tenant's runs (of ``workflows`` only, when given), with
     a new secret. ``400`` naming a bad field, ``403 plan_limit_reached`` past the limit."""
-    fields = {"url": checked_url(url), "events": checked_events(events), "workflows": checked_workflows(workflows),
-              "description": description, "enabled": enabled}
+    fields = {"url": checked_url(url), "events": checked_events(events), "description": description,
+              "enabled": enabled}
     secret = _new_secret()
     with transaction.atomic():
-        _enforce_limit()
+        _enforce_limit()  # the tenant's row, then its workflows: the order a schedule's and a trigger's create take
+        fields["workflows"] = checked_workflows(workflows)
         endpoint = WebhookEndpoint.objects.create(**fields, secret=encrypt(secret),
                                                   disabled_at=None if enabled else timezone.now())
         forget_endpoints()
@@ -195,10 +200,12 @@ def webhook_update(endpoint: WebhookEndpoint, changes: Mapping[str, Any]) -> Web
     false disables it and stops its pending deliveries. An endpoint disabled because its only workflow
     was deleted is enabled only with its ``workflows`` given in the same change (``[]`` for all):
     enabled as it is, it would cover every workflow (409 naming ``enabled``)."""
-    checks = {"url": checked_url, "events": checked_events, "workflows": checked_workflows}
+    checks = {"url": checked_url, "events": checked_events}
     fields = {name: checks[name](value) if name in checks else value for name, value in changes.items()
-              if name in ("url", "events", "workflows", "description")}
+              if name in ("url", "events", "description")}
     with transaction.atomic():
+        if "workflows" in changes:  # its workflows before its row, in the order of their deletion
+            fields["workflows"] = checked_workflows(changes["workflows"])
         row = _locked(endpoint)
         if (changes.get("enabled") and not row.enabled and not row.workflows and "workflows" not in changes
                 and row.disabled_reason.startswith(ONLY_WORKFLOW_DELETED)):
