@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from ductor_project.core.bounds import MAX_TAG_CHARS, MAX_TAGS
+from ductor_project.core.bounds import MAX_SOURCE_TAG_CHARS, MAX_TAG_CHARS, MAX_TAGS
 from ductor_project.core.errors import ERROR_CODE_COMPONENT, StepErrorCode
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from scheduling.models import MAX_FAIRNESS_KEY
@@ -290,7 +290,7 @@ class RunMatchSerializer(StrictSerializer):
     created_before = serializers.DateTimeField(required=False, help_text="Created before.")
     root_run_id = CanonicalUUIDField(required=False, help_text="The runs of this run tree.")
     tag = serializers.ListField(
-        child=serializers.CharField(max_length=100), required=False, max_length=10,
+        child=serializers.CharField(max_length=MAX_SOURCE_TAG_CHARS), required=False, max_length=10,
         help_text="The runs that have every one of these tags (in a query string, `?tag=a&tag=b`).")
     fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False,
                                          help_text="The runs of this fairness key of your tenant.")

@@ -14,5 +14,8 @@ MAX_TAGS = 50
 # A key or a reference: an idempotency key, an event's name or key, a glob, a condition's path or a
 # string it compares with.
 MAX_KEY_CHARS = 200
+# A run's tag that names what started it, ``schedule:<its name>`` or ``event:<its name>``, kept whole
+# (a name of an event is a key): a run list's ``tag`` filter takes one this long.
+MAX_SOURCE_TAG_CHARS = len("schedule:") + MAX_KEY_CHARS
 # A reason or a description meant for people: a deny rule's reason, a step error's message.
 MAX_REASON_CHARS = 500

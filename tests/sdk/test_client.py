@@ -478,7 +478,7 @@ def test_runs_are_listed_by_every_tag_given_and_by_fairness_key_across_pages(sdk
     assert [run.id for run in sdk.runs.list(fairness_key="acme", page_size=2)] == both[:0:-1]
     assert list(sdk.runs.iter(tags=["nightly"], fairness_key="globex")) == []
     with pytest.raises(BadRequest) as refused:
-        sdk.runs.list(tags=["x" * 101])
+        sdk.runs.list(tags=["x" * 210])
     assert refused.value.field == "tag[0]"
 
 

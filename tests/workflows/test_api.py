@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from ductor_project.core.bounds import MAX_SOURCE_TAG_CHARS
 from ductor_project.core.context import tenant_context
 from tenants import services as tenant_services
 from tenants import usage
@@ -433,7 +434,7 @@ def test_run_list_filters_by_every_tag_given_and_by_fairness_key_within_the_tena
     assert ids(client_a, "fairness_key=acme&tag=eu&status=running") == {a["id"]}
     assert untagged["id"] not in ids(client_a, "tag=nightly")
     assert ids(client_b, "tag=nightly&fairness_key=acme") == {theirs["id"]}  # another tenant's are not seen
-    assert_invalid(client_a.get("/api/v1/runs", {"tag": "x" * 101}), "tag[0]")
+    assert_invalid(client_a.get("/api/v1/runs", {"tag": "x" * (MAX_SOURCE_TAG_CHARS + 1)}), "tag[0]")
     assert_invalid(client_a.get("/api/v1/runs", {"fairness_key": "x" * 129}), "fairness_key")
     assert_invalid(client_a.get("/api/v1/runs?" + "&".join(f"tag=t{i}" for i in range(11))), "tag")
 

@@ -72,6 +72,20 @@ def test_an_event_starts_each_subscribed_workflow_whose_filter_it_meets(tenant, 
     assert [e["key"] for e in listed] == ["o-2", "o-1"]  # newest first
 
 
+def test_the_runs_of_an_event_with_a_long_name_are_listed_by_its_whole_tag(tenant, client_a):
+    """An event's name may have 200 characters: its runs' tag is ``event:<the whole name>``, which
+    ``?tag=`` finds. Before, the tag was cut at 100 characters, and the list refused the whole one."""
+    put(tenant, "fulfil")
+    name = "order." + "x" * 194
+    subscribe(client_a, "fulfil", name)
+    sent = client_a.post("/api/v1/events", {"name": name}, format="json")
+    assert sent.status_code == 201, sent.content
+    assert [run.tags for run in runs_of(tenant)] == [[f"event:{name}"]]
+    listed = client_a.get("/api/v1/runs", {"tag": f"event:{name}"})
+    assert listed.status_code == 200, listed.content
+    assert [run["id"] for run in listed.json()["results"]] == sent.json()["runs"]
+
+
 def test_an_event_is_idempotent_with_its_key_and_a_bulk_send_is_all_or_none(tenant, client_a):
     put(tenant, "fulfil")
     subscribe(client_a, "fulfil", "order.paid")

@@ -409,6 +409,28 @@ def test_a_schedule_is_created_read_listed_changed_paused_resumed_and_deleted(
     assert client_a.get(url).status_code == 404
 
 
+def test_the_runs_of_a_schedule_with_a_long_name_are_listed_by_its_whole_tag(
+    client_a: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    """Two schedules whose names (of up to 100 characters) begin alike each tag their runs with their
+    own whole name, and ``?tag=schedule:<name>`` lists each one's. Before, the tag was cut at 100
+    characters: the two shared it, and the list refused the whole tag as too long."""
+    with_flow(tenant_a[0])
+    names = ["n" * 99 + "a", "n" * 99 + "b"]
+    runs = {}
+    for name in names:
+        created = post(client_a, name=name, interval_s=3600)
+        assert created.status_code == 201, created.content
+        triggered = client_a.post(f"/api/v1/schedules/{created.json()['id']}/trigger")
+        assert triggered.status_code == 201, triggered.content
+        assert triggered.json()["tags"] == [f"schedule:{name}"]
+        runs[name] = triggered.json()["id"]
+    for name in names:
+        listed = client_a.get("/api/v1/runs", {"tag": f"schedule:{name}"})
+        assert listed.status_code == 200, listed.content
+        assert [run["id"] for run in listed.json()["results"]] == [runs[name]]
+
+
 @pytest.mark.parametrize(("body", "field", "words"), [
     ({"cron": "61 * * * *"}, "cron", ["field 1 of 5, the minute, is '61'", "0-59"]),
     ({"cron": "0 0 1 1 * 2099"}, "cron", ["field 6 of 6, the day of week, is '2099'", "0-7",

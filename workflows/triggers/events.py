@@ -157,7 +157,7 @@ def _start_triggered(events: list[Event], fields: dict[Any, str]) -> None:
             if problems:
                 event.refused.append({"trigger": str(trigger.id), "workflow": name, "details": dict(problems)})
                 continue
-            starts.append((event, {"workflow": name, "input": data, "tags": [f"event:{event.name}"[:100]],
+            starts.append((event, {"workflow": name, "input": data, "tags": [f"event:{event.name}"],
                                    "idempotency_key": f"event:{event.id}:{trigger.id}"}))
     for first in range(0, len(starts), MAX_BULK_RUNS):
         chunk = starts[first:first + MAX_BULK_RUNS]

@@ -229,7 +229,7 @@ def fire_request(schedule: Schedule, fire: datetime) -> dict[str, Any]:
     """The run start of one fire, as ``run_start_many`` takes it: tagged ``schedule:<its name>``, as an
     event's runs are ``event:<its name>``."""
     return {"workflow": schedule.workflow, "version": schedule.version, "input": schedule.input,
-            "tags": [f"schedule:{schedule.name}"[:100]], "idempotency_key": fire_key(str(schedule.pk), fire)}
+            "tags": [f"schedule:{schedule.name}"], "idempotency_key": fire_key(str(schedule.pk), fire)}
 
 
 def _start_one(schedule: Schedule, fire: datetime) -> Outcome:
