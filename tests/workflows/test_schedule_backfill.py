@@ -4,6 +4,7 @@ API on real PostgreSQL and Redis: each fire's run under its key, once, for the t
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from tenants.models import Tenant
 from tests.conftest import api_client, error_code
 from workflows import services as workflow_services
 from workflows.models import Schedule, WorkflowRun
+from workflows.triggers import backfill as backfill_module
 from workflows.triggers import services as schedules
 from workflows.triggers.timing import fire_key
 
@@ -115,6 +117,27 @@ def test_a_trigger_starts_a_run_now_under_the_fire_of_this_second(tenant_a: tupl
     assert run.idempotency_key in {fire_key(str(schedule.pk), before + timedelta(seconds=n)) for n in range(5)}
     refused = api_client(tenant_a[1]).post(f"/api/v1/schedules/{schedule.pk}/trigger", {"now": True}, format="json")
     assert error_code(refused) == "unknown_field"
+
+
+def test_a_trigger_in_the_second_of_a_fire_that_started_answers_its_run_after_a_change_of_input(
+        tenant_a: tuple[Tenant, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fire of a second owns its key, as a fire that finds its key used does: a trigger in that
+    second answers its run (200), even if the schedule's input or name changed since. Before, it was
+    compared with the run as a repeated start of the API is, and refused as 409
+    idempotency_key_reused."""
+    schedule = scheduled(tenant_a[0], input={"n": 1})
+    client = api_client(tenant_a[1])
+    started = backfill(client, schedule, {"start": T0.isoformat(), "end": T0.isoformat()})
+    assert started.json()["started"] == 1, started.content
+    changed = client.patch(f"/api/v1/schedules/{schedule.pk}", {"input": {"n": 2}, "name": "renamed"}, format="json")
+    assert changed.status_code == 200, changed.content
+    monkeypatch.setattr(backfill_module, "timezone", SimpleNamespace(now=lambda: T0 + timedelta(seconds=0.4)))
+
+    response = client.post(f"/api/v1/schedules/{schedule.pk}/trigger")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["id"] == started.json()["fires"][0]["run_id"]
+    assert [run.input for run in runs_of(tenant_a[0])] == [{"n": 1}]
 
 
 def test_another_tenant_s_schedule_answers_404_and_starts_nothing(

@@ -10,7 +10,8 @@
   refused (the month's run quota) is listed with its error and refuses no other.
 - ``schedule_trigger`` starts a run now, as a fire of this second would: under
   that fire's key, so a second trigger within the same second answers the same
-  run, whatever the overlap policy.
+  run (started with the input the schedule had then, if it changed since),
+  whatever the overlap policy.
 
 Neither changes the schedule's own fires or its counters; the runs carry its
 tag (``schedule:<name>``) as its fires' do. Both act for the tenant in context.
@@ -71,7 +72,14 @@ def schedule_trigger(*, schedule: Schedule) -> tuple[WorkflowRun, bool]:
     created)``. A refused start raises its ``ApiError``, as ``POST /runs`` would (the month's run
     quota: ``429 quota_exceeded``; the workflow archived: ``409 conflict``)."""
     request = fire_request(schedule, timezone.now().replace(microsecond=0))
-    run, created = run_start(**request)
+    try:
+        run, created = run_start(**request)
+    except ApiError as exc:
+        # The fire of this second started its run already, with the input or name the schedule had then:
+        # the key is the fire's, and that run answers, as it does for a fire that finds its key used.
+        if exc.error_code != ErrorCode.IDEMPOTENCY_KEY_REUSED:
+            raise
+        run, created = WorkflowRun.objects.get(idempotency_key=request["idempotency_key"]), False
     log.info("schedule_triggered", schedule_id=str(schedule.pk), run_id=str(run.pk), created=created)
     return run, created
 
