@@ -340,7 +340,8 @@ def test_a_raised_ceiling_unparks_the_tenant_at_its_next_enqueue(tenant_with, qu
 def test_a_raised_step_rate_admits_the_tenant_at_once(tenant_with, queue, django_capture_on_commit_callbacks):
     """The steps a slow rate let through are not a debt the raised rate still makes the tenant pay:
     with the rate an operator raised to let it go on, it is dispatched at once, not when the old
-    rate would have admitted it."""
+    rate would have admitted it. (At once, one step: the new burst's others follow at the new rate,
+    10 ms apart, so how many more a dequeue right after finds depends on the clock.)"""
     throttled = tenant_with("throttled", step_rate_per_s=0.001, step_burst=1)
     fill(throttled, partitions=3, per_partition=1)
     assert len(queue.serve(3, ack=False)) == 1  # its burst, then parked for 1,000 s
@@ -349,7 +350,7 @@ def test_a_raised_step_rate_admits_the_tenant_at_once(tenant_with, queue, django
         services.override_set(tenant=throttled, field="step_rate_per_s", value=100.0)
         services.override_set(tenant=throttled, field="step_burst", value=10)
 
-    assert len(queue.serve(3, ack=False)) == 2
+    assert queue.serve(3, ack=False)  # held for 1,000 s without the change
 
 
 def test_a_parked_tenant_comes_back_when_a_lease_lapses_without_a_release(tenant_with, queue, redis_client):
