@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -242,12 +241,10 @@ def run_start(
     """
     tenant = current_tenant()
     limits = effective_entitlements(tenant)
-    asked = {"workflow": workflow, "version": version, "input": input, "tier": tier, "tags": tags,
-             "fairness_key": fairness_key}
     if idempotency_key:
         existing = _run_of_key(idempotency_key)
         if existing is not None:
-            _check_same_start(existing, "idempotency_key", asked)
+            _check_same_start(existing, "idempotency_key", workflow, version, input)
             return existing, False
     size = json_size(input if input is not None else {})
     if size > limits.max_payload_bytes:
@@ -270,7 +267,7 @@ def run_start(
     run, created = _start(found, input=input, idempotency_key=idempotency_key, tier=tier, tags=tags,
                           fairness_key=fairness_key)
     if not created:  # a concurrent start with the key won
-        _check_same_start(run, "idempotency_key", asked)
+        _check_same_start(run, "idempotency_key", workflow, version, input)
     return run, created
 
 
@@ -279,23 +276,15 @@ def _run_of_key(key: str) -> WorkflowRun | None:
     return WorkflowRun.objects.select_related("workflow").filter(idempotency_key=key).first()
 
 
-# What a start may leave out, and the run's field each is compared with when it is named.
-_NAMED_WHEN_GIVEN = {"version": lambda run: run.workflow.number, "tier": lambda run: run.tier,
-                     "tags": lambda run: run.tags, "fairness_key": lambda run: run.fairness_key}
-
-
-def _check_same_start(run: WorkflowRun, field: str, start: Mapping[str, Any], first: str = "") -> None:
-    """``409 idempotency_key_reused`` unless ``start`` (``run_start``'s arguments, as the request
-    named them) is the start that made ``run`` with its key: its workflow and input, and its
-    version, tier, tags and fairness key where it names them (left out, they are the first start's
-    sent again). ``first`` names that start when it is not a run that exists (an earlier item of
-    the same batch). A rerun's key is not a start's."""
-    given = start.get("input")
-    compared = {"workflow": (run.workflow_name, start["workflow"]),
-                "input": (run.input, {} if given is None else given),
+def _check_same_start(run: WorkflowRun, field: str, workflow: str, version: int | None, input: Any,
+                      first: str = "") -> None:
+    """``409 idempotency_key_reused`` unless a start of ``workflow`` (``version``, if named) with
+    ``input`` is the one that started ``run`` with its key (``first`` names that start, when it is
+    not a run that exists: an earlier item of the same batch). A rerun's key is not a start's."""
+    compared = {"workflow": (run.workflow_name, workflow), "input": (run.input, {} if input is None else input),
                 "rerun_of": (None if run.rerun_of_id is None else str(run.rerun_of_id), None)}
-    compared.update({name: (value_of(run), start[name]) for name, value_of in _NAMED_WHEN_GIVEN.items()
-                     if start.get(name) not in (None, "", [])})
+    if version is not None:
+        compared["version"] = (run.workflow.number, version)
     check_key_reuse(field, str(run.idempotency_key), first or f"run {run.pk}", compared)
 
 
@@ -487,12 +476,12 @@ def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> li
             errors.update(_input_errors(found, item.get("input"), f"{field}."))
     if errors:
         raise ApiError(f"Invalid field(s): {', '.join(errors)}.", code=ErrorCode.INVALID, details=errors)
-    return again_while_keys_are_taken(lambda: _start_many(runs, versions, same_keys, limits.default_tier), len(runs))
+    runs = [{**item, "tier": item.get("tier") or limits.default_tier} for item in runs]
+    return again_while_keys_are_taken(lambda: _start_many(runs, versions, same_keys), len(runs))
 
 
 def _start_many(
-    runs: list[dict[str, Any]], versions: dict[tuple[str, int | None], WorkflowVersion | None], same_keys: bool,
-    default_tier: str,
+    runs: list[dict[str, Any]], versions: dict[tuple[str, int | None], WorkflowVersion | None], same_keys: bool
 ) -> list[tuple[WorkflowRun, bool]]:
     keys = [item["idempotency_key"] for item in runs if item.get("idempotency_key")]
     by_key: dict[str, WorkflowRun] = {}
@@ -507,7 +496,8 @@ def _start_many(
         if key is not None and key in by_key:
             if same_keys:
                 earlier = first_in_batch.get(key)
-                _check_same_start(by_key[key], f"runs[{index}].idempotency_key", item,
+                _check_same_start(by_key[key], f"runs[{index}].idempotency_key", item["workflow"],
+                                  item.get("version"), item.get("input"),
                                   first=f"runs[{earlier}]" if earlier is not None else "")
             results.append((by_key[key], False))
             continue
@@ -515,7 +505,7 @@ def _start_many(
         assert version is not None  # checked by run_start_many
         given = {} if item.get("input") is None else item["input"]
         run = WorkflowRun(workflow=version, workflow_name=version.definition.name, input=given,
-                          idempotency_key=key, tier=item.get("tier") or default_tier, tags=item.get("tags") or [],
+                          idempotency_key=key, tier=item["tier"], tags=item.get("tags") or [],
                           fairness_key=item.get("fairness_key") or "")
         run.root_run_id = run.id
         new.append(run)

@@ -319,32 +319,6 @@ def test_run_input_tags_and_idempotency_key_are_stored(client_a):
     assert same["id"] == run["id"]
 
 
-def test_a_used_idempotency_key_sent_with_another_tier_tags_or_fairness_key_is_409_naming_it(client_a, tenant_a):
-    """What a start names of how its run is scheduled is part of the start, as its version is: named
-    otherwise under a used key, it is another start (the first run keeps its own); left out, it is
-    the first start sent again."""
-    create(client_a, "w")
-    run = start(client_a, workflow="w", idempotency_key="k", tier="batch", tags=["nightly"], fairness_key="acme")
-    for named, differs in [({"tier": "interactive"}, "tier"), ({"tags": ["hourly"]}, "tags"),
-                           ({"fairness_key": "other"}, "fairness_key")]:
-        reused = client_a.post("/api/v1/runs", {"workflow": "w", "idempotency_key": "k", **named}, format="json")
-        assert_invalid(reused, "idempotency_key", f"run {run['id']}", f"another {differs}",
-                       code="idempotency_key_reused", status=409)
-        batch = client_a.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w", "idempotency_key": "k", **named}]},
-                              format="json")
-        assert_invalid(batch, "runs[0].idempotency_key", f"another {differs}", code="idempotency_key_reused",
-                       status=409)
-    assert start(client_a, code=200, workflow="w", idempotency_key="k")["id"] == run["id"]
-    assert start(client_a, code=200, workflow="w", idempotency_key="k", tier="batch", tags=["nightly"],
-                 fairness_key="acme")["id"] == run["id"]
-    twice = [{"workflow": "w", "idempotency_key": "j"}, {"workflow": "w", "idempotency_key": "j", "tier": "batch"}]
-    in_batch = client_a.post("/api/v1/runs/bulk", {"runs": twice}, format="json")
-    assert_invalid(in_batch, "runs[1].idempotency_key", "used for runs[0]", "another tier",
-                   code="idempotency_key_reused", status=409)
-    with tenant_context(tenant_a[0]):
-        assert WorkflowRun.objects.count() == 1
-
-
 def test_a_used_idempotency_key_sent_with_another_start_is_409_naming_it_and_starts_nothing(
         client_a, client_b, tenant_a):
     create(client_a, "w")
