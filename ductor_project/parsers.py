@@ -35,7 +35,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import get_encoding  # type: ignore[attr-defined]  # not in the stubs
+from rest_framework.parsers import get_encoding  # type: ignore[attr-defined, unused-ignore]  # in the stubs from 3.18.2 only
 
 from ductor_project.core.errors import ApiError, ErrorCode, error_body, json_404
 from ductor_project.core.payloads import json_depth, unstorable_char, unstorable_detail, unstorable_path
