@@ -472,13 +472,18 @@ def test_the_admin_refuses_what_the_api_refuses_with_the_field_s_error_and_saves
         assert after == before, model
 
 
-def test_staff_cannot_enrol_a_user_of_another_tenant_or_a_superuser(world: SimpleNamespace) -> None:
+def enrolling(world: SimpleNamespace) -> tuple[Client, Any, Any, Any]:
+    """A client of A's staff who may add memberships, and three users: another tenant's, a superuser,
+    and one of no tenant yet."""
     user = make_user("staff-enrol", tenant=world.a, is_staff=True)
     grant(user, "tenants.add_tenantmembership", "tenants.view_tenantmembership")
     client = Client()
     client.force_login(user)
-    theirs, root, free = (make_user("b-user", tenant=world.b), make_user("root-2", is_superuser=True),
-                          make_user("nobody-yet"))
+    return client, make_user("b-user", tenant=world.b), make_user("root-2", is_superuser=True), make_user("nobody-yet")
+
+
+def test_staff_cannot_enrol_a_user_of_another_tenant_or_a_superuser(world: SimpleNamespace) -> None:
+    client, theirs, root, free = enrolling(world)
     before = TenantMembership.all_tenants.count()
 
     for other in (theirs, root):
@@ -494,12 +499,7 @@ def test_staff_enrolling_a_user_learn_nothing_of_another_tenant_s_users(world: S
     """The membership form's user is an id: named, another tenant's user (or a superuser) is shown and
     refused exactly as an id that no user has, so that staff can neither read other tenants' usernames
     off the form nor tell which ids are other tenants' users."""
-    user = make_user("staff-enrol", tenant=world.a, is_staff=True)
-    grant(user, "tenants.add_tenantmembership", "tenants.view_tenantmembership")
-    client = Client()
-    client.force_login(user)
-    theirs, root, free = (make_user("b-user", tenant=world.b), make_user("root-2", is_superuser=True),
-                          make_user("nobody-yet"))
+    client, theirs, root, free = enrolling(world)
     missing = 10**9
 
     def errors(user_id: Any) -> Any:
