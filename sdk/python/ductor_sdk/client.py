@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import httpx
 
 from ductor_sdk import calls, models
-from ductor_sdk.errors import Conflict, DuctorError, NotFound, WaitTimeout
+from ductor_sdk.errors import Conflict, DuctorError, NotFound
 from ductor_sdk.models import Page, RunStatus
-from ductor_sdk.transport import Call, Config, RetryPolicy, SyncSender, outage_pause
+from ductor_sdk.transport import Call, Config, RetryPolicy, RunWait, SyncSender
 from ductor_sdk.workflow import Workflow
 
 T = TypeVar("T")
@@ -316,26 +316,17 @@ class Runs(_Resource):
         end of its chain, whose end is returned; ``follow=False`` returns the run that continued. An outage
         of the API (no answer, 429 ``rate_limited``, 502/503/504) is polled through until ``timeout``, then
         raised; any other error is raised at once."""
-        deadline = time.monotonic() + timeout
+        waiting = RunWait(run_id, timeout=timeout, poll_interval=poll_interval, follow=follow)
         while True:
             try:
-                run = self.get(run_id)
+                run = self.get(waiting.run_id)
             except DuctorError as error:  # a passing outage (Ductor restarting) is waited through
-                pause = outage_pause(error, poll_interval)
-                left = deadline - time.monotonic()
-                if pause is None or left <= 0:
-                    raise
-                time.sleep(min(pause, left))
+                time.sleep(waiting.failed(error))
                 continue
-            left = deadline - time.monotonic()
-            if follow and run.status == "continued" and run.continued_as:
-                run_id = run.continued_as
-                continue
-            if run.is_terminal:
-                return run
-            if left <= 0:
-                raise WaitTimeout(f"run {run_id} is still {run.status} after {timeout:g}s", run=run)
-            time.sleep(min(poll_interval, left))
+            answer = waiting.polled(run)
+            if isinstance(answer, models.Run):
+                return answer
+            time.sleep(answer)
 
     def cancel(self, run_id: str) -> models.Run:
         """Ask the run (and the children it waits for) to stop. Idempotent. For a run that continued as new,

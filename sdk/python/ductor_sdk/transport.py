@@ -22,8 +22,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 
-from ductor_sdk.errors import DuctorError, RateLimited, ServerError, TransportError, from_response
-from ductor_sdk.models import UnexpectedAnswer
+from ductor_sdk.errors import DuctorError, RateLimited, ServerError, TransportError, WaitTimeout, from_response
+from ductor_sdk.models import Run, UnexpectedAnswer
 from ductor_sdk.version import __version__
 
 T = TypeVar("T")
@@ -112,14 +112,38 @@ def _refused_unseen(error: DuctorError) -> bool:
     return isinstance(error, RateLimited) and error.code == "rate_limited"
 
 
-def outage_pause(error: DuctorError, poll_interval: float) -> float | None:
-    """How long a poll (``runs.wait``) waits before polling again after ``error``, when the error is a
-    passing one (no answer, 429 ``rate_limited``, 502/503/504: Ductor restarting, say); None: raise it."""
-    if not _retryable(error):
-        return None
-    if isinstance(error, RateLimited) and error.retry_after is not None:
-        return max(poll_interval, error.retry_after)
-    return max(poll_interval, 0.5)
+class RunWait:
+    """What ``runs.wait`` (sync and async) does after each poll: the client's loop only gets the run
+    (of ``run_id``, which a chain's ContinueAsNew moves on when ``follow``) and sleeps. An outage of
+    the API (no answer, 429 ``rate_limited``, 502/503/504: Ductor restarting, say) is polled through
+    until the timeout, then raised; any other error is raised at once."""
+
+    def __init__(self, run_id: str, *, timeout: float, poll_interval: float, follow: bool) -> None:
+        self.run_id = run_id
+        self.timeout, self.poll_interval, self.follow = timeout, poll_interval, follow
+        self.deadline = time.monotonic() + timeout
+
+    def failed(self, error: DuctorError) -> float:
+        """The seconds to sleep before polling again after ``error``; raises it when it is no passing
+        outage, or the time is up."""
+        left = self.deadline - time.monotonic()
+        if not _retryable(error) or left <= 0:
+            raise error
+        pause = error.retry_after if isinstance(error, RateLimited) and error.retry_after is not None else 0.5
+        return min(max(self.poll_interval, pause), left)
+
+    def polled(self, run: Run) -> Run | float:
+        """``run`` when the wait is over (it ended), else the seconds to sleep before polling again (0:
+        at once, the chain's next run); ``WaitTimeout`` when the time is up."""
+        if self.follow and run.status == "continued" and run.continued_as:
+            self.run_id = run.continued_as
+            return 0.0
+        if run.is_terminal:
+            return run
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(f"run {self.run_id} is still {run.status} after {self.timeout:g}s", run=run)
+        return min(self.poll_interval, left)
 
 
 def _retryable(error: DuctorError) -> bool:
