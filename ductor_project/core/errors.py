@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -381,6 +382,11 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonRe
 
 
 def json_500(request: HttpRequest) -> JsonResponse:
+    """Django's ``handler500``, called while the error is being handled. A backing service out of
+    reach before any view ran (the admin's session, read by a middleware) answers as it does in a
+    view: ``503`` with ``Retry-After``."""
+    if (exc := sys.exc_info()[1]) is not None and service_out_of_reach(exc) is not None:
+        return JsonResponse(_unavailable_body(), status=503, headers=_RETRY_SHORTLY)
     return JsonResponse(error_body(ErrorCode.INTERNAL_ERROR, "Internal server error."), status=500)
 
 
