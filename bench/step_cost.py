@@ -2,7 +2,9 @@
 
 On the embedded services of ``DUCTOR_DATA_DIR`` (it FLUSHES that Redis and ends the runs left
 unfinished there: ``flush_state``), with no worker running: this process starts ``RUNS`` runs of a
-10-node chain of no-op actions (``bench/workflows.py``'s), timing the starts, then runs their
+10-node chain of no-op actions (``bench/workflows.py``'s), timing the starts, then as many through
+``POST /api/v1/runs`` (Django's request handling, the middleware, the API's authentication,
+throttles and serializers, without an HTTP server), timing those, then runs their
 steps as a worker's pool process runs handed-off items (``handoff.chain`` inside
 ``holding_enqueues``: each step's outcome, its tick, the handoff's ack and dequeue, the next
 attempt's start), timing the steps. The heap is frozen first, as a worker's is
@@ -92,6 +94,8 @@ def _callgrind(*args: str) -> str:
 
 def measure(runs: int) -> dict[str, Any]:
     setup_django("bench/step_cost.py")
+    from django.test import Client
+
     from bench.workflows import make_tenant
     from ductor_project.celery import WORK_QUEUE
     from ductor_project.core.context import tenant_context
@@ -102,12 +106,19 @@ def measure(runs: int) -> dict[str, Any]:
     from workflows.services import run_start
 
     flush_state()
-    tenant, _ = make_tenant()
+    tenant, key = make_tenant()
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
 
     def starts(count: int) -> None:
         with tenant_context(tenant):
             for _ in range(count):
                 run_start(workflow="ten")
+
+    def api_starts(count: int) -> None:
+        for _ in range(count):
+            response = client.post("/api/v1/runs", {"workflow": "ten"}, content_type="application/json")
+            if response.status_code != 201:
+                raise SystemExit(f"POST /api/v1/runs answered {response.status_code}: {response.content!r}")
 
     def steps() -> None:
         with fair_queue.holding_enqueues():
@@ -115,26 +126,31 @@ def measure(runs: int) -> dict[str, Any]:
                           until=time.monotonic() + 3600)
 
     starts(WARMUP_RUNS)  # every statement prepared, every cache filled
+    api_starts(WARMUP_RUNS)
     steps()
     gc.collect()
     gc.freeze()
     with counted() as start_cost:
         starts(runs)
+    with counted() as api_cost:
+        api_starts(runs)
     with counted() as step_cost:
         steps()
     done = WorkflowRun.all_tenants.filter(tenant=tenant, status=WorkflowRun.Status.SUCCEEDED).count()
-    if done != runs + WARMUP_RUNS:
-        raise SystemExit(f"{done} runs succeeded of {runs + WARMUP_RUNS}: the loop did not run them all")
+    if done != 2 * (runs + WARMUP_RUNS):
+        raise SystemExit(f"{done} runs succeeded of {2 * (runs + WARMUP_RUNS)}: the loop did not run them all")
     found = {"cpu_ms_per_start": round(start_cost["cpu_s"] * 1000 / runs, 3),
-             "cpu_ms_per_step": round(step_cost["cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
+             "cpu_ms_per_api_start": round(api_cost["cpu_s"] * 1000 / runs, 3),
+             "cpu_ms_per_step": round(step_cost["cpu_s"] * 1000 / (2 * runs * STEPS_PER_RUN), 3),
              "postgres_cpu_ms_per_start": round(start_cost["postgres_cpu_s"] * 1000 / runs, 3),
-             "postgres_cpu_ms_per_step": round(step_cost["postgres_cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
+             "postgres_cpu_ms_per_step": round(step_cost["postgres_cpu_s"] * 1000 / (2 * runs * STEPS_PER_RUN), 3),
              "redis_cpu_ms_per_start": round(start_cost["redis_cpu_s"] * 1000 / runs, 3),
-             "redis_cpu_ms_per_step": round(step_cost["redis_cpu_s"] * 1000 / (runs * STEPS_PER_RUN), 3),
-             "runs": runs, "steps": runs * STEPS_PER_RUN}
+             "redis_cpu_ms_per_step": round(step_cost["redis_cpu_s"] * 1000 / (2 * runs * STEPS_PER_RUN), 3),
+             "runs": runs, "steps": 2 * runs * STEPS_PER_RUN}
     if os.environ.get(COUNTING):
         found["instructions_per_start"] = int(start_cost["instructions"]) // runs
-        found["instructions_per_step"] = int(step_cost["instructions"]) // (runs * STEPS_PER_RUN)
+        found["instructions_per_api_start"] = int(api_cost["instructions"]) // runs
+        found["instructions_per_step"] = int(step_cost["instructions"]) // (2 * runs * STEPS_PER_RUN)
     return found
 
 
