@@ -241,9 +241,11 @@ def _fresh(field: serializers.Field) -> serializers.Field:
 
 
 def _deep(field: serializers.Field) -> bool:
-    """Whether ``field``, or its items' field, is one to deep-copy (``fresh_fields``)."""
+    """Whether ``field``, or its items' field, is one to deep-copy (``fresh_fields``): one whose
+    default is a list, a dict or a set too, which a shallow copy would hand every request alike."""
     if (isinstance(field, serializers.BaseSerializer | serializers.ManyRelatedField)
-            or getattr(field, "queryset", None) is not None):
+            or getattr(field, "queryset", None) is not None
+            or isinstance(getattr(field, "default", None), list | dict | set)):
         return True
     child = getattr(field, "child", None)
     return child is not None and (not isinstance(child, serializers.Field) or _deep(child))

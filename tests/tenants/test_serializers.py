@@ -104,3 +104,17 @@ def test_a_list_of_nested_serializers_is_judged_item_by_item() -> None:
     assert not batch.is_valid()
     assert batch.errors == {"orders": {1: {"sku": ["Ensure this field has no more than 3 characters."]}}}
     assert batch.fields["orders"].child.root is batch
+
+
+class Labels(StrictSerializer):
+    names = serializers.ListField(child=serializers.CharField(), default=[])  # a default of one list
+
+
+def test_a_mutable_default_is_each_requests_own() -> None:
+    first, second = Labels(data={}), Labels(data={})
+    assert first.is_valid()
+    assert second.is_valid()
+    first.validated_data["names"].append("changed by the first request")
+    assert second.validated_data["names"] == []
+    assert Labels(data={}).is_valid()
+    assert Labels._declared_fields["names"].default == []  # type: ignore[attr-defined]
