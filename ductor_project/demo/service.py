@@ -17,6 +17,7 @@ answers after a small delay, like a remote API:
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import zlib
@@ -51,8 +52,7 @@ class DemoService:
         self.refused = 0
         self.slow_now = 0
         self.slow_max = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="demo-http", daemon=True)
 
     @property
@@ -126,6 +126,19 @@ class DemoService:
             with self._lock:
                 self.slow_now -= 1
         return 200, {"slept_ms": ms}
+
+
+class _Server(ThreadingHTTPServer):
+    """The service's server. A client that goes away mid-request (a worker process killed or
+    restarted, a kept-alive connection reset) is not the service's error: it is not reported, where
+    ``socketserver`` prints a traceback on stderr, across the live view. Any other error is."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler(service: DemoService) -> type[BaseHTTPRequestHandler]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -201,3 +203,19 @@ def test_the_demo_service_wants_the_secret_fails_flaky_calls_then_answers_and_co
         assert stats["calls"]["pay flaky"] == FLAKY_FAILURES + 1
     finally:
         service.stop()
+
+
+def test_the_demo_service_says_nothing_of_a_client_that_resets_its_connection(capsys: pytest.CaptureFixture[str]):
+    service = DemoService(token="s3cret", delay_s=0)
+    service._server.daemon_threads = False  # so that stop() waits for every request's thread
+    service.start()
+    try:
+        host, port = service._server.server_address[:2]
+        gone = socket.create_connection((str(host), int(port)))
+        gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        gone.close()  # a reset (RST), before the request line: as a killed worker's connection
+        # Accepted after the reset one (the listen queue is first in, first out), and answered.
+        assert httpx.get(f"{service.url}/eu/price", params={"sku": "A"}).status_code == 401
+    finally:
+        service.stop()
+    assert capsys.readouterr().err == ""
