@@ -5,14 +5,17 @@ was answered ``200`` having changed nothing. ``ChunkedBodies`` wraps the WSGI ap
 the server hands it the body already decoded and ended (``wsgi.input_terminated``, as gunicorn
 does), it reads the body, at most one byte more than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (so that a
 larger one is refused as too large, as any is), and gives it its length. A server that does not
-(``runserver``) leaves the body unread: the request is refused with ``411 length_required``.
+(``runserver``) leaves the body unread: the request is refused with ``411 length_required``, an
+answer of no declared length, so that the server ends the connection after it (the chunks left
+unread would be read as the next request). ``Connection: close`` is not the application's to send:
+a WSGI server refuses a hop-by-hop header from it (``runserver`` answered ``500``).
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -44,9 +47,10 @@ class ChunkedBodies:
         return self.app(environ, start_response)
 
 
-def _refused(start_response: StartResponse) -> list[bytes]:
+def _refused(start_response: StartResponse) -> Iterator[bytes]:
+    """The 411 answer: its body as an iterator, whose length the server cannot tell, so that it closes
+    the connection after it (as ``runserver`` does, saying ``Connection: close`` itself)."""
     body = json.dumps(error_body(ErrorCode.LENGTH_REQUIRED, "Send the request body with a Content-Length: this "
                                  "server does not read a chunked one.")).encode()
-    start_response("411 Length Required", [("Content-Type", "application/json"),
-                                           ("Content-Length", str(len(body))), ("Connection", "close")])
-    return [body]
+    start_response("411 Length Required", [("Content-Type", "application/json")])
+    return iter([body])

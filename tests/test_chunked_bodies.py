@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import sys
+import threading
 from typing import Any
 
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
+from django.core.servers.basehttp import WSGIRequestHandler, WSGIServer
 from django.test import override_settings
 
 from ductor_project.chunked import ChunkedBodies
@@ -62,5 +65,31 @@ def test_a_chunked_body_over_the_request_limit_is_refused_as_too_large(tenant_a)
 def test_a_chunked_body_a_server_does_not_decode_is_a_411_in_the_error_shape(tenant_a):
     status, body = send(tenant_a[1], b'{"workflow": "w"}', decoded=False)
     assert (status[:3], body["error"]["code"]) == ("411", "length_required")
+    with tenant_context(tenant_a[0]):
+        assert not WorkflowRun.objects.exists()
+
+
+def test_runserver_answers_a_chunked_body_411_in_the_error_shape_and_closes_the_connection(tenant_a):
+    """Through the development server's own classes (``runserver``, ``make up --dev``), whose WSGI
+    handler refuses an application's hop-by-hop header: the 411 was its own plain-text 500."""
+    server = WSGIServer(("127.0.0.1", 0), WSGIRequestHandler)
+    server.set_app(ChunkedBodies(WSGIHandler()))
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        with socket.create_connection(server.server_address[:2], timeout=30) as conn:
+            conn.sendall(b"POST /api/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Authorization: Bearer " + tenant_a[1].encode() + b"\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n11\r\n{\"workflow\": \"w\"}\r\n0\r\n\r\n")
+            answer = b""
+            while chunk := conn.recv(65536):  # until the server closes the connection
+                answer += chunk
+    finally:
+        server.shutdown()
+        server.server_close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 411 "), answer
+    assert b"\r\nConnection: close" in head
+    assert json.loads(body)["error"]["code"] == "length_required"
     with tenant_context(tenant_a[0]):
         assert not WorkflowRun.objects.exists()
