@@ -270,6 +270,14 @@ def enforce_setting_limit(what: str, limit: int, existing: QuerySet[Any], *, kin
                                details={"limit": kind, "maximum": limit, "current": current})
 
 
+def lock_tenant_row() -> None:
+    """Lock the tenant in context's row as a ceiling check does (``enforce_ceiling``), for a
+    transaction that locks other rows of the tenant before its check: the tenant's row comes first
+    in every such transaction (a webhook's, a schedule's or a trigger's create takes it, then the
+    workflows it names), else two of them at once each wait for the other."""
+    _locked_tenant()
+
+
 def _locked_tenant() -> Tenant:
     """The tenant in context, its row locked ``FOR NO KEY UPDATE``: its ceiling checks run one at a
     time, without blocking (or waiting for) inserts of its rows, whose foreign keys take ``FOR KEY

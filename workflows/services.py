@@ -23,7 +23,7 @@ from ductor_project.core.payloads import json_size
 from scheduling.models import MAX_FAIRNESS_KEY
 from tenants.entitlements import effective_entitlements
 from tenants.selectors import first_or_404
-from tenants.usage import enforce_ceiling, quota_consume, quota_consume_at_commit
+from tenants.usage import enforce_ceiling, lock_tenant_row, quota_consume, quota_consume_at_commit
 from workflows.engine import waits
 from workflows.engine.attempts import latest_attempts, resume, run_input_problems
 from workflows.engine.events import record_event
@@ -172,6 +172,7 @@ def workflow_archive(*, name: str) -> WorkflowDefinition:
 def workflow_unarchive(*, name: str) -> WorkflowDefinition:
     """Make the archived workflow ``name`` active again, if the plan's ``max_workflows`` leaves room
     for it (403 ``plan_limit_reached`` otherwise). Idempotent."""
+    lock_tenant_row()  # the ceiling's row before the workflow's, in the order a webhook's create takes them
     definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
     if definition.archived_at is not None:
         enforce_ceiling("workflows", active_workflows())

@@ -439,6 +439,50 @@ def test_a_webhook_naming_a_workflow_while_it_is_deleted_is_refused_and_nothing_
         assert list(WebhookEndpoint.objects.values_list("pk", "workflows")) == [(endpoint.pk, ["kept"])]
 
 
+def test_an_unarchive_and_a_webhook_naming_its_workflow_at_once_both_go_through(
+    transactional_db, tenant_a, monkeypatch
+):
+    """A webhook's create locks the tenant's row (its limit), then the workflows it names, as a
+    schedule's and a trigger's create do; an unarchive, which checks the plan's ceiling on that row,
+    takes the two in that order too. Before, it locked its workflow first: at once with a webhook
+    naming that workflow, each waited for the other, and PostgreSQL aborted one as a deadlock."""
+    import threading
+
+    from workflows.triggers import webhooks
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="paused", spec=FLOW)
+        services.workflow_archive(name="paused")
+    reached, check = threading.Event(), services.enforce_ceiling
+
+    def check_once_another_waits(kind: str, existing: Any) -> None:
+        reached.set()
+        until_another_waits_on_a_lock()  # the webhook's create, waiting for what the unarchive holds
+        check(kind, existing)
+
+    monkeypatch.setattr(services, "enforce_ceiling", check_once_another_waits)
+
+    def unarchive() -> str:
+        with tenant_context(tenant):
+            services.workflow_unarchive(name="paused")
+        return "unarchived"
+
+    results: dict[str, Any] = {}
+    unarchiving = in_a_thread(results, "unarchive", unarchive)
+    assert reached.wait(15)
+    try:
+        with tenant_context(tenant):
+            made = webhooks.webhook_create(url="https://93.184.216.34/hook", events=["run.failed"],
+                                           workflows=["paused"])
+    finally:
+        unarchiving.join(30)
+
+    assert results["unarchive"] == "unarchived"
+    assert made.endpoint.workflows == ["paused"]
+    assert archived_at(tenant, "paused") is None
+
+
 def test_a_deletion_waits_for_a_schedule_firing_then_counts_its_run(transactional_db, tenant_a):
     """A firing holds its schedule's row while it starts the fire's run, whose reference to its version
     is checked at its commit; the deletion takes the workflow's schedules before its versions (the
