@@ -224,7 +224,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         obj._state.adding = False
         messages.warning(request, f"New API key (shown once, store it now): {raw}")
 
-    @admin.action(description="Revoke selected keys")
+    @admin.action(description="Revoke selected keys", permissions=["change"])  # a write: not a viewer's
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         for key in queryset.select_related("tenant"):
             with tenant_context(key.tenant):

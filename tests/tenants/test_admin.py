@@ -612,3 +612,25 @@ def test_staff_of_a_suspended_tenant_read_their_rows_and_change_none(world: Simp
     assert Folder.all_tenants.filter(pk=world.fa2.pk).exists()
     assert not Folder.all_tenants.filter(name="added").exists()
     assert not ApiKey.all_tenants.filter(name="new-key").exists()
+
+
+@pytest.mark.parametrize("who", ["viewer", "suspended"])
+def test_staff_who_only_read_revoke_no_api_key(world: SimpleNamespace, who: str) -> None:
+    """Revoking is a write: a viewer, or the staff of a suspended tenant, is not offered the action, and
+    posting it leaves the key as it was."""
+    role = TenantMembership.Role.VIEWER if who == "viewer" else TenantMembership.Role.OWNER
+    user = make_user(f"{who}-keys", tenant=world.a, role=role, is_staff=True)
+    grant(user, *SCOPED_PERMS)
+    if who == "suspended":
+        services.tenant_set_status(tenant=world.a, status=Tenant.Status.SUSPENDED)
+    client = Client()
+    client.force_login(user)
+    key = ApiKey.all_tenants.get(name="a-admin-key")
+
+    listing = client.get(url(ApiKey))
+    posted = client.post(url(ApiKey), {"action": "revoke", "_selected_action": [key.pk]})
+
+    assert listing.status_code == 200
+    assert "revoke" not in listing.context["cl"].model_admin.get_actions(listing.wsgi_request)
+    assert posted.status_code == 200  # the list again: no action of theirs ran
+    assert ApiKey.all_tenants.get(pk=key.pk).revoked_at is None
