@@ -292,11 +292,11 @@ def pool_create(
 ) -> Pool:
     """Create a pool with its members. Becoming the default unsets the previous default pool."""
     enforce_ceiling("pools", Pool.objects.all())  # also locks the tenant: default switches serialize
-    resolved = _resolve_members(members)
     pool = Pool(name=name, strategy=strategy, is_default=is_default)
-    _apply_limits(pool, max_concurrency=max_concurrency, rate_per_s=rate_per_s, burst=burst)
-    if is_default:
+    if is_default:  # the pools before the members' connections, in the order pool_update takes them
         _clear_other_defaults(pool)
+    resolved = _resolve_members(members)
+    _apply_limits(pool, max_concurrency=max_concurrency, rate_per_s=rate_per_s, burst=burst)
     _save(pool)
     _set_members(pool, resolved)
     log.info("pool_created", pool_id=str(pool.pk), members=len(resolved), is_default=is_default)
@@ -323,16 +323,19 @@ def pool_update(
     if is_default is True:
         _lock_tenant()
     row: Pool = _locked(Pool, pool.pk)
+    if is_default is not UNSET:
+        if is_default and not row.is_default:
+            _clear_other_defaults(row)
+        row.is_default = is_default
+    # The members' connections after every pool this locks, its own and the default it replaces: a
+    # change of another pool's members locks that pool, then the connections, and taken the other way
+    # round the two at once each waited for the other (PostgreSQL aborted one as a deadlock).
     resolved = None if members is UNSET else _resolve_members(members)
     old_name = row.name
     if name is not UNSET:
         row.name = name
     if strategy is not UNSET:
         row.strategy = strategy
-    if is_default is not UNSET:
-        if is_default and not row.is_default:
-            _clear_other_defaults(row)
-        row.is_default = is_default
     _apply_limits(row, max_concurrency=max_concurrency, rate_per_s=rate_per_s, burst=burst)
     _save(row)
     if row.name != old_name:

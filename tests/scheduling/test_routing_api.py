@@ -1198,3 +1198,64 @@ def test_openapi_schema_documents_the_routing_endpoints(client_a: APIClient) -> 
     for path in ("/api/v1/connections", "/api/v1/pools", "/api/v1/rules", "/api/v1/routing/explain"):
         assert any(p.startswith(path) for p in paths), path
     assert any("rotate-secret" in p for p in paths)
+
+
+@transactional
+@pytest.mark.parametrize("switch", ["create", "update"])
+def test_a_new_default_pool_and_a_change_of_the_old_defaults_members_at_once_both_go_through(
+    tenant_a: tuple[Tenant, str], monkeypatch: Any, switch: str
+) -> None:
+    """A pool made the default (created so, or changed) unsets the previous default and locks its
+    members' connections; a change of the previous default's members locks that pool, then the
+    connections. The default switch takes the pools first too: before, it locked the connections
+    first, and the two at once each waited for the other (PostgreSQL aborted one as a deadlock)."""
+    import threading
+
+    from scheduling import services
+    from tests.waiting import until_another_waits_on_a_lock
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        shared = services.connection_create(name="shared", kind="http", config={"base_url": BASE_URL})
+        old = services.pool_create(name="old", is_default=True)
+        new = services.pool_create(name="new") if switch == "update" else None
+    reached, resolve = threading.Event(), services._resolve_members
+
+    def resolve_once_another_waits(members: Any) -> Any:
+        resolved = resolve(members)
+        if not reached.is_set():  # the default switch's: the change of the old default's members comes now
+            reached.set()
+            until_another_waits_on_a_lock()
+        return resolved
+
+    monkeypatch.setattr(services, "_resolve_members", resolve_once_another_waits)
+    results: dict[str, Any] = {}
+
+    def make_default() -> None:
+        try:
+            with tenant_context(tenant):
+                members = [services.MemberSpec(connection="shared")]
+                if new is None:
+                    services.pool_create(name="new", is_default=True, members=members)
+                else:
+                    services.pool_update(pool=new, is_default=True, members=members)
+            results["default"] = "switched"
+        except Exception as exc:
+            results["default"] = exc
+        finally:
+            db.close()
+
+    switching = threading.Thread(target=make_default)
+    switching.start()
+    assert reached.wait(15)
+    try:
+        with tenant_context(tenant):
+            services.pool_update(pool=old, members=[services.MemberSpec(connection="shared", weight=2)])
+    finally:
+        switching.join(30)
+
+    assert results["default"] == "switched"
+    with tenant_context(tenant):
+        assert list(Pool.objects.filter(is_default=True).values_list("name", flat=True)) == ["new"]
+        assert sorted(PoolMember.objects.filter(connection=shared).values_list("pool__name", "weight")) == [
+            ("new", 1), ("old", 2)]
