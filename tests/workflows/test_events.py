@@ -354,6 +354,40 @@ def test_a_disabled_or_deleted_trigger_starts_nothing(tenant, client_a):
     assert runs_of(tenant) == []
 
 
+@pytest.mark.parametrize("gone", ["trigger", "workflow"])
+def test_a_change_of_a_trigger_deleted_since_it_was_read_is_404_and_does_not_bring_it_back(tenant, client_a, gone):
+    """A change reads the trigger (its tenant's, or 404), then writes it: deleted in between, by its
+    own deletion or its workflow's, it stays deleted (404), rather than being inserted again or, its
+    workflow gone, failing on the reference at the commit (a 500)."""
+    from ductor_project.core.errors import NotFound
+
+    put(tenant, "fulfil")
+    trigger = subscribe(client_a, "fulfil", "order.paid")
+    with tenant_context(tenant):
+        read = services_events.trigger_of(trigger["id"])
+    path = f"/api/v1/triggers/{trigger['id']}" if gone == "trigger" else "/api/v1/workflows/fulfil"
+    assert client_a.delete(path).status_code == 204
+
+    with tenant_context(tenant), pytest.raises(NotFound):
+        services_events.trigger_update(read, {"enabled": False})
+    with tenant_context(tenant):
+        assert not EventTrigger.objects.exists()
+
+
+def test_changes_of_other_fields_of_one_trigger_at_once_are_all_kept(tenant, client_a):
+    """Each change writes the fields it names onto the trigger as stored when it is locked, not onto
+    the trigger as read before: the change that commits second keeps the first one's."""
+    put(tenant, "fulfil")
+    trigger = subscribe(client_a, "fulfil", "order.paid")
+    with tenant_context(tenant):
+        first, second = (services_events.trigger_of(trigger["id"]) for _ in range(2))
+        services_events.trigger_update(first, {"enabled": False})
+        services_events.trigger_update(second, {"event": "order.refunded"})
+
+    stored = client_a.get(f"/api/v1/triggers/{trigger['id']}").json()
+    assert (stored["enabled"], stored["event"]) == (False, "order.refunded")
+
+
 # --- retention ----------------------------------------------------------------------------------
 
 

@@ -196,18 +196,25 @@ def trigger_create(*, workflow: str, event: str, filter: Any = None, enabled: bo
 
 
 def trigger_update(trigger: EventTrigger, changes: Mapping[str, Any]) -> EventTrigger:
-    """Change a trigger's workflow, event name, filter or state."""
+    """Change a trigger's workflow, event name, filter or state. The changes go onto its row read
+    again, locked (after the workflow it moves to, in the order of a workflow's deletion, which locks
+    the workflow, then deletes its triggers): a trigger deleted since the request read it, or with
+    its workflow, is a 404, not inserted again (nor, its workflow gone, a failed reference at the
+    commit); and of two changes at once, the second keeps the first's other fields."""
     with transaction.atomic():
-        if "workflow" in changes:
-            trigger.workflow = _workflow(changes["workflow"])
+        workflow = _workflow(changes["workflow"]) if "workflow" in changes else None
+        row: EventTrigger = first_or_404(EventTrigger.objects.select_for_update(of=("self",))
+                                         .select_related("workflow").filter(pk=trigger.pk))
+        if workflow is not None:
+            row.workflow = workflow
         if "event" in changes:
-            trigger.event = changes["event"]
+            row.event = changes["event"]
         if "filter" in changes:
-            trigger.filter = checked_filter(changes["filter"])
+            row.filter = checked_filter(changes["filter"])
         if "enabled" in changes:
-            trigger.enabled = bool(changes["enabled"])
-        trigger.save()
-        return trigger
+            row.enabled = bool(changes["enabled"])
+        row.save()
+        return row
 
 
 def trigger_of(trigger_id: Any) -> EventTrigger:
