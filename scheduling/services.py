@@ -273,8 +273,10 @@ def _set_members(pool: Pool, resolved: list[tuple[Connection, MemberSpec]]) -> N
 
 
 def _clear_other_defaults(pool: Pool) -> None:
-    """Unset ``is_default`` on every other pool of the tenant (call with the tenant locked)."""
-    for other in Pool.objects.filter(is_default=True).exclude(pk=pool.pk):
+    """Unset ``is_default`` on every other pool of the tenant (call with the tenant locked). The pools
+    are locked as they are read: one that a deletion holds is waited for, and left out once deleted
+    (read unlocked, its write would find no row, and fail the request)."""
+    for other in Pool.objects.select_for_update().filter(is_default=True).exclude(pk=pool.pk):
         other.is_default = False
         other.save(update_fields=["is_default", "updated_at"])
 

@@ -1259,3 +1259,58 @@ def test_a_new_default_pool_and_a_change_of_the_old_defaults_members_at_once_bot
         assert list(Pool.objects.filter(is_default=True).values_list("name", flat=True)) == ["new"]
         assert sorted(PoolMember.objects.filter(connection=shared).values_list("pool__name", "weight")) == [
             ("new", 1), ("old", 2)]
+
+
+@transactional
+@pytest.mark.parametrize("switch", ["create", "update"])
+def test_a_new_default_pool_while_the_old_default_is_deleted_goes_through(
+    tenant_a: tuple[Tenant, str], monkeypatch: Any, switch: str
+) -> None:
+    """A default switch unsets the previous default; a deletion of that pool at the same moment holds
+    its row. The switch locks the pools it unsets, so it waits for the deletion and then leaves the
+    deleted pool alone: before, it found the pool, then its write, which waited for the deletion,
+    changed no row, and the request failed (a 500)."""
+    import threading
+
+    from scheduling import selectors, services
+    from tests.waiting import until_another_waits_on_a_lock
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        old = services.pool_create(name="old", is_default=True)
+        new = services.pool_create(name="new") if switch == "update" else None
+    reached, using = threading.Event(), selectors.rules_using_pool
+
+    def rules_once_another_waits(name: str) -> Any:
+        reached.set()
+        until_another_waits_on_a_lock()  # the default switch, waiting for the pool this deletion holds
+        return using(name)
+
+    monkeypatch.setattr(selectors, "rules_using_pool", rules_once_another_waits)
+    results: dict[str, Any] = {}
+
+    def delete() -> None:
+        try:
+            with tenant_context(tenant):
+                services.pool_delete(pool=old)
+            results["delete"] = "deleted"
+        except Exception as exc:
+            results["delete"] = exc
+        finally:
+            db.close()
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    assert reached.wait(15)
+    try:
+        with tenant_context(tenant):
+            if new is None:
+                services.pool_create(name="new", is_default=True)
+            else:
+                services.pool_update(pool=new, is_default=True)
+    finally:
+        deleting.join(30)
+
+    assert results["delete"] == "deleted"
+    with tenant_context(tenant):
+        assert list(Pool.objects.values_list("name", "is_default")) == [("new", True)]
