@@ -196,8 +196,10 @@ def workflow_delete(*, name: str) -> None:
     definition = first_or_404(WorkflowDefinition.objects.select_for_update().filter(name=name))
     # Its schedules before its versions, in the order a firing takes them (its schedule's row, then, at
     # its commit, its run's reference to the version): taken the other way, a firing at this moment and
-    # the deletion each waited for the other, and PostgreSQL aborted one of them as a deadlock.
-    list(Schedule.objects.select_for_update().filter(workflow=name).values_list("pk", flat=True))
+    # the deletion each waited for the other, and PostgreSQL aborted one of them as a deadlock. Among
+    # them, in the order a firing locks its due schedules (earliest wake first), for the same reason.
+    list(Schedule.objects.select_for_update().filter(workflow=name).order_by("wake_at", "id")
+         .values_list("pk", flat=True))
     lock_versions(definition)
     count = WorkflowRun.objects.filter(workflow__definition=definition).count()
     if count:

@@ -521,6 +521,63 @@ def test_a_deletion_waits_for_a_schedule_firing_then_counts_its_run(transactiona
     assert run_count(tenant_a[0]) == 1
 
 
+def test_a_deletion_and_a_firing_of_two_of_its_schedules_at_once_take_them_in_one_order(transactional_db, tenant_a):
+    """A firing locks its tenant's schedules that are due, earliest wake first; the deletion locks the
+    workflow's schedules in that order too. Before, it took them in the order it found them: the
+    firing held one and waited for the other, which the deletion held while it waited for the first,
+    and PostgreSQL aborted one of them as a deadlock. The second schedule's row is held a moment
+    (as a change of it does) so that both wait for it, the firing first."""
+    import threading
+    from datetime import timedelta
+
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from tests.waiting import wait_for
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="nightly", spec=FLOW)
+        first = schedules.schedule_create(name="first", workflow="nightly", cron="0 2 * * *")
+        second = schedules.schedule_create(name="second", workflow="nightly", cron="0 3 * * *")
+        now = timezone.now()  # the second is due earlier: the firing takes it first, the deletion found it last
+        for schedule, ago in ((first, 1), (second, 2)):
+            due = now - timedelta(seconds=ago)
+            Schedule.objects.filter(pk=schedule.pk).update(wake_at=due, next_fire_at=due)
+    held, release, results = threading.Event(), threading.Event(), {}
+
+    def hold() -> str:
+        with tenant_context(tenant), transaction.atomic():
+            Schedule.objects.select_for_update().get(pk=second.pk)
+            held.set()
+            assert release.wait(30)
+        return "released"
+
+    def fire() -> str:
+        with tenant_context(tenant):
+            return f"fired {firing.fire_schedules(now=now)}"
+
+    def waiting() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+            return int(cursor.fetchone()[0])
+
+    holding = in_a_thread(results, "hold", hold)
+    assert held.wait(15)
+    firing_thread = in_a_thread(results, "fire", fire)
+    until_another_waits_on_a_lock()  # the firing, waiting for the second schedule
+    deleting = deletion_in_a_thread(tenant, "nightly", results)
+    wait_for(lambda: waiting() >= 2, timeout=15, what="the deletion to wait on a schedule too")
+    release.set()
+    for thread in (holding, firing_thread, deleting):
+        thread.join(30)
+
+    assert results["fire"] == "fired 2"
+    assert isinstance(results["delete"], Conflict), results["delete"]
+    assert run_count(tenant) == 2
+
+
 def test_a_workflow_whose_run_started_before_its_deletion_counted_them_is_kept_with_a_409(tenant_a):
     """A start that committed first is counted by the deletion, which locks the versions first."""
     with tenant_context(tenant_a[0]):
