@@ -518,8 +518,12 @@ def _start_many(
             first_in_batch[key] = index
     if new:
         with transaction.atomic():
+            # The runs, their keys in one order, before the month's charge: a start in a transaction of
+            # its own writes its run (its key), then charges the month with its commit, and two bulk
+            # starts sharing keys take them in turn. Charged first, the month's row was held while a
+            # key was waited for, by a start that held the key and waited for the row: a deadlock.
+            WorkflowRun.objects.bulk_create(sorted(new, key=lambda run: run.idempotency_key or ""))
             quota_consume(runs=len(new))
-            WorkflowRun.objects.bulk_create(new)
             # The history's first event, as record_event writes it for one run.
             RunEvent.objects.bulk_create(
                 [RunEvent(run=run, seq=1, type="created", data={"version": run.workflow.number}) for run in new]

@@ -194,3 +194,57 @@ def test_a_batch_whose_keys_concurrent_starts_take_again_and_again_looks_again_e
 
     assert len(passes) == 3
     assert [(run.pk, created) for run, created in started] == [(theirs["k1"], False), (theirs["k2"], False)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_and_a_bulk_start_of_one_key_at_once_give_one_run_and_no_deadlock(tenant_a, monkeypatch):
+    """A start in a transaction of its own writes its run, then charges the month's row with its commit; a
+    bulk start writes its runs, then charges the month, in that order too. Before, the bulk start charged
+    the month first: at once with a start of one of its keys, the start held the key and waited for the
+    month's row, the bulk start held that row and waited for the key, and PostgreSQL aborted one of them
+    as a deadlock (a 500)."""
+    import threading
+
+    from django.db import connections
+
+    from tests.waiting import until_another_waits_on_a_lock
+    from workflows import services
+
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="w", spec=ONE_STEP)
+    reached, consume = threading.Event(), services.quota_consume
+
+    def consume_once_another_waits(**kwargs: Any) -> int:
+        total = consume(**kwargs)
+        reached.set()
+        until_another_waits_on_a_lock()  # the start, waiting for what the bulk start holds
+        return total
+
+    monkeypatch.setattr(services, "quota_consume", consume_once_another_waits)
+    results: dict[str, Any] = {}
+
+    def start_many() -> None:
+        try:
+            with tenant_context(tenant):
+                results["bulk"] = services.run_start_many(runs=[{"workflow": "w", "idempotency_key": "k1"}])
+        except Exception as exc:
+            results["bulk"] = exc
+        finally:
+            connections.close_all()
+
+    bulk_start = threading.Thread(target=start_many)
+    bulk_start.start()
+    assert reached.wait(15)
+    try:
+        with tenant_context(tenant):
+            run, _ = services.run_start(workflow="w", idempotency_key="k1")
+    finally:
+        bulk_start.join(30)
+
+    assert not isinstance(results["bulk"], Exception), results["bulk"]
+    [(theirs, _)] = results["bulk"]
+    assert run.pk == theirs.pk
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.count() == 1
+        assert runs_this_month() == 1
