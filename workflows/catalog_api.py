@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -91,8 +92,9 @@ class TaskSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-def _entry(name: str) -> TaskCatalogEntry:
-    found = TaskCatalogEntry.objects.filter(name=name).first()
+def _entry(name: str, *, locked: bool = False) -> TaskCatalogEntry:
+    entries = TaskCatalogEntry.objects.select_for_update() if locked else TaskCatalogEntry.objects
+    found = entries.filter(name=name).first()
     if found is None:
         raise NotFound()
     return found
@@ -123,9 +125,12 @@ class PlatformTaskCatalogViewSet(PlatformViewSet):
 
     @extend_schema(request=TaskCatalogEntrySerializer, responses={200: TaskCatalogEntrySerializer})
     def partial_update(self, request: Request, name: str) -> Response:
-        params = TaskCatalogEntrySerializer(_entry(name), data=request.data, partial=True)
-        params.is_valid(raise_exception=True)
-        return Response(TaskCatalogEntrySerializer(params.save()).data)
+        # The entry locked until the change commits: a deletion waits for it, or is waited for and the
+        # change is a 404. Read unlocked, a change of an entry deleted meanwhile inserted it again.
+        with transaction.atomic():
+            params = TaskCatalogEntrySerializer(_entry(name, locked=True), data=request.data, partial=True)
+            params.is_valid(raise_exception=True)
+            return Response(TaskCatalogEntrySerializer(params.save()).data)
 
     def destroy(self, request: Request, name: str) -> Response:
         _entry(name).delete()

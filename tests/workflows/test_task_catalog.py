@@ -474,3 +474,44 @@ def test_a_task_without_a_queue_needs_a_celery_connection_of_the_tenant_to_be_sa
                          format="json")
     assert made.status_code == 201, made.content
     assert create_workflow(client_a, task_node("shop.ship")).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_and_a_deletion_of_an_entry_at_once_leave_it_deleted(platform, monkeypatch):
+    """A change holds the entry's row until it commits; a deletion at the same moment waits for it, then
+    deletes the entry. Before, the change read the entry unlocked: deleted before its write, the entry
+    was inserted again by it."""
+    from django.db import connection as db
+    from django.db import connections
+
+    from tests.waiting import another_waits_on_a_lock, wait_for
+    from workflows.catalog_api import TaskCatalogEntrySerializer
+
+    entry(platform, name="billing.tasks.charge")
+    checked, results = TaskCatalogEntrySerializer.validate, {}
+
+    def delete() -> None:
+        try:
+            results["delete"] = platform.delete("/api/v1/task-catalog/billing.tasks.charge").status_code
+        finally:
+            connections.close_all()
+
+    def deletion_done_or_waiting() -> bool:
+        with db.cursor() as cursor:  # the change's transaction: its view of the activity taken again
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+        return "delete" in results or another_waits_on_a_lock()
+
+    def validate_while_deleted(self: Any, attrs: Any) -> Any:  # between the change's read and its write
+        deleting = threading.Thread(target=delete)
+        deleting.start()
+        wait_for(deletion_done_or_waiting, timeout=15, what="the deletion")
+        results["deleting"] = deleting
+        return checked(self, attrs)
+
+    monkeypatch.setattr(TaskCatalogEntrySerializer, "validate", validate_while_deleted)
+    changed = platform.patch("/api/v1/task-catalog/billing.tasks.charge", {"description": "Charges."},
+                             format="json")
+    results["deleting"].join(30)
+
+    assert (changed.status_code, results["delete"]) == (200, 204)
+    assert not TaskCatalogEntry.objects.exists()
