@@ -721,3 +721,45 @@ def test_deleting_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_neve
     assert failures == []
     assert not deliveries(tenant)
     assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
+
+
+def test_a_run_ending_while_its_endpoint_is_deleted_ends_without_a_delivery_to_it(tenant, monkeypatch):
+    """An outcome's deliveries go to the endpoints of the process's copy that still exist, locked until the
+    outcome commits: a deletion of one in progress is waited for, and the endpoint left out. Before, the
+    delivery's reference to the deleted endpoint failed at the outcome's commit, and the outcome with it:
+    here a start whose own first tick ends its run, which answered 500."""
+    import threading
+
+    from tests.workflows.test_archive import in_a_thread
+
+    put(tenant, "quiet")
+    with tenant_context(tenant):
+        made = webhooks.webhook_create(url=PUBLIC, events=["run.succeeded"])
+        assert [endpoint.pk for endpoint in webhooks.enabled_endpoints()] == [made.endpoint.pk]
+    reached, forget = threading.Event(), webhooks.forget_endpoints
+
+    def forget_once_another_waits() -> None:
+        reached.set()
+        until_another_waits_on_a_lock()  # the run's start, waiting for the endpoint this deletion holds
+        forget()
+
+    monkeypatch.setattr(webhooks, "forget_endpoints", forget_once_another_waits)
+    results: dict[str, Any] = {}
+
+    def delete() -> str:
+        with tenant_context(tenant):
+            webhooks.webhook_delete(made.endpoint)
+        return "deleted"
+
+    deleting = in_a_thread(results, "delete", delete)
+    assert reached.wait(15)
+    try:
+        with tenant_context(tenant):
+            run, _ = services.run_start(workflow="quiet")
+    finally:
+        deleting.join(30)
+
+    assert results["delete"] == "deleted"
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.SUCCEEDED
+        assert not WebhookDelivery.objects.exists()

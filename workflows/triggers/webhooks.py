@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import structlog
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import F, Func, Value
 from django.utils import timezone
 
@@ -359,6 +359,8 @@ def on_run_event(run: WorkflowRun, type_: str, node_id: str, data: dict[str, Any
         return
     targets = [endpoint for endpoint in enabled_endpoints() if kind in endpoint.events
                and (not endpoint.workflows or run.workflow_name in endpoint.workflows)]
+    if targets:
+        targets = _still_there(targets)
     if not targets:
         return
     now = timezone.now()
@@ -371,6 +373,20 @@ def on_run_event(run: WorkflowRun, type_: str, node_id: str, data: dict[str, Any
     insert_rows(deliveries)
     enqueue_deliveries([Queued(delivery.pk, run.tier, run.pk, run.workflow_name) for delivery in deliveries])
     log.info("webhook_deliveries_created", run_id=str(run.pk), type=kind, deliveries=len(deliveries))
+
+
+def _still_there(endpoints: list[WebhookEndpoint]) -> list[WebhookEndpoint]:
+    """Those of ``endpoints`` (the process's copy, which may name one deleted since) that still exist,
+    locked ``FOR KEY SHARE`` until the outcome commits, as its deliveries' references are at its commit:
+    a deletion in progress is waited for, and its endpoint left out. Before, a delivery to an endpoint
+    deleted meanwhile failed its reference at the outcome's commit, and the outcome with it (a run's
+    start whose first tick ended it answered 500)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {WebhookEndpoint._meta.db_table} "  # noqa: S608 - no value in the text
+                       "WHERE tenant_id = %s AND id = ANY(%s) FOR KEY SHARE",
+                       [current_tenant().pk, [endpoint.pk for endpoint in endpoints]])
+        kept = {row[0] for row in cursor.fetchall()}
+    return [endpoint for endpoint in endpoints if endpoint.pk in kept]
 
 
 def delivery_note(now: datetime, text: str) -> dict[str, Any]:
