@@ -191,15 +191,30 @@ def lineage(run: WorkflowRun) -> dict[str, Any]:
                 "created_at")[:MAX_LINEAGE_RUNS + 1]
     )
     total = len(rows) if len(rows) <= MAX_LINEAGE_RUNS else tree.count()
-    nodes: dict[Any, dict[str, Any]] = {}
+    rows = rows[:MAX_LINEAGE_RUNS]
+    fetched = {row["id"]: row for row in rows}
+
+    def above_of(row: dict[str, Any]) -> Any:
+        """The run it hangs under: the run it continued, else its parent, when that is in the tree."""
+        return row["continued_from_id"] if row["continued_from_id"] in fetched else row["parent_run_id"]
+
+    # Each run's level, from the links alone: its parent's or predecessor's row, written on another
+    # host (a worker's clock behind the API's), may have an earlier ``created_at``.
     level: dict[Any, int] = {}
+    for row in rows:
+        path, at = [], row["id"]
+        while at in fetched and at not in level:
+            path.append(at)
+            at = above_of(fetched[at])
+        depth = level.get(at, -1)
+        for each in reversed(path):
+            depth += 1
+            level[each] = depth
+    nodes: dict[Any, dict[str, Any]] = {}
     roots = []
-    for row in rows[:MAX_LINEAGE_RUNS]:
-        # Under the run it continued, else its parent, when that is in the tree; else a root.
-        above = row["continued_from_id"] if row["continued_from_id"] in level else row["parent_run_id"]
-        depth = level[above] + 1 if above in level else 0
-        level[row["id"]] = depth
-        if depth >= MAX_LINEAGE_DEPTH or (above in level and above not in nodes):
+    for row in sorted(rows, key=lambda row: level[row["id"]]):  # a level at a time, each in creation order
+        above, depth = above_of(row), level[row["id"]]
+        if depth >= MAX_LINEAGE_DEPTH or (above in fetched and above not in nodes):
             continue  # left out, and so is everything below it
         node = nodes[row["id"]] = {**row, "children": [], "successor": None}
         if above not in nodes:

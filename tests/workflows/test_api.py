@@ -433,6 +433,23 @@ def test_run_detail_includes_steps_with_their_routing_and_events_are_ordered(cli
     assert client_a.get("/api/v1/runs/not-a-uuid").status_code == 404
 
 
+def test_a_lineage_hangs_each_run_under_its_parent_or_predecessor_whatever_their_creation_times(client_a, tenant_a):
+    """A child is written by a worker, its parent by the API: on two hosts, whose clocks may differ."""
+    create(client_a, "leaf", spec(node("a")))
+    create(client_a, "parent", spec({"id": "kid", "type": "subworkflow", "workflow": "leaf"}))
+    run = start(client_a, workflow="parent")
+    tick(tenant_a[0], run["id"])
+    with tenant_context(tenant_a[0]):
+        child = WorkflowRun.objects.get(parent_run_id=run["id"])
+        WorkflowRun.objects.filter(pk=child.pk).update(created_at=timezone.now() - timedelta(seconds=5))
+
+    lineage = client_a.get(f"/api/v1/runs/{child.pk}/lineage").json()
+
+    assert (lineage["runs"], lineage["truncated"]) == (2, False)
+    [root] = lineage["tree"]
+    assert (root["id"], [kid["id"] for kid in root["children"]]) == (run["id"], [str(child.pk)])
+
+
 def test_a_history_is_read_a_bounded_answer_at_a_time_on_from_its_last_event(client_a, tenant_a):
     create(client_a, "w", spec(node("a"), node("b", "a")))
     run = start(client_a, workflow="w")
