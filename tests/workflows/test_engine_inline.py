@@ -248,6 +248,21 @@ def test_every_steps_end_in_the_history_carries_its_attempt_and_its_error_code(t
     assert "does not exist" in ends["ghost"][1]["reason"]
 
 
+def test_a_sub_workflow_step_that_does_not_wait_has_its_end_in_the_history_with_its_child(tenant):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "fire", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf", "wait": False}]})
+
+    run = start(tenant, "fire")
+
+    kid = by_node(tenant, run)["kid"]
+    assert (run.status, kid.status) == ("succeeded", "succeeded")
+    with tenant_context(tenant):
+        history = list(RunEvent.objects.filter(run_id=run.pk, node_id="kid").order_by("seq")
+                       .values_list("type", "data"))
+    assert history == [("child_started", {"child_run": str(kid.child_run_id)}),
+                       ("step_succeeded", {"attempt": 1, "error": None, "child_run": str(kid.child_run_id)})]
+
+
 # -- ContinueAsNew ----------------------------------------------------------------------------------
 
 

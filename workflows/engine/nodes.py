@@ -217,6 +217,8 @@ def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]
     elif node.get("timeout_s"):  # the child's time: past it, the child is cancelled (``timers.step_timeout``)
         wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
     record_event(run, "child_started", node_id, child_run=str(child.id))
+    if step.status == SStatus.SUCCEEDED:  # it does not wait: its end is now, in the history too
+        record_event(run, "step_succeeded", node_id, attempt=step.attempt, error=None, child_run=str(child.id))
     enqueue_tick(child)
     return step
 
