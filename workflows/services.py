@@ -392,9 +392,10 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
     node that failed or that the failure cancelled, and then the nodes that never ran, as their
     dependencies finish. The nodes that succeeded (or were skipped) keep their attempts and outputs,
     and are not run again. One transaction, with the run's row locked: a run retried twice at once
-    is retried once. A run that has not failed (409), or a child run its parent's node waits for
-    (409: retry its parent, which starts the child again), is refused; a child started with
-    ``"wait": false`` runs on by itself, and is retried as a root run is."""
+    is retried once; should its tick fail, nothing changes. A run that has not failed (409), or a
+    child run its parent's node waits for (409: retry its parent, which starts the child again), is
+    refused; a child started with ``"wait": false`` runs on by itself, and is retried as a root run
+    is."""
     with transaction.atomic(), journal():
         locked = lock_run(run.pk)
         if locked is None:
@@ -414,7 +415,7 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
         add_state(locked)
         record_event(locked, "retried", nodes=sorted(again))
         arm_run_timeout(locked)  # its timeout_s counts again from now
-        advance_locked(locked, latest=latest)
+        advance_locked(locked, latest=latest, queued_again=False)  # it fails, and the retry with it
     log.info("run_retried", run_id=str(locked.pk), nodes=sorted(again))
     return locked
 

@@ -128,6 +128,33 @@ def test_retry_starts_again_what_the_failure_cancelled(tenant, client_a):
     assert status(tenant, run) == "succeeded"
 
 
+def test_a_retry_whose_first_tick_fails_changes_nothing_and_can_be_made_again(tenant, monkeypatch):
+    """Its nodes are started again by that tick alone: a tick through the queue would find the failed
+    attempts and fail the run again with them, after a retry that answered it running."""
+    run = failed_diamond(tenant)
+    with tenant_context(tenant):
+        error = WorkflowRun.objects.get(pk=run.pk).error
+
+    def broken(*args: Any, **kwargs: Any) -> bool:
+        raise RuntimeError("a bug in the tick")
+
+    monkeypatch.setattr(engine_tick, "_start_ready", broken)
+    with tenant_context(tenant), pytest.raises(RuntimeError):
+        services.run_retry(run=run)
+    monkeypatch.undo()
+
+    with tenant_context(tenant):
+        engine_tick.tick(run.pk)  # a tick that comes meanwhile
+        kept = WorkflowRun.objects.get(pk=run.pk)
+        assert (kept.status, kept.error) == ("failed", error)
+        assert not RunEvent.objects.filter(run_id=run.pk, type="retried").exists()
+        services.run_retry(run=run)
+    assert attempts(tenant, run)["b"] == [(1, "failed"), (2, "queued")]
+    run_step(tenant, run, "b")
+    run_step(tenant, run, "d")
+    assert status(tenant, run) == "succeeded"
+
+
 def test_only_a_failed_root_run_can_be_retried_and_once(tenant, client_a):
     run = failed_diamond(tenant)
     assert client_a.post(f"/api/v1/runs/{run.pk}/retry").status_code == 200

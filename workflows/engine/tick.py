@@ -118,12 +118,14 @@ def _record_failure(run_id: Any, delivery: int, exc: Exception) -> None:
         log.exception("tick_failure_unrecorded", run_id=str(run_id))
 
 
-def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None) -> None:
+def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None, queued_again: bool = True) -> None:
     """Advance ``run`` at once, in this process, instead of through the queue (a hop saved):
     inside the transaction that locked it and its journal, where a step records its outcome or
     a run is started (its ``latest`` attempts: none). The tick runs in a savepoint, and its
     writes commit with the rest; should it fail, its writes are rolled back alone (the
-    outcome's, or the new run, are kept) and the tick is enqueued."""
+    outcome's, or the new run, are kept) and the tick is enqueued. Without ``queued_again``
+    (a retry of a failed run, whose ``latest`` leaves out the attempts it starts again: a tick
+    through the queue would read them and fail the run again), its failure is raised instead."""
     gathered = current_journal()
     mark = gathered.mark()
     try:
@@ -132,6 +134,8 @@ def advance_locked(run: WorkflowRun, *, latest: dict[str, StepRun] | None = None
             if not gathered.with_commit:  # else they are written with the commit: see record_outcome
                 gathered.flush()
     except Exception:
+        if not queued_again:
+            raise
         log.exception("inline_tick_failed", run_id=str(run.pk))
         gathered.rollback_to(mark)
         enqueue_tick(run)
