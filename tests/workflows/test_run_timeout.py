@@ -16,7 +16,7 @@ from tenants.models import Tenant
 from tests.conftest import api_client, error_code
 from workflows import services
 from workflows.engine.reconcile import reconcile_runs
-from workflows.engine.tick import RUN_TIMEOUT, run_timeout
+from workflows.engine.tick import RUN_TIMEOUT, run_timeout, tick
 from workflows.models import StepRun, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
@@ -104,6 +104,52 @@ def test_a_retried_run_has_its_timeout_again_from_the_retry(tenant_a):
         retried = services.run_retry(run=run)
     assert retried.status == "running"
     assert fire(tenant, retried).status == "running"  # 61 s since its start, none since its retry
+
+
+def test_a_child_that_succeeded_before_the_timeout_is_kept_and_a_retry_does_not_run_it_again(tenant_a):
+    """The child's end wakes its parent, whose tick has not come when the deadline does."""
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="leaf", spec={"nodes": [{"id": "w", "type": "wait_for_event", "event": "go"}],
+                                                 "output": "$nodes.w.output"})
+        services.workflow_put(name="parent", spec={"timeout_s": 60, "output": "$nodes.kid.output", "nodes": [
+            {"id": "kid", "type": "subworkflow", "workflow": "leaf"}]})
+        parent, _ = services.run_start(workflow="parent")
+        child = WorkflowRun.objects.get(parent_run_id=parent.pk)
+        tick(child.pk)
+        services.run_signal(child.pk, name="go", payload={"paid": True})
+        tick(child.pk)
+        assert WorkflowRun.objects.get(pk=child.pk).status == "succeeded"
+        past = timezone.now() - timedelta(seconds=61)
+        WorkflowRun.objects.filter(pk=parent.pk).update(started_at=past, created_at=past)
+
+    ended = fire(tenant, parent)
+
+    assert (ended.status, ended.error["error"]["code"]) == ("failed", "run_timed_out")
+    with tenant_context(tenant):
+        kid = StepRun.objects.get(run_id=parent.pk, node_id="kid")
+        assert (kid.status, kid.output) == ("succeeded", {"paid": True})
+        retried = services.run_retry(run=ended)
+        assert (retried.status, retried.output) == ("succeeded", {"paid": True})
+        assert WorkflowRun.objects.filter(parent_run_id=parent.pk).count() == 1  # not run again
+
+
+def test_a_wait_a_signal_resumed_before_the_timeout_keeps_it_for_a_retry(tenant_a):
+    tenant = tenant_a[0]
+    with tenant_context(tenant):
+        services.workflow_put(name="w", spec={"timeout_s": 60, "output": "$nodes.paid.output", "nodes": [
+            {"id": "paid", "type": "wait_for_event", "event": "order.paid"}]})
+        run, _ = services.run_start(workflow="w")
+        services.run_signal(run.pk, name="order.paid", payload={"amount": 12})
+        past = timezone.now() - timedelta(seconds=61)
+        WorkflowRun.objects.filter(pk=run.pk).update(started_at=past, created_at=past)
+
+    ended = fire(tenant, run)
+
+    assert ended.status == "failed"
+    with tenant_context(tenant):
+        retried = services.run_retry(run=ended)
+    assert (retried.status, retried.output) == ("succeeded", {"amount": 12})
 
 
 def test_the_wake_up_of_another_tenants_run_changes_nothing(tenant_a, tenant_b):

@@ -290,7 +290,8 @@ def arm_run_timeout(run: WorkflowRun) -> None:
 
 def run_timeout(ref: str, data: dict[str, Any]) -> None:
     """The run ``ref``'s ``timeout_s`` may be over: a run still going fails with ``run_timed_out`` (its
-    active steps and child runs cancelled, its parent woken); one that was retried since waits for
+    active steps and child runs cancelled, its parent woken; what ended before and no tick took yet,
+    a child or a wait, kept first); one that was retried since waits for
     the rest of the timeout counted from the retry. A run that ended changes nothing; one asked to
     cancel is cancelled."""
     with transaction.atomic(), journal():
@@ -310,7 +311,13 @@ def run_timeout(ref: str, data: dict[str, Any]) -> None:
             return
         error = {"code": StepErrorCode.RUN_TIMED_OUT.value, "retryable": False,
                  "message": f"the run went on past its timeout_s of {seconds_text(timeout_s)} s"}
-        _fail(run, latest_attempts(run), {"node": None, "attempt": None, "error": error})
+        latest = latest_attempts(run)
+        # What ended before the deadline, and that no tick has taken yet, is kept as its tick would
+        # keep it (a child's success, a wait's event or signal), not cancelled: a retry of the run
+        # keeps it too, rather than running the child again or waiting for a signal taken already.
+        _apply_children(run, latest)
+        waits.apply(run, latest, lambda node_id: node_of(run, node_id), lambda: context_of(run, latest))
+        _fail(run, latest, {"node": None, "attempt": None, "error": error})
         add_state(run)
 
 
