@@ -808,6 +808,26 @@ def test_a_child_run_past_its_subworkflow_node_s_timeout_is_cancelled_and_the_no
     assert [s.status for s in by_node(tenant, parent).values()] == ["failed"]  # the child's end changes nothing
 
 
+def test_a_child_run_that_ended_before_its_node_s_timeout_fired_is_taken_not_timed_out(tenant):
+    put(tenant, "leaf", {"nodes": [echo("say", {"said": "hi"})], "output": "$nodes.say.output"})
+    put(tenant, "parent", {"nodes": [{"id": "kid", "type": "subworkflow", "workflow": "leaf", "timeout_s": 60}],
+                           "output": "$nodes.kid.output"})
+    parent = tick(tenant, start(tenant, "parent"))
+    kid = by_node(tenant, parent)["kid"]
+    child = tick(tenant, WorkflowRun(pk=kid.child_run_id))
+    execute(tenant, by_node(tenant, child)["say"])  # the child succeeds; its parent's tick is yet to come
+    with tenant_context(tenant):
+        assert WorkflowRun.objects.get(pk=child.pk).status == "succeeded"
+        StepRun.objects.filter(pk=kid.pk).update(started_at=timezone.now() - timedelta(seconds=61))
+
+        timers.step_timeout(str(kid.pk), {})  # its timer, late
+
+        assert StepRun.objects.get(pk=kid.pk).status == "waiting"
+    parent = tick(tenant, parent)
+    assert (parent.status, parent.output) == ("succeeded", {"said": "hi"})
+    assert by_node(tenant, parent)["kid"].status == "succeeded"
+
+
 # -- ticks that skip the queue ------------------------------------------------------------------
 
 

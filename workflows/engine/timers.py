@@ -25,6 +25,7 @@ from workflows.engine.events import record_event
 from workflows.engine.heartbeats import heartbeat_s_of
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, release_on_commit, wakeup_on_commit
 from workflows.engine.nodes import task_refusal
+from workflows.engine.statements import chain_end
 from workflows.models import StepRun, WorkflowRun
 
 SStatus = StepRun.Status
@@ -90,7 +91,8 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
     when the caller knows more); its late result is discarded.
     A task node's item is released too: its slots were held for the team's worker, which may have
     died with the task; and the timeout counts against its celery connection's breaker. A
-    ``subworkflow`` step waiting for its child fails for good, and the child is asked to cancel."""
+    ``subworkflow`` step waiting for its child fails for good, and the child is asked to cancel;
+    unless the child (the last run of its chain) ended meanwhile: the run's tick takes its end."""
 
     def go(step: StepRun, run: WorkflowRun) -> None:
         if step.status != SStatus.RUNNING and not waits_for_child(step):
@@ -102,6 +104,10 @@ def step_timeout(ref: str, data: dict[str, Any]) -> None:
             wakeup_on_commit(ref, kind="step_timeout", delay_s=left)
             return
         if waits_for_child(step):
+            final = chain_end(step.child_run_id)
+            if final is not None and final.is_terminal:  # it ended first: its end wakes the run, which takes it
+                enqueue_tick(run)
+                return
             _time_out(step, run, f"child run {step.child_run_id} went on past the node's timeout_s: it is cancelled")
         else:
             _time_out(step, run, str(data.get("message") or "the step ran past its timeout_s"))
