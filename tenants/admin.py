@@ -294,12 +294,12 @@ admin.site.unregister(Group)
 
 
 @admin.register(get_user_model())
-class PlatformUserAdmin(SuperuserOnlyMixin, UserAdmin):
+class PlatformUserAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, UserAdmin):
     pass
 
 
 @admin.register(Group)
-class PlatformGroupAdmin(SuperuserOnlyMixin, GroupAdmin):
+class PlatformGroupAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, GroupAdmin):
     pass
 
 

@@ -17,8 +17,10 @@ from itertools import islice
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ERROR_FLAG
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
@@ -108,7 +110,9 @@ class ChangelistLimitsMixin:
     (``?created_at__year=99999``) is answered as Django answers any lookup it cannot use (``?e=1``),
     instead of failing when the query's SQL is built. A search uses its first ``MAX_SEARCH_TERMS``
     words: each word is one more condition on every search field, and a request line of 1,900 of
-    them held a web worker for seconds."""
+    them held a web worker for seconds. An action on a selection that names an id no row can have
+    (``_selected_action=not-a-uuid``) changes nothing and says so, instead of failing when the
+    selection's query is built."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         for key, value in request.GET.lists():
@@ -116,9 +120,30 @@ class ChangelistLimitsMixin:
                 return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
+    def response_action(self, request: HttpRequest, queryset: QuerySet[Any], *args: Any,
+                        **kwargs: Any) -> HttpResponse | None:
+        pk = self.model._meta.pk  # type: ignore[attr-defined]
+        for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+            if not _a_key(pk, value):
+                text = "A selected item has an id that no item can have. No items have been changed."
+                self.message_user(request, text, messages.WARNING)  # type: ignore[attr-defined]
+                return None
+        return super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]
+
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
         bounded = " ".join(islice(smart_split(search_term), MAX_SEARCH_TERMS)) if search_term else search_term
         return super().get_search_results(request, queryset, bounded)  # type: ignore[misc]
+
+
+def _a_key(pk: Any, text: str) -> bool:
+    """Whether ``text`` can be the primary key ``pk`` of a row."""
+    if "\x00" in text:
+        return False
+    try:
+        pk.to_python(text)
+    except ValidationError:
+        return False
+    return True
 
 
 def _a_year(text: str) -> bool:

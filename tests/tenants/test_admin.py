@@ -403,6 +403,39 @@ def test_a_year_no_date_can_have_is_a_bad_lookup_not_a_crash(world: SimpleNamesp
         assert superuser.get(url(model) + "?created_at__year=2026").status_code == 200, model
 
 
+def test_the_user_list_answers_a_year_no_date_can_have_as_a_bad_lookup(superuser: Client) -> None:
+    for query in ("?date_joined__year=99999", "?last_login__year=0"):
+        response = superuser.get(url(get_user_model()) + query)
+        assert response.status_code == 302, (query, response.status_code)
+        assert response["Location"].endswith("?e=1")
+    assert superuser.get(url(get_user_model()) + "?date_joined__year=2026").status_code == 200
+
+
+def test_an_action_on_an_id_no_row_can_have_changes_nothing_and_says_so(
+        world: SimpleNamespace, superuser: Client, staff: Client) -> None:
+    """A selection names rows by id: one that no row can have (not a UUID, not a number, a NUL) failed
+    when the selection's query was built (a 500), on every list and for every action."""
+    with tenant_context(world.a):
+        keys = list(ApiKey.objects.order_by("pk").values_list("pk", "revoked_at"))
+    posted = 0
+    for model, model_admin in admin.site._registry.items():
+        for action in [*(model_admin.actions or []), "delete_selected"]:
+            for selected in ("not-a-uuid", "1\x00"):
+                response = superuser.post(url(model), {"action": action, "index": "0",
+                                                       "_selected_action": [selected, str(world.fa.pk)]})
+                assert response.status_code in (200, 302), (model, action, selected, response.status_code)
+                posted += 1
+    for selected in ("not-a-uuid", "1\x00"):
+        response = staff.post(url(ApiKey), {"action": "revoke", "index": "0", "_selected_action": [selected]},
+                              follow=True)
+        assert response.status_code == 200
+        assert "A selected item has an id that no item can have." in response.content.decode()
+    assert posted > 20, posted
+    assert Folder.all_tenants.filter(pk=world.fa.pk).exists()
+    with tenant_context(world.a):
+        assert list(ApiKey.objects.order_by("pk").values_list("pk", "revoked_at")) == keys
+
+
 def test_an_add_form_without_a_tenant_says_so_and_adds_nothing(world: SimpleNamespace, superuser: Client) -> None:
     """The unique checks of a scoped row run in its tenant: with none chosen, they are skipped and the
     form's own error on ``tenant`` is what the page shows."""
