@@ -23,6 +23,7 @@ from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.text import smart_split
@@ -153,7 +154,21 @@ def _a_year(text: str) -> bool:
 class StorableJSONField(forms.JSONField):
     """A JSON form field that refuses what PostgreSQL's ``jsonb`` cannot store (a NUL, a lone
     surrogate, a number too large to be finite) with the field's error, naming where, as the API
-    does; saved, it failed (a 500)."""
+    does; saved, it failed (a 500). Text nested deeper than the parser can go is invalid JSON too
+    (it failed while parsed: a 500)."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid",
+                                        params={"value": "…"}) from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
 
     def validate(self, value: Any) -> None:
         super().validate(value)

@@ -23,6 +23,7 @@ from tenants.admin import SuperuserOnlyMixin
 from tenants.admin_scoping import (
     ChangelistLimitsMixin,
     ServiceDeleteMixin,
+    StorableJSONMixin,
     TenantScopedAdmin,
     TenantScopedInline,
     TenantScopedInlineFormSet,
@@ -532,7 +533,8 @@ class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
             "input_schema": schemas.schema_problem(data.get("input_schema") or {}),
         }
         plans = data.get("plans") or []
-        if not isinstance(plans, list) or set(plans) - set(Plan.objects.values_list("slug", flat=True)):
+        known = set(Plan.objects.values_list("slug", flat=True))
+        if not isinstance(plans, list) or not all(isinstance(slug, str) and slug in known for slug in plans):
             checks["plans"] = "must be a list of plan slugs"
         tenants = data.get("tenants") or []
         if not isinstance(tenants, list) or not all(isinstance(slug, str) for slug in tenants):
@@ -544,7 +546,8 @@ class TaskCatalogEntryForm(forms.ModelForm[TaskCatalogEntry]):
 
 
 @admin.register(TaskCatalogEntry)
-class TaskCatalogEntryAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[TaskCatalogEntry]):
+class TaskCatalogEntryAdmin(SuperuserOnlyMixin, StorableJSONMixin, ChangelistLimitsMixin,
+                            admin.ModelAdmin[TaskCatalogEntry]):
     """The team's Celery tasks tenants may call as task nodes (platform data: superusers only)."""
 
     form = TaskCatalogEntryForm

@@ -505,6 +505,36 @@ def test_the_admin_refuses_what_the_api_refuses_with_the_field_s_error_and_saves
         assert after == before, model
 
 
+def test_json_nested_past_the_parser_and_plans_that_are_not_slugs_are_the_field_s_error_not_a_crash(
+        world: SimpleNamespace, superuser: Client) -> None:
+    """Each was a 500: JSON nested deeper than the parser goes (in any JSON field, and shown again in
+    the form), and a catalog task's plans holding a list or an object."""
+    from scheduling.models import Connection
+    from tenants.models import TenantEntitlementOverride
+    from workflows.models import TaskCatalogEntry
+
+    deep = "[" * 5000 + "]" * 5000
+    task = {"name": "team.charge", "description": "", "queue": "team", "arguments": "kwargs", "input_schema": "{}",
+            "timeout_s": "", "plans": "[]", "tenants": "[]", "enabled": "on"}
+    cases = [
+        (Connection, {"tenant": world.a.pk, "name": "deep", "kind": "http", "config": deep}, "config", "valid JSON"),
+        (TenantEntitlementOverride, {"tenant": world.a.pk, "field": "max_rules", "value": deep}, "value",
+         "valid JSON"),
+        (TaskCatalogEntry, {**task, "input_schema": deep}, "input_schema", "valid JSON"),
+        (TaskCatalogEntry, {**task, "plans": "[[1]]"}, "plans", "list of plan slugs"),
+        (TaskCatalogEntry, {**task, "plans": '[{"slug": "free"}]'}, "plans", "list of plan slugs"),
+    ]
+    for model, form, field, words in cases:
+        before = model.all_tenants.count() if hasattr(model, "all_tenants") else model.objects.count()
+        response = superuser.post(url(model, "add"), form)
+        assert response.status_code == 200, (model, field, response.status_code)
+        errors = response.context["adminform"].form.errors
+        assert words in str(errors.get(field)), (model, errors)
+        after = model.all_tenants.count() if hasattr(model, "all_tenants") else model.objects.count()
+        assert after == before, model
+    assert superuser.post(url(TaskCatalogEntry, "add"), {**task, "plans": '["free"]'}).status_code == 302
+
+
 def enrolling(world: SimpleNamespace) -> tuple[Client, Any, Any, Any]:
     """A client of A's staff who may add memberships, and three users: another tenant's, a superuser,
     and one of no tenant yet."""
