@@ -15,6 +15,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.http import HttpRequest
 
@@ -53,6 +54,7 @@ class ServiceForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}
+        self._check_columns(cleaned)
         tenant = self.tenant()
         if self.errors or tenant is None:
             return cleaned
@@ -65,6 +67,20 @@ class ServiceForm(forms.ModelForm):
         except ApiError as exc:
             self._add_service_errors(exc)
         return cleaned
+
+    def _check_columns(self, cleaned: dict[str, Any]) -> None:
+        """Each value is one its column can hold (a number in the range of its integer column), as
+        the model's own checks, which run only after ``clean()``, would say: tried first, a number
+        past the range failed in the database (a 500)."""
+        model_fields = {field.name: field for field in self._meta.model._meta.concrete_fields}
+        for name, value in list(cleaned.items()):
+            field = model_fields.get(name)
+            if field is None or value in field.empty_values or name in self.errors:
+                continue
+            try:
+                field.run_validators(value)
+            except ValidationError as exc:
+                self.add_error(name, exc)
 
     def _add_service_errors(self, exc: ApiError) -> None:
         if not exc.details:

@@ -14,6 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from ductor_project.core.context import tenant_context
+from scheduling import services as routing
 from tenants import services
 from tenants.admin_scoping import TenantScopedAdmin
 from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership
@@ -533,6 +534,29 @@ def test_json_nested_past_the_parser_and_plans_that_are_not_slugs_are_the_field_
         after = model.all_tenants.count() if hasattr(model, "all_tenants") else model.objects.count()
         assert after == before, model
     assert superuser.post(url(TaskCatalogEntry, "add"), {**task, "plans": '["free"]'}).status_code == 302
+
+
+@pytest.mark.parametrize("number", ["2147483648", "99999999999999999999", "-2147483649"])
+def test_a_routing_row_s_number_past_its_column_s_range_is_the_field_s_error_not_a_crash(
+        world: SimpleNamespace, superuser: Client, staff: Client, number: str) -> None:
+    """The service's write was tried before the model's checks, and failed in the database (a 500)."""
+    from scheduling.models import Connection, Rule
+
+    grant(get_user_model().objects.get(username="staff-a"), "scheduling.add_rule", "scheduling.add_connection")
+    with tenant_context(world.a):
+        routing.pool_create(name="main")
+    cases = [
+        (Rule, {"name": "big", "priority": number, "enabled": "on", "match": "{}", "action": '{"pool": "main"}'},
+         "priority"),
+        (Connection, {"name": "big", "kind": "http", "config": '{"base_url": "https://a.example"}',
+                      "max_concurrency": number}, "max_concurrency"),
+    ]
+    for client, tenant in ((superuser, {"tenant": world.a.pk}), (staff, {})):
+        for model, form, field in cases:
+            response = client.post(url(model, "add"), {**tenant, **form})
+            assert response.status_code == 200, (model, response.status_code)
+            assert field in response.context["adminform"].form.errors, model
+            assert not model.all_tenants.filter(name="big").exists()
 
 
 def enrolling(world: SimpleNamespace) -> tuple[Client, Any, Any, Any]:
