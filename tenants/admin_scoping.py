@@ -20,6 +20,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ERROR_FLAG
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.forms import SimpleArrayField
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import QuerySet
@@ -177,10 +179,26 @@ class StorableJSONField(forms.JSONField):
             raise forms.ValidationError(f"{found[0]}: {found[1]}")
 
 
+class PlainErrorsArrayField(SimpleArrayField):
+    """Django's array form field, whose errors are said as they were written: Django formats an item's
+    error with its value, then again with its parameters, so a value holding a ``%`` (``read,100%``)
+    failed the page (a 500)."""
+
+    def clean(self, value: Any) -> Any:
+        try:
+            return super().clean(value)
+        except ValidationError as exc:
+            raise ValidationError([ValidationError(str(error.message), code=error.code)
+                                   for error in exc.error_list]) from None
+
+
 class StorableJSONMixin:
-    """Every JSON field of an admin's forms is a ``StorableJSONField``."""
+    """Every JSON field of an admin's forms is a ``StorableJSONField``, and every array field a
+    ``PlainErrorsArrayField``."""
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if isinstance(db_field, ArrayField):
+            kwargs.setdefault("form_class", PlainErrorsArrayField)
         if isinstance(db_field, models.JSONField):
             kwargs.setdefault("form_class", StorableJSONField)
         return super().formfield_for_dbfield(db_field, request, **kwargs)  # type: ignore[misc]

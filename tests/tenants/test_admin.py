@@ -559,6 +559,18 @@ def test_a_routing_row_s_number_past_its_column_s_range_is_the_field_s_error_not
             assert not model.all_tenants.filter(name="big").exists()
 
 
+@pytest.mark.parametrize("scopes", ["%00", "read,100%"])
+def test_an_api_key_s_scope_holding_a_percent_sign_is_the_field_s_error_not_a_crash(
+        world: SimpleNamespace, staff: Client, scopes: str) -> None:
+    with tenant_context(world.a):
+        before = ApiKey.objects.count()
+    response = staff.post(url(ApiKey, "add"), {"name": "pct", "scopes": scopes})
+    assert response.status_code == 200, response.status_code
+    assert "scopes" in response.context["adminform"].form.errors
+    with tenant_context(world.a):
+        assert ApiKey.objects.count() == before
+
+
 def enrolling(world: SimpleNamespace) -> tuple[Client, Any, Any, Any]:
     """A client of A's staff who may add memberships, and three users: another tenant's, a superuser,
     and one of no tenant yet."""
