@@ -16,7 +16,13 @@ from django.utils.html import format_html
 
 from ductor_project.core.context import tenant_context
 from tenants import services
-from tenants.admin_scoping import ChangelistLimitsMixin, TenantScopedAdmin, admin_may_write, admin_tenant
+from tenants.admin_scoping import (
+    ChangelistLimitsMixin,
+    StorableJSONMixin,
+    TenantScopedAdmin,
+    admin_may_write,
+    admin_tenant,
+)
 from tenants.entitlements import LIMIT_FIELDS, coerce_limit
 from tenants.models import (
     SLUG_RULE,
@@ -277,7 +283,7 @@ class PlanAdminForm(forms.ModelForm[Plan]):
 
 
 @admin.register(Plan)
-class PlanAdmin(SuperuserOnlyMixin, ChangelistLimitsMixin, admin.ModelAdmin[Plan]):
+class PlanAdmin(SuperuserOnlyMixin, StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdmin[Plan]):
     form = PlanAdminForm
     list_display = [
         "slug", "name", "max_concurrency", "step_rate_per_s", "monthly_run_quota",

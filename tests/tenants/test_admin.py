@@ -17,7 +17,8 @@ from ductor_project.core.context import tenant_context
 from scheduling import services as routing
 from tenants import services
 from tenants.admin_scoping import TenantScopedAdmin
-from tenants.models import ApiKey, PlatformKey, Tenant, TenantMembership
+from tenants.entitlements import LIMIT_FIELDS
+from tenants.models import ApiKey, Plan, PlatformKey, Tenant, TenantMembership
 from tenants.scoping import TenantScopedModel
 from tests.scoped.models import Folder, Note
 from tests.tenants.helpers import grant, make_user
@@ -569,6 +570,17 @@ def test_an_api_key_s_scope_holding_a_percent_sign_is_the_field_s_error_not_a_cr
     assert "scopes" in response.context["adminform"].form.errors
     with tenant_context(world.a):
         assert ApiKey.objects.count() == before
+
+
+def test_a_plan_s_tiers_holding_a_percent_sign_are_the_field_s_error_not_a_crash(
+        world: SimpleNamespace, superuser: Client) -> None:
+    plan = Plan.objects.get(slug="free")
+    form = {name: getattr(plan, name) for name in ("slug", "name", *LIMIT_FIELDS)}
+    form = {name: "" if value is None else value for name, value in form.items()}
+    response = superuser.post(url(Plan, "change", plan.pk), {**form, "allowed_tiers": "standard,100%"})
+    assert response.status_code == 200, response.status_code
+    assert "allowed_tiers" in response.context["adminform"].form.errors
+    assert Plan.objects.get(pk=plan.pk).allowed_tiers == plan.allowed_tiers
 
 
 def enrolling(world: SimpleNamespace) -> tuple[Client, Any, Any, Any]:
