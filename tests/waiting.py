@@ -48,6 +48,27 @@ def until_another_waits_on_a_lock(timeout: float = 15) -> bool:
     return True
 
 
+def in_a_thread(results: dict[str, Any], key: str, work: Callable[[], Any]) -> Any:
+    """``work()`` started in a thread (returned), on connections of its own: ``results[key]`` is what it
+    returned, or its exception, once it has ended. With ``until_another_waits_on_a_lock``, how a test
+    forces two writes to meet."""
+    import threading
+
+    from django.db import connections
+
+    def run() -> None:
+        try:
+            results[key] = work()
+        except Exception as exc:
+            results[key] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def backend_pid() -> int:
     """The PostgreSQL backend of this thread's database connection."""
     from django.db import connection

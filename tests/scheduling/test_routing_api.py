@@ -1212,7 +1212,7 @@ def test_a_new_default_pool_and_a_change_of_the_old_defaults_members_at_once_bot
     import threading
 
     from scheduling import services
-    from tests.waiting import until_another_waits_on_a_lock
+    from tests.waiting import in_a_thread, until_another_waits_on_a_lock
 
     tenant = tenant_a[0]
     with tenant_context(tenant):
@@ -1231,22 +1231,16 @@ def test_a_new_default_pool_and_a_change_of_the_old_defaults_members_at_once_bot
     monkeypatch.setattr(services, "_resolve_members", resolve_once_another_waits)
     results: dict[str, Any] = {}
 
-    def make_default() -> None:
-        try:
-            with tenant_context(tenant):
-                members = [services.MemberSpec(connection="shared")]
-                if new is None:
-                    services.pool_create(name="new", is_default=True, members=members)
-                else:
-                    services.pool_update(pool=new, is_default=True, members=members)
-            results["default"] = "switched"
-        except Exception as exc:
-            results["default"] = exc
-        finally:
-            db.close()
+    def make_default() -> str:
+        with tenant_context(tenant):
+            members = [services.MemberSpec(connection="shared")]
+            if new is None:
+                services.pool_create(name="new", is_default=True, members=members)
+            else:
+                services.pool_update(pool=new, is_default=True, members=members)
+        return "switched"
 
-    switching = threading.Thread(target=make_default)
-    switching.start()
+    switching = in_a_thread(results, "default", make_default)
     assert reached.wait(15)
     try:
         with tenant_context(tenant):
@@ -1273,7 +1267,7 @@ def test_a_new_default_pool_while_the_old_default_is_deleted_goes_through(
     import threading
 
     from scheduling import selectors, services
-    from tests.waiting import until_another_waits_on_a_lock
+    from tests.waiting import in_a_thread, until_another_waits_on_a_lock
 
     tenant = tenant_a[0]
     with tenant_context(tenant):
@@ -1289,18 +1283,12 @@ def test_a_new_default_pool_while_the_old_default_is_deleted_goes_through(
     monkeypatch.setattr(selectors, "rules_using_pool", rules_once_another_waits)
     results: dict[str, Any] = {}
 
-    def delete() -> None:
-        try:
-            with tenant_context(tenant):
-                services.pool_delete(pool=old)
-            results["delete"] = "deleted"
-        except Exception as exc:
-            results["delete"] = exc
-        finally:
-            db.close()
+    def delete() -> str:
+        with tenant_context(tenant):
+            services.pool_delete(pool=old)
+        return "deleted"
 
-    deleting = threading.Thread(target=delete)
-    deleting.start()
+    deleting = in_a_thread(results, "delete", delete)
     assert reached.wait(15)
     try:
         with tenant_context(tenant):

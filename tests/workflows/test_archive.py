@@ -6,7 +6,7 @@ while it has no run; another tenant's workflow is a 404 to all of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +22,7 @@ from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import error_code
 from tests.tenants.helpers import staff_client
-from tests.waiting import until_another_waits_on_a_lock
+from tests.waiting import in_a_thread, until_another_waits_on_a_lock
 from workflows import services
 from workflows.engine import tick as engine_tick
 from workflows.models import EventTrigger, Schedule, StepRun, WorkflowDefinition, WorkflowRun, WorkflowVersion
@@ -304,26 +304,6 @@ def test_two_creations_of_one_new_name_at_once_make_the_workflow_and_a_second_ve
     assert sorted(in_threads(2, put)) == [(1, True), (2, False)]
     with tenant_context(tenant_a[0]):
         assert WorkflowDefinition.objects.filter(name="raced").count() == 1
-
-
-def in_a_thread(results: dict[str, Any], key: str, work: Callable[[], str]) -> Any:
-    """``work()`` started in a thread (returned), on connections of its own: ``results[key]`` is what it
-    returned, or its exception, once it has ended."""
-    import threading
-
-    from django.db import connections
-
-    def run() -> None:
-        try:
-            results[key] = work()
-        except Exception as exc:
-            results[key] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def deletion_in_a_thread(tenant: Tenant, name: str, results: dict[str, Any]) -> Any:

@@ -205,9 +205,7 @@ def test_a_start_and_a_bulk_start_of_one_key_at_once_give_one_run_and_no_deadloc
     as a deadlock (a 500)."""
     import threading
 
-    from django.db import connections
-
-    from tests.waiting import until_another_waits_on_a_lock
+    from tests.waiting import in_a_thread, until_another_waits_on_a_lock
     from workflows import services
 
     tenant = tenant_a[0]
@@ -224,17 +222,11 @@ def test_a_start_and_a_bulk_start_of_one_key_at_once_give_one_run_and_no_deadloc
     monkeypatch.setattr(services, "quota_consume", consume_once_another_waits)
     results: dict[str, Any] = {}
 
-    def start_many() -> None:
-        try:
-            with tenant_context(tenant):
-                results["bulk"] = services.run_start_many(runs=[{"workflow": "w", "idempotency_key": "k1"}])
-        except Exception as exc:
-            results["bulk"] = exc
-        finally:
-            connections.close_all()
+    def start_many() -> Any:
+        with tenant_context(tenant):
+            return services.run_start_many(runs=[{"workflow": "w", "idempotency_key": "k1"}])
 
-    bulk_start = threading.Thread(target=start_many)
-    bulk_start.start()
+    bulk_start = in_a_thread(results, "bulk", start_many)
     assert reached.wait(15)
     try:
         with tenant_context(tenant):
