@@ -26,7 +26,7 @@ from scheduling import fair_queue
 from scheduling.dispatch.handlers import Failed, ItemContext
 from tenants.models import Tenant
 from tests.conftest import api_client, error_code
-from tests.waiting import until_another_waits_on_a_lock
+from tests.waiting import in_a_thread, until_another_waits_on_a_lock
 from tests.workflows.webhook_receiver import Receiver, running_receiver
 from workflows import services
 from workflows.engine import steps
@@ -729,8 +729,6 @@ def test_a_run_ending_while_its_endpoint_is_deleted_ends_without_a_delivery_to_i
     delivery's reference to the deleted endpoint failed at the outcome's commit, and the outcome with it:
     here a start whose own first tick ends its run, which answered 500."""
     import threading
-
-    from tests.workflows.test_archive import in_a_thread
 
     put(tenant, "quiet")
     with tenant_context(tenant):
