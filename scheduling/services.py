@@ -45,8 +45,7 @@ from scheduling.rules import Step, validate_action, validate_match
 from scheduling.secrets import encrypt
 from scheduling.templates import FieldError
 from tenants.entitlements import effective_entitlements
-from tenants.models import Tenant
-from tenants.usage import enforce_ceiling
+from tenants.usage import enforce_ceiling, lock_tenant_row
 
 log = structlog.get_logger(__name__)
 
@@ -112,16 +111,6 @@ def _field_errors() -> Iterator[None]:
         yield
     except (FieldError, ConfigError) as exc:
         raise invalid(exc.field, exc.message) from exc
-
-
-def _lock_tenant() -> None:
-    """Serialize this tenant's structural routing writes (default pool) until commit.
-
-    FOR NO KEY UPDATE, like ``enforce_ceiling``: it does not block inserts of the
-    tenant's rows, whose foreign keys only take FOR KEY SHARE.
-    """
-    tenant = current_tenant()
-    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk"))
 
 
 def _apply_limits(
@@ -323,7 +312,7 @@ def pool_update(
     transaction, so routing never points at a name that no longer exists.
     """
     if is_default is True:
-        _lock_tenant()
+        lock_tenant_row()  # default switches serialize, as pool_create's ceiling check does
     row: Pool = _locked(Pool, pool.pk)
     if is_default is not UNSET:
         if is_default and not row.is_default:

@@ -272,9 +272,10 @@ def enforce_setting_limit(what: str, limit: int, existing: QuerySet[Any], *, kin
 
 def lock_tenant_row() -> None:
     """Lock the tenant in context's row as a ceiling check does (``enforce_ceiling``), for a
-    transaction that locks other rows of the tenant before its check: the tenant's row comes first
-    in every such transaction (a webhook's, a schedule's or a trigger's create takes it, then the
-    workflows it names), else two of them at once each wait for the other."""
+    transaction that locks other rows of the tenant before its check, or that must run one at a time
+    with the tenant's others (a default pool's switch): the tenant's row comes first in every such
+    transaction (a webhook's, a schedule's or a trigger's create takes it, then the workflows it
+    names), else two of them at once each wait for the other."""
     _locked_tenant()
 
 
