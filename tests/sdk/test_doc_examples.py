@@ -5,16 +5,15 @@ examples take as given (a client made in an earlier block, the team's own object
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ductor_sdk import Client
+
+from tests.sdk.conftest import StrictMypy
 
 ROOT = Path(__file__).parents[2]
 DOCS = ["sdk/python/README.md", "docs/your-code.md"]
@@ -41,7 +40,7 @@ def blocks(doc: str) -> list[str]:
     return BLOCK.findall((ROOT / doc).read_text())
 
 
-def test_every_python_example_of_the_sdk_docs_passes_mypy_strict(tmp_path: Path) -> None:
+def test_every_python_example_of_the_sdk_docs_passes_mypy_strict(tmp_path: Path, strict_mypy: StrictMypy) -> None:
     files: dict[Path, str] = {}
     for doc in DOCS:
         found = blocks(doc)
@@ -50,12 +49,7 @@ def test_every_python_example_of_the_sdk_docs_passes_mypy_strict(tmp_path: Path)
             path = tmp_path / f"{Path(doc).stem.lower().replace('-', '_')}_{number}.py"
             path.write_text(PREAMBLE + "\n" + code)
             files[path] = f"{doc}, python example {number}"
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--config-file=", "--no-error-summary", "--show-error-codes",
-         "--cache-dir", str(tmp_path / "mypy-cache"), *map(str, files)],
-        capture_output=True, text=True, timeout=110, cwd=tmp_path,
-        env={**os.environ, "MYPYPATH": str(ROOT / "sdk" / "python")},
-    )
+    done = strict_mypy(*files, cwd=tmp_path)
     shift = PREAMBLE.count("\n") + 1
     errors = []
     for line in done.stdout.splitlines():

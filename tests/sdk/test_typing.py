@@ -6,16 +6,14 @@ and the installed stubs (``celery-types``), with no config file: as a team's str
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.sdk.conftest import StrictMypy
+
 HERE = Path(__file__).parent
-SDK = HERE.parents[1] / "sdk" / "python"
 MARK = re.compile(r"#\s*E:\s*([a-z-]+)\s*$")
 REPORTED = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: .*\[(?P<code>[a-z-]+)\]$")
 
@@ -26,15 +24,11 @@ def expected(path: Path) -> set[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("name", ["step_calls.py", "model_literals.py"])
-def test_mypy_strict_reports_exactly_the_marked_lines(name: str, tmp_path: Path) -> None:
+def test_mypy_strict_reports_exactly_the_marked_lines(name: str, strict_mypy: StrictMypy) -> None:
     path = HERE / "typecheck" / name
     wanted = expected(path)
     assert wanted, "the file marks no wrong call"
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--config-file=", "--no-error-summary", "--show-error-codes",
-         "--cache-dir", str(tmp_path / "mypy-cache"), str(path)],
-        capture_output=True, text=True, timeout=110, env={**os.environ, "MYPYPATH": str(SDK)},
-    )
+    done = strict_mypy(path)
     reported = {(int(m["line"]), m["code"]) for line in done.stdout.splitlines() if (m := REPORTED.match(line))}
     others = [line for line in done.stdout.splitlines() if ": error:" in line and not REPORTED.match(line)]
     assert done.returncode in (0, 1), done.stdout + done.stderr
