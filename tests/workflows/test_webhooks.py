@@ -559,6 +559,20 @@ def test_a_timeout_is_a_failed_attempt(tenant, client_a, receiver, settings):
     assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (None, "timed out after 0.3 s")
 
 
+def test_an_answer_whose_head_comes_in_pieces_each_in_time_but_late_as_a_whole_is_a_timeout(
+    tenant, client_a, receiver, settings
+):
+    settings.DUCTOR_WEBHOOK_TIMEOUT_S = 0.5
+    receiver.head_pause_s = 0.3  # twice: no read waits 0.5 s, the whole head takes more
+    delivery = one_delivery(tenant, client_a, receiver)
+
+    deliver(tenant, delivery)
+
+    row = stored(tenant, WebhookDelivery, delivery.pk)
+    assert row.status == "pending"
+    assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (None, "timed out after 0.5 s")
+
+
 def test_a_private_address_is_refused_at_the_attempt_when_the_policy_forbids_it(tenant, client_a, receiver, settings):
     delivery = one_delivery(tenant, client_a, receiver)  # accepted while DUCTOR_HTTP_ALLOW_PRIVATE was on
     settings.DUCTOR_HTTP_ALLOW_PRIVATE = False

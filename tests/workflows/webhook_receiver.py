@@ -2,7 +2,8 @@
 
 It records every request it gets (path, headers, the raw body) and answers ``status`` (with
 ``headers``), after ``delay_s``, and, while ``gate`` is set, once the gate opens (``answered``
-counts the answers). ``wait_for(n)`` waits on a condition, never on the clock alone.
+counts the answers); with ``head_pause_s``, its head comes in pieces that far apart.
+``wait_for(n)`` waits on a condition, never on the clock alone.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Receiver:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    head_pause_s: float = 0.0
     gate: threading.Event | None = None
     answered: int = 0
     requests: list[Received] = field(default_factory=list)
@@ -70,9 +72,11 @@ class _Handler(BaseHTTPRequestHandler):
         answer = b'{"ok": true}' if 200 <= receiver.status < 300 else b"boom " * 200
         try:
             self.send_response(receiver.status)
+            self.pause_in_head()
             for name, value in receiver.headers.items():
                 self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
+            self.pause_in_head()
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
@@ -80,6 +84,14 @@ class _Handler(BaseHTTPRequestHandler):
             return  # the sender gave up waiting (its timeout, which a delay may test): no answer to give
         with receiver.changed:
             receiver.answered += 1
+
+
+    def pause_in_head(self) -> None:
+        """Send what the answer's head holds so far, then wait ``head_pause_s``: a head that comes in
+        pieces, each in time, the whole late."""
+        if self.server.receiver.head_pause_s:
+            self.flush_headers()
+            time.sleep(self.server.receiver.head_pause_s)
 
 
 class _Server(ThreadingHTTPServer):

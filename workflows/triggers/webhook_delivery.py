@@ -144,6 +144,7 @@ class Attempt:
 def _attempt(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> Attempt:
     """POST the delivery to its endpoint once; never raises for what the endpoint or the network do."""
     at, started, timeout_s = timezone.now(), time.monotonic(), float(settings.DUCTOR_WEBHOOK_TIMEOUT_S)
+    deadline = started + timeout_s
 
     def ended(status: int | None, error: str | None, **more: Any) -> Attempt:
         return Attempt(at, status, error, round((time.monotonic() - started) * 1000, 1), **more)
@@ -155,7 +156,10 @@ def _attempt(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> Attempt:
     try:
         headers = signed_headers(str(delivery.pk), body, signing_secrets(endpoint), timestamp=int(time.time()))
         with checked_request("POST", url, headers=headers, body=body, timeout_s=timeout_s) as response:
-            text = _read_some(response, started + timeout_s)
+            # Each network phase has timeout_s; the answer as a whole must come within it too.
+            if time.monotonic() > deadline:
+                return ended(None, f"timed out after {timeout_s:g} s")
+            text = _read_some(response, deadline)
             status = response.status_code
             wait = parse_retry_after(response.headers.get("retry-after")) if status in (429, 503) else None
     except ActionError as exc:  # a refused address, a name that does not resolve
