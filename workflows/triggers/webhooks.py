@@ -108,11 +108,12 @@ def checked_url(value: Any) -> str:
         raise _invalid("url", "Must not contain spaces or control characters.")
     try:
         url = httpx.URL(text)
-    except httpx.InvalidURL as exc:
+        host = url.host  # decodes an IDNA host: a malformed one ("xn--") is refused here
+    except (httpx.InvalidURL, UnicodeError) as exc:
         raise _invalid("url", f"Not a URL: {exc}.") from None
     if url.scheme != "https" and not (url.scheme == "http" and settings.DUCTOR_HTTP_ALLOW_PRIVATE):
         raise _invalid("url", "Must be an https URL.")
-    if not url.host:
+    if not host:
         raise _invalid("url", "Must name a host.")
     if url.port is not None and not 1 <= url.port <= 65535:
         raise _invalid("url", "Its port must be from 1 to 65535.")
