@@ -605,3 +605,28 @@ def test_a_deleted_workflow_leaves_its_tenant_s_webhooks_and_one_it_alone_covere
         assert WebhookEndpoint.objects.get(pk=alone.pk).enabled is False
         kept = webhooks.webhook_update(alone, {"enabled": True, "workflows": ["kept"]})
         assert (kept.workflows, kept.enabled) == (["kept"], True)
+
+
+@pytest.mark.parametrize("disabled_by", ["failures", "api"])
+def test_an_endpoint_disabled_already_when_the_workflow_it_alone_covered_is_deleted_is_not_enabled_for_all(
+    tenant_a, disabled_by
+):
+    """Disabled before the deletion (its failures, or the API), it kept its reason and lost its last
+    workflow: enabled as it was, it covered every workflow of the tenant."""
+    from workflows.models import WebhookEndpoint
+    from workflows.triggers import webhooks
+
+    with tenant_context(tenant_a[0]):
+        services.workflow_put(name="gone", spec=FLOW)
+        alone = webhooks.webhook_create(url="https://93.184.216.34/hook", events=["run.failed"],
+                                        workflows=["gone"]).endpoint
+        if disabled_by == "failures":
+            webhooks.webhook_disable(alone.pk, "20 consecutive failed attempts; last: HTTP 500")
+        else:
+            webhooks.webhook_update(alone, {"enabled": False})
+        services.workflow_delete(name="gone")
+        assert "'gone', was deleted" in WebhookEndpoint.objects.get(pk=alone.pk).disabled_reason
+
+        with pytest.raises(Conflict, match="it would cover every workflow"):
+            webhooks.webhook_update(alone, {"enabled": True})
+        assert WebhookEndpoint.objects.get(pk=alone.pk).enabled is False

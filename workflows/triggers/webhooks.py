@@ -275,13 +275,16 @@ def workflow_deleted(name: str, **kwargs: Any) -> int:
     """Take the tenant's deleted workflow ``name`` out of its endpoints' ``workflows``, in the
     deletion's transaction (a receiver of ``services.workflow_deleted``): kept, it would cover the
     next workflow given the name. An endpoint that covered that workflow alone is disabled, saying
-    why (with none left, it would cover all). How many endpoints changed."""
+    why (with none left, it would cover all); one disabled already takes that reason too, which is
+    what asks for its workflows when it is enabled again. How many endpoints changed."""
     changed = 0
     for endpoint in WebhookEndpoint.objects.select_for_update().filter(workflows__contains=[name]):
         left = [workflow for workflow in endpoint.workflows if workflow != name]
+        fields: dict[str, Any] = {"workflows": left, "updated_at": timezone.now()}
         if not left:
-            webhook_disable(endpoint.pk, f"{ONLY_WORKFLOW_DELETED}, '{name}', was deleted")
-        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(workflows=left, updated_at=timezone.now())
+            fields["disabled_reason"] = f"{ONLY_WORKFLOW_DELETED}, '{name}', was deleted"
+            webhook_disable(endpoint.pk, fields["disabled_reason"])
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
         changed += 1
     if changed:
         forget_endpoints()
