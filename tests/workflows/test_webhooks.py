@@ -548,6 +548,19 @@ def test_a_retry_after_of_a_503_is_waited_for(tenant, client_a, receiver):
     assert timedelta(seconds=120) <= row.next_attempt_at - attempted_at <= timedelta(seconds=121)
 
 
+def test_a_2xx_whose_body_does_not_decode_as_its_content_encoding_says_delivers_and_is_logged(
+    tenant, client_a, receiver
+):
+    receiver.headers = {"Content-Encoding": "gzip"}  # over a body that is not gzip
+    delivery = one_delivery(tenant, client_a, receiver)
+
+    assert deliver(tenant, delivery) is None  # the handler records the attempt; it does not raise
+
+    row = stored(tenant, WebhookDelivery, delivery.pk)
+    assert (row.status, len(row.attempts)) == ("delivered", 1)
+    assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (200, None)
+
+
 def test_a_timeout_is_a_failed_attempt(tenant, client_a, receiver, settings):
     settings.DUCTOR_WEBHOOK_TIMEOUT_S = 0.3
     receiver.delay_s = 2.0

@@ -175,12 +175,16 @@ def _attempt(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> Attempt:
 
 def _read_some(response: httpx.Response, deadline: float) -> str:
     """The first ``RESPONSE_LOGGED`` characters of the answer; at most ``MAX_RESPONSE_BYTES`` are
-    read, and none after ``deadline``."""
+    read, and none after ``deadline``. An answer that does not decode as its ``Content-Encoding``
+    says is kept as far as it did: its status is what counts."""
     raw = b""
-    for chunk in response.iter_bytes():
-        raw += chunk
-        if len(raw) >= MAX_RESPONSE_BYTES or time.monotonic() > deadline:
-            break
+    try:
+        for chunk in response.iter_bytes():
+            raw += chunk
+            if len(raw) >= MAX_RESPONSE_BYTES or time.monotonic() > deadline:
+                break
+    except httpx.DecodingError:
+        pass
     return raw[:MAX_RESPONSE_BYTES].decode("utf-8", errors="replace")[:RESPONSE_LOGGED]
 
 
