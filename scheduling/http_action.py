@@ -464,7 +464,9 @@ def _prepare(params: Any, connection: Connection, idempotency_key: str | None) -
     return call, config
 
 
-def _transport_error(exc: httpx.TransportError, host: str, config: _Config) -> RetryableActionError:
+def _transport_error(
+    exc: httpx.TransportError | httpx.DecodingError, host: str, config: _Config
+) -> RetryableActionError:
     if isinstance(exc, httpx.TimeoutException):
         message = f"timed out after {config.timeout_s:g} s calling '{host}' ({type(exc).__name__})"
         return RetryableActionError(message, code=StepErrorCode.TIMEOUT)
@@ -648,7 +650,8 @@ def http_request(
     progress = _Progress.start(config.timeout_s)
     try:
         return _exchange(call, config, breaker, progress)
-    except (httpx.TransportError, RetryableActionError) as exc:
+    # A body that does not decode as its Content-Encoding says is the server's, as a broken transfer is.
+    except (httpx.TransportError, httpx.DecodingError, RetryableActionError) as exc:
         error = exc if isinstance(exc, RetryableActionError) else _transport_error(exc, call.host, config)
         progress.outcome = str(error.code)
         breaker.failure()

@@ -33,7 +33,8 @@ UNSPECIFIED = "0.0.0.0"  # noqa: S104 - an address the policy must refuse; nothi
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/big, /api/text."""
+    """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/big, /api/text,
+    /api/bad-gzip."""
 
     protocol_version = "HTTP/1.1"
     server: LocalServer
@@ -77,6 +78,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 for _ in range(0, size, 65536):
                     self.wfile.write(b"y" * 65536)
+            elif name == "bad-gzip":  # a body that is not what its Content-Encoding says
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
             elif name == "text":
                 data = "héllo".encode("latin-1")
                 self.send_response(200)
@@ -310,6 +318,17 @@ def test_a_body_trickling_past_the_timeout_is_cut_off(conn):
         http_request({"path": "drip"}, conn)  # each chunk is quick; the whole body takes 6 s
     assert caught.value.code == StepErrorCode.TIMEOUT
     assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.usefixtures("allow_private")
+def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_a_retryable_transport_error(
+    conn, redis_client
+):
+    with pytest.raises(RetryableActionError) as caught:
+        http_request({"path": "bad-gzip"}, conn)
+    assert caught.value.code == StepErrorCode.TRANSPORT_ERROR
+    assert "DecodingError" in caught.value.message
+    assert failures(redis_client, conn) == 1
 
 
 @pytest.mark.parametrize("path", ["big", "big-declared"])
