@@ -343,7 +343,8 @@ def _parse_body(response: httpx.Response, raw: bytes) -> Any:
         return None
     content_type = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
-        with contextlib.suppress(ValueError):
+        # What does not parse, malformed or nested deeper than the parser goes, is kept as text.
+        with contextlib.suppress(ValueError, RecursionError):
             return json.loads(raw)
     encoding = response.charset_encoding or "utf-8"
     try:

@@ -34,7 +34,7 @@ UNSPECIFIED = "0.0.0.0"  # noqa: S104 - an address the policy must refuse; nothi
 
 class Handler(BaseHTTPRequestHandler):
     """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/big, /api/text,
-    /api/bad-gzip."""
+    /api/bad-gzip, /api/deep."""
 
     protocol_version = "HTTP/1.1"
     server: LocalServer
@@ -85,6 +85,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"{}")
+            elif name == "deep":  # JSON nested deeper than a parser's recursion goes
+                self._send(200, None, raw=b"[" * 20_000 + b"]" * 20_000)
             elif name == "text":
                 data = "héllo".encode("latin-1")
                 self.send_response(200)
@@ -97,8 +99,8 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up on purpose (limits), which is what those tests want
 
-    def _send(self, status: int, payload: Any, extra: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+    def _send(self, status: int, payload: Any, extra: dict[str, str] | None = None, raw: bytes | None = None) -> None:
+        data = json.dumps(payload).encode() if raw is None else raw
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -257,6 +259,12 @@ def test_head_returns_no_body(conn, server):
 @pytest.mark.usefixtures("allow_private")
 def test_a_text_response_is_decoded_with_its_charset(conn):
     assert http_request({"path": "text"}, conn)["body"] == "héllo"
+
+
+@pytest.mark.usefixtures("allow_private")
+def test_a_json_body_nested_too_deep_to_parse_is_text(conn):
+    body = http_request({"path": "deep"}, conn)["body"]
+    assert body == "[" * 20_000 + "]" * 20_000
 
 
 @pytest.mark.usefixtures("allow_private")
