@@ -85,7 +85,6 @@ class _Handler(BaseHTTPRequestHandler):
         with receiver.changed:
             receiver.answered += 1
 
-
     def pause_in_head(self) -> None:
         """Send what the answer's head holds so far, then wait ``head_pause_s``: a head that comes in
         pieces, each in time, the whole late."""
