@@ -117,6 +117,19 @@ def test_a_lone_surrogate_in_an_input_is_a_bad_request_naming_the_field(sdk: Cli
     assert list(sdk.runs.iter()) == []
 
 
+def test_a_start_of_an_unknown_workflow_or_version_is_not_found_naming_the_field(sdk: Client) -> None:
+    sdk.workflows.apply(finishing())
+
+    with pytest.raises(NotFound) as no_workflow:
+        sdk.runs.start("greeet", {"name": "Ada"})
+    with pytest.raises(NotFound) as no_version:
+        sdk.runs.start("greet", {"name": "Ada"}, version=9)
+
+    assert (no_workflow.value.code, no_workflow.value.field, no_workflow.value.fields) == (
+        "not_found", "workflow", ("workflow",))
+    assert (no_version.value.code, no_version.value.field) == ("not_found", "version")
+
+
 def test_a_taken_name_is_a_conflict_naming_the_field(sdk: Client) -> None:
     with pytest.raises(Conflict) as taken:
         sdk.api_keys.create("test")  # make_tenant's key is named "test"

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from ductor_sdk.models import Run
 
 
-# The codes whose ``details`` map field paths (``spec.nodes[0].action``, ``members[1].weight``) to messages.
-FIELD_CODES = frozenset({"invalid", "unknown_field", "conflict", "idempotency_key_reused", "payload_too_large"})
+# The codes whose ``details`` map field paths (``spec.nodes[0].action``, ``members[1].weight``) to messages;
+# a ``not_found`` names the field that named nothing (a start's ``workflow`` or ``version``), if any.
+FIELD_CODES = frozenset({"invalid", "unknown_field", "conflict", "idempotency_key_reused", "payload_too_large",
+                         "not_found"})
 
 
 class DuctorError(Exception):
