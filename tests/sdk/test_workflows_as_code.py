@@ -138,6 +138,20 @@ def test_an_unknown_option_is_refused_at_once_not_dropped(call: Any, message: st
     assert wf.to_spec()["nodes"] == []
 
 
+def test_depends_on_given_one_id_as_a_string_is_refused_not_split_into_letters() -> None:
+    # A str is a Sequence[str] to a type checker: "charge" compiled to ["c", "h", "a", "r", "g", "e"].
+    wf = Workflow("billing")
+    charge = wf.task("charge", task="billing.tasks.charge")
+
+    with pytest.raises(TypeError) as refused:
+        wf.action("confirm", "noop", depends_on="charge")
+
+    assert "node 'confirm': depends_on is a list of ids or steps: depends_on=['charge']" in str(refused.value)
+    assert wf.to_spec()["nodes"] == [{"id": "charge", "type": "task", "task": "billing.tasks.charge", "input": {},
+                                      "depends_on": []}]
+    assert charge.id == "charge"
+
+
 def test_the_sdk_normalizes_a_spec_as_the_server_stores_it() -> None:
     specs = [documented_example(), documented_example_as_code().to_spec(), {"nodes": [
         {"id": "b", "type": "action", "action": "noop", "depends_on": ["a"], "retry": {"backoff_s": 500}},

@@ -205,6 +205,9 @@ class Workflow:
         unknown = sorted(set(options) - set(NodeOptions.__annotations__))
         if unknown:  # a typo the type checker would flag, caught for untyped callers too
             raise TypeError(f"node {node_id!r}: unknown option {_with_guess(unknown[0])}")
+        if isinstance(options.get("depends_on"), str):  # a Sequence[str] to a type checker, split into letters
+            raise TypeError(f"node {node_id!r}: depends_on is a list of ids or steps: "
+                            f"depends_on={[options.get('depends_on')]!r}")
         node: dict[str, Any] = {"id": node_id, "type": node_type, **fields}
         node["depends_on"] = [dep.id if isinstance(dep, StepRef) else dep for dep in options.get("depends_on") or ()]
         given: dict[str, Any] = dict(options)
