@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import pickle
 from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
@@ -190,6 +191,39 @@ def test_a_value_json_has_not_is_refused_before_sending_naming_where_it_is() -> 
         with pytest.raises(TypeError, match=r"^input: a key of type tuple is not JSON"):
             sdk.runs.start("order", {("a", "b"): 1})
     assert sent == []
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda sdk: sdk.runs.start("order", {}, tags="web"), "tags is a list of strings: tags=['web']"),
+    (lambda sdk: sdk.runs.list(tags="web"), "tags is a list of strings: tags=['web']"),
+    (lambda sdk: list(sdk.runs.iter(tags="web")), "tags is a list of strings: tags=['web']"),
+    (lambda sdk: sdk.runs.cancel_many(tags="web"), "tags is a list of strings"),
+    (lambda sdk: sdk.runs.retry_many(ids="8d4c2a96-8a53-4c9b-9d55-6cb1b1b5c3f2"), "ids is a list of strings"),
+    (lambda sdk: sdk.routing.explain("order", "http.request", tags="web"), "tags is a list of strings"),
+    (lambda sdk: sdk.api_keys.create("ci", scopes="read"), "scopes is a list of strings: scopes=['read']"),
+    (lambda sdk: sdk.webhooks.create("https://hooks.example.com", "run.failed"), "events is a list of strings"),
+    (lambda sdk: sdk.webhooks.create("https://hooks.example.com", ["run.failed"], workflows="order"),
+     "workflows is a list of strings"),
+    (lambda sdk: sdk.platform.task_catalog.create("billing.charge", tenants="acme"), "tenants is a list of strings"),
+    (lambda sdk: sdk.platform.task_catalog.create("billing.charge", plans="pro"), "plans is a list of strings"),
+])
+def test_a_string_given_for_a_list_of_strings_is_refused_before_sending_not_split_into_letters(
+    call: Any, message: str,
+) -> None:
+    """A str is a Sequence[str] to a type checker: ``tags="web"`` tagged the run 'w', 'e' and 'b'."""
+    transport, sent = _answers()
+    for client in (Client("http://ductor.test", "dct_x_y", http_client=httpx.Client(transport=transport)),
+                   AsyncClient("http://ductor.test", "dct_x_y", http_client=httpx.AsyncClient(transport=transport))):
+        with pytest.raises(TypeError) as refused:
+            asyncio.run(_awaited(call(client))) if isinstance(client, AsyncClient) else call(client)
+        assert message in str(refused.value)
+    assert sent == []
+
+
+async def _awaited(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return [item async for item in value] if hasattr(value, "__aiter__") else value
 
 
 def test_a_catalog_entry_s_name_among_its_changes_is_sent_for_the_server_to_refuse() -> None:

@@ -30,6 +30,14 @@ def compact(**values: Any) -> dict[str, Any]:
             for key, value in values.items() if value is not None}
 
 
+def strings(name: str, values: Sequence[str] | None) -> list[str] | None:
+    """``values`` as the list the API takes; a str alone, a ``Sequence[str]`` to a type checker that
+    ``list`` splits into letters (``tags="web"``: 'w', 'e', 'b'), raises ``TypeError`` naming ``name``."""
+    if isinstance(values, str):
+        raise TypeError(f"{name} is a list of strings: {name}={[values]!r}")
+    return None if values is None else list(values)
+
+
 def list_params(**values: Any) -> dict[str, Any]:
     """A list's query string (``compact``): its ``cursor`` a bare cursor or a page's link."""
     params = compact(**values)
@@ -166,7 +174,7 @@ def run_request(
     name = workflow.name if isinstance(workflow, Workflow) else workflow
     return compact(workflow=name, version=version, input={} if input is None else input,
                    idempotency_key=idempotency_key or new_idempotency_key(), tier=tier,
-                   tags=list(tags) if tags is not None else None, fairness_key=fairness_key)
+                   tags=strings("tags", tags), fairness_key=fairness_key)
 
 
 def run_start(body: Mapping[str, Any]) -> Call[models.Run]:
@@ -213,20 +221,20 @@ def runs_start_many(items: Sequence[Mapping[str, Any]]) -> Call[models.BulkStart
 def runs_cancel_many(*, ids: Sequence[str] | None = None, tags: Sequence[str] | None = None,
                      **filters: Any) -> Call[models.RunsCancelled]:
     """Safe to send again: a run already asked to stop is not asked (nor counted) twice."""
-    body = compact(ids=list(ids) if ids else None, tag=list(tags) if tags else None, **filters)
+    body = compact(ids=strings("ids", ids) or None, tag=strings("tags", tags) or None, **filters)
     return Call("POST", "runs/cancel", models.RunsCancelled.from_json, body=body, idempotent=True)
 
 
 def runs_retry_many(*, ids: Sequence[str] | None = None, tags: Sequence[str] | None = None,
                     **filters: Any) -> Call[models.RunsRetried]:
     """Not sent again on its own: a run that failed again after its retry would be retried again."""
-    body = compact(ids=list(ids) if ids else None, tag=list(tags) if tags else None, **filters)
+    body = compact(ids=strings("ids", ids) or None, tag=strings("tags", tags) or None, **filters)
     return Call("POST", "runs/retry", models.RunsRetried.from_json, body=body, idempotent=False)
 
 
 def run_list(*, tags: Sequence[str] | None = None, **filters: Any) -> Call[Page[models.Run]]:
     """The run list's call: ``tags`` as the repeated ``tag`` (the runs that have every one)."""
-    return RUNS.list(tag=list(tags) if tags else None, **filters)
+    return RUNS.list(tag=strings("tags", tags) or None, **filters)
 
 
 def run_steps(run_id: str, **params: Any) -> Call[Page[models.Step]]:

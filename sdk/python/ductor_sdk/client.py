@@ -66,7 +66,7 @@ class ApiKeys(_Resource):
         self, name: str, *, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
     ) -> models.ApiKeyCreated:
         """A new key; its raw ``api_key`` is in this answer only."""
-        body = calls.compact(name=name, scopes=list(scopes) if scopes is not None else None, expires_at=expires_at)
+        body = calls.compact(name=name, scopes=calls.strings("scopes", scopes), expires_at=expires_at)
         return self._send(calls.API_KEYS.create_as(body, models.ApiKeyCreated))
 
     def revoke(self, key_id: str) -> models.ApiKey:
@@ -190,7 +190,7 @@ class Routing(_Resource):
         tier: str | None = None, pool: str | None = None,
     ) -> models.RoutingExplanation:
         """How a step would be routed and admitted now; takes no capacity and writes nothing."""
-        body = calls.compact(workflow=workflow, action=action, tags=list(tags) if tags is not None else None,
+        body = calls.compact(workflow=workflow, action=action, tags=calls.strings("tags", tags),
                              input=input, tier=tier, pool=pool)
         return self._send(calls.routing_explain(body))
 
@@ -508,8 +508,8 @@ class Webhooks(_Resource):
                description: str | None = None, enabled: bool | None = None) -> models.WebhookEndpoint:
         """Subscribe ``url`` to ``events`` (``run.succeeded``, ``run.failed``, ``run.cancelled``, ``step.failed``)
         of the runs of ``workflows`` (default: all). The answer's ``secret`` is shown this once."""
-        body = calls.compact(url=url, events=list(events), workflows=list(workflows) if workflows is not None else None,
-                             description=description, enabled=enabled)
+        body = calls.compact(url=url, events=calls.strings("events", events),
+                             workflows=calls.strings("workflows", workflows), description=description, enabled=enabled)
         return self._send(calls.WEBHOOKS.create(body))
 
     def update(self, webhook_id: str, **changes: Any) -> models.WebhookEndpoint:
@@ -631,8 +631,8 @@ class PlatformTaskCatalog(_Resource):
         plan) and the ``tenants`` named besides them."""
         body = calls.compact(name=name, description=description, queue=queue, arguments=arguments,
                              input_schema=input_schema, timeout_s=timeout_s, enabled=enabled,
-                             plans=list(plans) if plans is not None else None,
-                             tenants=list(tenants) if tenants is not None else None)
+                             plans=calls.strings("plans", plans),
+                             tenants=calls.strings("tenants", tenants))
         return self._send(calls.TASK_CATALOG.create(body))
 
     def update(self, name: str, /, **changes: Any) -> models.CatalogEntry:
