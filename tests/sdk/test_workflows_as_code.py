@@ -152,6 +152,14 @@ def test_depends_on_given_one_id_as_a_string_is_refused_not_split_into_letters()
     assert charge.id == "charge"
 
 
+def test_a_retry_s_non_retryable_given_one_name_as_a_string_is_refused_not_split_into_letters() -> None:
+    # "CardDeclined" compiled to ["C", "a", "r", …], names the server takes: the decline was retried.
+    with pytest.raises(TypeError) as refused:
+        Retry(max_attempts=3, non_retryable="CardDeclined")
+
+    assert "non_retryable is a list of names: non_retryable=['CardDeclined']" in str(refused.value)
+
+
 def test_the_sdk_normalizes_a_spec_as_the_server_stores_it() -> None:
     specs = [documented_example(), documented_example_as_code().to_spec(), {"nodes": [
         {"id": "b", "type": "action", "action": "noop", "depends_on": ["a"], "retry": {"backoff_s": 500}},

@@ -128,6 +128,10 @@ class Retry:
     jitter: bool = True
     non_retryable: Sequence[str] = ()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.non_retryable, str):  # a Sequence[str] to a type checker, split into letters
+            raise TypeError(f"non_retryable is a list of names: non_retryable={[self.non_retryable]!r}")
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"max_attempts": self.max_attempts, "backoff_s": self.backoff_s, "jitter": self.jitter}
         if self.max_backoff_s is not None:
