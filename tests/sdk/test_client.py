@@ -661,6 +661,26 @@ def test_an_event_sent_starts_the_workflows_its_triggers_subscribe_and_only_here
     assert bad.value.field == "filter.path"
 
 
+def test_events_and_triggers_are_read_one_by_one_and_across_pages_like_every_list(sdk: Client,
+                                                                                server_url: str) -> None:
+    sdk.workflows.apply(finishing())
+    triggers = [sdk.triggers.create("greet", f"order.{kind}") for kind in ("paid", "shipped", "returned")]
+    sent = [sdk.events.send("order.paid", {"n": n}).id for n in range(3)]
+    sdk.events.send("order.shipped")
+
+    assert sdk.triggers.get(triggers[1].id).event == "order.shipped"
+    assert [t.id for t in sdk.triggers.iter(page_size=2)] == [t.id for t in triggers]
+    assert [e.id for e in sdk.events.iter(name="order.paid", page_size=2)] == sent[::-1]
+
+    async def read() -> tuple[str, list[str], list[str]]:
+        async with AsyncClient(server_url, sdk.config.api_key) as client:
+            return ((await client.triggers.get(triggers[0].id)).event,
+                    [t.id async for t in client.triggers.iter(page_size=2)],
+                    [e.id async for e in client.events.iter(name="order.paid", page_size=2)])
+
+    assert asyncio.run(read()) == ("order.paid", [t.id for t in triggers], sent[::-1])
+
+
 def test_a_signal_resumes_a_run_waiting_for_it_and_a_wait_for_event_compiles_and_runs(sdk: Client) -> None:
     wf = Workflow("approval")
     approved = wf.wait_for_event("approved", event="approved", key=Input["order_id"], timeout_s=3600)

@@ -466,6 +466,9 @@ class Events(_Resource):
         """One page of the tenant's events, newest first (of ``name`` only, when given)."""
         return await self._send(calls.EVENTS.list(name=name, page_size=page_size, cursor=cursor))
 
+    def iter(self, *, name: str | None = None, page_size: int | None = None) -> AsyncIterator[models.Event]:
+        return self._iterate(calls.EVENTS.list(name=name, page_size=page_size))
+
     async def get(self, event_id: str) -> models.Event:
         return await self._send(calls.EVENTS.get(event_id))
 
@@ -473,6 +476,12 @@ class Events(_Resource):
 class Triggers(_Resource):
     async def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Trigger]:
         return await self._send(calls.TRIGGERS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> AsyncIterator[models.Trigger]:
+        return self._iterate(calls.TRIGGERS.list(page_size=page_size))
+
+    async def get(self, trigger_id: str) -> models.Trigger:
+        return await self._send(calls.TRIGGERS.get(trigger_id))
 
     async def create(self, workflow: str | Workflow, event: str, *, filter: Mapping[str, Any] | None = None,
                enabled: bool = True) -> models.Trigger:

@@ -470,6 +470,9 @@ class Events(_Resource):
         """One page of the tenant's events, newest first (of ``name`` only, when given)."""
         return self._send(calls.EVENTS.list(name=name, page_size=page_size, cursor=cursor))
 
+    def iter(self, *, name: str | None = None, page_size: int | None = None) -> Iterator[models.Event]:
+        return self._iterate(calls.EVENTS.list(name=name, page_size=page_size))
+
     def get(self, event_id: str) -> models.Event:
         return self._send(calls.EVENTS.get(event_id))
 
@@ -477,6 +480,12 @@ class Events(_Resource):
 class Triggers(_Resource):
     def list(self, *, page_size: int | None = None, cursor: str | None = None) -> Page[models.Trigger]:
         return self._send(calls.TRIGGERS.list(page_size=page_size, cursor=cursor))
+
+    def iter(self, *, page_size: int | None = None) -> Iterator[models.Trigger]:
+        return self._iterate(calls.TRIGGERS.list(page_size=page_size))
+
+    def get(self, trigger_id: str) -> models.Trigger:
+        return self._send(calls.TRIGGERS.get(trigger_id))
 
     def create(self, workflow: str | Workflow, event: str, *, filter: Mapping[str, Any] | None = None,
                enabled: bool = True) -> models.Trigger:
