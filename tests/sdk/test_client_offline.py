@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import pickle
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -224,6 +225,22 @@ async def _awaited(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
     return [item async for item in value] if hasattr(value, "__aiter__") else value
+
+
+def test_a_time_without_a_timezone_is_refused_before_sending_naming_the_parameter() -> None:
+    """``datetime.now()`` is the machine's local time, and the server reads a time with no zone as UTC:
+    a key meant to expire in an hour east of Greenwich lived hours longer."""
+    transport, sent = _answers()
+    naive = datetime(2027, 1, 1, 9, 30)
+    with Client("http://ductor.test", "dct_x_y", http_client=httpx.Client(transport=transport)) as sdk:
+        with pytest.raises(ValueError, match=r"^expires_at: 2027-01-01 09:30:00 has no timezone"):
+            sdk.api_keys.create("ci", expires_at=naive)
+        with pytest.raises(ValueError, match=r"^created_after: .* has no timezone"):
+            sdk.runs.list(created_after=naive)
+        with pytest.raises(ValueError, match=r"^end: .* has no timezone"):
+            sdk.schedules.backfill("8d4c2a96-8a53-4c9b-9d55-6cb1b1b5c3f2", naive.replace(tzinfo=UTC), naive)
+        sdk.api_keys.create("ci", expires_at=naive.replace(tzinfo=UTC))
+    assert sent == ["POST"]
 
 
 def test_a_catalog_entry_s_name_among_its_changes_is_sent_for_the_server_to_refuse() -> None:

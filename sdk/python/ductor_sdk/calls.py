@@ -26,8 +26,16 @@ N = TypeVar("N", bound=Model)
 
 def compact(**values: Any) -> dict[str, Any]:
     """The values that are not None, datetimes as ISO 8601 (a query string or a body)."""
-    return {key: value.isoformat() if isinstance(value, datetime) else value
+    return {key: _instant(key, value) if isinstance(value, datetime) else value
             for key, value in values.items() if value is not None}
+
+
+def _instant(name: str, value: datetime) -> str:
+    """``value`` in ISO 8601; one without a timezone (``datetime.now()``, the machine's local time) raises
+    ``ValueError`` naming ``name``, as the server would read it as UTC."""
+    if value.utcoffset() is None:
+        raise ValueError(f"{name}: {value} has no timezone; give an aware time, such as datetime.now(UTC)")
+    return value.isoformat()
 
 
 def strings(name: str, values: Sequence[str] | None) -> list[str] | None:
