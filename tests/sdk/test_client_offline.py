@@ -168,6 +168,18 @@ def test_an_id_of_dots_is_sent_as_itself_and_never_folded_into_another_path() ->
     assert sent == ["/api/v1/runs/%2E", "/api/v1/runs/%2E%2E", "/api/v1/workflows/%2E%2E/versions"]
 
 
+def test_an_empty_id_or_name_is_refused_before_sending_never_read_as_the_collection() -> None:
+    """``runs.get("")`` read the run list as a run, empty and ``pending`` (``wait`` polled it until its
+    timeout), and ``workflows.get("")`` the workflow list as a workflow."""
+    transport, sent = _answers()
+    with Client("http://ductor.test", "dct_x_y", http_client=httpx.Client(transport=transport)) as sdk:
+        for call in (lambda: sdk.runs.get(""), lambda: sdk.runs.cancel(""), lambda: sdk.workflows.get(""),
+                     lambda: sdk.connections.delete(""), lambda: sdk.tasks.get("")):
+            with pytest.raises(ValueError, match=r"^an empty id or name names nothing: "):
+                call()
+    assert sent == []
+
+
 def test_a_number_json_has_not_is_refused_before_sending_naming_where_it_is() -> None:
     """Python writes ``nan`` as ``NaN``, which is not JSON: the server could only refuse the whole body
     as ``malformed_json``. The SDK names the field instead and sends nothing."""

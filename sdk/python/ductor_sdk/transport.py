@@ -39,7 +39,11 @@ def path(*segments: str) -> str:
 
     ``quote`` leaves dots alone, and an HTTP client folds a segment of ``.`` or ``..`` away before
     sending: ``runs.get(".")`` would read the run list as a run, empty and ``pending``. Such a
-    segment is sent percent-encoded, which names nothing: the server answers ``NotFound``."""
+    segment is sent percent-encoded, which names nothing: the server answers ``NotFound``. An empty
+    one would address the collection itself (``runs.get("")`` read the run list as a run): it raises
+    ``ValueError``, and nothing is sent."""
+    if "" in segments:
+        raise ValueError(f"an empty id or name names nothing: {'/'.join(segments)}")
     return "/".join(_segment(str(segment)) for segment in segments)
 
 
