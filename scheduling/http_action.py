@@ -32,6 +32,7 @@ import ipaddress
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -479,14 +480,14 @@ def _transport_error(
 
 @contextlib.contextmanager
 def _pinned_response(
-    client: httpx.Client, call: _Call, addresses: list[IPAddress]
+    client: httpx.Client, call: _Call, addresses: list[IPAddress], extensions: Mapping[str, Any] | None = None
 ) -> Iterator[httpx.Response]:
     """Send ``call`` to the first of ``addresses`` that accepts a connection, never to any other.
 
     The URL names the checked IP; ``Host`` (and the TLS SNI name, which the
-    certificate is verified against) name the original host.
+    certificate is verified against) name the original host. ``extensions`` go with the request.
     """
-    extensions = {"sni_hostname": call.host} if call.url.scheme == "https" else {}
+    extensions = {**(extensions or {}), **({"sni_hostname": call.host} if call.url.scheme == "https" else {})}
     last: httpx.ConnectError | None = None
     for ip in addresses:
         request = client.build_request(
@@ -565,15 +566,53 @@ def _refuse_client_error(status: int, body: Any, host: str) -> None:
 
 
 @contextlib.contextmanager
-def _checked_response(call: _Call, timeout_s: float) -> Iterator[httpx.Response]:
+def _checked_response(
+    call: _Call, timeout_s: float, extensions: Mapping[str, Any] | None = None
+) -> Iterator[httpx.Response]:
     """Resolve and check the host (``resolve_allowed``), then send ``call`` to a checked address
     (``_pinned_response``), without redirects or proxies from the environment."""
     addresses = resolve_allowed(call.host, _port(call.url))
     with (
         httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client,
-        _pinned_response(client, call, addresses) as response,
+        _pinned_response(client, call, addresses, extensions) as response,
     ):
         yield response
+
+
+@contextlib.contextmanager
+def _hanging_up_at(deadline: float) -> Iterator[dict[str, Any]]:
+    """Request extensions that close the request's connection at ``deadline`` (``time.monotonic()``),
+    whatever it is waiting for then. A phase's timeout bounds one wait only: a peer that sends a
+    byte of its answer within each would hold the request as long as it liked. The socket is shut
+    down from a timer's thread (its reads then end at once, and httpx raises a ``TransportError``);
+    one connected after the deadline is shut down as it connects."""
+    lock, sockets, over = threading.Lock(), [], threading.Event()
+
+    def hang_up(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def connected(event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            with lock:
+                sockets.append(sock)
+            if over.is_set():
+                hang_up(sock)
+
+    def at_deadline() -> None:
+        over.set()
+        with lock:
+            for sock in sockets:
+                hang_up(sock)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), at_deadline)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield {"trace": connected}
+    finally:
+        timer.cancel()
 
 
 @contextlib.contextmanager
@@ -584,14 +623,18 @@ def checked_request(
 
     Guarantees what ``http_request`` does of the network: no socket is opened to a refused
     address, the connection goes to the address that was checked (``Host`` and the TLS SNI name
-    carry the URL's host), redirects are returned, not followed, and each network phase takes at
-    most ``timeout_s``. Reading the body, and how much of it, is the caller's. Raises
-    ``PermanentActionError`` (``address_refused``), ``RetryableActionError`` (``dns_error``) and
-    ``httpx.TransportError``.
+    carry the URL's host), redirects are returned, not followed, each network phase takes at
+    most ``timeout_s``, and the connection is closed once ``timeout_s`` has passed since the call
+    began, whatever it waits for then (``_hanging_up_at``). Reading the body, and how much of it, is
+    the caller's. Raises ``PermanentActionError`` (``address_refused``), ``RetryableActionError``
+    (``dns_error``) and ``httpx.TransportError``.
     """
     call = _Call(method=method, url=url, host=url.raw_host.decode("ascii"), netloc=url.netloc.decode("ascii"),
                  headers=dict(headers), query=(), body=body)
-    with _checked_response(call, timeout_s) as response:
+    with (
+        _hanging_up_at(time.monotonic() + timeout_s) as extensions,
+        _checked_response(call, timeout_s, extensions) as response,
+    ):
         yield response
 
 

@@ -10,6 +10,7 @@ address policy. The end-to-end path through real processes is ``test_webhooks_e2
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -585,6 +586,29 @@ def test_an_answer_whose_head_comes_in_pieces_each_in_time_but_late_as_a_whole_i
     row = stored(tenant, WebhookDelivery, delivery.pk)
     assert row.status == "pending"
     assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (None, "timed out after 0.5 s")
+
+
+def test_an_answer_whose_head_never_ends_is_hung_up_on_at_the_timeout_not_waited_for(
+    tenant, client_a, receiver, settings
+):
+    """One header line every 0.1 s, each well within the timeout of a read: the attempt ends at its
+    timeout all the same, its connection closed, rather than hold its delivery for as long as the
+    endpoint likes (past its claim, when the delivery would be attempted again at the same time)."""
+    settings.DUCTOR_WEBHOOK_TIMEOUT_S = 0.5
+    receiver.head_pause_s, receiver.trickle = 0.1, threading.Event()
+    delivery = one_delivery(tenant, client_a, receiver)
+    bound = threading.Timer(30, receiver.trickle.set)  # else a sender that waits for the head waits forever
+    bound.start()
+    try:
+        deliver(tenant, delivery)
+        ended_unanswered = receiver.answered == 0
+    finally:
+        bound.cancel()
+
+    assert ended_unanswered, "the attempt waited for the whole head"
+    row = stored(tenant, WebhookDelivery, delivery.pk)
+    assert (row.status, row.attempts[0]["status_code"], row.attempts[0]["error"]) == (
+        "pending", None, "timed out after 0.5 s")
 
 
 def test_a_private_address_is_refused_at_the_attempt_when_the_policy_forbids_it(tenant, client_a, receiver, settings):

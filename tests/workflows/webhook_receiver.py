@@ -2,7 +2,8 @@
 
 It records every request it gets (path, headers, the raw body) and answers ``status`` (with
 ``headers``), after ``delay_s``, and, while ``gate`` is set, once the gate opens (``answered``
-counts the answers); with ``head_pause_s``, its head comes in pieces that far apart.
+counts the answers); with ``head_pause_s``, its head comes in pieces that far apart, and with
+``trickle`` too, one header line at a time until ``trickle`` is set: a head that never ends.
 ``wait_for(n)`` waits on a condition, never on the clock alone.
 """
 
@@ -31,6 +32,7 @@ class Receiver:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     head_pause_s: float = 0.0
+    trickle: threading.Event | None = None
     gate: threading.Event | None = None
     answered: int = 0
     requests: list[Received] = field(default_factory=list)
@@ -72,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
         answer = b'{"ok": true}' if 200 <= receiver.status < 300 else b"boom " * 200
         try:
             self.send_response(receiver.status)
+            self.trickle_head()
             self.pause_in_head()
             for name, value in receiver.headers.items():
                 self.send_header(name, value)
@@ -93,6 +96,14 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.server.receiver.head_pause_s)
 
 
+    def trickle_head(self) -> None:
+        """Until ``trickle`` is set, send one more header line every ``head_pause_s``."""
+        trickle = self.server.receiver.trickle
+        while trickle is not None and not trickle.wait(self.server.receiver.head_pause_s):
+            self.send_header("X-Trickle", "more")
+            self.flush_headers()
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -112,8 +123,9 @@ def running_receiver() -> Iterator[Receiver]:
     try:
         yield receiver
     finally:
-        if receiver.gate is not None:
-            receiver.gate.set()
+        for event in (receiver.gate, receiver.trickle):
+            if event is not None:
+                event.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)

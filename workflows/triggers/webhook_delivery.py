@@ -167,6 +167,8 @@ def _attempt(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> Attempt:
     except httpx.TimeoutException:
         return ended(None, f"timed out after {timeout_s:g} s")
     except httpx.TransportError as exc:
+        if time.monotonic() >= deadline:  # hung up at the deadline, the answer still coming (checked_request)
+            return ended(None, f"timed out after {timeout_s:g} s")
         return ended(None, f"{type(exc).__name__}: {exc}"[:500])
     except SecretError as exc:
         return ended(None, str(exc))
@@ -176,7 +178,8 @@ def _attempt(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> Attempt:
 def _read_some(response: httpx.Response, deadline: float) -> str:
     """The first ``RESPONSE_LOGGED`` characters of the answer; at most ``MAX_RESPONSE_BYTES`` are
     read, and none after ``deadline``. An answer that does not decode as its ``Content-Encoding``
-    says is kept as far as it did: its status is what counts."""
+    says, or whose body was still coming when the connection was closed at ``deadline``, is kept as
+    far as it came: its status is what counts."""
     raw = b""
     try:
         for chunk in response.iter_bytes():
@@ -185,6 +188,9 @@ def _read_some(response: httpx.Response, deadline: float) -> str:
                 break
     except httpx.DecodingError:
         pass
+    except httpx.TransportError:
+        if time.monotonic() < deadline:
+            raise
     return raw[:MAX_RESPONSE_BYTES].decode("utf-8", errors="replace")[:RESPONSE_LOGGED]
 
 
