@@ -390,6 +390,15 @@ def test_a_tenant_without_endpoints_gets_no_delivery_and_a_finished_run_costs_it
     assert deliveries(tenant) == []
 
 
+def test_an_endpoint_created_disabled_says_why_as_one_disabled_through_the_api_does(client_a):
+    created = subscribe(client_a, enabled=False)
+    changed = client_a.patch(f"/api/v1/webhooks/{subscribe(client_a)['id']}", {"enabled": False}, format="json").json()
+
+    assert created["enabled"] is changed["enabled"] is False
+    assert created["disabled_reason"] == changed["disabled_reason"] == "disabled through the API"
+    assert created["disabled_at"] is not None
+
+
 def test_a_change_of_an_endpoint_is_seen_at_once_by_the_process_that_made_it(tenant, client_a):
     put(tenant, "quiet")
     start(tenant, "quiet")  # the copy of the (empty) endpoints, trusted for 2 s

@@ -181,6 +181,7 @@ def webhook_create(*, url: str, events: list[str], workflows: list[str] | None =
         _enforce_limit()  # the tenant's row, then its workflows: the order a schedule's and a trigger's create take
         fields["workflows"] = checked_workflows(workflows)
         endpoint = WebhookEndpoint.objects.create(**fields, secret=encrypt(secret),
+                                                  disabled_reason="" if enabled else DISABLED_BY_API,
                                                   disabled_at=None if enabled else timezone.now())
         forget_endpoints()
     log.info("webhook_created", webhook_id=str(endpoint.pk), events=endpoint.events, host=httpx.URL(endpoint.url).host)
@@ -194,6 +195,8 @@ def _locked(endpoint: WebhookEndpoint) -> WebhookEndpoint:
 
 # How the disabled reason of an endpoint whose only workflow was deleted begins (``workflow_deleted``).
 ONLY_WORKFLOW_DELETED = "its only workflow"
+# The disabled reason of an endpoint created disabled, or disabled by a change.
+DISABLED_BY_API = "disabled through the API"
 
 
 def webhook_update(endpoint: WebhookEndpoint, changes: Mapping[str, Any]) -> WebhookEndpoint:
@@ -230,7 +233,7 @@ def _set_enabled(row: WebhookEndpoint, enabled: bool) -> None:
     if enabled:
         row.enabled, row.consecutive_failures, row.disabled_reason, row.disabled_at = True, 0, "", None
     elif row.enabled:
-        row.enabled, row.disabled_reason, row.disabled_at = False, "disabled through the API", timezone.now()
+        row.enabled, row.disabled_reason, row.disabled_at = False, DISABLED_BY_API, timezone.now()
 
 
 def webhook_rotate(endpoint: WebhookEndpoint, *, grace_s: int = DEFAULT_GRACE_S) -> Revealed:
