@@ -16,7 +16,7 @@ import httpx
 
 from ductor_sdk import calls, models
 from ductor_sdk.errors import Conflict, DuctorError, NotFound
-from ductor_sdk.models import Page, RunStatus
+from ductor_sdk.models import Overlap, Page, RunStatus, Tier
 from ductor_sdk.transport import AsyncSender, Call, Config, RetryPolicy, RunWait
 from ductor_sdk.workflow import Workflow
 
@@ -188,7 +188,7 @@ class FairnessKeys(_Resource):
 class Routing(_Resource):
     async def explain(
         self, workflow: str, action: str, *, tags: Sequence[str] | None = None, input: Any = None,
-        tier: str | None = None, pool: str | None = None,
+        tier: Tier | None = None, pool: str | None = None,
     ) -> models.RoutingExplanation:
         """How a step would be routed and admitted now; takes no capacity and writes nothing."""
         body = calls.compact(workflow=workflow, action=action, tags=calls.strings("tags", tags),
@@ -293,7 +293,7 @@ class Runs(_Resource):
 
     async def start(
         self, workflow: str | Workflow, input: Any = None, *, idempotency_key: str | None = None,
-        tags: Sequence[str] | None = None, tier: str | None = None, version: int | None = None,
+        tags: Sequence[str] | None = None, tier: Tier | None = None, version: int | None = None,
         fairness_key: str | None = None,
     ) -> models.Run:
         """Start a run (of the latest version unless ``version``). Idempotent: with a key already
@@ -411,7 +411,7 @@ class Schedules(_Resource):
 
     async def create(
         self, name: str, workflow: str | Workflow, *, cron: str | None = None, interval_s: int | None = None,
-        timezone: str | None = None, input: Any = None, version: int | None = None, overlap: str | None = None,
+        timezone: str | None = None, input: Any = None, version: int | None = None, overlap: Overlap | None = None,
         catchup_window_s: int | None = None, jitter_s: float | None = None, paused: bool | None = None,
     ) -> models.Schedule:
         """A schedule starting runs of ``workflow`` with ``input``: at the fire times of ``cron`` (5 fields,

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from ductor_sdk import models
 from ductor_sdk.errors import Conflict
-from ductor_sdk.models import Model, Page
+from ductor_sdk.models import Model, Overlap, Page, Tier
 from ductor_sdk.spec import same_spec
 from ductor_sdk.transport import NO_BODY, Call, path
 from ductor_sdk.workflow import Workflow
@@ -175,7 +175,7 @@ def new_idempotency_key() -> str:
 
 def run_request(
     workflow: str | Workflow, input: Any = None, *, idempotency_key: str | None = None,
-    tags: Sequence[str] | None = None, tier: str | None = None, version: int | None = None,
+    tags: Sequence[str] | None = None, tier: Tier | None = None, version: int | None = None,
     fairness_key: str | None = None,
 ) -> dict[str, Any]:
     """The body of a run start, with an idempotency key always (a new one when not given)."""
@@ -277,7 +277,7 @@ def run_why(run_id: str) -> Call[models.WhyWaiting]:
 
 def schedule_request(
     name: str, workflow: str | Workflow, *, cron: str | None = None, interval_s: int | None = None,
-    timezone: str | None = None, input: Any = None, version: int | None = None, overlap: str | None = None,
+    timezone: str | None = None, input: Any = None, version: int | None = None, overlap: Overlap | None = None,
     catchup_window_s: int | None = None, jitter_s: float | None = None, paused: bool | None = None,
 ) -> dict[str, Any]:
     """The body of a schedule's create: ``cron`` or ``interval_s``, and the options given."""

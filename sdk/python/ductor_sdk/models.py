@@ -22,6 +22,9 @@ StepStatus = Literal["scheduled", "queued", "running", "waiting", "succeeded", "
 TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset({"succeeded", "failed", "cancelled", "continued"})
 # What ``workflows.apply`` did (``Applied.outcome``).
 ApplyOutcome = Literal["created", "updated", "described", "unchanged"]
+# A run's tier (the plan's ``allowed_tiers`` say which a tenant may use), and a schedule's overlap policy.
+Tier = Literal["interactive", "standard", "batch"]
+Overlap = Literal["skip", "buffer_one", "allow_all"]
 
 
 class TaskException(TypedDict, total=False):

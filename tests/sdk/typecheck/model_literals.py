@@ -28,3 +28,10 @@ def arguments_of(entry: TaskEntry) -> TaskArguments:
 
 
 unknown: ApplyOutcome = "deleted"  # E: assignment
+
+
+def started_and_scheduled(client: Client) -> None:
+    client.runs.start("report", tier="batch")
+    client.runs.start("report", tier="bulk")  # E: arg-type
+    client.schedules.create("nightly", "report", cron="0 2 * * *", overlap="buffer_one")
+    client.schedules.create("nightly", "report", cron="0 2 * * *", overlap="queue")  # E: arg-type
