@@ -436,7 +436,7 @@ class EventViewSet(TenantViewSet):
     def create(self, request: Request) -> Response:
         """Record an event and start the runs it triggers: ``201`` with it and its ``runs``; ``200`` with
         the event an ``idempotency_key`` already recorded, starting nothing."""
-        [(event, created)] = event_services.events_send([parse(EventSendSerializer, request.data)])
+        [(event, created)] = event_services.events_send([parse(EventSendSerializer, request.data)], bulk=False)
         return Response(EventSerializer(event).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(summary="Record events in bulk",

@@ -344,6 +344,30 @@ def test_a_bad_event_is_400_naming_the_field_and_leaves_nothing(tenant, client_a
         assert not Event.objects.exists()
 
 
+def test_a_bulk_of_one_event_names_its_bad_field_by_its_place_in_events(tenant, client_a):
+    """``payload`` and ``idempotency_key`` are no fields of a bulk body: its one event's are named
+    ``events[0]...``, as a bulk of more events names them and ``runs/bulk`` names a single run's."""
+    assert client_a.post("/api/v1/events", {"name": "x", "idempotency_key": "k"}, format="json").status_code == 201
+    reused = client_a.post("/api/v1/events/bulk", {"events": [{"name": "y", "idempotency_key": "k"}]}, format="json")
+    assert (reused.status_code, error_code(reused)) == (409, "idempotency_key_reused")
+    assert list(reused.json()["error"]["details"]) == ["events[0].idempotency_key"]
+    tenant_services.override_set(tenant=tenant, field="max_payload_bytes", value=64)
+    big = client_a.post("/api/v1/events/bulk", {"events": [{"name": "x", "payload": {"y": "z" * 100}}]}, format="json")
+    assert (big.status_code, error_code(big)) == (413, "payload_too_large")
+    assert list(big.json()["error"]["details"]) == ["events[0].payload"]
+    put(tenant, "fulfil")
+    subscribe(client_a, "fulfil", "order.paid")  # its runs' input, the event around its payload, is over the limit
+    started = client_a.post("/api/v1/events/bulk", {"events": [{"name": "order.paid", "payload": {"y": "z" * 20}}]},
+                            format="json")
+    assert (started.status_code, error_code(started)) == (413, "payload_too_large")
+    assert list(started.json()["error"]["details"]) == ["events[0].payload"]
+    alone = client_a.post("/api/v1/events", {"name": "x", "payload": {"y": "z" * 100}}, format="json")
+    assert list(alone.json()["error"]["details"]) == ["payload"]
+    with tenant_context(tenant):
+        assert list(Event.objects.values_list("name", flat=True)) == ["x"]
+    assert runs_of(tenant) == []
+
+
 def test_a_disabled_or_deleted_trigger_starts_nothing(tenant, client_a):
     put(tenant, "fulfil")
     trigger = subscribe(client_a, "fulfil", "order.paid")

@@ -75,19 +75,26 @@ def checked_filter(value: Any, field: str = "filter") -> dict[str, Any] | None:
     return clean
 
 
-def events_send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
+def events_send(items: list[Mapping[str, Any]], *, bulk: bool = True) -> list[tuple[Event, bool]]:
     """Record the tenant's events and start the runs they trigger, all or none, in one transaction.
     Returns ``(event, created)`` per item, in order: an item whose ``idempotency_key`` was used
-    already (or by an earlier item) answers that event and starts nothing."""
+    already (or by an earlier item) answers that event and starts nothing. A refusal names an item's
+    field by its place in ``events`` (``events[3].payload``); ``bulk`` False: the one event sent
+    alone, whose fields are named as they are (``payload``)."""
     if not items or len(items) > MAX_BULK_EVENTS:
         raise _invalid("events", f"Give 1 to {MAX_BULK_EVENTS} events, not {len(items)}.")
     for index, item in enumerate(items):
         payload = {} if item.get("payload") is None else item["payload"]
-        check_payload(payload, f"events[{index}].payload" if len(items) > 1 else "payload")
-    return again_while_keys_are_taken(lambda: _send(items), len(items))
+        check_payload(payload, _item_field(index, "payload", bulk))
+    return again_while_keys_are_taken(lambda: _send(items, bulk), len(items))
 
 
-def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
+def _item_field(index: int, name: str, bulk: bool) -> str:
+    """How a refusal names the field ``name`` of the item at ``index`` (see ``events_send``)."""
+    return f"events[{index}].{name}" if bulk else name
+
+
+def _send(items: list[Mapping[str, Any]], bulk: bool) -> list[tuple[Event, bool]]:
     keys = [item["idempotency_key"] for item in items if item.get("idempotency_key")]
     known = {event.idempotency_key: event for event in Event.objects.filter(idempotency_key__in=keys)} if keys else {}
     results: list[tuple[Event, bool]] = []
@@ -106,7 +113,7 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
             payload = {} if item.get("payload") is None else item["payload"]
             if key is not None and key in known:
                 first = known[key]
-                field = f"events[{index}].idempotency_key" if len(items) > 1 else "idempotency_key"
+                field = _item_field(index, "idempotency_key", bulk)
                 # An event of this very batch has no id to cite: it is kept only if the batch is.
                 cited = f"events[{in_batch[key]}]" if key in in_batch else f"event {first.pk}"
                 check_key_reuse(field, key, cited, {
@@ -116,7 +123,7 @@ def _send(items: list[Mapping[str, Any]]) -> list[tuple[Event, bool]]:
             event = Event.objects.create(name=name, key=event_key, payload=payload, idempotency_key=key)
             if key is not None:
                 known[key], in_batch[key] = event, index
-            fields[event.pk] = f"events[{index}].payload" if len(items) > 1 else "payload"
+            fields[event.pk] = _item_field(index, "payload", bulk)
             new.append(event)
             results.append((event, True))
         deliver(new)
