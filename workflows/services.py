@@ -261,8 +261,7 @@ def run_start(
                        code=ErrorCode.INVALID, details={"tier": [f"Not allowed by plan '{limits.plan}'."]})
     found = version_to_start(workflow, version)
     if found is None:
-        missing = f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found."
-        named = "version" if version and WorkflowDefinition.objects.filter(name=workflow).exists() else "workflow"
+        named, missing = _not_found(workflow, version)
         raise NotFound(missing, details={named: [missing]})
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
@@ -439,6 +438,14 @@ def run_retry_many(*, filters: dict[str, Any], limit: int) -> tuple[list[Workflo
     return retried, len(found) > limit
 
 
+def _not_found(workflow: str, version: int | None) -> tuple[str, str]:
+    """The field a start of no such ``workflow``, or no such ``version`` of it, names, and what it
+    says: ``version`` when the workflow exists, ``workflow`` otherwise."""
+    missing = f"Workflow '{workflow}'" + (f" version {version}" if version else "") + " not found."
+    named = "version" if version and WorkflowDefinition.objects.filter(name=workflow).exists() else "workflow"
+    return named, missing
+
+
 def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> list[tuple[WorkflowRun, bool]]:
     """Start many runs of the tenant in context at once, all or none. Returns ``(run, created)`` per item, in order.
 
@@ -472,8 +479,8 @@ def run_start_many(*, runs: list[dict[str, Any]], same_keys: bool = False) -> li
             versions[wanted] = version_to_start(*wanted)
         found = versions[wanted]
         if found is None:
-            errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}'" + (f" version {wanted[1]}" if wanted[1] else "")
-                                           + " not found."]
+            named, missing = _not_found(*wanted)
+            errors[f"{field}.{named}"] = [missing]
         elif found.definition.archived_at is not None:
             errors[f"{field}.workflow"] = [f"Workflow '{wanted[0]}' is archived and starts no new run."]
         else:

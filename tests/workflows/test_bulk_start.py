@@ -123,6 +123,17 @@ def test_a_bad_item_is_a_400_naming_it_and_starts_nothing(make_tenant):
     assert runs(tenant) == 0
 
 
+def test_an_item_of_no_such_version_names_its_version_as_a_start_of_one_does(client_a, tenant_a):
+    create(client_a, "w")
+    response = client_a.post("/api/v1/runs/bulk", {"runs": [{"workflow": "w"}, {"workflow": "w", "version": 9},
+                                                            {"workflow": "ghost", "version": 1}]}, format="json")
+    assert_invalid(response, "runs[1].version", "version 9 not found")
+    assert sorted(response.json()["error"]["details"]) == ["runs[1].version", "runs[2].workflow"]
+    one = client_a.post("/api/v1/runs", {"workflow": "w", "version": 9}, format="json")
+    assert list(one.json()["error"]["details"]) == ["version"]
+    assert runs(tenant_a[0]) == 0
+
+
 def test_empty_and_oversized_batches_are_refused(client_a, tenant_a):
     create(client_a, "w")
     assert_invalid(client_a.post("/api/v1/runs/bulk", {"runs": []}, format="json"), "runs")
