@@ -159,7 +159,11 @@ def test_an_endpoint_is_created_with_its_secret_shown_once_read_changed_listed_a
     ("https://example.com:99999/hook", "port"),
     ("https://example.com:0/hook", "port"),
     ("https://93.184.216.34/a b", "spaces"),
-    ("https://xn--/hook", "Not a URL"),  # a host that is no IDNA name
+    ("https://xn--/hook", "Not a URL"),  # an IDNA label that decodes to nothing
+    ("https://xn--a.example/hook", "Not a URL"),
+    ("https://[/hook", "host name"),  # taken as the host %5B, which no resolver finds
+    ("https://a<b.example/hook", "host name"),
+    ("https://a..example/hook", "host name"),
     ("not a url", ""),
     ("", ""),
 ])

@@ -20,15 +20,17 @@ and of a rotation, and stored encrypted (``scheduling.secrets``). After a rotati
 secret goes on signing beside the new one for ``grace_s``.
 
 A URL is https (http too while ``DUCTOR_HTTP_ALLOW_PRIVATE`` is on, for local development), at most
-2,000 characters, without credentials, and its host is, or resolves to, public addresses only (the
-policy of ``http.request``): a non-public IP literal, or ``localhost``, is refused when the URL is
-given (``scheduling.http_action.refuse_literal``, which resolves nothing), and every attempt
-resolves the host and checks each address (``resolve_allowed``). A name that does not resolve yet
-is taken: its attempts fail until it does.
+2,000 characters, without credentials, and its host is a host name or an IP address that is, or
+resolves to, public addresses only (the policy of ``http.request``): a non-public IP literal, or
+``localhost``, is refused when the URL is given (``scheduling.http_action.refuse_literal``, which
+resolves nothing), and every attempt resolves the host and checks each address
+(``resolve_allowed``). A name that does not resolve yet is taken: its attempts fail until it does.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -96,6 +98,11 @@ def _invalid(field: str, message: str) -> ApiError:
 
 # --- what an endpoint may be ------------------------------------------------------------------------------
 
+# A host name, as a URL holds it (IDNA-encoded): dot-separated labels of letters, digits, '-' and '_',
+# 1 to 63 long, neither starting nor ending with '-', and an optional final dot.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}\.?")
+
 
 def checked_url(value: Any) -> str:
     """``value`` as an endpoint's URL (see the module docs), or a ``400`` naming ``url``."""
@@ -127,7 +134,18 @@ def checked_url(value: Any) -> str:
         refuse_literal(url.raw_host.decode("ascii"))
     except PermanentActionError as exc:
         raise _invalid("url", f"{exc.message}.") from None
+    if not _is_host(url.raw_host.decode("ascii")):  # what httpx takes as a host, escaped: https://[/ is %5B
+        raise _invalid("url", f"Its host {host!r} is no host name or IP address.")
     return text
+
+
+def _is_host(raw: str) -> bool:
+    """Whether ``raw``, a URL's host as it is sent, is an IP address or a host name (``_HOST_NAME``)."""
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        return _HOST_NAME.fullmatch(raw) is not None
+    return True
 
 
 def checked_events(value: Any) -> list[str]:
