@@ -597,7 +597,8 @@ class EventFilterField(ComponentJSONField):
 class EventSendSerializer(StrictSerializer):
     name = PatternField(EVENT_NAME, max_length=200, rule=EVENT_NAME_RULE,
                         help_text=f"What happened (`order.paid`): {EVENT_NAME_RULE}")
-    key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
+    # Kept as sent, spaces too: a wait matches the key its template renders, which nothing trims.
+    key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="", trim_whitespace=False,
                                 help_text="What it is about (an order id): a correlation key.")
     payload = AnyJSONField(required=False, default=dict, help_text="What it carries: any JSON; absent or null: {}.")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)

@@ -110,6 +110,19 @@ def test_a_numeric_key_matches_its_text_and_a_wait_without_key_takes_any_key(ten
     assert step_of(tenant, numbered).status == "succeeded"
 
 
+def test_an_event_sent_through_the_api_keeps_its_key_as_sent_so_a_key_with_spaces_still_matches(tenant, client_a):
+    """A correlation key is matched as it is: the API took " o-1 " as "o-1", so the wait for " o-1 "
+    never resumed."""
+    put(tenant, PAID)
+    spaced = start(tenant, " o-1 ")
+
+    sent = client_a.post("/api/v1/events", {"name": "order.paid", "key": " o-1 ", "payload": {"amount": 3}},
+                         format="json")
+    assert (sent.status_code, sent.json()["key"]) == (201, " o-1 ")
+    advance(tenant, spaced)
+    assert step_of(tenant, spaced).status == "succeeded"
+
+
 def test_another_tenants_event_of_the_same_name_and_key_resumes_nothing(tenant, tenant_b):
     put(tenant, PAID)
     run = start(tenant, "o-1")
