@@ -254,7 +254,7 @@ class RunStartSerializer(StrictSerializer):
     tags = serializers.ListField(child=serializers.CharField(max_length=MAX_TAG_CHARS), required=False, default=list,
                                  max_length=MAX_TAGS)
     fairness_key = serializers.CharField(
-        max_length=MAX_FAIRNESS_KEY, required=False, allow_blank=True, default="",
+        max_length=MAX_FAIRNESS_KEY, required=False, allow_blank=True, default="", trim_whitespace=False,
         help_text="Its fairness key inside your tenant (your own customer, say): your backlogged keys share your "
                   "dispatches by weight, so one key's flood does not hold up the others. Empty by default: no key.")
 
@@ -292,7 +292,7 @@ class RunMatchSerializer(StrictSerializer):
     tag = serializers.ListField(
         child=serializers.CharField(max_length=MAX_SOURCE_TAG_CHARS), required=False, max_length=10,
         help_text="The runs that have every one of these tags (in a query string, `?tag=a&tag=b`).")
-    fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False,
+    fairness_key = serializers.CharField(max_length=MAX_FAIRNESS_KEY, required=False, trim_whitespace=False,
                                          help_text="The runs of this fairness key of your tenant.")
 
 

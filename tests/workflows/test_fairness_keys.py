@@ -79,3 +79,21 @@ def test_a_runs_fairness_key_is_checked_shown_and_kept_by_a_rerun(redis_client: 
     rerun = client_a.post(f"/api/v1/runs/{started.json()['id']}/rerun", {}, format="json")
     assert rerun.status_code == 201, rerun.content
     assert rerun.json()["fairness_key"] == "acme"
+
+
+@pytest.mark.django_db
+def test_a_runs_fairness_key_is_kept_as_sent_as_a_key_s_weight_is(redis_client: Any, client_a: APIClient):
+    """A weight is given for the key as runs carry it, spaces too; the start trimmed " acme " to "acme",
+    so the runs were never under the key the weight was given for."""
+    assert client_a.post("/api/v1/workflows", {"name": "one", "spec": ONE}, format="json").status_code == 201
+    weighted = client_a.post("/api/v1/fairness-keys", {"key": " acme ", "weight": 5}, format="json")
+    one = client_a.post("/api/v1/runs", {"workflow": "one", "fairness_key": " acme "}, format="json")
+    many = client_a.post("/api/v1/runs/bulk", {"runs": [{"workflow": "one", "fairness_key": " acme "}]}, format="json")
+
+    assert (weighted.status_code, weighted.json()["key"]) == (201, " acme ")
+    assert (one.status_code, one.json()["fairness_key"]) == (201, " acme ")
+    assert many.status_code == 201
+    found = client_a.get("/api/v1/runs?fairness_key=%20acme%20").json()["results"]
+    assert {run["id"] for run in found} == {one.json()["id"], many.json()["runs"][0]["id"]}
+    assert {run["fairness_key"] for run in found} == {" acme "}
+    assert client_a.get("/api/v1/runs?fairness_key=acme").json()["results"] == []
