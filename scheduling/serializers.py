@@ -390,8 +390,9 @@ class ExplainSerializer(StrictSerializer):
 
     workflow = serializers.CharField(max_length=200)
     action = serializers.CharField(max_length=200)
-    tags = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_TAG_CHARS), max_length=MAX_TAGS, default=list
+    tags = serializers.ListField(  # as sent, spaces too, as a node's and a rule's are matched
+        child=serializers.CharField(max_length=MAX_TAG_CHARS, trim_whitespace=False), max_length=MAX_TAGS,
+        default=list,
     )
     input = JSONValueField(default=dict)
     tier = TierNameField(

@@ -949,6 +949,18 @@ def test_explain_without_a_matching_rule_uses_the_default_pool(client_a: APIClie
     assert "billing is closed" in denied["reason"]
 
 
+def test_explain_matches_tags_as_sent_as_a_rule_and_a_node_keep_them(client_a: APIClient) -> None:
+    """A rule's and a node's tags are kept as written, spaces too: so are explain's, or it would
+    route a step that names " crm " elsewhere than the step itself goes."""
+    create(client_a, "connections", http_body("one"))
+    create(client_a, "pools", {"name": "spaced", "members": [{"connection": "one"}]})
+    create(client_a, "rules", {"name": "crm", "priority": 1, "match": {"tags": [" crm "]},
+                               "action": {"pool": "spaced"}})
+
+    assert explain(client_a, tags=[" crm "])["rule"]["name"] == "crm"
+    assert explain(client_a, tags=["crm"])["rule"] == "default"
+
+
 def test_explain_follows_a_rule_edited_through_the_api(client_a: APIClient) -> None:
     create(client_a, "connections", http_body("one"))
     create(client_a, "connections", http_body("two"))
