@@ -49,7 +49,8 @@ def _parse(raw: str) -> tuple[str, str]:
     kind, _, rest = raw.partition("_")
     prefix, _, secret = rest.partition("_")
     if kind not in (ApiKey.PREFIX, PlatformKey.PREFIX) or not prefix or not secret:
-        raise AuthError("Malformed API key: expected 'dct_<prefix>_<secret>'.")
+        form = PlatformKey.PREFIX if kind == PlatformKey.PREFIX else ApiKey.PREFIX  # a platform key's own, if it is one
+        raise AuthError(f"Malformed API key: expected '{form}_<prefix>_<secret>'.")
     return kind, prefix
 
 

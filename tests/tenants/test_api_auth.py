@@ -67,6 +67,14 @@ def test_garbage_malformed_or_unknown_key_is_401_invalid_api_key(db: None, heade
     assert_error(bearer(header).post("/api/v1/api-keys", {"name": "x"}, format="json"), 401, "invalid_api_key")
 
 
+@pytest.mark.parametrize(("raw", "form"), [("dct_onlyprefix", "'dct_<prefix>_<secret>'"),
+                                           ("dctp_onlyprefix", "'dctp_<prefix>_<secret>'")])
+def test_a_malformed_key_is_told_the_form_of_its_own_kind(db: None, raw: str, form: str) -> None:
+    response = bearer(f"Bearer {raw}").get("/api/v1/tenant")
+    assert_error(response, 401, "invalid_api_key")
+    assert form in response.json()["error"]["message"]
+
+
 def test_known_prefix_with_a_wrong_secret_is_401_invalid_api_key(tenant_a: tuple[Tenant, str]) -> None:
     raw = tenant_a[1]
     kind, prefix, secret = raw.split("_")
