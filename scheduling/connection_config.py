@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
@@ -78,6 +79,12 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
         _url(base_url)
     except ValidationError as exc:
         raise ConfigError("config.base_url", "must be an http or https URL") from exc
+    try:
+        host = httpx.URL(base_url).host  # decodes an IDNA host: one that names nothing ("xn--a") fails only here
+    except (httpx.InvalidURL, UnicodeError) as exc:
+        raise ConfigError("config.base_url", "its host is no host name") from exc
+    if not host:
+        raise ConfigError("config.base_url", "must name a host")
     if "@" in urlsplit(base_url).netloc:
         raise ConfigError("config.base_url", "must not carry credentials; use the connection secret")
     try:

@@ -152,6 +152,7 @@ def test_connection_paths_accept_a_trailing_slash(client_a: APIClient) -> None:
         ({"base_url": "https://user:pw@a.example"}, "config.base_url"),
         ({"base_url": "https://a.example:99999"}, "config.base_url"),  # no such port
         ({"base_url": "https://a.example:0/v1"}, "config.base_url"),
+        ({"base_url": "https://xn--a.example/v1"}, "config.base_url"),  # an IDNA label that decodes to nothing
         ({"base_url": BASE_URL, "timeout_s": 0}, "config.timeout_s"),
         ({"base_url": BASE_URL, "timeout_s": 301}, "config.timeout_s"),
         ({"base_url": BASE_URL, "max_response_bytes": 0}, "config.max_response_bytes"),
