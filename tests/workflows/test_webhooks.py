@@ -575,30 +575,23 @@ def test_a_2xx_whose_body_does_not_decode_as_its_content_encoding_says_delivers_
     assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (200, None)
 
 
-def test_a_timeout_is_a_failed_attempt(tenant, client_a, receiver, settings):
-    settings.DUCTOR_WEBHOOK_TIMEOUT_S = 0.3
-    receiver.delay_s = 2.0
-    delivery = one_delivery(tenant, client_a, receiver)
-
-    deliver(tenant, delivery)
-
-    row = stored(tenant, WebhookDelivery, delivery.pk)
-    assert row.status == "pending"
-    assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (None, "timed out after 0.3 s")
-
-
-def test_an_answer_whose_head_comes_in_pieces_each_in_time_but_late_as_a_whole_is_a_timeout(
-    tenant, client_a, receiver, settings
+@pytest.mark.parametrize(("timeout_s", "late"), [
+    (0.3, {"delay_s": 2.0}),  # no answer in time
+    (0.5, {"head_pause_s": 0.3}),  # its head in two pieces: no read waits 0.5 s, the whole head takes more
+], ids=["no-answer", "head-in-pieces"])
+def test_an_answer_not_all_there_within_the_timeout_is_a_timed_out_attempt(
+    tenant, client_a, receiver, settings, timeout_s, late
 ):
-    settings.DUCTOR_WEBHOOK_TIMEOUT_S = 0.5
-    receiver.head_pause_s = 0.3  # twice: no read waits 0.5 s, the whole head takes more
+    settings.DUCTOR_WEBHOOK_TIMEOUT_S = timeout_s
+    for name, value in late.items():
+        setattr(receiver, name, value)
     delivery = one_delivery(tenant, client_a, receiver)
 
     deliver(tenant, delivery)
 
     row = stored(tenant, WebhookDelivery, delivery.pk)
     assert row.status == "pending"
-    assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (None, "timed out after 0.5 s")
+    assert (row.attempts[0]["status_code"], row.attempts[0]["error"]) == (None, f"timed out after {timeout_s:g} s")
 
 
 def test_an_answer_whose_head_never_ends_is_hung_up_on_at_the_timeout_not_waited_for(
