@@ -5,7 +5,8 @@ to the process's renewal thread (``ductor_project.core.renewals``), and takes
 its next task meanwhile: acks, then credits, go in one round trip right after
 the task. What is still pending when the process stops is sent by ``flush``;
 a crash loses at most the last few ms of them: such an item runs again after
-its lease (at least once), such a credit ages out.
+its lease (at least once), such a credit ages out. What a send could not
+deliver (Redis away) stays pending, and goes with the thread's next look.
 """
 
 from __future__ import annotations
@@ -69,14 +70,23 @@ class Finisher:
                 credits.free_credits(queue, held, batch=batch)
             replies = batch.execute()
         except Exception:
-            # Redis away: those items run again after their leases; the credits age out.
+            # Redis away: kept, and sent again at the thread's next look (both are idempotent), so
+            # that once Redis answers the items are not left leased nor their credits counted.
             log.exception("item_ack_failed", acks=len(acks), credits=sum(map(len, frees.values())))
+            self._keep(acks, frees)
             return
         for ack, reply in zip(acks, replies, strict=False):
             if isinstance(reply, Exception):
                 log.error("item_ack_failed", item_id=ack.item_id, tenant_id=str(ack.tenant.pk), error=str(reply))
             elif reply != 1:
                 log.warning("ack_of_lost_lease", item_id=ack.item_id, tenant_id=str(ack.tenant.pk))
+
+    def _keep(self, acks: list[Finished], frees: dict[str, list[str]]) -> None:
+        """Put back, ahead of what came meanwhile, what a failed send took."""
+        with self._lock:
+            self._acks[:0] = acks
+            for queue, held in frees.items():
+                self._frees[queue] = held + self._frees.get(queue, [])
 
 
 # The process's one finisher; the renewal thread flushes it each time it wakes.

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ductor_project.celery import WORK_QUEUE
 from ductor_project.core import capacity, scripts
 from ductor_project.core.context import TenantScopeError, tenant_context
 from ductor_project.core.keys import shard_of
@@ -262,6 +263,35 @@ def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_ten
     assert fq.stats(tenant).backlog == 1
     with tenant_context(tenant):
         assert fq.remove("kept")
+
+
+@pytest.mark.django_db
+def test_acks_and_credits_the_finisher_could_not_send_are_sent_once_redis_answers_again(
+    make_tenant, redis_client, monkeypatch
+):
+    """Dropped while Redis was away, a finished item stayed leased (its partition's next item
+    waited for the reaper) and its credit counted until it aged out: the workers stood idle
+    after Redis came back, with work due."""
+    tenant, item = one_in_flight(make_tenant, "finisher-away")
+    broker.register_worker("fake@host", [WORK_QUEUE], 1)
+    credit = broker.reserve_credits({WORK_QUEUE: 1})[WORK_QUEUE]
+    broker.mark_sent(WORK_QUEUE, credit)
+    real, calls = scripts.Batch.execute, []
+
+    def fails_once(batch: Any) -> list[Any]:
+        calls.append(len(batch))
+        if len(calls) == 1:
+            batch._calls, batch._again = [], []
+            raise ConnectionError("lost")
+        return real(batch)
+
+    monkeypatch.setattr(scripts.Batch, "execute", fails_once)
+    finisher.later(WORK_QUEUE, credit[0], fq.Finished(tenant, item.item_id, item.delivery))
+    finisher.flush()  # this one or the renewal thread's, woken by ``later``, fails
+    finisher.flush()  # Redis answers again
+
+    assert calls[0] == 2  # the ack and the credit, in one round trip
+    assert (fq.stats(tenant).in_flight, broker.busy(WORK_QUEUE)) == (0, 0)
 
 
 @pytest.mark.django_db
