@@ -13,20 +13,24 @@ had not loaded a script yet: the client loads it there and calls again), and red
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from redis.connection import Connection
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from structlog.testing import capture_logs
 
 from ductor_project import redis_cluster
 from ductor_project.core import capacity, heartbeats, scripts
 from ductor_project.core.context import no_tenant, tenant_context
 from ductor_project.core.keys import shard_of
-from ductor_project.core.redis import get_redis, is_cluster
+from ductor_project.core.redis import get_redis, is_cluster, ping
 from scheduling import circuit
 from scheduling import fair_queue as fq
 from scheduling import metrics as queue_metrics
@@ -313,6 +317,33 @@ def test_a_master_restarted_empty_is_a_loss_of_its_shards_and_the_clients_carry_
     assert sum(len(items) for items in served) == 2 * len(tenants) - len(its_shards)
     watch.repaired()
     assert watch.lost() is False
+
+
+def test_the_readiness_ping_tries_a_master_that_does_not_answer_once(queue_cluster, monkeypatch):
+    """A paused master (or one behind a partition): the cluster client tried it again and again
+    (its own retries, 10 by default, with backoffs), so ``/readyz`` answered after minutes where
+    its check is to give up after one ``socket_timeout``."""
+    monkeypatch.setattr(settings, "DUCTOR_QUEUE_REDIS_URL", queue_cluster.url(options="socket_timeout=0.5"))
+    client = get_redis()
+    assert ping()  # every primary's connection is open
+    paused = client.get_node_from_key(epoch_key(0))
+    sent: list[Any] = []  # every command sent to the paused master: the ping, a retry's handshake
+    send = Connection.send_packed_command
+
+    def counted(connection: Connection, command: Any, check_health: bool = True) -> None:
+        if connection.port == paused.port:
+            sent.append(command)
+        send(connection, command, check_health)
+
+    monkeypatch.setattr(Connection, "send_packed_command", counted)
+    pid = queue_cluster.pids[queue_cluster.ports.index(paused.port)]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RedisTimeoutError):
+            ping()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert len(sent) == 1
 
 
 # -- end to end ----------------------------------------------------------------------------------

@@ -112,5 +112,8 @@ def ping() -> bool:
     """Every server of the client answers ``PING`` (each primary of a cluster). Raises if one does not."""
     client = get_redis()
     if is_cluster(client):
-        return bool(client.ping(target_nodes=RedisCluster.PRIMARIES))
+        # Each through its own connection, tried once: the cluster client tries a node that does not
+        # answer again and again (its retries, with backoffs), minutes where a health check gives up
+        # after one timeout.
+        return all(client.get_redis_connection(node).ping() for node in client.get_primaries())
     return bool(client.ping())
