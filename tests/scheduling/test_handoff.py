@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -241,9 +242,10 @@ def test_what_is_still_held_when_the_block_ends_is_sent_then_and_outside_a_block
     assert fq.stats(tenant).backlog == 2
 
 
-@pytest.mark.django_db
-def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_tenant, redis_client, monkeypatch):
-    tenant, _ = make_tenant("handoff-held-fail")
+@pytest.fixture
+def first_batch_fails(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[int]]:
+    """Call it, and the next Redis batch is lost on the way (``ConnectionError``) while the later ones
+    go through; it returns the size of each batch sent from then on, in order."""
     real, calls = scripts.Batch.execute, []
 
     def fails_once(batch: Any) -> list[Any]:
@@ -253,7 +255,17 @@ def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_ten
             raise ConnectionError("lost")
         return real(batch)
 
-    monkeypatch.setattr(scripts.Batch, "execute", fails_once)
+    def arm() -> list[int]:
+        monkeypatch.setattr(scripts.Batch, "execute", fails_once)
+        return calls
+
+    return arm
+
+
+@pytest.mark.django_db
+def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_tenant, redis_client, first_batch_fails):
+    tenant, _ = make_tenant("handoff-held-fail")
+    calls = first_batch_fails()
     with fq.holding_enqueues():
         soon(tenant, "kept")
         with pytest.raises(ConnectionError):
@@ -267,7 +279,7 @@ def test_held_enqueues_whose_handoff_failed_are_sent_at_the_block_s_end(make_ten
 
 @pytest.mark.django_db
 def test_acks_and_credits_the_finisher_could_not_send_are_sent_once_redis_answers_again(
-    make_tenant, redis_client, monkeypatch
+    make_tenant, redis_client, first_batch_fails
 ):
     """Dropped while Redis was away, a finished item stayed leased (its partition's next item
     waited for the reaper) and its credit counted until it aged out: the workers stood idle
@@ -276,16 +288,7 @@ def test_acks_and_credits_the_finisher_could_not_send_are_sent_once_redis_answer
     broker.register_worker("fake@host", [WORK_QUEUE], 1)
     credit = broker.reserve_credits({WORK_QUEUE: 1})[WORK_QUEUE]
     broker.mark_sent(WORK_QUEUE, credit)
-    real, calls = scripts.Batch.execute, []
-
-    def fails_once(batch: Any) -> list[Any]:
-        calls.append(len(batch))
-        if len(calls) == 1:
-            batch._calls, batch._again = [], []
-            raise ConnectionError("lost")
-        return real(batch)
-
-    monkeypatch.setattr(scripts.Batch, "execute", fails_once)
+    calls = first_batch_fails()
     finisher.later(WORK_QUEUE, credit[0], fq.Finished(tenant, item.item_id, item.delivery))
     finisher.flush()  # this one or the renewal thread's, woken by ``later``, fails
     finisher.flush()  # Redis answers again
