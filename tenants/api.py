@@ -221,10 +221,10 @@ def _type_errors(field: serializers.Field, value: Any) -> Any:
 def fresh_fields(prototypes: Mapping[str, serializers.Field]) -> dict[str, serializers.Field]:
     """The fields of one serializer instance, made from its class's unbound ones. DRF deep-copies
     each, and ``Field.__deepcopy__`` builds the field again from its arguments: a fifth of the CPU
-    of a run's start through the API went there. A field keeps nothing of the data it judges or renders, so a shallow
-    copy serves, bound afresh by the serializer (``bind`` sets its name, parent, label and source on
-    the copy alone). A nested serializer, or a related field with a queryset to look rows up in, is
-    deep-copied as DRF does."""
+    of a run's start through the API went there. A field keeps nothing of the data it judges or
+    renders, so a shallow copy serves, bound afresh by the serializer (``bind`` sets its name,
+    parent, label and source on the copy alone). A nested serializer, or a related field with a
+    queryset to look rows up in, is deep-copied as DRF does."""
     return {name: _fresh(field) for name, field in prototypes.items()}
 
 
