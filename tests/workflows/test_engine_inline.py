@@ -402,6 +402,22 @@ def test_a_sleep_that_ends_after_its_run_was_asked_to_cancel_is_cancelled_with_i
     assert by_node(tenant, run)["nap"].status == "cancelled"
 
 
+def test_a_run_in_a_tier_its_plan_has_lost_since_is_cancelled_through_a_tick_in_the_plans_default_tier(tenant):
+    put(tenant, "nap", {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 3600}]})
+    with tenant_context(tenant):
+        run, _ = services.run_start(workflow="nap", input={}, tier="interactive")
+    tenant_services.override_set(tenant=tenant, field="allowed_tiers", value=["standard", "batch"])  # a downgrade
+
+    with tenant_context(tenant):
+        services.run_cancel(run=run)
+
+    with no_tenant():
+        ticked = fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000, tiers=["standard"])
+    assert ticked is not None
+    assert ticked.item_id == items.tick_item_id(run.pk)
+    assert tick(tenant, run).status == "cancelled"
+
+
 # A loop of two runs: the first continues as new, and its successor sleeps for an hour.
 LOOP = {"nodes": [
     {"id": "again", "type": "continue_as_new", "input": {"second": True},

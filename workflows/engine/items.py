@@ -22,6 +22,7 @@ enqueued (``ductor_project.core.tracing``; nothing while tracing is off).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.db import transaction
@@ -31,6 +32,7 @@ from ductor_project.core.context import current_tenant, tenant_context
 from scheduling import admission, fair_queue
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.routing_table import routing_table
+from tenants.entitlements import effective_entitlements
 from workflows.engine import brokers
 from workflows.models import StepRun, WorkflowRun
 
@@ -55,6 +57,16 @@ def run_order_ms(run: WorkflowRun) -> float | None:
     return run.created_at.timestamp() * 1000 if run.created_at else None
 
 
+def queue_tier(tier: str) -> str:
+    """The tier an item of the tenant in context goes in for ``tier``, its run's or its routing's:
+    that one while the tenant's plan allows it, else the plan's default tier. A run started in a
+    tier its plan has lost since (a downgrade) still ticks, so it can be cancelled, end its waits and
+    fail its refused steps, in a tier the plan allows, and never ahead of other tenants' work in one
+    it no longer has."""
+    limits = effective_entitlements(current_tenant())
+    return tier if tier in limits.allowed_tiers else limits.default_tier
+
+
 def enqueue_tick(run: WorkflowRun) -> None:
     """Enqueue a tick of ``run`` once the surrounding transaction commits (coalesced if one waits)."""
     enqueue_ticks([run])
@@ -70,7 +82,9 @@ def enqueue_ticks(runs: list[WorkflowRun]) -> None:
                                 key=run.fairness_key)
              for run in runs]
     if ticks:
-        transaction.on_commit(lambda: fair_queue.enqueue_soon(ticks))
+        # The tier at the commit, as the enqueue reads the plan: nothing of Redis before it.
+        transaction.on_commit(lambda: fair_queue.enqueue_soon(
+            [dataclasses.replace(tick, tier=queue_tier(tick.tier)) for tick in ticks]))
 
 
 def cancel_on_commit(runs: list[WorkflowRun]) -> None:
@@ -107,8 +121,8 @@ def enqueue_step(step: StepRun, run: WorkflowRun) -> None:
         if pool is None and payload["kind"] == TASK:
             # No pool: the catalog queue's own scope, when its slots are shared.
             scope, scopes = admission.queue_scope(str(payload.get("queue") or "")) or (None, {})
-        item = fair_queue.NewItem(step_item_id(step_id), tier, partition, payload, scope=scope, order_ms=order_ms,
-                                  key=key)
+        item = fair_queue.NewItem(step_item_id(step_id), queue_tier(tier), partition, payload, scope=scope,
+                                  order_ms=order_ms, key=key)
         fair_queue.enqueue_soon([item], scopes=scopes)  # on a worker, with its next handoff
 
     transaction.on_commit(push)
