@@ -71,6 +71,12 @@ class Entitlements:
             return str(Tier.STANDARD.value)
         return max(self.allowed_tiers, key=list(Tier.values).index)
 
+    def queue_tier(self, tier: str | None) -> str:
+        """The tier the tenant's work asked for ``tier`` (a run's, a routing decision's) is queued in:
+        that one while the plan allows it, else ``default_tier``. Work of a run started in a tier the
+        plan has lost since (a downgrade) still goes on, and never ahead of other tenants' in it."""
+        return tier if tier in self.allowed_tiers else self.default_tier
+
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["allowed_tiers"] = list(self.allowed_tiers)

@@ -25,6 +25,7 @@ from rest_framework.test import APIClient
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
 from scheduling.dispatch.handlers import Failed, ItemContext
+from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import api_client, error_code
 from tests.waiting import in_a_thread, until_another_waits_on_a_lock
@@ -353,6 +354,24 @@ def test_a_cancelled_run_is_delivered(tenant, client_a):
 
     [delivery] = deliveries(tenant, endpoint_id=endpoint["id"])
     assert (delivery.type, delivery.body["data"]["run"]["status"]) == ("run.cancelled", "cancelled")
+
+
+def test_a_delivery_of_a_run_in_a_tier_its_plan_has_lost_since_is_queued_in_the_plans_default_tier(tenant, client_a):
+    put(tenant, "failing", FAILING)
+    subscribe(client_a, events=["run.failed"])
+    with tenant_context(tenant):
+        run, _ = services.run_start(workflow="failing", input={}, tier="interactive")
+        step = StepRun.objects.get(run=run)
+    tenant_services.override_set(tenant=tenant, field="allowed_tiers", value=["standard", "batch"])  # a downgrade
+
+    ctx = ItemContext(tenant_id=str(tenant.pk), item_id=f"step:{step.pk}", tier="interactive",
+                      partition=f"step:{step.pk}", delivery=1, waited_ms=0)
+    with tenant_context(tenant):
+        steps.execute_step(ctx, {"step_id": str(step.pk)})
+
+    [delivery] = deliveries(tenant, run=run)
+    assert queued(tenant, webhooks.item_id(delivery.pk))
+    assert fair_queue.stats(tenant=tenant).tiers["standard"].backlog == 1
 
 
 def test_deliveries_are_written_in_the_outcome_s_transaction_and_a_rollback_leaves_none(tenant, client_a):

@@ -58,13 +58,10 @@ def run_order_ms(run: WorkflowRun) -> float | None:
 
 
 def queue_tier(tier: str) -> str:
-    """The tier an item of the tenant in context goes in for ``tier``, its run's or its routing's:
-    that one while the tenant's plan allows it, else the plan's default tier. A run started in a
-    tier its plan has lost since (a downgrade) still ticks, so it can be cancelled, end its waits and
-    fail its refused steps, in a tier the plan allows, and never ahead of other tenants' work in one
-    it no longer has."""
-    limits = effective_entitlements(current_tenant())
-    return tier if tier in limits.allowed_tiers else limits.default_tier
+    """The tier an item of the tenant in context asked for ``tier`` goes in (``Entitlements.queue_tier``):
+    a run whose plan has lost its tier since it started still ticks, so it can be cancelled, end its
+    waits and fail the steps its routing now refuses."""
+    return effective_entitlements(current_tenant()).queue_tier(tier)
 
 
 def enqueue_tick(run: WorkflowRun) -> None:

@@ -29,6 +29,7 @@ resolves nothing), and every attempt resolves the host and checks each address
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,7 @@ from scheduling.admission import webhook_scope
 from scheduling.http_action import MAX_URL_CHARS, refuse_literal
 from scheduling.secrets import encrypt
 from tenants import freshness
+from tenants.entitlements import effective_entitlements
 from tenants.scoping import insert_rows
 from tenants.selectors import first_or_404, parse_uuid
 from tenants.usage import enforce_setting_limit
@@ -451,7 +453,7 @@ def _step_data(run: WorkflowRun, node_id: str, data: Mapping[str, Any]) -> dict[
 
 @dataclass(frozen=True)
 class Queued:
-    """What a delivery's item carries: the delivery, and its run's tier (None: ``standard``), id
+    """What a delivery's item carries: the delivery, and its run's tier (None: the plan's default), id
     and workflow (which name the item in Celery's tools)."""
 
     delivery_id: Any
@@ -466,12 +468,12 @@ QUEUED_FIELDS = ("pk", "run__tier", "run_id", "run__workflow_name")
 
 def enqueue_deliveries(pending: Sequence[Queued]) -> None:
     """Enqueue the items of the tenant's deliveries once the surrounding transaction commits:
-    ``webhook:<id>``, each in its own partition, in its run's tier. Idempotent: an item waiting keeps
-    its place. Should Redis refuse them, the deliveries stay pending in PostgreSQL, and the
-    reconciler enqueues them again."""
+    ``webhook:<id>``, each in its own partition, in its run's tier (the plan's default tier when the
+    plan no longer allows it). Idempotent: an item waiting keeps its place. Should Redis refuse them,
+    the deliveries stay pending in PostgreSQL, and the reconciler enqueues them again."""
     tenant = current_tenant()
     scope, confs = webhook_scope(settings.DUCTOR_WEBHOOK_CONCURRENCY)
-    items = [fair_queue.NewItem(item_id(one.delivery_id), one.tier or "standard", item_id(one.delivery_id),
+    items = [fair_queue.NewItem(item_id(one.delivery_id), one.tier or "", item_id(one.delivery_id),
                                 tracing.inject({"kind": ITEM_KIND, "delivery_id": str(one.delivery_id),
                                                 "run_id": str(one.run_id) if one.run_id else None,
                                                 "workflow": one.workflow}), scope=scope)
@@ -479,7 +481,10 @@ def enqueue_deliveries(pending: Sequence[Queued]) -> None:
 
     def push() -> None:
         try:
-            fair_queue.enqueue_many(items, scopes=confs, tenant=tenant)
+            # In a tier the plan allows now: a run's may be one it has lost since (a downgrade).
+            limits = effective_entitlements(tenant)
+            fair_queue.enqueue_many([dataclasses.replace(item, tier=limits.queue_tier(item.tier)) for item in items],
+                                    scopes=confs, tenant=tenant)
         except Exception:
             log.exception("webhook_enqueue_failed", deliveries=len(items))
 
