@@ -672,26 +672,54 @@ local function fq_wake_parked(tid, pool, n)
   return woken, head
 end
 
+-- Whether the tenant's own limits keep it from taking any slot now: it is suspended, or at its
+-- concurrency ceiling (for as long as its items in flight run, which may be hours).
+local function fq_held_back(tid)
+  local conf = fq_conf(tid)
+  if conf.suspended then return true end
+  return conf.limit >= 0 and cap_in_flight(fq.tprefix .. tid .. fq.scope, fq.now) >= conf.limit
+end
+
+-- Wake one partition of the share's waiter `member` (start tag `tag`, in the waiters `key`): it
+-- leaves them, or stays with its tag advanced by one item's share (1 / weight), as its service
+-- would advance it, when it has more parked there. False when none of its was left (it is dropped).
+local function fq_wake_waiter(key, member, tag)
+  redis.call('ZREM', key, member)
+  local wtid, pool = fq_split(member)
+  local woken, head = fq_wake_parked(wtid, pool, 1)
+  if woken == 0 then return false end
+  if redis.call('ZCARD', fq_tkey(wtid, 'w:' .. pool)) > 0 then
+    local cost = fq_charge(wtid, fq_item(wtid, head) or {cost = 1})
+    redis.call('ZADD', key, fq_num(tag + cost / fq_conf(wtid).weight), member)
+  end
+  return true
+end
+
+-- Waiters of a queue share looked at per tier when one of its slots frees.
+local FQ_SHARE_LOOK = 8
+
 -- A slot of a queue share freed: the waiter with the smallest start tag, in the highest tier
--- that has one, has one partition parked on its pool woken. A waiter with more parked there
--- stays, its tag advanced by one item's share (1 / weight), as its service would advance it.
--- O(log n); waiters whose parked partitions are gone are dropped (a few per call).
+-- that has one, has one partition parked on its pool woken, passing over the waiters that their
+-- own limits hold back (fq_held_back): woken, such a tenant would keep the slot free, and every
+-- other tenant's task waiting, until one of its own items ends. They keep their tags, first again
+-- at the next slot freed; when no other waiter can take this one, the first of them is woken. O(log
+-- n); waiters whose parked partitions are gone are dropped (a few per call).
 local function fq_wake_share(share)
+  local held = {}
   for _, tier in ipairs(fq.tiers) do
     local key = fq_gkey('sw:' .. tier .. ':' .. share)
-    for _ = 1, 8 do
-      local top = redis.call('ZPOPMIN', key)
-      if top[1] == nil then break end
-      local wtid, pool = fq_split(top[1])
-      local woken, head = fq_wake_parked(wtid, pool, 1)
-      if woken > 0 then
-        if redis.call('ZCARD', fq_tkey(wtid, 'w:' .. pool)) > 0 then
-          local cost = fq_charge(wtid, fq_item(wtid, head) or {cost = 1})
-          redis.call('ZADD', key, fq_num(tonumber(top[2]) + cost / fq_conf(wtid).weight), top[1])
-        end
+    local top = redis.call('ZRANGE', key, 0, FQ_SHARE_LOOK - 1, 'WITHSCORES')
+    for i = 1, #top, 2 do
+      local member, tag = top[i], tonumber(top[i + 1])
+      if fq_held_back((fq_split(member))) then
+        held[#held + 1] = {key, member, tag}
+      elseif fq_wake_waiter(key, member, tag) then
         return
       end
     end
+  end
+  for _, h in ipairs(held) do
+    if fq_wake_waiter(h[1], h[2], h[3]) then return end
   end
 end
 

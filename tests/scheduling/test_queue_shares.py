@@ -129,6 +129,47 @@ def test_a_lapsed_lease_frees_the_slot_for_another_tenant(db, make_tenant, shop_
     assert nxt.item_id == waiting
 
 
+def test_a_freed_slot_goes_to_a_waiter_that_can_take_it_not_to_one_held_at_its_own_ceiling(
+        db, make_tenant, shop_slots):
+    shop_slots(1)
+    holder, busy, other = make_tenant()[0], make_tenant()[0], make_tenant()[0]
+    tenants = [holder, busy, other]
+    tenant_services.override_set(tenant=busy, field="max_concurrency", value=2)
+    enqueue_task(holder)
+    first = take()
+    assert first is not None  # holder's task holds the queue's one slot
+    with tenant_context(other):
+        fq.enqueue("warm-up", tier="standard", partition="run:0", payload={"kind": "test.noop"})
+    warm_up = take()
+    assert warm_up is not None
+    ack(warm_up, tenants)  # other was served last: busy comes before it among the waiters
+    busy_task = enqueue_task(busy)
+    with tenant_context(busy):
+        fq.enqueue("action-1", tier="standard", partition="run:1", payload={"kind": "test.noop"})
+    started = take() or take()
+    assert started is not None
+    assert started.item_id == "action-1"  # busy's task waits for the queue
+    waiting = enqueue_task(other)
+    assert take() is None  # so does other's
+    with tenant_context(busy):
+        fq.enqueue("action-2", tier="standard", partition="run:2", payload={"kind": "test.noop"})
+    second = take()
+    assert second is not None
+    assert second.item_id == "action-2"  # busy is at its ceiling of 2, for as long as its actions run
+
+    ack(first, tenants)  # the queue's slot frees
+
+    nxt = take()
+    assert nxt is not None
+    assert nxt.item_id == waiting  # not kept free for busy, which cannot take it until an action of its ends
+    ack(second, tenants)
+    assert take() is None  # busy's task is still first for the queue's next slot
+    ack(nxt, tenants)
+    last = take()
+    assert last is not None
+    assert last.item_id == busy_task
+
+
 def test_celery_connections_of_two_tenants_to_one_queue_share_its_slots(db, make_tenant, shop_slots):
     shop_slots(1)
     tenants = [make_tenant()[0], make_tenant()[0]]
