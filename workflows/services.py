@@ -352,9 +352,10 @@ def _start(found: WorkflowVersion, *, input: Any, idempotency_key: str | None, t
 
 
 def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | None = None) -> tuple[WorkflowRun, bool]:
-    """Start a new run of ``run``'s version, with its input (or ``input``), tier and tags; the new run
-    records that it is a rerun of ``run`` (``rerun_of``, and its ``created`` event). Charged to the
-    quota like any start; idempotent with ``idempotency_key``. Returns ``(run, created)``."""
+    """Start a new run of ``run``'s version, with its input (or ``input``), tier (the plan's default
+    tier when the plan no longer allows it) and tags; the new run records that it is a rerun of
+    ``run`` (``rerun_of``, and its ``created`` event). Charged to the quota like any start;
+    idempotent with ``idempotency_key``. Returns ``(run, created)``."""
     given = run.input if input is None else input
     if idempotency_key:
         existing = _run_of_key(idempotency_key)
@@ -369,8 +370,9 @@ def run_rerun(*, run: WorkflowRun, input: Any = None, idempotency_key: str | Non
     if found.definition.archived_at is not None:
         raise archived(found.definition, "workflow", "starts no new run")
     _check_input(found, given)
-    again, created = _start(found, input=given, idempotency_key=idempotency_key, tier=run.tier, tags=run.tags,
-                            rerun_of=run, fairness_key=run.fairness_key)
+    # In the run's tier while the plan allows it: one it has lost since (a downgrade) would refuse every step.
+    again, created = _start(found, input=given, idempotency_key=idempotency_key, tier=limits.queue_tier(run.tier),
+                            tags=run.tags, rerun_of=run, fairness_key=run.fairness_key)
     if not created:  # a concurrent start with the key won
         _check_same_rerun(again, run, given)
     return again, created

@@ -197,6 +197,20 @@ def test_rerun_starts_a_new_run_of_the_same_version_with_its_lineage(tenant, cli
         assert runs_this_month() == 3
 
 
+def test_a_rerun_of_a_run_in_a_tier_its_plan_has_lost_since_starts_in_the_plans_default_tier(tenant, client_a):
+    put(tenant, {"nodes": [node("say", "echo", input={"said": "hi"})]}, name="greet")
+    with tenant_context(tenant):
+        first, _ = services.run_start(workflow="greet", input={}, tier="interactive")
+    tenant_services.override_set(tenant=tenant, field="allowed_tiers", value=["standard", "batch"])  # a downgrade
+
+    response = client_a.post(f"/api/v1/runs/{first.pk}/rerun", {}, format="json")
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["tier"], body["status"]) == ("standard", "running")  # not failed: its step was routed
+    assert attempts(tenant, WorkflowRun(pk=body["id"])) == {"say": [(1, "queued")]}
+
+
 def test_a_rerun_is_idempotent_with_a_key_and_charged_to_the_quota(tenant, client_a):
     put(tenant, {"nodes": [node("n", "noop")]})
     first = start(tenant)
