@@ -672,12 +672,14 @@ local function fq_wake_parked(tid, pool, n)
   return woken, head
 end
 
--- Whether the tenant's own limits keep it from taking any slot now: it is suspended, or at its
--- concurrency ceiling (for as long as its items in flight run, which may be hours).
+-- Whether the tenant's own limits keep it from taking any slot now: it is suspended, at its
+-- concurrency ceiling (for as long as its items in flight run, which may be hours), or its step
+-- rate admits no start yet (up to 1,000 s at the slowest rate a plan may have).
 local function fq_held_back(tid)
   local conf = fq_conf(tid)
   if conf.suspended then return true end
-  return conf.limit >= 0 and cap_in_flight(fq.tprefix .. tid .. fq.scope, fq.now) >= conf.limit
+  if conf.limit >= 0 and cap_in_flight(fq.tprefix .. tid .. fq.scope, fq.now) >= conf.limit then return true end
+  return fq_rate_wait_ms(tid, conf) > 0
 end
 
 -- Wake one partition of the share's waiter `member` (start tag `tag`, in the waiters `key`): it

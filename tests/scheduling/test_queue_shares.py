@@ -170,6 +170,37 @@ def test_a_freed_slot_goes_to_a_waiter_that_can_take_it_not_to_one_held_at_its_o
     assert last.item_id == busy_task
 
 
+def test_a_freed_slot_goes_to_a_waiter_that_can_take_it_not_to_one_its_step_rate_holds_back(
+        db, make_tenant, shop_slots):
+    shop_slots(1)
+    holder, slow, other = make_tenant()[0], make_tenant()[0], make_tenant()[0]
+    tenant_services.override_set(tenant=slow, field="step_rate_per_s", value=0.001)  # one start per 1,000 s
+    tenant_services.override_set(tenant=slow, field="step_burst", value=1)
+    enqueue_task(holder)
+    first = take()
+    assert first is not None  # holder's task holds the queue's one slot
+    with tenant_context(other):
+        fq.enqueue("warm-up", tier="standard", partition="run:0", payload={"kind": "test.noop"})
+    warm_up = take()
+    assert warm_up is not None
+    ack(warm_up, [holder, slow, other])  # other was served last: slow comes before it among the waiters
+    enqueue_task(slow)
+    assert take() is None  # slow's task waits for the queue
+    with tenant_context(slow):
+        fq.enqueue("action-1", tier="standard", partition="run:1", payload={"kind": "test.noop"})
+    started = take()
+    assert started is not None
+    assert started.item_id == "action-1"  # the one start slow's rate admits for 1,000 s
+    waiting = enqueue_task(other)
+    assert take() is None
+
+    ack(first, [holder, slow, other])  # the queue's slot frees
+
+    nxt = take()
+    assert nxt is not None
+    assert nxt.item_id == waiting
+
+
 def test_celery_connections_of_two_tenants_to_one_queue_share_its_slots(db, make_tenant, shop_slots):
     shop_slots(1)
     tenants = [make_tenant()[0], make_tenant()[0]]
