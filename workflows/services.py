@@ -396,7 +396,7 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
     is retried once; should its tick fail, nothing changes. A run that has not failed (409), or a
     child run its parent's node waits for (409: retry its parent, which starts the child again), is
     refused; a child started with ``"wait": false`` runs on by itself, and is retried as a root run
-    is."""
+    is. A run whose tier its plan no longer allows goes on in the plan's default tier."""
     with transaction.atomic(), journal():
         locked = lock_run(run.pk)
         if locked is None:
@@ -407,6 +407,10 @@ def run_retry(*, run: WorkflowRun) -> WorkflowRun:
         if locked.status != WorkflowRun.Status.FAILED:
             raise Conflict(f"Run {locked.pk} is {locked.status}: only a failed run can be retried.",
                            details={"status": [f"Is {locked.status}, not failed."]})
+        tier = effective_entitlements(current_tenant()).queue_tier(locked.tier)
+        if tier != locked.tier:  # one its plan has lost since it started (a downgrade) would refuse every step
+            locked.tier = tier
+            WorkflowRun.objects.filter(pk=locked.pk).update(tier=tier)
         latest = latest_attempts(locked)
         again = {node: step.attempt for node, step in latest.items() if step.status in RETRIED}
         for node in again:

@@ -176,6 +176,23 @@ def test_only_a_failed_root_run_can_be_retried_and_once(tenant, client_a):
 # --- rerun ------------------------------------------------------------------------------------
 
 
+def test_a_retry_of_a_run_in_a_tier_its_plan_has_lost_since_goes_on_in_the_plans_default_tier(tenant, client_a):
+    put(tenant, {"nodes": [node("b", "fail", input={"succeed_on_attempt": 2})]}, name="flaky")
+    with tenant_context(tenant):
+        run, _ = services.run_start(workflow="flaky", input={}, tier="interactive")
+    tenant_services.override_set(tenant=tenant, field="allowed_tiers", value=["standard", "batch"])  # a downgrade
+    run_step(tenant, run, "b")
+    assert status(tenant, run) == "failed"
+
+    response = client_a.post(f"/api/v1/runs/{run.pk}/retry")
+
+    assert response.status_code == 200, response.content
+    assert (response.json()["tier"], response.json()["status"]) == ("standard", "running")
+    assert attempts(tenant, run) == {"b": [(1, "failed"), (2, "queued")]}  # routed, not refused
+    run_step(tenant, run, "b")
+    assert status(tenant, run) == "succeeded"
+
+
 def test_rerun_starts_a_new_run_of_the_same_version_with_its_lineage(tenant, client_a):
     put(tenant, {"nodes": [node("say", "echo", input={"to": "$input.name"})]}, name="greet")
     first = start(tenant, "greet", {"name": "Ada"})
