@@ -838,3 +838,33 @@ def test_a_run_ending_while_its_endpoint_is_deleted_ends_without_a_delivery_to_i
     with tenant_context(tenant):
         assert WorkflowRun.objects.get(pk=run.pk).status == WorkflowRun.Status.SUCCEEDED
         assert not WebhookDelivery.objects.exists()
+
+
+def test_idor_another_tenant_s_backlog_of_overdue_deliveries_never_starves_the_repair_of_a_lost_one(
+    tenant, client_a, tenant_b, monkeypatch
+):
+    """Tenant A's deliveries waiting their turn (a slow endpoint's backlog, a suspension) stay pending
+    and overdue, each already queued: a pass that took the most overdue first, every tenant's alike,
+    took A's again and again, and tenant B's delivery whose item was lost (a worker died in its
+    attempt, a wake-up was lost) was never enqueued again while A's backlog lasted."""
+    monkeypatch.setattr(webhook_delivery, "RECONCILE_BATCH", 2)
+    b = tenant_b[0]
+    put(tenant, "quiet")
+    put(b, "quiet")
+    subscribe(client_a)
+    subscribe(api_client(tenant_b[1]))
+    backlog = [delivery for _ in range(3) for delivery in deliveries(tenant, run=start(tenant, "quiet"))]
+    [lost] = deliveries(b, run=start(b, "quiet"))
+    with tenant_context(tenant):
+        WebhookDelivery.objects.filter(pk__in=[d.pk for d in backlog]).update(
+            next_attempt_at=timezone.now() - timedelta(hours=1))
+        assert all(queued(tenant, webhooks.item_id(d.pk)) for d in backlog)  # waiting their turn
+    with tenant_context(b):
+        WebhookDelivery.objects.filter(pk=lost.pk).update(next_attempt_at=timezone.now() - timedelta(minutes=1))
+        fair_queue.remove(webhooks.item_id(lost.pk))
+    assert not queued(b, webhooks.item_id(lost.pk))
+
+    webhook_delivery.reconcile_deliveries()
+
+    assert queued(b, webhooks.item_id(lost.pk))
+    assert all(queued(tenant, webhooks.item_id(d.pk)) for d in backlog)

@@ -42,7 +42,8 @@ import httpx
 import structlog
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
@@ -320,14 +321,14 @@ def retry_due(ref: str, data: dict[str, Any]) -> None:
 
 def reconcile_deliveries(*, full: bool = False) -> int:
     """Enqueue again the pending deliveries more than ``STALE_S`` overdue, of every tenant, at most
-    ``RECONCILE_BATCH``, the most overdue first; with ``full`` (Redis lost its data) every pending
-    delivery, batch after batch: the due ones enqueued, the others' wake-ups scheduled again. Both
-    are idempotent (a waiting item or wake-up keeps its place). Returns how many. Crosses tenants
-    by design: it is the system's housekeeping."""
+    ``RECONCILE_BATCH``, taken tenant by tenant (``stale_deliveries``); with ``full`` (Redis lost its
+    data) every pending delivery, batch after batch: the due ones enqueued, the others' wake-ups
+    scheduled again. Both are idempotent (a waiting item or wake-up keeps its place). Returns how
+    many. Crosses tenants by design: it is the system's housekeeping."""
     now = timezone.now()
     pending = WebhookDelivery.all_tenants.filter(status=Status.PENDING)
     if not full:
-        stale = pending.filter(next_attempt_at__lt=now - timedelta(seconds=STALE_S)).order_by("next_attempt_at")
+        stale = stale_deliveries(now - timedelta(seconds=STALE_S))
         return _repair(list(stale.values_list("tenant_id", "next_attempt_at", *QUEUED_FIELDS)[:RECONCILE_BATCH]), now)
     count, after = 0, None
     while True:
@@ -337,6 +338,18 @@ def reconcile_deliveries(*, full: bool = False) -> int:
         if len(batch) < RECONCILE_BATCH:
             return count
         after = batch[-1][2]
+
+
+def stale_deliveries(cutoff: datetime) -> QuerySet[WebhookDelivery]:
+    """Every tenant's pending deliveries due before ``cutoff``, in turns: each tenant's most overdue
+    one, then each one's next, and so on (the most overdue first within a turn). A tenant whose
+    deliveries stay overdue while their items wait their turn (a slow endpoint's backlog, a
+    suspension) takes one place of each turn, not the whole batch: taken the most overdue first
+    whatever their tenant, they were taken again at every pass, and another tenant's delivery whose
+    item was lost was never enqueued again while that backlog lasted."""
+    turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F("next_attempt_at").asc(), F("pk").asc()])
+    return (WebhookDelivery.all_tenants.filter(status=Status.PENDING, next_attempt_at__lt=cutoff)
+            .annotate(turn=turn).order_by("turn", "next_attempt_at", "pk"))
 
 
 def _repair(batch: list[tuple[Any, ...]], now: datetime) -> int:
