@@ -573,6 +573,29 @@ def test_the_reconciler_skips_runs_whose_tick_is_waiting_and_repairs_the_oldest_
     assert ticks == {items.tick_item_id(run.pk) for run in (waiting, lost_old, lost_new)}
 
 
+def test_idor_another_tenant_s_many_stale_runs_never_hold_up_the_repair_of_a_lost_run(tenant, tenant_b, monkeypatch):
+    """A tenant's runs waiting in its backlog stay unchanged, and look stale: a pass that took the
+    longest-unchanged first, every tenant's alike, spent its batches on them, and another tenant's run
+    that lost its tick waited until every one of them had had its turn (a flood of a million: hours).
+    Each tenant's longest-unchanged run comes first, then each one's next."""
+    b = tenant_b[0]
+    put(tenant, "one", {"nodes": [echo("a", {})]})
+    put(b, "one", {"nodes": [echo("a", {})]})
+    backlog = [start(tenant, "one") for _ in range(3)]
+    lost = start(b, "one")
+    with tenant_context(tenant):
+        for run in backlog:
+            items.enqueue_tick(run)  # waiting their turn
+    long_ago = timezone.now() - timedelta(hours=1)
+    WorkflowRun.all_tenants.filter(pk__in=[run.pk for run in backlog]).update(updated_at=long_ago)
+    WorkflowRun.all_tenants.filter(pk=lost.pk).update(updated_at=long_ago + timedelta(minutes=30))
+    monkeypatch.setattr(reconcile, "RECONCILE_BATCH", 2)
+
+    assert reconcile.reconcile_runs() == 1
+
+    assert fq.pending([(b, items.tick_item_id(lost.pk))]) == [True]
+
+
 def test_a_run_whose_rows_cannot_be_read_is_logged_and_passed_over_and_the_others_are_repaired(tenant):
     put(tenant, "one", {"nodes": [echo("a", {})]})
     poisoned, healthy = (tick(tenant, start(tenant, "one")) for _ in range(2))

@@ -3,8 +3,9 @@
 PostgreSQL is the source of truth. A crash between a commit and its enqueue,
 or a Redis flush, can leave an active run with nothing queued for it. Every
 pass of the coordinator's reconcilers looks at the runs unchanged for
-``STALE_RUN_S`` (the longest-unchanged first, ``RECONCILE_BATCH`` at most) and
-puts back their tick, the items of their queued and running steps, the
+``STALE_RUN_S`` (``RECONCILE_BATCH`` at most, each tenant's longest-unchanged
+first, in turns: ``stale_runs``) and puts back their tick, the items of their
+queued and running steps, the
 timers of their sleeps, retry backoffs, step timeouts and task heartbeats, the
 run's own timeout (its spec's ``timeout_s``), and what their waits need (a
 timeout's wake-up, an arming: ``waits.repair``). Each of those is
@@ -24,7 +25,8 @@ from typing import Any
 
 import structlog
 from django.db import DataError, transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
@@ -88,11 +90,17 @@ def _repair_or_skip(run: WorkflowRun, now: datetime) -> int:
 
 
 def stale_runs(cutoff: datetime) -> QuerySet[WorkflowRun]:
-    """Every tenant's active runs unchanged since before ``cutoff``, the longest-unchanged first."""
+    """Every tenant's active runs unchanged since before ``cutoff``, in turns: each tenant's
+    longest-unchanged run, then each one's next, and so on (the longest-unchanged first within a
+    turn). A tenant's backlog of runs waiting their turn looks stale too: taken the longest-unchanged
+    first whatever their tenant, a flood of them took every batch until each had had its turn, and
+    another tenant's run that lost its tick waited that long to be repaired."""
+    turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F("updated_at").asc(), F("pk").asc()])
     return (WorkflowRun.all_tenants.select_related("tenant", "workflow")
             .exclude(status__in=WorkflowRun.TERMINAL)
             .filter(updated_at__lt=cutoff)
-            .order_by("updated_at"))
+            .annotate(turn=turn)
+            .order_by("turn", "updated_at", "pk"))
 
 
 def _repair_run(run: WorkflowRun, now: datetime) -> None:
