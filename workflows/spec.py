@@ -47,8 +47,8 @@ By type:
 - ``task``: ``task`` (a Celery task of the team's, named in the task catalog
   and available to the tenant: ``workflows.catalog``), ``input`` (template,
   default ``{}``; a literal one must match the entry's input schema) and
-  ``heartbeat_s`` (optional, 0 < x ≤ the node's ``timeout_s``: once the task
-  started, it fails as timed out when no heartbeat came within that long);
+  ``heartbeat_s`` (optional, ``MIN_HEARTBEAT_S`` ≤ x ≤ the node's ``timeout_s``: once
+  the task started, it fails as timed out when no heartbeat came within that long);
 - ``sleep``: exactly one of ``duration_s`` (0 < x ≤ 366 days) or ``until``
   (ISO 8601 with a timezone); no ``input``;
 - ``wait_for_event``: ``event`` (the event or signal name it waits for), ``key``
@@ -117,6 +117,12 @@ TOP_FIELDS = ("nodes", "output", "input_schema", "timeout_s")
 MAX_ATTEMPTS = 100
 MAX_DELAY_S = 86_400.0
 MAX_TIMEOUT_S = 86_400.0
+# The shortest ``heartbeat_s``: a task sends its heartbeats at most once per third of it, each a
+# message on ``ductor.results``, the Celery queue every tenant's task outcomes share outside the
+# fair queue. Shorter, it let a tenant lift the SDK's bound on a task's heartbeats (a task that
+# calls ``heartbeat()`` for each chunk of its work sent one per call), and its tasks' heartbeats
+# held up the outcomes of every other tenant's tasks behind them.
+MIN_HEARTBEAT_S = 1.0
 MAX_SLEEP_S = 366 * 86_400.0
 MAX_LOOKBACK_S = 30 * 86_400.0
 # An event name: what ``POST /api/v1/events`` takes.
@@ -618,6 +624,9 @@ class _NodeParser:
         """``heartbeat_s`` is a number of seconds within the node's ``timeout_s`` (when it names one: the
         catalog's default timeout applies otherwise, and the heartbeat check is bounded by it anyway)."""
         heartbeat_s = self._seconds("heartbeat_s", MAX_TIMEOUT_S)
+        if heartbeat_s is not None and heartbeat_s < MIN_HEARTBEAT_S:
+            self.error("heartbeat_s", f"must be at least {seconds_text(MIN_HEARTBEAT_S)} s")
+            return None
         timeout_s = float(self.raw["timeout_s"]) if _is_number(self.raw.get("timeout_s")) else None
         if heartbeat_s is not None and timeout_s is not None and heartbeat_s > timeout_s:
             self.error("heartbeat_s", f"must be at most the node's timeout_s ({seconds_text(timeout_s)} s)")

@@ -561,6 +561,23 @@ def test_a_step_whose_node_asks_for_heartbeats_sends_its_first_as_it_starts_and_
     assert beats[0][0]["ductor_tenant_id"] == "t-1"
 
 
+def test_idor_a_step_whose_header_names_a_tiny_heartbeat_s_sends_no_more_than_three_heartbeats_a_second(
+        app: Celery, redis_client, monkeypatch) -> None:
+    """Heartbeats go to ``ductor.results``, which every tenant's task outcomes share: a heartbeat_s
+    of a millisecond (a spec saved before the floor) did not make the task send one per call."""
+    from ductor_sdk.worker import heartbeats
+
+    clock = iter([100.0, 100.1, 100.2, 100.4])  # the first heartbeat, then the task's three
+    monkeypatch.setattr(heartbeats, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+
+    @step(app, name="team.transcode")
+    def transcode() -> list[bool]:
+        return [heartbeat({"chunks": 1}), heartbeat({"chunks": 2}), heartbeat({"chunks": 3})]
+
+    assert transcode.apply(headers={**HEADERS, "ductor_heartbeat_s": 0.001}).get() == [False, False, True]
+    assert [kwargs.get("details") for _headers, kwargs in _heartbeats(redis_client)] == [None, {"chunks": 3}]
+
+
 def test_a_held_heartbeat_s_details_go_with_the_next_one_sent(app: Celery, redis_client, monkeypatch) -> None:
     from ductor_sdk.worker import heartbeats
 

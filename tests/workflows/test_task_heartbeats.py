@@ -58,6 +58,9 @@ def reread(tenant: Tenant, step: StepRun) -> StepRun:
 
 @pytest.mark.parametrize(("extra", "field", "words"), [
     ({"heartbeat_s": 0}, "heartbeat_s", "0 < x"),
+    # Each heartbeat is a message on the results queue every tenant's outcomes share: a tenant does
+    # not lift the bound on how often its tasks send them.
+    ({"heartbeat_s": 0.001}, "heartbeat_s", "must be at least 1 s"),
     ({"heartbeat_s": "5"}, "heartbeat_s", "must be a number of seconds"),
     ({"heartbeat_s": True}, "heartbeat_s", "must be a number of seconds"),
     ({"heartbeat_s": 90, "timeout_s": 60}, "heartbeat_s", "at most the node's timeout_s (60 s)"),

@@ -16,7 +16,8 @@ starts; the task calls ``heartbeat()`` as it makes progress:
 
 Each heartbeat is a small message to ``ductor.results`` through the task's own
 app. They are sent at most once per third of ``heartbeat_s`` (once per
-``INTERVAL_S`` for a node without it, whose heartbeats only report progress);
+``INTERVAL_S`` for a node without it, whose heartbeats only report progress;
+never more often than ``MIN_INTERVAL_S``);
 a call in between keeps its details for the next one sent (from any thread
 of the task that runs in its context: ``contextvars.copy_context().run``). The details (JSON)
 the node's next attempt is given are the last ones Ductor received. Each names
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 HEARTBEAT_TASK = "ductor.task_heartbeat"
 # The most often a task without ``heartbeat_s`` reports its progress, in seconds.
 INTERVAL_S = 10.0
+# The most often any task sends one: a third of the shortest ``heartbeat_s`` a spec may give (1 s).
+# Each is a message on ``ductor.results``, which every tenant's task outcomes share: a step whose
+# header names a shorter one (a spec saved before that floor) never sends more often than this.
+MIN_INTERVAL_S = 1.0 / 3
 # No details wait to be sent.
 _NOTHING = object()
 
@@ -65,7 +70,7 @@ class _Beats:
 
     @property
     def interval_s(self) -> float:
-        return self.step.heartbeat_s / 3 if self.step.heartbeat_s else INTERVAL_S
+        return max(self.step.heartbeat_s / 3, MIN_INTERVAL_S) if self.step.heartbeat_s else INTERVAL_S
 
 
 _beats: ContextVar[_Beats | None] = ContextVar("ductor_step_heartbeats", default=None)
