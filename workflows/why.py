@@ -164,17 +164,17 @@ def _of_wait(base: Waiting, step: StepRun) -> Waiting:
 
 def _of_task(base: Waiting, step: StepRun) -> Waiting:
     """A task node's attempt, published: it waits for the team's worker to answer, until its timeout
-    (its lease). Whether messages wait in its queues tells a worker that does not consume them
-    (stopped, or started without ``-Q``) from one that is busy; how many is not told (a queue may
-    carry other tenants' tasks too)."""
+    (its lease). Whether messages wait in the queue its message went to (its trace's ``queue`` and
+    ``broker``) tells a worker that does not consume it (stopped, or started without ``-Q``) from one
+    that is busy; how many is not told (a queue may carry other tenants' tasks too). No other queue is
+    read: the queues of its pool as it is now named any the tenant liked, one the catalog keeps for
+    another tenant's tasks too, whose waiting messages were not this tenant's to learn of."""
     trace = step.routing or {}
     call = trace.get("task") or {}
     timeout_s = float(call.get("timeout_s") or settings.DUCTOR_TASK_TIMEOUT_S)
     until = step.started_at + timedelta(seconds=timeout_s) if step.started_at is not None else None
-    pool = routing_table().pool_by_id(str((trace.get("pool") or {}).get("id") or ""))
-    queues = sorted({(m.queue, m.broker or DEFAULT_BROKER) for m in pool.members if m.queue} if pool else set())
-    if not queues and call.get("queue"):
-        queues = [(str(call["queue"]), DEFAULT_BROKER)]
+    sent_to = trace.get("queue") or call.get("queue")
+    queues = [(str(sent_to), str(trace.get("broker") or DEFAULT_BROKER))] if sent_to else []
     found = [(queue, broker, _messages_waiting(queue, broker)) for queue, broker in queues]
     waiting = [queue for queue, _, messages in found if messages]
     taken = [queue for queue, _, messages in found if messages is False]

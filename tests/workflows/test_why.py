@@ -386,3 +386,76 @@ def test_a_published_task_step_waits_for_the_teams_worker_and_counts_its_queues_
         assert f"no message waits in queue '{queue}': a worker has taken it" in waiting["message"]
     finally:
         redis_client.delete(queue)
+
+
+def test_idor_a_published_task_step_tells_nothing_of_a_queue_its_message_did_not_go_to(
+        tenant, client_a, tenant_b, redis_client):
+    """Whether messages wait was read in every queue of the step's pool as it is now: a tenant that
+    put in its pool, once its step was published, a connection naming a queue the catalog keeps for
+    another tenant learned, run after run, whether that tenant's tasks waited there. Only the queue
+    the step's message went to is read."""
+    from workflows.engine import task_nodes
+    from workflows.models import TaskCatalogEntry
+
+    mine, theirs = f"why-mine-{tenant.pk.hex[:8]}", f"why-theirs-{tenant.pk.hex[:8]}"
+    TaskCatalogEntry.objects.create(name="team.why", queue=mine, timeout_s=120)
+    TaskCatalogEntry.objects.create(name="team.theirs", queue=theirs, tenants=[tenant_b[0].slug])
+    with tenant_context(tenant):
+        scheduling_services.connection_create(name="team", kind="celery", config={"queue": mine})
+        scheduling_services.pool_create(name="workers", members=[scheduling_services.MemberSpec("team")])
+    put(tenant, {"nodes": [{"id": "charge", "type": "task", "task": "team.why", "input": {}, "pool": "workers"}]})
+    run = start(tenant)
+    item = take(tenant)
+    assert item is not None
+    with no_tenant():
+        task_nodes.publish([item])
+    try:
+        assert redis_client.rpop(mine) is not None  # a worker took it
+        redis_client.lpush(theirs, "a task of the other tenant's")
+        with tenant_context(tenant):
+            scheduling_services.connection_create(name="peek", kind="celery", config={"queue": theirs})
+            pool = Pool.objects.get(name="workers")
+            scheduling_services.pool_update(pool=pool, members=[scheduling_services.MemberSpec("team"),
+                                                                scheduling_services.MemberSpec("peek")])
+
+        waiting = only(client_a, run)
+
+        assert waiting["cause"] == Cause.TASK_PUBLISHED
+        assert waiting["details"]["queues"] == [{"queue": mine, "broker": "default", "messages_waiting": False}]
+        assert theirs not in waiting["message"]
+    finally:
+        redis_client.delete(mine, theirs)
+
+
+def test_a_task_step_published_through_another_broker_reads_its_queue_there(
+        tenant, client_a, redis_client, settings):
+    """The broker its message went to is on its trace, and is the one read: its connection changed
+    since (another broker, whose queue of that name it never sent to) reads nothing else."""
+    from workflows.engine import brokers, task_nodes
+    from workflows.models import TaskCatalogEntry
+
+    queue = f"why-team-{tenant.pk.hex[:8]}"
+    settings.DUCTOR_TASK_BROKERS = {"team": settings.CELERY_BROKER_URL}
+    brokers._named_broker.cache_clear()
+    TaskCatalogEntry.objects.create(name="team.why", queue="", timeout_s=120)
+    with tenant_context(tenant):
+        connection = scheduling_services.connection_create(name="team", kind="celery",
+                                                           config={"queue": queue, "broker": "team"})
+        scheduling_services.pool_create(name="workers", members=[scheduling_services.MemberSpec("team")])
+    put(tenant, {"nodes": [{"id": "charge", "type": "task", "task": "team.why", "input": {}, "pool": "workers"}]})
+    run = start(tenant)
+    item = take(tenant)
+    assert item is not None
+    try:
+        with no_tenant():
+            task_nodes.publish([item])
+        with tenant_context(tenant):
+            assert WorkflowRun.objects.get(pk=run.pk).steps.get().routing["broker"] == "team"
+            scheduling_services.connection_update(connection=connection, config={"queue": "elsewhere"})
+
+        waiting = only(client_a, run)
+
+        assert waiting["details"]["queues"] == [{"queue": queue, "broker": "team", "messages_waiting": True}]
+    finally:
+        redis_client.delete(queue)
+        brokers._named_broker.cache_clear()

@@ -214,9 +214,13 @@ def _admission(item: Dequeued, member: MemberInfo | None, queue: str) -> dict[st
     """What the step's trace keeps of the item's admission (``_queue_of``), as its outcome's callback
     says it: the celery connection its message goes through (none when the catalog queue's own scope
     admitted it), and why that one; and the queue it goes to (``queue``: the connection's, else the
-    catalog's, which ``task.queue`` names whatever the routing)."""
+    catalog's, which ``task.queue`` names whatever the routing), with its broker (``broker``) when
+    that is not Ductor's own."""
     trace = admission_trace(member.connection_id if member else "", item.admitted)
-    return {**trace, "queue": queue} if queue else trace
+    if not queue:
+        return trace
+    broker = member.broker if member and member.broker else DEFAULT_BROKER
+    return {**trace, "queue": queue, **({"broker": broker} if broker != DEFAULT_BROKER else {})}
 
 
 def _send(item: Dequeued, step: StepRun, member: MemberInfo | None, queue: str, producers: Producers, *,
