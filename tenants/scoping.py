@@ -38,11 +38,13 @@ from typing import Any, ClassVar, TypeGuard
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import connections, models
+from django.db.models import F, Window
 from django.db.models.base import ModelState
 from django.db.models.fields.related_descriptors import (
     ForwardManyToOneDescriptor,
     ForwardOneToOneDescriptor,
 )
+from django.db.models.functions import RowNumber
 from django.db.models.query import ModelIterable
 from django.db.models.signals import class_prepared, post_init, pre_init
 
@@ -380,6 +382,15 @@ class AllTenantsManager(models.Manager[Any]):
         """The rows of a raw query, read ``across_tenants`` (all at once)."""
         with across_tenants(f"{self.model.__name__}.all_tenants.raw"):
             return list(super().raw(*args, **kwargs))
+
+
+def in_tenant_turns(queryset: models.QuerySet[Any], field: str) -> models.QuerySet[Any]:
+    """``queryset``'s rows of every tenant in turns: each tenant's first by ``field`` (then by
+    key), then each one's second, and so on, by ``field`` within a turn. Housekeeping that takes a
+    batch at a time goes through it, so that one tenant's many rows take one place of each turn,
+    not the whole batch, and another tenant's row is not held up for as long as they last."""
+    turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F(field).asc(), F("pk").asc()])
+    return queryset.annotate(turn=turn).order_by("turn", field, "pk")
 
 
 def tenant_field(*, db_index: bool = True) -> Any:

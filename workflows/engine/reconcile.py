@@ -25,12 +25,12 @@ from typing import Any
 
 import structlog
 from django.db import DataError, transaction
-from django.db.models import F, QuerySet, Window
-from django.db.models.functions import RowNumber
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
+from tenants.scoping import in_tenant_turns
 from workflows.engine.attempts import ACTIVE, nodes_of, spec_of, waits_for_child
 from workflows.engine.heartbeats import heartbeat_s_of
 from workflows.engine.items import TASK, enqueue_step, enqueue_tick, tick_item_id, wakeup_on_commit
@@ -95,12 +95,9 @@ def stale_runs(cutoff: datetime) -> QuerySet[WorkflowRun]:
     turn). A tenant's backlog of runs waiting their turn looks stale too: taken the longest-unchanged
     first whatever their tenant, a flood of them took every batch until each had had its turn, and
     another tenant's run that lost its tick waited that long to be repaired."""
-    turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F("updated_at").asc(), F("pk").asc()])
-    return (WorkflowRun.all_tenants.select_related("tenant", "workflow")
-            .exclude(status__in=WorkflowRun.TERMINAL)
-            .filter(updated_at__lt=cutoff)
-            .annotate(turn=turn)
-            .order_by("turn", "updated_at", "pk"))
+    return in_tenant_turns(WorkflowRun.all_tenants.select_related("tenant", "workflow")
+                           .exclude(status__in=WorkflowRun.TERMINAL)
+                           .filter(updated_at__lt=cutoff), "updated_at")
 
 
 def _repair_run(run: WorkflowRun, now: datetime) -> None:

@@ -42,8 +42,7 @@ import httpx
 import structlog
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, QuerySet, Window
-from django.db.models.functions import RowNumber
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
@@ -53,6 +52,7 @@ from scheduling.dispatch.handlers import Failed, ItemContext
 from scheduling.http_action import checked_request, parse_retry_after
 from scheduling.secrets import SecretError, decrypt
 from tenants.models import Tenant
+from tenants.scoping import in_tenant_turns
 from workflows.engine.items import wakeup_on_commit
 from workflows.models import WebhookDelivery, WebhookEndpoint
 from workflows.spec import Retry, backoff_delay
@@ -347,9 +347,8 @@ def stale_deliveries(cutoff: datetime) -> QuerySet[WebhookDelivery]:
     suspension) takes one place of each turn, not the whole batch: taken the most overdue first
     whatever their tenant, they were taken again at every pass, and another tenant's delivery whose
     item was lost was never enqueued again while that backlog lasted."""
-    turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F("next_attempt_at").asc(), F("pk").asc()])
-    return (WebhookDelivery.all_tenants.filter(status=Status.PENDING, next_attempt_at__lt=cutoff)
-            .annotate(turn=turn).order_by("turn", "next_attempt_at", "pk"))
+    return in_tenant_turns(WebhookDelivery.all_tenants.filter(status=Status.PENDING, next_attempt_at__lt=cutoff),
+                           "next_attempt_at")
 
 
 def _repair(batch: list[tuple[Any, ...]], now: datetime) -> int:
