@@ -15,6 +15,9 @@ queue carries the share (``queue_share``) in its conf, and a task step with no
 pool is admitted by a pool of its own for its catalog queue (``queue_scope``).
 The dequeue takes a slot of the share with the others, or parks the head among
 the share's waiters, woken in the fair order as slots free (``admit_lib.lua``).
+A connection naming a queue kept for other tenants (the task catalog's, which
+``register_kept_queues`` installs) carries none: its steps are refused at their
+publish, and meanwhile would hold those tenants' slots and learn how full they are.
 
 The fair queue reads the limits from its own copy, kept here from the routing
 table: written with every enqueue of a routed item (``scope_confs``) and, when
@@ -27,6 +30,7 @@ limits and status (suspension) are kept the same way (``configure_tenant``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -66,6 +70,27 @@ def queue_share(broker: str, queue: str) -> tuple[str, int] | None:
     name = f"{broker or DEFAULT_BROKER}/{queue}"
     slots = queue_slots().get(name)
     return None if slots is None else (name, slots)
+
+
+# Whether a queue of Ductor's own broker is kept for tenants other than the one in context.
+KeptQueues = Callable[[str], bool]
+_kept_queues: list[KeptQueues] = []
+
+
+def register_kept_queues(kept: KeptQueues) -> None:
+    """Have ``kept(queue)`` say which queues of Ductor's own broker are kept for tenants other than
+    the one in context: a connection of the tenant's naming one carries no part of its share."""
+    _kept_queues[:] = [kept]
+
+
+def _connection_share(member: MemberInfo) -> tuple[str, int] | None:
+    """The share a celery connection's steps are admitted by: its queue's, unless kept for others."""
+    if not member.queue:
+        return None
+    share = queue_share(member.broker, member.queue)
+    if share is None or (member.broker or DEFAULT_BROKER) != DEFAULT_BROKER:
+        return share
+    return None if any(kept(member.queue) for kept in _kept_queues) else share
 
 
 def _share_fields(share: tuple[str, int] | None) -> dict[str, Any]:
@@ -124,9 +149,8 @@ def connection_conf(member: MemberInfo, table: RoutingTable) -> str:
     """A connection's conf as the dequeue reads it (``"connection:<id>"``), with the pools it serves."""
     pools = sorted(p.id for p in table.pools.values() if any(m.connection_id == member.connection_id
                                                              for m in p.members))
-    share = queue_share(member.broker, member.queue) if member.queue else None
     return json.dumps({**_limits(member.max_concurrency, member.rate_per_s, member.burst), "pools": pools,
-                       **_share_fields(share)}, separators=(",", ":"))
+                       **_share_fields(_connection_share(member))}, separators=(",", ":"))
 
 
 def scope_confs(pool: PoolInfo, table: RoutingTable) -> dict[str, str]:

@@ -26,12 +26,13 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from scheduling.admission import register_kept_queues
         from scheduling.coordinator.housekeeping import register_housekeeper
         from scheduling.coordinator.reconcile import register_reconciler
         from scheduling.coordinator.wakeups import register_wakeup
         from scheduling.dispatch.handlers import register_handler, register_publisher
         from tenants.usage import register_ceiling_counter
-        from workflows import retention
+        from workflows import catalog, retention
         from workflows.engine import items, reconcile, steps, task_nodes, tick, timers, waits
         from workflows.models import Schedule, WorkflowDefinition
         from workflows.triggers import arming, events, firing
@@ -44,6 +45,7 @@ class WorkflowsConfig(AppConfig):
         register_handler(items.TICK, tick.execute_tick)
         register_handler(items.STEP, steps.execute_step)
         register_publisher(items.TASK, task_nodes.publish)
+        register_kept_queues(catalog.kept_for_others)
         for kind, wake in timers.WAKEUPS.items():
             register_wakeup(kind, wake)
         register_wakeup(waits.TIMEOUT_KIND, waits.wait_timeout)

@@ -459,3 +459,30 @@ def test_a_task_step_published_through_another_broker_reads_its_queue_there(
     finally:
         redis_client.delete(queue)
         brokers._named_broker.cache_clear()
+
+
+def test_idor_a_connection_naming_a_queue_kept_for_another_tenant_takes_no_part_of_its_shared_slots(
+        tenant, client_a, tenant_b, settings, redis_client):
+    """Tenant B's catalog queue has one slot (DUCTOR_TASK_QUEUE_SLOTS), which B's step holds. Tenant A's
+    pool has a connection naming that queue: A's step through it is refused at its publish, and until
+    then it took part in the queue's slots, so it waited while B's work held them and ``why`` told A
+    that B's queue was full. It takes no part of them: admitted at once, it goes on to its refusal."""
+    from workflows.models import TaskCatalogEntry
+
+    mine, theirs = f"kept-mine-{tenant.pk.hex[:8]}", f"kept-theirs-{tenant.pk.hex[:8]}"
+    settings.DUCTOR_TASK_QUEUE_SLOTS = {theirs: "1"}
+    TaskCatalogEntry.objects.create(name="team.mine", queue=mine, timeout_s=120)
+    TaskCatalogEntry.objects.create(name="team.theirs", queue=theirs, tenants=[tenant_b[0].slug], timeout_s=120)
+    put(tenant_b[0], {"nodes": [{"id": "charge", "type": "task", "task": "team.theirs", "input": {}}]})
+    start(tenant_b[0])
+    assert take(tenant_b[0]) is not None  # B's step holds its queue's one slot
+    with tenant_context(tenant):
+        scheduling_services.connection_create(name="peek", kind="celery", config={"queue": theirs})
+        scheduling_services.pool_create(name="workers", members=[scheduling_services.MemberSpec("peek")])
+    put(tenant, {"nodes": [{"id": "charge", "type": "task", "task": "team.mine", "input": {}, "pool": "workers"}]})
+    run = start(tenant)
+
+    assert only(client_a, run)["cause"] == Cause.IN_LINE
+    item = take(tenant)
+    assert item is not None
+    assert item.payload["step_id"] == str(StepRun.all_tenants.get(run_id=run.pk).pk)
