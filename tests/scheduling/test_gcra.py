@@ -108,3 +108,18 @@ def test_impossible_limits_are_refused(tenant, redis_client, rate, burst, cost):
     with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
         rate_check("api", rate, burst, cost)
     assert redis_client.dbsize() == 0
+
+
+def test_a_raised_rate_counts_at_once_not_once_the_old_rates_debt_is_paid(tenant):
+    """A tenant whose API rate is raised (an operator's override, a new plan) from one call per
+    1,000 s: its limiter's state was written at the old pace, and the new rate refused it for the
+    1,000 s the old one had ahead, where its limits allow a call a tenth of a second after its last.
+    The raised rate counts from the next call: the burst is used, the next call one new interval
+    away. A lowered rate changes nothing of what the old one allowed."""
+    assert rate_check("api", 0.001, 1).allowed is True
+    refused = rate_check("api", 10, 1)
+    assert refused.allowed is False
+    assert refused.retry_after_s <= 0.1 + 1e-6
+
+    assert rate_check("api-lowered", 10, 2).allowed is True
+    assert rate_check("api-lowered", 0.001, 2).allowed is True  # the burst left by the old pace

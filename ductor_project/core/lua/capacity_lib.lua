@@ -142,6 +142,9 @@ local function cap_gcra(key, interval, burst, cost, consume, now)
   local tolerance = interval * burst
   local tat = tonumber(redis.call('GET', key))
   if tat == nil or tat < now then tat = now end
+  -- Limits lowered since the TAT was written (a raised rate, a smaller burst) count at once: a TAT
+  -- further ahead than these limits ever leave one is taken as their furthest (the burst used).
+  if tat > now + tolerance then tat = now + tolerance end
   local new_tat = tat + interval * cost
   local wait = new_tat - tolerance - now
   local allowed = wait <= CAP_GCRA_SLACK_US
