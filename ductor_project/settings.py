@@ -352,6 +352,7 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "workflows.models.WorkflowRun.Status",
         "StepStatusEnum": "workflows.models.StepRun.Status",
         "WebhookDeliveryStatusEnum": "workflows.models.WebhookDelivery.Status",
+        "WebhookEventTypeEnum": "workflows.triggers.webhooks.EVENT_TYPES",
         "ConditionOpEnum": "scheduling.templates.OPERATORS",
         "LimitNameEnum": "tenants.entitlements.LIMIT_FIELDS",
     },

@@ -438,6 +438,27 @@ def test_a_deliverys_log_entries_are_attempts_or_notes_as_they_are_kept(schema: 
         schema, "WebhookDeliveryLogEntry")
 
 
+def test_a_webhooks_events_and_a_deliverys_type_are_the_event_types_and_a_body_takes_one_or_more(
+    schema: dict[str, Any], client_a: APIClient
+) -> None:
+    """A generated client types them as the enum (not any string), and the body's schema refuses what the
+    server refuses: no event type, or one it does not know."""
+    for name in ("Webhook", "WebhookRevealed", "WebhookWriteRequest", "PatchedWebhookWriteRequest"):
+        events = component(schema, name)["properties"]["events"]
+        assert resolved(schema, events["items"])["enum"] == list(webhooks.EVENT_TYPES), name
+    assert enum_of(schema, "WebhookDelivery", "type") == list(webhooks.EVENT_TYPES)
+    body_schema = validator(schema, "WebhookWriteRequest")
+    body = {"url": "https://93.184.216.34/hook", "events": ["run.failed"]}
+    assert body_schema.is_valid(body)
+    for events in ([], ["run.exploded"]):
+        assert not body_schema.is_valid({**body, "events": events}), events
+        refused = client_a.post("/api/v1/webhooks", {**body, "events": events}, format="json")
+        assert list(assert_error(refused, 400, "invalid")["details"]) == ["events"]
+    made = client_a.post("/api/v1/webhooks", body, format="json")
+    assert made.status_code == 201, made.content[:300]
+    validator(schema, "WebhookRevealed").validate(made.json())
+
+
 def test_a_catalog_entrys_name_declares_the_pattern_the_server_checks(schema: dict[str, Any], platform: APIClient):
     name = component(schema, "TaskCatalogEntryRequest")["properties"]["name"]
     assert (name["pattern"], name["maxLength"]) == (TASK_NAME.pattern, 200)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -33,12 +33,24 @@ from workflows.views import ByCreationPagination
 DELIVERY_ID = OpenApiParameter("delivery_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
                                description="A delivery of this endpoint.")
 DELIVERY_PATH = r"deliveries/(?P<delivery_id>[^/.]+)"
+MAX_EVENTS = 10
+
+
+@extend_schema_field(serializers.ListField(child=serializers.ChoiceField(choices=webhooks.EVENT_TYPES)))
+class EventTypesField(serializers.ListField):
+    """The event types an endpoint receives: declared as one or more of ``EVENT_TYPES``, each item
+    checked by ``webhooks.checked_events``, so that a refusal names ``events``, not one of its items."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        one_or_more = f"Give one or more of {', '.join(webhooks.EVENT_TYPES)}."
+        super().__init__(child=serializers.CharField(max_length=32), min_length=1, max_length=MAX_EVENTS,
+                         error_messages={"min_length": one_or_more}, **kwargs)
 
 
 class WebhookSerializer(StrictModelSerializer):
     """An endpoint; its secret is never shown again after its create or a rotation."""
 
-    events = serializers.ListField(child=serializers.CharField(), read_only=True,
+    events = serializers.ListField(child=serializers.ChoiceField(choices=webhooks.EVENT_TYPES), read_only=True,
                                    help_text=f"What it receives: some of {', '.join(webhooks.EVENT_TYPES)}.")
     workflows = serializers.ListField(child=serializers.CharField(), read_only=True,
                                       help_text="Only the runs of these workflows; empty: all.")
@@ -67,9 +79,7 @@ class WebhookRevealedSerializer(WebhookSerializer):
 class WebhookWriteSerializer(StrictSerializer):
     url = serializers.CharField(max_length=2000, help_text="Where the deliveries are POSTed: an https URL whose "
                                 "host is public.")
-    events = serializers.ListField(child=serializers.CharField(max_length=32), max_length=10,
-                                   help_text="What it receives: one or more of "
-                                             f"{', '.join(webhooks.EVENT_TYPES)}.")
+    events = EventTypesField(help_text=f"What it receives: one or more of {', '.join(webhooks.EVENT_TYPES)}.")
     workflows = serializers.ListField(child=serializers.CharField(max_length=100), max_length=100, required=False,
                                       default=list, help_text="Only the runs of these workflows; empty: all.")
     description = TextField(max_length=200, required=False, allow_blank=True, default="")
@@ -109,6 +119,7 @@ class DeliveryLogEntryField(ComponentJSONField):
 
 
 class WebhookDeliverySerializer(StrictModelSerializer):
+    type = serializers.ChoiceField(choices=webhooks.EVENT_TYPES, read_only=True, help_text="What it tells of.")
     attempts = serializers.ListField(child=DeliveryLogEntryField(), read_only=True,
                                      help_text="Its log: the attempts, and the notes between them, oldest first.")
 
