@@ -42,11 +42,14 @@ class CursorPagination(pagination.CursorPagination):
         return size
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
-        """DRF's, with the page size's bounds: what the schema allows, the server takes."""
+        """DRF's, with the page size's bounds and the cursor's minimum length (a blank one is no cursor
+        of any list): what the schema allows, the server takes."""
         parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
         for parameter in parameters:
             if parameter["name"] == self.page_size_query_param:
                 parameter["schema"] = {**parameter["schema"], "minimum": 1, "maximum": self.max_page_size}
+            if parameter["name"] == self.cursor_query_param:
+                parameter["schema"] = {**parameter["schema"], "minLength": 1}
         return parameters
 
     def _salt(self, request: Request) -> str:

@@ -333,6 +333,29 @@ def test_an_override_takes_a_list_of_tiers_for_allowed_tiers(
     assert_error(platform.put(path, {"value": ["gold"]}, format="json"), 400, "invalid")
 
 
+def test_a_query_parameter_the_server_refuses_blank_is_declared_with_a_minimum_length_and_only_then(
+    schema: dict[str, Any], client_a: APIClient, platform: APIClient
+) -> None:
+    """``?cursor=`` or ``?name=`` on a list is ``400``: a parameter declared as any string would have a
+    generated client, or schemathesis, send it blank and take the refusal for a fault of the server."""
+    checked = []
+    for path, item in schema["paths"].items():
+        operation = item.get("get")
+        if operation is None or "{" in path:
+            continue
+        client = platform if operation["tags"][0].startswith("platform") else client_a
+        for parameter in operation.get("parameters", []):
+            declared = parameter["schema"]
+            if parameter["in"] != "query" or declared.get("type") != "string" or "format" in declared:
+                continue
+            answer = client.get(f"{path}?{parameter['name']}=")
+            checked.append((path, parameter["name"]))
+            refused = answer.status_code == 400 and parameter["name"] in answer.json()["error"]["details"]
+            assert refused == (declared.get("minLength", 0) >= 1), (path, parameter, answer.content[:300])
+    assert ("/api/v1/events/", "name") in checked
+    assert len(checked) >= 12, checked
+
+
 # --- the schema's endpoint -------------------------------------------------------------------
 
 

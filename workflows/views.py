@@ -420,7 +420,8 @@ class EventViewSet(TenantViewSet):
     serializer_class = EventSerializer
     queryset = Event.all_tenants.none()  # schema introspection only
 
-    @extend_schema(parameters=[OpenApiParameter("name", str, description="Only the events of this name.")])
+    @extend_schema(parameters=[OpenApiParameter("name", {"type": "string", "minLength": 1},
+                                                description="Only the events of this name (not blank).")])
     def list(self, request: Request) -> Response:
         events = Event.objects.all()
         name = request.query_params.get("name")
