@@ -351,6 +351,7 @@ SPECTACULAR_SETTINGS = {
         "TenantStatusEnum": "tenants.models.Tenant.Status",
         "RunStatusEnum": "workflows.models.WorkflowRun.Status",
         "StepStatusEnum": "workflows.models.StepRun.Status",
+        "WaitingStatusEnum": "workflows.why.STATUSES",
         "WebhookDeliveryStatusEnum": "workflows.models.WebhookDelivery.Status",
         "WebhookEventTypeEnum": "workflows.triggers.webhooks.EVENT_TYPES",
         "ConditionOpEnum": "scheduling.templates.OPERATORS",

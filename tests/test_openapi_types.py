@@ -32,7 +32,7 @@ from tests.test_openapi import validator
 from workflows.catalog import TASK_NAME
 from workflows.engine import items, steps
 from workflows.engine import tick as engine_tick
-from workflows.models import Schedule, StepRun
+from workflows.models import Schedule, StepRun, WorkflowRun
 from workflows.serializers import RUN_EVENT_TYPES
 from workflows.spec import NODE_TYPES
 from workflows.triggers import arming, firing, webhooks
@@ -206,6 +206,24 @@ def test_every_event_type_the_engine_records_is_in_the_run_event_type_enum(
     for event in events:
         validator(schema, "RunEvent").validate(event)
     assert not validator(schema, "RunEvent").is_valid({**events[0], "type": "no_such_event"})
+
+
+def test_why_types_the_runs_status_and_each_waiting_steps_status_as_the_values_it_answers(
+    schema: dict[str, Any], client_a: APIClient
+) -> None:
+    """A run's status, a step's, or ``pending`` (a node not started) and ``tick`` (the run's own tick):
+    enums, as a run's and a step's status are elsewhere, not any string."""
+    assert enum_of(schema, "RunWhy", "status") == list(WorkflowRun.Status.values)
+    assert enum_of(schema, "Waiting", "status") == [*StepRun.Status.values, "pending", "tick"]
+    put_flow(client_a, "nap", {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 3600}]})
+    run = start(client_a, "nap")
+
+    why = client_a.get(f"/api/v1/runs/{run['id']}/why")
+
+    assert why.status_code == 200, why.content[:300]
+    validator(schema, "RunWhy").validate(why.json())
+    assert why.json()["waiting"], why.json()
+    assert not validator(schema, "RunWhy").is_valid({**why.json(), "status": "asleep"})
 
 
 @pytest.mark.parametrize(("filter_", "valid"), [

@@ -45,7 +45,7 @@ from workflows.spec import EVENT_NAME, NODE_TYPES
 from workflows.spec_schema import SpecField
 from workflows.triggers.selectors import next_fires
 from workflows.triggers.timing import MAX_CATCHUP_WINDOW_S, MAX_CRON_CHARS, MAX_INTERVAL_S, MAX_JITTER_S
-from workflows.why import Cause
+from workflows.why import STATUSES, Cause
 
 STEP_ERROR, RUN_ERROR, STEP_ERROR_CODE = "StepError", "RunError", "StepErrorCode"
 STEP_ERROR_EXCEPTION = "StepErrorException"
@@ -445,7 +445,8 @@ class WaitingSerializer(serializers.Serializer[Any]):
     attempt = serializers.IntegerField(read_only=True, help_text="0 for a node not started (or the tick).")
     step_id = serializers.CharField(read_only=True, help_text="The attempt's id; empty for the tick or a node "
                                                               "not started.")
-    status = serializers.CharField(read_only=True)
+    status = serializers.ChoiceField(choices=STATUSES, read_only=True, help_text="The step's status; `pending` for a "
+                                     "node not started, `tick` for the run's tick.")
     cause = serializers.ChoiceField(choices=[(cause.value, cause.value) for cause in Cause], read_only=True)
     message = serializers.CharField(read_only=True)
     until = serializers.DateTimeField(read_only=True, allow_null=True,
@@ -455,7 +456,7 @@ class WaitingSerializer(serializers.Serializer[Any]):
 
 class RunWhySerializer(serializers.Serializer[Any]):
     run_id = serializers.UUIDField(read_only=True)
-    status = serializers.CharField(read_only=True)
+    status = serializers.ChoiceField(choices=WorkflowRun.Status.choices, read_only=True)
     waiting = WaitingSerializer(many=True, read_only=True)
 
 

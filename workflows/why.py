@@ -52,6 +52,8 @@ from workflows.models import EventWait, RunEvent, StepRun, WorkflowRun
 
 SStatus = StepRun.Status
 RUN_STARTING_NODES = ("subworkflow", "continue_as_new")
+NOT_STARTED, TICK = "pending", "tick"  # a waiting entry's status beside a step's: a node not started, the run's tick
+STATUSES = (*StepRun.Status.values, NOT_STARTED, TICK)
 
 
 class Cause(StrEnum):
@@ -108,7 +110,7 @@ def why_waiting(run: WorkflowRun) -> list[Waiting]:
 def _of_tick(run: WorkflowRun, hold: ItemHold) -> Waiting:
     """The run's own tick in the queue; and, when it waits to be delivered again after a failure,
     the last failure its history has (it is delivered again until it succeeds)."""
-    waiting = _held(Waiting("", 0, "", "tick", Cause.IN_LINE, "the run's next tick"), hold)
+    waiting = _held(Waiting("", 0, "", TICK, Cause.IN_LINE, "the run's next tick"), hold)
     if hold.state != "waiting" or not hold.deliveries:
         return waiting
     last = RunEvent.objects.filter(run=run, type="tick_failed").order_by("-seq").values("data").first()
@@ -301,7 +303,7 @@ def _quota_holds(run: WorkflowRun, latest: dict[str, StepRun]) -> list[Waiting]:
     if used < quota:
         return []
     reset = next_reset()
-    return [Waiting(node["id"], 0, "", "pending", Cause.QUOTA_EXHAUSTED,
+    return [Waiting(node["id"], 0, "", NOT_STARTED, Cause.QUOTA_EXHAUSTED,
                     f"the monthly run quota is used up ({used} of {quota}): it cannot start its run until "
                     f"{_iso(reset)}", reset, {"used": used, "quota": quota}) for node in pending]
 
