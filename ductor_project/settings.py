@@ -354,6 +354,7 @@ SPECTACULAR_SETTINGS = {
         "WaitingStatusEnum": "workflows.why.STATUSES",
         "WebhookDeliveryStatusEnum": "workflows.models.WebhookDelivery.Status",
         "WebhookEventTypeEnum": "workflows.triggers.webhooks.EVENT_TYPES",
+        "StrategyEnum": "scheduling.models.Pool.Strategy",
         "ConditionOpEnum": "scheduling.templates.OPERATORS",
         "LimitNameEnum": "tenants.entitlements.LIMIT_FIELDS",
     },

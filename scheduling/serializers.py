@@ -436,6 +436,7 @@ class AdmissionSerializer(serializers.Serializer):
 _TEXT = {"type": "string"}
 TRACE_RULE, TRACE_MATCHED_RULE, TRACE_DEFAULT_RULE = "TraceRule", "TraceMatchedRule", "TraceDefaultRule"
 TRACE_POOL, TRACE_CONNECTION = "TracePool", "TraceConnection"
+POOL_STRATEGY = "StrategyEnum"  # a pool's strategy, as drf-spectacular names it (SPECTACULAR_SETTINGS)
 
 
 def trace_components() -> dict[str, dict[str, Any]]:
@@ -450,7 +451,7 @@ def trace_components() -> dict[str, dict[str, Any]]:
         TRACE_RULE: {"description": "The rule that matched, or `default` when none did.",
                      "oneOf": [component_ref(TRACE_MATCHED_RULE), component_ref(TRACE_DEFAULT_RULE)]},
         TRACE_POOL: {**named, "description": "The step's pool.",
-                     "properties": {"id": _TEXT, "name": _TEXT, "strategy": _TEXT}},
+                     "properties": {"id": _TEXT, "name": _TEXT, "strategy": component_ref(POOL_STRATEGY)}},
         TRACE_CONNECTION: {**named, "description": "A connection of the step's pool.",
                            "properties": {"id": _TEXT, "name": _TEXT}},
     }

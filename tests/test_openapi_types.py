@@ -24,6 +24,7 @@ from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
 from scheduling.dispatch.handlers import ItemContext
+from scheduling.models import Pool
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant, Tier
 from tests.conftest import api_client
@@ -507,6 +508,18 @@ def test_a_catalog_entrys_name_declares_the_pattern_the_server_checks(schema: di
         assert re.fullmatch(name["pattern"], bad) is None
         refused = platform.post("/api/v1/task-catalog", {"name": bad}, format="json")
         assert list(assert_error(refused, 400, "invalid")["details"]) == ["name"]
+
+
+def test_a_traces_pool_strategy_is_the_pools_strategy_enum(schema: dict[str, Any], client_a: APIClient) -> None:
+    strategy = component(schema, "TracePool")["properties"]["strategy"]
+    assert resolved(schema, strategy) == resolved(schema, component(schema, "Pool")["properties"]["strategy"])
+    assert resolved(schema, strategy)["enum"] == list(Pool.Strategy.values)
+    made = client_a.post("/api/v1/pools", {"name": "main", "strategy": "failover"}, format="json")
+    assert made.status_code == 201, made.content[:300]
+    trace = client_a.post("/api/v1/routing/explain", {"workflow": "w", "action": "noop", "pool": "main"}, format="json")
+    assert trace.status_code == 200, trace.content[:300]
+    validator(schema, "DecisionTrace").validate(trace.json())
+    assert not validator(schema, "TracePool").is_valid({**trace.json()["pool"], "strategy": "random"})
 
 
 def test_the_dry_runs_trace_types_its_rule_pool_and_connection_as_a_steps_routing_does(
