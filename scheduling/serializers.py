@@ -114,7 +114,8 @@ class ConnectionWriteSerializer(LimitsWriteMixin, StrictSerializer):
         default=dict,
         help_text=(
             "http: {base_url (required), headers, timeout_s (default 10, at most 300), "
-            "max_response_bytes (default 1 MiB, at most 50 MiB)}; python: any object up to 64 KiB."
+            "max_response_bytes (default 1 MiB, at most 50 MiB)}; celery: {queue (required), broker (default "
+            "`default`)}, where a task node's attempt is sent; python: any object up to 64 KiB."
         ),
     )
     secret = serializers.CharField(

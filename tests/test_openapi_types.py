@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
 from scheduling.dispatch.handlers import ItemContext
-from scheduling.models import Pool
+from scheduling.models import Connection, Pool
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant, Tier
 from tests.conftest import api_client
@@ -508,6 +508,22 @@ def test_a_catalog_entrys_name_declares_the_pattern_the_server_checks(schema: di
         assert re.fullmatch(name["pattern"], bad) is None
         refused = platform.post("/api/v1/task-catalog", {"name": bad}, format="json")
         assert list(assert_error(refused, 400, "invalid")["details"]) == ["name"]
+
+
+def test_a_connections_config_is_described_for_every_kind_the_server_takes(
+    schema: dict[str, Any], client_a: APIClient
+) -> None:
+    """The config is any object in the schema (what it takes depends on ``kind``): its description is
+    all a client is told, so it names each kind and the keys it requires."""
+    description = component(schema, "ConnectionWriteRequest")["properties"]["config"]["description"]
+    for kind in Connection.Kind.values:
+        assert f"{kind}: " in description, (kind, description)
+    assert "queue (required)" in description
+    made = client_a.post("/api/v1/connections", {"name": "team", "kind": "celery", "config": {"queue": "billing"}},
+                         format="json")
+    assert made.status_code == 201, made.content[:300]
+    refused = client_a.post("/api/v1/connections", {"name": "team-2", "kind": "celery", "config": {}}, format="json")
+    assert list(assert_error(refused, 400, "invalid")["details"]) == ["config.queue"]
 
 
 def test_a_traces_pool_strategy_is_the_pools_strategy_enum(schema: dict[str, Any], client_a: APIClient) -> None:
