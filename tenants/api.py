@@ -34,6 +34,7 @@ from rest_framework.views import APIView
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from ductor_project.core.ids import canonical_uuid
+from ductor_project.core.times import rfc3339
 from ductor_project.logs import REQUEST_TENANT
 from ductor_project.parsers import unstorable_query
 from tenants.permissions import IsPlatformAdmin, refuse_unseen_object, request_tenant
@@ -153,6 +154,14 @@ class CanonicalUUIDField(serializers.UUIDField):
         if found is None:
             self.fail("invalid", value=data)
         return found
+
+
+class DateTimeField(serializers.DateTimeField):
+    """A time in a body or a query, as RFC 3339 writes it (the schema's ``date-time``), its ``Z`` in
+    either case (``ductor_project.core.times``): DRF's refuses ``…T00:00:00z``."""
+
+    def to_internal_value(self, value: Any) -> Any:
+        return super().to_internal_value(rfc3339(value) if isinstance(value, str) else value)
 
 
 class PatternField(serializers.RegexField):

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ductor_project.core.openapi import ComponentJSONField
-from tenants.api import NameField, PatternField, StrictModelSerializer, StrictSerializer, TextField
+from tenants.api import DateTimeField, NameField, PatternField, StrictModelSerializer, StrictSerializer, TextField
 from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import SLUG_PATTERN, SLUG_RULE, ApiKey, Plan, Tenant, TenantEntitlementOverride, Tier, slug_ok
 
@@ -49,7 +49,7 @@ class ApiKeyCreateSerializer(StrictSerializer):
         min_length=1,  # what allow_empty refuses, in the schema (minItems)
         default=lambda: [ApiKey.Scope.READ, ApiKey.Scope.WRITE],
     )
-    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    expires_at = DateTimeField(required=False, allow_null=True)
 
     def validate_expires_at(self, value: Any) -> Any:
         if value is not None and value <= timezone.now():

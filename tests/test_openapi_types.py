@@ -510,6 +510,26 @@ def test_a_catalog_entrys_name_declares_the_pattern_the_server_checks(schema: di
         assert list(assert_error(refused, 400, "invalid")["details"]) == ["name"]
 
 
+@pytest.mark.parametrize("utc", ["Z", "z"])
+def test_a_date_time_in_the_rfc_3339_form_the_schema_declares_is_taken_with_its_utc_letter_in_either_case(
+    schema: dict[str, Any], client_a: APIClient, utc: str
+) -> None:
+    """The schema's ``date-time`` is RFC 3339's, whose ``Z`` may be lower case (section 5.6): a client
+    that sends ``2030-01-01T00:00:00z`` sends a valid value, which Python's and Django's parsers refuse."""
+    later = f"2030-01-01T00:00:00{utc}"
+    answers = {
+        "query": client_a.get("/api/v1/runs", {"created_after": later}),
+        "body": client_a.post("/api/v1/api-keys", {"name": f"k{utc}", "expires_at": later}, format="json"),
+        "many": client_a.post("/api/v1/runs/cancel", {"created_after": later}, format="json"),
+        "spec": client_a.post("/api/v1/workflows", {"name": f"nap-{utc}", "spec": {"nodes": [
+            {"id": "nap", "type": "sleep", "until": later}]}}, format="json"),
+    }
+    for where, answer in answers.items():
+        assert answer.status_code in (200, 201), (where, answer.content[:300])
+    assert answers["body"].json()["expires_at"] == "2030-01-01T00:00:00Z"
+    assert answers["spec"].json()["spec"]["nodes"][0]["until"].startswith("2030-01-01T00:00:00")
+
+
 def test_a_connections_config_is_described_for_every_kind_the_server_takes(
     schema: dict[str, Any], client_a: APIClient
 ) -> None:

@@ -23,6 +23,7 @@ from scheduling.templates import MAX_PATH_SEGMENTS
 from tenants.api import (
     AnyJSONField,
     CanonicalUUIDField,
+    DateTimeField,
     PatternField,
     StrictModelSerializer,
     StrictSerializer,
@@ -286,8 +287,8 @@ class RunMatchSerializer(StrictSerializer):
     """What picks runs out of the tenant's: the run list's filters and the cancel of many's."""
 
     workflow = serializers.CharField(required=False, max_length=100, help_text="The runs of this workflow.")
-    created_after = serializers.DateTimeField(required=False, help_text="Created at or after.")
-    created_before = serializers.DateTimeField(required=False, help_text="Created before.")
+    created_after = DateTimeField(required=False, help_text="Created at or after.")
+    created_before = DateTimeField(required=False, help_text="Created before.")
     root_run_id = CanonicalUUIDField(required=False, help_text="The runs of this run tree.")
     tag = serializers.ListField(
         child=serializers.CharField(max_length=MAX_SOURCE_TAG_CHARS), required=False, max_length=10,
@@ -546,9 +547,9 @@ class ScheduleWriteSerializer(StrictSerializer):
 
 
 class ScheduleBackfillSerializer(StrictSerializer):
-    start = serializers.DateTimeField(help_text="The first fire time to start (included); without a time zone: UTC.")
-    end = serializers.DateTimeField(help_text="The last fire time to start (included), not in the future; at most "
-                                              "1,000 fire times from `start`.")
+    start = DateTimeField(help_text="The first fire time to start (included); without a time zone: UTC.")
+    end = DateTimeField(help_text="The last fire time to start (included), not in the future; at most "
+                                  "1,000 fire times from `start`.")
 
 
 class BackfilledFireSerializer(StrictSerializer):

@@ -93,6 +93,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from ductor_project.core.payloads import json_depth
+from ductor_project.core.times import rfc3339
 from scheduling import templates
 from scheduling.models import Connection
 from scheduling.templates import NODE_ID, template_errors, when_errors
@@ -646,7 +647,7 @@ class _NodeParser:
             return {"duration_s": self._seconds("duration_s", MAX_SLEEP_S)}
         until = self.raw["until"]
         try:
-            moment = datetime.fromisoformat(until) if isinstance(until, str) else None
+            moment = datetime.fromisoformat(rfc3339(until)) if isinstance(until, str) else None
         except ValueError:
             moment = None
         if moment is None or moment.tzinfo is None:
