@@ -580,3 +580,35 @@ def test_the_dry_runs_trace_types_its_rule_pool_and_connection_as_a_steps_routin
     dry_run, step = (component(schema, name)["properties"] for name in ("DecisionTrace", "StepRouting"))
     for part in ("rule", "pool", "connection"):  # one shape, one component, for both traces
         assert resolved(schema, dry_run[part]) == resolved(schema, step[part])
+
+
+def _inline_array_items(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """``(where, property)`` for every array property whose items are declared inline with bounds
+    (which a generator makes a model of), not by ``$ref``."""
+    if isinstance(node, dict):
+        for name, prop in (node.get("properties") or {}).items():
+            items = prop.get("items") if isinstance(prop, dict) else None
+            if (isinstance(items, dict) and prop.get("type") == "array" and "$ref" not in items
+                    and {"minLength", "maxLength", "pattern", "enum"} & set(items)):
+                yield f"{path}.{name}", name
+        for key, value in node.items():
+            yield from _inline_array_items(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for position, value in enumerate(node):
+            yield from _inline_array_items(value, f"{path}[{position}]")
+
+
+def test_no_inline_array_item_takes_the_name_of_a_component(schema: dict[str, Any]) -> None:
+    """A generator (datamodel-code-generator) names an array's inline items after the property,
+    singular: the task catalog's ``plans`` made a model ``Plan`` of its slugs, and the plan itself
+    became ``Plan1``, so a generated client read a plan with the wrong model (and a webhook's
+    ``workflows`` took ``Workflow``). Items whose singular name is a component's are components of
+    their own (``PlanSlug``, ``TenantSlug``, ``WorkflowName``)."""
+    names = {name.lower() for name in schema["components"]["schemas"]}
+    clashes = sorted(where for where, prop in _inline_array_items(schema)
+                     if prop.lower().removesuffix("s") in names)
+    assert clashes == []
+    for name in ("TaskCatalogEntry", "TaskCatalogEntryRequest"):
+        plans, tenants = (component(schema, name)["properties"][field]["items"] for field in ("plans", "tenants"))
+        assert resolved(schema, plans) == {"type": "string", "minLength": 1, "maxLength": 50}
+        assert resolved(schema, tenants) == {"type": "string", "minLength": 1, "maxLength": 63}

@@ -20,13 +20,23 @@ from rest_framework.response import Response
 from ductor_project.core.context import SYSTEM_TENANT_SLUG
 from ductor_project.core.errors import NotFound, conflict_on_duplicate
 from scheduling.connection_config import queue_name_error
-from tenants.api import PatternField, PlatformViewSet, StrictModelSerializer, TenantViewSet, TextField
+from tenants.api import (
+    PatternField,
+    PlatformViewSet,
+    StrictModelSerializer,
+    TenantViewSet,
+    TextField,
+    named_string,
+)
 from tenants.models import Plan, Tenant
 from workflows import catalog, schemas
 from workflows.models import TaskCatalogEntry
 from workflows.spec import MAX_TIMEOUT_S
 
 LOOKUP = r"[^/]+"
+# A list's slugs, each a component of its own (``named_string``): inline, a generator named them Plan and Tenant.
+PlanSlugField = named_string("PlanSlug", max_length=50)
+TenantSlugField = named_string("TenantSlug", max_length=63)
 
 
 class TaskCatalogEntrySerializer(StrictModelSerializer):
@@ -37,8 +47,8 @@ class TaskCatalogEntrySerializer(StrictModelSerializer):
     description = TextField(max_length=500, required=False, allow_blank=True)
     input_schema = serializers.DictField(required=False, help_text="A JSON Schema (an object) the rendered input "
                                                                    "must match; {} matches anything.")
-    plans = serializers.ListField(child=serializers.CharField(max_length=50), required=False, max_length=100)
-    tenants = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=1000)
+    plans = serializers.ListField(child=PlanSlugField(), required=False, max_length=100)
+    tenants = serializers.ListField(child=TenantSlugField(), required=False, max_length=1000)
     timeout_s = serializers.FloatField(min_value=0.001, max_value=MAX_TIMEOUT_S, required=False, allow_null=True)
 
     class Meta:

@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from ductor_project.core.openapi import ComponentJSONField, component_ref
 from ductor_project.pagination import CursorPagination
 from scheduling.serializers import parse
-from tenants.api import StrictModelSerializer, StrictSerializer, TenantViewSet, TextField, no_body
+from tenants.api import StrictModelSerializer, StrictSerializer, TenantViewSet, TextField, named_string, no_body
 from workflows.models import WebhookDelivery, WebhookEndpoint
 from workflows.triggers import webhooks
 from workflows.views import ByCreationPagination
@@ -45,6 +45,10 @@ class EventTypesField(serializers.ListField):
         one_or_more = f"Give one or more of {', '.join(webhooks.EVENT_TYPES)}."
         super().__init__(child=serializers.CharField(max_length=32), min_length=1, max_length=MAX_EVENTS,
                          error_messages={"min_length": one_or_more}, **kwargs)
+
+
+# A workflow's name in a list, a component of its own (``named_string``): inline, a generator named it Workflow.
+WorkflowNameField = named_string("WorkflowName", max_length=100)
 
 
 class WebhookSerializer(StrictModelSerializer):
@@ -80,7 +84,7 @@ class WebhookWriteSerializer(StrictSerializer):
     url = serializers.CharField(max_length=2000, help_text="Where the deliveries are POSTed: an https URL whose "
                                 "host is public.")
     events = EventTypesField(help_text=f"What it receives: one or more of {', '.join(webhooks.EVENT_TYPES)}.")
-    workflows = serializers.ListField(child=serializers.CharField(max_length=100), max_length=100, required=False,
+    workflows = serializers.ListField(child=WorkflowNameField(), max_length=100, required=False,
                                       default=list, help_text="Only the runs of these workflows; empty: all.")
     description = TextField(max_length=200, required=False, allow_blank=True, default="")
     enabled = serializers.BooleanField(required=False, default=True, help_text="true enables a disabled endpoint "
