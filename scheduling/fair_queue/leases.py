@@ -88,8 +88,21 @@ def remove(item_id: str, *, tenant: Tenant | None = None) -> bool:
     """Withdraw a waiting item (or cancel the re-run asked for an item in flight).
 
     An item in flight keeps its lease; ack or nack it. Returns whether anything
-    was withdrawn. One round trip, atomic, idempotent. Raises
-    ``TenantScopeError`` without a tenant.
+    was withdrawn. One round trip, atomic, idempotent; inside ``holding_enqueues()``,
+    the enqueues held so far go first in it, so an item enqueued and then withdrawn
+    in that block (a step a tick starts and ends at once) is withdrawn, not left
+    to be enqueued after its removal. Raises ``TenantScopeError`` without a tenant.
     """
-    return bool(tenant_call("fq_remove", tenant_of(tenant), item_id) == 1)
+    tenant = tenant_of(tenant)
+    if not holding():
+        return bool(tenant_call("fq_remove", tenant, item_id) == 1)
+    [removed] = after_held(partial(queue_remove, item_id=item_id, tenant=tenant))
+    if isinstance(removed, Exception):
+        raise removed
+    return bool(removed == 1)
+
+
+def queue_remove(batch: scripts.Batch, item_id: str, *, tenant: Tenant) -> None:
+    """``remove`` queued on a script ``batch``: its reply is 1 when it withdrew something."""
+    tenant_call("fq_remove", tenant, item_id, batch=batch)
 

@@ -231,6 +231,16 @@ def test_an_ack_in_a_worker_s_block_carries_the_held_enqueues_in_its_round_trip(
 
 
 @pytest.mark.django_db
+def test_a_remove_in_a_worker_s_block_withdraws_an_item_whose_enqueue_it_holds(make_tenant, redis_client):
+    tenant, _ = make_tenant("handoff-held-remove")
+    with fq.holding_enqueues():
+        soon(tenant, "started-and-ended")
+        with tenant_context(tenant):
+            assert fq.remove("started-and-ended")  # the held enqueue goes first, in the same round trip
+    assert fq.stats(tenant).backlog == 0  # not enqueued after its removal, when the block ends
+
+
+@pytest.mark.django_db
 def test_what_is_still_held_when_the_block_ends_is_sent_then_and_outside_a_block_at_once(
         make_tenant, redis_client):
     tenant, _ = make_tenant("handoff-held-end")

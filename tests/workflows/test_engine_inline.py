@@ -284,6 +284,27 @@ def test_continue_as_new_cancels_the_other_branches_steps_and_takes_their_items_
     assert queued(tenant) == {items.tick_item_id(successor.pk)}  # no item of "work" is left
 
 
+def test_a_step_that_a_tick_on_a_worker_starts_and_continue_as_new_cancels_leaves_no_item_in_the_queue(tenant):
+    put(tenant, "branchy", {"nodes": [
+        echo("first", {}),
+        echo("work", {}, "first"),
+        {"id": "again", "type": "continue_as_new", "input": {}, "depends_on": ["first"],
+         "when": {"path": "input.first", "op": "exists"}},
+    ]})
+    run = start(tenant, "branchy", {"first": True})
+    first = by_node(tenant, run)["first"]
+    assert queued(tenant) == {items.step_item_id(first.pk)}
+
+    with fq.holding_enqueues():  # as a worker runs it: what its commit enqueues travels with the next handoff
+        execute(tenant, first)
+
+    steps = by_node(tenant, run)
+    assert (steps["work"].status, steps["again"].status) == ("cancelled", "succeeded")
+    with tenant_context(tenant):
+        successor = WorkflowRun.objects.get(continued_from=run)
+    assert queued(tenant) == {items.tick_item_id(successor.pk)}  # "work" was withdrawn, not enqueued after
+
+
 def test_a_cancel_ends_the_run_while_its_tenant_is_at_its_concurrency_ceiling(tenant):
     tenant_services.override_set(tenant=tenant, field="max_concurrency", value=1)
     put(tenant, "pair", {"nodes": [echo("first", {}), echo("second", {})]})
