@@ -129,20 +129,27 @@ def test_a_lapsed_lease_frees_the_slot_for_another_tenant(db, make_tenant, shop_
     assert nxt.item_id == waiting
 
 
+def hold_the_slot_and_serve(holder: Tenant, other: Tenant, tenants: list[Tenant]) -> fq.Dequeued:
+    """``holder``'s task takes the queue's one slot; then ``other`` is served an item of its own, so
+    that among the share's waiters it comes after a tenant not served yet. Returns the task's dispatch."""
+    enqueue_task(holder)
+    first = take()
+    assert first is not None
+    with tenant_context(other):
+        fq.enqueue("warm-up", tier="standard", partition="run:0", payload={"kind": "test.noop"})
+    warm_up = take()
+    assert warm_up is not None
+    ack(warm_up, tenants)
+    return first
+
+
 def test_a_freed_slot_goes_to_a_waiter_that_can_take_it_not_to_one_held_at_its_own_ceiling(
         db, make_tenant, shop_slots):
     shop_slots(1)
     holder, busy, other = make_tenant()[0], make_tenant()[0], make_tenant()[0]
     tenants = [holder, busy, other]
     tenant_services.override_set(tenant=busy, field="max_concurrency", value=2)
-    enqueue_task(holder)
-    first = take()
-    assert first is not None  # holder's task holds the queue's one slot
-    with tenant_context(other):
-        fq.enqueue("warm-up", tier="standard", partition="run:0", payload={"kind": "test.noop"})
-    warm_up = take()
-    assert warm_up is not None
-    ack(warm_up, tenants)  # other was served last: busy comes before it among the waiters
+    first = hold_the_slot_and_serve(holder, other, tenants)  # busy comes before other among the waiters
     busy_task = enqueue_task(busy)
     with tenant_context(busy):
         fq.enqueue("action-1", tier="standard", partition="run:1", payload={"kind": "test.noop"})
@@ -176,14 +183,7 @@ def test_a_freed_slot_goes_to_a_waiter_that_can_take_it_not_to_one_its_step_rate
     holder, slow, other = make_tenant()[0], make_tenant()[0], make_tenant()[0]
     tenant_services.override_set(tenant=slow, field="step_rate_per_s", value=0.001)  # one start per 1,000 s
     tenant_services.override_set(tenant=slow, field="step_burst", value=1)
-    enqueue_task(holder)
-    first = take()
-    assert first is not None  # holder's task holds the queue's one slot
-    with tenant_context(other):
-        fq.enqueue("warm-up", tier="standard", partition="run:0", payload={"kind": "test.noop"})
-    warm_up = take()
-    assert warm_up is not None
-    ack(warm_up, [holder, slow, other])  # other was served last: slow comes before it among the waiters
+    first = hold_the_slot_and_serve(holder, other, [holder, slow, other])  # slow comes before other
     enqueue_task(slow)
     assert take() is None  # slow's task waits for the queue
     with tenant_context(slow):
