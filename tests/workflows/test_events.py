@@ -430,13 +430,38 @@ def test_events_older_than_their_tenants_retention_are_deleted_in_batches_and_no
                 event = Event.objects.create(name="order.paid", payload={"age": age_days})
                 Event.objects.filter(pk=event.pk).update(created_at=timezone.now() - timedelta(days=age_days))
 
-    assert expire_events(batch=2) == 2  # a batch of each tenant: two of tenant a's old ones
-    assert expire_events(batch=2) == 1
+    # No time for a second batch: one batch per tenant a pass, two of tenant a's old ones.
+    assert expire_events(batch=2, budget_s=0) == 2
+    assert expire_events(batch=2, budget_s=0) == 1
 
     with tenant_context(tenant):
         assert [e.payload["age"] for e in Event.objects.all()] == [0]
     with tenant_context(tenant_b[0]):
         assert Event.objects.count() == 4
+
+
+def test_a_pass_deletes_batch_after_batch_of_a_tenant_that_has_more_than_one(tenant, tenant_b):
+    """A tenant may send events faster than one batch a pass (a bulk call holds 100): a pass goes on,
+    batch after batch and the tenants in turn, while it has time, so the old events do not pile up."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workflows.triggers.events import expire_events
+
+    for owner in (tenant, tenant_b[0]):
+        tenant_services.override_set(tenant=owner, field="event_retention_days", value=1)
+        with tenant_context(owner):
+            Event.objects.bulk_create([Event(name="order.paid", payload={"n": n}) for n in range(5)])
+            Event.objects.update(created_at=timezone.now() - timedelta(days=2))
+            Event.objects.create(name="order.paid", payload={"n": "recent"})
+
+    assert expire_events(batch=2) == 10  # three batches of each, well within the pass's second
+
+    for owner in (tenant, tenant_b[0]):
+        with tenant_context(owner):
+            assert [e.payload["n"] for e in Event.objects.all()] == ["recent"]
+    assert expire_events(batch=2) == 0
 
 
 def test_a_retention_override_must_be_at_least_a_day(tenant):

@@ -25,6 +25,7 @@ Filters are conditions of the one language (``scheduling.templates``, ``EVENTS``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -233,32 +234,53 @@ def trigger_of(trigger_id: Any) -> EventTrigger:
 
 # --- retention ------------------------------------------------------------------------------------------
 
-# Most events one pass deletes of one tenant, and most tenants one pass looks at.
+# Most events one batch deletes of one tenant, most tenants one pass looks at, and how long a pass
+# goes on taking batches (it ends the round under way, one batch per tenant with more to do).
 EXPIRE_BATCH = 1000
 TENANTS_PER_PASS = 100
+PASS_BUDGET_S = 1.0
+# After each batch that deleted something, a rest this many times as long as the batch took, as the
+# runs' retention rests (``workflows.retention``): the hot path finds the server between two batches.
+REST_PER_BATCH = 1.0
 _expiry_round = TenantRound()
 
 
-def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_PER_PASS) -> int:
-    """Delete events older than their tenant's ``event_retention_days``: up to ``batch`` of each of the
-    next ``tenants_per_pass`` tenants (by id, on from where the previous pass stopped, round and
-    round), each in one statement of its own. A coordinator housekeeper; returns how many it deleted.
-    The runs an event started keep it as their input.
+def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_PER_PASS,
+                  budget_s: float = PASS_BUDGET_S, rest: float = REST_PER_BATCH) -> int:
+    """Delete events older than their tenant's ``event_retention_days``: of each of the next
+    ``tenants_per_pass`` tenants (by id, on from where the previous pass stopped, round and round)
+    a batch of up to ``batch``, each in one statement of its own, then another batch of each
+    tenant that had a full one, in turn, while ``budget_s`` lasts (at least one batch each),
+    resting ``rest`` times as long as each batch took after it. A coordinator housekeeper; returns
+    how many it deleted. The runs an event started keep it as their input.
+
+    A tenant may send events faster than one batch a pass (a bulk call holds 100 of them): with
+    one batch a pass, its events past their retention piled up without end.
 
     The tenant's retention is read before the delete, not in its transaction: a transaction that
     held the read's lock on the entitlements' tables while it waited for the events table could
     deadlock with a statement that locks both tables in the other order (a ``TRUNCATE``, an
     ``ALTER TABLE``)."""
+    deadline = time.monotonic() + budget_s
     deleted = 0
     now = timezone.now()
-    for tenant in _expiry_round.next(tenants_per_pass):
-        with tenant_context(tenant):
-            cutoff = now - timedelta(days=effective_entitlements(tenant).event_retention_days)
-            old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
-            count, _ = Event.objects.filter(pk__in=old).delete()
-        if count:
-            log.info("events_expired", target_tenant=str(tenant.pk), count=count)
-        deleted += count
+    waiting = _expiry_round.next(tenants_per_pass)
+    while waiting:
+        more = []
+        for tenant in waiting:
+            with tenant_context(tenant):
+                cutoff = now - timedelta(days=effective_entitlements(tenant).event_retention_days)
+                old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
+                started = time.perf_counter()
+                count, _ = Event.objects.filter(pk__in=old).delete()
+                took = time.perf_counter() - started
+            if count:
+                log.info("events_expired", target_tenant=str(tenant.pk), count=count)
+                time.sleep(took * rest)
+            deleted += count
+            if count >= batch:
+                more.append(tenant)
+        waiting = more if time.monotonic() < deadline else []
     return deleted
 
 
