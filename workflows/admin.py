@@ -135,10 +135,19 @@ class WorkflowDefinitionAdmin(ServiceDeleteMixin, TenantScopedAdmin):
             services.workflow_describe(name=obj.name, description=obj.description)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
-        """As Django's, less the permission to delete its versions: ``workflow_delete`` takes them with
-        it, while a version alone is never deleted here."""
-        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        """As Django's, less the permission to delete its versions (``workflow_delete`` takes them with
+        it, while a version alone is never deleted here), and with a workflow that has runs named as
+        refused, as ``workflow_delete`` refuses it, rather than walked: Django's walk reads every run
+        of it, whole, to list each one, which for a long history is millions of rows for one page."""
+        objs = list(objs)
+        with_runs = [obj for obj in objs if WorkflowRun.all_tenants.filter(workflow__definition=obj).exists()]
+        free = [obj for obj in objs if obj not in with_runs]
+        deleted, counts, perms_needed, protected = (super().get_deleted_objects(free, request) if free
+                                                    else ([], {}, set(), []))
         perms_needed.discard(WorkflowVersion._meta.verbose_name)
+        protected = [*protected, *(f"Workflow '{obj.name}' has runs in its history and cannot be deleted: archive "
+                                   "it instead (its runs are kept until the plan's history retention removes them)."
+                                   for obj in with_runs)]
         return deleted, counts, perms_needed, protected
 
     def delete_one(self, obj: WorkflowDefinition) -> None:

@@ -23,6 +23,7 @@ from workflows.models import (
     StepRun,
     WebhookEndpoint,
     WorkflowDefinition,
+    WorkflowRun,
     WorkflowVersion,
 )
 from workflows.triggers import services as trigger_services
@@ -114,6 +115,37 @@ def test_a_workflow_deleted_here_takes_its_schedules_with_it(tenant: Tenant, sup
     assert response.status_code == 302
     assert not WorkflowDefinition.all_tenants.filter(pk=definition.pk).exists()
     assert not Schedule.all_tenants.filter(tenant=tenant).exists()
+
+
+@pytest.mark.parametrize("how", ["page", "action"])
+def test_a_workflow_with_runs_is_refused_here_without_its_runs_read_one_by_one(
+    tenant: Tenant, superuser: Client, how: str
+) -> None:
+    """Its delete page says it has runs (``workflow_delete`` refuses it: archive it instead) without
+    reading them: Django's confirmation walks every run of it, whole, to list each one, which for a
+    workflow with a long history was a million rows read into the page."""
+    with tenant_context(tenant):
+        services.workflow_put(name="order", spec=WAITS_FOR_PAYMENT)
+        for _ in range(3):
+            services.run_start(workflow="order")
+    definition = WorkflowDefinition.all_tenants.get(tenant=tenant, name="order")
+    if how == "page":
+        url, form = reverse("admin:workflows_workflowdefinition_delete", args=[definition.pk]), {}
+    else:
+        url = reverse("admin:workflows_workflowdefinition_changelist")
+        form = {"action": "delete_selected", "_selected_action": [definition.pk]}
+
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser.post(url, form) if form else superuser.get(url)
+
+    assert response.status_code == 200
+    [refusal] = response.context["protected"]
+    assert refusal.startswith("Workflow 'order' has runs in its history and cannot be deleted: archive it instead")
+    assert not [query["sql"] for query in queries.captured_queries
+                if '"workflows_workflowrun"."input"' in query["sql"]]  # no run read whole
+    superuser.post(url, {**form, "post": "yes"})
+    assert WorkflowDefinition.all_tenants.filter(pk=definition.pk).exists()
+    assert WorkflowRun.all_tenants.filter(workflow__definition=definition).count() == 3
 
 
 BIG_TABLES = ["workflowrun", "steprun", "runevent", "event", "webhookdelivery"]
