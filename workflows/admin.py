@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import capfirst
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError
@@ -685,6 +686,20 @@ class WebhookEndpointAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin)
 
     def delete_one(self, obj: WebhookEndpoint) -> None:
         webhooks.webhook_delete(obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """The endpoints, and their deliveries counted: ``webhook_delete`` takes the delivery log with
+        them, which is never deleted here on its own, so no permission to delete deliveries is asked
+        for. Django's walk read every delivery, whole, to list each one (a busy endpoint's log is
+        millions), and refused the deletion for want of that permission."""
+        objs = list(objs)
+        deleted = [f"{capfirst(WebhookEndpoint._meta.verbose_name)}: {obj}" for obj in objs]
+        counts = {WebhookEndpoint._meta.verbose_name_plural: len(objs)}
+        deliveries = WebhookDelivery.all_tenants.filter(endpoint__in=[obj.pk for obj in objs]).count()
+        if deliveries:
+            counts[WebhookDelivery._meta.verbose_name_plural] = deliveries
+        lacking = {WebhookEndpoint._meta.verbose_name for obj in objs if not self.has_delete_permission(request, obj)}
+        return deleted, counts, lacking, []
 
 
 @admin.register(WebhookDelivery)

@@ -21,6 +21,7 @@ from workflows.models import (
     RunEvent,
     Schedule,
     StepRun,
+    WebhookDelivery,
     WebhookEndpoint,
     WorkflowDefinition,
     WorkflowRun,
@@ -84,6 +85,36 @@ def test_a_webhook_endpoint_deleted_here_is_forgotten_by_the_process_that_sends_
     assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
     with tenant_context(tenant):
         assert webhooks.enabled_endpoints() == ()
+
+
+@pytest.mark.parametrize("how", ["page", "action"])
+def test_a_webhook_endpoint_with_deliveries_is_deleted_here_with_them_counted_not_read(
+    tenant: Tenant, superuser: Client, how: str
+) -> None:
+    """``webhook_delete`` takes its delivery log with it, which is never deleted here on its own: the
+    confirmation counts the deliveries, and asks for no permission to delete them. Django's walked
+    every delivery, whole, and refused the deletion for want of that permission."""
+    with tenant_context(tenant):
+        endpoint = webhooks.webhook_create(url=PUBLIC, events=["run.failed"]).endpoint
+        for _ in range(3):
+            WebhookDelivery.objects.create(endpoint=endpoint, type="run.failed", body={}, status="delivered")
+    if how == "page":
+        url, form = reverse("admin:workflows_webhookendpoint_delete", args=[endpoint.pk]), {}
+    else:
+        url = reverse("admin:workflows_webhookendpoint_changelist")
+        form = {"action": "delete_selected", "_selected_action": [endpoint.pk]}
+
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser.post(url, form) if form else superuser.get(url)
+
+    assert response.status_code == 200
+    assert (response.context["perms_lacking"], response.context["protected"]) == (set(), [])
+    assert dict(response.context["model_count"])[str(WebhookDelivery._meta.verbose_name_plural)] == 3
+    assert not [query["sql"] for query in queries.captured_queries
+                if '"workflows_webhookdelivery"."body"' in query["sql"]]  # no delivery read whole
+    assert superuser.post(url, {**form, "post": "yes"}).status_code == 302
+    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
+    assert not WebhookDelivery.all_tenants.filter(endpoint_id=endpoint.pk).exists()
 
 
 def test_a_workflow_is_not_added_nor_renamed_here_and_its_description_changes(
