@@ -12,8 +12,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
+from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import api_client, error_code
+from workflows import retention
 from workflows import services as workflow_services
 from workflows.models import Schedule, WorkflowRun
 from workflows.triggers import backfill as backfill_module
@@ -65,6 +67,28 @@ def test_a_backfill_starts_each_fire_of_its_span_once_under_its_key(tenant_a: tu
     assert len(runs_of(tenant_a[0])) == 6
     with tenant_context(tenant_a[0]):
         assert Schedule.objects.get(pk=schedule.pk).fired_count == 0  # its own fires' count
+
+
+def test_a_fire_whose_run_history_retention_deleted_is_started_again_by_a_backfill(
+    tenant_a: tuple[Tenant, str]
+) -> None:
+    """A fire's key stands while its run is kept: once history retention deleted the run, the key is
+    free, and a backfill over that fire starts it again (docs/triggers.md says so)."""
+    tenant = tenant_a[0]
+    tenant_services.override_set(tenant=tenant, field="history_retention_days", value=1)
+    schedule = scheduled(tenant)
+    client = api_client(tenant_a[1])
+    span = {"start": T0.isoformat(), "end": (T0 + timedelta(minutes=1)).isoformat()}
+    assert backfill(client, schedule, span).json()["started"] == 2
+    with tenant_context(tenant):
+        WorkflowRun.objects.update(status="succeeded", finished_at=timezone.now() - timedelta(days=2))
+    retention._tenants.after = None
+    retention._root_cursor.clear()
+    assert retention.expire_runs() == 2
+
+    again = backfill(client, schedule, span).json()
+
+    assert (again["started"], again["existing"]) == (2, 0)
 
 
 @pytest.mark.parametrize(("span", "field"), [
