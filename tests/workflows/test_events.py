@@ -464,6 +464,34 @@ def test_a_pass_deletes_batch_after_batch_of_a_tenant_that_has_more_than_one(ten
     assert expire_events(batch=2) == 0
 
 
+def test_an_event_sent_again_under_its_key_after_its_retention_is_recorded_and_starts_its_runs_again(
+    tenant, client_a
+):
+    """An event's idempotency key stands while the event is kept: once the retention deleted it, the
+    key is free, and the same event is recorded again with new runs (docs/triggers.md says so)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workflows.triggers.events import expire_events
+
+    tenant_services.override_set(tenant=tenant, field="event_retention_days", value=1)
+    put(tenant, "fulfil")
+    subscribe(client_a, "fulfil", "order.paid")
+    body = {"name": "order.paid", "key": "42", "idempotency_key": "pay-42"}
+    first = client_a.post("/api/v1/events", body, format="json").json()
+    with tenant_context(tenant):
+        Event.objects.update(created_at=timezone.now() - timedelta(days=2))
+    assert expire_events() == 1
+
+    again = client_a.post("/api/v1/events", body, format="json")
+
+    assert again.status_code == 201
+    assert again.json()["id"] != first["id"]
+    assert len(again.json()["runs"]) == 1
+    assert again.json()["runs"] != first["runs"]
+
+
 def test_a_retention_override_must_be_at_least_a_day(tenant):
     with pytest.raises(Exception, match="at least 1"):
         tenant_services.override_set(tenant=tenant, field="event_retention_days", value=0)
