@@ -108,8 +108,24 @@ class EngineRowsMixin(ReadOnlyMixin):
         return False
 
 
+class LatestVersionsFormSet(TenantScopedInlineFormSet):
+    """A workflow's latest ``VersionInline.shown`` versions, newest first, without their specs: its
+    versions are never deleted (each change adds one), each spec may be a megabyte, and its page read
+    every version, spec and all, to show their numbers."""
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_latest"):
+            self._latest = super().get_queryset().defer("spec").order_by("-number")[: VersionInline.shown]
+        return self._latest
+
+
 class VersionInline(EngineRowsMixin, TenantScopedInline):
+    """The workflow's latest versions; every one is in the version list (each with its spec)."""
+
     model = WorkflowVersion
+    formset = LatestVersionsFormSet
+    shown = 100
+    verbose_name_plural = f"latest {shown} versions"
     fields = readonly_fields = ("number", "created_at")
 
 

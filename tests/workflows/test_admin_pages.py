@@ -15,7 +15,7 @@ from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
 from tests.tenants.helpers import grant, make_user
 from workflows import services
-from workflows.admin import EventInline
+from workflows.admin import EventInline, VersionInline
 from workflows.models import (
     EventWait,
     RunEvent,
@@ -132,6 +132,28 @@ def test_a_workflow_is_not_added_nor_renamed_here_and_its_description_changes(
     assert response.status_code == 302
     definition = WorkflowDefinition.all_tenants.get(pk=definition.pk)
     assert (definition.name, definition.description, definition.latest_version) == ("order", "Takes the payment.", 1)
+
+
+def test_a_workflow_s_page_shows_its_latest_versions_without_reading_their_specs(
+    tenant: Tenant, superuser: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Versions are never deleted (each change adds one) and a spec may be a megabyte: the page
+    showed every version, and read each one's spec, which it does not show."""
+    monkeypatch.setattr(VersionInline, "shown", 2, raising=False)
+    with tenant_context(tenant):
+        for n in range(3):
+            services.workflow_put(name="order", spec={"nodes": [{**WAITS_FOR_PAYMENT["nodes"][0], "id": f"p{n}"}]})
+    definition = WorkflowDefinition.all_tenants.get(tenant=tenant, name="order")
+
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser.get(reverse("admin:workflows_workflowdefinition_change", args=[definition.pk]))
+
+    assert response.status_code == 200
+    [versions] = [formset for formset in response.context["inline_admin_formsets"]
+                  if formset.formset.model is WorkflowVersion]
+    assert [form.instance.number for form in versions.formset.forms] == [3, 2]
+    assert not [query["sql"] for query in queries.captured_queries
+                if '"workflows_workflowversion"."spec"' in query["sql"]]  # no spec read
 
 
 def test_a_workflow_deleted_here_takes_its_schedules_with_it(tenant: Tenant, superuser: Client) -> None:
