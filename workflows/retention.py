@@ -10,7 +10,9 @@ usage counters (the monthly run quota) are not history: they stay.
 ``expire_runs`` is a coordinator housekeeper. Each call looks at the next ``TENANTS_PER_PASS``
 tenants (round and round), and for each one at its ``ROOTS_PER_BATCH`` trees that ended first
 after where its previous look stopped (an index on the roots' ``finished_at``, entered at that
-place): so a tree that cannot go yet is passed over, not looked at again and again. It goes on,
+place): so a tree that cannot go yet is passed over, not looked at again and again. A batch takes
+those trees while they hold no more than ``RUNS_PER_BATCH`` runs together (a larger tree alone),
+and the next batch goes on from the first it left. It goes on,
 one batch per tenant in turn, while a tenant has more to look at and ``PASS_BUDGET_S`` lasts: a
 tenant whose history grows faster than one batch a pass still gets through it, and the pass
 stays short enough for the coordinator's other work. Each batch is deleted in its own short
@@ -49,6 +51,10 @@ log = structlog.get_logger(__name__)
 # Most trees one batch deletes, most tenants one pass looks at, and how long a pass goes on
 # taking batches (it ends the round under way, one batch and rest per tenant with more to do).
 ROOTS_PER_BATCH = 100
+# Most runs one batch deletes, however many trees that is (at least one tree): a tree has no bound
+# (its children, and a loop's ContinueAsNew successors), and 100 trees of a thousand runs each were
+# one transaction of a hundred thousand runs, with their steps and history.
+RUNS_PER_BATCH = 1000
 TENANTS_PER_PASS = 50
 PASS_BUDGET_S = 1.0
 # After each batch that deleted something, a rest this many times as long as the batch took: the
@@ -57,7 +63,8 @@ PASS_BUDGET_S = 1.0
 REST_PER_BATCH = 1.0
 RUNS = WorkflowRun._meta.db_table
 # Of the trees of some roots (tenant, roots), those whose every run ended, the last before a cutoff.
-ENDED_TREES = (f"SELECT root_run_id FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608
+# With each one's number of runs.
+ENDED_TREES = (f"SELECT root_run_id, count(*) FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608
                "GROUP BY root_run_id HAVING bool_and(status = ANY(%s)) AND max(finished_at) < %s")
 # Where the last pass stopped: the tenants, and per tenant the last root it looked at.
 _tenants = TenantRound()
@@ -102,21 +109,38 @@ def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int
 
 def _expire_batch(cutoff: datetime, limit: int) -> Batch:
     """One batch of the tenant in context: the next ``limit`` roots that ended before ``cutoff``,
-    and of those the trees that ended entirely before it, deleted in one transaction."""
+    and of those the trees that ended entirely before it, in that order while they hold no more
+    than ``RUNS_PER_BATCH`` runs together (the first one whatever its size), deleted in one
+    transaction. The trees left for want of room are the next batch's first."""
     tenant_id = current_tenant().pk
     looked = list(expired_roots(cutoff, after=_root_cursor.get(tenant_id))[:limit])
-    full = len(looked) == limit
+    if not looked:
+        _root_cursor.pop(tenant_id, None)  # round again from the oldest next time
+        return Batch(runs=0, full=False, seconds=0.0)
+    sizes = dict(_trees_ended([root for _, root in looked], cutoff))
+    chosen: list[Any] = []
+    runs, reached = 0, len(looked)
+    for index, (_, root) in enumerate(looked):
+        size = sizes.get(root)
+        if size is None:
+            continue  # cannot go yet: passed over
+        if chosen and runs + size > RUNS_PER_BATCH:
+            reached = index  # this tree and those after it: the next batch's
+            break
+        chosen.append(root)
+        runs += size
+    full = reached < len(looked) or len(looked) == limit
     if full:
-        _root_cursor[tenant_id] = looked[-1]
+        _root_cursor[tenant_id] = looked[reached - 1]
     else:
         _root_cursor.pop(tenant_id, None)  # round again from the oldest next time
-    if not looked:
-        return Batch(runs=0, full=False, seconds=0.0)
+    if not chosen:
+        return Batch(runs=0, full=full, seconds=0.0)
     started = time.perf_counter()
     with transaction.atomic():
-        trees = _ended_trees([root for _, root in looked], cutoff)
-        runs = _delete_trees(trees) if trees else 0
-    return Batch(runs=runs, full=full, seconds=time.perf_counter() - started)
+        trees = _ended_trees(chosen, cutoff)
+        deleted = _delete_trees(trees) if trees else 0
+    return Batch(runs=deleted, full=full, seconds=time.perf_counter() - started)
 
 
 def expired_roots(cutoff: datetime, *, after: tuple[datetime, Any] | None = None) -> QuerySet[WorkflowRun, Any]:
@@ -130,21 +154,21 @@ def expired_roots(cutoff: datetime, *, after: tuple[datetime, Any] | None = None
 
 
 def _ended_trees(roots: list[Any], cutoff: datetime) -> list[Any]:
-    """Those of ``roots`` whose every run ended, the last of them before ``cutoff``; their rows
-    locked, so that nothing starts in them meanwhile (a retry, a rerun, a signal: they lock the run).
-    Looked at again once locked: a run that started again between the first look and its lock (a
-    retry committed in between) keeps its tree."""
-    ended = _trees_ended(roots, cutoff)
-    if ended:
-        list(WorkflowRun.objects.select_for_update().filter(root_run_id__in=ended).values_list("pk"))
-        ended = _trees_ended(ended, cutoff)  # a statement after the locks sees what committed before them
-    return ended
+    """Those of ``roots`` (trees seen ended) whose every run ended, the last of them before
+    ``cutoff``, once their rows are locked, so that nothing starts in them meanwhile (a retry, a
+    rerun, a signal: they lock the run). Looked at again once locked: a run that started again
+    between the first look and its lock (a retry committed in between) keeps its tree."""
+    list(WorkflowRun.objects.select_for_update().filter(root_run_id__in=roots).values_list("pk"))
+    # A statement after the locks sees what committed before them.
+    return [root for root, _ in _trees_ended(roots, cutoff)]
 
 
-def _trees_ended(roots: list[Any], cutoff: datetime) -> list[Any]:
+def _trees_ended(roots: list[Any], cutoff: datetime) -> list[tuple[Any, int]]:
+    """Those of ``roots`` whose every run ended, the last of them before ``cutoff``, each with its
+    number of runs."""
     with connection.cursor() as cursor:
         cursor.execute(ENDED_TREES, [current_tenant().pk, roots, ENDED, cutoff])
-        return [row[0] for row in cursor.fetchall()]
+        return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
 def _delete_trees(roots: list[Any]) -> int:

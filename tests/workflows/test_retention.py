@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
@@ -113,6 +114,21 @@ def test_a_pass_takes_batch_after_batch_while_its_budget_lasts_and_each_tenant_g
     assert retention.expire_runs(roots_per_batch=1) == 0
 
 
+def test_a_batch_takes_trees_while_their_runs_fit_and_the_next_batch_goes_on_from_the_first_left(
+    tenant, monkeypatch
+):
+    """A tree has no bound (its children, a loop's successors): a batch takes trees while they hold
+    no more than ``RUNS_PER_BATCH`` runs together, the first one whatever its size, so that a
+    batch of large trees is not one long transaction; the trees left are the next batch's."""
+    monkeypatch.setattr(retention, "RUNS_PER_BATCH", 4, raising=False)
+    roots = [tree(tenant, ended_days_ago=days, children=children) for days, children in ((5, 4), (4, 2), (3, 1))]
+
+    # No time for a second batch: one batch a pass. 5 runs (more than fit, but alone), then 3 (3 + 2 do
+    # not fit), then 2.
+    assert [retention.expire_runs(budget_s=0) for _ in range(4)] == [5, 3, 2, 0]
+    assert [runs_of(tenant, root) for root in roots] == [0, 0, 0]
+
+
 def test_roots_that_ended_at_the_same_moment_are_all_looked_at_across_batches(tenant):
     roots = [tree(tenant, ended_days_ago=3, children=0) for _ in range(3)]
     with tenant_context(tenant):  # one moment for all: the cursor's order falls to their ids
@@ -129,7 +145,7 @@ def test_a_tenant_s_deletion_never_reaches_another_tenant_s_tree(tenant, tenant_
         services.workflow_put(name="nap", spec=SLEEPY)
     theirs = tree(tenant_b[0], ended_days_ago=30)
 
-    with tenant_context(tenant):
+    with tenant_context(tenant), transaction.atomic():  # as a batch locks: in its transaction
         assert retention._ended_trees([theirs.root_run_id], timezone.now()) == []
         assert retention._delete_trees([theirs.root_run_id]) == 0
 
