@@ -305,13 +305,21 @@ def test_a_step_that_a_tick_on_a_worker_starts_and_continue_as_new_cancels_leave
     assert queued(tenant) == {items.tick_item_id(successor.pk)}  # "work" was withdrawn, not enqueued after
 
 
-def test_a_cancel_ends_the_run_while_its_tenant_is_at_its_concurrency_ceiling(tenant):
+@pytest.mark.parametrize("held_by", ["ceiling", "suspension"])
+def test_a_cancel_ends_the_run_while_its_tenant_is_at_its_concurrency_ceiling_or_suspended(
+        tenant, held_by, django_capture_on_commit_callbacks):
+    """An operator stops a tenant's work by suspending it and cancelling its runs: neither the
+    suspension nor a ceiling its running tasks hold keeps a cancelled run going."""
     tenant_services.override_set(tenant=tenant, field="max_concurrency", value=1)
     put(tenant, "pair", {"nodes": [echo("first", {}), echo("second", {})]})
     run = start(tenant, "pair")
     with no_tenant():
         held = fq.dequeue(shard=shard_of(str(tenant.pk)), lease_ms=60_000)
     assert held is not None  # in flight, as a task that runs for hours holds the tenant's one slot
+    if held_by == "suspension":
+        with django_capture_on_commit_callbacks(execute=True):
+            tenant_services.tenant_set_status(tenant=tenant, status=Tenant.Status.SUSPENDED)
+        tenant.refresh_from_db()
 
     with tenant_context(tenant):
         services.run_cancel(run=run)
