@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -497,6 +498,20 @@ DUCTOR_METRICS_TOKEN = env.str("DUCTOR_METRICS_TOKEN", default="")
 DUCTOR_METRICS_TOP_TENANTS = number("DUCTOR_METRICS_TOP_TENANTS", 20, low=0)
 # The queue's gauges are read from Redis at most this often; a scrape in between reuses them.
 DUCTOR_METRICS_QUEUE_EVERY_S = number("DUCTOR_METRICS_QUEUE_EVERY_S", 5.0, low=0, cast=float)
+
+
+def writable_directory(name: str, what: str) -> str:
+    """A directory from the environment that this process can write in ("" when unset); anything else
+    refuses to start, naming it."""
+    raw = env.str(name, default="")
+    if raw and not (os.path.isdir(raw) and os.access(raw, os.W_OK | os.X_OK)):
+        raise ImproperlyConfigured(f"{name} is a directory this process can write {what} in, not {raw!r}")
+    return raw
+
+
+# Where each process writes its metric samples (prometheus_client reads the variable itself, as its
+# first metric is made): one that is missing failed there with a FileNotFoundError.
+PROMETHEUS_MULTIPROC_DIR = writable_directory("PROMETHEUS_MULTIPROC_DIR", "its metrics")
 
 DUCTOR_LOG_FORMAT = env.str("DUCTOR_LOG_FORMAT", default="json")
 DUCTOR_LOG_LEVEL = env.str("DUCTOR_LOG_LEVEL", default="INFO").strip().upper()

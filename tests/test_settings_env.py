@@ -99,8 +99,14 @@ def test_a_flag_that_is_neither_is_refused_naming_it(monkeypatch: pytest.MonkeyP
                                           "not 'nope.Client': No module named 'nope'"),
     ("CACHE_CLIENT_CLASS", "django_redis.client.Nope", "CACHE_CLIENT_CLASS is the dotted path of a django-redis "
                                                        "client class, not 'django_redis.client.Nope'"),
+    ("PROMETHEUS_MULTIPROC_DIR", "{tmp_path}/missing", "PROMETHEUS_MULTIPROC_DIR is a directory this process can "
+                                                       "write its metrics in, not '{tmp_path}/missing'"),
+    ("PROMETHEUS_MULTIPROC_DIR", "{tmp_path}/file", "PROMETHEUS_MULTIPROC_DIR is a directory this process can "
+                                                    "write its metrics in, not '{tmp_path}/file'"),
 ])
 def test_a_process_with_a_bad_setting_does_not_start(tmp_path: Path, setting: str, value: str, message: str):
+    (tmp_path / "file").touch()  # a file, not a directory
+    value, message = value.format(tmp_path=tmp_path), message.format(tmp_path=tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(DUCTOR_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="ductor_project.settings", **{setting: value})
     done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True,
