@@ -41,3 +41,10 @@ def test_a_refused_tenant_is_a_clear_error_and_leaves_nothing(args: tuple[str, .
         create(*args)
     assert not Tenant.objects.exclude(slug="system").exists()
     assert not ApiKey.all_tenants.exists()
+
+
+def test_a_name_longer_than_a_tenant_may_have_is_a_clear_error_and_leaves_nothing() -> None:
+    with pytest.raises(CommandError, match=r"name\. At most 200 characters"):
+        create("acme", "--name", "x" * 201)
+    assert not Tenant.objects.exclude(slug="system").exists()
+    assert create("acme", "--name", "x" * 200)["tenant"] == "acme"
