@@ -10,7 +10,10 @@ def main() -> None:
     from ductor_project import embedded
 
     if embedded.command_needs_services(sys.argv):
-        embedded.boot()
+        try:
+            embedded.boot()
+        except embedded.EmbeddedServiceError as exc:
+            sys.exit(f"manage.py: the embedded PostgreSQL and Redis did not start: {exc}")
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line

@@ -109,9 +109,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def usable_data_dir(data_dir: Path) -> Path:
+    """``data_dir``, created if it is missing. Raises ``EmbeddedServiceError`` naming
+    ``DUCTOR_DATA_DIR`` when it cannot be a directory this process writes in (a file in its place,
+    no permission): every command failed on the first file it wrote there, with a traceback."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        in_the_way = any(path.exists() and not path.is_dir() for path in (data_dir, *data_dir.parents))
+        reason = "it or a directory above it is a file" if in_the_way else str(exc.strerror)
+    else:
+        reason = "" if os.access(data_dir, os.W_OK | os.X_OK) else "Permission denied"
+    if reason:
+        raise EmbeddedServiceError(
+            f"DUCTOR_DATA_DIR is a directory this process can create and write in, not '{data_dir}': {reason}")
+    return data_dir
+
+
 @contextlib.contextmanager
 def _locked(data_dir: Path) -> Iterator[None]:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    usable_data_dir(data_dir)
     with open(data_dir / LOCK_FILE, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -125,7 +142,7 @@ def read_state(data_dir: Path) -> ServiceState | None:
     try:
         raw = json.loads((data_dir / STATE_FILE).read_text())
         return ServiceState(**raw)
-    except (FileNotFoundError, ValueError, TypeError):
+    except (FileNotFoundError, NotADirectoryError, ValueError, TypeError):
         return None
 
 
@@ -443,10 +460,17 @@ The embedded PostgreSQL and Redis of the data dir (DUCTOR_DATA_DIR, default .duc
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: start, stop or status of the data dir's servers; ``-h``/``--help`` tells how."""
+    """The command line: start, stop or status of the data dir's servers; ``-h``/``--help`` tells how.
+    A server that cannot start (or a data dir that cannot be one) is one line on stderr, status 1."""
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args else "status"
-    data_dir = default_data_dir()
+    try:
+        return _command(args[0] if args else "status", default_data_dir())
+    except EmbeddedServiceError as exc:
+        print(f"python -m ductor_project.embedded: {exc}", file=sys.stderr)
+        return 1
+
+
+def _command(command: str, data_dir: Path) -> int:
     if command in ("-h", "--help", "help"):
         print(USAGE)
     elif command == "start":

@@ -104,6 +104,10 @@ def database_url(name: str, url: str) -> dict[str, Any]:
 
 DEBUG = flag("DEBUG", False)
 DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
+try:
+    embedded.usable_data_dir(DUCTOR_DATA_DIR)
+except embedded.EmbeddedServiceError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 
 
 def _secret_key() -> str:

@@ -255,3 +255,24 @@ def test_the_command_line_refuses_an_unknown_command_on_stderr() -> None:
     assert done.stdout == ""
     assert done.stderr.startswith("usage: python -m ductor_project.embedded")
     assert done.stderr.rstrip().endswith("not a command: 'restart'")
+
+
+@pytest.mark.parametrize("where", ["file", "file/data"])
+@pytest.mark.parametrize(("command", "said"), [
+    (["manage.py", "check"], "manage.py: the configuration is wrong: "),
+    (["manage.py", "create_tenant", "acme"], "manage.py: the embedded PostgreSQL and Redis did not start: "),
+    (["-m", "ductor_project.embedded", "start"], "python -m ductor_project.embedded: "),
+    (["-m", "ductor_project.embedded", "stop"], "python -m ductor_project.embedded: "),
+])
+def test_a_data_dir_that_cannot_be_a_directory_is_named_in_one_line(tmp_path: Path, where: str, command: list[str],
+                                                                    said: str) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    data_dir = tmp_path / where
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(DUCTOR_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="ductor_project.settings")
+    done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 1
+    assert done.stderr == (f"{said}DUCTOR_DATA_DIR is a directory this process can create and write in, "
+                           f"not '{data_dir}': it or a directory above it is a file\n")
+    assert done.stdout == ""
