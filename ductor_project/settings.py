@@ -30,9 +30,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
 
-def number(name: str, default: float, *, low: float, cast: type[int] | type[float] = int) -> Any:
-    """A numeric setting from the environment, at least ``low``: a value that is not one refuses to
-    start, naming it (a negative lease or a word would otherwise start, and misbehave later)."""
+def number(name: str, default: float, *, low: float, high: float | None = None,
+           cast: type[int] | type[float] = int) -> Any:
+    """A numeric setting from the environment, at least ``low`` (and at most ``high``): a value that
+    is not one refuses to start, naming it (a negative lease or a word would otherwise start, and
+    misbehave later)."""
     raw = env.str(name, default="").strip()
     if raw == "":
         return default
@@ -41,8 +43,9 @@ def number(name: str, default: float, *, low: float, cast: type[int] | type[floa
         value = cast(raw)
     except ValueError:
         value = None
-    if value is None or not math.isfinite(value) or value < low:
-        raise ImproperlyConfigured(f"{name} is {kind} >= {low:g}, not {raw!r}")
+    if value is None or not math.isfinite(value) or value < low or (high is not None and value > high):
+        bounds = f">= {low:g}" if high is None else f"from {low:g} to {high:g}"
+        raise ImproperlyConfigured(f"{name} is {kind} {bounds}, not {raw!r}")
     return value
 
 
@@ -441,8 +444,10 @@ if DUCTOR_FAIR_MAX_COST_MS < 1 or not 0 < DUCTOR_FAIR_FIRST_COST_MS <= DUCTOR_FA
     raise ImproperlyConfigured("DUCTOR_FAIR_MAX_COST_MS is >= 1 and DUCTOR_FAIR_FIRST_COST_MS in (0, max]")
 
 # Redis keys of every tenant carry the hash tag of the fair-queue shard the
-# tenant maps to, so Lua scripts stay inside one Redis Cluster slot.
-DUCTOR_QUEUE_SHARDS = number("DUCTOR_QUEUE_SHARDS", 1, low=1)
+# tenant maps to, so Lua scripts stay inside one Redis Cluster slot. At most one shard per slot of
+# a Redis Cluster, the most queue_reshard puts in force (scheduling.resharding.MAX_SHARDS): a count
+# above it started, and no reshard could keep it.
+DUCTOR_QUEUE_SHARDS = number("DUCTOR_QUEUE_SHARDS", 1, low=1, high=16384)
 
 # Modules whose @action functions workflows may call (the built-ins are always there).
 DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.actions"])

@@ -66,7 +66,8 @@ from tenants.models import Tenant
 STEPS = ("fence", "copy", "index", "map", "moved", "clean")
 # Keys read or written per round trip while copying or deleting a tenant's keys.
 KEYS_PER_CALL = 500
-# The most shards a count may name: a Redis Cluster has 16384 slots, and a shard is one.
+# The most shards a count may name: a Redis Cluster has 16384 slots, and a shard is one. The
+# settings refuse a DUCTOR_QUEUE_SHARDS above it too.
 MAX_SHARDS = 16384
 
 

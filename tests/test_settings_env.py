@@ -51,6 +51,17 @@ def test_a_number_out_of_its_range_or_not_a_number_is_refused_naming_it(
     assert refusal(monkeypatch, raw, lambda name: number(name, 30, low=1, cast=cast)) == message
 
 
+@pytest.mark.parametrize(("raw", "read"), [("16", 16), ("17", None), ("1e9", None), ("0", None)])
+def test_a_number_with_a_ceiling_is_refused_above_it_naming_both_bounds(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                                        read: int | None):
+    if read is not None:
+        monkeypatch.setenv("DUCTOR_PROBE", raw)
+        assert number("DUCTOR_PROBE", 1, low=1, high=16) == read
+    else:
+        message = refusal(monkeypatch, raw, lambda name: number(name, 1, low=1, high=16))
+        assert message == f"DUCTOR_PROBE is an integer from 1 to 16, not {raw!r}"
+
+
 @pytest.mark.parametrize(("read", "raw", "expected"), [
     (options, "", {}), (options, '{"visibility_timeout": 60}', {"visibility_timeout": 60}),  # a JSON object
     (pairs, "", {}), (pairs, "shop=8", {"shop": "8"}),  # name=value pairs
@@ -89,6 +100,7 @@ def test_a_flag_that_is_neither_is_refused_naming_it(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(("setting", "value", "message"), [
     ("DUCTOR_LEASE_MS", "-5", "DUCTOR_LEASE_MS is an integer >= 1000, not '-5'"),
+    ("DUCTOR_QUEUE_SHARDS", "16385", "DUCTOR_QUEUE_SHARDS is an integer from 1 to 16384, not '16385'"),
     ("DUCTOR_LOG_LEVEL", "loud", "DUCTOR_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'"),
     ("DUCTOR_FAILED_ITEM_MAX_DELAY_MS", "10", "DUCTOR_FAILED_ITEM_DELAY_MS is >= 0 and at most"),
     ("DEBUG", "maybe", "DEBUG is one of 1/0, true/false, yes/no, on/off, not 'maybe'"),
