@@ -23,7 +23,18 @@ def main() -> None:
     except ImproperlyConfigured as exc:
         sys.exit(f"manage.py: the configuration is wrong: {exc}")
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except Exception as exc:
+        from ductor_project.core.errors import service_out_of_reach
+
+        # A server that does not answer is the operator's to bring back, not a bug: one line names
+        # it (--traceback still shows where).
+        event = service_out_of_reach(exc)
+        if event is None or "--traceback" in sys.argv:
+            raise
+        service = "Redis" if event == "redis_unavailable" else "PostgreSQL"
+        sys.exit(f"manage.py: {service} is out of reach: {' '.join(str(exc).split())}")
 
 
 if __name__ == "__main__":
