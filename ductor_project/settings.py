@@ -226,7 +226,8 @@ DUCTOR_DATABASE_OWNER = database_url("DATABASE_OWNER_URL", DATABASE_OWNER_URL) i
 # The role the app logs in as, which the migrations grant the tables' rows to.
 DUCTOR_DB_APP_ROLE = DATABASES["default"]["USER"]
 # The role the app switches to for code that crosses tenants on purpose (its policy shows every row).
-DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="ductor_maintenance")
+# A blank one is the default, as a blank number is (a role named "" or " " cannot be switched to).
+DUCTOR_DB_MAINTENANCE_ROLE = env.str("DUCTOR_DB_MAINTENANCE_ROLE", default="").strip() or "ductor_maintenance"
 # Off only to measure what the second wall costs (bench/row_security.py): never in production.
 DUCTOR_ROW_SECURITY = flag("DUCTOR_ROW_SECURITY", True)
 DATABASES["default"]["CONN_MAX_AGE"] = number("DATABASE_CONN_MAX_AGE", 60, low=0)

@@ -7,6 +7,9 @@ database stands between one tenant and another's rows.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from ductor_project.core.context import across_tenants, tenant_context
 from ductor_project.core.database.security import MAINTENANCE_POLICY, TENANT_POLICY
 from tenants.models import Tenant
 from tenants.row_security import tenant_tables
+from tests.conftest import ROOT
 from tests.scoped.models import Folder
 
 pytestmark = pytest.mark.django_db
@@ -187,3 +191,27 @@ def test_the_rls_roles_sql_runs_again_for_a_second_app_role_of_the_same_server()
         finally:
             owner.execute(f'REVOKE CONNECT ON DATABASE "{connection.settings_dict["NAME"]}" FROM "{app_role}"')
             owner.execute(f'DROP ROLE "{app_role}"')
+
+
+@pytest.mark.parametrize(("environ", "refusal"), [
+    ({"DATABASE_URL": "postgresql://db:5432/ductor"},
+     "CommandError: DATABASE_URL names no user, and its user is the app role the SQL is for: "
+     "postgresql://ductor_app:…@host:5432/ductor\n"),
+    ({"DATABASE_URL": "postgresql://ductor_app@db:5432/"},
+     "CommandError: DATABASE_URL names no database, and the app role is granted its database: "
+     "postgresql://ductor_app:…@host:5432/ductor\n"),
+    ({"DATABASE_URL": "postgresql://ductor_app@db:5432/ductor", "DUCTOR_DB_MAINTENANCE_ROLE": " "}, None),
+], ids=["no user", "no database", "blank maintenance role"])
+def test_rls_roles_prints_no_sql_naming_an_empty_role_or_database(tmp_path: Any, environ: dict[str, str],
+                                                                   refusal: str | None) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "DUCTOR_DB_MAINTENANCE_ROLE"}
+    env.update(DUCTOR_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="ductor_project.settings",
+               REDIS_URL="redis://redis:6379/0", **environ)
+    done = subprocess.run([sys.executable, "manage.py", "rls_roles"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    if refusal is None:  # a blank setting is its default, as a blank number's is
+        assert done.returncode == 0, done.stderr
+        assert 'GRANT "ductor_maintenance" TO "ductor_app";' in done.stdout
+        assert '""' not in done.stdout
+    else:
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", refusal)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from ductor_project.core.database.security import roles_sql
@@ -17,6 +17,12 @@ class Command(BaseCommand):
     help = "Print the SQL that creates the database roles row-level security needs (run it as a superuser)."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        app_role = connection.settings_dict["USER"]
-        for statement in roles_sql(app_role, settings.DUCTOR_DB_MAINTENANCE_ROLE, connection.settings_dict["NAME"]):
+        app_role, database = connection.settings_dict["USER"], connection.settings_dict["NAME"]
+        # Without either, the SQL would name the role or database "", which PostgreSQL refuses.
+        example = "postgresql://ductor_app:…@host:5432/ductor"
+        if not app_role:
+            raise CommandError(f"DATABASE_URL names no user, and its user is the app role the SQL is for: {example}")
+        if not database:
+            raise CommandError(f"DATABASE_URL names no database, and the app role is granted its database: {example}")
+        for statement in roles_sql(app_role, settings.DUCTOR_DB_MAINTENANCE_ROLE, database):
             self.stdout.write(f"{statement.as_string(None)};")
