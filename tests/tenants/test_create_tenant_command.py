@@ -44,7 +44,19 @@ def test_a_refused_tenant_is_a_clear_error_and_leaves_nothing(args: tuple[str, .
 
 
 def test_a_name_longer_than_a_tenant_may_have_is_a_clear_error_and_leaves_nothing() -> None:
-    with pytest.raises(CommandError, match=r"name\. At most 200 characters"):
+    with pytest.raises(CommandError, match=r"--name: Ensure this field has no more than 200 characters"):
         create("acme", "--name", "x" * 201)
     assert not Tenant.objects.exclude(slug="system").exists()
     assert create("acme", "--name", "x" * 200)["tenant"] == "acme"
+
+
+@pytest.mark.parametrize(("name", "kept"), [("  Globex Inc  ", "Globex Inc"), ("   ", "acme")])
+def test_the_name_is_read_as_the_api_reads_it(name: str, kept: str) -> None:
+    create("acme", "--name", name)
+    assert Tenant.objects.get(slug="acme").name == kept
+
+
+def test_a_name_with_a_control_character_is_refused_as_the_api_refuses_it() -> None:
+    with pytest.raises(CommandError, match=r"--name: Must not contain control or invisible characters \(U\+000A\)"):
+        create("acme", "--name", "Acme\nInc")
+    assert not Tenant.objects.exclude(slug="system").exists()

@@ -7,11 +7,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from rest_framework import serializers
 
 from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import ApiError
 from tenants import services
 from tenants.models import ApiKey
+from tenants.serializers import TenantCreateSerializer
 
 
 class Command(BaseCommand):
@@ -24,9 +26,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        name = _name(options["name"])
         try:
             with transaction.atomic():  # a refused key leaves no tenant behind
-                tenant = services.tenant_create(slug=options["slug"], name=options["name"], plan=options["plan"])
+                tenant = services.tenant_create(slug=options["slug"], name=name, plan=options["plan"])
                 with tenant_context(tenant):
                     _, raw = services.api_key_create(name="initial", scopes=[ApiKey.Scope.READ, ApiKey.Scope.WRITE])
         except ApiError as exc:
@@ -37,3 +40,13 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"Tenant {tenant.slug} ({tenant.pk}) on plan {tenant.plan_id}\n"
                               f"API key (shown once): {raw}")
+
+
+def _name(raw: str) -> str:
+    """``--name`` read as the API reads a tenant's name (trimmed, printable characters only, at most
+    200 of them): a newline or a blank name was stored as given."""
+    try:
+        name: str = TenantCreateSerializer().fields["name"].run_validation(raw)
+    except serializers.ValidationError as exc:
+        raise CommandError(f"--name: {' '.join(str(message) for message in exc.detail)}") from None
+    return name
