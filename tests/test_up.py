@@ -121,6 +121,21 @@ def test_the_default_port_taken_moves_the_web_server_to_a_free_one_and_says_so(m
     assert 'ARGS="--port' in note
 
 
+def test_the_children_use_the_data_dir_up_resolved_when_it_was_given_relative(monkeypatch, tmp_path: Path) -> None:
+    """The children start in the project's directory: a relative DUCTOR_DATA_DIR, given to an up
+    started elsewhere, named another data dir there, whose servers each child started anew."""
+    from django.conf import settings
+
+    from ductor_project.management.commands import up
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setenv("DUCTOR_DATA_DIR", "data")
+    monkeypatch.setattr(settings, "DUCTOR_DATA_DIR", tmp_path / "data")  # "data" from up's own directory
+    env = up.children_env()
+    assert env["DUCTOR_DATA_DIR"] == str(tmp_path / "data")
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "data" / "metrics")
+
+
 def test_a_port_an_earlier_server_left_in_time_wait_is_free() -> None:
     """A restart keeps its port: the connections of the server before it linger in TIME_WAIT."""
     from ductor_project.management.commands.up import pick_port

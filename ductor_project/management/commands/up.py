@@ -85,7 +85,7 @@ class Command(BaseCommand):
         port, note = pick_port(options["port"])  # raises CommandError when the port given is taken
         if note:
             self.stdout.write(self.style.WARNING(note))
-        stack = Stack(settings.DUCTOR_DATA_DIR / "logs", env=_metrics_env(), say=self.stdout.write)
+        stack = Stack(settings.DUCTOR_DATA_DIR / "logs", env=children_env(), say=self.stdout.write)
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -197,10 +197,12 @@ class HeartbeatWatch:
             self.stack.restart(stale, grace_s=STALE_GRACE_S)
 
 
-def _metrics_env() -> dict[str, str]:
-    """The children's environment: with ``PROMETHEUS_MULTIPROC_DIR`` (unless it is set already), a fresh
-    directory in the data dir, where every child process writes its metrics for ``/metrics`` to merge."""
-    env = dict(os.environ)
+def children_env() -> dict[str, str]:
+    """The children's environment: this process's data dir, whole (they start in the project's
+    directory, where a relative ``DUCTOR_DATA_DIR`` named another, whose servers each started anew);
+    and with ``PROMETHEUS_MULTIPROC_DIR`` (unless it is set already), a fresh directory in the data dir,
+    where every child process writes its metrics for ``/metrics`` to merge."""
+    env = {**os.environ, "DUCTOR_DATA_DIR": str(settings.DUCTOR_DATA_DIR)}
     if not env.get("PROMETHEUS_MULTIPROC_DIR"):
         directory = settings.DUCTOR_DATA_DIR / "metrics"
         shutil.rmtree(directory, ignore_errors=True)
