@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 STATE_FILE = "services.json"
 LOCK_FILE = ".services.lock"
@@ -54,10 +54,20 @@ class ServiceState:
     redis_port: int = 0
 
     def postgres_alive(self) -> bool:
-        return bool(self.database_url) and pid_alive(self.postgres_pid)
+        return bool(self.database_url) and runs(self.postgres_pid, *self.postgres_marks())
 
     def redis_alive(self) -> bool:
-        return bool(self.redis_url) and pid_alive(self.redis_pid) and redis_ping(self.redis_port)
+        return bool(self.redis_url) and runs(self.redis_pid, *self.redis_marks()) and redis_ping(self.redis_port)
+
+    def postgres_marks(self) -> tuple[str, ...]:
+        """What the command line of this PostgreSQL names: the program, and its data directory (the
+        socket's, in the URL), which another PostgreSQL of the machine does not."""
+        socket_dir = parse_qs(urlsplit(self.database_url or self.owner_url).query).get("host", [])
+        return ("postgres", *socket_dir[:1])
+
+    def redis_marks(self) -> tuple[str, ...]:
+        """What the command line of this Redis names: the program, and its address (its title)."""
+        return ("redis-server", f"127.0.0.1:{self.redis_port}")
 
     def is_alive(self) -> bool:
         """Every recorded server answers."""
@@ -81,6 +91,22 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return not _is_zombie(pid)
+
+
+def runs(pid: int, *marks: str) -> bool:
+    """Whether ``pid`` runs and its command line names each of ``marks``. A pid recorded before a
+    reboot may be another process's since: that one is neither a server to count on nor one to stop."""
+    if not pid_alive(pid):
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # no /proc (macOS)
+        try:
+            command = subprocess.run(["ps", "-o", "command=", "-p", str(pid)],  # noqa: S603, S607 - fixed argv
+                                     capture_output=True, timeout=5, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell: taken for the server, as a live pid was
+    return all(mark.encode() in command for mark in marks)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -339,7 +365,7 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
             owner_url = state.owner_url or state.database_url
             state = replace(state, owner_url=owner_url, database_url=_ensure_roles(owner_url))
         if redis and not state.redis_alive():
-            if state.redis_pid:
+            if runs(state.redis_pid, *state.redis_marks()):  # alive, but does not answer
                 wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
             started_here = True
             redis_port, redis_pid = _start_redis(data_dir)
@@ -354,7 +380,7 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
 
 
 def _stop(state: ServiceState, data_dir: Path) -> None:
-    if state.redis_pid and pid_alive(state.redis_pid):
+    if runs(state.redis_pid, *state.redis_marks()):
         with (
             contextlib.suppress(OSError),
             socket.create_connection(("127.0.0.1", state.redis_port), timeout=2) as conn,
@@ -362,7 +388,8 @@ def _stop(state: ServiceState, data_dir: Path) -> None:
             conn.sendall(b"SHUTDOWN\r\n")
         wait_gone(state.redis_pid, signal.SIGTERM)
     pgdata = data_dir / "pg"
-    if (pgdata / "postmaster.pid").exists() and not _stop_postgres(pgdata):
+    if (pgdata / "postmaster.pid").exists() and not _stop_postgres(pgdata) \
+            and runs(state.postgres_pid, *state.postgres_marks()):
         wait_gone(state.postgres_pid, signal.SIGTERM)
 
 

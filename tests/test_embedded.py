@@ -276,3 +276,28 @@ def test_a_data_dir_that_cannot_be_a_directory_is_named_in_one_line(tmp_path: Pa
     assert done.stderr == (f"{said}DUCTOR_DATA_DIR is a directory this process can create and write in, "
                            f"not '{data_dir}': it or a directory above it is a file\n")
     assert done.stdout == ""
+
+
+def test_a_recorded_pid_another_process_took_is_neither_counted_on_nor_signalled(tmp_path: Path) -> None:
+    """After a reboot the pids in services.json can be any process's: starting or stopping the data
+    dir's servers must leave that process alone, and not take it for a server."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        stale = embedded.ServiceState(database_url="postgresql://ductor_app@/ductor?host=/nowhere&port=5432",
+                                      owner_url="postgresql://postgres@/ductor?host=/nowhere&port=5432",
+                                      postgres_pid=other.pid, redis_url="redis://127.0.0.1:1/0", redis_pid=other.pid,
+                                      redis_port=embedded.free_port())
+        embedded._write_state(tmp_path, stale)
+        assert not stale.postgres_alive()
+        assert embedded.stop(tmp_path)
+        assert other.poll() is None
+
+        embedded._write_state(tmp_path, stale)
+        fresh = embedded.ensure_running(tmp_path, postgres=False)
+        assert fresh.redis_pid != other.pid
+        assert fresh.redis_alive()
+        assert other.poll() is None
+    finally:
+        embedded.stop(tmp_path)
+        other.kill()
+        other.wait()
