@@ -12,6 +12,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     from kombu.transport import TRANSPORT_ALIASES
 
     from scheduling import admission
+    from scheduling.connection_config import DEFAULT_BROKER
 
     errors: list[checks.CheckMessage] = []
     try:
@@ -20,7 +21,10 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         errors.append(checks.Error(str(exc), id="ductor.E001"))
     for name, url in settings.DUCTOR_TASK_BROKERS.items():
         scheme = str(url).partition("://")[0].lower() if "://" in str(url) else ""
-        if scheme not in TRANSPORT_ALIASES:
+        if name == DEFAULT_BROKER:  # a connection naming it publishes to Ductor's own, whatever this URL
+            errors.append(checks.Error(f"DUCTOR_TASK_BROKERS: broker {name!r}: the name of Ductor's own broker "
+                                       "(CELERY_BROKER_URL); give this one another name", id="ductor.E002"))
+        elif scheme not in TRANSPORT_ALIASES:
             found = f"its scheme {scheme!r} is not a broker's" if scheme else "its URL has no scheme"
             errors.append(checks.Error(f"DUCTOR_TASK_BROKERS: broker {name!r}: {found} (redis://, rediss://, "
                                        "sentinel://, amqp:// …)", id="ductor.E002"))

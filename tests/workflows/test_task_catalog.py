@@ -515,3 +515,14 @@ def test_a_change_and_a_deletion_of_an_entry_at_once_leave_it_deleted(platform, 
 
     assert (changed.status_code, results["delete"]) == (200, 204)
     assert not TaskCatalogEntry.objects.exists()
+
+
+def test_a_task_broker_named_default_is_told_by_the_system_checks(settings):
+    """``default`` is Ductor's own broker: a connection naming it publishes there, whatever URL the
+    setting gives that name."""
+    from scheduling.apps import check_task_settings
+
+    settings.DUCTOR_TASK_BROKERS = {"default": "redis://shop-redis:6379/0"}
+    [error] = check_task_settings()
+    assert (error.id, error.msg) == ("ductor.E002", "DUCTOR_TASK_BROKERS: broker 'default': the name of Ductor's "
+                                                    "own broker (CELERY_BROKER_URL); give this one another name")
