@@ -19,6 +19,13 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         admission.queue_slots()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="ductor.E001"))
+    brokers = settings.DUCTOR_TASK_BROKERS
+    for name, value in settings.DUCTOR_TASK_QUEUE_SLOTS.items():
+        broker = name.partition("/")[0] if "/" in name else DEFAULT_BROKER
+        if broker != DEFAULT_BROKER and broker not in brokers:  # no connection can name it: never bounds a step
+            errors.append(checks.Error(
+                f"DUCTOR_TASK_QUEUE_SLOTS: {name}={value} names the broker {broker!r}, which is neither "
+                f"{DEFAULT_BROKER} nor one of DUCTOR_TASK_BROKERS ({', '.join(brokers) or 'none'})", id="ductor.E001"))
     for name, url in settings.DUCTOR_TASK_BROKERS.items():
         scheme = str(url).partition("://")[0].lower() if "://" in str(url) else ""
         if name == DEFAULT_BROKER:  # a connection naming it publishes to Ductor's own, whatever this URL

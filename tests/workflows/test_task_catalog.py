@@ -432,7 +432,20 @@ def test_a_bad_queue_slots_setting_is_told_by_the_system_checks(settings):
         assert (error.id, error.msg) == ("ductor.E001", f"DUCTOR_TASK_QUEUE_SLOTS: shop={bad} is not a number of "
                                                         "slots (a whole number from 1)")
     settings.DUCTOR_TASK_QUEUE_SLOTS = {"shop": "4", "eu/billing": "2"}
+    settings.DUCTOR_TASK_BROKERS = {"eu": "amqp://guest@rabbit//"}
     assert check_task_settings() == []
+
+
+def test_queue_slots_of_a_broker_not_configured_are_told_by_the_system_checks(settings):
+    """No connection can name a broker DUCTOR_TASK_BROKERS lacks: a share of its queue (a typo of
+    the broker's name) would never bound a step, and nothing said so."""
+    from scheduling.apps import check_task_settings
+
+    settings.DUCTOR_TASK_BROKERS = {"eu": "amqp://guest@rabbit//"}
+    settings.DUCTOR_TASK_QUEUE_SLOTS = {"default/shop": "4", "eu/billing": "2", "us/billing": "3"}
+    [error] = check_task_settings()
+    assert (error.id, error.msg) == ("ductor.E001", "DUCTOR_TASK_QUEUE_SLOTS: us/billing=3 names the broker 'us', "
+                                                    "which is neither default nor one of DUCTOR_TASK_BROKERS (eu)")
 
 
 @pytest.mark.parametrize(("url", "told"), [
