@@ -107,10 +107,6 @@ def database_url(name: str, url: str) -> dict[str, Any]:
 
 DEBUG = flag("DEBUG", False)
 DUCTOR_DATA_DIR = embedded.default_data_dir().resolve()
-try:
-    embedded.usable_data_dir(DUCTOR_DATA_DIR)
-except embedded.EmbeddedServiceError as exc:
-    raise ImproperlyConfigured(str(exc)) from None
 
 
 def _secret_key() -> str:
@@ -120,7 +116,11 @@ def _secret_key() -> str:
         return configured
     path = DUCTOR_DATA_DIR / "secret_key"
     if not path.exists():
-        DUCTOR_DATA_DIR.mkdir(parents=True, exist_ok=True)
+        # Only here: a deployment that gives SECRET_KEY (and its servers' URLs) writes nothing there.
+        try:
+            embedded.usable_data_dir(DUCTOR_DATA_DIR)
+        except embedded.EmbeddedServiceError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
         path.write_text(secrets.token_urlsafe(50))
         path.chmod(0o600)
     return path.read_text().strip()
@@ -297,7 +297,14 @@ STATIC_ROOT = DUCTOR_DATA_DIR / "static"
 # The web server serves the admin's and the API docs' assets itself (WhiteNoise): from
 # STATIC_ROOT after `manage.py collectstatic` (production), else straight from the apps.
 WHITENOISE_USE_FINDERS = True
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+try:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+except OSError:
+    try:
+        embedded.usable_data_dir(DUCTOR_DATA_DIR)  # says why, naming the setting
+    except embedded.EmbeddedServiceError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    raise
 
 # Request bodies above this size are refused with 413 payload_too_large.
 DATA_UPLOAD_MAX_MEMORY_SIZE = number("DUCTOR_MAX_REQUEST_BYTES", 1024 * 1024, low=1024)
