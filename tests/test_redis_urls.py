@@ -190,6 +190,10 @@ def test_a_one_server_broker_takes_ductors_redis_transport_and_any_other_kombus_
      "DUCTOR_QUEUE_REDIS_URL: a Redis Cluster has one database, 0"),
     ({"REDIS_URL": "redis://r:6379/0", "DUCTOR_QUEUE_REDIS_URL": "redis+cluster://n1:7000",
       "CELERY_BROKER_URL": "redis+cluster://n1:7000"}, "CELERY_BROKER_URL names a Redis Cluster"),
+    ({"REDIS_URL": "redis://r:6379/0", "CELERY_BROKER_URL": "redis://b:notaport/0"},
+     "CELERY_BROKER_URL: Port could not be cast to integer value as 'notaport'"),
+    ({"REDIS_URL": "redis://r:6379/0", "CELERY_RESULT_BACKEND": "rediss://b:6380/abc"},
+     "CELERY_RESULT_BACKEND: the path of a one-server URL is a database number, not '/abc'"),
 ])
 def test_the_settings_refuse_to_start_on_a_redis_url_they_cannot_use(env, message, tmp_path):
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,

@@ -246,11 +246,14 @@ def kombu_config(url: str, *, setting: str) -> tuple[str, dict[str, Any]]:
     ``master_name`` (and the Sentinels' credentials as ``sentinel_kwargs``); any other URL (one Redis
     server, ``sentinel://…``, ``amqp://…``) is theirs, as it is. A Redis Cluster is refused (kombu
     has no Cluster transport), and so are a Sentinel URL's options for the primary, which they
-    read from their transport options instead."""
+    read from their transport options instead. A one-server URL is parsed too, so that one Celery
+    cannot read (a port that is not a number, a path that is not a database) refuses to start."""
     scheme = url.partition("://")[0].lower()
-    if scheme not in SCHEMES or SCHEMES[scheme][0] is Form.SERVER:
+    if scheme not in SCHEMES:
         return url, {}
     parsed = parse(url, setting=setting)
+    if parsed.form is Form.SERVER:
+        return url, {}
     if parsed.form is Form.CLUSTER:
         # The result backend takes Redis alone; only the broker may be RabbitMQ.
         instead = ("one Redis server or a Sentinel setup" if "CELERY_RESULT_BACKEND" in setting
