@@ -11,6 +11,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     from django.conf import settings
     from kombu.transport import TRANSPORT_ALIASES
 
+    from ductor_project.core import redis_urls
     from scheduling import admission
     from scheduling.connection_config import DEFAULT_BROKER
 
@@ -35,6 +36,11 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             found = f"its scheme {scheme!r} is not a broker's" if scheme else "its URL has no scheme"
             errors.append(checks.Error(f"DUCTOR_TASK_BROKERS: broker {name!r}: {found} (redis://, rediss://, "
                                        "sentinel://, amqp:// …)", id="ductor.E002"))
+        else:  # a Redis URL is read as Ductor's own broker's is (a port that is not a number)
+            try:
+                redis_urls.kombu_config(str(url), setting=f"DUCTOR_TASK_BROKERS: broker {name!r}")
+            except ImproperlyConfigured as exc:
+                errors.append(checks.Error(str(exc), id="ductor.E002"))
     return errors
 
 

@@ -539,3 +539,13 @@ def test_a_task_broker_named_default_is_told_by_the_system_checks(settings):
     [error] = check_task_settings()
     assert (error.id, error.msg) == ("ductor.E002", "DUCTOR_TASK_BROKERS: broker 'default': the name of Ductor's "
                                                     "own broker (CELERY_BROKER_URL); give this one another name")
+
+
+def test_a_task_broker_url_redis_cannot_read_is_told_by_the_system_checks(settings):
+    from scheduling.apps import check_task_settings
+
+    settings.DUCTOR_TASK_BROKERS = {"shop": "redis://:secret@shop-redis:notaport/0"}
+    [error] = check_task_settings()
+    assert (error.id, error.msg) == ("ductor.E002", "DUCTOR_TASK_BROKERS: broker 'shop': Port could not be cast to "
+                                                    "integer value as 'notaport' (in "
+                                                    "'redis://:***@shop-redis:notaport/0')")
