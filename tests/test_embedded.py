@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -301,3 +302,18 @@ def test_a_recorded_pid_another_process_took_is_neither_counted_on_nor_signalled
         embedded.stop(tmp_path)
         other.kill()
         other.wait()
+
+
+def test_a_redis_of_the_data_dir_that_the_state_file_lost_is_attached_to_not_doubled(tmp_path: Path) -> None:
+    """Two servers on one data dir's files (its append-only log) would each write their own: a state
+    file removed or unreadable while the servers run must not start a second one."""
+    first = embedded.ensure_running(tmp_path, postgres=False)
+    try:
+        (tmp_path / embedded.STATE_FILE).write_text("{not json")
+        again = embedded.ensure_running(tmp_path, postgres=False)
+        assert (again.redis_pid, again.redis_port) == (first.redis_pid, first.redis_port)
+        assert again.redis_alive()
+        assert json.loads((tmp_path / embedded.STATE_FILE).read_text())["redis_pid"] == first.redis_pid
+    finally:
+        embedded.stop(tmp_path)
+        embedded.wait_gone(first.redis_pid, signal.SIGTERM, timeout=2)
