@@ -91,6 +91,16 @@ def pairs(name: str) -> dict[str, str]:
     return found
 
 
+def listed(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list from the environment (``default`` when unset), each item without the
+    spaces around it and empty ones left out: ``a.example, b.example`` kept " b.example", which no
+    host or module is."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
 _POSTGRESQL_SCHEMES = ("postgresql", "postgres", "pgsql")
 
 
@@ -127,8 +137,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
-CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+ALLOWED_HOSTS = listed("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = listed("CSRF_TRUSTED_ORIGINS", [])
 
 # Behind TLS in production (docs/configuration.md): each is off by default, for `make up` on http.
 SECURE_SSL_REDIRECT = flag("SECURE_SSL_REDIRECT", False)
@@ -458,7 +468,7 @@ if DUCTOR_FAIR_MAX_COST_MS < 1 or not 0 < DUCTOR_FAIR_FIRST_COST_MS <= DUCTOR_FA
 DUCTOR_QUEUE_SHARDS = number("DUCTOR_QUEUE_SHARDS", 1, low=1, high=16384)
 
 # Modules whose @action functions workflows may call (the built-ins are always there).
-DUCTOR_ACTION_MODULES = env.list("DUCTOR_ACTION_MODULES", default=["workflows.actions"])
+DUCTOR_ACTION_MODULES = listed("DUCTOR_ACTION_MODULES", ["workflows.actions"])
 # Task nodes: the brokers a celery connection may name besides "default" (Ductor's own broker),
 # as name=url pairs ("shop=redis://shop-redis:6379/0"), and a task step's timeout when neither its
 # node nor its catalog entry sets one (it is the task's lease: a worker that died with the task is
@@ -497,7 +507,7 @@ DUCTOR_WEBHOOK_CONCURRENCY = number("DUCTOR_WEBHOOK_CONCURRENCY", 2, low=1)
 
 # Fernet keys for connection secrets (comma-separated; first encrypts, all decrypt).
 # Empty: one key is generated once into the data dir.
-DUCTOR_SECRET_KEYS = env.list("DUCTOR_SECRET_KEYS", default=[])
+DUCTOR_SECRET_KEYS = listed("DUCTOR_SECRET_KEYS", [])
 # Outbound http.request to loopback, private and link-local addresses is refused unless this is on.
 DUCTOR_HTTP_ALLOW_PRIVATE = flag("DUCTOR_HTTP_ALLOW_PRIVATE", False)
 # Consecutive failures that open a connection's circuit breaker, and its cooldown.

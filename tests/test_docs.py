@@ -25,7 +25,8 @@ EXPLICIT_ANCHOR = re.compile(r"""<a\s+(?:id|name)=["']([^"']+)["']""")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 PRODUCT = ("ductor_project", "tenants", "scheduling", "workflows")
 # The settings' readers (ductor_project/settings.py) whose first argument is a variable's name.
-READERS = {"number", "flag", "options", "pairs", "database_url", "cache_client_class", "_redis_setting"}
+READERS = {"number", "flag", "options", "pairs", "listed", "writable_directory", "database_url", "cache_client_class",
+           "_redis_setting"}
 ENV_READERS = {"str", "list", "bool", "int", "float"}
 SETTINGS_TABLES = ("docs/configuration.md", "docs/operations.md")
 TABLE_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]+)` \| ([^|]*) \|", re.MULTILINE)
@@ -93,7 +94,8 @@ def settings_read() -> dict[str, Any]:
             continue
         name, function = str(node.args[0].value), node.func
         if isinstance(function, ast.Name) and function.id in READERS:
-            read[name] = value(node.args[1]) if len(node.args) > 1 and function.id in ("number", "flag") else ...
+            literal = len(node.args) > 1 and function.id in ("number", "flag", "listed")
+            read[name] = value(node.args[1]) if literal else ...
         elif (isinstance(function, ast.Attribute) and function.attr in ENV_READERS
               and isinstance(function.value, ast.Name) and function.value.id == "env"):
             default: Any = next((value(k.value) for k in node.keywords if k.arg == "default"), ...)

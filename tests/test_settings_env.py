@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from ductor_project.settings import database_url, flag, number, options, pairs
+from ductor_project.settings import database_url, flag, listed, number, options, pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +60,36 @@ def test_a_number_with_a_ceiling_is_refused_above_it_naming_both_bounds(monkeypa
     else:
         message = refusal(monkeypatch, raw, lambda name: number(name, 1, low=1, high=16))
         assert message == f"DUCTOR_PROBE is an integer from 1 to 16, not {raw!r}"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("ductor.example.com, api.ductor.example.com", ["ductor.example.com", "api.ductor.example.com"]),
+    (" a ,b,, c ", ["a", "b", "c"]), ("a", ["a"]), ("", []),
+])
+def test_a_list_is_read_without_the_spaces_around_its_items(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                            expected: list[str]):
+    """``ALLOWED_HOSTS=a.example, b.example`` kept " b.example", which no request's host is: every
+    request to it was refused (400)."""
+    monkeypatch.setenv("DUCTOR_PROBE", raw)
+    assert listed("DUCTOR_PROBE", ["default"]) == expected
+
+
+def test_a_list_that_is_not_set_is_its_default(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("DUCTOR_PROBE", raising=False)
+    assert listed("DUCTOR_PROBE", ["default"]) == ["default"]
+
+
+def test_the_hosts_and_origins_are_read_without_spaces(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(DUCTOR_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="ductor_project.settings",
+               ALLOWED_HOSTS="ductor.example.com, api.ductor.example.com",
+               CSRF_TRUSTED_ORIGINS="https://ductor.example.com, https://api.ductor.example.com")
+    code = ("import django; django.setup(); from django.conf import settings as s; "
+            "print(s.ALLOWED_HOSTS + s.CSRF_TRUSTED_ORIGINS)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == str(["ductor.example.com", "api.ductor.example.com", "https://ductor.example.com",
+                                       "https://api.ductor.example.com"])
 
 
 @pytest.mark.parametrize(("read", "raw", "expected"), [
