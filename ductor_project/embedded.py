@@ -432,8 +432,11 @@ def wait_gone(pid: int, sig: signal.Signals, timeout: float = 10.0) -> None:
 
 
 def stop(data_dir: Path) -> bool:
-    """Stop the embedded servers under ``data_dir``. Returns False if none were recorded."""
+    """Stop the embedded servers under ``data_dir``. Returns False if none were recorded (a data dir
+    that does not exist is left so: not created for its lock)."""
     data_dir = data_dir.resolve()
+    if not data_dir.exists():
+        return False
     with _locked(data_dir):
         state = read_state(data_dir)
         if state is None:

@@ -175,6 +175,14 @@ def test_status_and_stop_of_an_unused_data_dir_start_nothing() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def test_stop_of_a_data_dir_that_does_not_exist_leaves_it_so(tmp_path: Path) -> None:
+    """A misspelt DUCTOR_DATA_DIR given to make down is not created (with its lock file) where none was."""
+    missing = tmp_path / "not-a-data-dir"
+    assert cli(missing, "stop").strip() == "nothing running"
+    assert embedded.stop(missing) is False
+    assert not missing.exists()
+
+
 def _processes_under(path: Path) -> list[str]:
     """The command lines of the running processes that name ``path`` (an embedded server would)."""
     found = []
@@ -258,12 +266,15 @@ def test_the_command_line_refuses_an_unknown_command_on_stderr() -> None:
     assert done.stderr.rstrip().endswith("not a command: 'restart'")
 
 
-@pytest.mark.parametrize("where", ["file", "file/data"])
-@pytest.mark.parametrize(("command", "said"), [
-    (["manage.py", "check"], "manage.py: the configuration is wrong: "),
-    (["manage.py", "create_tenant", "acme"], "manage.py: the embedded PostgreSQL and Redis did not start: "),
-    (["-m", "ductor_project.embedded", "start"], "python -m ductor_project.embedded: "),
-    (["-m", "ductor_project.embedded", "stop"], "python -m ductor_project.embedded: "),
+CHECK, BOOT, START, STOP = (["manage.py", "check"], ["manage.py", "create_tenant", "acme"],
+                             ["-m", "ductor_project.embedded", "start"], ["-m", "ductor_project.embedded", "stop"])
+
+
+@pytest.mark.parametrize(("where", "command", "said"), [
+    *[(where, CHECK, "manage.py: the configuration is wrong: ") for where in ("file", "file/data")],
+    *[(where, BOOT, "manage.py: the embedded PostgreSQL and Redis did not start: ") for where in ("file", "file/data")],
+    *[(where, START, "python -m ductor_project.embedded: ") for where in ("file", "file/data")],
+    ("file", STOP, "python -m ductor_project.embedded: "),  # under a file, nothing runs: stop says so
 ])
 def test_a_data_dir_that_cannot_be_a_directory_is_named_in_one_line(tmp_path: Path, where: str, command: list[str],
                                                                     said: str) -> None:
