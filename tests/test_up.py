@@ -21,7 +21,7 @@ import pytest
 from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
 from ductor_project.stack import free_port
 from tests.conftest import ROOT
-from tests.test_embedded import alive, new_data_dir
+from tests.test_embedded import _processes_under, alive, new_data_dir
 
 
 def descendants(pid: int) -> list[int]:
@@ -103,6 +103,33 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
         from ductor_project import embedded
 
         embedded.stop(Path(data_dir))
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_an_up_refused_before_its_stack_starts_stops_the_servers_it_started() -> None:
+    """A port given that is taken is refused after the migrations: the embedded PostgreSQL and Redis this
+    up started for them stopped too, or they ran on unseen, and each later up took them for servers that
+    were running before it, and left them running at its own end."""
+    data_dir = new_data_dir()
+    env = {**os.environ, "DUCTOR_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "ductor_project.settings"}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+            done = subprocess.run([sys.executable, "manage.py", "up", "--port", str(busy)], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 1
+        assert f"Port {busy} is in use by another process" in done.stderr
+        assert "Stopped, with the embedded PostgreSQL and Redis it started." in done.stdout
+        assert not (data_dir / "services.json").exists()
+        assert _processes_under(data_dir) == []
+    finally:
+        from ductor_project import embedded
+
+        embedded.stop(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -77,6 +77,15 @@ class Command(BaseCommand):
                             help="leave the embedded PostgreSQL and Redis running after Ctrl-C")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # A refusal before the stack starts (the migrations, a port given that is taken) stops the
+        # embedded servers this command started too, as Ctrl-C does: left running, every later up
+        # took them for servers that were running before it.
+        try:
+            self._run(options)
+        finally:
+            self._stop_services(keep=options["keep_services"])
+
+    def _run(self, options: dict[str, Any]) -> None:
         # Each step may take a while (seconds for the migrations, up to READY_TIMEOUT_S for the web
         # server): say what is being waited for, not nothing until "Ductor is up.".
         self.stdout.write("Applying the migrations...")
@@ -108,7 +117,6 @@ class Command(BaseCommand):
         finally:
             self.stdout.write("Stopping every child...")
             stack.stop_all()
-            self._stop_services(keep=options["keep_services"])
 
     def _print_urls(self, base: str, password: str) -> None:
         self.stdout.write(self.style.SUCCESS("Ductor is up."))
