@@ -25,6 +25,11 @@ def main() -> None:
 
     try:
         execute_from_command_line(sys.argv)
+    except KeyboardInterrupt:  # Ctrl-C: the operator's own stop, not a failure to show a traceback for
+        if "--traceback" in sys.argv:
+            raise
+        sys.stderr.write("manage.py: interrupted\n")
+        sys.exit(130)
     except Exception as exc:
         from ductor_project.core.errors import service_out_of_reach
 

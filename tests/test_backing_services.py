@@ -109,3 +109,13 @@ def test_a_command_whose_backing_service_is_out_of_reach_says_which_in_one_line(
                    database_url=f"postgresql://ductor_app@127.0.0.1:{nowhere}/d", redis_url=f"redis://127.0.0.1:{nowhere}/0")
     assert done.returncode == 1
     assert "Traceback" in done.stderr  # asked for
+
+
+def test_a_command_interrupted_says_so_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C in a long command (migrate, queue_reshard) is the operator's own stop, not a failure to
+    show a traceback for; the status stays a SIGINT's, 130."""
+    interrupt = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"  # Ctrl-C, mid-command
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", interrupt], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (130, "manage.py: interrupted\n")
