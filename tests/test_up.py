@@ -106,6 +106,28 @@ def test_up_serves_the_api_and_ctrl_c_stops_every_process_it_started() -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def test_a_second_up_of_the_same_data_dir_is_refused_before_anything_starts(settings, tmp_path: Path) -> None:
+    """Two ups of one data dir: the second emptied the metrics directory the first's children write in,
+    and its Ctrl-C or the first's stopped the servers under the other."""
+    import fcntl
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from ductor_project.management.commands import up
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the stack was started")
+
+    settings.DUCTOR_DATA_DIR = tmp_path
+    with open(tmp_path / up.UP_LOCK, "w") as first, pytest.MonkeyPatch.context() as patch:
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the up that runs holds it
+        patch.setattr(up, "_start_children", started)
+        patch.setattr(up, "call_command", started)  # the migrations, the first thing the command does
+        with pytest.raises(CommandError, match=rf"Another manage.py up runs on this data dir \({tmp_path}\)"):
+            call_command("up")
+
+
 def test_an_up_refused_before_its_stack_starts_stops_the_servers_it_started() -> None:
     """A port given that is taken is refused after the migrations: the embedded PostgreSQL and Redis this
     up started for them stopped too, or they ran on unseen, and each later up took them for servers that

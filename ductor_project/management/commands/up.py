@@ -15,6 +15,8 @@ those).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -22,7 +24,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -80,10 +83,11 @@ class Command(BaseCommand):
         # A refusal before the stack starts (the migrations, a port given that is taken) stops the
         # embedded servers this command started too, as Ctrl-C does: left running, every later up
         # took them for servers that were running before it.
-        try:
-            self._run(options)
-        finally:
-            self._stop_services(keep=options["keep_services"])
+        with only_up(settings.DUCTOR_DATA_DIR):
+            try:
+                self._run(options)
+            finally:
+                self._stop_services(keep=options["keep_services"])
 
     def _run(self, options: dict[str, Any]) -> None:
         # Each step may take a while (seconds for the migrations, up to READY_TIMEOUT_S for the web
@@ -138,6 +142,25 @@ class Command(BaseCommand):
             self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
         else:
             self.stdout.write("Stopped. PostgreSQL and Redis were running before and keep running.")
+
+
+# Held by the up of a data dir while it runs (not by its children: the file is not inherited).
+UP_LOCK = "up.lock"
+
+
+@contextlib.contextmanager
+def only_up(data_dir: Path) -> Iterator[None]:
+    """While it runs, this is the only up of ``data_dir``; a ``CommandError`` when another runs. A
+    second up emptied the metrics directory the first's children write in, and the Ctrl-C of the one
+    that had started the embedded servers stopped them under the other."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / UP_LOCK, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CommandError(f"Another manage.py up runs on this data dir ({data_dir}): stop it (Ctrl-C) "
+                               "first, or give this one a DUCTOR_DATA_DIR of its own.") from None
+        yield
 
 
 def _start_children(stack: Stack, *, port: int, options: dict[str, Any]) -> tuple[Child, list[tuple[Child, str]]]:
