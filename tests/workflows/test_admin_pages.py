@@ -87,6 +87,19 @@ def test_a_webhook_endpoint_deleted_here_is_forgotten_by_the_process_that_sends_
         assert webhooks.enabled_endpoints() == ()
 
 
+def delete_confirmation(superuser: Client, model: str, pk: Any, how: str) -> tuple[str, dict[str, Any], Any, list[str]]:
+    """The confirmation of deleting the ``model`` object ``pk`` from its page or by the list's
+    action (``how``): the URL and form to confirm it with, the answer, and the SQL it took."""
+    if how == "page":
+        url, form = reverse(f"admin:workflows_{model}_delete", args=[pk]), {}
+    else:
+        url = reverse(f"admin:workflows_{model}_changelist")
+        form = {"action": "delete_selected", "_selected_action": [pk]}
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser.post(url, form) if form else superuser.get(url)
+    return url, form, response, [query["sql"] for query in queries.captured_queries]
+
+
 @pytest.mark.parametrize("how", ["page", "action"])
 def test_a_webhook_endpoint_with_deliveries_is_deleted_here_with_them_counted_not_read(
     tenant: Tenant, superuser: Client, how: str
@@ -98,20 +111,12 @@ def test_a_webhook_endpoint_with_deliveries_is_deleted_here_with_them_counted_no
         endpoint = webhooks.webhook_create(url=PUBLIC, events=["run.failed"]).endpoint
         for _ in range(3):
             WebhookDelivery.objects.create(endpoint=endpoint, type="run.failed", body={}, status="delivered")
-    if how == "page":
-        url, form = reverse("admin:workflows_webhookendpoint_delete", args=[endpoint.pk]), {}
-    else:
-        url = reverse("admin:workflows_webhookendpoint_changelist")
-        form = {"action": "delete_selected", "_selected_action": [endpoint.pk]}
-
-    with CaptureQueriesContext(connection) as queries:
-        response = superuser.post(url, form) if form else superuser.get(url)
+    url, form, response, statements = delete_confirmation(superuser, "webhookendpoint", endpoint.pk, how)
 
     assert response.status_code == 200
     assert (response.context["perms_lacking"], response.context["protected"]) == (set(), [])
     assert dict(response.context["model_count"])[str(WebhookDelivery._meta.verbose_name_plural)] == 3
-    assert not [query["sql"] for query in queries.captured_queries
-                if '"workflows_webhookdelivery"."body"' in query["sql"]]  # no delivery read whole
+    assert not [sql for sql in statements if '"workflows_webhookdelivery"."body"' in sql]  # no delivery read whole
     assert superuser.post(url, {**form, "post": "yes"}).status_code == 302
     assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
     assert not WebhookDelivery.all_tenants.filter(endpoint_id=endpoint.pk).exists()
@@ -182,20 +187,12 @@ def test_a_workflow_with_runs_is_refused_here_without_its_runs_read_one_by_one(
         for _ in range(3):
             services.run_start(workflow="order")
     definition = WorkflowDefinition.all_tenants.get(tenant=tenant, name="order")
-    if how == "page":
-        url, form = reverse("admin:workflows_workflowdefinition_delete", args=[definition.pk]), {}
-    else:
-        url = reverse("admin:workflows_workflowdefinition_changelist")
-        form = {"action": "delete_selected", "_selected_action": [definition.pk]}
-
-    with CaptureQueriesContext(connection) as queries:
-        response = superuser.post(url, form) if form else superuser.get(url)
+    url, form, response, statements = delete_confirmation(superuser, "workflowdefinition", definition.pk, how)
 
     assert response.status_code == 200
     [refusal] = response.context["protected"]
     assert refusal.startswith("Workflow 'order' has runs in its history and cannot be deleted: archive it instead")
-    assert not [query["sql"] for query in queries.captured_queries
-                if '"workflows_workflowrun"."input"' in query["sql"]]  # no run read whole
+    assert not [sql for sql in statements if '"workflows_workflowrun"."input"' in sql]  # no run read whole
     superuser.post(url, {**form, "post": "yes"})
     assert WorkflowDefinition.all_tenants.filter(pk=definition.pk).exists()
     assert WorkflowRun.all_tenants.filter(workflow__definition=definition).count() == 3
