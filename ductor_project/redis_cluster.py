@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ductor_project.embedded import EmbeddedServiceError, free_port, pid_alive, redis_ping, wait_gone
+from ductor_project.embedded import EmbeddedServiceError, free_port, redis_ping, runs, wait_gone
 
 STATE_FILE = "cluster.json"
 SLOTS = 16384
@@ -51,7 +51,13 @@ class ClusterState:
         return f"{'rediss' if tls else 'redis'}+cluster://{nodes}" + (f"?{options}" if options else "")
 
     def alive(self) -> bool:
-        return all(pid_alive(pid) and redis_ping(port) for pid, port in zip(self.pids, self.ports, strict=True))
+        return all(node_runs(pid, port) and redis_ping(port) for pid, port in zip(self.pids, self.ports, strict=True))
+
+
+def node_runs(pid: int, port: int) -> bool:
+    """Whether ``pid`` is the node of ``port`` (its title names its address): a pid recorded before a
+    reboot, or of a node that died, may be another process's since, neither to count on nor to stop."""
+    return runs(pid, "redis-server", f"127.0.0.1:{port}")
 
 
 def read_state(directory: Path) -> ClusterState | None:
@@ -122,10 +128,11 @@ def stop(directory: Path) -> bool:
     state = read_state(directory)
     if state is None:
         return False
+    nodes = [pid for pid, port in zip(state.pids, state.ports, strict=True) if node_runs(pid, port)]
     for pid, port in zip(state.pids, state.ports, strict=True):
-        if pid_alive(pid):
+        if pid in nodes:
             _shutdown(port)
-    for pid in state.pids:
+    for pid in nodes:
         wait_gone(pid, signal.SIGTERM, timeout=5)
     (directory / STATE_FILE).unlink(missing_ok=True)
     return True

@@ -315,6 +315,24 @@ def test_a_recorded_pid_another_process_took_is_neither_counted_on_nor_signalled
         other.wait()
 
 
+def test_a_recorded_cluster_node_pid_another_process_took_is_neither_counted_on_nor_signalled(tmp_path: Path) -> None:
+    """The Redis Cluster of the tests and benchmarks records its nodes' pids too: a stop after they
+    were reused (a reboot, a cluster that died) must leave the process that has one now alone."""
+    from ductor_project import redis_cluster
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        port = embedded.free_port()
+        stale = redis_cluster.ClusterState(ports=(port,), pids=(other.pid,), announced=(port,))
+        redis_cluster._write_state(tmp_path, stale)
+        assert not stale.alive()
+        assert redis_cluster.stop(tmp_path)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_redis_of_the_data_dir_that_the_state_file_lost_is_attached_to_not_doubled(tmp_path: Path) -> None:
     """Two servers on one data dir's files (its append-only log) would each write their own: a state
     file removed or unreadable while the servers run must not start a second one."""
