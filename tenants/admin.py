@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from ductor_project.core.context import tenant_context
+from ductor_project.core.errors import Conflict
 from tenants import services
 from tenants.admin_scoping import (
     ChangelistLimitsMixin,
@@ -75,6 +76,13 @@ class TenantForm(forms.ModelForm[Tenant]):
             raise forms.ValidationError(SLUG_RULE)
         return slug
 
+    def clean_status(self) -> str:
+        """A tenant is marked ``deleting`` by its delete only (suspended first), and never leaves it."""
+        status = str(self.cleaned_data["status"])
+        if status == Tenant.Status.DELETING and self.instance.status != Tenant.Status.DELETING:
+            raise forms.ValidationError("Suspend the tenant, then delete it.")
+        return status
+
 
 @admin.register(Tenant)
 class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
@@ -109,12 +117,32 @@ class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
         return bool(request.user.is_superuser)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+        """Superusers; an active tenant is shown as protected (``get_deleted_objects``)."""
+        return bool(request.user.is_superuser) and not (obj is not None and obj.is_system)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None and obj.is_system:
+        if obj is not None and (obj.is_system or obj.is_deleting):  # a save could bring a purged row back
             return False
         return admin_may_write(request) and super().has_change_permission(request, obj)  # a viewer reads
+
+    def get_deleted_objects(
+        self, objs: Any, request: HttpRequest
+    ) -> tuple[list[str], dict[str, int], set[str], list[str]]:
+        """What the confirmation page lists: the tenants alone, not every row of theirs (Django would
+        collect millions of them in the request); an active tenant or the system tenant is protected."""
+        tenants = list(objs)
+        protected = [f"{t.slug}: {'the system tenant' if t.is_system else 'active: suspend it first'}"
+                     for t in tenants if t.is_system or t.is_active]
+        listed = [f"{t.slug} and all its data (purged in the background)" for t in tenants]
+        return listed, {"tenants": len(tenants)}, set(), protected
+
+    def delete_model(self, request: HttpRequest, obj: Tenant) -> None:
+        """Mark it ``deleting``, as ``DELETE /api/v1/tenants/{slug}`` does; the purge follows."""
+        services.tenant_delete(tenant=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        for tenant in queryset:
+            services.tenant_delete(tenant=tenant)
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         if not change:
@@ -125,13 +153,19 @@ class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
 
     @admin.action(description="Suspend selected tenants")
     def suspend(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
-        for tenant in queryset.exclude(slug="system"):
-            services.tenant_set_status(tenant=tenant, status=Tenant.Status.SUSPENDED)
+        self._set_status(request, queryset, Tenant.Status.SUSPENDED)
 
     @admin.action(description="Re-activate selected tenants")
     def activate(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._set_status(request, queryset, Tenant.Status.ACTIVE)
+
+    def _set_status(self, request: HttpRequest, queryset: QuerySet[Tenant], status: str) -> None:
+        """Each tenant but the system one; a tenant being deleted is left, and named."""
         for tenant in queryset.exclude(slug="system"):
-            services.tenant_set_status(tenant=tenant, status=Tenant.Status.ACTIVE)
+            try:
+                services.tenant_set_status(tenant=tenant, status=status)
+            except Conflict as exc:
+                self.message_user(request, str(exc.detail), messages.ERROR)
 
     def get_actions(self, request: HttpRequest) -> Any:
         actions = super().get_actions(request)

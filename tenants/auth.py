@@ -3,7 +3,7 @@
 Tenant keys (``dct_``) authenticate as their tenant; platform keys (``dctp_``)
 authenticate a platform operator for the platform-admin endpoints only. A
 missing, malformed, unknown, revoked or expired key is a 401 with a stable
-code. The system tenant can never authenticate.
+code. The system tenant can never authenticate, nor a tenant being deleted.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def authenticate_key(raw: str) -> tuple[KeyPrincipal, ApiKey | PlatformKey]:
     key = _tenant_key(prefix)
     if key is None or not _check_hash(key.secret_hash, raw) or key.tenant.is_system:
         raise AuthError("Invalid API key.")
+    if key.tenant.is_deleting:
+        raise AuthError("Invalid API key: its tenant is being deleted.")
     state = key.state_at()
     if state == "revoked":
         raise AuthError("API key has been revoked.", code=ErrorCode.API_KEY_REVOKED)

@@ -94,6 +94,9 @@ class Tenant(models.Model):
     class Status(models.TextChoices):
         ACTIVE = "active"
         SUSPENDED = "suspended"
+        # Offboarding: marked, its rows and Redis keys being purged (``workflows.offboarding``), then
+        # the row itself goes. Refused as a suspended tenant is, and never active again.
+        DELETING = "deleting"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     slug = models.SlugField(max_length=63, unique=True)
@@ -118,6 +121,10 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
+
+    @property
+    def is_deleting(self) -> bool:
+        return self.status == self.Status.DELETING
 
     @classmethod
     def system(cls) -> Tenant:

@@ -53,14 +53,52 @@ def tenant_create(*, slug: str, name: str = "", plan: str = "free") -> Tenant:
     return tenant
 
 
+def _refuse_if_deleting(tenant: Tenant) -> None:
+    if tenant.is_deleting:
+        raise Conflict(f"Tenant '{tenant.slug}' is being deleted; it cannot change.",
+                       details={"status": ["The tenant is being deleted."]})
+
+
+def _locked(tenant: Tenant) -> Tenant:
+    """``tenant`` read again under its row lock (the caller's transaction): a status written
+    meanwhile (a deletion) is seen, and none is written over it until the commit."""
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    tenant.status, tenant.plan_id, tenant.updated_at = locked.status, locked.plan_id, locked.updated_at
+    return tenant
+
+
+@transaction.atomic
 def tenant_set_status(*, tenant: Tenant, status: str) -> Tenant:
-    """Suspend or re-activate a tenant. Idempotent. The system tenant cannot change."""
+    """Suspend or re-activate a tenant. Idempotent. The system tenant cannot change, nor can a tenant
+    being deleted (``409 conflict`` naming ``status``): the row lock keeps an activation from
+    undoing a deletion that committed first."""
     if tenant.is_system:
         raise Conflict("The system tenant cannot be changed.")
+    _refuse_if_deleting(_locked(tenant))
     if tenant.status != status:
         tenant.status = status
         tenant.save(update_fields=["status", "updated_at"])
         log.info("tenant_status_changed", tenant_id=str(tenant.pk), status=status)
+    return tenant
+
+
+@transaction.atomic
+def tenant_delete(*, tenant: Tenant) -> Tenant:
+    """Mark a suspended tenant as being deleted; idempotent. Cheap: the purge (``workflows.offboarding``)
+    deletes its rows and Redis keys in batches afterwards, then the tenant itself. From the commit on,
+    its keys authenticate no more and nothing of it is dispatched (the queue takes it as suspended).
+    An active tenant is ``409 conflict`` naming ``status`` (suspend it first), the system tenant
+    ``409`` too; nothing changes."""
+    if tenant.is_system:
+        raise Conflict("The system tenant cannot be deleted.")
+    _locked(tenant)
+    if tenant.status == Tenant.Status.ACTIVE:
+        raise Conflict(f"Tenant '{tenant.slug}' is active: suspend it before deleting it.",
+                       details={"status": ["Suspend the tenant first."]})
+    if not tenant.is_deleting:
+        tenant.status = Tenant.Status.DELETING
+        tenant.save(update_fields=["status", "updated_at"])
+        log.info("tenant_deletion_requested", tenant_id=str(tenant.pk), slug=tenant.slug)
     return tenant
 
 
@@ -114,9 +152,12 @@ def platform_key_revoke(*, key: PlatformKey) -> PlatformKey:
     return key
 
 
+@transaction.atomic
 def tenant_set_plan(*, tenant: Tenant, plan_slug: str) -> Tenant:
-    """Move a tenant to another plan. Its cached limits are invalidated (signal)."""
+    """Move a tenant to another plan. Its cached limits are invalidated (signal). A tenant being
+    deleted is ``409 conflict``."""
     plan = _plan_or_invalid(plan_slug)
+    _refuse_if_deleting(_locked(tenant))
     if tenant.plan_id != plan.pk:
         tenant.plan = plan
         tenant.save(update_fields=["plan", "updated_at"])
@@ -134,7 +175,8 @@ def _known_limit_or_invalid(field: str) -> None:
 
 @transaction.atomic
 def override_set(*, tenant: Tenant, field: str, value: Any, reason: str = "") -> TenantEntitlementOverride:
-    """Set one limit for one tenant, on top of its plan. Validates the value for the field."""
+    """Set one limit for one tenant, on top of its plan. Validates the value for the field. A tenant
+    being deleted is ``409 conflict``."""
     _known_limit_or_invalid(field)
     try:
         value = coerce_limit(field, value)
@@ -143,6 +185,7 @@ def override_set(*, tenant: Tenant, field: str, value: Any, reason: str = "") ->
             f"Invalid field(s): value. '{field}' {exc}.", code=ErrorCode.INVALID,
             details={"value": [f"'{field}' {exc}."]},
         ) from exc
+    _refuse_if_deleting(_locked(tenant))  # the purge would meet a row written behind it
     with tenant_context(tenant):
         override, _ = TenantEntitlementOverride.objects.update_or_create(
             field=field, defaults={"value": value, "reason": reason}

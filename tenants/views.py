@@ -120,6 +120,13 @@ class PlatformTenantViewSet(PlatformViewSet):
             body["api_key"] = raw
         return Response(body, status=status.HTTP_201_CREATED)
 
+    @extend_schema(summary="Delete a tenant and all its data", request=None, responses={202: TenantSerializer})
+    def destroy(self, request: Request, slug: str) -> Response:
+        """Only a suspended tenant: it is marked ``deleting`` at once, and its data is purged in the
+        background (docs/operations.md). Idempotent."""
+        tenant = services.tenant_delete(tenant=selectors.get_tenant(slug))
+        return Response(TenantSerializer(tenant).data, status=status.HTTP_202_ACCEPTED)
+
     @extend_schema(summary="Suspend a tenant", request=None, responses={200: TenantSerializer})
     @action(detail=True, methods=["post"])
     def suspend(self, request: Request, slug: str) -> Response:
