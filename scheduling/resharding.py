@@ -175,8 +175,8 @@ def copy_keys(move: Move) -> tuple[Move, int]:
     """Step ``copy``: the tenant's keys of the source shard, under the target's names (any of its keys
     left in the target first dropped, but its fence there). Returns the move and the keys copied."""
     tenant_id, source, target = move.tenant_id, move.source, move.target
-    _delete_keys(tenant_id, target)
-    names = _keys_of(tenant_id, source)
+    delete_tenant_keys(tenant_id, target)
+    names = tenant_keys(tenant_id, source)
     old, new = tenant_shard_prefix(tenant_id, source), tenant_shard_prefix(tenant_id, target)
     copied = 0
     for chunk in _chunks(names):
@@ -214,7 +214,7 @@ def fence_moved(move: Move) -> Move:
 
 def clean_out(move: Move) -> Move:
     """Step ``clean``: the tenant's keys in the source shard go, but its fence; the move is done."""
-    _delete_keys(move.tenant_id, move.source)
+    delete_tenant_keys(move.tenant_id, move.source)
     return _next(move)
 
 
@@ -262,7 +262,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _keys_of(tenant_id: str, shard: int) -> list[str]:
+def tenant_keys(tenant_id: str, shard: int) -> list[str]:
     """The tenant's keys in ``shard`` but its fence: a SCAN of its prefix on the server that holds
     the shard's slot."""
     prefix = tenant_shard_prefix(tenant_id, shard)
@@ -301,9 +301,9 @@ def _unlink(server: Any, names: list[str]) -> int:
     return int(server.delete(*names))
 
 
-def _delete_keys(tenant_id: str, shard: int) -> int:
+def delete_tenant_keys(tenant_id: str, shard: int) -> int:
     """Delete the tenant's keys in ``shard`` but its fence; returns how many."""
-    names = _keys_of(tenant_id, shard)
+    names = tenant_keys(tenant_id, shard)
     for chunk in _chunks(names):
         on_node(fence_key(tenant_id, shard), partial(_unlink, names=chunk))
     return len(names)

@@ -32,7 +32,7 @@ class WorkflowsConfig(AppConfig):
         from scheduling.coordinator.wakeups import register_wakeup
         from scheduling.dispatch.handlers import register_handler, register_publisher
         from tenants.usage import register_ceiling_counter
-        from workflows import catalog, retention
+        from workflows import catalog, offboarding, retention
         from workflows.engine import items, reconcile, steps, task_nodes, tick, timers, waits
         from workflows.models import Schedule, WorkflowDefinition
         from workflows.triggers import arming, events, firing
@@ -53,6 +53,7 @@ class WorkflowsConfig(AppConfig):
         register_wakeup(items.RUN_CANCEL, tick.run_cancel)
         register_housekeeper(events.expire_events)
         register_housekeeper(retention.expire_runs)
+        register_housekeeper(offboarding.purge_deleting_tenants)
         register_reconciler(reconcile.reconcile_runs)
         register_wakeup(arming.WAKE_KIND, firing.fire_due)
         register_reconciler(schedules_reconcile.reconcile_schedules)

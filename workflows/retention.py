@@ -62,6 +62,9 @@ PASS_BUDGET_S = 1.0
 # finds the server between two short batches, not behind a long run of them.
 REST_PER_BATCH = 1.0
 RUNS = WorkflowRun._meta.db_table
+# What goes with a run, in one statement each: every row that points at it (a delivery of its outcome
+# too). ``tests/workflows/test_offboarding.py`` checks that no model that points at a run is missing.
+TREE_MODELS = (WebhookDelivery, RunSignal, EventWait, RunEvent, StepRun)
 # Of the trees of some roots (tenant, roots), those whose every run ended, the last before a cutoff.
 # With each one's number of runs.
 ENDED_TREES = (f"SELECT root_run_id, count(*) FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608
@@ -139,7 +142,7 @@ def _expire_batch(cutoff: datetime, limit: int) -> Batch:
     started = time.perf_counter()
     with transaction.atomic():
         trees = _ended_trees(chosen, cutoff)
-        deleted = _delete_trees(trees) if trees else 0
+        deleted = delete_run_trees(trees) if trees else 0
     return Batch(runs=deleted, full=full, seconds=time.perf_counter() - started)
 
 
@@ -171,14 +174,15 @@ def _trees_ended(roots: list[Any], cutoff: datetime) -> list[tuple[Any, int]]:
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
-def _delete_trees(roots: list[Any]) -> int:
-    """Delete the runs of the trees of ``roots`` and everything of theirs; how many runs."""
+def delete_run_trees(roots: list[Any]) -> int:
+    """Delete the runs of the trees of ``roots`` (of the tenant in context) and everything of theirs;
+    how many runs. The caller's transaction holds the runs' locks."""
     runs = WorkflowRun.objects.filter(root_run_id__in=roots)
     ids = list(runs.values_list("pk", flat=True))
     # What points at them from outside: reruns of them (kept, without the link), and signals
     # delivered to their steps (theirs: they go too).
     WorkflowRun.objects.filter(rerun_of_id__in=ids).exclude(root_run_id__in=roots).update(rerun_of=None)
-    for model in (WebhookDelivery, RunSignal, EventWait, RunEvent, StepRun):
+    for model in TREE_MODELS:
         model.objects.filter(run_id__in=ids)._raw_delete(connection.alias)
     # One statement for the runs: a tree's rows point at each other (parent, predecessor), which
     # the database checks when the statement ends.

@@ -147,7 +147,7 @@ def test_a_tenant_s_deletion_never_reaches_another_tenant_s_tree(tenant, tenant_
 
     with tenant_context(tenant), transaction.atomic():  # as a batch locks: in its transaction
         assert retention._ended_trees([theirs.root_run_id], timezone.now()) == []
-        assert retention._delete_trees([theirs.root_run_id]) == 0
+        assert retention.delete_run_trees([theirs.root_run_id]) == 0
 
     assert runs_of(tenant_b[0], theirs) == 2
     with tenant_context(tenant_b[0]):
