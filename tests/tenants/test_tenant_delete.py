@@ -6,15 +6,19 @@ more; another tenant goes on as before. The admin's delete takes the same path."
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
+from django.db import transaction
 from django.test import Client
 from rest_framework.test import APIClient
 
+from ductor_project.core.errors import Conflict
 from tenants import services
 from tenants.models import Tenant, TenantEntitlementOverride
 from tests.conftest import api_client
 from tests.tenants.helpers import assert_error, key_rows, make_user, tenant_rows
+from tests.waiting import in_a_thread, until_another_waits_on_a_lock
 
 
 @pytest.fixture
@@ -88,6 +92,36 @@ def test_only_platform_callers_delete_a_tenant(
     assert root.delete("/api/v1/tenants/tenant-a").status_code == 202
     assert_error(root.delete("/api/v1/tenants/system"), 404, "not_found")
     assert_error(root.delete("/api/v1/tenants/nobody"), 404, "not_found")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_activation_that_meets_a_deletion_under_way_waits_for_it_and_is_refused(
+    tenant_a: tuple[Tenant, str]
+) -> None:
+    """The activation read the tenant suspended, before the deletion committed: written over it, it
+    brought a tenant being purged back to life."""
+    tenant = services.tenant_set_status(tenant=tenant_a[0], status=Tenant.Status.SUSPENDED)
+    held, release, results = threading.Event(), threading.Event(), {}
+
+    def delete() -> str:
+        with transaction.atomic():
+            services.tenant_delete(tenant=Tenant.objects.get(pk=tenant.pk))
+            held.set()
+            assert release.wait(30)
+        return "deleted"
+
+    deleting = in_a_thread(results, "delete", delete)
+    assert held.wait(15)
+    activating = in_a_thread(results, "activate", lambda: services.tenant_set_status(
+        tenant=Tenant.objects.get(pk=tenant.pk), status=Tenant.Status.ACTIVE))
+    until_another_waits_on_a_lock()
+    release.set()
+    for thread in (deleting, activating):
+        thread.join(30)
+
+    assert results["delete"] == "deleted"
+    assert isinstance(results["activate"], Conflict), results["activate"]
+    assert Tenant.objects.get(pk=tenant.pk).status == Tenant.Status.DELETING
 
 
 def test_the_system_tenant_is_never_deleted_by_the_service(db: None) -> None:
