@@ -240,6 +240,32 @@ def test_the_tenant_row_stays_while_a_row_written_behind_the_purge_points_at_it(
     assert purge_to_the_end(late)[-1].done
 
 
+def test_a_batch_that_meets_a_row_written_behind_it_changes_nothing_and_the_next_goes_on(
+    world, monkeypatch, django_capture_on_commit_callbacks
+):
+    """As if a pool member were added between the batch's look at the members and its delete of the
+    pools: the database refuses the batch at its commit."""
+    gone, _, kept, _ = world
+    kept_rows = rows_of(kept)
+    delete(gone, django_capture_on_commit_callbacks)
+    while offboarding.purge_batch(gone).stage != "scheduling.FairnessKey":
+        pass
+    assert rows_of(gone)["scheduling.PoolMember"] == 1
+    order = offboarding.deletion_order()
+    parent_first = [Pool, *(m for m in order if m is not Pool)]
+    monkeypatch.setattr(offboarding, "deletion_order", lambda: parent_first)
+    left = rows_of(gone)
+
+    progress = offboarding.purge_batch(gone)
+
+    assert (progress.stage, progress.deleted, progress.done) == ("refused", 0, False)
+    assert rows_of(gone) == left
+    monkeypatch.setattr(offboarding, "deletion_order", lambda: order)
+    assert purge_to_the_end(gone)[-1].done
+    assert rows_of(gone) == Counter()
+    assert rows_of(kept) == kept_rows
+
+
 def test_only_a_tenant_being_deleted_is_purged(world):
     gone = world[0]
     with pytest.raises(ValueError, match="not being deleted"):
