@@ -523,6 +523,20 @@ def test_the_platform_manages_tenants_plans_and_overrides(platform: Client, conn
     assert new.tenant.get().status == "active"
 
 
+def test_the_platform_deletes_a_suspended_tenant_only(platform: Client, connect) -> None:
+    admin = platform.platform
+    leaving = connect(admin.tenants.create("sdk-leaving", create_api_key=True).api_key or "")
+    with pytest.raises(Conflict) as active:
+        admin.tenants.delete("sdk-leaving")
+    assert "status" in active.value.details
+    admin.tenants.suspend("sdk-leaving")
+    assert admin.tenants.delete("sdk-leaving").status == "deleting"
+    assert admin.tenants.delete("sdk-leaving").status == "deleting"
+    with pytest.raises(AuthenticationError) as refused:
+        leaving.tenant.get()
+    assert refused.value.code == "invalid_api_key"
+
+
 def test_a_taken_slug_and_an_unknown_plan_are_refused_by_the_platform(platform: Client) -> None:
     platform.platform.tenants.create("sdk-taken")
 

@@ -586,6 +586,12 @@ class PlatformTenants(_Resource):
     async def activate(self, slug: str) -> models.Tenant:
         return await self._send(calls.TENANTS.act(slug, "activate", idempotent=True))
 
+    async def delete(self, slug: str) -> models.Tenant:
+        """Delete a suspended tenant and all its data: answered at once with the tenant, its status
+        ``deleting``; its data is purged in the background. ``Conflict`` naming ``status`` for an
+        active tenant. Idempotent."""
+        return await self._send(calls.TENANTS.delete_answered(slug))
+
     async def set_plan(self, slug: str, plan: str) -> models.Tenant:
         return await self._send(calls.TENANTS.act(slug, "plan", {"plan": plan}, idempotent=True))
 

@@ -111,6 +111,10 @@ class Collection(Generic[M]):
     def delete(self, key: str) -> Call[None]:
         return Call("DELETE", path(self.name, key), _nothing)
 
+    def delete_answered(self, key: str) -> Call[M]:
+        """A DELETE answered with the item (a tenant marked for deletion, ``202``)."""
+        return Call("DELETE", path(self.name, key), self.model.from_json)
+
     def act(self, key: str, verb: str, body: Any = NO_BODY, *, idempotent: bool) -> Call[M]:
         """``POST <name>/<key>/<verb>``, answered with the item."""
         return Call("POST", path(self.name, key, verb), self.model.from_json, body=body, idempotent=idempotent)

@@ -591,6 +591,12 @@ class PlatformTenants(_Resource):
     def activate(self, slug: str) -> models.Tenant:
         return self._send(calls.TENANTS.act(slug, "activate", idempotent=True))
 
+    def delete(self, slug: str) -> models.Tenant:
+        """Delete a suspended tenant and all its data: answered at once with the tenant, its status
+        ``deleting``; its data is purged in the background. ``Conflict`` naming ``status`` for an
+        active tenant. Idempotent."""
+        return self._send(calls.TENANTS.delete_answered(slug))
+
     def set_plan(self, slug: str, plan: str) -> models.Tenant:
         return self._send(calls.TENANTS.act(slug, "plan", {"plan": plan}, idempotent=True))
 
