@@ -139,10 +139,11 @@ class TenantAdmin(ChangelistLimitsMixin, admin.ModelAdmin[Tenant]):
     def delete_model(self, request: HttpRequest, obj: Tenant) -> None:
         """Mark it ``deleting``, as ``DELETE /api/v1/tenants/{slug}`` does; the purge follows."""
         services.tenant_delete(tenant=obj)
+        self.message_user(request, f"Tenant {obj.slug} is being deleted: its data is purged in the background.")
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
-        for tenant in queryset:
-            services.tenant_delete(tenant=tenant)
+        slugs = [services.tenant_delete(tenant=tenant).slug for tenant in queryset]
+        self.message_user(request, f"Being deleted, their data purged in the background: {', '.join(slugs)}.")
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         if not change:

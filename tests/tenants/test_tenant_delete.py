@@ -151,8 +151,9 @@ def test_the_admin_delete_of_a_suspended_tenant_marks_it_and_keeps_its_rows_for_
     page = root.get(_delete_page(suspended))
     assert page.status_code == 200
     assert "tenant-a and all its data" in page.content.decode()
-    response = root.post(_delete_page(suspended), {"post": "yes"})
-    assert response.status_code == 302, response.content[:300]
+    response = root.post(_delete_page(suspended), {"post": "yes"}, follow=True)
+    assert response.status_code == 200, response.content[:300]
+    assert "Tenant tenant-a is being deleted: its data is purged in the background." in response.content.decode()
     assert Tenant.objects.get(pk=suspended.pk).status == Tenant.Status.DELETING
     assert key_rows() == keys  # not Django's cascade: the purge deletes them in batches
     assert Tenant.objects.get(pk=tenant_b[0].pk).status == Tenant.Status.ACTIVE
@@ -173,7 +174,9 @@ def test_the_admin_refuses_to_delete_an_active_tenant_and_to_activate_one_being_
     assert {t.status for t in Tenant.objects.exclude(slug="system")} == {Tenant.Status.ACTIVE}
 
     services.tenant_set_status(tenant=active, status=Tenant.Status.SUSPENDED)
-    services.tenant_delete(tenant=active)
+    marked = root.post("/admin/tenants/tenant/", {"action": "delete_selected", "post": "yes",
+                                                  "_selected_action": [str(active.pk)]}, follow=True)
+    assert "Being deleted, their data purged in the background: tenant-a." in marked.content.decode()
     response = root.post("/admin/tenants/tenant/", {"action": "activate", "index": "0",
                                                     "_selected_action": [str(active.pk), str(tenant_b[0].pk)]},
                          follow=True)
