@@ -37,7 +37,8 @@ from workflows.models import (
 from workflows.triggers.events import trigger_create
 from workflows.triggers.services import schedule_create
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Also on a Redis Cluster (the cluster run): the erasure walks every shard, on every master.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.cluster]
 
 SLEEPY = {"nodes": [{"id": "nap", "type": "sleep", "duration_s": 3600}]}
 QUICK = {"nodes": [{"id": "say", "type": "action", "action": "echo", "input": {"x": 1}}]}
