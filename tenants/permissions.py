@@ -63,7 +63,8 @@ class IsTenantMember(BasePermission):
                 raise Forbidden("This endpoint acts for a tenant; use a tenant API key.")
             return False
         if not tenant.is_active:
-            raise Forbidden(f"Tenant '{tenant.slug}' is suspended.", code=ErrorCode.TENANT_SUSPENDED)
+            state = "being deleted" if tenant.is_deleting else "suspended"
+            raise Forbidden(f"Tenant '{tenant.slug}' is {state}.", code=ErrorCode.TENANT_SUSPENDED)
         # A view may declare that even its POST only reads (a dry run): the read scope is enough.
         reads = request.method in SAFE_METHODS or getattr(view, "changes_nothing", False)
         allowed = can_read(request) if reads else can_write(request)

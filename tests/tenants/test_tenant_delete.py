@@ -124,6 +124,16 @@ def test_an_activation_that_meets_a_deletion_under_way_waits_for_it_and_is_refus
     assert Tenant.objects.get(pk=tenant.pk).status == Tenant.Status.DELETING
 
 
+def test_a_member_s_session_of_a_tenant_being_deleted_is_refused_as_a_suspended_tenant_s(
+    platform: APIClient, suspended: Tenant
+) -> None:
+    member = APIClient()
+    member.force_login(make_user("member", tenant=suspended))
+    assert platform.delete("/api/v1/tenants/tenant-a").status_code == 202
+    error = assert_error(member.get("/api/v1/workflows"), 403, "tenant_suspended")
+    assert error["message"] == "Tenant 'tenant-a' is being deleted."
+
+
 def test_the_system_tenant_is_never_deleted_by_the_service(db: None) -> None:
     with pytest.raises(Exception, match="cannot be deleted"):
         services.tenant_delete(tenant=Tenant.system())
