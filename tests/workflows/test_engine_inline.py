@@ -152,6 +152,93 @@ def test_continue_as_new_is_charged_to_the_quota_and_fails_the_run_with_quota_ex
         assert runs_this_month() == 2
 
 
+def kid(node_id: str = "kid", workflow: str = "leaf") -> dict[str, Any]:
+    return {"id": node_id, "type": "subworkflow", "workflow": workflow}
+
+
+def deny_tagged(tenant: Tenant) -> None:
+    """A rule that denies the routing of every step tagged ``blocked``."""
+    with tenant_context(tenant):
+        scheduling_services.rule_create(name="frozen", priority=1, match={"tags": ["blocked"]},
+                                        action={"deny": "frozen"})
+
+
+def children_and_charge(tenant: Tenant, run: WorkflowRun) -> tuple[int, int]:
+    with tenant_context(tenant):
+        return WorkflowRun.objects.filter(parent_run_id=run.pk).count(), runs_this_month()
+
+
+@pytest.mark.parametrize("kid_first", [True, False], ids=["listed-before", "listed-after"])
+def test_a_sibling_sub_workflow_of_a_node_refused_in_the_same_tick_is_neither_created_nor_charged(tenant, kid_first):
+    deny_tagged(tenant)
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    siblings = [kid(), echo("blocked", {}, tags=["blocked"])]
+    put(tenant, "parent", {"nodes": siblings if kid_first else siblings[::-1]})
+
+    run = tick(tenant, start(tenant, "parent"))
+
+    assert run.status == "failed"
+    assert run.error["error"]["code"] == "routing_denied"
+    assert "kid" not in by_node(tenant, run)
+    assert children_and_charge(tenant, run) == (0, 1)  # the parent alone
+
+
+@pytest.mark.parametrize("kid_first", [True, False], ids=["listed-before", "listed-after"])
+def test_a_sibling_sub_workflow_of_a_continue_as_new_ready_in_the_same_tick_is_neither_created_nor_charged(
+    tenant, kid_first,
+):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    siblings = [kid(), {"id": "again", "type": "continue_as_new", "input": {}}]
+    put(tenant, "forever", {"nodes": siblings if kid_first else siblings[::-1]})
+
+    run = tick(tenant, start(tenant, "forever"))
+
+    assert run.status == "continued"
+    assert "kid" not in by_node(tenant, run)
+    assert children_and_charge(tenant, run) == (0, 2)  # the run and its successor
+
+
+@pytest.mark.parametrize("good_first", [True, False], ids=["listed-before", "listed-after"])
+def test_a_sub_workflow_refused_in_a_tick_leaves_its_sibling_sub_workflows_uncreated_and_uncharged(
+    tenant, good_first,
+):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    siblings = [kid("good"), kid("bad", "missing")]
+    put(tenant, "parent", {"nodes": siblings if good_first else siblings[::-1]})
+
+    run = tick(tenant, start(tenant, "parent"))
+
+    assert run.status == "failed"
+    assert run.error["node"] == "bad"
+    assert run.error["error"]["code"] == "unknown_workflow"
+    assert "good" not in by_node(tenant, run)
+    assert children_and_charge(tenant, run) == (0, 1)
+
+
+def test_sibling_sub_workflows_past_the_quota_together_are_none_created_and_the_first_fails(tenant):
+    tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "parent", {"nodes": [kid("one"), kid("two")]})
+
+    run = tick(tenant, start(tenant, "parent"))  # room for one child of the two
+
+    assert run.status == "failed"
+    assert (run.error["node"], run.error["error"]["code"]) == ("one", "quota_exceeded")
+    assert "two" not in by_node(tenant, run)
+    assert children_and_charge(tenant, run) == (0, 1)
+
+
+def test_sibling_sub_workflows_that_start_together_are_charged_together(tenant):
+    put(tenant, "leaf", {"nodes": [echo("say", {})]})
+    put(tenant, "parent", {"nodes": [kid("one"), echo("between", {}), kid("two")]})
+
+    run = tick(tenant, start(tenant, "parent"))
+
+    steps = by_node(tenant, run)
+    assert [steps[n].status for n in ("one", "between", "two")] == ["waiting", "queued", "waiting"]
+    assert children_and_charge(tenant, run) == (2, 3)
+
+
 def test_a_start_refused_at_its_commit_by_the_quota_leaves_no_run_history_or_item(tenant):
     tenant_services.override_set(tenant=tenant, field="monthly_run_quota", value=2)
     put(tenant, "one", {"nodes": [echo("a", {"n": 1})]})

@@ -13,13 +13,16 @@ over it fails the step with ``payload_too_large`` and is not kept.
 - ``wait_for_event``: a waiting attempt, resumed by an event, a signal or its timeout
   (``workflows.engine.waits``).
 - ``subworkflow``: a child run (refused past the plan's ``max_nesting_depth`` or
-  the monthly run quota, which it is charged to).
+  the monthly run quota, which it is charged to). Each is checked in its place
+  (``child_of``); the children of the nodes ready together are charged and
+  created after the tick's other nodes started, all or none (``start_children``).
 - ``continue_as_new``: a successor run, charged to the monthly run quota; this
   run ends as ``continued`` and its other active steps are cancelled.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -48,12 +51,14 @@ from workflows.engine.items import enqueue_step, enqueue_tick, wakeup_on_commit
 from workflows.engine.journal import add_state
 from workflows.engine.statements import version_to_start
 from workflows.engine.waits import WAIT, start_wait
-from workflows.models import StepRun, WorkflowRun
+from workflows.models import StepRun, WorkflowRun, WorkflowVersion
 from workflows.schemas import under
 
 SStatus = StepRun.Status
 # The node types whose attempts are routed and go through the fair queue as step items.
 ROUTED = ("action", "task")
+# The node type that starts a child run (``start_children``).
+CHILD = "subworkflow"
 
 
 def route_attempt(run: WorkflowRun, node: dict[str, Any], rendered: Any) -> RoutingDecision:
@@ -93,7 +98,8 @@ def task_call(node: dict[str, Any]) -> dict[str, Any]:
 
 def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], context: dict[str, Any],
           now: datetime) -> bool:
-    """Start ``node``, recording its attempt in ``latest``. Returns True if the run continued as new."""
+    """Start ``node``, recording its attempt in ``latest``. Returns True if the run continued as new.
+    Sub-workflow nodes are checked (``child_of``) and started together (``start_children``)."""
     kind = node["type"]
     if kind in ROUTED:
         latest[node["id"]] = _start_routed(run, node, context)
@@ -101,8 +107,6 @@ def start(run: WorkflowRun, node: dict[str, Any], latest: dict[str, StepRun], co
         latest[node["id"]] = _start_sleep(run, node, now)
     elif kind == WAIT:
         latest[node["id"]] = start_wait(run, node, context, now)
-    elif kind == "subworkflow":
-        latest[node["id"]] = _start_child(run, node, context)
     elif kind == "continue_as_new":
         return _continue_as_new(run, node, latest, context, now)
     else:
@@ -175,51 +179,92 @@ def _start_sleep(run: WorkflowRun, node: dict[str, Any], now: datetime) -> StepR
     return step
 
 
-def _start_child(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> StepRun:
-    node_id, name = node["id"], node.get("workflow")
+@dataclass(frozen=True)
+class Child:
+    """A sub-workflow node that may start its child run: its input, the version and depth it runs at."""
+
+    node: dict[str, Any]
+    input: Any
+    version: WorkflowVersion
+    depth: int
+
+
+def start_children(run: WorkflowRun, children: list[Child], latest: dict[str, StepRun]) -> bool:
+    """Start the checked ``children`` (``child_of``) together, recording their attempts in
+    ``latest``: all or none. They are charged to the monthly run quota in one statement, and
+    their runs created only once it took them all. Returns False when it refused them: the first
+    one's step fails with ``quota_exceeded``, and no child is created or charged."""
+    try:
+        quota_consume(runs=len(children))  # in the tick's transaction: charged only if the children are created
+    except QuotaExceeded as exc:
+        first = children[0]
+        latest[first.node["id"]] = _refused_child(run, first.node, first.input, Outcome.failed(
+            StepErrorCode.QUOTA_EXCEEDED, f"sub-workflow '{first.node.get('workflow')}' not started: {exc.detail}",
+            details=exc.details))
+        return False
+    for child in children:
+        latest[child.node["id"]] = _start_child(run, child)
+    return True
+
+
+def child_of(run: WorkflowRun, node: dict[str, Any], context: dict[str, Any]) -> Child | StepRun:
+    """The child run the sub-workflow ``node`` would start (its input, its nesting, its workflow
+    and that workflow's ``input_schema`` checked; nothing charged or created), or its step failed
+    for good when it may not start one."""
     rendered, refusal = _run_input(node, context)
     if refusal is not None:
         return _refused(run, node, SStatus.WAITING, refusal)
-    step = new_step(run, node_id, "subworkflow", SStatus.WAITING, input=rendered, started_at=timezone.now())
-    limits = effective_entitlements(current_tenant())
     depth = run.nesting_depth + 1
+    version = _child_version(node, rendered, depth)
+    if isinstance(version, Outcome):
+        return _refused_child(run, node, rendered, version)
+    return Child(node=node, input=rendered, version=version, depth=depth)
+
+
+def _child_version(node: dict[str, Any], rendered: Any, depth: int) -> WorkflowVersion | Outcome:
+    """The version ``node``'s child run would run at ``depth``, or why it may not start one."""
+    name = node.get("workflow")
+    limits = effective_entitlements(current_tenant())
     if depth > limits.max_nesting_depth:
-        refuse(run, step, StepErrorCode.NESTING_TOO_DEEP, f"sub-workflow '{name}' would be nested {depth} levels "
-               f"deep; plan '{limits.plan}' allows {limits.max_nesting_depth}")
-        return step
+        return Outcome.failed(StepErrorCode.NESTING_TOO_DEEP, f"sub-workflow '{name}' would be nested {depth} "
+                              f"levels deep; plan '{limits.plan}' allows {limits.max_nesting_depth}")
     version = version_to_start(str(name or ""), node.get("version") or None)
     if version is None:
-        refuse(run, step, StepErrorCode.UNKNOWN_WORKFLOW,
-               f"workflow '{name}' (version {node.get('version') or 'latest'}) does not exist")
-        return step
+        return Outcome.failed(StepErrorCode.UNKNOWN_WORKFLOW,
+                              f"workflow '{name}' (version {node.get('version') or 'latest'}) does not exist")
     if version.definition.archived_at is not None:
-        refuse(run, step, StepErrorCode.WORKFLOW_ARCHIVED, f"workflow '{name}' is archived and starts no new run")
-        return step
-    problems = run_input_problems(version.pk, rendered)
-    if problems:  # the child's workflow's input_schema refuses it
-        refuse(run, step, input_refusal(problems))
-        return step
-    try:
-        quota_consume(runs=1)  # in the tick's transaction: charged only if the child is created
-    except QuotaExceeded as exc:
-        refuse(run, step, StepErrorCode.QUOTA_EXCEEDED, f"sub-workflow '{name}' not started: {exc.detail}",
-               details=exc.details)
-        return step
-    child = WorkflowRun.objects.create(
-        workflow=version, workflow_name=version.definition.name, input=rendered, tier=run.tier, tags=run.tags,
-        parent_run=run, parent_node_id=node_id, root_run_id=run.root_run_id, nesting_depth=depth,
+        return Outcome.failed(StepErrorCode.WORKFLOW_ARCHIVED, f"workflow '{name}' is archived and starts no new run")
+    problems = run_input_problems(version.pk, rendered)  # the child's workflow's input_schema refuses it
+    return input_refusal(problems) if problems else version
+
+
+def _refused_child(run: WorkflowRun, node: dict[str, Any], rendered: Any, refusal: Outcome) -> StepRun:
+    """The step of a sub-workflow node that starts no child, with its input, failed for good."""
+    step = new_step(run, node["id"], "subworkflow", SStatus.WAITING, input=rendered, started_at=timezone.now())
+    refuse(run, step, refusal)
+    return step
+
+
+def _start_child(run: WorkflowRun, child: Child) -> StepRun:
+    """Create the child run of a checked and charged sub-workflow node, and its step."""
+    node, version = child.node, child.version
+    node_id = node["id"]
+    step = new_step(run, node_id, "subworkflow", SStatus.WAITING, input=child.input, started_at=timezone.now())
+    created = WorkflowRun.objects.create(
+        workflow=version, workflow_name=version.definition.name, input=child.input, tier=run.tier, tags=run.tags,
+        parent_run=run, parent_node_id=node_id, root_run_id=run.root_run_id, nesting_depth=child.depth,
         fairness_key=run.fairness_key,
     )
-    record_event(child, "created", parent=str(run.id), node_id=node_id)
-    step.child_run = child  # the journal writes the attempt with its child
+    record_event(created, "created", parent=str(run.id), node_id=node_id)
+    step.child_run = created  # the journal writes the attempt with its child
     if not node.get("wait", True):
-        step.status, step.output, step.finished_at = SStatus.SUCCEEDED, {"run_id": str(child.id)}, timezone.now()
+        step.status, step.output, step.finished_at = SStatus.SUCCEEDED, {"run_id": str(created.id)}, timezone.now()
     elif node.get("timeout_s"):  # the child's time: past it, the child is cancelled (``timers.step_timeout``)
         wakeup_on_commit(str(step.id), kind="step_timeout", delay_s=float(node["timeout_s"]))
-    record_event(run, "child_started", node_id, child_run=str(child.id))
+    record_event(run, "child_started", node_id, child_run=str(created.id))
     if step.status == SStatus.SUCCEEDED:  # it does not wait: its end is now, in the history too
-        record_event(run, "step_succeeded", node_id, attempt=step.attempt, error=None, child_run=str(child.id))
-    enqueue_tick(child)
+        record_event(run, "step_succeeded", node_id, attempt=step.attempt, error=None, child_run=str(created.id))
+    enqueue_tick(created)
     return step
 
 

@@ -205,13 +205,16 @@ def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) ->
     Nothing starts once a step has failed for good (``_retry_failed`` has rescheduled the others),
     even on another branch: the run fails in this tick (``_finish_if_done``). A node refused as it
     starts fails for good too, so it stops the nodes after it: a ``continue_as_new`` among them
-    would end the run as ``continued`` with that failure dropped, and a child would be charged
-    and started only to be cancelled."""
+    would end the run as ``continued`` with that failure dropped. A sub-workflow node is checked
+    in its place (``nodes.child_of``), but the children of the nodes ready together are charged
+    and created last, all or none (``nodes.start_children``), once no other node was refused and
+    none continued the run: whatever their place in the spec, no child is created and charged
+    only to be cancelled with the run."""
     if any(step.status == SStatus.FAILED for step in latest.values()):
         return False  # the run fails
     progressed = True
-    while progressed:  # skips can make more nodes ready within one tick
-        progressed = False
+    while progressed:  # skips, and children that do not wait, can make more nodes ready within one tick
+        progressed, children = False, []
         for node in nodes_of(run):
             if node["id"] in latest:
                 continue
@@ -224,11 +227,21 @@ def _start_ready(run: WorkflowRun, latest: dict[str, StepRun], now: datetime) ->
                 skip = True
             if skip:
                 latest[node["id"]] = nodes.finish_skipped(run, node, now)
+            elif node["type"] == nodes.CHILD:
+                checked = nodes.child_of(run, node, context)
+                if isinstance(checked, StepRun):
+                    latest[node["id"]] = checked
+                    return False  # refused: the run fails
+                children.append(checked)
+                continue
             elif nodes.start(run, node, latest, context, now):
                 return True
             elif latest[node["id"]].status == SStatus.FAILED:
                 return False  # refused as it started: the run fails
             progressed = True
+        if children and not nodes.start_children(run, children, latest):
+            return False  # refused by the quota: the run fails
+        progressed = progressed or bool(children)
     return False
 
 
