@@ -9,6 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -690,8 +691,9 @@ class EventTriggerAdmin(ReadOnlyMixin, TenantScopedAdmin):
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin):
     """A tenant's webhook endpoints, read only: they change through the API, which checks their URLs.
-    Their secrets are never shown. Deleting one here deletes its delivery log (``webhook_delete``: every
-    process forgets the endpoint, and sends it nothing more)."""
+    Their secrets are never shown. Deleting one here deletes it as the API does (``webhook_delete``:
+    it is gone at once, every process forgets it and sends it nothing more, and the coordinator's
+    purge removes its delivery log a batch at a time). A deleted one is not listed."""
 
     list_display = ["url", "enabled", "consecutive_failures", "disabled_reason", "created_at"]
     list_filter = ["enabled"]
@@ -700,14 +702,18 @@ class WebhookEndpointAdmin(ServiceDeleteMixin, ReadOnlyMixin, TenantScopedAdmin)
                        "consecutive_failures", "previous_secret_expires_at", "created_at", "updated_at"]
     exclude = ["secret", "previous_secret"]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).filter(deleted_at__isnull=True)
+
     def delete_one(self, obj: WebhookEndpoint) -> None:
         webhooks.webhook_delete(obj)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
-        """The endpoints, and their deliveries counted: ``webhook_delete`` takes the delivery log with
-        them, which is never deleted here on its own, so no permission to delete deliveries is asked
-        for. Django's walk read every delivery, whole, to list each one (a busy endpoint's log is
-        millions), and refused the deletion for want of that permission."""
+        """The endpoints, and their deliveries counted: the delivery log goes with them (the purge
+        after ``webhook_delete`` removes it), and is never deleted here on its own, so no permission
+        to delete deliveries is asked for. Django's walk read every delivery, whole, to list each
+        one (a busy endpoint's log is millions), and refused the deletion for want of that
+        permission."""
         objs = list(objs)
         deleted = [f"{capfirst(WebhookEndpoint._meta.verbose_name)}: {obj}" for obj in objs]
         counts = {WebhookEndpoint._meta.verbose_name_plural: len(objs)}

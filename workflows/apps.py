@@ -69,3 +69,4 @@ class WorkflowsConfig(AppConfig):
         register_handler(webhooks.ITEM_KIND, webhook_delivery.execute_delivery)
         register_wakeup(webhook_delivery.WAKE_KIND, webhook_delivery.retry_due)
         register_reconciler(webhook_delivery.reconcile_deliveries)
+        register_housekeeper(webhook_delivery.purge_deleted_endpoints)

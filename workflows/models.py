@@ -437,7 +437,9 @@ class EventWait(TenantScopedModel):
 class WebhookEndpoint(TenantScopedModel):
     """A tenant's subscription of an HTTPS endpoint to its runs' outcomes: each signed delivery is a
     fair-queue item under the tenant (``workflows.triggers.webhooks``). The secret is stored
-    encrypted; after a rotation the previous one still signs until ``previous_secret_expires_at``."""
+    encrypted; after a rotation the previous one still signs until ``previous_secret_expires_at``.
+    A deleted one (``deleted_at``) is disabled and found by nothing of the tenant's until the purge
+    has removed its deliveries, then its row (``webhook_delivery.purge_deleted_endpoints``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     url = models.URLField(max_length=2000)
@@ -454,12 +456,16 @@ class WebhookEndpoint(TenantScopedModel):
     disabled_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0, help_text="Failed attempts since the last "
                                                        "delivered one.")
+    deleted_at = models.DateTimeField(null=True, blank=True, help_text="When it was deleted: gone for the tenant, "
+                                      "its row and delivery log left to the purge of deleted endpoints.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["created_at"]
-        indexes = [models.Index(fields=["tenant"], condition=models.Q(enabled=True), name="webhook_enabled")]
+        indexes = [models.Index(fields=["tenant"], condition=models.Q(enabled=True), name="webhook_enabled"),
+                   models.Index(fields=["deleted_at"], condition=models.Q(deleted_at__isnull=False),
+                                name="webhook_deleted")]
 
     def __str__(self) -> str:
         return self.url

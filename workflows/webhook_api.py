@@ -149,7 +149,7 @@ class WebhookViewSet(TenantViewSet):
     pagination_class = ByCreationPagination
 
     def list(self, request: Request) -> Response:
-        page = self.paginate_queryset(WebhookEndpoint.objects.all())
+        page = self.paginate_queryset(webhooks.live_endpoints())
         return self.get_paginated_response(WebhookSerializer(page, many=True).data)
 
     @extend_schema(request=WebhookWriteSerializer, responses={201: WebhookRevealedSerializer})

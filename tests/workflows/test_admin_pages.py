@@ -28,7 +28,7 @@ from workflows.models import (
     WorkflowVersion,
 )
 from workflows.triggers import services as trigger_services
-from workflows.triggers import webhooks
+from workflows.triggers import webhook_delivery, webhooks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,9 +82,11 @@ def test_a_webhook_endpoint_deleted_here_is_forgotten_by_the_process_that_sends_
                                   {"action": "delete_selected", "_selected_action": [endpoint.pk], "post": "yes"})
 
     assert response.status_code == 302
-    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
+    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk, deleted_at__isnull=True).exists()
     with tenant_context(tenant):
         assert webhooks.enabled_endpoints() == ()
+    listed = superuser.get(reverse("admin:workflows_webhookendpoint_changelist"))
+    assert [row.pk for row in listed.context["cl"].result_list] == []
 
 
 def delete_confirmation(superuser: Client, model: str, pk: Any, how: str) -> tuple[str, dict[str, Any], Any, list[str]]:
@@ -101,12 +103,13 @@ def delete_confirmation(superuser: Client, model: str, pk: Any, how: str) -> tup
 
 
 @pytest.mark.parametrize("how", ["page", "action"])
-def test_a_webhook_endpoint_with_deliveries_is_deleted_here_with_them_counted_not_read(
+def test_a_webhook_endpoint_with_deliveries_is_deleted_here_with_them_counted_not_read_and_purged_later(
     tenant: Tenant, superuser: Client, how: str
 ) -> None:
-    """``webhook_delete`` takes its delivery log with it, which is never deleted here on its own: the
-    confirmation counts the deliveries, and asks for no permission to delete them. Django's walked
-    every delivery, whole, and refused the deletion for want of that permission."""
+    """The delivery log goes with the endpoint (the purge after ``webhook_delete``), and is never
+    deleted here on its own: the confirmation counts the deliveries, and asks for no permission to
+    delete them. Django's walked every delivery, whole, and refused the deletion for want of that
+    permission."""
     with tenant_context(tenant):
         endpoint = webhooks.webhook_create(url=PUBLIC, events=["run.failed"]).endpoint
         for _ in range(3):
@@ -118,6 +121,10 @@ def test_a_webhook_endpoint_with_deliveries_is_deleted_here_with_them_counted_no
     assert dict(response.context["model_count"])[str(WebhookDelivery._meta.verbose_name_plural)] == 3
     assert not [sql for sql in statements if '"workflows_webhookdelivery"."body"' in sql]  # no delivery read whole
     assert superuser.post(url, {**form, "post": "yes"}).status_code == 302
+    # Gone at once for the tenant; its log is left to the purge, not deleted in the request.
+    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk, deleted_at__isnull=True).exists()
+    assert WebhookDelivery.all_tenants.filter(endpoint_id=endpoint.pk).count() == 3
+    webhook_delivery.purge_deleted_endpoints(budget_s=0, rest=0)
     assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
     assert not WebhookDelivery.all_tenants.filter(endpoint_id=endpoint.pk).exists()
 

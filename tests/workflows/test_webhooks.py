@@ -286,6 +286,58 @@ def test_idor_webhooks_and_deliveries_of_another_tenant_are_not_found_on_every_v
         assert WebhookDelivery.objects.get(pk=delivery.pk).status == "pending"
 
 
+def purge(batch: int = 1000) -> int:
+    """One pass of the coordinator's purge of deleted endpoints, one batch of each."""
+    return webhook_delivery.purge_deleted_endpoints(batch=batch, budget_s=0, rest=0)
+
+
+def test_deleting_an_endpoint_hides_it_at_once_and_leaves_its_log_to_the_purge_in_batches(
+    tenant, client_a, tenant_b, receiver
+):
+    delivery = one_delivery(tenant, client_a, receiver)  # pending: not sent yet
+    endpoint = str(delivery.endpoint_id)
+    for _ in range(4):
+        start(tenant, "quiet")
+    theirs = api_client(tenant_b[1])
+    put(tenant_b[0], "quiet")
+    kept = subscribe(theirs, receiver.url)
+    start(tenant_b[0], "quiet")
+
+    assert client_a.delete(f"/api/v1/webhooks/{endpoint}").status_code == 204
+
+    # Gone for the tenant at once; its log is not deleted in the request's transaction.
+    for url in (f"/api/v1/webhooks/{endpoint}", f"/api/v1/webhooks/{endpoint}/deliveries",
+                f"/api/v1/webhooks/{endpoint}/deliveries/{delivery.pk}"):
+        assert client_a.get(url).status_code == 404, url
+    assert client_a.get("/api/v1/webhooks").json()["results"] == []
+    assert len(deliveries(tenant)) == 5
+    assert deliver(tenant, delivery) is None  # its pending delivery is not sent
+    start(tenant, "quiet")  # nor is a run that ends now delivered to it
+    assert len(deliveries(tenant)) == 5
+    assert receiver.requests == []
+
+    # The purge removes its log a batch at a time, then its row.
+    assert purge(batch=2) == 2
+    assert len(deliveries(tenant)) == 3
+    assert WebhookEndpoint.all_tenants.filter(pk=endpoint).exists()
+    purge(batch=2)
+    purge(batch=2)
+    assert deliveries(tenant) == []
+    assert not WebhookEndpoint.all_tenants.filter(pk=endpoint).exists()
+    assert purge(batch=2) == 0
+
+    # Another tenant's endpoint and deliveries are untouched.
+    assert theirs.get(f"/api/v1/webhooks/{kept['id']}").status_code == 200
+    assert len(deliveries(tenant_b[0])) == 1
+
+
+def test_an_endpoint_being_purged_leaves_the_limit(tenant, client_a, settings):
+    settings.DUCTOR_WEBHOOKS_PER_TENANT = 1
+    made = subscribe(client_a)
+    assert client_a.delete(f"/api/v1/webhooks/{made['id']}").status_code == 204
+    subscribe(client_a)  # the deleted one does not count while its log waits for the purge
+
+
 # --- the deliveries of an outcome ----------------------------------------------------------------------
 
 
@@ -753,16 +805,21 @@ def test_at_most_the_webhook_concurrency_of_a_tenant_s_deliveries_are_in_flight_
             "webhook:d2"]
 
 
+@pytest.mark.parametrize("step", ["delete", "purge"])
 @pytest.mark.django_db(transaction=True)
-def test_deleting_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_never_deadlocks(
-    tenant: Tenant, client_a: APIClient, receiver: Receiver
+def test_deleting_or_purging_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_never_deadlocks(
+    tenant: Tenant, client_a: APIClient, receiver: Receiver, step: str
 ) -> None:
-    """An attempt's record locks the endpoint, then its delivery; the delete's cascade took the
-    deliveries, then the endpoint: each waited for the other, and PostgreSQL failed one (a 500)."""
+    """An attempt's record locks the endpoint, then its delivery; a delete whose cascade took the
+    deliveries, then the endpoint, waited for it as it waited for the delete, and PostgreSQL failed
+    one (a 500). The delete and the purge of the deleted endpoint's log take the endpoint first."""
     import threading
 
     delivery = one_delivery(tenant, client_a, receiver)
     endpoint = stored(tenant, WebhookEndpoint, delivery.endpoint_id)
+    if step == "purge":
+        with tenant_context(tenant):
+            webhooks.webhook_delete(endpoint)
     locked, go, failures = threading.Event(), threading.Event(), []
 
     def record() -> None:  # an attempt's record, held between its two locks
@@ -777,25 +834,29 @@ def test_deleting_an_endpoint_while_an_attempt_is_recorded_waits_for_it_and_neve
         finally:
             connection.close()
 
-    def delete() -> None:
+    def delete_or_purge() -> None:
         try:
-            with tenant_context(tenant):
-                webhooks.webhook_delete(endpoint)
+            if step == "delete":
+                with tenant_context(tenant):
+                    webhooks.webhook_delete(endpoint)
+            else:
+                purge()
         except Exception as exc:
             failures.append(exc)
         finally:
             connection.close()
 
-    recorder, deleter = threading.Thread(target=record), threading.Thread(target=delete)
+    recorder, other = threading.Thread(target=record), threading.Thread(target=delete_or_purge)
     recorder.start()
     assert locked.wait(30)
-    deleter.start()
-    until_another_waits_on_a_lock(timeout=30)  # the delete, for the endpoint's row
+    other.start()
+    until_another_waits_on_a_lock(timeout=30)  # the delete or the purge, for the endpoint's row
     go.set()
     recorder.join(30)
-    deleter.join(30)
+    other.join(30)
 
     assert failures == []
+    purge()
     assert not deliveries(tenant)
     assert not WebhookEndpoint.all_tenants.filter(pk=endpoint.pk).exists()
 

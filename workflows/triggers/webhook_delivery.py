@@ -25,6 +25,9 @@ The handler never raises for an endpoint's failure (its item would run again): i
 the item is acked. PostgreSQL holds every delivery's state, so ``reconcile_deliveries`` enqueues
 again the pending deliveries whose attempt is overdue (Redis lost them, a wake-up was lost, a worker
 died in the middle of an attempt).
+
+A deleted endpoint's deliveries are not sent, nor enqueued again: ``purge_deleted_endpoints``, a
+coordinator housekeeper, deletes them a batch at a time, then the endpoint's row.
 """
 
 from __future__ import annotations
@@ -226,6 +229,8 @@ def _claim(delivery_id: str) -> WebhookDelivery | None:
             wake_at(delivery_id, later)
         return None
     found: WebhookDelivery | None = WebhookDelivery.objects.select_related("endpoint").filter(pk=delivery_id).first()
+    if found is not None and found.endpoint.deleted_at is not None:
+        return None  # its endpoint was deleted: the purge removes it, with the rest of the endpoint's log
     if found is not None and not found.endpoint.enabled:
         # Created by a process whose copy of the endpoints was older than the endpoint's disabling.
         deliveries_stop(found.endpoint_id, found.endpoint.disabled_reason)
@@ -326,7 +331,7 @@ def reconcile_deliveries(*, full: bool = False) -> int:
     scheduled again. Both are idempotent (a waiting item or wake-up keeps its place). Returns how
     many. Crosses tenants by design: it is the system's housekeeping."""
     now = timezone.now()
-    pending = WebhookDelivery.all_tenants.filter(status=Status.PENDING)
+    pending = WebhookDelivery.all_tenants.filter(status=Status.PENDING, endpoint__deleted_at__isnull=True)
     if not full:
         stale = stale_deliveries(now - timedelta(seconds=STALE_S))
         return _repair(list(stale.values_list("tenant_id", "next_attempt_at", *QUEUED_FIELDS)[:RECONCILE_BATCH]), now)
@@ -346,9 +351,10 @@ def stale_deliveries(cutoff: datetime) -> QuerySet[WebhookDelivery]:
     deliveries stay overdue while their items wait their turn (a slow endpoint's backlog, a
     suspension) takes one place of each turn, not the whole batch: taken the most overdue first
     whatever their tenant, they were taken again at every pass, and another tenant's delivery whose
-    item was lost was never enqueued again while that backlog lasted."""
-    return in_tenant_turns(WebhookDelivery.all_tenants.filter(status=Status.PENDING, next_attempt_at__lt=cutoff),
-                           "next_attempt_at")
+    item was lost was never enqueued again while that backlog lasted. Those of a deleted endpoint
+    are left to its purge."""
+    return in_tenant_turns(WebhookDelivery.all_tenants.filter(status=Status.PENDING, next_attempt_at__lt=cutoff,
+                                                              endpoint__deleted_at__isnull=True), "next_attempt_at")
 
 
 def _repair(batch: list[tuple[Any, ...]], now: datetime) -> int:
@@ -363,3 +369,61 @@ def _repair(batch: list[tuple[Any, ...]], now: datetime) -> int:
                 if row[1] is not None and row[1] > now:
                     wake_at(row[2], row[1])
     return len(batch)
+
+
+# --- the purge of deleted endpoints ---------------------------------------------------------------------
+
+# Most deliveries one batch deletes of one endpoint, most deleted endpoints one pass looks at, and how
+# long a pass goes on taking batches (it ends the round under way, one batch per endpoint with more).
+PURGE_BATCH = 1000
+ENDPOINTS_PER_PASS = 50
+PURGE_BUDGET_S = 1.0
+# After each batch, a rest this many times as long as it took, as the runs' retention rests
+# (``workflows.retention``): the hot path finds the server between two batches.
+PURGE_REST_PER_BATCH = 1.0
+
+
+def purge_deleted_endpoints(*, batch: int = PURGE_BATCH, endpoints_per_pass: int = ENDPOINTS_PER_PASS,
+                            budget_s: float = PURGE_BUDGET_S, rest: float = PURGE_REST_PER_BATCH) -> int:
+    """Remove the delivery logs of deleted endpoints (``webhooks.webhook_delete``), then their rows:
+    of each of the first ``endpoints_per_pass`` deleted endpoints, taken tenant by tenant
+    (``in_tenant_turns``: one tenant's many deletions take one place of each turn), a batch of up to
+    ``batch`` deliveries, each in a short transaction of its own, in its tenant's context; then
+    another batch of each endpoint that had a full one, in turn, while ``budget_s`` lasts (at least
+    one batch each), resting ``rest`` times as long as each batch took after it. An endpoint whose
+    log is empty goes. A coordinator housekeeper; returns how many rows it removed. Crosses tenants
+    by design: it is the system's housekeeping."""
+    deadline = time.monotonic() + budget_s
+    removed = 0
+    deleted = WebhookEndpoint.all_tenants.filter(deleted_at__isnull=False).select_related("tenant")
+    waiting = list(in_tenant_turns(deleted, "deleted_at")[:endpoints_per_pass])
+    while waiting:
+        more = []
+        for endpoint in waiting:
+            started = time.perf_counter()
+            with tenant_context(endpoint.tenant):
+                count = _purge_batch(endpoint.pk, batch)
+            took = time.perf_counter() - started
+            removed += count
+            if count >= batch:
+                more.append(endpoint)
+            time.sleep(took * rest)
+        waiting = more if time.monotonic() < deadline else []
+    if removed:
+        log.info("webhook_logs_purged", rows=removed)
+    return removed
+
+
+def _purge_batch(endpoint_id: Any, batch: int) -> int:
+    """Delete up to ``batch`` deliveries of the deleted endpoint, and its row once that empties its
+    log; how many rows. The endpoint's row is locked first, as an attempt's record locks it (then its
+    delivery): taken the other way round, the two could deadlock."""
+    with transaction.atomic():
+        deleted = WebhookEndpoint.objects.select_for_update().filter(pk=endpoint_id, deleted_at__isnull=False)
+        if not list(deleted.values_list("pk", flat=True)):
+            return 0  # purged already
+        logged = WebhookDelivery.objects.filter(endpoint_id=endpoint_id).values("pk")[:batch]
+        count, _ = WebhookDelivery.objects.filter(pk__in=logged).delete()
+        if count < batch:  # its log is empty now: the row goes too
+            count += deleted.delete()[0]
+        return count

@@ -42,7 +42,7 @@ import httpx
 import structlog
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import F, Func, Value
+from django.db.models import F, Func, QuerySet, Value
 from django.utils import timezone
 
 from ductor_project.core import tracing
@@ -179,7 +179,7 @@ def checked_workflows(value: Any) -> list[str]:
 
 def _enforce_limit() -> None:
     """Refuse one more endpoint past ``DUCTOR_WEBHOOKS_PER_TENANT`` (``403 plan_limit_reached``)."""
-    enforce_setting_limit("webhook endpoints", settings.DUCTOR_WEBHOOKS_PER_TENANT, WebhookEndpoint.objects.all(),
+    enforce_setting_limit("webhook endpoints", settings.DUCTOR_WEBHOOKS_PER_TENANT, live_endpoints(),
                           kind="webhooks", setting="DUCTOR_WEBHOOKS_PER_TENANT")
 
 
@@ -208,8 +208,13 @@ def webhook_create(*, url: str, events: list[str], workflows: list[str] | None =
     return Revealed(endpoint, secret)
 
 
+def live_endpoints() -> QuerySet[WebhookEndpoint]:
+    """The endpoints of the tenant in context that are not deleted (the only ones it sees)."""
+    return WebhookEndpoint.objects.filter(deleted_at__isnull=True)
+
+
 def _locked(endpoint: WebhookEndpoint) -> WebhookEndpoint:
-    found: WebhookEndpoint = first_or_404(WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk))
+    found: WebhookEndpoint = first_or_404(live_endpoints().select_for_update().filter(pk=endpoint.pk))
     return found
 
 
@@ -271,13 +276,23 @@ def webhook_rotate(endpoint: WebhookEndpoint, *, grace_s: int = DEFAULT_GRACE_S)
     return Revealed(row, secret)
 
 
+# The disabled reason of a deleted endpoint (which no one of the tenant sees).
+DELETED = "deleted"
+
+
 def webhook_delete(endpoint: WebhookEndpoint) -> None:
-    """Delete the endpoint and its delivery log; what is still pending is not sent. The endpoint's row
-    is locked first, as an attempt's record locks it (``webhook_delivery``): the cascade deletes the
-    deliveries before the endpoint, and taken in that order the two deadlocked."""
+    """Delete the endpoint for the tenant: two statements on its row, however long its delivery log.
+    It is marked deleted and disabled, so nothing finds it, no outcome is delivered to it, and an
+    attempt of a delivery still pending sends nothing; its deliveries, then its row, are removed a
+    batch at a time by the coordinator (``webhook_delivery.purge_deleted_endpoints``). Deleting them
+    here held one transaction for the whole log (a busy endpoint's is millions). The row is locked
+    ``FOR UPDATE`` first: an outcome that locked it ``FOR KEY SHARE`` (``_still_there``) is waited
+    for, and one that comes after leaves it out."""
     with transaction.atomic():
-        list(WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).values_list("pk", flat=True))
-        endpoint.delete()
+        row = _locked(endpoint)
+        now = timezone.now()
+        live_endpoints().filter(pk=row.pk).update(deleted_at=now, enabled=False, disabled_reason=DELETED,
+                                                  disabled_at=row.disabled_at or now, updated_at=now)
         forget_endpoints()
     log.info("webhook_deleted", webhook_id=str(endpoint.pk))
 
@@ -301,7 +316,7 @@ def workflow_deleted(name: str, **kwargs: Any) -> int:
     why (with none left, it would cover all); one disabled already takes that reason too, which is
     what asks for its workflows when it is enabled again. How many endpoints changed."""
     changed = 0
-    for endpoint in WebhookEndpoint.objects.select_for_update().filter(workflows__contains=[name]):
+    for endpoint in live_endpoints().select_for_update().filter(workflows__contains=[name]):
         left = [workflow for workflow in endpoint.workflows if workflow != name]
         fields: dict[str, Any] = {"workflows": left, "updated_at": timezone.now()}
         if not left:
@@ -325,8 +340,9 @@ def deliveries_stop(endpoint_id: Any, reason: str) -> int:
 
 
 def webhook_of(endpoint_id: Any) -> WebhookEndpoint:
-    """An endpoint of the tenant in context, or ``NotFound`` (also for another tenant's, or a bad id)."""
-    found: WebhookEndpoint = first_or_404(WebhookEndpoint.objects.filter(pk=parse_uuid(endpoint_id)))
+    """An endpoint of the tenant in context, or ``NotFound`` (also for another tenant's, a deleted one,
+    or a bad id)."""
+    found: WebhookEndpoint = first_or_404(live_endpoints().filter(pk=parse_uuid(endpoint_id)))
     return found
 
 
@@ -403,14 +419,14 @@ def on_run_event(run: WorkflowRun, type_: str, node_id: str, data: dict[str, Any
 
 
 def _still_there(endpoints: list[WebhookEndpoint]) -> list[WebhookEndpoint]:
-    """Those of ``endpoints`` (the process's copy, which may name one deleted since) that still exist,
-    locked ``FOR KEY SHARE`` until the outcome commits, as its deliveries' references are at its commit:
-    a deletion in progress is waited for, and its endpoint left out. Before, a delivery to an endpoint
-    deleted meanwhile failed its reference at the outcome's commit, and the outcome with it (a run's
-    start whose first tick ended it answered 500)."""
+    """Those of ``endpoints`` (the process's copy, which may name one deleted since) that are not
+    deleted, locked ``FOR KEY SHARE`` until the outcome commits, as its deliveries' references are at
+    its commit: a deletion in progress is waited for, and its endpoint left out (the purge deletes
+    its row later). Before, a delivery to an endpoint deleted meanwhile failed its reference at the
+    outcome's commit, and the outcome with it (a run's start whose first tick ended it answered 500)."""
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id FROM {WebhookEndpoint._meta.db_table} "  # noqa: S608 - no value in the text
-                       "WHERE tenant_id = %s AND id = ANY(%s) FOR KEY SHARE",
+                       "WHERE tenant_id = %s AND id = ANY(%s) AND deleted_at IS NULL FOR KEY SHARE",
                        [current_tenant().pk, [endpoint.pk for endpoint in endpoints]])
         kept = {row[0] for row in cursor.fetchall()}
     return [endpoint for endpoint in endpoints if endpoint.pk in kept]
