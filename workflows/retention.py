@@ -11,8 +11,12 @@ usage counters (the monthly run quota) are not history: they stay.
 tenants (round and round), and for each one at its ``ROOTS_PER_BATCH`` trees that ended first
 after where its previous look stopped (an index on the roots' ``finished_at``, entered at that
 place): so a tree that cannot go yet is passed over, not looked at again and again. A batch takes
-those trees while they hold no more than ``RUNS_PER_BATCH`` runs together (a larger tree alone),
-and the next batch goes on from the first it left. It goes on,
+those trees while they hold no more than ``RUNS_PER_BATCH`` runs together, and the next batch goes
+on from the first it left. A tree larger than that alone (a root's thousands of children, a loop's
+long ContinueAsNew chain) goes a part at a time, ``RUNS_PER_BATCH`` runs a batch across as many
+passes as it takes: the runs none of the others points at first (the newest; the root last), so
+what is left between two batches is a tree whose rows point at nothing deleted, and each batch
+looks again, under its locks, that every run of the tree ended before the cutoff. It goes on,
 one batch per tenant in turn, while a tenant has more to look at and ``PASS_BUDGET_S`` lasts: a
 tenant whose history grows faster than one batch a pass still gets through it, and the pass
 stays short enough for the coordinator's other work. Each batch is deleted in its own short
@@ -30,7 +34,7 @@ from typing import Any
 
 import structlog
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
@@ -116,33 +120,41 @@ def _expire_batch(cutoff: datetime, limit: int) -> Batch:
     than ``RUNS_PER_BATCH`` runs together (the first one whatever its size), deleted in one
     transaction. The trees left for want of room are the next batch's first."""
     tenant_id = current_tenant().pk
-    looked = list(expired_roots(cutoff, after=_root_cursor.get(tenant_id))[:limit])
+    before = _root_cursor.get(tenant_id)
+    looked = list(expired_roots(cutoff, after=before)[:limit])
     if not looked:
         _root_cursor.pop(tenant_id, None)  # round again from the oldest next time
         return Batch(runs=0, full=False, seconds=0.0)
     sizes = dict(_trees_ended([root for _, root in looked], cutoff))
     chosen: list[Any] = []
-    runs, reached = 0, len(looked)
+    runs, reached, part = 0, len(looked), None
     for index, (_, root) in enumerate(looked):
         size = sizes.get(root)
         if size is None:
             continue  # cannot go yet: passed over
+        if not chosen and size > RUNS_PER_BATCH:
+            part, reached = root, index  # too large for one batch: a part of it, and the rest is the next batch's
+            break
         if chosen and runs + size > RUNS_PER_BATCH:
             reached = index  # this tree and those after it: the next batch's
             break
         chosen.append(root)
         runs += size
-    full = reached < len(looked) or len(looked) == limit
-    if full:
-        _root_cursor[tenant_id] = looked[reached - 1]
-    else:
+    full = part is not None or reached < len(looked) or len(looked) == limit
+    cursor = (looked[reached - 1] if reached else before) if full else None
+    if cursor is None:
         _root_cursor.pop(tenant_id, None)  # round again from the oldest next time
-    if not chosen:
+    else:
+        _root_cursor[tenant_id] = cursor
+    if not chosen and part is None:
         return Batch(runs=0, full=full, seconds=0.0)
     started = time.perf_counter()
     with transaction.atomic():
-        trees = _ended_trees(chosen, cutoff)
-        deleted = delete_run_trees(trees) if trees else 0
+        if part is not None:
+            deleted = _expire_part(part, cutoff)
+        else:
+            trees = _ended_trees(chosen, cutoff)
+            deleted = delete_run_trees(trees) if trees else 0
     return Batch(runs=deleted, full=full, seconds=time.perf_counter() - started)
 
 
@@ -177,14 +189,51 @@ def _trees_ended(roots: list[Any], cutoff: datetime) -> list[tuple[Any, int]]:
 def delete_run_trees(roots: list[Any]) -> int:
     """Delete the runs of the trees of ``roots`` (of the tenant in context) and everything of theirs;
     how many runs. The caller's transaction holds the runs' locks."""
-    runs = WorkflowRun.objects.filter(root_run_id__in=roots)
-    ids = list(runs.values_list("pk", flat=True))
+    return _delete_runs(list(WorkflowRun.objects.filter(root_run_id__in=roots).values_list("pk", flat=True)))
+
+
+def _expire_part(root: Any, cutoff: datetime) -> int:
+    """Delete, in the caller's transaction, a part of the tree of ``root``, which is too large for
+    one batch: up to ``RUNS_PER_BATCH`` of its runs that none of the others points at
+    (``_leaves_first``), once the root's row and theirs are locked and every run of the tree is
+    seen ended before ``cutoff`` (else nothing: a run that started again keeps what is left of its
+    tree); how many runs. What is left points at nothing deleted, and the root, which the next
+    batches find the tree by, goes last."""
+    part = _leaves_first(root)
+    list(WorkflowRun.objects.select_for_update().filter(pk__in=[root, *part]).values_list("pk"))
+    # A statement after the locks sees what committed before them; a run that started again since
+    # the part was chosen (the only way a run comes to point at one of them) is not ended.
+    if not part or not _trees_ended([root], cutoff):
+        return 0
+    # Their parents' steps, which stay, no longer point at them (as when a child run is deleted alone).
+    StepRun.objects.filter(child_run_id__in=part).exclude(run_id__in=part).update(child_run=None)
+    return _delete_runs(part)
+
+
+def _leaves_first(root: Any) -> list[Any]:
+    """Up to ``RUNS_PER_BATCH`` runs of the tree of ``root`` that none of its other runs points at
+    (as parent or predecessor): its newest, since a child is created after its parent and a
+    successor after its predecessor (the root, the oldest, is the last); and when runs created at
+    the same moment leave one of those pointed at from outside them, the runs nothing points at at
+    all (fewer a batch: a ContinueAsNew chain has one)."""
+    runs = WorkflowRun.objects.filter(root_run_id=root)
+    newest = list(runs.order_by("-created_at", "-id").values_list("pk", flat=True)[:RUNS_PER_BATCH])
+    pointing = runs.filter(Q(parent_run_id__in=newest) | Q(continued_from_id__in=newest)).exclude(pk__in=newest)
+    if not pointing.exists():
+        return newest
+    pointed_at = WorkflowRun.objects.filter(Q(parent_run_id=OuterRef("pk")) | Q(continued_from_id=OuterRef("pk")))
+    return list(runs.exclude(Exists(pointed_at)).values_list("pk", flat=True)[:RUNS_PER_BATCH])
+
+
+def _delete_runs(ids: list[Any]) -> int:
+    """Delete the runs ``ids`` and everything of theirs; how many runs. None of the runs that stay
+    may point at them as parent or predecessor."""
     # What points at them from outside: reruns of them (kept, without the link), and signals
     # delivered to their steps (theirs: they go too).
-    WorkflowRun.objects.filter(rerun_of_id__in=ids).exclude(root_run_id__in=roots).update(rerun_of=None)
+    WorkflowRun.objects.filter(rerun_of_id__in=ids).exclude(pk__in=ids).update(rerun_of=None)
     for model in TREE_MODELS:
         model.objects.filter(run_id__in=ids)._raw_delete(connection.alias)
     # One statement for the runs: a tree's rows point at each other (parent, predecessor), which
     # the database checks when the statement ends.
-    runs._raw_delete(connection.alias)
+    WorkflowRun.objects.filter(pk__in=ids)._raw_delete(connection.alias)
     return len(ids)

@@ -118,14 +118,14 @@ def test_a_batch_takes_trees_while_their_runs_fit_and_the_next_batch_goes_on_fro
     tenant, monkeypatch
 ):
     """A tree has no bound (its children, a loop's successors): a batch takes trees while they hold
-    no more than ``RUNS_PER_BATCH`` runs together, the first one whatever its size, so that a
-    batch of large trees is not one long transaction; the trees left are the next batch's."""
+    no more than ``RUNS_PER_BATCH`` runs together, and a tree larger than that alone a part of it,
+    so that a batch of large trees is not one long transaction; the trees left are the next batch's."""
     monkeypatch.setattr(retention, "RUNS_PER_BATCH", 4, raising=False)
     roots = [tree(tenant, ended_days_ago=days, children=children) for days, children in ((5, 4), (4, 2), (3, 1))]
 
-    # No time for a second batch: one batch a pass. 5 runs (more than fit, but alone), then 3 (3 + 2 do
-    # not fit), then 2.
-    assert [retention.expire_runs(budget_s=0) for _ in range(4)] == [5, 3, 2, 0]
+    # No time for a second batch: one batch a pass. 4 of the first tree's 5 runs (its children), then
+    # its root and the second tree (1 + 3; the third's 2 do not fit), then the third.
+    assert [retention.expire_runs(budget_s=0) for _ in range(4)] == [4, 4, 2, 0]
     assert [runs_of(tenant, root) for root in roots] == [0, 0, 0]
 
 
@@ -171,3 +171,81 @@ def test_a_tree_whose_run_started_again_before_retention_locked_it_is_kept(tenan
     assert retention.expire_runs() == 1
 
     assert (runs_of(tenant, retried), runs_of(tenant, other)) == (1, 0)
+
+
+def chain(tenant: Tenant, *, length: int, ended_days_ago: float) -> WorkflowRun:
+    """A root run continued as new ``length - 1`` times, each run with a step and its successor's
+    ``continued_from``; all ended ``ended_days_ago``."""
+    with tenant_context(tenant):
+        root, _ = services.run_start(workflow="nap", input={})
+        last = root
+        for _ in range(length - 1):
+            last = WorkflowRun.objects.create(workflow=root.workflow, workflow_name="nap", input={},
+                                              root_run_id=root.root_run_id, continued_from=last)
+        ended = timezone.now() - timedelta(days=ended_days_ago)
+        WorkflowRun.objects.filter(root_run_id=root.root_run_id).update(status="continued", finished_at=ended)
+        WorkflowRun.objects.filter(pk=last.pk).update(status="succeeded")
+        return root
+
+
+def parent_steps(tenant: Tenant, root: WorkflowRun) -> None:
+    """A ``subworkflow`` step of the root for each of its children, pointing at it."""
+    with tenant_context(tenant):
+        for child in WorkflowRun.objects.filter(parent_run_id=root.pk):
+            StepRun.objects.create(run=root, node_id=child.parent_node_id, node_type="subworkflow",
+                                   status="succeeded", child_run=child)
+
+
+def consistent(tenant: Tenant, root: WorkflowRun) -> int:
+    """The runs left of ``root``'s tree, once it is checked that none of them, nor of their steps,
+    points at a run that is gone, and that the root is among them while any is."""
+    with tenant_context(tenant):
+        left = WorkflowRun.objects.filter(root_run_id=root.root_run_id)
+        ids = set(left.values_list("pk", flat=True))
+        for parent, predecessor in left.values_list("parent_run_id", "continued_from_id"):
+            assert parent is None or parent in ids
+            assert predecessor is None or predecessor in ids
+        children = StepRun.objects.filter(run_id__in=ids, child_run__isnull=False)
+        assert set(children.values_list("child_run_id", flat=True)) <= ids
+        assert not ids or root.pk in ids
+        return len(ids)
+
+
+@pytest.mark.parametrize("one_moment", [False, True], ids=["created-in-order", "created-at-one-moment"])
+def test_a_tree_larger_than_a_batch_goes_in_bounded_batches_leaves_first_and_stays_whole_between_them(
+    tenant, monkeypatch, one_moment
+):
+    """A root with thousands of children, or a loop's long ContinueAsNew chain, went in one
+    transaction. It goes a batch at a time, the runs nothing else points at first (the newest: a
+    child after its parent, a successor after its predecessor; the root last), so that what is left
+    between two passes points at nothing deleted."""
+    monkeypatch.setattr(retention, "RUNS_PER_BATCH", 2, raising=False)
+    wide = tree(tenant, ended_days_ago=5, children=5)
+    parent_steps(tenant, wide)
+    long = chain(tenant, length=5, ended_days_ago=4)
+    if one_moment:  # the newest first cannot tell them apart: the runs nothing points at are taken
+        with tenant_context(tenant):
+            WorkflowRun.objects.update(created_at=timezone.now() - timedelta(days=6))
+
+    sizes = []
+    for _ in range(8):  # one batch a pass
+        deleted = retention.expire_runs(budget_s=0)
+        assert deleted <= 2
+        sizes.append((consistent(tenant, wide), consistent(tenant, long)))
+    assert sizes[:3] == [(4, 5), (2, 5), (0, 5)]
+    assert sizes[-1] == (0, 0)
+    with tenant_context(tenant):
+        assert not StepRun.objects.exists()
+        assert not RunSignal.objects.exists()
+
+
+def test_a_tree_being_deleted_in_batches_is_kept_once_one_of_its_runs_starts_again(tenant, monkeypatch):
+    monkeypatch.setattr(retention, "RUNS_PER_BATCH", 2, raising=False)
+    wide = tree(tenant, ended_days_ago=5, children=5)
+    assert retention.expire_runs(budget_s=0) == 2
+    with tenant_context(tenant):  # a retry of one of the runs left
+        left = WorkflowRun.objects.filter(parent_run_id=wide.pk).order_by("created_at").first()
+        WorkflowRun.objects.filter(pk=left.pk).update(status="running", finished_at=None)
+
+    assert [retention.expire_runs(budget_s=0) for _ in range(3)] == [0, 0, 0]
+    assert consistent(tenant, wide) == 4
