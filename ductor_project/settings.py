@@ -165,16 +165,11 @@ DATABASE_OWNER_URL = env.str(
 REDIS_URL = env.str("REDIS_URL", default=_embedded.redis_url)
 
 
-def _redis_setting(name: str) -> str:
-    """How a message names the setting a Redis URL came from: itself, or REDIS_URL as its default."""
-    return name if env.str(name, default="") else f"REDIS_URL (the default of {name})"
-
-
 # Two Redis roles (docs/operations.md). Ductor's own state (the fair queue, capacity counters,
 # limiters, breakers, credits, heartbeats) may be a Redis Cluster or a Sentinel setup
 # (ductor_project/core/redis_urls.py has the URL forms); a bad URL refuses to start.
 DUCTOR_QUEUE_REDIS_URL = env.str("DUCTOR_QUEUE_REDIS_URL", default=REDIS_URL)
-redis_urls.parse(DUCTOR_QUEUE_REDIS_URL, setting=_redis_setting("DUCTOR_QUEUE_REDIS_URL"))
+redis_urls.parse(DUCTOR_QUEUE_REDIS_URL, setting=redis_urls.setting_name("DUCTOR_QUEUE_REDIS_URL"))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -262,7 +257,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # setup (not a cluster: the queue state's may be one), as django-redis reaches it; the client class
 # and the options from the environment win.
 CACHE_REDIS_URL = env.str("CACHE_REDIS_URL", default=REDIS_URL)
-_cache = redis_urls.django_cache_config(CACHE_REDIS_URL, setting=_redis_setting("CACHE_REDIS_URL"))
+_cache = redis_urls.django_cache_config(CACHE_REDIS_URL, setting=redis_urls.setting_name("CACHE_REDIS_URL"))
 
 
 def cache_client_class(name: str, default: str) -> str:
@@ -414,9 +409,9 @@ SPECTACULAR_SETTINGS = {
 # master_name; the transport options of the environment (JSON objects: a visibility timeout, TLS
 # options, socket timeouts) win.
 CELERY_BROKER_URL, _broker_options = redis_urls.kombu_config(
-    env.str("CELERY_BROKER_URL", default=REDIS_URL), setting=_redis_setting("CELERY_BROKER_URL"))
+    env.str("CELERY_BROKER_URL", default=REDIS_URL), setting=redis_urls.setting_name("CELERY_BROKER_URL"))
 CELERY_RESULT_BACKEND, _results_options = redis_urls.kombu_config(
-    env.str("CELERY_RESULT_BACKEND", default=REDIS_URL), setting=_redis_setting("CELERY_RESULT_BACKEND"))
+    env.str("CELERY_RESULT_BACKEND", default=REDIS_URL), setting=redis_urls.setting_name("CELERY_RESULT_BACKEND"))
 CELERY_BROKER_TRANSPORT_OPTIONS = {**_broker_options, **options("CELERY_BROKER_TRANSPORT_OPTIONS")}
 # kombu's Redis transport, keeping one Redis client per channel (ductor_project/broker_transport.py);
 # another broker keeps kombu's own.

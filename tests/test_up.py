@@ -257,3 +257,39 @@ def test_a_web_server_that_lost_its_port_is_told_as_such(logged: str, tmp_path: 
     assert 'make up ARGS="--port 8123"' in str(error)
     other = SimpleNamespace(alive=lambda: False, output=lambda: "ImportError: no module", log_path=dead.log_path)
     assert port_taken(other, 8000) is None
+
+
+def test_an_up_whose_redis_is_out_of_reach_says_so_in_one_line_naming_the_setting_and_starts_nothing() -> None:
+    """With ``REDIS_URL`` naming a port where nothing listens, up printed "Ductor is up." while
+    ``/readyz`` answered 503 and every child that reads Redis failed over and over."""
+    data_dir = new_data_dir()
+    nowhere = free_port()  # nothing listens there
+    env = {**os.environ, "DUCTOR_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "ductor_project.settings",
+           "REDIS_URL": f"redis://127.0.0.1:{nowhere}/0"}
+    env.pop("DATABASE_URL", None)
+    for name in ("DUCTOR_QUEUE_REDIS_URL", "CACHE_REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(free_port())], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # it came up: Ctrl-C stops what it started
+            os.killpg(proc.pid, signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=45)
+        assert "Ductor is up." not in stdout
+        assert "Starting the web server" not in stdout
+        assert proc.returncode == 1
+        last = stderr.splitlines()[-1]
+        assert last.startswith("CommandError: Redis is out of reach at REDIS_URL "), stderr
+        assert f"127.0.0.1:{nowhere}" in last
+        assert "Traceback" not in stderr
+        assert "Stopped, with the embedded PostgreSQL and Redis it started." in stdout
+        assert _processes_under(data_dir) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        from ductor_project import embedded
+
+        embedded.stop(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -24,6 +24,7 @@ carries a bad option, is refused with a ``RedisUrlError`` that names the setting
 from __future__ import annotations
 
 import enum
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +142,12 @@ class RedisUrl:
 
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def setting_name(name: str) -> str:
+    """How a message names the setting ``name`` a Redis URL came from: itself when the environment
+    sets it, else REDIS_URL, as its default."""
+    return name if os.environ.get(name) else f"REDIS_URL (the default of {name})"
 
 
 def shown(url: str) -> str:

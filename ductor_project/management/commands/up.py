@@ -1,6 +1,7 @@
 """``python manage.py up``: the whole stack on this machine, until Ctrl-C.
 
-Starts (or attaches to) PostgreSQL and Redis, migrates, then runs the web
+Starts (or attaches to) PostgreSQL and Redis, refuses to go on when Redis does not
+answer (one line naming its setting: ``redis_out_of_reach``), migrates, then runs the web
 server (gunicorn; ``--dev`` for runserver), Celery workers (of steps, and of the
 outcomes of task nodes: ``--results-workers``), dispatchers and the coordinator
 as children of ``ductor_project.stack.Stack``. A child that dies is
@@ -32,10 +33,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django_redis import get_redis_connection
 
 from ductor_project import embedded
 from ductor_project.celery import RESULTS_WORKER_ARGS, STEP_WORKER_ARGS
-from ductor_project.core import heartbeats, redis_urls
+from ductor_project.core import heartbeats, redis, redis_urls
+from ductor_project.core.errors import service_out_of_reach
 from ductor_project.stack import Child, ChildError, Stack, free_port
 
 READY_TIMEOUT_S = 60.0
@@ -90,6 +93,9 @@ class Command(BaseCommand):
                 self._stop_services(keep=options["keep_services"])
 
     def _run(self, options: dict[str, Any]) -> None:
+        problem = redis_out_of_reach()
+        if problem is not None:
+            raise CommandError(problem)
         # Each step may take a while (seconds for the migrations, up to READY_TIMEOUT_S for the web
         # server): say what is being waited for, not nothing until "Ductor is up.".
         self.stdout.write("Applying the migrations...")
@@ -142,6 +148,25 @@ class Command(BaseCommand):
             self.stdout.write("Stopped. The embedded PostgreSQL and Redis keep running; `make down` stops them.")
         else:
             self.stdout.write("Stopped. PostgreSQL and Redis were running before and keep running.")
+
+
+def redis_out_of_reach() -> str | None:
+    """Why Ductor's Redis cannot be used, in one line naming the setting of the server that does not
+    answer (its own state's, ``DUCTOR_QUEUE_REDIS_URL``, each primary of a cluster; the cache's,
+    ``CACHE_REDIS_URL``; both ``REDIS_URL`` by default); None when each answers ``PING``. Out of
+    reach, the stack came up all the same, said "Ductor is up." while ``/readyz`` answered 503, and
+    each child that reads Redis failed again and again."""
+    servers = (("DUCTOR_QUEUE_REDIS_URL", settings.DUCTOR_QUEUE_REDIS_URL, redis.ping),
+               ("CACHE_REDIS_URL", settings.CACHE_REDIS_URL, lambda: get_redis_connection("default").ping()))
+    for name, url, ping in servers:
+        try:
+            ping()
+        except Exception as exc:
+            if service_out_of_reach(exc) is None:
+                raise
+            return (f"Redis is out of reach at {redis_urls.setting_name(name)}, {redis_urls.shown(url)}: "
+                    f"{' '.join(str(exc).split())} Start it, or point the setting at one that runs.")
+    return None
 
 
 # Held by the up of a data dir while it runs (not by its children: the file is not inherited).
