@@ -117,8 +117,9 @@ def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int
 def _expire_batch(cutoff: datetime, limit: int) -> Batch:
     """One batch of the tenant in context: the next ``limit`` roots that ended before ``cutoff``,
     and of those the trees that ended entirely before it, in that order while they hold no more
-    than ``RUNS_PER_BATCH`` runs together (the first one whatever its size), deleted in one
-    transaction. The trees left for want of room are the next batch's first."""
+    than ``RUNS_PER_BATCH`` runs together, deleted in one transaction; when the first is larger
+    than that alone, a part of it (``_expire_part``). The trees left for want of room, and what is
+    left of that one, are the next batch's first."""
     tenant_id = current_tenant().pk
     before = _root_cursor.get(tenant_id)
     looked = list(expired_roots(cutoff, after=before)[:limit])
