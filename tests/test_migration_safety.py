@@ -67,7 +67,7 @@ def database_operations(operations: list[Operation]) -> Iterator[Operation]:
             yield operation
 
 
-def _field_problem(field: models.Field) -> str | None:  # type: ignore[type-arg]
+def _field_problem(field: models.Field) -> str | None:
     if field.many_to_many:
         return None
     if field.db_index or field.unique or field.remote_field is not None:
