@@ -14,8 +14,11 @@ of ``LARGE`` that the same migration does not create is refused when it
 - alters a column (a new type writes every row again, a new index is built);
 
 and one on any table is refused when it removes or renames a field or a model (the previous
-release's processes still read it: expand, then contract in a later release), or runs Python
-over the data (``migrate`` holds its locks until it ends: it must work in batches).
+release's processes still read it: expand, then contract in a later release), adds a column
+that may not be null and has no default in the database (``db_default``: Django drops the one
+``default`` gives once the column is filled, so the previous release's inserts, which leave the
+column out, fail), or runs Python over the data (``migrate`` holds its locks until it ends: it
+must work in batches).
 
 A migration named in ``REVIEWED`` was read for what it does to a live deployment; the reason
 says why it stays as it is.
@@ -39,6 +42,8 @@ LARGE = frozenset({("workflows", "workflowrun"), ("workflows", "steprun"), ("wor
 
 _BEFORE_HISTORY = ("applied, as every migration is, once by each deployment; a deployment that "
                    "started after it has run it on empty tables")
+_PLAN_LIMIT = ("updates the three seeded plans; the limit has no default in the database: a plan the "
+               "previous release's platform API created failed from the migration until it was replaced")
 REVIEWED = {
     ("workflows", "0003_run_rerun_of"): (
         "the runs' rerun_of: its foreign key is checked and its index built while the runs table "
@@ -46,13 +51,19 @@ REVIEWED = {
     ("workflows", "0006_waits_signals_webhooks"): (
         "event_tenant_age and run_tenant_root_finished are built while the events and runs tables "
         f"take no writes; {_BEFORE_HISTORY}"),
+    ("workflows", "0007_run_fairness_key"): (
+        "fairness_key has no default in the database: the previous release's run starts failed from "
+        "the migration until its processes were replaced"),
+    ("workflows", "0013_event_refused_triggers"): (
+        "refused has no default in the database: the previous release's events failed from the "
+        "migration until its processes were replaced"),
     ("scheduling", "0002_one_template_language"): "rewrites every stored rule: a few per tenant",
     ("tenants", "0002_system_tenant"): "creates one row",
-    ("tenants", "0003_plans"): "seeds the three plans",
-    ("tenants", "0004_plan_max_schedules"): "updates the three seeded plans",
-    ("tenants", "0005_plan_event_retention"): "updates the three seeded plans",
-    ("tenants", "0006_plan_history_retention"): "updates the three seeded plans",
-    ("tenants", "0007_plan_max_fairness_keys"): "updates the three seeded plans",
+    ("tenants", "0003_plans"): "seeds the three plans; a tenant's plan has no default in the database",
+    ("tenants", "0004_plan_max_schedules"): _PLAN_LIMIT,
+    ("tenants", "0005_plan_event_retention"): _PLAN_LIMIT,
+    ("tenants", "0006_plan_history_retention"): _PLAN_LIMIT,
+    ("tenants", "0007_plan_max_fairness_keys"): _PLAN_LIMIT,
 }
 
 _INDEX_SQL = re.compile(r"\bCREATE\s+(UNIQUE\s+)?INDEX\s+(?!CONCURRENTLY\b)", re.IGNORECASE)
@@ -73,7 +84,7 @@ def _field_problem(field: models.Field) -> str | None:
     if field.db_index or field.unique or field.remote_field is not None:
         return "builds an index or checks a foreign key while the table takes no writes"
     db_default = field.db_default
-    if db_default is not models.NOT_PROVIDED and not isinstance(db_default, models.Value):
+    if hasattr(db_default, "resolve_expression") and not isinstance(db_default, models.Value):
         return "adds a column whose default is an expression: a volatile one writes every row again"
     return None
 
@@ -102,6 +113,12 @@ def _sql_problem(operation: migrations.RunSQL) -> str | None:
     return None
 
 
+def _insert_problem(field: models.Field) -> str | None:
+    if field.null or field.many_to_many or field.primary_key or field.db_default is not models.NOT_PROVIDED:
+        return None
+    return "adds a column that may not be null, with no db_default: the previous release's inserts fail"
+
+
 def _contract_problem(operation: Operation) -> str | None:
     if isinstance(operation, migrations.RemoveField | migrations.RenameField | migrations.DeleteModel
                   | migrations.RenameModel):
@@ -119,6 +136,8 @@ def problems(app: str, migration: migrations.Migration) -> list[str]:
     for operation in database_operations(migration.operations):
         model = getattr(operation, "model_name_lower", None) or getattr(operation, "name_lower", None)
         problem = _contract_problem(operation)
+        if problem is None and isinstance(operation, migrations.AddField) and model not in created:
+            problem = _insert_problem(operation.field)
         if problem is None and isinstance(operation, migrations.RunSQL):
             problem = _sql_problem(operation)
         if problem is None and (app, model) in LARGE and model not in created:
@@ -155,12 +174,14 @@ REFUSED = {
     "a unique constraint": migrations.AddConstraint(
         "webhookdelivery", models.UniqueConstraint(fields=["run"], name="delivery_one_per_run")),
     "an indexed column": migrations.AddField("workflowrun", "label", models.CharField(max_length=8, db_index=True,
-                                                                                      default="")),
+                                                                                      null=True)),
     "a foreign key": migrations.AddField("event", "endpoint", models.ForeignKey(
         "workflows.webhookendpoint", null=True, on_delete=models.SET_NULL)),
     "a volatile default": migrations.AddField("workflowrun", "token", models.UUIDField(
         db_default=models.Func(function="gen_random_uuid"))),
     "a column altered": migrations.AlterField("runevent", "type", models.CharField(max_length=64)),
+    "a column the previous release's inserts leave out": migrations.AddField(
+        "schedule", "note", models.TextField(default="")),
     "a column removed": migrations.RemoveField("workflowdefinition", "archived_at"),
     "a column renamed": migrations.RenameField("schedule", "jitter_s", "jitter"),
     "a data migration": migrations.RunPython(migrations.RunPython.noop),
@@ -177,8 +198,8 @@ ALLOWED = {
     "an index in SQL built concurrently": migrations.RunSQL(
         'CREATE INDEX CONCURRENTLY "x" ON "workflows_runevent" ("type")'),
     "a nullable column": migrations.AddField("steprun", "note", models.TextField(null=True)),
-    "a column with a constant default": migrations.AddField("workflowrun", "label", models.CharField(
-        max_length=8, default="")),
+    "a column with a constant default in the database": migrations.AddField(
+        "workflowrun", "label", models.CharField(max_length=8, db_default="")),
     "an index on a small table": migrations.AddIndex("schedule", models.Index(fields=["name"], name="n")),
 }
 
