@@ -167,10 +167,10 @@ def table_key() -> str:
 
 def _shared() -> RoutingTable:
     """The table of the tenant's routing version from the Django cache, or built (and cached in
-    place of the table of another version)."""
+    place of the table of another version, or of another release's shape: ``freshness.complete``)."""
     version = current_version()
     table = cache.get(table_key())
-    if not isinstance(table, RoutingTable) or table.version != version:
+    if not isinstance(table, RoutingTable) or table.version != version or not freshness.complete(table):
         table = build(version)
         cache.set(table_key(), table, TABLE_TTL_S)
     return table

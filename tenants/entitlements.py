@@ -195,10 +195,11 @@ def effective_entitlements(tenant: Tenant) -> Entitlements:
 
 
 def _shared(tenant: Tenant) -> Entitlements:
-    """The limits from the shared cache, or resolved (and cached) when it has none."""
+    """The limits from the shared cache, or resolved (and cached) when it has none, or none of this
+    release's shape (``freshness.complete``: a previous release's, during a rolling deploy)."""
     key = _cache_key(tenant)
     cached = cache.get(key)
-    if isinstance(cached, Entitlements):
+    if isinstance(cached, Entitlements) and freshness.complete(cached):
         return cached
     resolved = resolve(tenant)
     cache.set(key, resolved, CACHE_TTL_S)
