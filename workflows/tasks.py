@@ -8,6 +8,11 @@ An outcome whose message does not name an attempt as Ductor's callbacks do
 (made up, or mangled on the way: ``refusal``) is refused, logged as
 ``task_outcome_refused``, and changes nothing. One that cannot be kept because
 PostgreSQL is out of reach is tried again later (``OutcomeTask``).
+
+Each passes over the arguments it does not know (``**later``): a callback's are those of the
+release that published its task, which may run for hours, and one a later release signed (before a
+rollback, or while a deploy rolls) would otherwise fail, its outcome lost and its step run again
+after its timeout. An argument a release adds is one this release may leave unread.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ class OutcomeTask(TenantTask):
 @tenant_task(name="ductor.task_succeeded", ignore_result=True, base=OutcomeTask)
 def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                    admitted: str = "", run_id: str = "", work_ms: Any = None, deadline: Any = None,
-                   worker: Any = "") -> None:
+                   worker: Any = "", **later: Any) -> None:
     """A task node's Celery task returned ``result`` (having run ``work_ms`` on the Celery worker
     ``worker``, when the team's worker has ``ductor_sdk``'s hook), by ``deadline`` or after it."""
     reason = refusal(step_id, item_id, delivery, connection_id, admitted, run_id)
@@ -90,7 +95,7 @@ def task_succeeded(result: Any, *, step_id: str, item_id: str, delivery: int, co
 @tenant_task(name="ductor.task_failed", ignore_result=True, base=OutcomeTask)
 def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, connection_id: str = "",
                 admitted: str = "", run_id: str = "", error: Mapping[str, Any] | None = None,
-                work_ms: Any = None, deadline: Any = None, worker: Any = "") -> None:
+                work_ms: Any = None, deadline: Any = None, worker: Any = "", **later: Any) -> None:
     """A task node's Celery task raised (Celery sends its id; ``ductor_sdk``'s hook adds the error,
     the time it ran and the worker it ran on), by ``deadline`` or after it."""
     reason = refusal(step_id, item_id, delivery, connection_id, admitted, run_id)
@@ -103,7 +108,7 @@ def task_failed(task_id: str, *, step_id: str, item_id: str, delivery: int, conn
 
 
 @tenant_task(name="ductor.task_heartbeat", ignore_result=True)
-def task_heartbeat(*, step_id: str, details: Any = None, worker: Any = "") -> None:
+def task_heartbeat(*, step_id: str, details: Any = None, worker: Any = "", **later: Any) -> None:
     """A task node's Celery task is alive (``ductor_sdk.worker.heartbeat``), with its progress, on the
     Celery worker ``worker`` (its node name; told when the step has ended)."""
     heartbeats.record(step_id, details, worker=task_nodes.worker_name(worker))

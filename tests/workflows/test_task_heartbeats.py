@@ -291,3 +291,9 @@ def test_the_reconciler_arms_a_heartbeat_wake_up_again_after_redis_lost_it(tenan
     reconcile_runs(full=True)
 
     assert fair_queue.pending([(Tenant.system(), wake)]) == [True]
+
+
+def test_a_heartbeat_a_later_release_sent_with_more_arguments_is_recorded(tenant_a):
+    step = running_task_step(tenant_a[0], heartbeat_s=5)
+    beat(tenant_a[0], step, details={"done": 3}, added_by_a_later_release={"any": 1})
+    assert reread(tenant_a[0], step).heartbeat_details == {"done": 3}

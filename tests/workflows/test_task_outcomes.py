@@ -128,6 +128,18 @@ def test_an_outcome_that_comes_after_its_timeout_is_discarded_though_the_reaper_
         assert (came["result"], came["error"]["code"]) == ("failed", "task_failed")
 
 
+@pytest.mark.parametrize("callback", [task_succeeded, task_failed])
+def test_an_outcome_whose_callback_a_later_release_signed_with_more_arguments_is_kept(tenant_b, callback):
+    """A callback's arguments are those of the release that published its task, which may run for
+    hours: one published by a later release (before a rollback, or while the deploy rolls) names an
+    argument this release does not know, which is passed over."""
+    step = running_task_step(tenant_b[0])
+    args = [{"sum": 1}] if callback is task_succeeded else ["celery-id"]
+    callback.apply(args=args, kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
+                                      "added_by_a_later_release": {"any": 1}}).get()
+    assert status_of(tenant_b[0], step) == ("succeeded" if callback is task_succeeded else "failed")
+
+
 def test_an_outcome_within_its_timeout_is_kept(tenant_b):
     step = running_task_step(tenant_b[0])
     task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),
