@@ -107,19 +107,61 @@ def check_roles(connection: Any, *, app_role: str, maintenance_role: str) -> Non
 def secure_tables(connection: Any, tables: list[str], *, app_role: str, maintenance_role: str) -> None:
     """Grant the two roles the rows of every table, and put row-level security on ``tables``
     (each with a ``tenant_id``). Idempotent; in one transaction, so the tables are never left
-    half secured. Runs as the tables' owner."""
+    half secured. Runs as the tables' owner.
+
+    A table whose wall is up as it would be made (``_walls``) is left alone: enabling row-level
+    security and making a policy each take the lock that blocks the table's every read and write
+    until the transaction ends, and every ``migrate`` of a deploy runs this while the previous
+    release serves, on the runs, steps and events tables among the others."""
     check_roles(connection, app_role=app_role, maintenance_role=maintenance_role)
     roles = sql.SQL(", ").join([sql.Identifier(app_role), sql.Identifier(maintenance_role)])
     tenant_row = sql.SQL("tenant_id = nullif(current_setting({}, true), '')::uuid").format(
         sql.Literal(TENANT_SETTING))
+    maintenance = sql.Identifier(maintenance_role)
     with connection.cursor() as cursor:
         cursor.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}")
                        .format(roles).as_string(cursor.connection))
         cursor.execute(sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {}")
                        .format(roles).as_string(cursor.connection))
+        wanted, walls = _wanted_wall(cursor, tenant_row, maintenance), _walls(cursor, tables)
         for table in tables:
-            for statement in _table_statements(sql.Identifier(table), tenant_row, sql.Identifier(maintenance_role)):
+            if walls.get(table) == wanted:
+                continue
+            for statement in _table_statements(sql.Identifier(table), tenant_row, maintenance):
                 cursor.execute(statement.as_string(cursor.connection))
+
+
+# A table's wall as the catalog shows it: row-level security on, and its two policies as PostgreSQL
+# prints them back (name, permissive, roles, command, its rows' condition and its writes' check).
+Wall = tuple[bool, frozenset[tuple[Any, ...]]]
+_POLICIES = ("SELECT tablename, policyname, permissive, roles::text[], cmd, qual, with_check FROM pg_policies "
+             "WHERE schemaname = %s AND policyname IN (%s, %s)")
+
+
+def _walls(cursor: Any, tables: list[str], schema: str = "public") -> dict[str, Wall]:
+    """The wall of each of ``tables`` in ``schema`` now: two catalog reads, no lock on the tables."""
+    cursor.execute("SELECT relname, relrowsecurity FROM pg_class WHERE relnamespace = %s::regnamespace "
+                   "AND relname = ANY(%s)", [schema, tables])
+    enabled = dict(cursor.fetchall())
+    cursor.execute(_POLICIES, [schema, TENANT_POLICY, MAINTENANCE_POLICY])
+    policies: dict[str, set[tuple[Any, ...]]] = {}
+    for table, *policy in cursor.fetchall():
+        policies.setdefault(table, set()).add((policy[0], policy[1], tuple(sorted(policy[2])), *policy[3:]))
+    return {table: (bool(on), frozenset(policies.get(table, ()))) for table, on in enabled.items()}
+
+
+def _wanted_wall(cursor: Any, tenant_row: sql.Composable, maintenance: sql.Identifier) -> Wall:
+    """The wall ``_table_statements`` makes, as the catalog shows it: made on a temporary table of
+    this transaction's own (whose locks block nobody), read back, and dropped."""
+    shape = sql.Identifier("ductor_wall_shape")
+    cursor.execute(sql.SQL("CREATE TEMPORARY TABLE {} (tenant_id uuid)").format(shape).as_string(cursor.connection))
+    for statement in _table_statements(shape, tenant_row, maintenance):
+        cursor.execute(statement.as_string(cursor.connection))
+    cursor.execute("SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema()")
+    [(schema,)] = cursor.fetchall()
+    wall = _walls(cursor, ["ductor_wall_shape"], schema)["ductor_wall_shape"]
+    cursor.execute(sql.SQL("DROP TABLE {}").format(shape).as_string(cursor.connection))
+    return wall
 
 
 def _table_statements(table: sql.Identifier, tenant_row: sql.Composable,
