@@ -213,3 +213,14 @@ def test_an_index_on_a_table_the_same_migration_creates_passes() -> None:
     create = migrations.CreateModel("steprun", fields=[("id", models.BigAutoField(primary_key=True))])
     index = migrations.AddIndex("steprun", models.Index(fields=["id"], name="i"))
     assert problems("workflows", _migration(create, index)) == []
+
+
+def test_every_migration_can_be_migrated_back() -> None:
+    """What a rollback may need, once no process of the release runs any more (docs/operations.md,
+    Upgrading): every operation has its reverse (a seed's is to keep what it seeded)."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    one_way = [f"{app}.{name}: {operation.describe()}"
+               for (app, name), migration in sorted(loader.disk_migrations.items())
+               if app in ("tenants", "scheduling", "workflows")
+               for operation in database_operations(migration.operations) if not operation.reversible]
+    assert one_way == []
