@@ -11,7 +11,8 @@ of ``LARGE`` that the same migration does not create is refused when it
   check reads every row; SQL that creates an index without ``CONCURRENTLY``), or drops one so;
 - adds a column whose database default is an expression: PostgreSQL writes every row again when
   it is volatile (``gen_random_uuid()``, ``clock_timestamp()``), under the lock that blocks reads;
-- alters a column (a new type writes every row again, a new index is built);
+- alters a column (a new type writes every row again, a new index is built), or the table in
+  SQL (``ALTER TABLE``);
 
 and one on any table is refused when it removes or renames a field or a model (the previous
 release's processes still read it: expand, then contract in a later release), adds a column
@@ -67,6 +68,7 @@ REVIEWED = {
 }
 
 _INDEX_SQL = re.compile(r"\bCREATE\s+(UNIQUE\s+)?INDEX\s+(?!CONCURRENTLY\b)", re.IGNORECASE)
+_ALTER_SQL = re.compile(r"\bALTER\s+TABLE\b", re.IGNORECASE)
 
 
 def database_operations(operations: list[Operation]) -> Iterator[Operation]:
@@ -108,8 +110,12 @@ def _large_table_problem(operation: Operation) -> str | None:
 def _sql_problem(operation: migrations.RunSQL) -> str | None:
     sql = str(operation.sql)
     tables = [f"{app}_{model}" for app, model in LARGE]
-    if _INDEX_SQL.search(sql) and any(table in sql for table in tables):
+    if not any(table in sql for table in tables):
+        return None
+    if _INDEX_SQL.search(sql):
         return "creates an index on a large table without CONCURRENTLY"
+    if _ALTER_SQL.search(sql):
+        return "alters a large table: most forms lock it against reads and writes, some write every row again"
     return None
 
 
@@ -180,6 +186,7 @@ REFUSED = {
     "a volatile default": migrations.AddField("workflowrun", "token", models.UUIDField(
         db_default=models.Func(function="gen_random_uuid"))),
     "a column altered": migrations.AlterField("runevent", "type", models.CharField(max_length=64)),
+    "a table altered in SQL": migrations.RunSQL('ALTER TABLE "workflows_steprun" ALTER COLUMN "node_id" TYPE text'),
     "a column the previous release's inserts leave out": migrations.AddField(
         "schedule", "note", models.TextField(default="")),
     "a column removed": migrations.RemoveField("workflowdefinition", "archived_at"),
