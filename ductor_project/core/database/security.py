@@ -136,10 +136,12 @@ def secure_tables(connection: Any, tables: list[str], *, app_role: str, maintena
 Wall = tuple[bool, frozenset[tuple[Any, ...]]]
 _POLICIES = ("SELECT tablename, policyname, permissive, roles::text[], cmd, qual, with_check FROM pg_policies "
              "WHERE schemaname = %s AND policyname IN (%s, %s)")
+# The table ``_wanted_wall`` makes the wall on, inside the transaction, to read it back.
+_WALL_SHAPE = "ductor_wall_shape"
 
 
 def _walls(cursor: Any, tables: list[str], schema: str = "public") -> dict[str, Wall]:
-    """The wall of each of ``tables`` in ``schema`` now: two catalog reads, no lock on the tables."""
+    """The wall of each of ``tables`` of ``schema`` now: two catalog reads, no lock on the tables."""
     cursor.execute("SELECT relname, relrowsecurity FROM pg_class WHERE relnamespace = %s::regnamespace "
                    "AND relname = ANY(%s)", [schema, tables])
     enabled = dict(cursor.fetchall())
@@ -151,15 +153,13 @@ def _walls(cursor: Any, tables: list[str], schema: str = "public") -> dict[str, 
 
 
 def _wanted_wall(cursor: Any, tenant_row: sql.Composable, maintenance: sql.Identifier) -> Wall:
-    """The wall ``_table_statements`` makes, as the catalog shows it: made on a temporary table of
-    this transaction's own (whose locks block nobody), read back, and dropped."""
-    shape = sql.Identifier("ductor_wall_shape")
-    cursor.execute(sql.SQL("CREATE TEMPORARY TABLE {} (tenant_id uuid)").format(shape).as_string(cursor.connection))
+    """The wall ``_table_statements`` makes, as the catalog shows it: made on a table this
+    transaction creates (no other sees it, and its locks block nobody), read back, and dropped."""
+    shape = sql.Identifier("public", _WALL_SHAPE)
+    cursor.execute(sql.SQL("CREATE TABLE {} (tenant_id uuid)").format(shape).as_string(cursor.connection))
     for statement in _table_statements(shape, tenant_row, maintenance):
         cursor.execute(statement.as_string(cursor.connection))
-    cursor.execute("SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema()")
-    [(schema,)] = cursor.fetchall()
-    wall = _walls(cursor, ["ductor_wall_shape"], schema)["ductor_wall_shape"]
+    wall = _walls(cursor, [_WALL_SHAPE])[_WALL_SHAPE]
     cursor.execute(sql.SQL("DROP TABLE {}").format(shape).as_string(cursor.connection))
     return wall
 
