@@ -643,12 +643,13 @@ class EventAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
 
 
 @admin.register(EventWait)
-class EventWaitAdmin(EngineRowsMixin, TenantScopedAdmin):
-    """The open waits of ``wait_for_event`` nodes (the index events and signals find them by), read only."""
+class EventWaitAdmin(BigTableListMixin, EngineRowsMixin, TenantScopedAdmin):
+    """The open waits of ``wait_for_event`` nodes (the index events and signals find them by), read only:
+    one per waiting step, as many as the runs that wait. Found by their event or key in the search box
+    (a filter offering every event name read every wait's on each page)."""
 
     list_display = ["event", "key", "run_link", "expires_at", "armed_at", "matched_at"]
     list_select_related: ClassVar[list[str]] = []  # its columns read the wait's own fields: join no run, step, version
-    list_filter = ["event"]
     search_fields = ["event", "key"]
     readonly_fields = ["run_link", "event", "key", "lookback_s", "expires_at", "armed_at", "matched_at", "matched_by",
                        "created_at"]
@@ -660,11 +661,12 @@ class EventWaitAdmin(EngineRowsMixin, TenantScopedAdmin):
 
 
 @admin.register(RunSignal)
-class RunSignalAdmin(EngineRowsMixin, TenantScopedAdmin):
-    """Signals sent to runs, read only: the wait each resumed, or none while it is kept."""
+class RunSignalAdmin(BigTableListMixin, EngineRowsMixin, TenantScopedAdmin):
+    """Signals sent to runs, read only: the wait each resumed, or none while it is kept. They stay as
+    long as their runs, so there are as many as the runs they were sent to. Found by their name in the
+    search box (a filter offering every name read every signal's on each page)."""
 
     list_display = ["name", "run_link", "delivered_to", "created_at"]
-    list_filter = ["name"]
     search_fields = ["name", "idempotency_key"]
     readonly_fields = ["run_link", "name", "payload_pretty", "idempotency_key", "delivered_to", "created_at"]
     exclude = ["run", "payload"]

@@ -205,7 +205,7 @@ def test_a_workflow_with_runs_is_refused_here_without_its_runs_read_one_by_one(
     assert WorkflowRun.all_tenants.filter(workflow__definition=definition).count() == 3
 
 
-BIG_TABLES = ["workflowrun", "steprun", "runevent", "event", "webhookdelivery"]
+BIG_TABLES = ["workflowrun", "steprun", "runevent", "event", "webhookdelivery", "runsignal", "eventwait"]
 
 
 @pytest.mark.parametrize("who", ["superuser", "staff"])
