@@ -134,6 +134,10 @@ class WorkflowRun(TenantScopedModel):
             # inserts pay for no entry). Tags have no index: see migration 0012.
             models.Index(fields=["tenant", "fairness_key", "-created_at", "-id"], name="run_tenant_fairness_key",
                          condition=~models.Q(fairness_key="")),
+            # The run list's filter by workflow (and the cancel and retry of many runs by it): a tenant's
+            # runs of one workflow, newest first. Without it, a workflow with few runs among the tenant's
+            # many was found by reading every run of the table. Its columns never change after the insert.
+            models.Index(fields=["tenant", "workflow_name", "-created_at", "-id"], name="run_tenant_workflow"),
         ]
 
     def __str__(self) -> str:

@@ -123,3 +123,13 @@ def test_the_run_list_by_fairness_key_reads_its_index_newest_first_without_sorti
         page = plan(selectors.run_list({"fairness_key": "acme"}).order_by("-created_at", "-id")[:51])
     assert "run_tenant_fairness_key" in page
     assert "Sort" not in page
+
+
+def test_the_run_list_by_workflow_reads_its_index_newest_first_without_sorting(
+        tenant_a: tuple[Tenant, str], no_sequential_scans: None) -> None:
+    """Without its index, the planner walked the tenant's runs newest first, or read the whole table,
+    to find a workflow with few runs among many."""
+    with tenant_context(tenant_a[0]):
+        page = plan(selectors.run_list({"workflow": "billing"}).order_by("-created_at", "-id")[:51])
+    assert "run_tenant_workflow" in indexes_in(page)
+    assert "Sort" not in page
