@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,8 +173,24 @@ def resolve(tenant: Tenant) -> Entitlements:
     # Through the tenant row, not ``tenant.plan_id``: a tenant object loaded
     # before a plan change must not put the old plan back into the cache.
     plan = Plan.objects.get(tenants=tenant.pk)
+    return _applied(plan, TenantEntitlementOverride.all_tenants.filter(tenant_id=tenant.pk))
+
+
+def resolve_many(tenants: Iterable[Tenant]) -> dict[Any, Entitlements]:
+    """The effective limits of each of ``tenants`` that still exists, by id, computed from PostgreSQL
+    (no cache) in two queries for them all: a pass over many tenants (the retentions) reads them at
+    once, where ``effective_entitlements`` would cost each tenant its own round trips."""
+    ids = [tenant.pk for tenant in tenants]
+    plans = {row.pk: row.plan for row in Tenant.objects.filter(pk__in=ids).select_related("plan")}
+    overrides: dict[Any, list[TenantEntitlementOverride]] = {}
+    for override in TenantEntitlementOverride.all_tenants.filter(tenant_id__in=list(plans)):
+        overrides.setdefault(override.tenant_id, []).append(override)
+    return {pk: _applied(plan, overrides.get(pk, [])) for pk, plan in plans.items()}
+
+
+def _applied(plan: Plan, overrides: Iterable[TenantEntitlementOverride]) -> Entitlements:
+    """``plan``'s limits with ``overrides`` (a tenant's) applied field by field."""
     values = {name: getattr(plan, name) for name in LIMIT_FIELDS}
-    overrides = TenantEntitlementOverride.all_tenants.filter(tenant_id=tenant.pk)
     applied = []
     for override in overrides:
         if override.field in values:

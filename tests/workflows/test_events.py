@@ -4,9 +4,13 @@ a refused start records nothing; bad input names its field; another tenant's obj
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ductor_project.core.context import tenant_context
@@ -463,6 +467,37 @@ def test_a_pass_deletes_batch_after_batch_of_a_tenant_that_has_more_than_one(ten
         with tenant_context(owner):
             assert [e.payload["n"] for e in Event.objects.all()] == ["recent"]
     assert expire_events(batch=2) == 0
+
+
+def idle_tenants(count: int, prefix: str) -> None:
+    """``count`` tenants that have nothing, in one statement."""
+    Tenant.objects.bulk_create([Tenant(slug=f"{prefix}-{n}", name=f"{prefix}-{n}") for n in range(count)])
+
+
+def old_event(tenant: Tenant) -> None:
+    with tenant_context(tenant):
+        event = Event.objects.create(name="order.paid")
+        Event.objects.filter(pk=event.pk).update(created_at=timezone.now() - timedelta(days=2))
+
+
+def test_a_pass_of_the_events_retention_costs_the_same_however_many_tenants_have_nothing_to_delete(tenant):
+    """Each tenant a pass looked at cost its retention's read (a cache's round trips, or queries) and a
+    delete, whether it had old events or not: on a platform of idle tenants, a pass did a hundred of
+    each for nothing."""
+    from workflows.triggers.events import expire_events
+
+    tenant_services.override_set(tenant=tenant, field="event_retention_days", value=1)
+
+    def a_pass() -> int:
+        old_event(tenant)
+        with CaptureQueriesContext(connection) as queries:
+            assert expire_events(rest=0) == 1
+        return len(queries.captured_queries)
+
+    idle_tenants(3, "idle")
+    few = a_pass()
+    idle_tenants(30, "more-idle")
+    assert a_pass() == few
 
 
 def test_an_event_sent_again_under_its_key_after_its_retention_is_recorded_and_starts_its_runs_again(
