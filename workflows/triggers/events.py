@@ -244,10 +244,12 @@ PASS_BUDGET_S = 1.0
 # runs' retention rests (``workflows.retention``): the hot path finds the server between two batches.
 REST_PER_BATCH = 1.0
 _expiry_round = TenantRound()
-# Of some tenants (their ids and cutoffs), those that have an event older than their cutoff: one probe
-# of ``event_tenant_age`` each, in one statement.
-WITH_EXPIRED = (f"SELECT t.id FROM unnest(%s::uuid[], %s::timestamptz[]) AS t(id, cutoff) WHERE EXISTS "  # noqa: S608
-                f"(SELECT 1 FROM {Event._meta.db_table} e WHERE e.tenant_id = t.id AND e.created_at < t.cutoff)")
+# Of some tenants (their ids and cutoffs), those whose oldest event is older than their cutoff: one
+# step into ``event_tenant_age`` each, in one statement. (Asked whether any event is older, the planner
+# may guess that a scan of the table finds one soon, and scan it once per tenant.)
+WITH_EXPIRED = (f"SELECT t.id FROM unnest(%s::uuid[], %s::timestamptz[]) AS t(id, cutoff) WHERE "  # noqa: S608
+                f"(SELECT e.created_at FROM {Event._meta.db_table} e WHERE e.tenant_id = t.id "
+                "ORDER BY e.created_at LIMIT 1) < t.cutoff")
 
 
 def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_PER_PASS,
