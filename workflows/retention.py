@@ -8,15 +8,17 @@ webhook deliveries; a rerun of a deleted run keeps its row (its ``rerun_of`` bec
 usage counters (the monthly run quota) are not history: they stay.
 
 ``expire_runs`` is a coordinator housekeeper. Each call looks at the next ``TENANTS_PER_PASS``
-tenants (round and round), and for each one at its ``ROOTS_PER_BATCH`` trees that ended first
-after where its previous look stopped (an index on the roots' ``finished_at``, entered at that
-place): so a tree that cannot go yet is passed over, not looked at again and again. A batch takes
-those trees while they hold no more than ``RUNS_PER_BATCH`` runs together, and the next batch goes
-on from the first it left. A tree larger than that alone (a root's thousands of children, a loop's
-long ContinueAsNew chain) goes a part at a time, ``RUNS_PER_BATCH`` runs a batch across as many
-passes as it takes: the runs none of the others points at first (the newest; the root last), so
-what is left between two batches is a tree whose rows point at nothing deleted, and each batch
-looks again, under its locks, that every run of the tree ended before the cutoff. It goes on,
+tenants (round and round), finds in one statement those that have a root to look at (a tenant
+with nothing past its retention costs the pass nothing of its own), and for each of those at its
+``ROOTS_PER_BATCH`` trees that ended first after where its previous look stopped (an index on the
+roots' ``finished_at``, entered at that place): so a tree that cannot go yet is passed over, not
+looked at again and again. A batch takes those trees while they hold no more than
+``RUNS_PER_BATCH`` runs together, and the next batch goes on from the first it left. A tree larger
+than that alone (a root's thousands of children, a loop's long ContinueAsNew chain) goes a part at a
+time, ``RUNS_PER_BATCH`` runs a batch across as many passes as it takes: the runs none of the others
+points at first (the newest; the root last), so what is left between two batches is a tree whose
+rows point at nothing deleted, and each batch looks again, under its locks, that every run of the
+tree ended before the cutoff. It goes on,
 one batch per tenant in turn, while a tenant has more to look at and ``PASS_BUDGET_S`` lasts: a
 tenant whose history grows faster than one batch a pass still gets through it, and the pass
 stays short enough for the coordinator's other work. Each batch is deleted in its own short
@@ -37,9 +39,10 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from ductor_project.core.context import current_tenant, tenant_context
+from ductor_project.core.context import across_tenants, current_tenant, tenant_context
 from scheduling.coordinator.housekeeping import TenantRound
-from tenants.entitlements import effective_entitlements
+from tenants.entitlements import resolve_many
+from tenants.models import Tenant
 from workflows.engine.statements import ENDED
 from workflows.models import (
     EventWait,
@@ -73,6 +76,17 @@ TREE_MODELS = (WebhookDelivery, RunSignal, EventWait, RunEvent, StepRun)
 # With each one's number of runs.
 ENDED_TREES = (f"SELECT root_run_id, count(*) FROM {RUNS} WHERE tenant_id = %s AND root_run_id = ANY(%s) "  # noqa: S608
                "GROUP BY root_run_id HAVING bool_and(status = ANY(%s)) AND max(finished_at) < %s")
+# Of some tenants (ids, cutoffs, and where their last look stopped, if it did), those whose first root
+# that ended after that place ended before their cutoff: one step into ``run_tenant_root_finished``
+# each, entered at the place as ``expired_roots`` enters it, in one statement. (Asked whether any such
+# root exists, the planner may join the tenants to a scan of the whole table.)
+WITH_EXPIRED_ROOTS = (
+    "SELECT t.id FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::uuid[]) "  # noqa: S608
+    "AS t(id, cutoff, after_at, after_id) WHERE "
+    f"(SELECT r.finished_at FROM {RUNS} r WHERE r.tenant_id = t.id AND r.parent_run_id IS NULL "
+    "AND r.continued_from_id IS NULL AND r.finished_at >= coalesce(t.after_at, '-infinity') "
+    "AND (t.after_at IS NULL OR r.finished_at > t.after_at OR r.id > t.after_id) "
+    "ORDER BY r.finished_at, r.id LIMIT 1) < t.cutoff")
 # Where the last pass stopped: the tenants, and per tenant the last root it looked at.
 _tenants = TenantRound()
 _root_cursor: dict[Any, tuple[datetime, Any]] = {}
@@ -95,23 +109,40 @@ def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int
     ``rest`` times as long as each batch took after it; how many runs."""
     deadline = time.monotonic() + budget_s
     deleted = 0
-    waiting = _tenants.next(tenants_per_pass)
+    waiting = _expiring(_tenants.next(tenants_per_pass), timezone.now())
     while waiting:
         more = []
-        for tenant in waiting:
+        for tenant, cutoff in waiting:
             with tenant_context(tenant):
-                cutoff = timezone.now() - timedelta(days=effective_entitlements(tenant).history_retention_days)
                 batch = _expire_batch(cutoff, roots_per_batch)
             if batch.runs:
                 log.info("runs_expired", target_tenant=str(tenant.pk), runs=batch.runs,
                          batch_ms=round(batch.seconds * 1000, 1))
             deleted += batch.runs
             if batch.full:
-                more.append(tenant)
+                more.append((tenant, cutoff))
             if batch.runs:
                 time.sleep(batch.seconds * rest)
         waiting = more if time.monotonic() < deadline else []
     return deleted
+
+
+def _expiring(tenants: list[Tenant], now: datetime) -> list[tuple[Tenant, datetime]]:
+    """Those of ``tenants`` that have a root that ended before their ``history_retention_days``, after
+    where their previous look stopped, each with its cutoff: three queries for them all, however many
+    they are. The others' look starts again from their oldest root next time, as a batch that found
+    none does."""
+    limits = resolve_many(tenants)
+    cutoffs = {pk: now - timedelta(days=limit.history_retention_days) for pk, limit in limits.items()}
+    cursors = [_root_cursor.get(pk, (None, None)) for pk in cutoffs]
+    with across_tenants("the history retention"), connection.cursor() as cursor:
+        cursor.execute(WITH_EXPIRED_ROOTS, [list(cutoffs), list(cutoffs.values()), [at for at, _ in cursors],
+                                            [pk for _, pk in cursors]])
+        found = {row[0] for row in cursor.fetchall()}
+    for tenant in tenants:
+        if tenant.pk not in found:
+            _root_cursor.pop(tenant.pk, None)
+    return [(tenant, cutoffs[tenant.pk]) for tenant in tenants if tenant.pk in found]
 
 
 def _expire_batch(cutoff: datetime, limit: int) -> Batch:

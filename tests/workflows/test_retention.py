@@ -9,7 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
@@ -249,3 +250,20 @@ def test_a_tree_being_deleted_in_batches_is_kept_once_one_of_its_runs_starts_aga
 
     assert [retention.expire_runs(budget_s=0) for _ in range(3)] == [0, 0, 0]
     assert consistent(tenant, wide) == 4
+
+
+def test_a_pass_costs_the_same_however_many_tenants_have_no_history_past_their_retention(tenant):
+    """Each tenant a pass looked at cost its retention's read (a cache's round trips, or queries) and a
+    look at its roots, whether it had old history or not: on a platform of idle tenants, a pass did
+    fifty of each for nothing."""
+
+    def a_pass() -> int:
+        tree(tenant, ended_days_ago=3)
+        with CaptureQueriesContext(connection) as queries:
+            assert retention.expire_runs(rest=0) == 2
+        return len(queries.captured_queries)
+
+    Tenant.objects.bulk_create([Tenant(slug=f"idle-{n}", name=f"idle-{n}") for n in range(3)])
+    few = a_pass()
+    Tenant.objects.bulk_create([Tenant(slug=f"more-idle-{n}", name=f"more-idle-{n}") for n in range(30)])
+    assert a_pass() == few
