@@ -4,7 +4,8 @@
   middleware puts their tenant in context for the whole request); a viewer's
   membership only sees them.
 - A superuser sees every tenant's rows, with a tenant filter and column; each
-  row is saved and deleted inside its own tenant's context.
+  row is saved and deleted inside its own tenant's context. Neither the filter
+  nor a form's tenant field lists every tenant (there may be ten thousand).
 - Nobody can move a row to another tenant: the tenant is read-only once set,
   and foreign-key choices only offer rows of the row's tenant.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import widgets
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.contrib.postgres.fields import ArrayField
@@ -103,6 +105,22 @@ def _plain_scoped_select(
         isinstance(related, type) and issubclass(related, TenantScopedModel)
         and "widget" not in kwargs and db_field.name not in special
     )
+
+
+class TenantListFilter(admin.RelatedFieldListFilter):
+    """A superuser's filter of a list by tenant: the first ``shown`` tenants by slug, and the one chosen.
+    Any other is reached by its link (``?tenant__id__exact=<id>``, as the run console's tenant page
+    links its runs). Django's lists every tenant: on a platform of ten thousand, each page of every
+    list read and drew them all."""
+
+    shown = 100
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> Any:
+        tenants = field.related_model.objects.order_by("slug")
+        first = {str(tenant.pk): str(tenant) for tenant in tenants[: self.shown]}
+        chosen = [value for value in self.lookup_val or [] if _a_key(field.related_model._meta.pk, value)]
+        more = {str(tenant.pk): str(tenant) for tenant in tenants.filter(pk__in=chosen)} if chosen else {}
+        return list({**first, **more}.items())
 
 
 MAX_SEARCH_TERMS = 10  # the words of a changelist search that are taken
@@ -268,8 +286,9 @@ class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdm
     def get_list_filter(self, request: HttpRequest) -> Any:
         filters = list(super().get_list_filter(request))
         if request.user.is_superuser and "tenant" not in filters:
-            filters.insert(0, "tenant")
+            filters.insert(0, ("tenant", TenantListFilter))
         return filters
+
 
     def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
         excluded = list(super().get_exclude(request, obj) or [])
@@ -295,6 +314,12 @@ class TenantScopedAdmin(StorableJSONMixin, ChangelistLimitsMixin, admin.ModelAdm
         return _checked_in_tenant(super().get_form(request, obj, change, **kwargs), tenant)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """A superuser's form names its row's tenant by its id, with the tenants' list to look it up in
+        (Django's raw id widget), not in a select of every tenant, which drew ten thousand options on
+        each add page; the other foreign keys offer the rows of the row's tenant."""
+        if db_field.name == "tenant" and request.user.is_superuser and "widget" not in kwargs:
+            kwargs["widget"] = widgets.ForeignKeyRawIdWidget(db_field.remote_field, self.admin_site,
+                                                             using=kwargs.get("using"))
         kwargs = scoped_choices(db_field, request, kwargs)
         if _plain_scoped_select(self, db_field, request, kwargs):
             return scoped_foreignkey_formfield(db_field, kwargs)
