@@ -77,11 +77,25 @@ def _writable_actions(request: HttpRequest, actions: Any, permission: str) -> An
 
 
 def _workflow_names(request: HttpRequest) -> list[str]:
-    """The names of the workflows the user's admin shows (read from the workflows, not the runs)."""
-    definitions = WorkflowDefinition.all_tenants.all()
-    if not request.user.is_superuser:
-        definitions = definitions.filter(tenant=admin_tenant(request))
-    return list(definitions.order_by("name").values_list("name", flat=True).distinct())
+    """The names of the workflows of the tenant the list shows (read from the workflows, not the runs):
+    the staff user's, or the one a superuser chose in the tenant filter. None before a superuser chose
+    one: every tenant's names were read, and drawn, on each page of the list."""
+    if request.user.is_superuser:
+        chosen = _chosen_tenant(request)
+    else:
+        tenant = admin_tenant(request)
+        chosen = tenant.pk if tenant is not None else None
+    if chosen is None:
+        return []
+    return list(WorkflowDefinition.all_tenants.filter(tenant_id=chosen).order_by("name").values_list("name", flat=True))
+
+
+def _chosen_tenant(request: HttpRequest) -> uuid.UUID | None:
+    """The tenant a superuser's list is filtered by (``?tenant__id__exact=``), if it names one."""
+    try:
+        return uuid.UUID(request.GET.get("tenant__id__exact", ""))
+    except ValueError:
+        return None
 
 
 WorkflowNameFilter = choices_filter("workflow_name", "workflow", _workflow_names)

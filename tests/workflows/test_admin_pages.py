@@ -310,3 +310,25 @@ def test_a_schedule_deleted_here_is_deleted_by_its_service(tenant: Tenant, super
     assert response.status_code == 302
     assert not Schedule.all_tenants.filter(pk=schedule.pk).exists()
     assert [line["schedule_id"] for line in logs if line["event"] == "schedule_deleted"] == [str(schedule.pk)]
+
+
+def test_a_superusers_run_list_offers_the_workflows_of_the_tenant_chosen_and_reads_no_others(
+    tenant: Tenant, tenant_b: tuple[Tenant, str], superuser: Client
+) -> None:
+    """Its workflow filter offered the names of every tenant's workflows, all read on each page."""
+    for owner, name in ((tenant, "order"), (tenant_b[0], "invoice")):
+        with tenant_context(owner):
+            services.workflow_put(name=name, spec=WAITS_FOR_PAYMENT)
+    runs = reverse("admin:workflows_workflowrun_changelist")
+
+    def workflows_offered(query: str) -> tuple[list[str], list[str]]:
+        with CaptureQueriesContext(connection) as queries:
+            response = superuser.get(runs + query)
+        assert response.status_code == 200
+        offered = [spec.lookup_choices for spec in response.context["cl"].filter_specs
+                   if getattr(spec, "parameter_name", "") == "workflow_name"]
+        reads = [q["sql"] for q in queries.captured_queries if 'FROM "workflows_workflowdefinition"' in q["sql"]]
+        return [name for name, _ in offered[0]] if offered else [], reads
+
+    assert workflows_offered("") == ([], [])
+    assert workflows_offered(f"?tenant__id__exact={tenant.pk}")[0] == ["order"]
