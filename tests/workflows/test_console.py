@@ -15,7 +15,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -229,6 +231,28 @@ def test_the_run_list_filters_by_status_created_date_and_finds_a_run_by_id_or_id
     now = timezone.now()  # the old run was created ten days ago, the others half a minute ago
     recent = urlencode({"created_at__gte": (now - timedelta(days=1)).isoformat(), "created_at__lt": now.isoformat()})
     assert found(f"?{recent}") == {world.run.pk, world.child.pk, world.new.pk}
+
+
+def test_a_search_of_the_run_list_looks_whole_values_up_and_reads_no_run_by_a_pattern(
+    world: SimpleNamespace, staff_a: Client,
+) -> None:
+    """Django's search matched a part of a run's id, key or workflow name: a pattern no index serves,
+    so each search read every run of the tenant, for the page and again for its count."""
+    changelist = reverse("admin:workflows_workflowrun_changelist")
+
+    def searched(term: str) -> tuple[set[Any], list[str]]:
+        with CaptureQueriesContext(connection) as queries:
+            response = staff_a.get(changelist + "?" + urlencode({"q": term}))
+        assert response.status_code == 200
+        reads = [q["sql"] for q in queries.captured_queries if 'FROM "workflows_workflowrun"' in q["sql"]]
+        return {run.pk for run in response.context["cl"].result_list}, reads
+
+    for term, expected in (("order-42", {world.run.pk}), (str(world.new.pk), {world.new.pk}),
+                           ("shipping", {world.child.pk}), ("order-4", set())):
+        found, reads = searched(term)
+        assert found == expected, term
+        assert reads, term
+        assert not [sql for sql in reads if "LIKE" in sql], term
 
 
 def test_runs_cannot_be_deleted_not_even_in_bulk(world: SimpleNamespace, superuser: Client) -> None:
