@@ -32,7 +32,7 @@ from django.utils.safestring import SafeString
 
 from ductor_project.core.context import tenant_context
 from scheduling import fair_queue
-from tenants.entitlements import CEILING_FIELDS, effective_entitlements
+from tenants.entitlements import CEILING_FIELDS, effective_entitlements, resolve_many
 from tenants.models import Tenant, Tier
 from tenants.selectors import entitlements_report
 from workflows.dag_svg import COLOURS
@@ -486,7 +486,9 @@ def fairness(tenant: Tenant, *, everyone: bool, now: datetime | None = None) -> 
     tier goes first, it is not weighed."""
     starts = recent_starts((now or timezone.now()) - FAIRNESS_WINDOW)
     active = [t for t in Tenant.objects.filter(pk__in=list(starts)) if not t.is_system]
-    weights = {t.pk: _weight(t) for t in active}
+    # Read together: each tenant's own, on a page that ranks hundreds of them, was its round trips each.
+    weights = {pk: limits.weight for pk, limits in resolve_many(active).items()}
+    active = [t for t in active if t.pk in weights]
     active_weight = sum(weights.values())
     total = sum(starts[t.pk] for t in active)
 

@@ -23,8 +23,10 @@ from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from ductor_project.stack import free_port
+from tenants import entitlements
 from tenants import services as tenant_services
 from tenants.models import Tenant, TenantMembership
+from tests.conftest import flush_redis
 from tests.tenants.helpers import grant, make_user
 from workflows import console, services
 from workflows.models import RunEvent, StepRun, WorkflowRun, WorkflowVersion
@@ -467,6 +469,32 @@ def test_superusers_see_every_tenants_share_on_any_tenant_page(world: SimpleName
     assert (fairness.own.tenant, fairness.own.starts) == (world.b, 1)
     assert [(share.tenant, share.starts) for share in fairness.everyone] == [(world.a, 3), (world.b, 1)]
     assert tenant_url(world.a) in response.content.decode()
+
+
+def test_a_superusers_tenant_page_reads_the_weights_of_the_tenants_it_ranks_together(
+    world: SimpleNamespace, superuser: Client, make_tenant: Any,
+) -> None:
+    """Each tenant that started steps in the window had its limits read on its own (its cached copy's
+    round trips, or two queries): a page ranking hundreds of tenants paid for each."""
+
+    def busy(count: int) -> None:
+        for _ in range(count):
+            tenant, _ = make_tenant()
+            with tenant_context(tenant):
+                run = make_run(version("orders"), "running", timezone.now())
+                make_step(run, "charge", 1, "running", timezone.now(), timezone.now())
+
+    def statements() -> int:
+        flush_redis()  # no tenant's limits kept anywhere: each read is a read
+        entitlements._copies.forget()
+        with CaptureQueriesContext(connection) as queries:
+            assert superuser.get(tenant_url(world.b)).status_code == 200
+        return len(queries.captured_queries)
+
+    busy(1)
+    few = statements()
+    busy(3)
+    assert statements() == few
 
 
 def test_the_tenant_admin_links_to_the_tenant_page(world: SimpleNamespace, staff_a: Client) -> None:
