@@ -334,6 +334,8 @@ class Event(TenantScopedModel):
     each of the tenant's workflows with a matching ``EventTrigger`` (``workflows.triggers.events``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of the tenant alone: each of the tenant's indexes below leads with it.
+    tenant = tenant_field(db_index=False)
     name = models.CharField(max_length=200)
     key = models.CharField(max_length=200, blank=True, default="",
                            help_text="What the event is about (an order id): a correlation key, optional.")
@@ -353,7 +355,10 @@ class Event(TenantScopedModel):
                                     condition=models.Q(idempotency_key__isnull=False), name="event_unique_key"),
         ]
         indexes = [models.Index(fields=["tenant", "name", "-created_at"], name="event_tenant_name"),
-                   models.Index(fields=["tenant", "created_at"], name="event_tenant_age")]  # the retention
+                   models.Index(fields=["tenant", "created_at"], name="event_tenant_age"),  # the retention
+                   # The admin's list of every tenant's events, newest first: without it, each page
+                   # sorted the whole table.
+                   models.Index(fields=["-created_at", "-id"], name="event_newest")]
 
     def __str__(self) -> str:
         return f"{self.name} {self.id}"
@@ -485,6 +490,8 @@ class WebhookDelivery(TenantScopedModel):
         FAILED = "failed"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of the tenant alone: ``delivery_endpoint`` leads with it.
+    tenant = tenant_field(db_index=False)
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
     run = models.ForeignKey(WorkflowRun, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     type = models.CharField(max_length=32)
@@ -500,7 +507,10 @@ class WebhookDelivery(TenantScopedModel):
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["tenant", "endpoint", "-created_at"], name="delivery_endpoint"),
                    models.Index(fields=["status", "next_attempt_at"], condition=models.Q(status="pending"),
-                                name="delivery_pending")]
+                                name="delivery_pending"),
+                   # The admin's list of every tenant's deliveries, newest first: without it, each page
+                   # sorted the whole table.
+                   models.Index(fields=["-created_at", "-id"], name="delivery_newest")]
 
     def __str__(self) -> str:
         return f"{self.type} -> {self.endpoint_id} ({self.status})"

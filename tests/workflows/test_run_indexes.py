@@ -21,10 +21,11 @@ from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
 from tenants.models import Tenant
+from workflows import models as tables
 from workflows import retention, selectors
 from workflows.engine import statements
 from workflows.engine.journal import Event, events_insert
-from workflows.models import WorkflowRun
+from workflows.models import WebhookDelivery, WorkflowRun
 from workflows.services import run_start, workflow_put
 
 pytestmark = pytest.mark.django_db
@@ -133,3 +134,16 @@ def test_the_run_list_by_workflow_reads_its_index_newest_first_without_sorting(
         page = plan(selectors.run_list({"workflow": "billing"}).order_by("-created_at", "-id")[:51])
     assert "run_tenant_workflow" in indexes_in(page)
     assert "Sort" not in page
+
+
+@pytest.mark.parametrize(("model", "index"), [(tables.Event, "event_newest"), (WebhookDelivery, "delivery_newest")])
+def test_the_admins_list_of_every_tenant_s_events_and_deliveries_reads_its_index_without_sorting(
+        model: Any, index: str, no_sequential_scans: None) -> None:
+    """Without its index, each page of the list sorted the whole table; the index of the tenant alone
+    it replaces served nothing that the tenant's other indexes do not."""
+    page = plan(model.all_tenants.order_by("-created_at", "-id")[:100])
+    assert index in indexes_in(page)
+    assert "Sort" not in page
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [model._meta.db_table])
+        assert not [definition for (definition,) in cursor.fetchall() if "(tenant_id)" in definition]
