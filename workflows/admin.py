@@ -560,6 +560,12 @@ class WorkflowRunAdmin(BigTableListMixin, ReadOnlyMixin, TenantScopedAdmin):
 
 @admin.register(StepRun)
 class StepRunAdmin(BigTableListMixin, EngineRowsMixin, TenantScopedAdmin):
+    """Every attempt, run by run, the newest run first, as indexes serve them (the runs' by creation,
+    then each run's ``steprun_unique_attempt``): ordered by when each attempt was created, which no
+    index serves, each page sorted the whole table, the largest of all (5.5 s a page on 800,000
+    attempts). A run's attempts in time order are its page's timeline."""
+
+    ordering = ["run", "node_id", "attempt"]
     list_display = ["run", "node_id", "attempt", "status", "started_at", "finished_at"]
     list_filter = ["status", choices_filter("node_type", "node type", lambda request: NODE_TYPES)]
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -25,7 +26,7 @@ from workflows import models as tables
 from workflows import retention, selectors
 from workflows.engine import statements
 from workflows.engine.journal import Event, events_insert
-from workflows.models import WebhookDelivery, WorkflowRun
+from workflows.models import StepRun, WebhookDelivery, WorkflowRun
 from workflows.services import run_start, workflow_put
 
 pytestmark = pytest.mark.django_db
@@ -147,3 +148,13 @@ def test_the_admins_list_of_every_tenant_s_events_and_deliveries_reads_its_index
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [model._meta.db_table])
         assert not [definition for (definition,) in cursor.fetchall() if "(tenant_id)" in definition]
+
+
+def test_the_admins_step_list_reads_the_newest_runs_attempts_through_indexes_without_sorting_them(
+        no_sequential_scans: None) -> None:
+    """Ordered by when each attempt was created, which no index serves, each page of the list sorted
+    every attempt of the table (5.5 s a page on 800,000)."""
+    ordering = admin.site._registry[StepRun].get_ordering(None)
+    page = plan(StepRun.all_tenants.select_related("run").order_by(*ordering, "-id")[:100])
+    assert "steprun_unique_attempt" in indexes_in(page)
+    assert not re.search(r"(?<!Incremental )Sort  ", page)  # at most the few attempts of one run sorted
