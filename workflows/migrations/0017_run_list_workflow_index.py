@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("workflows", "0015_task_heartbeats"),
+        ("workflows", "0016_webhook_deleted_at"),
     ]
 
     operations = [

@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("tenants", "0008_usage_within_run_quota"),
-        ("workflows", "0016_run_list_workflow_index"),
+        ("workflows", "0017_run_list_workflow_index"),
     ]
 
     operations = [
