@@ -4,8 +4,10 @@
 authenticate no more and nothing of it is dispatched. ``purge_batch`` then does the next bounded
 step of its purge, each one a short transaction of its own:
 
-1. its run trees, ``ROOTS_PER_BATCH`` roots at a time, each with every row that points at a run
-   (steps, history, signals, waits, deliveries: ``retention.TREE_MODELS``), as retention deletes them;
+1. its run trees, those of its next ``ROOTS_PER_BATCH`` runs while they hold no more than
+   ``retention.RUNS_PER_BATCH`` runs together, each with every row that points at a run (steps,
+   history, signals, waits, deliveries: ``retention.TREE_MODELS``), as retention deletes them; a
+   tree larger than that alone goes a part at a time, the root last, as retention takes it;
 2. then every other model with a foreign key to ``Tenant`` (found in the app registry, so a model
    added later is not forgotten), ``ROWS_PER_BATCH`` rows at a time, children before parents;
 3. then its Redis state in every shard and its cache (``scheduling.queue_erasure``), and its slug in
@@ -28,6 +30,7 @@ from typing import Any
 import structlog
 from django.apps import apps
 from django.db import IntegrityError, connection, models, transaction
+from django.db.models import Count
 
 from ductor_project.core.context import tenant_context
 from scheduling.queue_erasure import erase_tenant_state
@@ -111,13 +114,27 @@ def purge_batch(tenant: Tenant, *, roots: int = ROOTS_PER_BATCH, rows: int = ROW
 
 
 def _delete_run_trees(limit: int) -> Progress | None:
-    """The trees of the tenant's next ``limit`` runs, locked, then deleted with everything of theirs."""
+    """The trees of the tenant's next ``limit`` runs, while they hold no more than
+    ``retention.RUNS_PER_BATCH`` runs together, locked, then deleted with everything of theirs; of a
+    tree larger than that alone (a long ContinueAsNew loop), a part (``retention.delete_tree_part``)."""
     with transaction.atomic():
-        roots = list({root for root in WorkflowRun.objects.values_list("root_run_id", flat=True)[:limit]})
+        roots = list(dict.fromkeys(WorkflowRun.objects.values_list("root_run_id", flat=True)[:limit]))
         if not roots:
             return None
-        list(WorkflowRun.objects.select_for_update().filter(root_run_id__in=roots).values_list("pk"))
-        deleted = retention.delete_run_trees(roots)
+        sizes = dict(WorkflowRun.objects.filter(root_run_id__in=roots).order_by().values_list("root_run_id")
+                     .annotate(runs=Count("pk")).values_list("root_run_id", "runs"))
+        chosen: list[Any] = []
+        runs = 0
+        for root in roots:
+            if chosen and runs + sizes.get(root, 0) > retention.RUNS_PER_BATCH:
+                break
+            chosen.append(root)
+            runs += sizes.get(root, 0)
+        if runs > retention.RUNS_PER_BATCH:
+            deleted = retention.delete_tree_part(chosen[0])
+        else:
+            list(WorkflowRun.objects.select_for_update().filter(root_run_id__in=chosen).values_list("pk"))
+            deleted = retention.delete_run_trees(chosen)
     return Progress(WorkflowRun._meta.label, deleted, done=False)
 
 

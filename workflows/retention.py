@@ -231,13 +231,31 @@ def _expire_part(root: Any, cutoff: datetime) -> int:
     seen ended before ``cutoff`` (else nothing: a run that started again keeps what is left of its
     tree); how many runs. What is left points at nothing deleted, and the root, which the next
     batches find the tree by, goes last."""
-    part = _leaves_first(root)
-    list(WorkflowRun.objects.select_for_update().filter(pk__in=[root, *part]).values_list("pk"))
+    part = _locked_part(root)
     # A statement after the locks sees what committed before them; a run that started again since
     # the part was chosen (the only way a run comes to point at one of them) is not ended.
     if not part or not _trees_ended([root], cutoff):
         return 0
-    # Their parents' steps, which stay, no longer point at them (as when a child run is deleted alone).
+    return _delete_part(part)
+
+
+def delete_tree_part(root: Any) -> int:
+    """Delete, in the caller's transaction, a part of the tree of ``root`` (of the tenant in
+    context) as ``_expire_part`` does, whatever its runs' states: a tenant's purge
+    (``workflows.offboarding``). How many runs."""
+    return _delete_part(_locked_part(root))
+
+
+def _locked_part(root: Any) -> list[Any]:
+    """``_leaves_first``, once the root's row and theirs are locked."""
+    part = _leaves_first(root)
+    list(WorkflowRun.objects.select_for_update().filter(pk__in=[root, *part]).values_list("pk"))
+    return part
+
+
+def _delete_part(part: list[Any]) -> int:
+    """Delete the runs ``part`` of a tree (``_leaves_first``); their parents' steps, which stay, no
+    longer point at them (as when a child run is deleted alone)."""
     StepRun.objects.filter(child_run_id__in=part).exclude(run_id__in=part).update(child_run=None)
     return _delete_runs(part)
 

@@ -321,3 +321,32 @@ def test_delete_tenant_marks_and_purges_to_the_end_with_progress(world, capsys):
     assert "Tenant leaving deleted." in out
     assert not Tenant.objects.filter(pk=gone.pk).exists()
     assert rows_of(kept) == kept_rows
+
+
+def test_a_run_tree_larger_than_a_batch_is_purged_a_part_at_a_time_the_root_last(
+    make_tenant, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A loop's long ContinueAsNew chain went in one transaction, however long it was."""
+    tenant, _ = make_tenant("looping")
+    monkeypatch.setattr(retention, "RUNS_PER_BATCH", 2)
+    with tenant_context(tenant):
+        services.workflow_put(name="nap", spec=SLEEPY)
+        root, _ = services.run_start(workflow="nap", input={})
+        last = root
+        for _ in range(4):
+            last = WorkflowRun.objects.create(workflow=root.workflow, workflow_name="nap", input={},
+                                              root_run_id=root.root_run_id, continued_from=last)
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_services.tenant_set_status(tenant=tenant, status=Tenant.Status.SUSPENDED)
+    delete(tenant, django_capture_on_commit_callbacks)
+
+    left = []
+    while (progress := offboarding.purge_batch(tenant)).stage == "workflows.WorkflowRun":
+        assert progress.deleted <= 2
+        with tenant_context(tenant):
+            runs = WorkflowRun.objects.filter(root_run_id=root.root_run_id)
+            ids = set(runs.values_list("pk", flat=True))
+            assert all(p is None or p in ids for p in runs.values_list("continued_from_id", flat=True))
+            left.append(len(ids))
+    assert left == [3, 1, 0]
+    assert purge_to_the_end(tenant)[-1].done
