@@ -317,7 +317,8 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def _read_limited(response: httpx.Response, limit: int, deadline: float) -> bytes:
-    """The decoded body, aborting past ``limit`` bytes or the call's deadline."""
+    """The decoded body, aborting past ``limit`` bytes or the call's deadline (a body that ends
+    at or after the deadline is refused as well: the hang-up ends it as the server would)."""
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PermanentActionError(
@@ -333,10 +334,16 @@ def _read_limited(response: httpx.Response, limit: int, deadline: float) -> byte
                 f"response is over the connection's limit of {limit} bytes",
                 code=StepErrorCode.RESPONSE_TOO_LARGE, status=response.status_code,
             )
-        if time.monotonic() > deadline:
-            raise RetryableActionError("response took longer than the timeout", code=StepErrorCode.TIMEOUT)
+        _refuse_late(deadline)
         chunks.append(chunk)
+    _refuse_late(deadline)  # an end at the deadline may be the hang-up's, the body cut short
     return b"".join(chunks)
+
+
+def _refuse_late(deadline: float) -> None:
+    """Raises ``RetryableActionError`` (``timeout``) once ``deadline`` has passed."""
+    if time.monotonic() >= deadline:
+        raise RetryableActionError("response took longer than the timeout", code=StepErrorCode.TIMEOUT)
 
 
 def _parse_body(response: httpx.Response, raw: bytes) -> Any:
@@ -467,9 +474,10 @@ def _prepare(params: Any, connection: Connection, idempotency_key: str | None) -
 
 
 def _transport_error(
-    exc: httpx.TransportError | httpx.DecodingError, host: str, config: _Config
+    exc: httpx.TransportError | httpx.DecodingError, host: str, config: _Config, *, hung_up: bool
 ) -> RetryableActionError:
-    if isinstance(exc, httpx.TimeoutException):
+    """The retryable error of ``exc``; a timeout when ``hung_up`` (the call's deadline closed its connection)."""
+    if isinstance(exc, httpx.TimeoutException) or hung_up:
         message = f"timed out after {config.timeout_s:g} s calling '{host}' ({type(exc).__name__})"
         return RetryableActionError(message, code=StepErrorCode.TIMEOUT)
     if isinstance(exc, httpx.ConnectError):
@@ -639,13 +647,17 @@ def checked_request(
 
 
 def _exchange(call: _Call, config: _Config, breaker: _Breaker, progress: _Progress) -> dict[str, Any]:
-    """Resolve and check the host, send ``call`` to a checked address and read the answer.
+    """Resolve and check the host, send ``call`` to a checked address and read the answer, hanging
+    up at ``progress.deadline`` (a head sent a line at a time would otherwise hold the worker).
 
     ``progress`` follows each phase. A 429 or 5xx raises before the body is
     read; any other complete response records a breaker success, then a 4xx
     raises. Failures are left to the caller to record.
     """
-    with _checked_response(call, config.timeout_s) as response:
+    with (
+        _hanging_up_at(progress.deadline) as extensions,
+        _checked_response(call, config.timeout_s, extensions) as response,
+    ):
         progress.status = status = response.status_code
         _refuse_overload(response, call.host)
         progress.outcome = "too_large"
@@ -680,8 +692,8 @@ def http_request(
     a JSON content type, else text (``None`` when empty). Guarantees: no
     socket is opened to a refused address, and the connection goes to the
     address that was checked; each network phase takes at most ``timeout_s``
-    and the body is cut off once the call has run longer than that (name
-    resolution aside); the body is at most ``max_response_bytes``; redirects
+    and the connection is closed once the call has run longer than that,
+    whatever it waits for then (``_hanging_up_at``); the body is at most ``max_response_bytes``; redirects
     are returned, not followed. Raises ``RetryableActionError`` or
     ``PermanentActionError`` (see the module docstring), and ``TenantScopeError``
     for a connection of another tenant than the one in context.
@@ -696,7 +708,8 @@ def http_request(
         return _exchange(call, config, breaker, progress)
     # A body that does not decode as its Content-Encoding says is the server's, as a broken transfer is.
     except (httpx.TransportError, httpx.DecodingError, RetryableActionError) as exc:
-        error = exc if isinstance(exc, RetryableActionError) else _transport_error(exc, call.host, config)
+        error = exc if isinstance(exc, RetryableActionError) else _transport_error(
+            exc, call.host, config, hung_up=time.monotonic() >= progress.deadline)
         progress.outcome = str(error.code)
         breaker.failure()
         raise error from None

@@ -33,8 +33,8 @@ UNSPECIFIED = "0.0.0.0"  # noqa: S104 - an address the policy must refuse; nothi
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/big, /api/text,
-    /api/bad-gzip, /api/deep."""
+    """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/trickle-head,
+    /api/big, /api/text, /api/bad-gzip, /api/deep."""
 
     protocol_version = "HTTP/1.1"
     server: LocalServer
@@ -67,6 +67,13 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.write(b"x" * 10)
                     self.wfile.flush()
                     time.sleep(0.1)
+            elif name == "trickle-head":  # one header line every 0.1 s until the server's trickle is set
+                self.send_response(200)
+                while not self.server.trickle.wait(0.1):
+                    self.send_header("X-Trickle", "more")
+                    self.flush_headers()
+                self.send_header("Content-Length", "0")
+                self.end_headers()
             elif name in ("big", "big-declared"):
                 size = int(parse_qs(url.query).get("n", ["1000000"])[0])
                 self.send_response(200)
@@ -119,6 +126,7 @@ class LocalServer(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.seen: list[dict[str, Any]] = []
+        self.trickle = threading.Event()
 
     @property
     def port(self) -> int:
@@ -131,6 +139,7 @@ def server() -> Iterator[LocalServer]:
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield httpd
+    httpd.trickle.set()
     httpd.shutdown()
     httpd.server_close()
     thread.join(5)
@@ -326,6 +335,24 @@ def test_a_body_trickling_past_the_timeout_is_cut_off(conn):
         http_request({"path": "drip"}, conn)  # each chunk is quick; the whole body takes 6 s
     assert caught.value.code == StepErrorCode.TIMEOUT
     assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.usefixtures("allow_private")
+def test_a_head_that_never_ends_is_hung_up_on_at_the_timeout(conn, server, redis_client):
+    """One header line every 0.1 s, each well within the timeout of a read: the call ends at its
+    timeout all the same, its connection closed, rather than hold its worker as long as the
+    server likes."""
+    bound = threading.Timer(30, server.trickle.set)  # else a call that waits for the whole head waits forever
+    bound.start()
+    try:
+        with pytest.raises(RetryableActionError) as caught:
+            http_request({"path": "trickle-head"}, conn)  # the timeout is 1 s
+        ended_before_the_head = not server.trickle.is_set()
+    finally:
+        bound.cancel()
+    assert ended_before_the_head, "the call waited for the whole head"
+    assert caught.value.code == StepErrorCode.TIMEOUT
+    assert failures(redis_client, conn) == 1
 
 
 @pytest.mark.usefixtures("allow_private")
