@@ -62,6 +62,16 @@ def test_the_client_reads_its_url_and_key_from_the_environment(monkeypatch: pyte
         Client()
 
 
+def test_the_config_s_repr_names_no_api_key_so_a_log_or_a_traceback_of_it_carries_no_secret() -> None:
+    with Client("https://ductor.example.com", "dct_prefix_thesecretpart") as client:
+        shown = [repr(client.config), str(client.config)]
+    aclient = async_api.AsyncClient("https://ductor.example.com", "dct_prefix_thesecretpart")
+    shown.append(repr(aclient.config))
+    asyncio.run(aclient.close())
+    assert all("thesecretpart" not in text for text in shown), shown
+    assert "https://ductor.example.com/api/v1/" in shown[0]
+
+
 def _error(status: int, body: object, headers: dict[str, str] | None = None) -> object:
     return from_response(httpx.Response(status, json=body, headers=headers))
 

@@ -160,10 +160,11 @@ def _retryable(error: DuctorError) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Where the API is and how to call it. ``api_root`` ends with ``/api/v1/``."""
+    """Where the API is and how to call it. ``api_root`` ends with ``/api/v1/``. Its repr leaves the
+    key out: a config logged, or shown among a traceback's locals, carries no secret."""
 
     api_root: str
-    api_key: str
+    api_key: str = dataclasses.field(repr=False)
     timeout: float | httpx.Timeout = 30.0
     retry: RetryPolicy = RetryPolicy()
 
