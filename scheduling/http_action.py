@@ -47,6 +47,7 @@ from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit
 from scheduling.action_errors import PermanentActionError, RetryableActionError
 from scheduling.connection_config import ConfigError, validate_config
+from scheduling.response_body import iter_decoded
 from scheduling.secrets import SecretError
 
 if TYPE_CHECKING:
@@ -317,7 +318,8 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def _read_limited(response: httpx.Response, limit: int, deadline: float) -> bytes:
-    """The decoded body, aborting past ``limit`` bytes or the call's deadline (a body that ends
+    """The decoded body (``iter_decoded``: a compressed one is inflated a piece at a time), aborting
+    past ``limit`` bytes or the call's deadline (a body that ends
     at or after the deadline is refused as well: the hang-up ends it as the server would)."""
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -327,7 +329,7 @@ def _read_limited(response: httpx.Response, limit: int, deadline: float) -> byte
         )
     chunks: list[bytes] = []
     size = 0
-    for chunk in response.iter_bytes():
+    for chunk in iter_decoded(response):
         size += len(chunk)
         if size > limit:
             raise PermanentActionError(

@@ -8,11 +8,13 @@ refusal tests can assert that no connection was even attempted.
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
 import json
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,12 +31,14 @@ from scheduling.http_action import http_request, refusal_reason, resolve_allowed
 from scheduling.models import Connection
 
 SECRET = "s3cret-token-value"
+# 64 MiB of zeros in about 64 KiB of gzip: one piece of the network's inflates to all of it.
+GZIP_BOMB = gzip.compress(bytes(64 * 1024 * 1024), compresslevel=9)
 UNSPECIFIED = "0.0.0.0"  # noqa: S104 - an address the policy must refuse; nothing binds to it
 
 
 class Handler(BaseHTTPRequestHandler):
     """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/trickle-head,
-    /api/big, /api/text, /api/bad-gzip, /api/deep."""
+    /api/big, /api/gzip-bomb, /api/gzip, /api/text, /api/bad-gzip, /api/deep."""
 
     protocol_version = "HTTP/1.1"
     server: LocalServer
@@ -85,6 +89,14 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 for _ in range(0, size, 65536):
                     self.wfile.write(b"y" * 65536)
+            elif name in ("gzip-bomb", "gzip"):  # sent compressed whatever Accept-Encoding asked for
+                data = GZIP_BOMB if name == "gzip-bomb" else gzip.compress(json.dumps({"zipped": True}).encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif name == "bad-gzip":  # a body that is not what its Content-Encoding says
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -364,6 +376,26 @@ def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_a_retryable
     assert caught.value.code == StepErrorCode.TRANSPORT_ERROR
     assert "DecodingError" in caught.value.message
     assert failures(redis_client, conn) == 1
+
+
+@pytest.mark.usefixtures("allow_private")
+def test_a_compressed_body_is_inflated_a_piece_at_a_time_and_refused_past_the_limit(conn, redis_client):
+    """64 KiB of gzip that inflate to 64 MiB, sent though identity was asked for: refused as too
+    large, having held about the limit in memory, not the 64 MiB httpx inflates a network piece to."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(PermanentActionError) as caught:
+            http_request({"path": "gzip-bomb"}, conn)  # the limit is 64 KiB
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.code == StepErrorCode.RESPONSE_TOO_LARGE
+    assert peak < 8 * 1024 * 1024, f"{peak} bytes held to read a body of at most 64 KiB"
+
+
+@pytest.mark.usefixtures("allow_private")
+def test_a_compressed_body_under_the_limit_is_inflated(conn):
+    assert http_request({"path": "gzip"}, conn)["body"] == {"zipped": True}
 
 
 @pytest.mark.parametrize("path", ["big", "big-declared"])

@@ -9,8 +9,10 @@ address policy. The end-to-end path through real processes is ``test_webhooks_e2
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -520,6 +522,25 @@ def test_a_delivery_is_a_signed_json_post_the_sdk_verifies_and_a_2xx_delivers_it
 
     assert deliver(tenant, delivery) is None  # a duplicate item: nothing is sent again
     assert len(receiver.requests) == 1
+
+
+def test_a_compressed_answer_is_inflated_only_as_far_as_the_log_keeps_it(tenant, client_a, receiver):
+    """64 MiB of one letter in 64 KiB of gzip, sent though no compression was asked for: the attempt
+    holds about what it logs in memory, not the 64 MiB httpx inflates a network piece to."""
+    receiver.answer, receiver.headers = gzip.compress(b"a" * 64 * 1024 * 1024, compresslevel=9), {
+        "Content-Encoding": "gzip"}
+    delivery = one_delivery(tenant, client_a, receiver)
+    tracemalloc.start()
+    try:
+        deliver(tenant, delivery)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    row = stored(tenant, WebhookDelivery, delivery.pk)
+    assert (row.status, row.attempts[0]["status_code"]) == ("delivered", 200)
+    assert row.attempts[0]["response"] == "a" * 500
+    assert peak < 8 * 1024 * 1024, f"{peak} bytes held to read an answer of which 4 KiB are read"
 
 
 def test_a_500_is_retried_with_backoff_then_the_delivery_fails_after_its_attempts(

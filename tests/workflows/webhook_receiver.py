@@ -4,6 +4,7 @@ It records every request it gets (path, headers, the raw body) and answers ``sta
 ``headers``), after ``delay_s``, and, while ``gate`` is set, once the gate opens (``answered``
 counts the answers); with ``head_pause_s``, its head comes in pieces that far apart, and with
 ``trickle`` too, one header line at a time until ``trickle`` is set: a head that never ends.
+``answer``, when set, is the body sent (as it is: with ``headers``, a compressed one).
 ``wait_for(n)`` waits on a condition, never on the clock alone.
 """
 
@@ -33,6 +34,7 @@ class Receiver:
     delay_s: float = 0.0
     head_pause_s: float = 0.0
     trickle: threading.Event | None = None
+    answer: bytes | None = None
     gate: threading.Event | None = None
     answered: int = 0
     requests: list[Received] = field(default_factory=list)
@@ -72,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
         if receiver.gate is not None:
             receiver.gate.wait(timeout=120)
         answer = b'{"ok": true}' if 200 <= receiver.status < 300 else b"boom " * 200
+        answer = answer if receiver.answer is None else receiver.answer
         try:
             self.send_response(receiver.status)
             self.trickle_head()

@@ -53,6 +53,7 @@ from scheduling.action_errors import ActionError
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.dispatch.handlers import Failed, ItemContext
 from scheduling.http_action import checked_request, parse_retry_after
+from scheduling.response_body import iter_decoded
 from scheduling.secrets import SecretError, decrypt
 from tenants.models import Tenant
 from tenants.scoping import in_tenant_turns
@@ -186,7 +187,7 @@ def _read_some(response: httpx.Response, deadline: float) -> str:
     far as it came: its status is what counts."""
     raw = b""
     try:
-        for chunk in response.iter_bytes():
+        for chunk in iter_decoded(response):
             raw += chunk
             if len(raw) >= MAX_RESPONSE_BYTES or time.monotonic() > deadline:
                 break
