@@ -543,6 +543,19 @@ def test_a_compressed_answer_is_inflated_only_as_far_as_the_log_keeps_it(tenant,
     assert peak < 8 * 1024 * 1024, f"{peak} bytes held to read an answer of which 4 KiB are read"
 
 
+def test_an_answer_holding_a_nul_character_is_logged_with_it_replaced(tenant, client_a, receiver):
+    """PostgreSQL keeps no NUL in text: the attempt's record failed, so the delivery stayed pending,
+    sent again each time its claim ran out, never counted nor logged."""
+    receiver.answer = b'{"ok": "\x00"}'
+    delivery = one_delivery(tenant, client_a, receiver)
+
+    assert deliver(tenant, delivery) is None
+
+    row = stored(tenant, WebhookDelivery, delivery.pk)
+    assert (row.status, row.attempts[0]["status_code"]) == ("delivered", 200)
+    assert row.attempts[0]["response"] == '{"ok": "\ufffd"}'
+
+
 def test_a_500_is_retried_with_backoff_then_the_delivery_fails_after_its_attempts(
     tenant, client_a, receiver, settings
 ):

@@ -49,6 +49,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import current_tenant, tenant_context
+from ductor_project.core.payloads import storable
 from scheduling.action_errors import ActionError
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.dispatch.handlers import Failed, ItemContext
@@ -141,9 +142,10 @@ class Attempt:
         return self.status_code is not None and 200 <= self.status_code < 300
 
     def as_json(self) -> dict[str, Any]:
-        """The attempt as the delivery log keeps it."""
+        """The attempt as the delivery log keeps it: what the endpoint sent (its answer, an error
+        quoting it) with a NUL replaced, which no ``jsonb`` text holds (``storable``)."""
         return {"at": self.at.isoformat().replace("+00:00", "Z"), "status_code": self.status_code,
-                "error": self.error, "duration_ms": self.duration_ms, "response": self.response}
+                "error": storable(self.error), "duration_ms": self.duration_ms, "response": storable(self.response)}
 
 
 def _attempt(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> Attempt:
