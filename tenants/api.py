@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from django.http import HttpRequest, QueryDict
 from django.http.response import HttpResponseBase
+from django.utils.cache import patch_cache_control
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, viewsets
@@ -66,6 +67,14 @@ class StrictQueryMixin:
                 first(self)
             raise refused
         refuse_unknown_query_parameters(self, first=first)  # type: ignore[arg-type]
+
+    def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
+        """Every answer says ``Cache-Control: no-store, private``: it is one tenant's (or the
+        platform's), and some carry a secret shown once (a new API key, a webhook's signing
+        secret), which no cache, a browser's included, may keep."""
+        finalized: Response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        patch_cache_control(finalized, no_store=True, private=True)
+        return finalized
 
     def handle_exception(self, exc: Exception) -> Response:
         response: Response = super().handle_exception(exc)  # type: ignore[misc]

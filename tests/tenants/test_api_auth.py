@@ -177,6 +177,23 @@ def test_api_key_has_the_documented_form_and_is_stored_only_hashed(tenant_a: tup
     assert raw.split("_")[1] == key.prefix
 
 
+def test_answers_carrying_a_new_key_or_any_tenant_data_may_be_stored_by_no_cache(
+    tenant_a: tuple[Tenant, str], db: None
+) -> None:
+    client = api_client(tenant_a[1])
+    created = client.post("/api/v1/api-keys", {"name": "ci", "scopes": ["read"]}, format="json")
+    listed = client.get("/api/v1/api-keys")
+    refused = bearer("Bearer dct_nope_nope").get("/api/v1/tenant")
+    _, platform_raw = services.platform_key_create(name="ops")
+    platform = api_client(platform_raw).get("/api/v1/tenants")
+
+    assert (created.status_code, listed.status_code, refused.status_code, platform.status_code) == (
+        201, 200, 401, 200)
+    assert created.json()["api_key"].startswith("dct_")
+    for response in (created, listed, refused, platform):
+        assert {"no-store", "private"} <= {part.strip() for part in response["Cache-Control"].split(",")}
+
+
 def test_platform_key_cannot_act_for_a_tenant(db: None) -> None:
     _, raw = services.platform_key_create(name="ops")
     client = api_client(raw)
