@@ -19,7 +19,7 @@ a tenant edits, it keeps one table in Redis, not one per edit.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.core.cache import cache
@@ -96,6 +96,23 @@ class RoutingTable:
         member = self.member(connection_id)
         return member.name if member else ""
 
+    def as_json(self) -> dict[str, Any]:
+        """The table as JSON, as the shared cache holds it (``from_json`` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RoutingTable | None:
+        """The table ``as_json`` gave, or None for a value of another shape."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            pools = {name: PoolInfo(**{**pool, "members": tuple(MemberInfo(**m) for m in pool["members"])})
+                     for name, pool in data["pools"].items()}
+            return cls(version=data["version"], rules=tuple(RuleInfo(**rule) for rule in data["rules"]),
+                       pools=pools, default_pool=data["default_pool"])
+        except (AttributeError, KeyError, TypeError):
+            return None
+
 
 _copies: freshness.Copies[RoutingTable] = freshness.Copies()
 
@@ -167,12 +184,12 @@ def table_key() -> str:
 
 def _shared() -> RoutingTable:
     """The table of the tenant's routing version from the Django cache, or built (and cached in
-    place of the table of another version, or of another release's shape: ``freshness.complete``)."""
+    place of the table of another version, or of another shape: ``from_json``)."""
     version = current_version()
-    table = cache.get(table_key())
-    if not isinstance(table, RoutingTable) or table.version != version or not freshness.complete(table):
+    table = RoutingTable.from_json(cache.get(table_key()))
+    if table is None or table.version != version:
         table = build(version)
-        cache.set(table_key(), table, TABLE_TTL_S)
+        cache.set(table_key(), table.as_json(), TABLE_TTL_S)
     return table
 
 

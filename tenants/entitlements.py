@@ -84,6 +84,18 @@ class Entitlements:
         data["overridden"] = list(self.overridden)
         return data
 
+    @classmethod
+    def from_dict(cls, data: Any) -> Entitlements | None:
+        """The limits ``as_dict`` gave (the shared cache holds them so: JSON), or None for a value of
+        another shape."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(**{**data, "allowed_tiers": tuple(data["allowed_tiers"]),
+                          "overridden": tuple(data["overridden"])})
+        except (KeyError, TypeError):
+            return None
+
 
 LIMIT_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Entitlements) if f.name not in ("plan", "overridden")
@@ -213,13 +225,13 @@ def effective_entitlements(tenant: Tenant) -> Entitlements:
 
 def _shared(tenant: Tenant) -> Entitlements:
     """The limits from the shared cache, or resolved (and cached) when it has none, or none of this
-    release's shape (``freshness.complete``: a previous release's, during a rolling deploy)."""
+    release's shape (``from_dict``: a previous release's, during a rolling deploy)."""
     key = _cache_key(tenant)
-    cached = cache.get(key)
-    if isinstance(cached, Entitlements) and freshness.complete(cached):
+    cached = Entitlements.from_dict(cache.get(key))
+    if cached is not None:
         return cached
     resolved = resolve(tenant)
-    cache.set(key, resolved, CACHE_TTL_S)
+    cache.set(key, resolved.as_dict(), CACHE_TTL_S)
     return resolved
 
 

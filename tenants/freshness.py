@@ -16,7 +16,6 @@ stamp the cache lost (a flush, an eviction) reads as a new one: every copy is re
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 import uuid
@@ -137,18 +136,3 @@ class Copies(Generic[T]):
             else:
                 self._copies.pop(id_text(tenant), None)
 
-
-def complete(value: Any) -> bool:
-    """Whether ``value``, read from the shared cache, has every field its dataclass declares in this
-    release, as have the dataclasses it holds (in tuples, lists and dicts). A copy a previous release
-    pickled lacks the fields added since (unpickling restores the state it was given, no default),
-    and reading one would raise until the entry expired: read it as a miss. Walked only when a copy
-    is read from the shared cache, never for a copy this process holds."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        state = vars(value)
-        return all(f.name in state and complete(state[f.name]) for f in dataclasses.fields(value))
-    if isinstance(value, tuple | list):
-        return all(complete(item) for item in value)
-    if isinstance(value, dict):
-        return all(complete(item) for item in value.values())
-    return True

@@ -4,6 +4,7 @@ per-tenant routing cache. How a routed step is admitted (strategies, breakers, l
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -415,6 +416,22 @@ def test_another_process_sees_the_edit_too(tenant):
     with CaptureQueriesContext(db_connection) as queries:
         assert route(STEP).pool.name == "p2"  # a fresh process: from the shared cache, not PostgreSQL
     assert len(queries) == 0
+
+
+def test_the_shared_cache_holds_the_table_as_json_which_reads_back_as_the_same_table(tenant, redis_client):
+    """JSON, never a pickle: whoever can write to the cache's Redis must not get code run by its readers."""
+    from django.core.cache import cache
+
+    pool("p1", [conn("c1"), conn("c2")], is_default=True)
+    rule(1, {"workflow": "billing.*", "conditions": [{"path": "input.tier", "op": "eq", "value": "gold"}]},
+         {"pool": "p1", "tier": "batch"})
+    routing_table.forget_local()
+    table = routing_table.routing_table()
+
+    stored = redis_client.get(cache.make_key(routing_table.table_key()))
+    assert json.loads(stored) == json.loads(json.dumps(table.as_json()))
+    assert routing_table.RoutingTable.from_json(json.loads(json.dumps(table.as_json()))) == table
+    assert routing_table.RoutingTable.from_json({"version": table.version}) is None
 
 
 def test_a_tenant_keeps_one_routing_table_in_the_shared_cache_however_often_it_edits(tenant, redis_client):

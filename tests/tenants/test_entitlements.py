@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 from typing import Any
 
 import pytest
@@ -116,11 +117,40 @@ def test_the_limits_are_cached_under_the_tenants_key_and_a_second_call_does_no_q
 
     with django_assert_num_queries(2):  # the plan (through the tenant row) and the overrides
         first = effective_entitlements(free_tenant)
-    assert cache.get(key) == first
+    assert cache.get(key) == first.as_dict()
 
     with django_assert_num_queries(0):
         second = effective_entitlements(free_tenant)
     assert second == first
+
+
+UNPICKLED: list[str] = []
+
+
+def _unpickled(what: str) -> None:
+    UNPICKLED.append(what)
+
+
+class _Payload:
+    """What a pickle runs as it is read: here, a call that records it ran."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unpickled, ("ran",))
+
+
+def test_a_pickle_written_into_the_cache_is_never_unpickled_only_read_as_missing(free_tenant):
+    """Whoever can write to the cache's Redis (the broker's, by default) must not get code run in
+    every process that reads an entry: the cache holds JSON, and anything else reads as missing."""
+    key = entitlements._cache_key(free_tenant)
+    raw = cache.client.get_client(write=True)  # type: ignore[attr-defined]
+    raw.set(cache.make_key(key), pickle.dumps(_Payload()))
+    entitlements._copies.forget(free_tenant)
+
+    found = effective_entitlements(free_tenant)
+
+    assert UNPICKLED == []
+    assert as_limits(found) == limits_of("free")
+    assert cache.get(key) == found.as_dict()  # computed again, and cached as JSON
 
 
 def test_the_cached_limits_of_a_tenant_cannot_be_read_inside_another_tenants_context(make_tenant):
