@@ -287,6 +287,9 @@ CACHES = {
     }
 }
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
+# The admin's messages wait in the session, not in a cookie: one shows a new API key once, and a
+# cookie is logged by proxies and kept by a browser that does not follow its redirect.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -9,7 +9,9 @@ import pytest
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.messages.storage.cookie import CookieStorage
 from django.db import connection
+from django.http import HttpRequest
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
@@ -189,6 +191,25 @@ def test_staff_adds_an_api_key_for_their_tenant_stored_hashed(world: SimpleNames
     raw = next(str(message).split(": ")[-1] for message in response.context["messages"])
     assert raw.startswith(f"dct_{key.prefix}_")
     assert raw not in key.secret_hash
+
+
+def test_a_key_added_in_the_admin_is_shown_on_the_page_and_never_travels_in_a_cookie(
+    world: SimpleNamespace, staff: Client
+) -> None:
+    """A cookie is logged by proxies and kept by the browser if its redirect is not followed: the
+    message that shows a new key once is kept on the server, in the session, until it is shown."""
+    added = staff.post(url(ApiKey, "add"), {"name": "from-admin", "scopes": "read"})
+    assert added.status_code == 302
+    cookie = added.cookies.get(CookieStorage.cookie_name)
+    in_cookie = [str(m) for m in CookieStorage(HttpRequest())._decode(cookie.value) or []] if cookie else []
+
+    shown = staff.get(added["Location"])
+    raw = next(str(message).split(": ")[-1] for message in shown.context["messages"])
+
+    assert raw.startswith("dct_")
+    assert not any(raw in message for message in in_cookie), in_cookie
+    assert raw not in str(added.cookies)
+    assert raw not in str(shown.cookies)
 
 
 def test_staff_adding_a_name_taken_in_their_tenant_get_the_field_s_error_not_a_crash(
