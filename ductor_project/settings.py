@@ -8,10 +8,12 @@ first (``manage.py``, the WSGI app, the Celery app; ``ductor_project.embedded.bo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +133,22 @@ def _secret_key() -> str:
             embedded.usable_data_dir(DUCTOR_DATA_DIR)
         except embedded.EmbeddedServiceError as exc:
             raise ImproperlyConfigured(str(exc)) from None
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        _create_private(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
+
+
+def _create_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` unless it exists, readable by its owner alone from the start (a
+    file written first and restricted after is readable by every user until then) and whole when
+    it appears (a process starting at the same time reads the first one's, never a partial one)."""
+    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        with contextlib.suppress(FileExistsError):
+            os.link(staged, path)
+    finally:
+        os.unlink(staged)
 
 
 SECRET_KEY = _secret_key()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from ductor_project import settings as project_settings
 from ductor_project.settings import database_url, flag, listed, number, options, pairs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,3 +186,24 @@ def test_a_database_url_that_is_not_postgresql_is_refused_naming_the_setting(url
         database_url("DATABASE_OWNER_URL", url)
     assert str(refused.value) == (f"DATABASE_OWNER_URL is a PostgreSQL URL (postgresql://, postgres://, pgsql://), "
                                   f"not {shown}")
+
+
+def test_the_generated_secret_key_is_created_readable_by_its_owner_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Created 0600 from the start: written first and restricted after, it was readable by every
+    user of the host (the umask's 0644) until the chmod, and two processes starting at once could
+    each write a key of their own, signing sessions the other refused."""
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    monkeypatch.setattr(project_settings, "DUCTOR_DATA_DIR", tmp_path)
+    monkeypatch.setattr(Path, "chmod", lambda *args, **kwargs: None)  # only the creation's own mode counts
+    previous = os.umask(0o022)
+    try:
+        key = project_settings._secret_key()
+    finally:
+        os.umask(previous)
+
+    path = tmp_path / "secret_key"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert len(key) >= 50
+    assert project_settings._secret_key() == key == path.read_text().strip()
