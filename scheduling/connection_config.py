@@ -51,6 +51,8 @@ RESERVED_QUEUE = re.compile(r"_kombu\.|celery-task-meta-|celery-taskset-meta-|ch
 
 # RFC 9110 field-name token; values may not carry CR/LF (no header injection).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
+# What no header value may hold: a line break or another control character (a tab aside).
+_HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _url = URLValidator(schemes=["http", "https"])
 
 
@@ -61,6 +63,22 @@ class ConfigError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+def unsendable_header_value(value: str) -> bool:
+    """Whether ``value`` cannot be sent as a header value: it holds a line break or another control
+    character (a tab aside), or a character that is not ASCII (httpx encodes header values as ASCII)."""
+    return not value.isascii() or _HEADER_CONTROL.search(value) is not None
+
+
+def validate_secret(kind: str, secret: str) -> None:
+    """Raises ``ConfigError`` (field ``secret``, the secret never quoted) when ``kind`` is ``http``
+    and ``secret`` cannot go in a header (``unsendable_header_value``): a secret pasted with its
+    line end, say. A ``python`` connection's secret is handed to its action as it is (a PEM key
+    has line breaks)."""
+    if kind == "http" and secret and unsendable_header_value(secret):
+        raise ConfigError("secret", "holds a line break, another control character or a character that is not "
+                                    "ASCII, which no HTTP header can carry")
 
 
 def _is_number(value: Any) -> bool:

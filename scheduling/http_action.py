@@ -46,7 +46,7 @@ from ductor_project.core.context import TenantScopeError, peek_tenant
 from ductor_project.core.errors import StepErrorCode
 from scheduling import circuit
 from scheduling.action_errors import PermanentActionError, RetryableActionError
-from scheduling.connection_config import ConfigError, validate_config
+from scheduling.connection_config import ConfigError, unsendable_header_value, validate_config
 from scheduling.response_body import iter_decoded
 from scheduling.secrets import SecretError
 
@@ -102,9 +102,11 @@ def _config(connection: Connection) -> _Config:
     base_url = httpx.URL(config["base_url"])
     if base_url.userinfo:
         raise bad("config.base_url", "must not carry credentials; use the connection secret")
-    for name in config["headers"]:
+    for name, value in config["headers"].items():
         if name.lower() in RESERVED_HEADERS:
             raise bad(f"config.headers.{name}", "is set by the platform and cannot be given")
+        if unsendable_header_value(value):
+            raise bad(f"config.headers.{name}", "holds a control character or a character that is not ASCII")
     return _Config(
         base_url=base_url.copy_with(fragment=None), headers=config["headers"],
         timeout_s=config["timeout_s"], max_response_bytes=config["max_response_bytes"],
@@ -173,8 +175,9 @@ def _step_headers(headers: Any) -> dict[str, str]:
             raise _invalid(f"params.headers: invalid header name {str(name)[:100]!r}", field="headers")
         if name.lower() in RESERVED_HEADERS:
             raise _invalid(f"params.headers.{name} is set by the platform", field="headers")
-        if not isinstance(value, str) or len(value) > 8192 or _BAD_VALUE.search(value):
-            raise _invalid(f"params.headers.{name} must be a string without line breaks", field="headers")
+        if not isinstance(value, str) or len(value) > 8192 or unsendable_header_value(value):
+            raise _invalid(f"params.headers.{name} must be a string of ASCII characters without line breaks",
+                           field="headers")
     return dict(headers)
 
 
@@ -383,6 +386,13 @@ def _auth_headers(connection: Connection, config: _Config) -> dict[str, str]:
         raise PermanentActionError(
             f"connection '{connection.name}': {exc}", code=StepErrorCode.INVALID_CONNECTION
         ) from None
+    if secret and unsendable_header_value(secret):
+        # Not quoted, nor left to the transport, whose refusal quotes the whole header.
+        raise PermanentActionError(
+            f"connection '{connection.name}': secret: holds a line break, another control character or a "
+            "character that is not ASCII, which no header can carry; set it again",
+            code=StepErrorCode.INVALID_CONNECTION, details={"field": "secret"},
+        )
     if templated and not secret:
         raise PermanentActionError(
             f"connection '{connection.name}': config.headers use {SECRET_PLACEHOLDER} but no secret is set",

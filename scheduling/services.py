@@ -30,7 +30,7 @@ from django.db.models import Model
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import ApiError, Conflict, ErrorCode, NotFound
 from scheduling import selectors
-from scheduling.connection_config import ConfigError, validate_config
+from scheduling.connection_config import ConfigError, validate_config, validate_secret
 from scheduling.models import (
     MAX_FAIRNESS_KEY,
     MAX_FAIRNESS_KEY_WEIGHT,
@@ -161,6 +161,7 @@ def connection_create(
     enforce_ceiling("connections", Connection.objects.all())
     with _field_errors():
         clean_config = validate_config(kind, config)
+        validate_secret(kind, secret)
     connection = Connection(
         name=name, kind=kind, config=clean_config, secret_token=encrypt(secret) if secret else ""
     )
@@ -191,6 +192,8 @@ def connection_update(
         with _field_errors():
             row.config = validate_config(row.kind, row.config if config is UNSET else config)
     if secret is not UNSET:
+        with _field_errors():
+            validate_secret(row.kind, secret)
         row.secret_token = encrypt(secret) if secret else ""
     _apply_limits(row, max_concurrency=max_concurrency, rate_per_s=rate_per_s, burst=burst)
     _save(row)
@@ -204,6 +207,8 @@ def connection_rotate_secret(*, connection: Connection, secret: str) -> Connecti
     if not secret:
         raise invalid("secret", "A new secret is required.")
     row: Connection = _locked(Connection, connection.pk)
+    with _field_errors():
+        validate_secret(row.kind, secret)
     row.secret_token = encrypt(secret)
     row.save(update_fields=["secret_token", "updated_at"])
     log.info("connection_secret_rotated", connection_id=str(row.pk))

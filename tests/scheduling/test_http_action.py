@@ -464,6 +464,7 @@ def test_a_refused_connection_is_retryable(tenant, redis_client):
         ({"headers": {"Host": "other.example"}}, "headers"),
         ({"headers": {"X-Bad": "a\r\nInjected: 1"}}, "headers"),
         ({"headers": {"bad name": "x"}}, "headers"),
+        ({"headers": {"X-Name": "caf\u00e9"}}, "headers"),
         ({"json": {1, 2}}, "json"),
     ],
 )
@@ -474,6 +475,34 @@ def test_bad_params_are_permanent_and_name_the_field(conn, server, connect_guard
     assert caught.value.code == StepErrorCode.INVALID_PARAMS
     assert caught.value.details["field"] == field
     assert server.seen == []
+    assert connects_to(connect_guard, server.port) == []
+
+
+@pytest.mark.parametrize("secret", ["tok-secret\n", "tok-secret\r\nX-Injected: 1", "tok-secret\x00", "tok-s\u00e9cret"])
+@pytest.mark.parametrize("placed", ["bearer", "header"])
+@pytest.mark.usefixtures("allow_private")
+def test_a_secret_no_header_can_carry_is_refused_before_sending_and_never_quoted(
+    tenant, server, connect_guard, secret, placed
+):
+    """A secret pasted with its line end (or holding what a header cannot carry): the transport
+    refused the header quoting its whole value, so the secret went into the step's stored error."""
+    headers = {"X-Api-Key": "{secret}"} if placed == "header" else {}
+    connection = make_connection(f"http://127.0.0.1:{server.port}/api", secret=secret, headers=headers)
+    with pytest.raises(PermanentActionError) as caught:
+        http_request({"path": "echo"}, connection)
+    assert caught.value.code == StepErrorCode.INVALID_CONNECTION
+    assert caught.value.details["field"] == "secret"
+    assert "tok" not in json.dumps(caught.value.describe())
+    assert connects_to(connect_guard, server.port) == []
+
+
+@pytest.mark.usefixtures("allow_private")
+def test_a_connection_header_that_is_not_ascii_is_refused_naming_it(tenant, server, connect_guard):
+    connection = make_connection(f"http://127.0.0.1:{server.port}/api", headers={"X-Team": "caf\u00e9"})
+    with pytest.raises(PermanentActionError) as caught:
+        http_request({"path": "echo"}, connection)
+    assert caught.value.code == StepErrorCode.INVALID_CONNECTION
+    assert caught.value.details["field"] == "config.headers.X-Team"
     assert connects_to(connect_guard, server.port) == []
 
 

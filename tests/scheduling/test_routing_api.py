@@ -255,6 +255,33 @@ def test_secret_never_appears_in_any_api_response(client_a: APIClient, tenant_a:
         assert token not in body
 
 
+@pytest.mark.parametrize("bad", [SECRET + "\n", SECRET + "\r\nX-Injected: 1", SECRET + "\u00e9"])
+def test_an_http_connection_s_secret_no_header_can_carry_is_refused_naming_it_never_quoted(
+    client_a: APIClient, tenant_a: tuple[Tenant, str], bad: str
+) -> None:
+    """A secret pasted with its line end went into the Authorization header, whose refusal at the
+    call quoted it into the step's stored error. A python connection's secret is its action's (a
+    PEM key has line breaks)."""
+    kept = create(client_a, "connections", http_body(secret=SECRET))
+    url = f"/api/v1/connections/{kept['id']}"
+    before, token = rows(tenant_a[0]), stored_token(kept["id"])
+
+    refused = [
+        client_a.post("/api/v1/connections", http_body(name="pasted", secret=bad), format="json"),
+        client_a.patch(url, {"secret": bad}, format="json"),
+        client_a.put(url, http_body(secret=bad), format="json"),
+        client_a.post(f"{url}/rotate-secret", {"secret": bad}, format="json"),
+    ]
+
+    for response in refused:
+        assert_invalid(response, "secret")
+        assert SECRET not in response.content.decode()
+    assert rows(tenant_a[0]) == before
+    assert stored_token(kept["id"]) == token
+    pem = "-----BEGIN KEY-----\nabc\n-----END KEY-----\n"
+    create(client_a, "connections", {"name": "py", "kind": "python", "config": {}, "secret": pem})
+
+
 def test_secret_is_encrypted_at_rest_and_decrypts_back(client_a: APIClient) -> None:
     created = create(client_a, "connections", http_body(secret=SECRET))
     with across_tenants("a test reads the stored row"), db.cursor() as cursor:
