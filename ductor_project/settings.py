@@ -8,12 +8,10 @@ first (``manage.py``, the WSGI app, the Celery app; ``ductor_project.embedded.bo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from django.utils.module_loading import import_string
 
 from ductor_project import embedded
 from ductor_project.core import redis_urls
+from ductor_project.core.private_files import create_private
 
 django_stubs_ext.monkeypatch()
 
@@ -133,22 +132,8 @@ def _secret_key() -> str:
             embedded.usable_data_dir(DUCTOR_DATA_DIR)
         except embedded.EmbeddedServiceError as exc:
             raise ImproperlyConfigured(str(exc)) from None
-        _create_private(path, secrets.token_urlsafe(50))
+        create_private(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
-
-
-def _create_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` unless it exists, readable by its owner alone from the start (a
-    file written first and restricted after is readable by every user until then) and whole when
-    it appears (a process starting at the same time reads the first one's, never a partial one)."""
-    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        with contextlib.suppress(FileExistsError):
-            os.link(staged, path)
-    finally:
-        os.unlink(staged)
 
 
 SECRET_KEY = _secret_key()

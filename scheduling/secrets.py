@@ -8,10 +8,11 @@ generated once into ``<data dir>/fernet.key`` (mode 0600).
 from __future__ import annotations
 
 import functools
-import os
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+
+from ductor_project.core.private_files import create_private
 
 
 class SecretError(RuntimeError):
@@ -25,9 +26,7 @@ def _fernet() -> MultiFernet:
         path = settings.DUCTOR_DATA_DIR / "fernet.key"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(Fernet.generate_key().decode())
+            create_private(path, Fernet.generate_key().decode())  # another process's, if it was first
         configured = [path.read_text().strip()]
     return MultiFernet([Fernet(key.encode()) for key in configured])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -309,6 +310,35 @@ def test_a_secret_key_that_is_not_a_fernet_key_is_told_at_start_never_shown(sett
                                                     "base64-encoded bytes, as Fernet.generate_key() makes)")
     settings.DUCTOR_SECRET_KEYS = [good, " "]
     assert check_secret_keys() == []
+
+
+def test_a_generated_fernet_key_another_process_wrote_first_is_the_one_used(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes making the data dir's first key at once: the one that found no file, then
+    lost the race to create it, failed on the file the other had made (or read it still empty).
+    Each now uses the key written first, whole."""
+    from cryptography.fernet import Fernet
+
+    from scheduling import secrets
+
+    settings.DUCTOR_SECRET_KEYS, settings.DUCTOR_DATA_DIR = [], tmp_path
+    theirs = Fernet.generate_key()
+    mkdir = Path.mkdir
+
+    def racing(self: Path, *args: Any, **kwargs: Any) -> None:  # the other process writes its key meanwhile
+        mkdir(self, *args, **kwargs)
+        if self == tmp_path:
+            (tmp_path / "fernet.key").write_bytes(theirs)
+
+    monkeypatch.setattr(Path, "mkdir", racing)
+    secrets._fernet.cache_clear()
+    try:
+        token = secrets.encrypt("shared")
+    finally:
+        secrets._fernet.cache_clear()
+    assert Fernet(theirs).decrypt(token.encode()) == b"shared"
+    assert (tmp_path / "fernet.key").read_bytes() == theirs
 
 
 def test_rotating_the_secret_keeps_the_id(client_a: APIClient) -> None:
