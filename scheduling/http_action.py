@@ -44,6 +44,7 @@ from django.conf import settings
 
 from ductor_project.core.context import TenantScopeError, peek_tenant
 from ductor_project.core.errors import StepErrorCode
+from ductor_project.core.payloads import json_size_floor
 from scheduling import circuit
 from scheduling.action_errors import PermanentActionError, RetryableActionError
 from scheduling.connection_config import ConfigError, unsendable_header_value, validate_config
@@ -61,6 +62,8 @@ PARAM_KEYS = ("method", "path", "headers", "json", "query")
 # In a connection's default header values, replaced by the connection's secret.
 SECRET_PLACEHOLDER = "{secret}"  # noqa: S105 - a placeholder, not a secret
 MAX_URL_CHARS = 2000
+# The most of a 4xx answer a step's error quotes.
+MAX_QUOTED_CHARS = 2000
 MAX_HEADERS = 50
 # Headers that steps and connections may not set: they belong to the transport
 # (and ``Host`` must stay the checked host).
@@ -575,10 +578,23 @@ def _refuse_overload(response: httpx.Response, host: str) -> None:
         )
 
 
-def _refuse_client_error(status: int, body: Any, host: str) -> None:
-    """Raises ``PermanentActionError`` (``client_error``) for a 4xx, quoting the body (text cut at 2000 characters)."""
+def _quoted(body: Any, raw: bytes) -> Any:
+    """The answer as a refusal quotes it: its JSON while that is small (``MAX_QUOTED_CHARS`` at
+    most, nested no deeper than ``DUCTOR_MAX_JSON_DEPTH``), else its text cut at ``MAX_QUOTED_CHARS``.
+    The step keeps its error outside the plan's payload limit, so a body quoted whole kept up to
+    ``max_response_bytes`` for every attempt."""
+    if isinstance(body, dict | list):
+        size, depth = json_size_floor(body, stop_above=MAX_QUOTED_CHARS)
+        if size <= MAX_QUOTED_CHARS and depth <= settings.DUCTOR_MAX_JSON_DEPTH:
+            return body
+        return raw[:4 * MAX_QUOTED_CHARS].decode("utf-8", errors="replace")[:MAX_QUOTED_CHARS]
+    return str(body or "")[:MAX_QUOTED_CHARS]
+
+
+def _refuse_client_error(status: int, body: Any, raw: bytes, host: str) -> None:
+    """Raises ``PermanentActionError`` (``client_error``) for a 4xx, quoting the body (``_quoted``)."""
     if status >= 400:
-        shown = body if isinstance(body, dict | list) else str(body or "")[:2000]
+        shown = _quoted(body, raw)
         raise PermanentActionError(
             f"HTTP {status} from '{host}'", code=StepErrorCode.CLIENT_ERROR, status=status,
             details={"body": shown},
@@ -677,7 +693,7 @@ def _exchange(call: _Call, config: _Config, breaker: _Breaker, progress: _Progre
         progress.outcome = "ok" if status < 400 else "client_error"
         breaker.success()
         body = _parse_body(response, raw)
-        _refuse_client_error(status, body, call.host)
+        _refuse_client_error(status, body, raw, call.host)
         return {"status": status, "headers": dict(response.headers.items()), "body": body}
 
 

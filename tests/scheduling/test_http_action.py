@@ -37,8 +37,8 @@ UNSPECIFIED = "0.0.0.0"  # noqa: S104 - an address the policy must refuse; nothi
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Behaviour by path: /api/echo, /api/status/<n>, /api/sleep, /api/drip, /api/trickle-head,
-    /api/big, /api/gzip-bomb, /api/gzip, /api/text, /api/bad-gzip, /api/deep."""
+    """Behaviour by path: /api/echo, /api/status/<n>, /api/refusal-long, /api/refusal-deep, /api/sleep,
+    /api/drip, /api/trickle-head, /api/big, /api/gzip-bomb, /api/gzip, /api/text, /api/bad-gzip, /api/deep."""
 
     protocol_version = "HTTP/1.1"
     server: LocalServer
@@ -56,7 +56,10 @@ class Handler(BaseHTTPRequestHandler):
         })
         name = url.path.removeprefix("/api/")
         try:
-            if name.startswith("status/"):
+            if name in ("refusal-long", "refusal-deep"):  # a 400 whose JSON is large, or nested deep
+                payload = list(range(10_000)) if name == "refusal-long" else json.loads("[" * 200 + "]" * 200)
+                self._send(400, payload)
+            elif name.startswith("status/"):
                 status = int(name.split("/")[1])
                 self._send(status, {"error": f"status {status}"}, extra={"Retry-After": "3"})
             elif name == "sleep":
@@ -440,6 +443,20 @@ def test_a_404_is_permanent_and_does_not_fail_the_breaker(conn, redis_client):
     assert (caught.value.code, caught.value.status) == (StepErrorCode.CLIENT_ERROR, 404)
     assert caught.value.details["body"] == {"error": "status 404"}
     assert failures(redis_client, conn) == 0  # the endpoint answered: a success resets the count
+
+
+@pytest.mark.parametrize("path", ["refusal-long", "refusal-deep"])
+@pytest.mark.usefixtures("allow_private")
+def test_a_4xx_whose_json_is_large_or_deep_is_quoted_as_its_text_cut_short(conn, path):
+    """The error is kept with the step, outside the plan's payload limit: a 4xx body quoted whole
+    kept up to max_response_bytes (50 MiB) per attempt, nested as deep as the server liked."""
+    with pytest.raises(PermanentActionError) as caught:
+        http_request({"path": path}, conn)
+    quoted = caught.value.details["body"]
+    assert caught.value.code == StepErrorCode.CLIENT_ERROR
+    assert isinstance(quoted, str)
+    assert len(quoted) <= 2000
+    assert quoted.startswith("[0, 1, 2" if path == "refusal-long" else "[[[[")
 
 
 @pytest.mark.usefixtures("allow_private")
