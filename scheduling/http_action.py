@@ -325,8 +325,8 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def _read_limited(response: httpx.Response, limit: int, deadline: float) -> bytes:
     """The decoded body (``iter_decoded``: a compressed one is inflated a piece at a time), aborting
-    past ``limit`` bytes or the call's deadline (a body that ends
-    at or after the deadline is refused as well: the hang-up ends it as the server would)."""
+    past ``limit`` bytes or the call's deadline; a body that ends at or after the deadline is refused
+    as well, since the hang-up ends it as the server would."""
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PermanentActionError(
