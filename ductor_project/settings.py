@@ -279,6 +279,8 @@ CACHES = {
         # Every cache key goes through the tenant-aware key builder: inside a
         # tenant "x" becomes "t:<tenant>:x"; outside any tenant it raises.
         "KEY_FUNCTION": "ductor_project.core.keys.cache_key_function",
+        # 2 since the values are JSON (1 held pickles): a process of either kind reads only its own.
+        "VERSION": 2,
         # JSON, never pickle: the cache's Redis is the broker's unless CACHE_REDIS_URL names another.
         "OPTIONS": {**_cache.options,
                     "CLIENT_CLASS": cache_client_class("CACHE_CLIENT_CLASS", _cache.options["CLIENT_CLASS"]),

@@ -5,6 +5,7 @@ per-tenant routing cache. How a routed step is admitted (strategies, breakers, l
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -432,6 +433,19 @@ def test_the_shared_cache_holds_the_table_as_json_which_reads_back_as_the_same_t
     assert json.loads(stored) == json.loads(json.dumps(table.as_json()))
     assert routing_table.RoutingTable.from_json(json.loads(json.dumps(table.as_json()))) == table
     assert routing_table.RoutingTable.from_json({"version": table.version}) is None
+
+
+def test_a_routing_version_an_earlier_ductor_cached_as_a_pickle_is_not_read(tenant, redis_client):
+    """Its key under the cache's version 1: read as JSON it was missing, and cache.add could not
+    replace it, so every process took the routing version to be "None" until an edit."""
+    from django.core.cache import cache
+
+    redis_client.set(cache.make_key(routing_table._version_key(), version=1), pickle.dumps("from-pickles"))
+
+    version = routing_table.current_version()
+
+    assert version not in ("None", "from-pickles")
+    assert routing_table.current_version() == version
 
 
 def test_a_tenant_keeps_one_routing_table_in_the_shared_cache_however_often_it_edits(tenant, redis_client):
