@@ -40,7 +40,7 @@ def test_limits_another_release_cached_in_its_shape_are_resolved_again(tenant: T
     freshness.forget()
     entitlements._copies.forget()
     assert entitlements.effective_entitlements(tenant).max_fairness_keys == resolved.max_fairness_keys
-    assert cache.get(entitlements._cache_key(tenant)) == data
+    assert entitlements.Entitlements.from_dict(cache.get(entitlements._cache_key(tenant))) == resolved
 
 
 def test_a_routing_table_another_release_cached_in_its_shape_is_built_again(tenant: Tenant) -> None:
@@ -53,4 +53,4 @@ def test_a_routing_table_another_release_cached_in_its_shape_is_built_again(tena
         routing_table.forget_local()
         freshness.forget()
         assert routing_table.routing_table().pools["p"].strategy == "round_robin"
-        assert cache.get(routing_table.table_key()) == data
+        assert routing_table.RoutingTable.from_json(cache.get(routing_table.table_key())) == table
