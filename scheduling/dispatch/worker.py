@@ -45,11 +45,12 @@ HEARTBEAT_S = 5.0
              throws=(task_events.ItemFailed,), Request=task_events.ItemRequest)
 def execute_item(item_id: str, delivery: int, kind: str, body: dict[str, Any], tier: str, partition: str,
                  waited_ms: int = 0, credit: str = "", lease_until_ms: int = 0, connection_id: str = "",
-                 admitted: str = "") -> str:
+                 admitted: str = "", **later: Any) -> str:
     """Run one fair-queue item on a worker, inside its tenant context; then the next items of the
     same Celery queue, until nothing is due or the task has run for ``DUCTOR_HANDOFF_MS``.
     Returns the outcome of the last one; raises ``ItemFailed`` at the very end if its own item
-    failed (``task_events``)."""
+    failed (``task_events``). An argument it does not know is passed over (``later``): a message a
+    later release's dispatcher published (a rolling deploy, a rollback) still runs its item."""
     queue = credits.queue_for(tier)
     tenant = current_tenant()
     # A message Celery delivers again (its worker process died) may be of an item this worker

@@ -435,6 +435,22 @@ def test_a_redelivered_message_of_an_item_acked_before_a_handoff_does_not_run_ag
     assert len(events(redis_client, "start")) == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_message_a_later_release_published_with_an_argument_more_runs_its_item(make_tenant, redis_client):
+    """A dispatcher of the next release may publish while this release's workers still run (a rolling
+    deploy, or a rollback with messages left in the broker): an argument it adds is passed over; the
+    item was failed and came back only after its lease."""
+    tenant, _ = make_tenant("chain-later-release")
+    enqueue(tenant, 1, kind="test.ran", prefix="l")
+    item = fq.dequeue(lease_ms=LEASE_MS)
+    assert item is not None
+
+    assert run_message(item, added_by_a_later_release={"any": 1}) == "ok"
+
+    assert [r["item"] for r in events(redis_client, "start")] == [item.item_id]
+    assert fq.stats(tenant).in_flight == 0
+
+
 # --- a real worker -----------------------------------------------------------------------------
 
 
