@@ -140,6 +140,22 @@ def test_an_outcome_whose_callback_a_later_release_signed_with_more_arguments_is
     assert status_of(tenant_b[0], step) == ("succeeded" if callback is task_succeeded else "failed")
 
 
+@pytest.mark.parametrize("callback", [task_succeeded, task_failed])
+def test_an_outcome_from_a_worker_whose_name_holds_a_nul_is_kept_with_the_name_made_storable(tenant_b, callback):
+    """The worker's name is the team's to choose, and PostgreSQL keeps no NUL in a JSON column: the
+    outcome's commit was refused, the outcome lost, and the step ran again after its timeout."""
+    step = running_task_step(tenant_b[0])
+    args = [{"sum": 1}] if callback is task_succeeded else ["celery-id"]
+    callback.apply(args=args, kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step), "worker": "team\x00@host",
+                                      "error": {"type": "Bad\x00Error", "message": "no\x00"}}
+                   if callback is task_failed else
+                   {"tenant_id": str(tenant_b[0].pk), **ids(step), "worker": "team\x00@host"}).get()
+    assert status_of(tenant_b[0], step) == ("succeeded" if callback is task_succeeded else "failed")
+    with tenant_context(tenant_b[0]):
+        kept = StepRun.objects.get(pk=step.pk)
+    assert kept.routing["worker"] == "team\ufffd@host"
+
+
 def test_an_outcome_within_its_timeout_is_kept(tenant_b):
     step = running_task_step(tenant_b[0])
     task_succeeded.apply(args=[{"sum": 1}], kwargs={"tenant_id": str(tenant_b[0].pk), **ids(step),

@@ -63,6 +63,7 @@ from ductor_project.celery import app as ductor_app
 from ductor_project.core import scripts, tracing
 from ductor_project.core.context import current_tenant
 from ductor_project.core.errors import StepErrorCode
+from ductor_project.core.payloads import storable
 from scheduling import circuit, fair_queue
 from scheduling.connection_config import DEFAULT_BROKER, queue_name_error
 from scheduling.dispatch.handoff import settle_published
@@ -341,8 +342,9 @@ WORKER_MAX = 255
 
 def worker_name(value: Any) -> str:
     """The Celery worker a team's worker named with an outcome or a heartbeat (``ductor_sdk``'s hook adds
-    its node name), if it is a usable one: a string, cut to ``WORKER_MAX``; else ""."""
-    return value[:WORKER_MAX] if isinstance(value, str) else ""
+    its node name), if it is a usable one: a string, cut to ``WORKER_MAX``, each character no column
+    keeps (a NUL) replaced (``storable``); else "". The name is the team's to choose."""
+    return storable(value[:WORKER_MAX]) if isinstance(value, str) else ""
 
 
 def deadline_of(value: Any) -> float | None:
