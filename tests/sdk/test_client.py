@@ -324,6 +324,15 @@ def test_connections_pools_and_rules_are_created_changed_listed_explained_and_de
             get(key)
 
 
+def test_a_routing_explanation_carries_the_fairness_key_its_rule_renders(sdk: Client) -> None:
+    sdk.rules.create("per-customer", priority=10, match={"tags": ["vip"]},
+                     action={"fairness_key": "{{ $input.customer_id }}"})
+
+    explained = sdk.routing.explain("order", "http.request", tags=["vip"], input={"customer_id": "c-42"})
+
+    assert explained.fairness_key == "c-42"
+
+
 # --- runs ------------------------------------------------------------------------------------
 
 

@@ -295,6 +295,8 @@ class RoutingExplanation(Model):
     rule: Any = None
     tier: str = ""
     partition_key: str | None = None
+    # The rule's rendered fairness-key template; None: the run's own key applies.
+    fairness_key: str | None = None
     pool: Mapping[str, Any] | None = None
     candidates: tuple[Mapping[str, Any], ...] = tupled()
     connection: Mapping[str, Any] | None = None
