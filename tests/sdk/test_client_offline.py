@@ -28,7 +28,7 @@ from ductor_sdk import aio as async_api
 from ductor_sdk import client as sync_api
 from ductor_sdk.errors import from_response
 from ductor_sdk.models import Run
-from ductor_sdk.transport import Call
+from ductor_sdk.transport import Call, RunWait
 
 
 def _public_classes(module: ModuleType) -> dict[str, type]:
@@ -101,6 +101,19 @@ def test_only_calls_safe_to_repeat_are_retried_and_only_after_errors_that_pass()
     assert policy.delay(create, 0, quota) is None
     assert policy.delay(get, 0, quota) is None
     assert policy.delay(get, 0, _error(500, {"error": {"code": "internal_error", "message": "bug"}})) is None
+
+
+def test_a_503_s_retry_after_is_waited_for_before_the_call_or_the_wait_s_poll_is_sent_again() -> None:
+    """The API answers an outage of Redis or PostgreSQL ``503 service_unavailable`` with ``Retry-After: 5``:
+    the retries, a few seconds of backoff in all, were spent before it was back."""
+    policy = RetryPolicy(max_retries=3, backoff_s=0.1)
+    down = _error(503, {"error": {"code": "service_unavailable", "message": "Redis is down", "details": {}}},
+                  {"Retry-After": "5"})
+
+    assert isinstance(down, ServerError)
+    assert down.retry_after == 5
+    assert policy.delay(Call("GET", "runs", dict), 0, down) == 5
+    assert RunWait("r1", timeout=60, poll_interval=0.5, follow=True).failed(down) == 5
 
 
 def test_an_answer_not_in_the_error_shape_is_still_an_error_with_its_status() -> None:

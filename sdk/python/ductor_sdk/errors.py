@@ -6,7 +6,8 @@ stable (``ErrorCode`` in the server's ``ductor_project/core/errors.py``) and
 ``details`` maps each invalid field to its messages. ``field`` is the first
 field ``details`` names when the error is about fields (or the body's own
 ``field``, if the server sends one); other errors' details hold facts such as
-``retry_after`` or a plan ``limit``.
+``retry_after`` or a plan ``limit``. ``retry_after`` is the answer's
+``Retry-After`` (a 429, a 503), which the retries wait for.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class DuctorError(Exception):
         code: str = "",
         field: str | None = None,
         details: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -44,6 +46,7 @@ class DuctorError(Exception):
         self.code = code
         self.field = field
         self.details: Mapping[str, Any] = details or {}
+        self.retry_after = retry_after
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -83,13 +86,9 @@ class RateLimited(DuctorError):
     ``retry_after`` is in seconds, from ``Retry-After`` or ``details.retry_after``.
     """
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after
-
 
 class ServerError(DuctorError):
-    """5xx: a bug of the server (500) or a backing service down (503)."""
+    """5xx: a bug of the server (500) or a backing service down (503, with ``retry_after``: ``Retry-After``)."""
 
 
 class TransportError(DuctorError):
@@ -154,8 +153,6 @@ def from_response(response: httpx.Response) -> DuctorError:
     code = str(error.get("code", ""))
     fields = list(details) if code in FIELD_CODES else []
     field = error.get("field") if isinstance(error.get("field"), str) else (fields[0] if fields else None)
-    cls = error_class(response.status_code)
-    kwargs: dict[str, Any] = {"status": response.status_code, "code": code, "field": field, "details": details}
-    if cls is RateLimited:
-        kwargs["retry_after"] = _retry_after(response, details)
-    return cls(str(error.get("message", "")), **kwargs)
+    return error_class(response.status_code)(str(error.get("message", "")), status=response.status_code, code=code,
+                                             field=field, details=details,
+                                             retry_after=_retry_after(response, details))

@@ -103,7 +103,7 @@ class RetryPolicy:
         if not (call.safe_to_repeat or _refused_unseen(error)):
             return None
         wait = min(self.backoff_s * 2.0**retries_done, self.max_backoff_s) * random.uniform(0.5, 1.0)
-        if isinstance(error, RateLimited) and error.retry_after is not None:
+        if error.retry_after is not None:
             if error.retry_after > self.max_retry_after_s:
                 return None
             wait = max(wait, error.retry_after)
@@ -133,7 +133,7 @@ class RunWait:
         left = self.deadline - time.monotonic()
         if not _retryable(error) or left <= 0:
             raise error
-        pause = error.retry_after if isinstance(error, RateLimited) and error.retry_after is not None else 0.5
+        pause = error.retry_after if error.retry_after is not None else 0.5
         return min(max(self.poll_interval, pause), left)
 
     def polled(self, run: Run) -> Run | float:
