@@ -271,6 +271,34 @@ def test_a_workflow_is_archived_listed_apart_unarchived_and_deleted_once_it_has_
         sdk.workflows.get("draft")
 
 
+def test_a_create_or_an_update_with_if_version_adds_a_version_only_while_that_is_the_latest(
+    sdk: Client, server_url: str, make_tenant: Any
+) -> None:
+    spec = finishing("kept").to_spec()
+    _, key = make_tenant("sdk-async-if-version")
+
+    created = sdk.workflows.create("kept", spec, if_version=0)
+    with pytest.raises(Conflict) as second_create:
+        sdk.workflows.create("kept", spec, if_version=0)
+    updated = sdk.workflows.update("kept", spec, if_version=1)
+    with pytest.raises(Conflict) as stale_update:
+        sdk.workflows.update("kept", spec, if_version=1)
+
+    async def scenario() -> tuple[int, str | None]:
+        async with AsyncClient(server_url, key) as client:
+            await client.workflows.create("kept", spec, if_version=0)
+            try:
+                await client.workflows.update("kept", spec, if_version=0)
+            except Conflict as exc:
+                return (await client.workflows.get("kept")).latest_version, exc.field
+            return 0, None
+
+    assert (created.latest_version, updated.latest_version) == (1, 2)
+    assert (second_create.value.field, stale_update.value.field) == ("if_version", "if_version")
+    assert sdk.workflows.get("kept").latest_version == 2
+    assert asyncio.run(scenario()) == (1, "if_version")
+
+
 def test_the_async_client_archives_unarchives_and_deletes_a_workflow(server_url: str, make_tenant) -> None:
     _, key = make_tenant("sdk-async-archive")
 

@@ -208,13 +208,22 @@ class Workflows(_Resource):
     def get(self, name: str) -> models.WorkflowDefinition:
         return self._send(calls.WORKFLOWS.get(name))
 
-    def create(self, name: str, spec: Mapping[str, Any], *, description: str = "") -> models.WorkflowDefinition:
-        """Create the workflow, or add a version to it when the name exists (what the server does)."""
-        return self._send(calls.WORKFLOWS.create({"name": name, "spec": spec, "description": description}))
+    def create(
+        self, name: str, spec: Mapping[str, Any], *, description: str = "", if_version: int | None = None
+    ) -> models.WorkflowDefinition:
+        """Create the workflow, or add a version to it when the name exists (what the server does). With
+        ``if_version`` (the latest version you read; 0: none yet), only while that is still the latest,
+        else ``Conflict`` naming ``if_version`` and nothing is added."""
+        body = calls.compact(name=name, spec=spec, description=description, if_version=if_version)
+        return self._send(calls.WORKFLOWS.create(body))
 
-    def update(self, name: str, spec: Mapping[str, Any], *, description: str = "") -> models.WorkflowDefinition:
-        """Add a version (always, even with the same spec)."""
-        return self._send(calls.WORKFLOWS.replace(name, {"spec": spec, "description": description}))
+    def update(
+        self, name: str, spec: Mapping[str, Any], *, description: str = "", if_version: int | None = None
+    ) -> models.WorkflowDefinition:
+        """Add a version (always, even with the same spec); with ``if_version``, only while that is
+        still the latest, else ``Conflict`` naming ``if_version``."""
+        body = calls.compact(spec=spec, description=description, if_version=if_version)
+        return self._send(calls.WORKFLOWS.replace(name, body))
 
     def describe(self, name: str, description: str) -> models.WorkflowDefinition:
         """Change its description alone, archived or not; no new version."""
