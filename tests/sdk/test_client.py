@@ -550,7 +550,10 @@ def test_the_platform_manages_tenants_plans_and_overrides(platform: Client, conn
     admin.tenants.clear_override("sdk-new", "max_pools")
     assert admin.tenants.overrides("sdk-new") == []
     assert "sdk-new" in {tenant.slug for tenant in admin.tenants.iter(page_size=1)}
-    assert isinstance(admin.queue.stats()[0]["shard"], int)
+    shards = admin.queue.stats()
+    assert [shard.shard for shard in shards] == list(range(len(shards)))
+    assert {"interactive", "standard", "batch"} <= set(shards[0].tiers)
+    assert shards[0].tiers["standard"]["ready_tenants"] >= 0
 
     assert admin.tenants.suspend("sdk-new").status == "suspended"
     with pytest.raises(PermissionDenied) as suspended:

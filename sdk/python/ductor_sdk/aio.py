@@ -627,7 +627,7 @@ class PlatformPlans(_Resource):
 
 
 class PlatformQueue(_Resource):
-    async def stats(self) -> builtins.list[dict[str, Any]]:
+    async def stats(self) -> builtins.list[models.ShardQueueStats]:
         """The fair queue of every shard, with the worker slots and busy credits per Celery queue."""
         return await self._send(calls.platform_queue())
 

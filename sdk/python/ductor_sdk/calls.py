@@ -376,5 +376,5 @@ def plan(slug: str) -> Call[models.Plan]:
     return Call("GET", path("plans", slug), models.Plan.from_json)
 
 
-def platform_queue() -> Call[list[dict[str, Any]]]:
-    return Call("GET", "platform/queue", list)
+def platform_queue() -> Call[list[models.ShardQueueStats]]:
+    return Call("GET", "platform/queue", _many(models.ShardQueueStats))

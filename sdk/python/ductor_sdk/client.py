@@ -632,7 +632,7 @@ class PlatformPlans(_Resource):
 
 
 class PlatformQueue(_Resource):
-    def stats(self) -> builtins.list[dict[str, Any]]:
+    def stats(self) -> builtins.list[models.ShardQueueStats]:
         """The fair queue of every shard, with the worker slots and busy credits per Celery queue."""
         return self._send(calls.platform_queue())
 

@@ -317,6 +317,25 @@ class QueueStats(Model):
     work: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShardQueueStats(Model):
+    """The platform's view of one queue shard: per tier its ready and blocked tenants and virtual time
+    (``tiers``), its timers, items in flight and expired leases, the live worker slots and busy credits
+    per Celery queue, the tenants that did the most work over the last minute (``work_shares``: tenant_id,
+    weight, work_ms, share, fair_share; most first), and the live dispatchers that serve it (none: its
+    due items wait)."""
+
+    shard: int = 0
+    tiers: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    timers: int = 0
+    in_flight: int = 0
+    expired_leases: int = 0
+    worker_slots: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    busy: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    work_shares: tuple[Mapping[str, Any], ...] = tupled()
+    dispatchers: tuple[str, ...] = tupled()
+
+
 # How a task node's input reaches the task: as its keyword arguments, or as its one positional argument.
 TaskArguments = Literal["kwargs", "single"]
 
