@@ -16,7 +16,7 @@ import httpx
 
 from ductor_sdk import calls, models
 from ductor_sdk.errors import Conflict, DuctorError, NotFound
-from ductor_sdk.models import Overlap, Page, RunStatus, Tier
+from ductor_sdk.models import ConnectionKind, Overlap, Page, PoolStrategy, RunStatus, Scope, Tier, WebhookEventType
 from ductor_sdk.transport import AsyncSender, Call, Config, RetryPolicy, RunWait
 from ductor_sdk.workflow import Workflow
 
@@ -64,7 +64,7 @@ class ApiKeys(_Resource):
         return await self._send(calls.API_KEYS.get(key_id))
 
     async def create(
-        self, name: str, *, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
+        self, name: str, *, scopes: Sequence[Scope] | None = None, expires_at: datetime | None = None
     ) -> models.ApiKeyCreated:
         """A new key; its raw ``api_key`` is in this answer only."""
         body = calls.compact(name=name, scopes=calls.strings("scopes", scopes), expires_at=expires_at)
@@ -86,7 +86,7 @@ class Connections(_Resource):
         return await self._send(calls.CONNECTIONS.get(connection_id))
 
     async def create(
-        self, name: str, kind: str, *, config: Mapping[str, Any] | None = None, secret: str | None = None,
+        self, name: str, kind: ConnectionKind, *, config: Mapping[str, Any] | None = None, secret: str | None = None,
         max_concurrency: int | None = None, rate_per_s: float | None = None, burst: int | None = None,
     ) -> models.Connection:
         body = calls.compact(name=name, kind=kind, config=config, secret=secret, max_concurrency=max_concurrency,
@@ -116,7 +116,7 @@ class Pools(_Resource):
         return await self._send(calls.POOLS.get(pool_id))
 
     async def create(
-        self, name: str, *, members: Sequence[Mapping[str, Any] | str] = (), strategy: str | None = None,
+        self, name: str, *, members: Sequence[Mapping[str, Any] | str] = (), strategy: PoolStrategy | None = None,
         is_default: bool | None = None, max_concurrency: int | None = None, rate_per_s: float | None = None,
         burst: int | None = None,
     ) -> models.Pool:
@@ -518,7 +518,7 @@ class Webhooks(_Resource):
     async def get(self, webhook_id: str) -> models.WebhookEndpoint:
         return await self._send(calls.WEBHOOKS.get(webhook_id))
 
-    async def create(self, url: str, events: Sequence[str], *, workflows: Sequence[str] | None = None,
+    async def create(self, url: str, events: Sequence[WebhookEventType], *, workflows: Sequence[str] | None = None,
                      description: str | None = None, enabled: bool | None = None) -> models.WebhookEndpoint:
         """Subscribe ``url`` to ``events`` (see ``Webhooks.create``); the answer's ``secret`` is shown this once."""
         body = calls.compact(url=url, events=calls.strings("events", events),

@@ -25,6 +25,11 @@ ApplyOutcome = Literal["created", "updated", "described", "unchanged"]
 # A run's tier (the plan's ``allowed_tiers`` say which a tenant may use), and a schedule's overlap policy.
 Tier = Literal["interactive", "standard", "batch"]
 Overlap = Literal["skip", "buffer_one", "allow_all"]
+# What a connection calls, how a pool picks among its members, what a key may do, what a webhook is sent.
+ConnectionKind = Literal["http", "python", "celery"]
+PoolStrategy = Literal["round_robin", "weighted", "least_inflight", "failover"]
+Scope = Literal["read", "write"]
+WebhookEventType = Literal["run.succeeded", "run.failed", "run.cancelled", "step.failed"]
 
 
 class TaskException(TypedDict, total=False):

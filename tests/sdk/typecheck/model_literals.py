@@ -35,3 +35,14 @@ def started_and_scheduled(client: Client) -> None:
     client.runs.start("report", tier="bulk")  # E: arg-type
     client.schedules.create("nightly", "report", cron="0 2 * * *", overlap="buffer_one")
     client.schedules.create("nightly", "report", cron="0 2 * * *", overlap="queue")  # E: arg-type
+
+
+def routed_keyed_and_hooked(client: Client) -> None:
+    client.connections.create("crm", "http")
+    client.connections.create("crm", "htpp")  # E: arg-type
+    client.pools.create("main", strategy="weighted")
+    client.pools.create("main", strategy="random")  # E: arg-type
+    client.api_keys.create("ci", scopes=["read"])
+    client.api_keys.create("ci", scopes=["admin"])  # E: list-item
+    client.webhooks.create("https://hooks.example.com", ["run.failed"])
+    client.webhooks.create("https://hooks.example.com", ["run.failure"])  # E: list-item
