@@ -7,6 +7,9 @@
   environment, each setting it names is read by the product (the OpenTelemetry SDK reads the
   ``OTEL_*`` ones), and the default it shows (in ``docs/operations.md`` too) is the one the settings
   take when the variable is unset, wherever that default is a literal of the settings' code.
+- Each shell variable a Markdown file's commands use (``$PKEY``) is set by one of its commands, or by
+  the README's tour (``KEY``, ``RUN``), which the other documents' commands follow: a reader is
+  never told to send a key or a URL no step of theirs gave.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ READERS = {"number", "flag", "options", "pairs", "listed", "writable_directory",
 ENV_READERS = {"str", "list", "bool", "int", "float"}
 SETTINGS_TABLES = ("docs/configuration.md", "docs/operations.md")
 TABLE_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]+)` \| ([^|]*) \|", re.MULTILINE)
+SHELL_BLOCK = re.compile(r"^```(?:sh|bash)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+SHELL_USE = re.compile(r"\$\{?([A-Z][A-Z0-9_]*)")
+SHELL_SET = re.compile(r"(?:^|[\s;(])([A-Z][A-Z0-9_]*)=")
 
 
 def markdown_files() -> list[Path]:
@@ -73,6 +79,21 @@ def test_every_link_between_the_docs_leads_to_a_file_and_a_heading_that_exist() 
             elif anchor and file.suffix == ".md" and anchor not in anchors(file):
                 broken.append(f"{where} (no such heading)")
     assert broken == []
+
+
+def commands(path: Path) -> str:
+    """The text of the file's ```sh and ```bash blocks."""
+    return "\n".join(SHELL_BLOCK.findall(path.read_text()))
+
+
+def test_every_shell_variable_the_docs_commands_use_is_set_by_a_command_of_theirs() -> None:
+    tour = set(SHELL_SET.findall(commands(ROOT / "README.md")))
+    unset = []
+    for path in markdown_files():
+        text = commands(path)
+        unset += [f"{path.relative_to(ROOT)}: ${name}"
+                  for name in sorted(set(SHELL_USE.findall(text)) - set(SHELL_SET.findall(text)) - tour)]
+    assert unset == []
 
 
 def value(node: ast.expr) -> Any:
