@@ -170,6 +170,22 @@ def test_the_default_port_taken_moves_the_web_server_to_a_free_one_and_says_so(m
     assert 'ARGS="--port' in note
 
 
+def test_the_tenant_command_up_prints_runs_with_the_interpreter_that_runs_up(monkeypatch, tmp_path: Path) -> None:
+    """The command is for another terminal, whose ``python`` need not be the virtualenv's (one without
+    Django): it names ``up``'s own interpreter, from the directory ``up`` runs in when it is below it."""
+    import io
+
+    from ductor_project.management.commands import up
+
+    monkeypatch.chdir(tmp_path)
+    for executable, shown in [(tmp_path / ".venv" / "bin" / "python", ".venv/bin/python"),
+                              (Path("/usr/local/bin/python3"), "/usr/local/bin/python3")]:
+        monkeypatch.setattr(sys, "executable", str(executable))
+        out = io.StringIO()
+        up.Command(stdout=out)._print_urls("http://127.0.0.1:8000", "secret")
+        assert f"  Create a tenant: {shown} manage.py create_tenant acme --json" in out.getvalue().splitlines()
+
+
 def test_the_children_use_the_data_dir_up_resolved_when_it_was_given_relative(monkeypatch, tmp_path: Path) -> None:
     """The children start in the project's directory: a relative DUCTOR_DATA_DIR, given to an up
     started elsewhere, named another data dir there, whose servers each child started anew."""

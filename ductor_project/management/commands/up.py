@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -136,7 +137,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  Logs      {settings.DUCTOR_DATA_DIR / 'logs'}")
         broker = redis_urls.shown(settings.CELERY_BROKER_URL)  # a password masked
         self.stdout.write(f"  Broker    {broker}   (your Celery workers' broker, for task nodes)")
-        self.stdout.write("  Create a tenant: python manage.py create_tenant acme --json")
+        self.stdout.write(f"  Create a tenant: {interpreter()} manage.py create_tenant acme --json")
         self.stdout.write("Press Ctrl-C to stop.")
 
     def _stop_services(self, *, keep: bool) -> None:
@@ -251,6 +252,14 @@ class HeartbeatWatch:
                 stale[child] = f"has not beaten for {now - seen:.1f} s"
         if stale:  # together: one grace period for them all, however many are stuck
             self.stack.restart(stale, grace_s=STALE_GRACE_S)
+
+
+def interpreter() -> str:
+    """The interpreter that runs ``up``, as a command for another terminal: relative to the directory
+    ``up`` runs in when below it (``.venv/bin/python``), else its whole path. Never a bare ``python``,
+    which another terminal's PATH may find without Django."""
+    executable = Path(sys.executable)
+    return str(executable.relative_to(Path.cwd()) if executable.is_relative_to(Path.cwd()) else executable)
 
 
 def children_env() -> dict[str, str]:
