@@ -1,6 +1,7 @@
 """The OpenAPI schema: generated without a warning, valid OpenAPI 3, typed where the server knows
 the shape (the workflow spec, routing rules, the one error shape), one tag per operation that
-tells the tenant API from the platform API, and Markdown descriptions.
+tells the tenant API from the platform API, and Markdown descriptions. Every operation the
+Markdown files name (``POST /api/v1/runs``, a curl command) is one it declares.
 
 The JSON Schemas are checked with ``jsonschema``'s Draft 4 validator: OpenAPI 3.0's schema
 objects are Draft 4's keywords (``exclusiveMinimum`` a boolean), plus annotations it ignores.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from scheduling.action_errors import RetryableActionError
 from tenants.entitlements import LIMIT_FIELDS
 from tenants.models import Tier
 from tenants.permissions import IsPlatformAdmin
+from tests.conftest import ROOT
 from workflows import spec as spec_module
 from workflows.models import WorkflowRun
 from workflows.spec import COMMON_FIELDS, NODE_TYPES, TYPE_FIELDS, validate_spec
@@ -686,3 +689,34 @@ def test_the_descriptions_hook_leaves_examples_and_defaults_as_they_are() -> Non
     assert schema["description"] == "`x`"
     assert schema["example"] == {"description": "``y``"}
     assert schema["default"] == {"description": "``z``"}
+
+
+DOC_OPERATION = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE) (/api/v1/[^\s`?)|,;]*)")
+DOC_CURL = re.compile(r"curl\b(?:[^\n\\]|\\\n|\\)*")
+CURL_URL = re.compile(r"(?:localhost|127\.0\.0\.1)(?::\d+)?(/api/v1/[^\s\"'?]*)")
+
+
+def named_operations(text: str) -> Iterator[tuple[str, str]]:
+    """Each operation a document names, as ``GET /api/v1/runs/{id}`` or as a curl command's method
+    (``-X``, else ``POST`` with a body, else ``GET``) and path."""
+    yield from DOC_OPERATION.findall(text)
+    for command in DOC_CURL.findall(text):
+        method = re.search(r"-X\s+([A-Z]+)", command)
+        verb = method.group(1) if method else "POST" if re.search(r"\s-d\s", command) else "GET"
+        yield from ((verb, path) for path in CURL_URL.findall(command))
+
+
+def test_every_operation_the_docs_name_is_one_the_schema_declares(schema: dict[str, Any]) -> None:
+    """A reader who calls what a document names finds it served: a path of the schema, a ``{…}``
+    part or a value standing for each of its parameters (``{id}``, ``$RUN``, ``acme``), with that
+    method."""
+    declared = [(method.upper(), re.compile(re.sub(r"\\\{[^}]*\\\}", "[^/]+", re.escape(path.rstrip("/")))))
+                for path, method, _ in operations(schema)]
+    listed = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    unknown = []
+    for name in listed.stdout.split():
+        for method, path in named_operations((ROOT / name).read_text()):
+            path = path.rstrip("/.:")
+            if not any(verb == method and pattern.fullmatch(path) for verb, pattern in declared):
+                unknown.append(f"{name}: {method} {path}")
+    assert unknown == []
