@@ -16,7 +16,7 @@ from ductor_sdk import Client
 from tests.sdk.conftest import StrictMypy
 
 ROOT = Path(__file__).parents[2]
-DOCS = ["sdk/python/README.md", "docs/your-code.md"]
+DOCS = ["sdk/python/README.md", "docs/your-code.md", "docs/triggers.md", "examples/shop/README.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 PREAMBLE = '''\
 from typing import Any
