@@ -504,6 +504,7 @@ class WebhookDelivery(TenantScopedModel):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["tenant", "endpoint", "-created_at"], name="delivery_endpoint"),
                    models.Index(fields=["status", "next_attempt_at"], condition=models.Q(status="pending"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -332,3 +333,11 @@ def test_a_superusers_run_list_offers_the_workflows_of_the_tenant_chosen_and_rea
 
     assert workflows_offered("") == ([], [])
     assert workflows_offered(f"?tenant__id__exact={tenant.pk}")[0] == ["order"]
+
+
+def test_the_admin_names_each_model_in_the_plural_as_english_spells_it(superuser: Client) -> None:
+    """Django adds an ``s`` to a model's name unless told its plural: "Webhook deliverys"."""
+    page = superuser.get(reverse("admin:index")).content.decode()
+    names = re.findall(r'<a href="/admin/\w+/\w+/">([^<]+)</a>', page)
+    assert "Webhook deliveries" in names
+    assert [name for name in names if re.search(r"[^aeiou]ys$", name)] == []
