@@ -501,6 +501,22 @@ def test_an_input_over_the_plan_s_payload_limit_is_a_413_naming_input(
     assert "input" in assert_error(response, 413, "payload_too_large")["details"]
 
 
+def test_a_schedule_whose_input_a_lowered_payload_limit_refuses_can_still_be_paused_and_retimed(
+    client_a: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    with_flow(tenant_a[0])
+    url = f"/api/v1/schedules/{post(client_a, interval_s=60, input={'blob': 'x' * 200}).json()['id']}"
+    tenant_services.override_set(tenant=tenant_a[0], field="max_payload_bytes", value=100)
+    paused = client_a.post(f"{url}/pause")
+    assert paused.status_code == 200, paused.content
+    retimed = client_a.patch(url, {"cron": "0 * * * *"}, format="json")
+    assert retimed.status_code == 200, retimed.content
+    assert client_a.post(f"{url}/resume").status_code == 200
+    # Its input is still checked when it is given again.
+    refused = client_a.patch(url, {"input": {"blob": "y" * 200}}, format="json")
+    assert "input" in assert_error(refused, 413, "payload_too_large")["details"]
+
+
 def test_max_schedules_is_a_403_and_shows_in_the_entitlements(
     client_a: APIClient, tenant_a: tuple[Tenant, str]
 ) -> None:

@@ -50,20 +50,18 @@ def invalid(errors: Mapping[str, str]) -> ApiError:
 
 def _check(schedule: Schedule, changed: Iterable[str] | None = None) -> None:
     """The tenant-data checks of a schedule about to be written: its timing (normalized in place),
-    its input's size and, when new or when ``changed`` holds its workflow, version or input, its
-    workflow (and version: there, not archived) and its input as that version's ``input_schema``
-    takes it. A schedule of a workflow archived or deleted since can still be paused or retimed."""
+    its input's size when new or when ``changed`` holds its input and, when new or when ``changed``
+    holds its workflow, version or input, its workflow (and version: there, not archived) and its
+    input as that version's ``input_schema`` takes it. A schedule of a workflow archived or deleted
+    since can still be paused or retimed, and so can one whose input is over a plan's
+    ``max_payload_bytes`` lowered since: its fires are refused meanwhile, and a pause stops them."""
     try:
         schedule.cron = checked_timing(cron=schedule.cron, interval_s=schedule.interval_s,
                                        timezone=schedule.timezone).cron
     except TimingError as exc:
         raise invalid(exc.errors) from exc
-    limit = effective_entitlements(current_tenant()).max_payload_bytes
-    size = json_size(schedule.input)
-    if size > limit:
-        raise ApiError(f"Invalid field(s): input. It is {size} bytes; the plan allows {limit}.",
-                       code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
-                       details={"input": [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
+    if changed is None or "input" in changed:
+        _check_size(schedule)
     if changed is not None and not {"workflow", "version", "input"} & set(changed):
         return
     lock_definitions(schedule.workflow)  # until the schedule is written: a deletion waits, or is waited for
@@ -81,6 +79,16 @@ def _check(schedule: Schedule, changed: Iterable[str] | None = None) -> None:
     problems = run_input_problems(version.pk, schedule.input)
     if problems:
         raise invalid(dict(problems))
+
+
+def _check_size(schedule: Schedule) -> None:
+    """``413 payload_too_large`` naming ``input`` when its input is over the plan's ``max_payload_bytes``."""
+    limit = effective_entitlements(current_tenant()).max_payload_bytes
+    size = json_size(schedule.input)
+    if size > limit:
+        raise ApiError(f"Invalid field(s): input. It is {size} bytes; the plan allows {limit}.",
+                       code=ErrorCode.PAYLOAD_TOO_LARGE, status_code=413,
+                       details={"input": [f"{size} bytes is over the plan's max_payload_bytes ({limit})."]})
 
 
 def _restart_timing(schedule: Schedule) -> None:
