@@ -7,6 +7,7 @@ through real workers and coordinators.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -84,6 +85,70 @@ def test_a_time_an_autumn_change_repeats_fires_once_and_never_in_the_past_from_i
     assert berlin.next_after(datetime(2027, 10, 31, 0, tzinfo=UTC)) == datetime(2027, 10, 31, 0, 30, tzinfo=UTC)
     for inside in (datetime(2027, 10, 31, 1, tzinfo=UTC), datetime(2027, 10, 31, 1, 40, tzinfo=UTC)):
         assert berlin.next_after(inside) == datetime(2027, 11, 1, 1, 30, tzinfo=UTC)  # not 00:30, gone by
+
+
+def fires_between(cron: str, zone: str, start: datetime, end: datetime) -> list[datetime]:
+    """The fire times of ``cron`` in ``zone`` strictly after ``start`` and before ``end``."""
+    timing, fires = Timing(cron=cron, interval_s=None, timezone=zone), []
+    for fire in timing.after(start):
+        if fire >= end:
+            return fires
+        fires.append(fire)
+    return fires
+
+
+def test_a_daily_2_am_in_new_york_and_paris_fires_once_on_both_change_days_at_the_instants_the_docs_name() -> None:
+    utc = lambda *parts: datetime(*parts, tzinfo=UTC)  # noqa: E731
+    # New York, 8 March 2026: 02:00 EST does not exist; it fires at 03:00 EDT (07:00 UTC).
+    assert fires_between("0 2 * * *", "America/New_York", utc(2026, 3, 7, 12), utc(2026, 3, 9, 12)) == [
+        utc(2026, 3, 8, 7), utc(2026, 3, 9, 6)]
+    # New York, 1 November 2026: 01:00-02:00 happens twice; 01:00 fires once, at its first pass (EDT).
+    assert fires_between("0 1 * * *", "America/New_York", utc(2026, 10, 31, 12), utc(2026, 11, 2, 12)) == [
+        utc(2026, 11, 1, 5), utc(2026, 11, 2, 6)]
+    # Paris, 25 October 2026: 02:00-03:00 happens twice; 02:00 fires once, at 02:00 CEST (00:00 UTC).
+    assert fires_between("0 2 * * *", "Europe/Paris", utc(2026, 10, 24, 12), utc(2026, 10, 26, 12)) == [
+        utc(2026, 10, 25, 0), utc(2026, 10, 26, 1)]
+
+
+def test_an_hourly_cron_fires_by_the_clock_23_times_on_the_spring_day_and_25_on_the_autumn_one() -> None:
+    spring = fires_between("0 * * * *", "America/New_York", datetime(2026, 3, 8, 4, 59, tzinfo=UTC),
+                           datetime(2026, 3, 9, 4, tzinfo=UTC))
+    autumn = fires_between("0 * * * *", "America/New_York", datetime(2026, 11, 1, 3, 59, tzinfo=UTC),
+                           datetime(2026, 11, 2, 5, tzinfo=UTC))
+    assert (len(spring), len(autumn)) == (23, 25)
+    assert all(b - a == timedelta(hours=1) for fires in (spring, autumn) for a, b in itertools.pairwise(fires))
+    # A wildcard minute in a fixed hour: nothing on the night that hour is skipped, both passes when repeated.
+    assert fires_between("*/20 2 * * *", "Europe/Paris", datetime(2026, 3, 28, 12, tzinfo=UTC),
+                         datetime(2026, 3, 29, 12, tzinfo=UTC)) == []
+    assert len(fires_between("*/20 2 * * *", "Europe/Paris", datetime(2026, 10, 24, 12, tzinfo=UTC),
+                             datetime(2026, 10, 25, 12, tzinfo=UTC))) == 6
+
+
+def test_zones_whose_offset_is_not_whole_hours_fire_at_their_wall_clock_time() -> None:
+    assert fires_between("0 9 * * *", "Asia/Kolkata", datetime(2026, 3, 28, 12, tzinfo=UTC),
+                         datetime(2026, 3, 30, tzinfo=UTC)) == [datetime(2026, 3, 29, 3, 30, tzinfo=UTC)]
+    # Adelaide (+09:30, +10:30 in summer): 4 October 2026 skips 02:00-03:00; 5 April 2026 repeats it.
+    assert fires_between("0 2 * * *", "Australia/Adelaide", datetime(2026, 10, 3, tzinfo=UTC),
+                         datetime(2026, 10, 5, tzinfo=UTC)) == [datetime(2026, 10, 3, 16, 30, tzinfo=UTC),
+                                                                datetime(2026, 10, 4, 15, 30, tzinfo=UTC)]
+    assert fires_between("0 2 * * *", "Australia/Adelaide", datetime(2026, 4, 4, tzinfo=UTC),
+                         datetime(2026, 4, 6, tzinfo=UTC)) == [datetime(2026, 4, 4, 15, 30, tzinfo=UTC),
+                                                               datetime(2026, 4, 5, 16, 30, tzinfo=UTC)]
+
+
+def test_both_day_fields_restricted_match_either_and_a_starred_one_makes_both_match() -> None:
+    jan = datetime(2025, 12, 31, tzinfo=UTC), datetime(2026, 2, 1, tzinfo=UTC)
+    days = lambda cron: [fire.day for fire in fires_between(cron, "UTC", *jan)]  # noqa: E731
+    assert days("0 0 13 * FRI") == [2, 9, 13, 16, 23, 30]  # the 13th, or a Friday
+    assert days("0 0 */10 * FRI") == []  # the 1st, 11th, 21st or 31st, and a Friday: none in January 2026
+    assert days("0 0 L * *") == [31]
+    assert days("0 0 * * 5L") == [30]
+    assert days("0 0 * * MON#2") == [12]
+    assert days("0 0 1,15 * MON-FRI") == [1, 2, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 19, 20, 21, 22, 23, 26, 27, 28,
+                                          29, 30]
+    day = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    assert [(fire.hour, fire.minute) for fire in fires_between("*/15 9-17/4 * * *", "UTC", *day)] == [
+        (hour, minute) for hour in (9, 13, 17) for minute in (0, 15, 30, 45)]
 
 
 @pytest.mark.parametrize("seconds", ["0", "15"])
@@ -263,6 +328,17 @@ def test_a_suspended_tenant_s_fires_start_nothing_and_are_counted_as_missed(tena
     tenant_services.tenant_set_status(tenant=tenant, status=Tenant.Status.ACTIVE)
     fire(tenant, at(3.5))
     assert fired_at(tenant) == [at(3)]  # the suspension is not caught up
+
+
+def test_a_tenant_being_deleted_s_fires_start_nothing_and_are_counted_as_missed(tenant_a: tuple[Tenant, str]) -> None:
+    tenant = tenant_a[0]
+    with_flow(tenant)
+    make(tenant, overlap="allow_all")
+    tenant_services.tenant_set_status(tenant=tenant, status=Tenant.Status.SUSPENDED)
+    tenant_services.tenant_delete(tenant=tenant)
+    schedule = fire(tenant, at(2.5))
+    assert fired_at(tenant) == []
+    assert (schedule.missed_count, schedule.next_fire_at, schedule.wake_at) == (3, at(3), at(3))  # moved on
 
 
 def test_a_paused_schedule_does_not_fire_and_resumes_from_now(tenant_a: tuple[Tenant, str]) -> None:
