@@ -264,6 +264,21 @@ def test_a_wake_up_walks_at_most_its_share_of_fires_and_goes_on_at_once(tenant_a
     assert fired_at(tenant) == [at(n) for n in range(firing.MAX_FIRES_PER_WAKE + 21)]
 
 
+def test_a_jitter_longer_than_the_interval_is_spread_over_the_interval_and_a_healthy_system_misses_nothing(
+    tenant_a: tuple[Tenant, str]
+) -> None:
+    tenant = tenant_a[0]
+    with_flow(tenant)
+    schedule = make(tenant, interval_s=60, jitter_s=3600, overlap="allow_all")
+    for _ in range(30):  # each wake-up on time, as on a healthy system
+        assert schedule.wake_at is not None
+        assert schedule.next_fire_at is not None
+        assert schedule.next_fire_at <= schedule.wake_at < schedule.next_fire_at + timedelta(seconds=60)
+        schedule = fire(tenant, schedule.wake_at)
+    assert (schedule.missed_count, schedule.fired_count) == (0, 30)
+    assert fired_at(tenant) == [at(60 * n) for n in range(30)]
+
+
 def test_skip_starts_nothing_while_the_schedule_s_run_is_active(tenant_a: tuple[Tenant, str]) -> None:
     tenant = tenant_a[0]
     with_flow(tenant)

@@ -32,8 +32,16 @@ def timing_of(schedule: Schedule) -> Timing:
 
 
 def due_at(schedule: Schedule, fire: datetime) -> datetime:
-    """When the fire ``fire`` of ``schedule`` starts: its nominal time plus its jitter."""
-    return fire + jitter_delay(str(schedule.pk), fire, schedule.jitter_s)
+    """When the fire ``fire`` of ``schedule`` starts: its nominal time plus its jitter, spread over
+    ``jitter_s`` or the time to the next fire, whichever is shorter (as Temporal caps it). A longer
+    jitter would start a fire after the next one was due: the fires, started in order, then waited
+    for it, and on a healthy system those it held past their catch-up window were missed."""
+    jitter_s = schedule.jitter_s
+    if jitter_s > 0:
+        following = timing_of(schedule).next_after(fire)
+        if following is not None:
+            jitter_s = min(jitter_s, (following - fire).total_seconds())
+    return fire + jitter_delay(str(schedule.pk), fire, jitter_s)
 
 
 def wake_of(schedule: Schedule, now: datetime) -> datetime | None:
