@@ -388,6 +388,47 @@ def test_a_refused_start_fails_that_fire_alone_and_keeps_the_reason(tenant_a: tu
     assert kept.fired_count == 1
 
 
+def test_an_archived_workflow_s_schedule_counts_each_fire_as_failed_and_fires_again_once_unarchived(
+    tenant_a: tuple[Tenant, str]
+) -> None:
+    tenant = tenant_a[0]
+    with_flow(tenant)
+    make(tenant, overlap="allow_all")
+    with tenant_context(tenant):
+        workflow_services.workflow_archive(name="nightly")
+    schedule = fire(tenant, at(1.5))
+    assert fired_at(tenant) == []
+    assert (schedule.failed_count, schedule.next_fire_at) == (2, at(2))
+    assert schedule.last_error is not None
+    assert (schedule.last_error["code"], schedule.last_error["fire_at"]) == ("invalid", "2025-01-01T00:00:01Z")
+    assert "archived" in schedule.last_error["message"]
+    with tenant_context(tenant):
+        workflow_services.workflow_unarchive(name="nightly")
+    assert fire(tenant, at(2.5)).fired_count == 1
+    assert fired_at(tenant) == [at(2)]
+
+
+def test_a_new_cron_while_armed_drops_the_old_timing_and_fires_each_new_time_once(
+    tenant_a: tuple[Tenant, str], django_capture_on_commit_callbacks: Any
+) -> None:
+    tenant = tenant_a[0]
+    with_flow(tenant)
+    schedule = make(tenant, overlap="allow_all")
+    fire(tenant, at(0.5))
+    with tenant_context(tenant), django_capture_on_commit_callbacks(execute=True):
+        changed = schedules.schedule_update(schedule=schedule, changes={"cron": "*/10 * * * * *"})
+    assert changed.interval_s is None
+    new = changed.next_fire_at
+    assert new is not None
+    assert new.second % 10 == 0
+    assert wake_pending(tenant)  # armed at the new time
+    assert fire(tenant, at(5)).next_fire_at == new  # the old timing's fires: dropped, none started
+    for moment in (new, new + timedelta(seconds=5), new + timedelta(seconds=5)):  # a wake-up again: nothing new
+        fire(tenant, moment)
+    assert fire(tenant, new + timedelta(seconds=10)).next_fire_at == new + timedelta(seconds=20)
+    assert fired_at(tenant) == [T0, new, new + timedelta(seconds=10)]
+
+
 def test_the_run_quota_refuses_a_fire_with_quota_exceeded(tenant_a: tuple[Tenant, str]) -> None:
     tenant = tenant_a[0]
     with_flow(tenant)
