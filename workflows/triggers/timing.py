@@ -202,9 +202,11 @@ _FIELDS = {
     "second": ("the second", "0-59"),
     "minute": ("the minute", "0-59"),
     "hour": ("the hour", "0-23"),
-    "day-of-month": ("the day of month", "1-31, and a day that one of the months named has"),
+    "day-of-month": ("the day of month", "1-31, and a day that one of the months named has, L (the last day) "
+                     "and LW (the last weekday)"),
     "month": ("the month", "1-12 or jan-dec"),
-    "day-of-week": ("the day of week", "0-7 or sun-sat (0 and 7 are Sunday), L and #"),
+    "day-of-week": ("the day of week", "0-7 or sun-sat (0 and 7 are Sunday), 5L (the last Friday) and MON#2 "
+                    "(the second Monday)"),
 }
 _FIVE = "minute hour day-of-month month day-of-week"
 
