@@ -18,6 +18,7 @@ from tests.conftest import api_client, error_code
 from workflows import retention
 from workflows import services as workflow_services
 from workflows.models import Schedule, WorkflowRun
+from workflows.triggers import arming, firing
 from workflows.triggers import backfill as backfill_module
 from workflows.triggers import services as schedules
 from workflows.triggers.timing import fire_key
@@ -162,6 +163,27 @@ def test_a_trigger_in_the_second_of_a_fire_that_started_answers_its_run_after_a_
     assert response.status_code == 200, response.content
     assert response.json()["id"] == started.json()["fires"][0]["run_id"]
     assert [run.input for run in runs_of(tenant_a[0])] == [{"n": 1}]
+
+
+def test_a_trigger_in_the_second_of_a_fire_not_started_yet_takes_that_fire_s_place(
+        tenant_a: tuple[Tenant, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trigger is the fire of its second: the fire of that second, still waiting for its jitter,
+    finds its key used and starts no second run (the docs say so)."""
+    tenant = tenant_a[0]
+    schedule = scheduled(tenant, paused=False, jitter_s=30, overlap="allow_all")
+    with tenant_context(tenant):
+        Schedule.objects.filter(pk=schedule.pk).update(next_fire_at=T0, wake_at=arming.due_at(schedule, T0))
+    monkeypatch.setattr(backfill_module, "timezone", SimpleNamespace(now=lambda: T0 + timedelta(seconds=0.4)))
+    triggered = api_client(tenant_a[1]).post(f"/api/v1/schedules/{schedule.pk}/trigger")
+    assert triggered.status_code == 201, triggered.content
+
+    with tenant_context(tenant):
+        firing.fire_schedules(now=T0 + timedelta(seconds=31))
+        fired = Schedule.objects.get(pk=schedule.pk)
+
+    assert [run.idempotency_key for run in runs_of(tenant)] == [fire_key(str(schedule.pk), T0)]
+    assert (str(fired.last_run_id), fired.last_fire_at, fired.fired_count) == (triggered.json()["id"], T0, 0)
+    assert fired.next_fire_at == T0 + timedelta(seconds=60)
 
 
 def test_another_tenant_s_schedule_answers_404_and_starts_nothing(
