@@ -186,6 +186,24 @@ def test_a_trigger_in_the_second_of_a_fire_not_started_yet_takes_that_fire_s_pla
     assert fired.next_fire_at == T0 + timedelta(seconds=60)
 
 
+def test_the_overlap_policy_of_a_schedule_does_not_look_at_the_runs_of_its_triggers_and_backfills(
+        tenant_a: tuple[Tenant, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tenant = tenant_a[0]
+    schedule = scheduled(tenant, paused=False, overlap="skip")
+    with tenant_context(tenant):
+        Schedule.objects.filter(pk=schedule.pk).update(next_fire_at=T0 + timedelta(seconds=60),
+                                                       wake_at=T0 + timedelta(seconds=60))
+    monkeypatch.setattr(backfill_module, "timezone", SimpleNamespace(now=lambda: T0 + timedelta(seconds=10)))
+    assert api_client(tenant_a[1]).post(f"/api/v1/schedules/{schedule.pk}/trigger").status_code == 201
+
+    with tenant_context(tenant):
+        firing.fire_schedules(now=T0 + timedelta(seconds=60.5))  # the triggered run is still active
+        fired = Schedule.objects.get(pk=schedule.pk)
+
+    assert (fired.fired_count, fired.skipped_count) == (1, 0)
+    assert len(runs_of(tenant)) == 2
+
+
 def test_another_tenant_s_schedule_answers_404_and_starts_nothing(
         tenant_a: tuple[Tenant, str], tenant_b: tuple[Tenant, str]) -> None:
     schedule = scheduled(tenant_a[0])
