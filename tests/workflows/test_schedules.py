@@ -429,6 +429,25 @@ def test_a_new_cron_while_armed_drops_the_old_timing_and_fires_each_new_time_onc
     assert fired_at(tenant) == [T0, new, new + timedelta(seconds=10)]
 
 
+def test_a_schedule_whose_time_zone_a_host_cannot_read_is_put_off_alone_and_the_others_fire(
+    tenant_a: tuple[Tenant, str]
+) -> None:
+    tenant = tenant_a[0]
+    with_flow(tenant)
+    unread = make(tenant, name="unread", cron="* * * * * *", interval_s=None, timezone="Europe/Kyiv")
+    make(tenant, name="kept", overlap="allow_all")
+    with tenant_context(tenant):  # as a host whose tzdata is older than the zone finds it
+        Schedule.objects.filter(pk=unread.pk).update(timezone="Nowhere/Zone")
+        firing.fire_schedules(now=at(1.5))
+        put_off, kept = Schedule.objects.get(name="unread"), Schedule.objects.get(name="kept")
+    assert fired_at(tenant) == [at(0), at(1)]  # the kept schedule's fires
+    assert (kept.fired_count, kept.next_fire_at) == (2, at(2))
+    assert (put_off.fired_count, put_off.next_fire_at, put_off.wake_at) == (0, T0, at(61.5))
+    assert put_off.last_error is not None
+    assert put_off.last_error["code"] == "invalid"
+    assert "Nowhere/Zone" in put_off.last_error["message"]
+
+
 def test_the_run_quota_refuses_a_fire_with_quota_exceeded(tenant_a: tuple[Tenant, str]) -> None:
     tenant = tenant_a[0]
     with_flow(tenant)

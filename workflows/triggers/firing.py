@@ -23,6 +23,8 @@ in that tenant's context (``scheduling.coordinator.wakeups``):
    to the monthly quota; a key that already has its run starts nothing). A
    refused start (quota, a workflow deleted since) fails that fire alone: it is
    counted and its error kept on the schedule.
+   A schedule whose timing this process cannot read (a time zone its tzdata
+   lacks) is put off alone, with the reason in ``last_error``.
 4. The schedules' new state commits with their runs, in the same transaction:
    a fire is started and recorded, or neither. Then the wake-up is armed again
    at the earliest ``wake_at``.
@@ -43,6 +45,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
+from cronsim import CronSimError
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -62,6 +65,8 @@ log = structlog.get_logger(__name__)
 Overlap = Schedule.Overlap
 # Fire times one schedule walks per wake-up; a longer catch-up goes on in the next wake-up, at once.
 MAX_FIRES_PER_WAKE = 100
+# How long a schedule whose timing this process cannot read waits before it is looked at again.
+UNREADABLE_RETRY_S = 60
 
 
 @dataclass
@@ -152,14 +157,36 @@ def fire_schedules(*, now: datetime) -> int:
 
 def _fire(due: list[Schedule], now: datetime, *, suspended: bool) -> None:
     active = _active_runs(due)
-    plans = {s.pk: plan_fires(s, now, suspended=suspended, active=s.last_run_id in active) for s in due}
-    wanted = [(s, fire) for s in due for fire in plans[s.pk].start]
+    plans = {s.pk: plan for s in due
+             if (plan := _plan(s, now, suspended=suspended, active=s.last_run_id in active)) is not None}
+    readable = [s for s in due if s.pk in plans]
+    wanted = [(s, fire) for s in readable for fire in plans[s.pk].start]
     outcomes = dict(zip([(s.pk, fire) for s, fire in wanted], start_fires(wanted), strict=True))
-    for schedule in due:
+    for schedule in readable:
         plan = plans[schedule.pk]
         _record(schedule, plan, [(fire, outcomes[(schedule.pk, fire)]) for fire in plan.start], now)
     save_fired(due)
-    _log(due, plans, list(outcomes.values()), suspended=suspended)
+    _log(readable, plans, list(outcomes.values()), suspended=suspended)
+
+
+def _plan(schedule: Schedule, now: datetime, *, suspended: bool, active: bool) -> FirePlan | None:
+    """``plan_fires``, or None when this process cannot read the schedule's timing: a time zone its
+    tzdata lacks or an expression its ``cronsim`` refuses (a host older than the one that took it).
+    That schedule alone is put off, ``UNREADABLE_RETRY_S`` later, with the reason in ``last_error``;
+    the tenant's other schedules fire (one raising here failed the whole wake-up, and all of them)."""
+    try:
+        return plan_fires(schedule, now, suspended=suspended, active=active)
+    except (LookupError, ValueError, CronSimError) as exc:  # ZoneInfoNotFoundError is a KeyError
+        retry = now + timedelta(seconds=UNREADABLE_RETRY_S)
+        message = (f"Its timing cannot be read here ({type(exc).__name__}: {exc}); it is looked at again at "
+                   f"{retry.isoformat()}.")
+        log.error("schedule_timing_unreadable", schedule_id=str(schedule.pk), timezone=schedule.timezone,
+                  cron=schedule.cron, error=str(exc))
+        fire = schedule.next_fire_at or now
+        schedule.last_error = {"fire_at": fire.isoformat().replace("+00:00", "Z"), "code": "invalid",
+                               "message": message}
+        schedule.wake_at, schedule.updated_at = retry, now
+        return None
 
 
 def _log(due: list[Schedule], plans: dict[Any, FirePlan], outcomes: list[Outcome], *, suspended: bool) -> None:
