@@ -56,6 +56,44 @@ def add_request_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> Even
     return _name_tenant(event_dict, getattr(getattr(record, "request", None), REQUEST_TENANT, None))
 
 
+# The key of a request's WSGI environ where ``mark_request_tenant`` leaves its tenant's id: gunicorn's
+# access line carries the environ (its ``{key}e`` atoms), and is written once Django has answered.
+ENVIRON_TENANT = "ductor.tenant_id"
+
+
+def mark_request_tenant(request: Any, tenant: Any) -> None:
+    """Mark the Django ``request`` as acting for ``tenant``, for the lines written about it once its
+    tenant context has ended: Django's own line of a 4xx or 5xx (``add_request_tenant``) and the web
+    server's access line (``add_access_tenant``)."""
+    setattr(request, REQUEST_TENANT, tenant)
+    request.META[ENVIRON_TENANT] = id_text(tenant)
+
+
+# The standard-library logger of gunicorn's access lines.
+ACCESS_LOGGER = "gunicorn.access"
+
+
+class AccessTenant(logging.Filter):
+    """Copy the tenant id of the request an access line of gunicorn is about, from the request's
+    environ that the record's arguments carry (gunicorn's atoms, ``{key}e``), onto the record:
+    the formatter drops a record's arguments before its processors see it (``add_access_tenant``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        atoms = record.args
+        tenant_id = atoms.get(f"{{{ENVIRON_TENANT}}}e") if isinstance(atoms, dict) else None
+        if isinstance(tenant_id, str):
+            record.ductor_tenant_id = tenant_id
+        return True
+
+
+def add_access_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Add ``tenant_id`` to gunicorn's access line of a request that acted for a tenant (``AccessTenant``)."""
+    tenant_id = getattr(event_dict.get("_record"), "ductor_tenant_id", None)
+    if tenant_id is not None:
+        event_dict.setdefault("tenant_id", tenant_id)
+    return event_dict
+
+
 # A Ductor task's tenant and run in the repr of its arguments, as Celery's lines about it show them.
 _TASK_IDS = re.compile(r"'(tenant_id|run_id)': '([0-9a-fA-F-]{36})'")
 
@@ -197,9 +235,10 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                         structlog.processors.format_exc_info,
                         renderer,
                     ],
-                    "foreign_pre_chain": [*shared, add_request_tenant, add_task_ids],
+                    "foreign_pre_chain": [*shared, add_request_tenant, add_access_tenant, add_task_ids],
                 }
             },
+            "filters": {"access_tenant": {"()": AccessTenant}},
             "handlers": {
                 "console": {"class": "logging.StreamHandler", "formatter": "structured",
                             "stream": stream if stream is not None else sys.stderr}
@@ -212,6 +251,11 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                 # which Ductor logs itself with their tenant and run).
                 "httpx": {"level": "WARNING"},
                 "httpcore": {"level": "WARNING"},
+                # gunicorn's own lines (a worker's errors, its access lines when an access log is
+                # asked for), which gunicorn set up with handlers and formats of its own before a
+                # worker loads Ductor: one JSON line each, like every other line of the process.
+                "gunicorn.error": {"handlers": ["console"], "propagate": False},
+                ACCESS_LOGGER: {"handlers": ["console"], "filters": ["access_tenant"], "propagate": False},
             },
         }
     )

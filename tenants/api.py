@@ -38,7 +38,7 @@ from ductor_project.core.context import tenant_context
 from ductor_project.core.errors import UnknownFields, unknown_field_detail
 from ductor_project.core.ids import canonical_uuid
 from ductor_project.core.times import rfc3339
-from ductor_project.logs import REQUEST_TENANT
+from ductor_project.logs import mark_request_tenant
 from ductor_project.parsers import unstorable_query
 from tenants.permissions import IsPlatformAdmin, refuse_unseen_object, request_tenant
 from tenants.query_params import AcceptHeaderNegotiation, refuse_unknown_query_parameters
@@ -101,9 +101,10 @@ class TenantScopeMixin:
         tenant = request_tenant(request)
         if tenant is None:
             return
-        # Django logs a 4xx or a 5xx once this context has ended: its line names the tenant still,
-        # a suspended tenant's refusal (`tenant_suspended`) included.
-        setattr(request._request, REQUEST_TENANT, tenant)
+        # Django logs a 4xx or a 5xx, and the web server its access line, once this context has
+        # ended: their lines name the tenant still, a suspended tenant's refusal (`tenant_suspended`)
+        # included.
+        mark_request_tenant(request._request, tenant)
         if tenant.is_active:
             self._tenant_scope.enter_context(tenant_context(tenant))
 

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from django.http import HttpRequest, HttpResponse
 
 from ductor_project.core.context import across_tenants, tenant_context
-from ductor_project.logs import REQUEST_TENANT
+from ductor_project.logs import mark_request_tenant
 from tenants.models import Tenant
 from tenants.selectors import membership_for_user
 
@@ -41,7 +41,7 @@ class SessionTenantMiddleware:
         scope: AbstractContextManager[object]
         if tenant is not None:
             scope = tenant_context(tenant)
-            setattr(request, REQUEST_TENANT, tenant)  # for Django's line of a 4xx, written after the scope
+            mark_request_tenant(request, tenant)  # for the lines of a 4xx and the access line, written after the scope
         elif getattr(request.user, "is_superuser", False):
             scope = across_tenants("the admin, for a superuser")
         else:
