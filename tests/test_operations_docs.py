@@ -1,4 +1,5 @@
-"""``docs/operations.md`` lists every metric that ``/metrics`` serves, with its labels, and no other.
+"""``docs/operations.md`` lists every metric that ``/metrics`` serves, with its labels, and no other;
+and every warning and error the product logs, for an operator to alert on.
 
 An operator builds dashboards and alerts from that list: a metric added without its row, a label
 added or renamed without the docs, or a row left for a metric that is gone, fails here. Both kinds
@@ -107,3 +108,24 @@ def test_no_metric_has_a_label_that_names_a_run_a_workflow_or_an_item() -> None:
                  "path", "url", "error"}
     for name, labels in recorded_metrics().items():
         assert not labels & unbounded, name
+
+
+# A warning or an error the product logs, by its event's name (the one logged by a name held in a
+# variable, ``errors.service_out_of_reach``'s, is named in its own row).
+WARNING_OR_WORSE = re.compile(r"\blog\.(?:warning|error|exception|critical)\(\s*\"([a-z_]+)\"")
+PRODUCT = ("ductor_project", "tenants", "scheduling", "workflows")
+
+
+def logs_section() -> str:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    start = text.index("\n## Logs\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_operations_md_lists_every_warning_and_error_the_product_logs() -> None:
+    """An operator alerts on the events of the Logs section: each warning or error of the code is one."""
+    logged = {name for package in PRODUCT for path in (ROOT / package).rglob("*.py")
+              for name in WARNING_OR_WORSE.findall(path.read_text())}
+    assert len(logged) > 40  # the pattern finds them
+    listed = set(NAME.findall(logs_section()))
+    assert sorted(logged - listed) == []
