@@ -94,6 +94,22 @@ def add_access_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> Event
     return event_dict
 
 
+# The OpenTelemetry SDK's logger that warns of an entry of ``OTEL_EXPORTER_OTLP_HEADERS`` it cannot parse.
+EXPORTER_HEADERS_LOGGER = "opentelemetry.util.re"
+
+
+class ExporterHeadersRedacted(logging.Filter):
+    """The SDK's warning quotes the entry it could not parse: an exporter's credential (an API key,
+    ``Authorization=Basic …``), or a piece of one cut at a comma. The line keeps the entry's name,
+    before its first ``=``, and never its value."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(f"{str(arg).split('=', 1)[0].strip()}=<redacted>" if "=" in str(arg)
+                                else "<redacted>" for arg in record.args)
+        return True
+
+
 # A Ductor task's tenant and run in the repr of its arguments, as Celery's lines about it show them.
 _TASK_IDS = re.compile(r"'(tenant_id|run_id)': '([0-9a-fA-F-]{36})'")
 
@@ -238,7 +254,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                     "foreign_pre_chain": [*shared, add_request_tenant, add_access_tenant, add_task_ids],
                 }
             },
-            "filters": {"access_tenant": {"()": AccessTenant}},
+            "filters": {"access_tenant": {"()": AccessTenant}, "exporter_headers": {"()": ExporterHeadersRedacted}},
             "handlers": {
                 "console": {"class": "logging.StreamHandler", "formatter": "structured",
                             "stream": stream if stream is not None else sys.stderr}
@@ -256,6 +272,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                 # worker loads Ductor: one JSON line each, like every other line of the process.
                 "gunicorn.error": {"handlers": ["console"], "propagate": False},
                 ACCESS_LOGGER: {"handlers": ["console"], "filters": ["access_tenant"], "propagate": False},
+                EXPORTER_HEADERS_LOGGER: {"filters": ["exporter_headers"]},
             },
         }
     )

@@ -330,3 +330,19 @@ def test_gunicorns_own_lines_are_json_and_its_access_line_names_the_requests_ten
     (error,) = logged.json("gunicorn.error")
     assert error["event"] == "Error handling request /api/v1/runs"
     assert "dct_not_logged" not in logged.stream.getvalue()
+
+
+def test_a_malformed_exporter_header_is_logged_by_its_name_never_its_value(logged: LogLines) -> None:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` holds the trace exporter's credential; an entry the SDK cannot
+    parse (a ``;`` in it, or a comma that cuts a value in two) is warned of at each process's start,
+    quoted: the line names it and keeps its value out."""
+    from opentelemetry.util.re import parse_env_headers
+
+    parse_env_headers("x-api-key=abc;s3cret-key,authorization=Basic dXNlcjpw,YXNzd29yZA", liberal=True)
+
+    lines = logged.json("opentelemetry.util.re")
+    assert len(lines) == 2
+    assert lines[0]["event"].endswith(": x-api-key=<redacted>")
+    assert lines[1]["event"].endswith(": <redacted>")
+    assert "s3cret" not in logged.stream.getvalue()
+    assert "YXNzd29yZA" not in logged.stream.getvalue()
