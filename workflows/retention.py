@@ -116,7 +116,7 @@ def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int
             with tenant_context(tenant):
                 batch = _expire_batch(cutoff, roots_per_batch)
             if batch.runs:
-                log.info("runs_expired", target_tenant=str(tenant.pk), runs=batch.runs,
+                log.info("runs_expired", tenant_id=str(tenant.pk), tenant=tenant.slug, runs=batch.runs,
                          batch_ms=round(batch.seconds * 1000, 1))
             deleted += batch.runs
             if batch.full:

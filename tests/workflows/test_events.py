@@ -550,3 +550,16 @@ def test_a_trigger_of_a_workflow_archived_since_starts_nothing_and_the_event_say
     assert client_a.post("/api/v1/workflows/fulfil/unarchive").status_code == 200  # the trigger stayed
     again = client_a.post("/api/v1/events", {"name": "order.paid", "key": "o-2"}, format="json")
     assert (again.json()["refused"], len(again.json()["runs"])) == ([], 2)
+
+
+def test_the_line_of_an_event_retention_batch_names_the_tenant_whose_events_went(tenant, logged):
+    """An operator searching a tenant's lines by ``tenant_id`` finds the deletion of its events."""
+    tenant_services.override_set(tenant=tenant, field="event_retention_days", value=1)
+    with tenant_context(tenant):
+        event = Event.objects.create(name="order.paid", payload={})
+        Event.objects.filter(pk=event.pk).update(created_at=timezone.now() - timedelta(days=2))
+
+    assert services_events.expire_events() == 1
+
+    (line,) = [line for line in logged.json() if line["event"] == "events_expired"]
+    assert (line["tenant_id"], line["tenant"], line["count"]) == (str(tenant.pk), tenant.slug, 1)

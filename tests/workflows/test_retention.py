@@ -267,3 +267,13 @@ def test_a_pass_costs_the_same_however_many_tenants_have_no_history_past_their_r
     few = a_pass()
     Tenant.objects.bulk_create([Tenant(slug=f"more-idle-{n}", name=f"more-idle-{n}") for n in range(30)])
     assert a_pass() == few
+
+
+def test_the_line_of_a_retention_batch_names_the_tenant_whose_runs_went(tenant, logged):
+    """An operator searching a tenant's lines by ``tenant_id`` finds the deletion of its history."""
+    tree(tenant, ended_days_ago=3)
+
+    assert retention.expire_runs() == 2
+
+    (line,) = [line for line in logged.json() if line["event"] == "runs_expired"]
+    assert (line["tenant_id"], line["tenant"], line["runs"]) == (str(tenant.pk), tenant.slug, 2)

@@ -281,7 +281,7 @@ def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_
                 count, _ = Event.objects.filter(pk__in=old).delete()
                 took = time.perf_counter() - started
             if count:
-                log.info("events_expired", target_tenant=str(tenant.pk), count=count)
+                log.info("events_expired", tenant_id=str(tenant.pk), tenant=tenant.slug, count=count)
                 time.sleep(took * rest)
             deleted += count
             if count >= batch:
