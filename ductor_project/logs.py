@@ -86,6 +86,22 @@ class AccessTenant(logging.Filter):
         return True
 
 
+# gunicorn's loggers: its own lines (a worker's errors), and its access lines when asked for.
+SERVER_LOGGERS = ("gunicorn.error", ACCESS_LOGGER)
+
+
+def _format_server_lines(formatter: logging.Formatter | None) -> None:
+    """Have gunicorn's lines in this process written by ``formatter`` (one JSON line each, like every
+    other line), wherever gunicorn sends them (``--error-logfile``, ``--access-logfile``): gunicorn
+    set its loggers' handlers up, with plain-text formats, before its worker loaded Ductor."""
+    for name in SERVER_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            handler.setFormatter(formatter)
+    access = logging.getLogger(ACCESS_LOGGER)
+    if not any(isinstance(each, AccessTenant) for each in access.filters):
+        access.addFilter(AccessTenant())
+
+
 def add_access_tenant(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Add ``tenant_id`` to gunicorn's access line of a request that acted for a tenant (``AccessTenant``)."""
     tenant_id = getattr(event_dict.get("_record"), "ductor_tenant_id", None)
@@ -254,7 +270,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                     "foreign_pre_chain": [*shared, add_request_tenant, add_access_tenant, add_task_ids],
                 }
             },
-            "filters": {"access_tenant": {"()": AccessTenant}, "exporter_headers": {"()": ExporterHeadersRedacted}},
+            "filters": {"exporter_headers": {"()": ExporterHeadersRedacted}},
             "handlers": {
                 "console": {"class": "logging.StreamHandler", "formatter": "structured",
                             "stream": stream if stream is not None else sys.stderr}
@@ -267,11 +283,6 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                 # which Ductor logs itself with their tenant and run).
                 "httpx": {"level": "WARNING"},
                 "httpcore": {"level": "WARNING"},
-                # gunicorn's own lines (a worker's errors, its access lines when an access log is
-                # asked for), which gunicorn set up with handlers and formats of its own before a
-                # worker loads Ductor: one JSON line each, like every other line of the process.
-                "gunicorn.error": {"handlers": ["console"], "propagate": False},
-                ACCESS_LOGGER: {"handlers": ["console"], "filters": ["access_tenant"], "propagate": False},
                 EXPORTER_HEADERS_LOGGER: {"filters": ["exporter_headers"]},
             },
         }
@@ -279,6 +290,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
     (console,) = logging.getLogger().handlers
     assert isinstance(console, logging.StreamHandler)
     _console[:] = [console]
+    _format_server_lines(console.formatter)
     _PROCESSORS[:] = [*shared, structlog.processors.StackInfoRenderer(), structlog.processors.format_exc_info,
                       renderer]
     structlog.configure(

@@ -298,38 +298,46 @@ def test_a_failed_step_and_run_say_which_attempt_and_why_in_their_lines(
 
 
 def test_gunicorns_own_lines_are_json_and_its_access_line_names_the_requests_tenant(
-    logged: LogLines, tenant: Tenant, client_a: Any
+    logged: LogLines, tenant: Tenant, client_a: Any, tmp_path: Any
 ) -> None:
     """A gunicorn worker loads Ductor after gunicorn set up its own loggers (their handlers, their
     plain-text formats): its lines, a worker's error and the access line of each request when an
-    access log is asked for, are JSON lines too, and the access line of an API request names the
-    tenant the request acted for (it is written once the request's context has ended)."""
+    access log is asked for, are JSON lines too, still written where gunicorn was told to write
+    them, and the access line of an API request names the tenant the request acted for (it is
+    written once the request's context has ended). No header is written: no ``Authorization``."""
     import datetime
+    import json
     from types import SimpleNamespace
 
     from gunicorn.config import Config
     from gunicorn.glogging import Logger
 
     config = Config()
-    config.set("accesslog", "-")
-    config.set("errorlog", "-")
+    config.set("accesslog", str(tmp_path / "access.log"))
+    config.set("errorlog", str(tmp_path / "error.log"))
     server_log = Logger(config)  # what the gunicorn master set up before the worker's fork
-    configure_logging(fmt="json", level="INFO", stream=logged.stream)  # the worker loading Ductor
+    try:
+        configure_logging(fmt="json", level="INFO", stream=logged.stream)  # the worker loading Ductor
 
-    answered = client_a.get("/api/v1/runs")
-    assert answered.status_code == 200
-    environ = {**answered.wsgi_request.META, "RAW_URI": "/api/v1/runs"}  # gunicorn's own environ key
-    response = SimpleNamespace(status="200 OK", sent=2, headers=[("Content-Type", "application/json")])
-    request = SimpleNamespace(headers=[("AUTHORIZATION", "Bearer dct_not_logged")])
-    server_log.access(response, request, environ, datetime.timedelta(milliseconds=3))
-    server_log.error("Error handling request %s", "/api/v1/runs")
+        answered = client_a.get("/api/v1/runs")
+        assert answered.status_code == 200
+        environ = {**answered.wsgi_request.META, "RAW_URI": "/api/v1/runs"}  # gunicorn's own environ key
+        response = SimpleNamespace(status="200 OK", sent=2, headers=[("Content-Type", "application/json")])
+        request = SimpleNamespace(headers=[("AUTHORIZATION", "Bearer dct_not_logged")])
+        server_log.access(response, request, environ, datetime.timedelta(milliseconds=3))
+        server_log.error("Error handling request %s", "/api/v1/runs")
+    finally:
+        for name in ("gunicorn.error", "gunicorn.access"):
+            for handler in logging.getLogger(name).handlers[:]:
+                handler.close()
+                logging.getLogger(name).removeHandler(handler)
 
-    (access,) = logged.json("gunicorn.access")
+    (access,) = [json.loads(line) for line in (tmp_path / "access.log").read_text().splitlines()]
     assert '"GET /api/v1/runs' in access["event"]
-    assert access["tenant_id"] == str(tenant.pk)
-    (error,) = logged.json("gunicorn.error")
-    assert error["event"] == "Error handling request /api/v1/runs"
-    assert "dct_not_logged" not in logged.stream.getvalue()
+    assert (access["logger"], access["tenant_id"]) == ("gunicorn.access", str(tenant.pk))
+    errors = [json.loads(line) for line in (tmp_path / "error.log").read_text().splitlines()]
+    assert errors[-1]["event"] == "Error handling request /api/v1/runs"
+    assert "dct_not_logged" not in (tmp_path / "access.log").read_text()
 
 
 def test_a_malformed_exporter_header_is_logged_by_its_name_never_its_value(logged: LogLines) -> None:
