@@ -10,8 +10,8 @@ and timeout (``OTEL_EXPORTER_OTLP_*``), the batching (``OTEL_BSP_*``) and the
 propagators (``OTEL_PROPAGATORS``). Ductor ships the OTLP/HTTP exporter, so
 ``otlp`` means ``http/protobuf`` unless ``OTEL_EXPORTER_OTLP_PROTOCOL`` says
 otherwise. While off, every helper here is one check of ``enabled``: no span
-object, no context copied into a payload; the OpenTelemetry packages are not
-even imported.
+object, no context copied into a payload; this module imports no OpenTelemetry
+package (redis-py imports the SDK for metrics of its own, off unless turned on).
 
 **Once per process, where it starts serving** (``configure``): the WSGI module
 of each web worker, each Celery pool process after its fork (a span processor's
