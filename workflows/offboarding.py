@@ -104,7 +104,7 @@ def purge_batch(tenant: Tenant, *, roots: int = ROOTS_PER_BATCH, rows: int = ROW
     except IntegrityError:
         # A row written behind the purge points at one this batch deleted (the database refuses at
         # the commit, and the batch changes nothing): the next batch finds it first.
-        log.warning("tenant_purge_batch_refused", target_tenant=str(tenant.pk), exc_info=True)
+        log.warning("tenant_purge_batch_refused", tenant_id=str(tenant.pk), tenant=tenant.slug, exc_info=True)
         return Progress("refused", 0, done=False, seconds=time.perf_counter() - started)
     if progress is None:
         _forget_catalog_slug(tenant.slug)
@@ -175,9 +175,9 @@ def _delete_tenant_row(tenant: Tenant) -> bool:
         with transaction.atomic():
             Tenant.objects.filter(pk=tenant.pk, status=Tenant.Status.DELETING)._raw_delete(connection.alias)
     except IntegrityError:
-        log.warning("tenant_purge_rows_left", target_tenant=str(tenant.pk))
+        log.warning("tenant_purge_rows_left", tenant_id=str(tenant.pk), tenant=tenant.slug)
         return False
-    log.info("tenant_deleted", target_tenant=str(tenant.pk), slug=tenant.slug)
+    log.info("tenant_deleted", tenant_id=str(tenant.pk), tenant=tenant.slug)
     return True
 
 
@@ -193,7 +193,7 @@ def purge_deleting_tenants(*, budget_s: float = PASS_BUDGET_S, rest: float = RES
         more = []
         for tenant in waiting:
             progress = purge_batch(tenant)
-            log.info("tenant_purge_batch", target_tenant=str(tenant.pk), stage=progress.stage,
+            log.info("tenant_purge_batch", tenant_id=str(tenant.pk), tenant=tenant.slug, stage=progress.stage,
                      deleted=progress.deleted, batch_ms=round(progress.seconds * 1000, 1))
             deleted += progress.deleted
             if not progress.done:

@@ -350,3 +350,19 @@ def test_a_run_tree_larger_than_a_batch_is_purged_a_part_at_a_time_the_root_last
             left.append(len(ids))
     assert left == [3, 1, 0]
     assert purge_to_the_end(tenant)[-1].done
+
+
+def test_the_purges_lines_name_the_tenant_being_deleted_by_its_tenant_id(
+    world, logged, django_capture_on_commit_callbacks
+):
+    """An operator searching a tenant's lines by ``tenant_id`` finds its purge, batch by batch, and
+    the deletion of its row."""
+    gone = world[0]
+    delete(gone, django_capture_on_commit_callbacks)
+
+    while Tenant.objects.filter(pk=gone.pk).exists():
+        offboarding.purge_deleting_tenants(budget_s=0, rest=0)
+
+    lines = [line for line in logged.json() if line["event"] in ("tenant_purge_batch", "tenant_deleted")]
+    assert {line["event"] for line in lines} == {"tenant_purge_batch", "tenant_deleted"}
+    assert {(line["tenant_id"], line["tenant"]) for line in lines} == {(str(gone.pk), gone.slug)}
