@@ -5,7 +5,9 @@ code bound with ``structlog.contextvars.bind_contextvars`` (``run_id``,
 ``task_id``...). Standard-library loggers (Django, Celery) go through the same
 processors and renderer, so their lines carry the same fields. Celery's own lines
 about a task (received, succeeded, failed), written outside its tenant context,
-carry the tenant and run its arguments name.
+carry the tenant and run its arguments name. gunicorn's lines in a web worker keep
+the destinations gunicorn gave them and take this format; an access line names
+the tenant its request acted for.
 
 structlog's own events do not go through the standard library: they are
 rendered by structlog and written as one line to the stream of the process's
