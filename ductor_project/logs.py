@@ -132,17 +132,40 @@ class ExporterHeadersRedacted(logging.Filter):
 _TASK_IDS = re.compile(r"'(tenant_id|run_id)': '([0-9a-fA-F-]{36})'")
 
 
+# The logger of Celery's own lines about a task.
+TASK_LINES_LOGGER = "celery.app.trace"
+
+
 def add_task_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Add ``tenant_id`` and ``run_id`` to Celery's own line about a task (received, succeeded,
     failed, retried), written outside the task's tenant context, from the repr of the task's
     arguments that the line carries (its record's ``data``): every Ductor task's name its tenant,
-    and an item's or an outcome's its run (``task_events.task_kwargs``)."""
-    data = getattr(event_dict.get("_record"), "data", None)
+    and an item's or an outcome's its run (``task_events.task_kwargs``). Its retry line carries
+    none: they are read from the task's request (``_add_current_task_ids``)."""
+    record = event_dict.get("_record")
+    data = getattr(record, "data", None)
     arguments = data.get("kwargs") if isinstance(data, dict) else None
     if isinstance(arguments, str):
         for key, value in _TASK_IDS.findall(arguments):
             event_dict.setdefault(key, value)
+    elif isinstance(data, dict) and getattr(record, "name", None) == TASK_LINES_LOGGER:
+        _add_current_task_ids(event_dict, data.get("id"))
     return event_dict
+
+
+def _add_current_task_ids(event_dict: EventDict, task_id: Any) -> None:
+    """The ``tenant_id`` and ``run_id`` arguments of the task ``task_id``, while it is the current
+    task (Celery writes its retry line before it lets go of the task's request)."""
+    from celery import current_task
+
+    request = getattr(current_task, "request", None)
+    arguments = getattr(request, "kwargs", None)
+    if task_id is None or getattr(request, "id", None) != task_id or not isinstance(arguments, dict):
+        return
+    for key in ("tenant_id", "run_id"):
+        value = arguments.get(key)
+        if isinstance(value, str) and value:
+            event_dict.setdefault(key, value)
 
 
 def _name_tenant(event_dict: EventDict, tenant: Any) -> EventDict:

@@ -354,3 +354,17 @@ def test_a_malformed_exporter_header_is_logged_by_its_name_never_its_value(logge
     assert lines[1]["event"].endswith(": <redacted>")
     assert "s3cret" not in logged.stream.getvalue()
     assert "YXNzd29yZA" not in logged.stream.getvalue()
+
+
+@pytest.mark.django_db
+def test_celerys_own_retry_line_of_a_task_carries_its_tenant_and_run(logged: LogLines, tenant: Tenant) -> None:
+    """Celery's ``retry`` line names no argument of the task, unlike its other lines: it carries the
+    tenant and run of the task it is about from that task's request, still current when it is
+    written (an outcome's callback put off while PostgreSQL is away writes one)."""
+    from tests.scoped.tasks import retry_once
+
+    run_id = "5d6f8a2e-0000-4000-8000-000000000004"
+    retry_once.apply(kwargs={"tenant_id": str(tenant.pk), "run_id": run_id})  # as a worker runs its message
+
+    (line,) = [line for line in logged.json("celery.app.trace") if " retry: " in line["event"]]
+    assert (line["tenant_id"], line["run_id"]) == (str(tenant.pk), run_id)

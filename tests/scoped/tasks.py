@@ -33,3 +33,10 @@ def peek_tenant_between_tasks() -> dict[str, Any]:
     """A plain task (no tenant): reports whatever tenant the process still has in context."""
     tenant = peek_tenant()
     return {"tenant_id": str(tenant.pk) if tenant else None, "pid": os.getpid()}
+
+
+@tenant_task(name="tests.scoped.retry_once", bind=True, max_retries=1)
+def retry_once(self: Any, run_id: str = "") -> None:
+    """Ask Celery to run it again, once: Celery's own retry line is written for it."""
+    if not self.request.retries:
+        raise self.retry(countdown=0)
