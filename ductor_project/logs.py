@@ -25,6 +25,7 @@ import logging
 import logging.config
 import re
 import sys
+import traceback
 from typing import IO, Any
 
 import orjson
@@ -265,6 +266,26 @@ class BoundLogger(structlog.BoundLoggerBase):
         return self._at(level, logging.getLevelName(level).lower(), event, args, kw)
 
 
+# The most of an exception's text a line carries: its head (the traceback, the exception's type and
+# the start of its message) and its tail (where the message ends), the middle left out.
+MAX_EXCEPTION_CHARS = 16_000
+
+
+def _bounded_exception(exc_info: Any) -> str:
+    """The exception's traceback as the standard library writes it, at most about
+    ``MAX_EXCEPTION_CHARS`` of it: an action's or a task's exception is worded by the tenant's code,
+    and one of a megabyte made a line of a megabyte, per attempt."""
+    text = "".join(traceback.format_exception(*exc_info)).rstrip("\n")
+    if len(text) <= MAX_EXCEPTION_CHARS:
+        return text
+    half = MAX_EXCEPTION_CHARS // 2
+    return f"{text[:half]}\n… {len(text) - 2 * half} characters left out …\n{text[-half:]}"
+
+
+# ``format_exc_info``, its text bounded.
+_format_exc_info = structlog.processors.ExceptionRenderer(_bounded_exception)
+
+
 def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str] | None = None) -> None:
     """Route structlog and stdlib logging through one set of processors and one renderer, to
     ``stream`` (standard error by default). Idempotent."""
@@ -289,7 +310,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
                     "()": structlog.stdlib.ProcessorFormatter,
                     "processors": [
                         structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.format_exc_info,
+                        _format_exc_info,
                         renderer,
                     ],
                     "foreign_pre_chain": [*shared, add_request_tenant, add_access_tenant, add_task_ids],
@@ -316,7 +337,7 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO", stream: IO[str]
     assert isinstance(console, logging.StreamHandler)
     _console[:] = [console]
     _format_server_lines(console.formatter)
-    _PROCESSORS[:] = [*shared, structlog.processors.StackInfoRenderer(), structlog.processors.format_exc_info,
+    _PROCESSORS[:] = [*shared, structlog.processors.StackInfoRenderer(), _format_exc_info,
                       renderer]
     structlog.configure(
         processors=_PROCESSORS,

@@ -11,7 +11,7 @@ import pytest
 import structlog
 
 from ductor_project.core.context import tenant_context
-from ductor_project.logs import configure_logging
+from ductor_project.logs import MAX_EXCEPTION_CHARS, configure_logging
 from scheduling import fair_queue as fq
 from scheduling.dispatch.finisher import finisher
 from scheduling.dispatch.handlers import ItemContext, register_handler
@@ -124,6 +124,25 @@ def test_exceptions_are_rendered_inside_the_json_line(logged: LogLines, tenant: 
     assert event["event"] == "failed"
     assert "ValueError: boom" in event["exception"]
     assert event["tenant_id"] == str(tenant.pk)
+
+
+def test_an_exception_with_a_huge_message_is_logged_in_a_line_of_bounded_length(
+    logged: LogLines, tenant: Tenant
+) -> None:
+    """An action's exception is the tenant's to word: one raised with a megabyte of text made a
+    megabyte log line, per attempt, that every log pipeline downstream carried."""
+    with tenant_context(tenant):
+        try:
+            raise ValueError("x" * 1_000_000 + "the end")
+        except ValueError:
+            structlog.get_logger("ductor.test").exception("failed")
+            logging.getLogger("ductor.test").exception("failed again")
+    for event in logged.json("ductor.test"):
+        assert len(event["exception"]) < 2 * MAX_EXCEPTION_CHARS
+        assert "ValueError: xxx" in event["exception"]
+        assert event["exception"].endswith("the end")
+        assert "characters left out" in event["exception"]
+    assert len(logged.json("ductor.test")) == 2
 
 
 def test_key_value_format_carries_tenant_id(logged: LogLines, tenant: Tenant) -> None:
