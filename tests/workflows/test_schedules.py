@@ -523,6 +523,21 @@ def post(client: APIClient, **body: Any) -> Any:
     return client.post("/api/v1/schedules", {"name": "s", "workflow": "nightly", **body}, format="json")
 
 
+def test_a_schedule_whose_time_zone_this_host_cannot_read_is_answered_without_its_next_fires(
+    client_a: APIClient, tenant_a: tuple[Tenant, str]
+) -> None:
+    """A zone that a host with older tzdata does not know (saved through another host): the schedule's
+    page answered 500, where its ``last_error`` says why it does not fire."""
+    with_flow(tenant_a[0])
+    created = post(client_a, cron="0 9 * * *", timezone="Europe/Kyiv")
+    assert created.status_code == 201, created.content
+    with tenant_context(tenant_a[0]):
+        Schedule.objects.filter(pk=created.json()["id"]).update(timezone="Nowhere/Zone")
+    answered = client_a.get(f"/api/v1/schedules/{created.json()['id']}")
+    assert answered.status_code == 200, answered.content
+    assert (answered.json()["timezone"], answered.json()["next_fires"]) == ("Nowhere/Zone", [])
+
+
 def test_a_schedule_is_created_read_listed_changed_paused_resumed_and_deleted(
     client_a: APIClient, tenant_a: tuple[Tenant, str]
 ) -> None:

@@ -45,7 +45,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from cronsim import CronSimError
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -58,7 +57,7 @@ from workflows.models import Schedule, WorkflowRun
 from workflows.services import MAX_BULK_RUNS, run_start_many
 from workflows.triggers.arming import arm_on_commit, due_at, earliest_wake, timing_of, wake_of
 from workflows.triggers.statements import save_fired
-from workflows.triggers.timing import fire_key
+from workflows.triggers.timing import UNREADABLE, fire_key
 
 log = structlog.get_logger(__name__)
 
@@ -176,7 +175,7 @@ def _plan(schedule: Schedule, now: datetime, *, suspended: bool, active: bool) -
     the tenant's other schedules fire (one raising here failed the whole wake-up, and all of them)."""
     try:
         return plan_fires(schedule, now, suspended=suspended, active=active)
-    except (LookupError, ValueError, CronSimError) as exc:  # ZoneInfoNotFoundError is a KeyError
+    except UNREADABLE as exc:
         retry = now + timedelta(seconds=UNREADABLE_RETRY_S)
         message = (f"Its timing cannot be read here ({type(exc).__name__}: {exc}); it is looked at again at "
                    f"{retry.isoformat()}.")

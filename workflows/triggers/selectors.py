@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from tenants.selectors import first_or_404, parse_uuid
 from workflows.models import Schedule
 from workflows.triggers.arming import timing_of
+from workflows.triggers.timing import UNREADABLE
 
 # How many fire times a schedule's detail shows.
 NEXT_FIRES = 5
@@ -27,7 +28,11 @@ def get_schedule_for_tenant(schedule_id: Any) -> Schedule:
 
 
 def next_fires(schedule: Schedule, count: int = NEXT_FIRES) -> list[datetime]:
-    """Its next ``count`` nominal fire times, the next one first (none while paused)."""
+    """Its next ``count`` nominal fire times, the next one first (none while paused, nor while this
+    host cannot read its timing: its ``last_error`` says why it does not fire)."""
     if schedule.paused:
         return []
-    return timing_of(schedule).upcoming(schedule.next_fire_at, count)
+    try:
+        return timing_of(schedule).upcoming(schedule.next_fire_at, count)
+    except UNREADABLE:
+        return []

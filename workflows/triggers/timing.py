@@ -45,6 +45,11 @@ _KEY_TIME = "%Y-%m-%dT%H:%M:%SZ"
 _ONE_SECOND = timedelta(seconds=1)
 
 
+# What reading a stored timing may raise on a host that cannot read it (its tzdata lacks the zone,
+# its cron library is another version): ``ZoneInfoNotFoundError`` is a ``KeyError``.
+UNREADABLE = (LookupError, ValueError, CronSimError)
+
+
 class TimingError(ValueError):
     """A bad cron expression, interval or time zone: ``errors`` maps each bad field to why."""
 
