@@ -278,13 +278,26 @@ def test_a_web_server_that_lost_its_port_is_told_as_such(logged: str, tmp_path: 
 def test_an_up_whose_redis_is_out_of_reach_says_so_in_one_line_naming_the_setting_and_starts_nothing() -> None:
     """With ``REDIS_URL`` naming a port where nothing listens, up printed "Ductor is up." while
     ``/readyz`` answered 503 and every child that reads Redis failed over and over."""
+    refused_up({"REDIS_URL": "redis://127.0.0.1:{nowhere}/0"}, named="REDIS_URL ")
+
+
+def test_an_up_whose_celery_broker_alone_is_out_of_reach_says_so_naming_its_setting() -> None:
+    """Ductor's own Redis answers (the embedded one), the broker the workers and dispatchers use does
+    not: up said "Ductor is up." and no step ever ran."""
+    refused_up({"CELERY_BROKER_URL": "redis://127.0.0.1:{nowhere}/0"}, named="CELERY_BROKER_URL,")
+
+
+def refused_up(settings: dict[str, str], *, named: str) -> None:
+    """``manage.py up`` with ``settings`` (``{nowhere}``: a port where nothing listens) refuses in one
+    line naming the setting, with status 1, and stops what it started."""
     data_dir = new_data_dir()
     nowhere = free_port()  # nothing listens there
-    env = {**os.environ, "DUCTOR_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "ductor_project.settings",
-           "REDIS_URL": f"redis://127.0.0.1:{nowhere}/0"}
+    env = {**os.environ, "DUCTOR_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "ductor_project.settings"}
     env.pop("DATABASE_URL", None)
-    for name in ("DUCTOR_QUEUE_REDIS_URL", "CACHE_REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+    for name in ("REDIS_URL", "DUCTOR_QUEUE_REDIS_URL", "CACHE_REDIS_URL", "CELERY_BROKER_URL",
+                 "CELERY_RESULT_BACKEND"):
         env.pop(name, None)
+    env.update({name: value.format(nowhere=nowhere) for name, value in settings.items()})
     proc = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(free_port())], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -297,7 +310,7 @@ def test_an_up_whose_redis_is_out_of_reach_says_so_in_one_line_naming_the_settin
         assert "Starting the web server" not in stdout
         assert proc.returncode == 1
         last = stderr.splitlines()[-1]
-        assert last.startswith("CommandError: Redis is out of reach at REDIS_URL "), stderr
+        assert last.startswith(f"CommandError: Redis is out of reach at {named}"), stderr
         assert f"127.0.0.1:{nowhere}" in last
         assert "Traceback" not in stderr
         assert "Stopped, with the embedded PostgreSQL and Redis it started." in stdout

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import os
 import secrets
 import shutil
@@ -154,11 +155,19 @@ class Command(BaseCommand):
 def redis_out_of_reach() -> str | None:
     """Why Ductor's Redis cannot be used, in one line naming the setting of the server that does not
     answer (its own state's, ``DUCTOR_QUEUE_REDIS_URL``, each primary of a cluster; the cache's,
-    ``CACHE_REDIS_URL``; both ``REDIS_URL`` by default); None when each answers ``PING``. Out of
+    ``CACHE_REDIS_URL``; Celery's broker and result backend, ``CELERY_BROKER_URL`` and
+    ``CELERY_RESULT_BACKEND``; all ``REDIS_URL`` by default); None when each answers ``PING``. Out of
     reach, the stack came up all the same, said "Ductor is up." while ``/readyz`` answered 503, and
     each child that reads Redis failed again and again."""
-    servers = (("DUCTOR_QUEUE_REDIS_URL", settings.DUCTOR_QUEUE_REDIS_URL, redis.ping),
-               ("CACHE_REDIS_URL", settings.CACHE_REDIS_URL, lambda: get_redis_connection("default").ping()))
+    servers: list[tuple[str, str, Callable[[], Any]]] = [
+        ("DUCTOR_QUEUE_REDIS_URL", settings.DUCTOR_QUEUE_REDIS_URL, redis.ping),
+        ("CACHE_REDIS_URL", settings.CACHE_REDIS_URL, lambda: get_redis_connection("default").ping())]
+    checked = {settings.DUCTOR_QUEUE_REDIS_URL, settings.CACHE_REDIS_URL}
+    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # the workers' and dispatchers' own
+        url = os.environ.get(name) or settings.REDIS_URL
+        if url not in checked:
+            checked.add(url)
+            servers.append((name, url, functools.partial(_ping, url, name)))
     for name, url, ping in servers:
         try:
             ping()
@@ -168,6 +177,15 @@ def redis_out_of_reach() -> str | None:
             return (f"Redis is out of reach at {redis_urls.setting_name(name)}, {redis_urls.shown(url)}: "
                     f"{' '.join(str(exc).split())} Start it, or point the setting at one that runs.")
     return None
+
+
+def _ping(url: str, name: str) -> None:
+    """``PING`` the Redis server of ``url`` (the setting ``name``'s), on a client of its own."""
+    client = redis_urls.parse(url, setting=redis_urls.setting_name(name)).client()
+    try:
+        client.ping()
+    finally:
+        client.close()
 
 
 # Held by the up of a data dir while it runs (not by its children: the file is not inherited).
