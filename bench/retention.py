@@ -18,7 +18,7 @@ housekeeping on every pass, or every ``--reconcile-every`` seconds), all childre
 3. **Plans** (``--explain``): ``EXPLAIN (ANALYZE, BUFFERS)`` of the hot queries on that history,
    as the app's role under row-level security: the run list of a tenant (newest first, one page;
    all, one status, one tag, one fairness key), the run detail (the run, its first steps), the
-   reconciler's pass (``stale_runs``) and retention's batch (``expired_roots``, from the oldest
+   reconciler's pass (``stale_run_ids``) and retention's batch (``expired_roots``, from the oldest
    and from a cursor; the trees that ended). First without the indexes of ``workflows`` 0008 and
    after (migrated back), then with them (migrated forward, built concurrently on the million
    rows: 0008's build timed).
@@ -238,7 +238,7 @@ def hot_plans(tenant: Any) -> dict[str, list[str]]:
 
     from ductor_project.core.context import tenant_context
     from workflows import retention, selectors
-    from workflows.engine.reconcile import RECONCILE_BATCH, stale_runs
+    from workflows.engine.reconcile import RECONCILE_BATCH, stale_run_ids
     from workflows.models import WorkflowRun
 
     page = settings.REST_FRAMEWORK["PAGE_SIZE"] + 1  # the API's cursor pagination reads one more
@@ -264,7 +264,7 @@ def hot_plans(tenant: Any) -> dict[str, list[str]]:
         batch = [root for _, root in roots[-retention.ROOTS_PER_BATCH:]]
         plans["retention_ended_trees"] = explain(None, (retention.ENDED_TREES, [tenant.pk, batch, retention.ENDED,
                                                                                 cutoff]))
-    plans["reconciler_pass"] = explain(stale_runs(timezone.now() - timedelta(seconds=30))[:RECONCILE_BATCH])
+    plans["reconciler_pass"] = explain(stale_run_ids(timezone.now() - timedelta(seconds=30))[:RECONCILE_BATCH])
     return plans
 
 

