@@ -184,7 +184,8 @@ def _delete_tenant_row(tenant: Tenant) -> bool:
 def purge_deleting_tenants(*, budget_s: float = PASS_BUDGET_S, rest: float = REST_PER_BATCH,
                            tenants_per_pass: int = TENANTS_PER_PASS) -> int:
     """The coordinator's housekeeper: one batch of each tenant being deleted (the longest waiting
-    first), in turn, while one has more and ``budget_s`` lasts (one round at least); how many rows."""
+    first), in turn, while one has more and ``budget_s`` lasts (one round at least); how many rows.
+    A batch that raises is logged and its tenant left to the next pass."""
     deadline = time.monotonic() + budget_s
     waiting = list(Tenant.objects.filter(status=Tenant.Status.DELETING).order_by("updated_at", "pk")
                    [:tenants_per_pass])
@@ -192,7 +193,13 @@ def purge_deleting_tenants(*, budget_s: float = PASS_BUDGET_S, rest: float = RES
     while waiting:
         more = []
         for tenant in waiting:
-            progress = purge_batch(tenant)
+            try:
+                progress = purge_batch(tenant)
+            except Exception:
+                # One tenant's failing batch (a shard away) must not stop the others' purges, nor
+                # the coordinator's other housekeepers: it is tried again next pass.
+                log.exception("tenant_purge_batch_failed", tenant_id=str(tenant.pk), tenant=tenant.slug)
+                continue
             log.info("tenant_purge_batch", tenant_id=str(tenant.pk), tenant=tenant.slug, stage=progress.stage,
                      deleted=progress.deleted, batch_ms=round(progress.seconds * 1000, 1))
             deleted += progress.deleted

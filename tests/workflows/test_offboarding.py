@@ -366,3 +366,31 @@ def test_the_purges_lines_name_the_tenant_being_deleted_by_its_tenant_id(
     lines = [line for line in logged.json() if line["event"] in ("tenant_purge_batch", "tenant_deleted")]
     assert {line["event"] for line in lines} == {"tenant_purge_batch", "tenant_deleted"}
     assert {(line["tenant_id"], line["tenant"]) for line in lines} == {(str(gone.pk), gone.slug)}
+
+
+def test_a_tenant_whose_batch_fails_leaves_the_others_purged_and_the_pass_goes_on(
+    world, monkeypatch, logged, django_capture_on_commit_callbacks
+):
+    """A batch that raises (a shard away, a row the database refuses otherwise) is logged: the other
+    tenants being deleted get their batches, and the coordinator's other housekeepers their turn."""
+    gone, _, kept, _ = world
+    delete(gone, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_services.tenant_set_status(tenant=kept, status=Tenant.Status.SUSPENDED)
+    delete(kept, django_capture_on_commit_callbacks)
+    kept_rows = sum(rows_of(kept).values())
+    batch = offboarding.purge_batch
+
+    def failing(tenant: Tenant, **limits: int) -> offboarding.Progress:
+        if tenant.pk == gone.pk:
+            raise RuntimeError("shard away")
+        return batch(tenant, **limits)
+
+    monkeypatch.setattr(offboarding, "purge_batch", failing)
+
+    assert offboarding.purge_deleting_tenants(budget_s=0, rest=0) > 0
+
+    assert sum(rows_of(kept).values()) < kept_rows
+    assert Tenant.objects.get(pk=gone.pk).status == Tenant.Status.DELETING
+    assert [line["tenant_id"] for line in logged.json() if line["event"] == "tenant_purge_batch_failed"] == [
+        str(gone.pk)]
