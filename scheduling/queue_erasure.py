@@ -5,7 +5,8 @@ so every served shard is cleaned: the fence step of a move (``reshard_out.lua``,
 shard's slot) takes the tenant out of the shard's cross-tenant indexes (ready, timers, parked,
 finish tags, in flight, queue-share waits and slots, backlog), then every key under its prefix goes,
 the fence with them. Its fields of the shard map (a pin, a move), its entries in the breakers' index
-and its Django cache entries go too. The per-minute work buckets, which name it, expire on their own.
+and its Django cache entries (of every cache version) go too. The per-minute work buckets, which name
+it, expire on their own.
 
 Run only for a tenant being deleted, once its rows are gone: nothing of it is dispatched any more
 (the queue holds it as suspended) and nothing is left to enqueue its work again. Idempotent.
@@ -44,8 +45,10 @@ def erase_tenant_state(tenant: TenantLike) -> int:
     _forget_in_shard_map(tenant_id)
     _forget_breakers(tenant_id)
     with tenant_context(tenant):
-        # django-redis's; the cache's key function makes the pattern t:<tenant>:*.
-        erased += int(cast(Any, cache).delete_pattern("*") or 0)
+        # django-redis's; the cache's key function makes the pattern t:<tenant>:*, in each version the
+        # cache has had (an earlier one's entries, some kept for ever, name the tenant too).
+        erased += sum(int(cast(Any, cache).delete_pattern("*", version=version) or 0)
+                      for version in range(1, cast(Any, cache).version + 1))
     return erased
 
 

@@ -394,3 +394,23 @@ def test_a_tenant_whose_batch_fails_leaves_the_others_purged_and_the_pass_goes_o
     assert Tenant.objects.get(pk=gone.pk).status == Tenant.Status.DELETING
     assert [line["tenant_id"] for line in logged.json() if line["event"] == "tenant_purge_batch_failed"] == [
         str(gone.pk)]
+
+
+def test_the_purge_deletes_the_cache_entries_an_earlier_release_left_under_the_cache_version_before(
+    world, redis_client, django_capture_on_commit_callbacks
+):
+    """Before the cache held JSON (its version 2), it held pickles under version 1, some of them
+    kept for ever (a routing version, a stamp): they name the tenant and go with it too."""
+    from django.core.cache import cache
+
+    gone, _, kept, _ = world
+    for tenant in (gone, kept):
+        with tenant_context(tenant):
+            redis_client.set(cache.make_key("routing:version", version=1), b"\x80\x05pickled")
+    delete(gone, django_capture_on_commit_callbacks)
+
+    purge_to_the_end(gone)
+
+    assert redis_traces(redis_client, str(gone.pk)) == []
+    with tenant_context(kept):
+        assert redis_client.get(cache.make_key("routing:version", version=1)) == b"\x80\x05pickled"
