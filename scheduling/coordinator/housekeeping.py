@@ -13,7 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from tenants.models import Tenant
+
+log = structlog.get_logger(__name__)
 
 Housekeeper = Callable[[], int]
 _housekeepers: list[Housekeeper] = []
@@ -43,5 +47,14 @@ class TenantRound:
 
 
 def housekeep_all() -> int:
-    """Run every registered housekeeper once; returns how many rows they removed together."""
-    return sum(housekeeper() for housekeeper in _housekeepers)
+    """Run every registered housekeeper once; returns how many rows they removed together. One that
+    raises is logged (``housekeeper_failed``) and the others run: they are independent, and one
+    failing on every pass (a row it cannot delete, a shard that is down) skipped those after it for
+    good, and failed the coordinator's pass."""
+    removed = 0
+    for housekeeper in _housekeepers:
+        try:
+            removed += housekeeper()
+        except Exception:
+            log.exception("housekeeper_failed", housekeeper=f"{housekeeper.__module__}.{housekeeper.__qualname__}")
+    return removed
