@@ -85,11 +85,15 @@ class TaskCatalogEntrySerializer(StrictModelSerializer):
 
     def validate_tenants(self, value: list[str]) -> list[str]:
         # The system tenant runs no workflow and is not reachable through the platform API: unknown here.
-        found = set(Tenant.objects.filter(slug__in=value).exclude(slug=SYSTEM_TENANT_SLUG)
-                    .values_list("slug", flat=True))
-        unknown = sorted(set(value) - found)
+        found = dict(Tenant.objects.filter(slug__in=value).exclude(slug=SYSTEM_TENANT_SLUG)
+                     .values_list("slug", "status"))
+        unknown = sorted(set(value) - set(found))
         if unknown:
             raise serializers.ValidationError(f"unknown tenant '{unknown[0]}'")
+        # Its purge takes its slug out of every entry: one written meanwhile would pass to a later tenant of it.
+        leaving = sorted(slug for slug, state in found.items() if state == Tenant.Status.DELETING)
+        if leaving:
+            raise serializers.ValidationError(f"tenant '{leaving[0]}' is being deleted")
         return sorted(set(value))
 
 

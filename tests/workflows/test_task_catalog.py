@@ -172,6 +172,24 @@ def test_a_tenant_sees_only_the_tasks_its_plan_or_slug_may_call(platform, make_t
     assert "plans" not in free.get("/api/v1/tasks/shop.refund").json()  # who else may call it is not theirs
 
 
+def test_a_tenant_being_deleted_is_given_no_task_and_nothing_is_stored(platform, make_tenant):
+    """Its purge takes its slug out of every entry's ``tenants`` (a later tenant of that slug is another
+    customer): an entry naming it while it is being deleted could be written after that and outlive it."""
+    gone, _ = make_tenant("leaving")
+    services.tenant_set_status(tenant=gone, status=gone.Status.SUSPENDED)
+    assert platform.delete("/api/v1/tenants/leaving").status_code == 202
+    response = platform.post("/api/v1/task-catalog", {"name": "shop.refund", "queue": "billing",
+                                                      "tenants": ["leaving"]}, format="json")
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["details"]) == ["tenants"]
+    assert "being deleted" in str(response.json()["error"]["details"])
+    assert not TaskCatalogEntry.objects.exists()
+    entry(platform, name="shop.refund")
+    response = platform.patch("/api/v1/task-catalog/shop.refund", {"tenants": ["leaving"]}, format="json")
+    assert response.status_code == 400, response.content
+    assert TaskCatalogEntry.objects.get().tenants == []
+
+
 def test_the_api_sees_a_change_another_process_made_at_once_and_attempts_within_the_cache_s_life(
         platform, make_tenant):
     from workflows import catalog
