@@ -117,8 +117,9 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in headers.items():
         if not _HEADER_NAME.fullmatch(name):
             raise ConfigError("config.headers", "header names must be HTTP tokens")
-        if not isinstance(value, str) or "\r" in value or "\n" in value or len(value) > 8192:
-            raise ConfigError(f"config.headers.{name}", "must be a string without line breaks")
+        if not isinstance(value, str) or len(value) > 8192 or unsendable_header_value(value):
+            raise ConfigError(f"config.headers.{name}", "must be a string of ASCII characters without line "
+                                                        "breaks or other control characters")
     timeout = config.get("timeout_s", HTTP_DEFAULT_TIMEOUT_S)
     if not _is_number(timeout) or not 0 < timeout <= HTTP_MAX_TIMEOUT_S:
         raise ConfigError("config.timeout_s", f"must be a number above 0 and at most {HTTP_MAX_TIMEOUT_S:g}")

@@ -283,6 +283,30 @@ def test_an_http_connection_s_secret_no_header_can_carry_is_refused_naming_it_ne
     create(client_a, "connections", {"name": "py", "kind": "python", "config": {}, "secret": pem})
 
 
+@pytest.mark.parametrize("bad", ["caf\u00e9", "a\x00b", "a\x1bb", "a\x7fb"])
+def test_an_http_connection_s_header_no_request_can_carry_is_refused_naming_it(
+    client_a: APIClient, tenant_a: tuple[Tenant, str], bad: str
+) -> None:
+    """A default header that is not ASCII or holds a control character was stored, and every step of
+    the connection failed as invalid_connection; it is refused as its secret is."""
+    kept = create(client_a, "connections", http_body())
+    url = f"/api/v1/connections/{kept['id']}"
+    before = rows(tenant_a[0])
+    config = {"base_url": BASE_URL, "headers": {"X-Team": bad}}
+
+    refused = [
+        client_a.post("/api/v1/connections", http_body(name="other", config=config), format="json"),
+        client_a.patch(url, {"config": config}, format="json"),
+        client_a.put(url, http_body(config=config), format="json"),
+    ]
+
+    for response in refused:
+        assert_invalid(response, "config.headers.X-Team")
+    assert rows(tenant_a[0]) == before
+    create(client_a, "connections", http_body(name="tabbed", config={"base_url": BASE_URL,
+                                                                     "headers": {"X-Team": "a\tb"}}))
+
+
 def test_secret_is_encrypted_at_rest_and_decrypts_back(client_a: APIClient) -> None:
     created = create(client_a, "connections", http_body(secret=SECRET))
     with across_tenants("a test reads the stored row"), db.cursor() as cursor:
