@@ -46,6 +46,12 @@ INTERNAL_QUEUE_PREFIX = "ductor."
 # ``<version>:g:…``, after the cache's prefix). A message pushed onto one of them made it a list:
 # every worker on the broker died at its next message (``WRONGTYPE`` on ``unacked``), or the cache
 # entry every tenant reads failed their requests. Such a name is no queue.
+# Headers that steps and connections may not set: they belong to the transport
+# (and ``Host`` must stay the checked host).
+RESERVED_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
+    "upgrade", "proxy-authorization", "proxy-connection",
+})
 RESERVED_QUEUE_NAMES = frozenset({"unacked", "unacked_index", "unacked_mutex"})
 RESERVED_QUEUE = re.compile(r"_kombu\.|celery-task-meta-|celery-taskset-meta-|chord-unlock-|(?:.*:)?[0-9]+:[tg]:")
 
@@ -117,6 +123,8 @@ def _http(config: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in headers.items():
         if not _HEADER_NAME.fullmatch(name):
             raise ConfigError("config.headers", "header names must be HTTP tokens")
+        if name.lower() in RESERVED_HEADERS:
+            raise ConfigError(f"config.headers.{name}", "is set by the platform and cannot be given")
         if not isinstance(value, str) or len(value) > 8192 or unsendable_header_value(value):
             raise ConfigError(f"config.headers.{name}", "must be a string of ASCII characters without line "
                                                         "breaks or other control characters")

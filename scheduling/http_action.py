@@ -47,7 +47,7 @@ from ductor_project.core.errors import StepErrorCode
 from ductor_project.core.payloads import json_size_floor
 from scheduling import circuit
 from scheduling.action_errors import PermanentActionError, RetryableActionError
-from scheduling.connection_config import ConfigError, unsendable_header_value, validate_config
+from scheduling.connection_config import RESERVED_HEADERS, ConfigError, unsendable_header_value, validate_config
 from scheduling.response_body import iter_decoded
 from scheduling.secrets import SecretError
 
@@ -65,12 +65,6 @@ MAX_URL_CHARS = 2000
 # The most of a 4xx answer a step's error quotes.
 MAX_QUOTED_CHARS = 2000
 MAX_HEADERS = 50
-# Headers that steps and connections may not set: they belong to the transport
-# (and ``Host`` must stay the checked host).
-RESERVED_HEADERS = frozenset({
-    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
-    "upgrade", "proxy-authorization", "proxy-connection",
-})
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _ABSOLUTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(//|\\)")

@@ -307,6 +307,18 @@ def test_an_http_connection_s_header_no_request_can_carry_is_refused_naming_it(
                                                                      "headers": {"X-Team": "a\tb"}}))
 
 
+@pytest.mark.parametrize("name", ["Host", "content-length", "Transfer-Encoding", "Proxy-Authorization"])
+def test_an_http_connection_s_header_the_transport_sets_is_refused_naming_it(
+    client_a: APIClient, tenant_a: tuple[Tenant, str], name: str
+) -> None:
+    """Stored, it failed every step of the connection as invalid_connection."""
+    before = rows(tenant_a[0])
+    config = {"base_url": BASE_URL, "headers": {name: "x"}}
+    assert_invalid(client_a.post("/api/v1/connections", http_body(config=config), format="json"),
+                   f"config.headers.{name}")
+    assert rows(tenant_a[0]) == before
+
+
 def test_secret_is_encrypted_at_rest_and_decrypts_back(client_a: APIClient) -> None:
     created = create(client_a, "connections", http_body(secret=SECRET))
     with across_tenants("a test reads the stored row"), db.cursor() as cursor:
