@@ -194,9 +194,12 @@ def override_set(*, tenant: Tenant, field: str, value: Any, reason: str = "") ->
     return override
 
 
+@transaction.atomic
 def override_clear(*, tenant: Tenant, field: str) -> bool:
-    """Remove one override; idempotent. Returns whether one existed. Unknown limits are a 400."""
+    """Remove one override; idempotent. Returns whether one existed. Unknown limits are a 400, a
+    tenant being deleted ``409 conflict``."""
     _known_limit_or_invalid(field)
+    _refuse_if_deleting(_locked(tenant))
     with tenant_context(tenant):
         deleted, _ = TenantEntitlementOverride.objects.filter(field=field).delete()
     return deleted > 0

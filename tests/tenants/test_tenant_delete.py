@@ -77,6 +77,17 @@ def test_a_tenant_being_deleted_is_never_activated_again_nor_changed(
     assert not TenantEntitlementOverride.all_tenants.filter(tenant=suspended).exists()
 
 
+def test_a_tenant_being_deleted_keeps_its_overrides_until_its_purge(platform: APIClient, suspended: Tenant) -> None:
+    """Removing an override is a change as setting one is: refused, 409 naming status."""
+    services.override_set(tenant=suspended, field="max_concurrency", value=3)
+    assert platform.delete("/api/v1/tenants/tenant-a").status_code == 202
+    before = tenant_rows()
+    response = platform.delete("/api/v1/tenants/tenant-a/overrides/max_concurrency")
+    assert set(assert_error(response, 409, "conflict")["details"]) == {"status"}
+    assert tenant_rows() == before
+    assert TenantEntitlementOverride.all_tenants.filter(tenant=suspended, field="max_concurrency").exists()
+
+
 def test_only_platform_callers_delete_a_tenant(
     suspended: Tenant, client_b: APIClient, tenant_b: tuple[Tenant, str]
 ) -> None:
