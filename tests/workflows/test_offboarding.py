@@ -402,15 +402,19 @@ def test_the_purge_deletes_the_cache_entries_an_earlier_release_left_under_the_c
     """Before the cache held JSON (its version 2), it held pickles under version 1, some of them
     kept for ever (a routing version, a stamp): they name the tenant and go with it too."""
     from django.core.cache import cache
+    from django_redis import get_redis_connection
 
+    cache_redis = get_redis_connection("default")  # the cache's own server (not the queue's, on a cluster)
     gone, _, kept, _ = world
+    old = {}
     for tenant in (gone, kept):
         with tenant_context(tenant):
-            redis_client.set(cache.make_key("routing:version", version=1), b"\x80\x05pickled")
+            old[tenant.pk] = cache.make_key("routing:version", version=1)
+        cache_redis.set(old[tenant.pk], b"\x80\x05pickled")
     delete(gone, django_capture_on_commit_callbacks)
 
     purge_to_the_end(gone)
 
     assert redis_traces(redis_client, str(gone.pk)) == []
-    with tenant_context(kept):
-        assert redis_client.get(cache.make_key("routing:version", version=1)) == b"\x80\x05pickled"
+    assert cache_redis.get(old[gone.pk]) is None
+    assert cache_redis.get(old[kept.pk]) == b"\x80\x05pickled"
