@@ -766,6 +766,23 @@ def test_after_redis_lost_its_data_every_active_run_is_repaired_at_once_with_its
     assert queued(tenant) == steps | ticks
 
 
+def test_a_full_repair_walks_the_active_runs_once_by_a_cursor(tenant, redis_client, monkeypatch):
+    """After Redis lost its data every active run is repaired in one pass, batch after batch: dealt in
+    tenant turns, each batch sorted every run not repaired yet again (a million active runs: two
+    thousand sorts of up to a million). The turns matter for the passes that take one batch; a full
+    one takes them all, and walks the active runs' index from where its last batch ended."""
+    put(tenant, "one", {"nodes": [echo("a", {})]})
+    runs = [tick(tenant, start(tenant, "one")) for _ in range(5)]
+    redis_client.flushdb()
+    monkeypatch.setattr(reconcile, "RECONCILE_BATCH", 2)
+
+    with CaptureQueriesContext(connection) as queries:
+        assert reconcile.reconcile_runs(full=True) == 5
+
+    assert not [q for q in queries.captured_queries if "ROW_NUMBER() OVER" in q["sql"].upper()]
+    assert {items.tick_item_id(run.pk) for run in runs} <= queued(tenant)
+
+
 def test_the_coordinator_notices_a_flush_on_its_next_pass_and_repairs_everything_then(tenant, redis_client):
     put(tenant, "one", {"nodes": [echo("a", {})]})
     runs = [tick(tenant, start(tenant, "one")) for _ in range(2)]

@@ -14,7 +14,8 @@ is kept), so repairing a run that was only slow costs at most a no-op
 delivery. A run whose tick is still waiting or in flight is moving: it is
 only touched, not repaired. After Redis lost its data (``full``), every
 active run is repaired at once, batch after batch, however recently it moved:
-their steps whose items and leases vanished with it among them. Crosses
+their steps whose items and leases vanished with it among them; that pass walks
+the active runs oldest first, once (``_active_from``), not in turns. Crosses
 tenants by design: it is the system's housekeeping.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import structlog
 from django.db import DataError, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import tenant_context
@@ -52,20 +53,33 @@ def reconcile_runs(*, full: bool = False) -> int:
     module docs); returns how many."""
     # One cutoff for the whole pass: a run it repaired or found moving is touched past it.
     cutoff = timezone.now() - timedelta(seconds=0.0 if full else STALE_RUN_S)
-    count = 0
+    if not full:
+        return _reconcile_batch(list(stale_run_ids(cutoff)[:RECONCILE_BATCH]))
+    # Every active run, batch after batch: the turns serve a pass that takes one batch; this one takes
+    # them all, so it walks the active runs' index from where its last batch ended, once.
+    count, after = 0, None
     while True:
-        repaired, looked_at = _reconcile_batch(cutoff)
-        count += repaired
-        if not full or looked_at < RECONCILE_BATCH:
+        batch = list(_active_from(cutoff, after)[:RECONCILE_BATCH])
+        count += _reconcile_batch([pk for _, pk in batch])
+        if len(batch) < RECONCILE_BATCH:
             return count
+        after = batch[-1]
 
 
-def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
-    """Repair the ``RECONCILE_BATCH`` runs unchanged the longest, if since before ``cutoff``;
-    each one repaired or found moving is touched, so the next batch takes others. Returns how
-    many it repaired and how many it looked at."""
+def _active_from(cutoff: datetime, after: tuple[datetime, Any] | None) -> QuerySet[WorkflowRun, Any]:
+    """The ``(created_at, id)`` of every tenant's active runs unchanged since before ``cutoff``, oldest
+    first, after ``after``: a walk of the index ``run_active``, entered there."""
+    active = (WorkflowRun.all_tenants.exclude(status__in=WorkflowRun.TERMINAL).filter(updated_at__lt=cutoff)
+              .order_by("created_at", "pk"))
+    if after is not None:
+        active = active.filter(created_at__gte=after[0]).filter(Q(created_at__gt=after[0]) | Q(pk__gt=after[1]))
+    return active.values_list("created_at", "pk")
+
+
+def _reconcile_batch(ids: list[Any]) -> int:
+    """Repair the active runs ``ids`` (those still there); each one repaired or found moving is
+    touched, so the next batch takes others. Returns how many it repaired."""
     now = timezone.now()
-    ids = list(stale_run_ids(cutoff)[:RECONCILE_BATCH])
     found = WorkflowRun.all_tenants.select_related("tenant", "workflow").in_bulk(ids)
     stale = [found[pk] for pk in ids if pk in found]
     moving = _ticks_pending(stale)
@@ -75,7 +89,7 @@ def _reconcile_batch(cutoff: datetime) -> tuple[int, int]:
     for run in stale:
         if run.pk not in moving:
             repaired += _repair_or_skip(run, now)
-    return repaired, len(stale)
+    return repaired
 
 
 def _repair_or_skip(run: WorkflowRun, now: datetime) -> int:
