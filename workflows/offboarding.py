@@ -33,6 +33,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Count
 
 from ductor_project.core.context import tenant_context
+from scheduling.coordinator.housekeeping import in_rounds
 from scheduling.queue_erasure import erase_tenant_state
 from tenants.models import Tenant
 from workflows import retention
@@ -186,25 +187,17 @@ def purge_deleting_tenants(*, budget_s: float = PASS_BUDGET_S, rest: float = RES
     """The coordinator's housekeeper: one batch of each tenant being deleted (the longest waiting
     first), in turn, while one has more and ``budget_s`` lasts (one round at least); how many rows.
     A batch that raises is logged and its tenant left to the next pass."""
-    deadline = time.monotonic() + budget_s
-    waiting = list(Tenant.objects.filter(status=Tenant.Status.DELETING).order_by("updated_at", "pk")
-                   [:tenants_per_pass])
-    deleted = 0
-    while waiting:
-        more = []
-        for tenant in waiting:
-            try:
-                progress = purge_batch(tenant)
-            except Exception:
-                # One tenant's failing batch (a shard away) must not stop the others' purges, nor
-                # the coordinator's other housekeepers: it is tried again next pass.
-                log.exception("tenant_purge_batch_failed", tenant_id=str(tenant.pk), tenant=tenant.slug)
-                continue
-            log.info("tenant_purge_batch", tenant_id=str(tenant.pk), tenant=tenant.slug, stage=progress.stage,
-                     deleted=progress.deleted, batch_ms=round(progress.seconds * 1000, 1))
-            deleted += progress.deleted
-            if not progress.done:
-                more.append(tenant)
-            time.sleep(progress.seconds * rest)
-        waiting = more if time.monotonic() < deadline else []
-    return deleted
+    def one_batch(tenant: Tenant) -> tuple[int, bool, float]:
+        try:
+            progress = purge_batch(tenant)
+        except Exception:
+            # One tenant's failing batch (a shard away) must not stop the others' purges, nor
+            # the coordinator's other housekeepers: it is tried again next pass.
+            log.exception("tenant_purge_batch_failed", tenant_id=str(tenant.pk), tenant=tenant.slug)
+            return 0, False, 0.0
+        log.info("tenant_purge_batch", tenant_id=str(tenant.pk), tenant=tenant.slug, stage=progress.stage,
+                 deleted=progress.deleted, batch_ms=round(progress.seconds * 1000, 1))
+        return progress.deleted, not progress.done, progress.seconds
+
+    waiting = Tenant.objects.filter(status=Tenant.Status.DELETING).order_by("updated_at", "pk")[:tenants_per_pass]
+    return in_rounds(list(waiting), one_batch, budget_s=budget_s, rest=rest)

@@ -40,7 +40,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from ductor_project.core.context import across_tenants, current_tenant, tenant_context
-from scheduling.coordinator.housekeeping import TenantRound
+from scheduling.coordinator.housekeeping import TenantRound, in_rounds
 from tenants.entitlements import resolve_many
 from tenants.models import Tenant
 from workflows.engine.statements import ENDED
@@ -107,24 +107,17 @@ def expire_runs(*, roots_per_batch: int = ROOTS_PER_BATCH, tenants_per_pass: int
     """Delete the expired run trees of the next tenants, one batch per tenant in turn while one
     has more and ``budget_s`` lasts (at least one batch each: see the module docs), resting
     ``rest`` times as long as each batch took after it; how many runs."""
-    deadline = time.monotonic() + budget_s
-    deleted = 0
-    waiting = _expiring(_tenants.next(tenants_per_pass), timezone.now())
-    while waiting:
-        more = []
-        for tenant, cutoff in waiting:
-            with tenant_context(tenant):
-                batch = _expire_batch(cutoff, roots_per_batch)
-            if batch.runs:
-                log.info("runs_expired", tenant_id=str(tenant.pk), tenant=tenant.slug, runs=batch.runs,
-                         batch_ms=round(batch.seconds * 1000, 1))
-            deleted += batch.runs
-            if batch.full:
-                more.append((tenant, cutoff))
-            if batch.runs:
-                time.sleep(batch.seconds * rest)
-        waiting = more if time.monotonic() < deadline else []
-    return deleted
+    def one_batch(waiting: tuple[Tenant, datetime]) -> tuple[int, bool, float]:
+        tenant, cutoff = waiting
+        with tenant_context(tenant):
+            batch = _expire_batch(cutoff, roots_per_batch)
+        if batch.runs:
+            log.info("runs_expired", tenant_id=str(tenant.pk), tenant=tenant.slug, runs=batch.runs,
+                     batch_ms=round(batch.seconds * 1000, 1))
+        return batch.runs, batch.full, batch.seconds
+
+    return in_rounds(_expiring(_tenants.next(tenants_per_pass), timezone.now()), one_batch, budget_s=budget_s,
+                     rest=rest)
 
 
 def _expiring(tenants: list[Tenant], now: datetime) -> list[tuple[Tenant, datetime]]:

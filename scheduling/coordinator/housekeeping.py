@@ -10,14 +10,17 @@ transactions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import structlog
 
 from tenants.models import Tenant
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 Housekeeper = Callable[[], int]
 _housekeepers: list[Housekeeper] = []
@@ -27,6 +30,28 @@ def register_housekeeper(housekeeper: Housekeeper) -> None:
     """Have the coordinator call ``housekeeper()`` every pass. Registering it again changes nothing."""
     if housekeeper not in _housekeepers:
         _housekeepers.append(housekeeper)
+
+
+def in_rounds(waiting: Iterable[T], batch: Callable[[T], tuple[int, bool, float]], *, budget_s: float,
+              rest: float) -> int:
+    """One batch of each of ``waiting`` in turn, then another of each that has more, round after round
+    while ``budget_s`` lasts (one round at least), resting ``rest`` times as long as each batch took
+    after it, so that the hot path finds the database between two batches; how many rows they removed
+    together. ``batch(item)`` removes one bounded batch of ``item``'s and answers how many rows,
+    whether it has more, and how many seconds it took: a tenant (or an endpoint) whose backlog grows
+    faster than one batch a pass still gets through it, and the pass stays short."""
+    deadline = time.monotonic() + budget_s
+    removed, turn = 0, list(waiting)
+    while turn:
+        more = []
+        for item in turn:
+            count, has_more, seconds = batch(item)
+            removed += count
+            if has_more:
+                more.append(item)
+            time.sleep(seconds * rest)
+        turn = more if time.monotonic() < deadline else []
+    return removed
 
 
 class TenantRound:

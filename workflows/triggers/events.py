@@ -38,7 +38,7 @@ from django.utils import timezone
 from ductor_project.core.context import across_tenants, tenant_context
 from ductor_project.core.errors import ApiError, ErrorCode, again_while_keys_are_taken, check_key_reuse
 from scheduling import templates
-from scheduling.coordinator.housekeeping import TenantRound
+from scheduling.coordinator.housekeeping import TenantRound, in_rounds
 from tenants.entitlements import resolve_many
 from tenants.models import Tenant
 from tenants.selectors import first_or_404, parse_uuid
@@ -269,25 +269,19 @@ def expire_events(*, batch: int = EXPIRE_BATCH, tenants_per_pass: int = TENANTS_
     retentions are read before the deletes, not in their transactions: a transaction that held the
     read's lock on the entitlements' tables while it waited for the events table could deadlock with
     a statement that locks both tables in the other order (a ``TRUNCATE``, an ``ALTER TABLE``)."""
-    deadline = time.monotonic() + budget_s
-    deleted = 0
-    waiting = _expiring(_expiry_round.next(tenants_per_pass), timezone.now())
-    while waiting:
-        more = []
-        for tenant, cutoff in waiting:
-            with tenant_context(tenant):
-                old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
-                started = time.perf_counter()
-                count, _ = Event.objects.filter(pk__in=old).delete()
-                took = time.perf_counter() - started
-            if count:
-                log.info("events_expired", tenant_id=str(tenant.pk), tenant=tenant.slug, count=count)
-                time.sleep(took * rest)
-            deleted += count
-            if count >= batch:
-                more.append((tenant, cutoff))
-        waiting = more if time.monotonic() < deadline else []
-    return deleted
+    def one_batch(waiting: tuple[Tenant, datetime]) -> tuple[int, bool, float]:
+        tenant, cutoff = waiting
+        with tenant_context(tenant):
+            old = Event.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
+            started = time.perf_counter()
+            count, _ = Event.objects.filter(pk__in=old).delete()
+            took = time.perf_counter() - started
+        if count:
+            log.info("events_expired", tenant_id=str(tenant.pk), tenant=tenant.slug, count=count)
+        return count, count >= batch, took
+
+    return in_rounds(_expiring(_expiry_round.next(tenants_per_pass), timezone.now()), one_batch,
+                     budget_s=budget_s, rest=rest)
 
 
 def _expiring(tenants: list[Tenant], now: datetime) -> list[tuple[Tenant, datetime]]:

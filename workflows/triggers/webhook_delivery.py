@@ -51,6 +51,7 @@ from django.utils import timezone
 from ductor_project.core.context import current_tenant, tenant_context
 from ductor_project.core.payloads import storable
 from scheduling.action_errors import ActionError
+from scheduling.coordinator.housekeeping import in_rounds
 from scheduling.coordinator.wakeups import schedule_wakeup
 from scheduling.dispatch.handlers import Failed, ItemContext
 from scheduling.http_action import checked_request, parse_retry_after
@@ -396,22 +397,15 @@ def purge_deleted_endpoints(*, batch: int = PURGE_BATCH, endpoints_per_pass: int
     one batch each), resting ``rest`` times as long as each batch took after it. An endpoint whose
     log is empty goes. A coordinator housekeeper; returns how many rows it removed. Crosses tenants
     by design: it is the system's housekeeping."""
-    deadline = time.monotonic() + budget_s
-    removed = 0
+    def one_batch(endpoint: WebhookEndpoint) -> tuple[int, bool, float]:
+        started = time.perf_counter()
+        with tenant_context(endpoint.tenant):
+            count = _purge_batch(endpoint.pk, batch)
+        return count, count >= batch, time.perf_counter() - started
+
     deleted = WebhookEndpoint.all_tenants.filter(deleted_at__isnull=False).select_related("tenant")
-    waiting = list(in_tenant_turns(deleted, "deleted_at")[:endpoints_per_pass])
-    while waiting:
-        more = []
-        for endpoint in waiting:
-            started = time.perf_counter()
-            with tenant_context(endpoint.tenant):
-                count = _purge_batch(endpoint.pk, batch)
-            took = time.perf_counter() - started
-            removed += count
-            if count >= batch:
-                more.append(endpoint)
-            time.sleep(took * rest)
-        waiting = more if time.monotonic() < deadline else []
+    removed = in_rounds(list(in_tenant_turns(deleted, "deleted_at")[:endpoints_per_pass]), one_batch,
+                        budget_s=budget_s, rest=rest)
     if removed:
         log.info("webhook_logs_purged", rows=removed)
     return removed
