@@ -64,7 +64,7 @@ def _record(connection_id: object, ok: bool, tenant: Tenant | None) -> BreakerSt
 def _index(connection_id: object, tenant: Tenant | None, *, open_until_ms: int | None) -> None:
     """Keep the platform's index of breakers that opened (``open_breakers``): written only when a
     breaker opens or closes again, never on the path of a call through a closed one."""
-    member = f"{named_or_current(tenant, what='breakers').pk}|{connection_id}"
+    member = _member(named_or_current(tenant, what='breakers').pk, connection_id)
     redis = get_redis()
     if open_until_ms is None:
         redis.zrem(OPEN_INDEX, member)
@@ -73,6 +73,22 @@ def _index(connection_id: object, tenant: Tenant | None, *, open_until_ms: int |
         pipe.zadd(OPEN_INDEX, {member: open_until_ms})
         pipe.zremrangebyscore(OPEN_INDEX, "-inf", open_until_ms - INDEX_KEEP_MS)
         pipe.execute()
+
+
+def _member(tenant_id: object, connection_id: object) -> str:
+    """A breaker's entry in ``OPEN_INDEX``: its tenant's id, then its connection's."""
+    return f"{tenant_id}|{connection_id}"
+
+
+def forget_tenant(tenant_id: str) -> None:
+    """Take the breakers of the tenant ``tenant_id`` out of ``OPEN_INDEX`` (a deleted tenant's: its
+    own breaker keys go with its other keys)."""
+    redis = get_redis()
+    prefix = _member(tenant_id, "")
+    members = [m for m in redis.zrange(OPEN_INDEX, 0, -1)
+               if (m.decode() if isinstance(m, bytes) else str(m)).startswith(prefix)]
+    if members:
+        redis.zrem(OPEN_INDEX, *members)
 
 
 def open_breakers() -> tuple[int, int]:

@@ -14,7 +14,6 @@ Run only for a tenant being deleted, once its rows are gone: nothing of it is di
 
 from __future__ import annotations
 
-import re
 from typing import Any, cast
 
 from django.core.cache import cache
@@ -26,42 +25,28 @@ from ductor_project.core.keys import (
     fence_key,
     queue_shards,
     read_shard_map,
-    redis_key,
     shard_map_key,
 )
 from ductor_project.core.redis import get_redis
-from scheduling import fair_queue
-from scheduling.circuit import OPEN_INDEX
+from scheduling import circuit, fair_queue
+from scheduling.coordinator.wakeups import withdraw_tenant_wakeups
 from scheduling.resharding import delete_tenant_keys
-from tenants.models import Tenant
 
 
 def erase_tenant_state(tenant: TenantLike) -> int:
     """Remove every Redis key and index entry of ``tenant``, in every served shard; how many keys.
     Idempotent: a second call finds nothing."""
     tenant_id = id_text(tenant)
-    erased = _withdraw_wakeups(tenant_id)
+    erased = withdraw_tenant_wakeups(tenant_id)
     erased += sum(_erase_in_shard(tenant_id, shard) for shard in queue_shards())
     _forget_in_shard_map(tenant_id)
-    _forget_breakers(tenant_id)
+    circuit.forget_tenant(tenant_id)
     with tenant_context(tenant):
         # django-redis's; the cache's key function makes the pattern t:<tenant>:*, in each version the
         # cache has had (an earlier one's entries, some kept for ever, name the tenant too).
         erased += sum(int(cast(Any, cache).delete_pattern("*", version=version) or 0)
                       for version in range(1, cast(Any, cache).version + 1))
     return erased
-
-
-def _withdraw_wakeups(tenant_id: str) -> int:
-    """Withdraw the tenant's waiting wake-ups (sleeps, retries, timeouts, schedules): they are the
-    system tenant's items, named ``wake:<tenant>:…``. One found in flight runs and is dropped, as
-    any wake-up of a tenant that no longer exists is. A scan of the system tenant's items."""
-    system = Tenant.system()
-    items = redis_key("fq", "items", tenant=system)
-    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", f"wake:{tenant_id}:") + "*"
-    found = [_text(name) for name, _ in get_redis().hscan_iter(items, match=pattern, count=1000)]
-    with tenant_context(system):
-        return sum(fair_queue.remove(item_id) for item_id in found)
 
 
 def _erase_in_shard(tenant_id: str, shard: int) -> int:
@@ -79,15 +64,3 @@ def _forget_in_shard_map(tenant_id: str) -> None:
     if fields:
         get_redis().hdel(shard_map_key(), *fields)
         read_shard_map()
-
-
-def _forget_breakers(tenant_id: str) -> None:
-    redis = get_redis()
-    prefix = f"{tenant_id}|"
-    members = [m for m in redis.zrange(OPEN_INDEX, 0, -1) if _text(m).startswith(prefix)]
-    if members:
-        redis.zrem(OPEN_INDEX, *members)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -11,6 +11,7 @@ and then enqueues the real work under that tenant. One wake-up per
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable
 from datetime import datetime
@@ -21,6 +22,8 @@ from django.utils import timezone
 
 from ductor_project.core import tracing
 from ductor_project.core.context import tenant_context
+from ductor_project.core.keys import redis_key
+from ductor_project.core.redis import get_redis
 from scheduling import fair_queue
 from scheduling.dispatch.credits import SYSTEM_TIER
 from scheduling.dispatch.handlers import ItemContext
@@ -58,7 +61,7 @@ def schedule_wakeup(
         raise ValueError(f"no wake-up handler registered for '{kind}'")
     if delay_s is None:
         delay_s = max(0.0, ((at or timezone.now()) - timezone.now()).total_seconds())
-    item_id = f"wake:{tenant.pk}:{kind}:{ref}"
+    item_id = f"{_prefix(tenant.pk)}{kind}:{ref}"
     partition = f"wake:{tenant.pk}:{zlib.crc32(item_id.encode()) % WAKEUP_PARTITIONS}"
     # With the trace of what schedules it: the work it wakes (a retry, a tick) goes on in that trace.
     payload = tracing.inject({"kind": ITEM_KIND, "tenant_id": str(tenant.pk), "wake": kind, "ref": ref,
@@ -70,6 +73,24 @@ def schedule_wakeup(
         fair_queue.enqueue(item_id, tier=SYSTEM_TIER, partition=partition, payload=payload,
                            delay_ms=int(delay_s * 1000), key=str(tenant.pk))
     return item_id
+
+
+def _prefix(tenant_id: object) -> str:
+    """What the ids of a tenant's wake-ups begin with (``schedule_wakeup``)."""
+    return f"wake:{tenant_id}:"
+
+
+def withdraw_tenant_wakeups(tenant_id: str) -> int:
+    """Withdraw the waiting wake-ups (sleeps, retries, timeouts, schedules) of the tenant ``tenant_id``,
+    being deleted: they are the system tenant's items. One found in flight runs and is dropped, as any
+    wake-up of a tenant that no longer exists is. A scan of the system tenant's items; how many."""
+    system = Tenant.system()
+    items = redis_key("fq", "items", tenant=system)
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", _prefix(tenant_id)) + "*"
+    found = [name.decode() if isinstance(name, bytes) else str(name)
+             for name, _ in get_redis().hscan_iter(items, match=pattern, count=1000)]
+    with tenant_context(system):
+        return sum(fair_queue.remove(item_id) for item_id in found)
 
 
 def run_wakeup(ctx: ItemContext, body: dict[str, Any]) -> None:
